@@ -1,0 +1,37 @@
+"""Per-token log-probabilities of a causal LM, the trainer side of every train/inference comparison."""
+
+from __future__ import annotations
+
+import torch
+
+
+def token_log_probs(logits: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
+    """Log-probability of each next token under ``logits``.
+
+    :param logits: ``[batch, seq, vocab]`` float logits where position ``t`` predicts token ``t + 1``.
+    :param token_ids: ``[batch, seq]`` int64 token ids (the same sequence the logits were computed from).
+    :return: ``[batch, seq - 1]`` float32 log-probs; entry ``t`` is ``log p(token_ids[t + 1] | token_ids[: t + 1])``.
+
+    Computed in float32 with ``log_softmax`` + ``gather`` (no temperature: vLLM's default ``raw_logprobs`` mode
+    reports the unscaled distribution too).
+    """
+    logits = logits[:, :-1, :].float()
+    targets = token_ids[:, 1:].unsqueeze(-1)
+    return torch.log_softmax(logits, dim=-1).gather(-1, targets).squeeze(-1)
+
+
+def sequence_log_probs(model: torch.nn.Module, token_ids: list[int], response_start: int) -> torch.Tensor:
+    """Log-probs the model assigns to ``token_ids[response_start:]`` given everything before.
+
+    :param model: a Hugging Face causal LM (``model(input_ids).logits`` of shape ``[1, seq, vocab]``).
+    :param token_ids: prompt + response token ids (length ``seq``).
+    :param response_start: index of the first response token, ``>= 1``.
+    :return: ``[seq - response_start]`` float32 log-probs, aligned with the engine's per-token log-probs.
+    :raises ValueError: if ``response_start`` is not in ``[1, seq]``.
+    """
+    if not 1 <= response_start <= len(token_ids):
+        raise ValueError(f"response_start={response_start} must be in [1, {len(token_ids)}]")
+    ids = torch.tensor([token_ids], dtype=torch.long)
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits
+    return token_log_probs(logits, ids)[0, response_start - 1 :]

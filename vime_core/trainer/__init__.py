@@ -1,0 +1,1 @@
+"""Trainer backends: ``torch`` (HF model + torch optimizer; CPU or one GPU) and, later, ``megatron``."""

@@ -1,0 +1,51 @@
+"""The trainer-backend interface every backend implements (built-in or plugin)."""
+
+from __future__ import annotations
+
+import argparse
+from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+
+from vime_core.types import RolloutBatch
+
+
+class TrainerBackend(ABC):
+    """A policy trainer: consumes :class:`RolloutBatch` es, steps its optimizer, exposes HF-layout weights.
+
+    Members:
+
+    * ``NAME`` — the registered name (``--trainer``).
+    * :meth:`train_step` — one RL step on a batch; returns float metrics (``train/*``).
+    * :meth:`named_hf_tensors` — the current weights in Hugging Face names/shapes (what vLLM loads).
+    * :meth:`save_checkpoint` / :meth:`load_checkpoint` — full state (weights + optimizer) for resume.
+    * :meth:`save_hf` — an HF directory loadable by transformers and vLLM.
+    """
+
+    NAME: str = ""
+
+    def __init__(self, args: argparse.Namespace, model_path: Path) -> None:
+        self.args = args
+        self.model_path = Path(model_path)
+
+    @abstractmethod
+    def train_step(self, batch: RolloutBatch) -> dict[str, float]:
+        """Compute the policy loss on ``batch``, backpropagate and step the optimizer once per mini-batch."""
+
+    @abstractmethod
+    def named_hf_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """Yield ``(hf_name, tensor)`` for every weight vLLM needs (tied weights once), on CPU."""
+
+    @abstractmethod
+    def save_checkpoint(self, path: Path) -> None:
+        """Save weights and optimizer state under ``path`` (a directory)."""
+
+    @abstractmethod
+    def load_checkpoint(self, path: Path) -> None:
+        """Restore what :meth:`save_checkpoint` wrote."""
+
+    @abstractmethod
+    def save_hf(self, path: Path) -> None:
+        """Write an HF model directory (config, weights, tokenizer) to ``path``."""

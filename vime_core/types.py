@@ -1,0 +1,162 @@
+"""Core data types: :class:`Sample` (one trajectory) and :class:`RolloutBatch` (what a trainer consumes).
+
+The rules about masks and statuses live here and nowhere else:
+
+* ``tokens`` = prompt ids + response ids; ``response_length`` = number of response ids.
+* ``loss_mask``, ``rollout_log_probs`` and ``weight_versions`` each have exactly ``response_length`` entries,
+  one per response token. ``loss_mask[i] == 1`` means response token ``i`` was sampled by the engine and is
+  trained; ``0`` means it is context (tool output, environment text, a masked off-policy prefix).
+* A sample is **trained** iff its status is ``completed`` or ``truncated``, ``remove_sample`` is False and at
+  least one response token has ``loss_mask == 1``. ``pending``/``aborted``/``failed`` samples never reach the
+  loss (an infrastructure failure is not a zero reward). See :meth:`Sample.is_trainable`.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+class Status(str, enum.Enum):
+    """Lifecycle of a :class:`Sample` (slime's ``Sample.Status``)."""
+
+    PENDING = "pending"
+    COMPLETED = "completed"  # the engine stopped on EOS / a stop string
+    TRUNCATED = "truncated"  # hit the token budget; still trained (flagged)
+    ABORTED = "aborted"  # generation cancelled (weight update, over-sampling); may be resumed later
+    FAILED = "failed"  # infrastructure failure (engine, sandbox, reward service); excluded from the loss
+
+
+TRAINABLE_STATUSES = frozenset({Status.COMPLETED, Status.TRUNCATED})
+
+
+@dataclass
+class Sample:
+    """One trajectory: a prompt, the engine's response tokens and everything needed to train on them.
+
+    Lengths: ``len(tokens) == prompt_length + response_length``; ``loss_mask``, ``rollout_log_probs`` and
+    ``weight_versions`` have ``response_length`` entries. Use :meth:`append_response_tokens` to grow a response
+    so the invariants hold; :meth:`validate` checks them.
+    """
+
+    group_index: int = 0  # which prompt group this sample belongs to
+    index: int = 0  # position inside the group, 0 .. n_samples_per_prompt - 1
+    prompt: str | list[dict[str, Any]] = ""
+    tokens: list[int] = field(default_factory=list)
+    response: str = ""
+    response_length: int = 0
+    loss_mask: list[int] = field(default_factory=list)
+    rollout_log_probs: list[float] = field(default_factory=list)
+    weight_versions: list[int] = field(default_factory=list)
+    reward: float | dict[str, float] | None = None
+    label: Any = None
+    status: Status = Status.PENDING
+    metadata: dict[str, Any] = field(default_factory=dict)
+    rollout_id: str | None = None  # fan-out samples of one rollout share it; the loss counts the rollout once
+    remove_sample: bool = False
+
+    @property
+    def prompt_length(self) -> int:
+        """Number of prompt tokens (``len(tokens) - response_length``)."""
+        return len(self.tokens) - self.response_length
+
+    def append_response_tokens(
+        self,
+        tokens: list[int],
+        *,
+        trainable: bool,
+        log_probs: list[float] | None = None,
+        weight_version: int | list[int] = -1,
+        text: str = "",
+    ) -> None:
+        """Append response tokens with their mask, log-probs and weight versions.
+
+        :param tokens: token ids to append.
+        :param trainable: True for tokens the engine sampled (mask 1; ``log_probs`` required), False for context
+            such as tool output (mask 0; log-probs recorded as 0.0).
+        :param log_probs: one engine log-prob per token (required when ``trainable``).
+        :param weight_version: the policy version that produced the tokens (one int, or one per token).
+        :param text: decoded text appended to ``response``.
+        :raises ValueError: on a length mismatch or a trainable span without log-probs.
+        """
+        n = len(tokens)
+        if trainable and (log_probs is None or len(log_probs) != n):
+            raise ValueError(f"trainable tokens need one log-prob each: got {n} tokens, log_probs={log_probs!r:.80}")
+        if log_probs is not None and len(log_probs) != n:
+            raise ValueError(f"{n} tokens but {len(log_probs)} log-probs")
+        versions = [weight_version] * n if isinstance(weight_version, int) else list(weight_version)
+        if len(versions) != n:
+            raise ValueError(f"{n} tokens but {len(versions)} weight versions")
+        self.tokens.extend(tokens)
+        self.response_length += n
+        self.loss_mask.extend([1 if trainable else 0] * n)
+        self.rollout_log_probs.extend(log_probs if log_probs is not None else [0.0] * n)
+        self.weight_versions.extend(versions)
+        self.response += text
+
+    def validate(self) -> None:
+        """Check the length invariants.
+
+        :raises ValueError: naming the field whose length is wrong.
+        """
+        if self.response_length < 0 or self.response_length > len(self.tokens):
+            raise ValueError(f"response_length={self.response_length} but len(tokens)={len(self.tokens)}")
+        for name in ("loss_mask", "rollout_log_probs", "weight_versions"):
+            got = len(getattr(self, name))
+            if got != self.response_length:
+                raise ValueError(f"len({name})={got} != response_length={self.response_length}")
+        if any(m not in (0, 1) for m in self.loss_mask):
+            raise ValueError("loss_mask entries must be 0 or 1")
+
+    def is_trainable(self) -> bool:
+        """True iff this sample contributes to the loss (see the module docstring for the rule)."""
+        return self.status in TRAINABLE_STATUSES and not self.remove_sample and any(self.loss_mask)
+
+    def reward_value(self, key: str | None = None) -> float:
+        """The scalar reward; ``key`` picks an entry of a dict reward.
+
+        :raises ValueError: if the reward is missing, NaN, or a dict without ``key``.
+        """
+        r = self.reward
+        if isinstance(r, dict):
+            if key is None or key not in r:
+                raise ValueError(f"sample {self.group_index}/{self.index}: dict reward {sorted(r)} needs --reward-key")
+            r = r[key]
+        if r is None or r != r:  # None or NaN
+            raise ValueError(f"sample {self.group_index}/{self.index} has no reward (got {self.reward!r})")
+        return float(r)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-serialisable dict (status as its string value)."""
+        d = asdict(self)
+        d["status"] = self.status.value
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Sample:
+        """Inverse of :meth:`to_dict`."""
+        d = dict(d)
+        d["status"] = Status(d.get("status", "pending"))
+        return cls(**d)
+
+
+@dataclass
+class RolloutBatch:
+    """What a trainer backend consumes for one step: trainable samples flattened, with per-sample advantages.
+
+    ``advantages[i]`` has ``samples[i].response_length`` float entries (the per-token advantage; GRPO broadcasts
+    one value per sample). ``rollout_ids`` identify samples that belong to the same rollout.
+    """
+
+    samples: list[Sample]
+    advantages: list[list[float]]
+    step: int = 0
+    metrics: dict[str, float] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def num_response_tokens(self) -> int:
+        """Total trained response tokens (``sum(loss_mask)``) in the batch."""
+        return sum(sum(s.loss_mask) for s in self.samples)

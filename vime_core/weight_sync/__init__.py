@@ -1,0 +1,1 @@
+"""Weight-sync strategies: how a trainer's new weights reach the running vLLM engines."""

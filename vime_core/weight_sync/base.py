@@ -1,0 +1,61 @@
+"""The weight-sync strategy interface (built-ins and plugins implement it)."""
+
+from __future__ import annotations
+
+import argparse
+from abc import ABC, abstractmethod
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+
+@dataclass
+class WeightUpdate:
+    """What the trainer side hands to the engine side for one version (picklable; crosses Ray actors).
+
+    :ivar version: the new weight version (the trainer's step count after the update).
+    :ivar payload: strategy-specific (a directory for ``disk``).
+    :ivar num_bytes: bytes written/moved by the trainer side.
+    :ivar seconds: trainer-side time in seconds.
+    """
+
+    version: int
+    payload: dict[str, Any] = field(default_factory=dict)
+    num_bytes: int = 0
+    seconds: float = 0.0
+
+
+class WeightSyncStrategy(ABC):
+    """Moves HF-layout weights from a trainer to vLLM engines.
+
+    Members: ``NAME``; :meth:`push` (trainer side, returns a :class:`WeightUpdate`); :meth:`apply` (engine side,
+    loads the update into one paused engine); :meth:`read` (engine-side decoding without an engine — the contract
+    kit uses it to check a bit-exact round trip); :meth:`cleanup` (drop what an applied update left behind).
+    The rollout manager pauses every engine, calls :meth:`apply` for each, resets prefix caches, resumes, and
+    bumps the weight version; the strategy only moves bytes.
+    """
+
+    NAME: str = ""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+
+    @abstractmethod
+    def push(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> WeightUpdate:
+        """Publish ``named_tensors`` (HF names, CPU tensors) as ``version``."""
+
+    @abstractmethod
+    def apply(self, engine: Any, update: WeightUpdate, timeout_s: float) -> None:
+        """Load ``update`` into ``engine`` (a paused :class:`vime_core.rollout.engine.VLLMServer`).
+
+        :raises TimeoutError: if the engine does not finish within ``timeout_s`` seconds.
+        """
+
+    @abstractmethod
+    def read(self, update: WeightUpdate) -> dict[str, torch.Tensor]:
+        """Decode ``update`` back into tensors, exactly as the engine side sees them."""
+
+    def cleanup(self, update: WeightUpdate) -> None:  # noqa: B027 - optional hook
+        """Remove what ``update`` left behind once every engine has applied it (default: nothing)."""

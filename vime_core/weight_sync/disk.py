@@ -1,0 +1,49 @@
+"""``disk`` weight sync: a full HF safetensors file per version, reloaded by each engine's worker extension."""
+
+from __future__ import annotations
+
+import shutil
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from vime_core.weight_sync.base import WeightSyncStrategy, WeightUpdate
+
+
+class DiskWeightSync(WeightSyncStrategy):
+    """Writes ``<--update-weight-disk-dir>/weight_v{N:06d}/model.safetensors``; engines reload it through
+    ``/collective_rpc vime_load_weights`` (see :mod:`vime_core.rollout.worker_extension`). The directory of a
+    version is removed after every engine applied it unless ``--keep-weight-updates``.
+    """
+
+    NAME = "disk"
+
+    def _dir(self, version: int) -> Path:
+        return Path(self.args.update_weight_disk_dir) / f"weight_v{version:06d}"
+
+    def push(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> WeightUpdate:
+        t0 = time.perf_counter()
+        out = self._dir(version)
+        tmp = out.with_name(out.name + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        tensors = {name: t.contiguous() for name, t in named_tensors}
+        save_file(tensors, str(tmp / "model.safetensors"), metadata={"vime_weight_version": str(version)})
+        shutil.rmtree(out, ignore_errors=True)
+        tmp.rename(out)  # atomic: an engine never sees a half-written version
+        nbytes = sum(t.numel() * t.element_size() for t in tensors.values())
+        return WeightUpdate(version, {"path": str(out)}, num_bytes=nbytes, seconds=time.perf_counter() - t0)
+
+    def apply(self, engine: Any, update: WeightUpdate, timeout_s: float) -> None:
+        engine.load_weights(update.payload["path"], timeout_s=timeout_s)
+
+    def read(self, update: WeightUpdate) -> dict[str, torch.Tensor]:
+        return load_file(str(Path(update.payload["path"]) / "model.safetensors"))
+
+    def cleanup(self, update: WeightUpdate) -> None:
+        if not getattr(self.args, "keep_weight_updates", False):
+            shutil.rmtree(update.payload["path"], ignore_errors=True)
