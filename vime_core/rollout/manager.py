@@ -68,15 +68,20 @@ class RolloutManager:
         t0 = time.perf_counter()
         log_dir = Path(self.args.output_dir) / "logs"
         log_dir.mkdir(parents=True, exist_ok=True)
+        vllm_args = list(self.args.vllm_args)
+        if "--dtype" not in vllm_args:  # the engine computes in the trainer's dtype unless --vllm-dtype says otherwise
+            vllm_args += ["--dtype", self.args.train_dtype]
         for i in range(self.args.rollout_num_engines):
             self.engines.append(
                 VLLMServer(
                     self.model_path,
-                    extra_args=list(self.args.vllm_args),
-                    kv_cache_gib=self.args.rollout_kv_cache_gib,
+                    served_model_name="policy",
+                    enforce_eager=self.args.rollout_enforce_eager,
+                    extra_args=vllm_args + ["--seed", str(self.args.seed + i)],
+                    kv_cache_space_gib=self.args.rollout_kv_cache_gib,
+                    omp_threads_bind=_cpu_bind(i, self.args.rollout_num_engines),
                     log_path=log_dir / f"vllm_engine_{i}.log",
-                    seed=self.args.seed + i,
-                    cpu_bind=_cpu_bind(i, self.args.rollout_num_engines),
+                    request_timeout_s=self.args.weight_sync_timeout,
                 )
             )
         for engine in self.engines:

@@ -39,7 +39,7 @@ class DiskWeightSync(WeightSyncStrategy):
         return WeightUpdate(version, {"path": str(out)}, num_bytes=nbytes, seconds=time.perf_counter() - t0)
 
     def apply(self, engine: Any, update: WeightUpdate, timeout_s: float) -> None:
-        engine.load_weights(update.payload["path"], timeout_s=timeout_s)
+        engine.load_weights(update.payload["path"])  # bounded by the engine's request timeout
 
     def read(self, update: WeightUpdate) -> dict[str, torch.Tensor]:
         return load_file(str(Path(update.payload["path"]) / "model.safetensors"))

@@ -1,0 +1,1 @@
+"""Example third-party vime plugin: the ``digit_fraction`` reward."""
