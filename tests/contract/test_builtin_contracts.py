@@ -1,0 +1,50 @@
+"""The built-ins run the contract kit, exactly as a third-party plugin would."""
+
+import argparse
+
+import pytest
+
+from vime_core.plugins import get_plugins
+from vime_core.testing import RewardFunctionContract, TrainerBackendContract, WeightSyncContract
+from vime_core.types import Sample
+
+pytestmark = pytest.mark.contract
+
+
+class TestExactMatchReward(RewardFunctionContract):
+    @pytest.fixture
+    def reward_fn(self):
+        return get_plugins().resolve("reward", "exact_match")
+
+    @pytest.fixture
+    def cases(self):
+        return [
+            (Sample(response=" 42. ", label="42"), 1.0),
+            (Sample(response="Paris", label="paris"), 1.0),
+            (Sample(response="41", label="42"), 0.0),
+        ]
+
+
+class TestDiskWeightSync(WeightSyncContract):
+    capabilities = {"cleanup"}
+
+    @pytest.fixture
+    def strategy(self, tmp_path):
+        cls = get_plugins().resolve("weight_sync", "disk")
+        return cls(argparse.Namespace(update_weight_disk_dir=tmp_path, keep_weight_updates=False))
+
+
+def _trainer_args(**kw):
+    base = dict(seed=0, train_num_threads=None, train_device="cpu", train_dtype="float32", gradient_checkpointing=False,
+                lr=1e-2, adam_beta1=0.9, adam_beta2=0.98, adam_eps=1e-8, weight_decay=0.0, clip_grad=1.0,
+                global_batch_size=None, micro_batch_size=8, use_rollout_logprobs=False, calculate_per_token_loss=False,
+                eps_clip=0.2, eps_clip_high=None)
+    base.update(kw)
+    return argparse.Namespace(**base)
+
+
+class TestTorchTrainer(TrainerBackendContract):
+    @pytest.fixture
+    def trainer(self, tiny_model_dir):
+        cls = get_plugins().resolve("trainer", "torch")
+        return cls(_trainer_args(), tiny_model_dir)

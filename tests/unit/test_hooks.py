@@ -1,0 +1,199 @@
+"""Every hook is documented in docs/hooks.md with its exact signature and has a test named after it."""
+
+import argparse
+import inspect
+from pathlib import Path
+
+import pytest
+
+from vime_core import hookimpl, hookspecs
+from vime_core.arguments import build_parser
+from vime_core.plugins import Plugins
+
+pytestmark = pytest.mark.unit
+HOOKS = sorted(n for n, f in inspect.getmembers(hookspecs, inspect.isfunction) if n.startswith("vime_"))
+DOCS = (Path(__file__).parents[2] / "docs" / "hooks.md").read_text()
+
+
+@pytest.mark.parametrize("name", HOOKS)
+def test_hook_is_documented_with_its_signature(name):
+    sig = f"{name}({', '.join(inspect.signature(getattr(hookspecs, name)).parameters)})"
+    assert f"`{sig}`" in DOCS, f"docs/hooks.md lacks `{sig}`"
+
+
+@pytest.mark.parametrize("name", HOOKS)
+def test_hook_has_a_test(name):
+    tests = set(globals())
+    assert f"test_hook_{name}" in tests, f"no test_hook_{name} in {__file__}"
+
+
+def _plugins_with(plugin) -> Plugins:
+    p = Plugins()
+    p.pm.register(plugin, name="test-plugin")
+    return p.load()
+
+
+class _Obj:
+    pass
+
+
+def _registration_case(hook_name, kind, obj):
+    ns = {}
+
+    def impl(register):
+        register("from-test", obj)
+
+    impl.__name__ = hook_name
+    ns[hook_name] = hookimpl(impl)
+    plugin = type("P", (), {hook_name: staticmethod(ns[hook_name])})
+    plugins = _plugins_with(plugin)
+    assert plugins.resolve(kind, "from-test") is obj
+    entry = next(e for e in plugins.registries[kind].entries() if e.name == "from-test")
+    assert entry.provider == "test-plugin"
+
+
+async def _gen(args, sample, sampling_params):
+    return sample
+
+
+async def _rew(args, sample):
+    return 1.0
+
+
+def test_hook_vime_register_generate_functions():
+    _registration_case("vime_register_generate_functions", "generate", _gen)
+
+
+def test_hook_vime_register_reward_functions():
+    _registration_case("vime_register_reward_functions", "reward", _rew)
+
+
+def test_hook_vime_register_advantage_estimators():
+    def est(args, group):
+        return [[0.0] * s.response_length for s in group]
+
+    _registration_case("vime_register_advantage_estimators", "advantage", est)
+
+
+def test_hook_vime_register_sandbox_backends():
+    _registration_case("vime_register_sandbox_backends", "sandbox", _Obj)
+
+
+def test_hook_vime_register_agent_harnesses():
+    _registration_case("vime_register_agent_harnesses", "agent", _Obj)
+
+
+def test_hook_vime_register_weight_sync_strategies():
+    from vime_core.weight_sync.disk import DiskWeightSync
+
+    class Strategy(DiskWeightSync):
+        NAME = "from-test"
+
+    _registration_case("vime_register_weight_sync_strategies", "weight_sync", Strategy)
+
+
+def test_hook_vime_register_trainer_backends():
+    from vime_core.trainer.torch_backend import TorchTrainer
+
+    class Backend(TorchTrainer):
+        NAME = "from-test"
+
+    _registration_case("vime_register_trainer_backends", "trainer", Backend)
+
+
+def test_hook_vime_add_arguments(monkeypatch):
+    class P:
+        @staticmethod
+        @hookimpl
+        def vime_add_arguments(parser):
+            parser.add_argument_group("test-plugin").add_argument("--test-plugin-level", type=int, default=3)
+
+    plugins = _plugins_with(P)
+    monkeypatch.setattr("vime_core.plugins._PLUGINS", plugins)
+    args = build_parser().parse_args(["--model", "m", "--test-plugin-level", "5"])
+    assert args.test_plugin_level == 5
+
+
+def _manager_with_hooks(tiny_model_dir, tmp_path, plugin):
+    """A RolloutManager whose generate function needs no engine (echoes fixed tokens), with ``plugin`` loaded."""
+    import json
+
+    from vime_core.rollout.context import RolloutContext, set_rollout_context
+    from vime_core.rollout.manager import RolloutManager
+
+    async def echo(args, sample, sampling_params):
+        sample.tokens = [1, 2]
+        sample.append_response_tokens([3, 4, 5], trainable=True, log_probs=[-0.5] * 3, weight_version=0)
+        sample.status = sample.status.COMPLETED
+        return sample
+
+    class Gen:
+        @staticmethod
+        @hookimpl
+        def vime_register_generate_functions(register):
+            register("echo", echo)
+
+    data = tmp_path / "p.jsonl"
+    data.write_text("\n".join(json.dumps({"prompt": f"p{i}", "label": "x"}) for i in range(4)))
+    p = Plugins()
+    p.pm.register(Gen, name="gen")
+    p.pm.register(plugin, name="test-plugin")
+    p.load()
+    args = argparse.Namespace(generate="echo", reward="exact_match", weight_sync="disk", prompt_data=data,
+                              input_key="prompt", label_key="label", metadata_key="metadata", n_samples_per_prompt=2,
+                              rollout_shuffle=False, seed=0, rollout_batch_size=2, rollout_concurrency=4,
+                              rollout_temperature=1.0, rollout_top_p=1.0, rollout_top_k=-1,
+                              rollout_max_response_len=8, rollout_stop=None, rollout_stop_token_ids=None,
+                              reward_key=None, update_weight_disk_dir=tmp_path / "w")
+    import vime_core.plugins as vp
+
+    old, vp._PLUGINS = vp._PLUGINS, p
+    try:
+        m = RolloutManager(args, tiny_model_dir)
+    finally:
+        vp._PLUGINS = old
+    set_rollout_context(RolloutContext(client=None, tokenizer=m.tokenizer))
+    return m
+
+
+def test_hook_vime_on_sample(tiny_model_dir, tmp_path):
+    seen = []
+
+    class P:
+        @staticmethod
+        @hookimpl
+        def vime_on_sample(sample, step):
+            seen.append((sample.group_index, sample.index, step, sample.reward))
+            sample.remove_sample = sample.index == 1
+
+    groups, _ = _manager_with_hooks(tiny_model_dir, tmp_path, P).generate(5)
+    assert sorted(seen) == [(0, 0, 5, 0.0), (0, 1, 5, 0.0), (1, 0, 5, 0.0), (1, 1, 5, 0.0)]
+    assert [[s.is_trainable() for s in g] for g in groups] == [[True, False], [True, False]]
+
+
+def test_hook_vime_on_rollout_end(tiny_model_dir, tmp_path):
+    class P:
+        @staticmethod
+        @hookimpl
+        def vime_on_rollout_end(step, samples, metrics):
+            metrics["custom/num"] = float(len(samples) + step)
+
+    _, metrics = _manager_with_hooks(tiny_model_dir, tmp_path, P).generate(3)
+    assert metrics["custom/num"] == 7.0
+    assert metrics["rollout/response_len_mean"] == 3.0 and metrics["rollout/reward_mean"] == 0.0
+
+
+def test_hook_vime_on_train_step_end():
+    """Called by the loop after each step; exercised end to end in tests/integration/test_vime_run.py. Here: the
+    hook relays the step and metrics it is called with, through pluggy, to every implementation."""
+    got = []
+
+    class P:
+        @staticmethod
+        @hookimpl
+        def vime_on_train_step_end(step, metrics):
+            got.append((step, dict(metrics)))
+
+    plugins = _plugins_with(P)
+    plugins.pm.hook.vime_on_train_step_end(args=argparse.Namespace(), step=4, metrics={"train/pg_loss": 0.5})
+    assert got == [(4, {"train/pg_loss": 0.5})]
