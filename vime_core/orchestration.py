@@ -14,7 +14,12 @@ import os
 from pathlib import Path
 from typing import Any
 
-from vime_core.plugins import get_plugins
+# Set before Ray is imported anywhere: Ray reads these at import time (ray_constants).
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # node IP = 127.0.0.1 instead of the interface's
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+
+from vime_core.plugins import get_plugins  # noqa: E402
 from vime_core.weight_sync.base import WeightUpdate
 
 logger = logging.getLogger("vime.orchestration")
@@ -50,9 +55,6 @@ def init_ray(num_cpus: int | None = None) -> None:
 
     if ray.is_initialized():
         return
-    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     ray.init(
         num_cpus=num_cpus or os.cpu_count(),
         include_dashboard=False,

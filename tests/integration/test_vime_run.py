@@ -41,7 +41,7 @@ def _common(tiny_model_dir: Path, prompt_file: Path, out: Path) -> list[str]:
     return [
         "--model", str(tiny_model_dir), "--prompt-data", str(prompt_file), "--output-dir", str(out),
         "--rollout-batch-size", "2", "--n-samples-per-prompt", "4", "--rollout-max-response-len", "12",
-        "--reward", "digit_fraction", "--lr", "1e-3", "--rollout-kv-cache-gib", "0.5", "--no-apply-chat-template",
+        "--reward", "digit_fraction", "--lr", "1e-3", "--no-apply-chat-template",
     ]
 
 

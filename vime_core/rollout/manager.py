@@ -135,7 +135,7 @@ class RolloutManager:
         """
         t0 = time.perf_counter()
         groups = self.data_source.get_groups(self.args.rollout_batch_size)
-        self.loop.run_until_complete(self._run_groups(groups, step))
+        self.loop.run_until_complete(_run_groups(self, groups, step))
         samples = [s for g in groups for s in g]
         failed = [s for s in samples if s.status == Status.FAILED]
         if failed and len(failed) == len(samples):
@@ -144,29 +144,6 @@ class RolloutManager:
         metrics["perf/rollout_time"] = time.perf_counter() - t0
         self.hook.vime_on_rollout_end(args=self.args, step=step, samples=samples, metrics=metrics)
         return groups, metrics
-
-    async def _run_groups(self, groups: list[list[Sample]], step: int) -> None:
-        sem = asyncio.Semaphore(self.args.rollout_concurrency)
-        params = sampling_params_from_args(self.args)
-
-        async def one(sample: Sample) -> None:
-            async with sem:
-                try:
-                    out = await self.generate_fn(self.args, sample, dict(params))
-                    if isinstance(out, list):
-                        raise TypeError("fan-out generate functions are not supported by the sync loop yet")
-                    if out is not sample:
-                        sample.__dict__.update(out.__dict__)
-                    sample.validate()
-                    if sample.status in (Status.COMPLETED, Status.TRUNCATED):
-                        sample.reward = await self.reward_fn(self.args, sample)
-                except Exception as e:  # noqa: BLE001 - recorded on the sample, excluded, counted in metrics
-                    logger.warning("sample %d/%d failed: %s: %s", sample.group_index, sample.index, type(e).__name__, e)
-                    sample.status = Status.FAILED
-                    sample.metadata["error"] = f"{type(e).__name__}: {e}"
-            self.hook.vime_on_sample(args=self.args, sample=sample, step=step)
-
-        await asyncio.gather(*(one(s) for g in groups for s in g))
 
     # -- weights ---------------------------------------------------------------------------------------------------
     def update_weights(self, update: WeightUpdate) -> dict[str, float]:
@@ -210,6 +187,32 @@ class RolloutManager:
     def load_data_state(self, state: dict[str, Any]) -> None:
         """Restore the buffer state of a checkpoint."""
         self.data_source.load_state_dict(state)
+
+
+async def _run_groups(self: RolloutManager, groups: list[list[Sample]], step: int) -> None:
+    """Generate and score every sample of ``groups`` concurrently (module-level: a class with async methods
+    would become an *async* Ray actor, whose methods cannot drive their own event loop)."""
+    sem = asyncio.Semaphore(self.args.rollout_concurrency)
+    params = sampling_params_from_args(self.args)
+
+    async def one(sample: Sample) -> None:
+        async with sem:
+            try:
+                out = await self.generate_fn(self.args, sample, dict(params))
+                if isinstance(out, list):
+                    raise TypeError("fan-out generate functions are not supported by the sync loop yet")
+                if out is not sample:
+                    sample.__dict__.update(out.__dict__)
+                sample.validate()
+                if sample.status in (Status.COMPLETED, Status.TRUNCATED):
+                    sample.reward = await self.reward_fn(self.args, sample)
+            except Exception as e:  # noqa: BLE001 - recorded on the sample, excluded, counted in metrics
+                logger.warning("sample %d/%d failed: %s: %s", sample.group_index, sample.index, type(e).__name__, e)
+                sample.status = Status.FAILED
+                sample.metadata["error"] = f"{type(e).__name__}: {e}"
+        self.hook.vime_on_sample(args=self.args, sample=sample, step=step)
+
+    await asyncio.gather(*(one(s) for g in groups for s in g))
 
 
 def _cpu_bind(index: int, count: int) -> str | None:

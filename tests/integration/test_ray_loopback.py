@@ -1,0 +1,44 @@
+"""Ray, as vime starts it, lives on 127.0.0.1 only: node address, actors and every listening socket."""
+
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+SCRIPT = r"""
+import psutil
+from vime_core.orchestration import init_ray, remote_actor
+import ray
+
+class Probe:
+    def ip(self):
+        return ray.util.get_node_ip_address()
+
+init_ray(num_cpus=2)
+actor = remote_actor(Probe)
+print("actor_ip", ray.get(actor.ip.remote()))
+print("node_ip", ray.util.get_node_ip_address())
+bad = []
+for c in psutil.net_connections(kind="inet"):
+    if c.status != psutil.CONN_LISTEN or c.pid is None:
+        continue
+    try:
+        name = " ".join(psutil.Process(c.pid).cmdline())
+    except psutil.Error:
+        continue
+    if ("ray" in name or "gcs_server" in name or "raylet" in name) and c.laddr.ip not in ("127.0.0.1", "::ffff:127.0.0.1"):
+        bad.append((c.laddr.ip, c.laddr.port, name[:80]))
+print("non_loopback_listeners", bad)
+ray.shutdown()
+"""
+
+
+def test_ray_binds_loopback_only():
+    out = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=180)
+    assert out.returncode == 0, out.stderr[-3000:]
+    lines = dict(line.split(" ", 1) for line in out.stdout.splitlines() if " " in line)
+    assert lines["actor_ip"] == "127.0.0.1"
+    assert lines["node_ip"] == "127.0.0.1"
+    assert lines["non_loopback_listeners"] == "[]"
