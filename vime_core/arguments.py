@@ -22,6 +22,8 @@ from typing import Any
 
 import yaml
 
+from vime_core.passthrough import PassthroughError, split_passthrough
+
 # vLLM flags that vime sets itself, and the vime flag that controls each.
 VIME_OWNED_VLLM_FLAGS = {
     "model": "--model",
@@ -34,7 +36,12 @@ VIME_OWNED_VLLM_FLAGS = {
     "seed": "--seed",
 }
 # Router flags vime sets itself.
-VIME_OWNED_ROUTER_FLAGS = {"host": "(127.0.0.1)", "port": "(free port)", "worker-urls": "--rollout-num-engines"}
+VIME_OWNED_ROUTER_FLAGS = {
+    "host": "(vime binds 127.0.0.1)",
+    "port": "(vime picks a free port)",
+    "worker-urls": "--rollout-num-engines (or --vllm-router-ip/--vllm-router-port for a running router)",
+    "prometheus-host": "(vime binds 127.0.0.1)",
+}
 
 
 class ArgumentError(ValueError):
@@ -167,32 +174,6 @@ def _config_to_argv(path: Path) -> list[str]:
     return argv
 
 
-def _split_passthrough(rest: list[str]) -> tuple[list[str], list[str], list[str]]:
-    """Split leftover argv into (vllm args, router args, unknown)."""
-    vllm, router, unknown = [], [], []
-    i = 0
-    while i < len(rest):
-        tok = rest[i]
-        target = vllm if tok.startswith("--vllm-") else router if tok.startswith("--router-") else None
-        if target is None:
-            unknown.append(tok)
-            i += 1
-            continue
-        prefix = "--vllm-" if target is vllm else "--router-"
-        name, _, inline = tok[len(prefix):].partition("=")
-        owned = VIME_OWNED_VLLM_FLAGS if target is vllm else VIME_OWNED_ROUTER_FLAGS
-        if name in owned:
-            raise ArgumentError(f"{tok}: vime sets --{name} itself; use {owned[name]}")
-        target.append("--" + name)
-        if inline:
-            target.append(inline)
-        elif i + 1 < len(rest) and not rest[i + 1].startswith("--"):
-            target.append(rest[i + 1])
-            i += 1
-        i += 1
-    return vllm, router, unknown
-
-
 def parse_run_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Parse ``vime run`` argv (config file first, command line wins) and check the combination.
 
@@ -206,7 +187,10 @@ def parse_run_args(argv: list[str] | None = None) -> argparse.Namespace:
     if known.config:
         argv = _config_to_argv(known.config) + argv
     args, rest = parser.parse_known_args(argv)
-    args.vllm_args, args.router_args, unknown = _split_passthrough(rest)
+    try:
+        args.vllm_args, args.router_args, unknown = split_passthrough(rest, VIME_OWNED_VLLM_FLAGS, VIME_OWNED_ROUTER_FLAGS)
+    except PassthroughError as e:
+        raise ArgumentError(str(e)) from None
     if unknown:
         flags = [o for a in parser._actions for o in a.option_strings]
         bad = unknown[0]

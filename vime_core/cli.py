@@ -76,15 +76,32 @@ def _cmd_args(argv: list[str]) -> int:
     from vime_core.arguments import build_parser
 
     parser = build_parser()
+    FRAMEWORK_GROUPS = {g.title for g in build_parser(add_plugin_arguments=False)._action_groups}
     for group in parser._action_groups:
         actions = [a for a in group._group_actions if a.option_strings and a.dest != "help"]
         if not actions:
             continue
-        print(f"\n{group.title}:")
+        owner = "vime" if group.title in FRAMEWORK_GROUPS else "plugin"
+        print(f"\n{group.title} (framework flags):" if owner == "vime" else f"\n{group.title} (plugin flags):")
         for a in actions:
-            print(f"  {', '.join(a.option_strings):45s} default={a.default!r}")
-    print("\nvllm (forwarded): --vllm-<engine arg> [value] → every vLLM engine gets --<engine arg> [value]")
-    print("router (forwarded): --router-<arg> [value] → the vllm-router vime starts gets --<arg> [value]")
+            print(f"  {', '.join(a.option_strings):45s} owner={owner} default={a.default!r}")
+    from vime_core.arguments import VIME_OWNED_ROUTER_FLAGS, VIME_OWNED_VLLM_FLAGS
+    from vime_core.passthrough import router_flags, vllm_engine_flags
+
+    for title, prefix, table, owned, owner in (
+        ("vllm (forwarded to every vLLM engine as --<flag>)", "--vllm-", vllm_engine_flags, VIME_OWNED_VLLM_FLAGS, "vllm"),
+        ("router (forwarded to the vllm-router vime starts as --<flag>)", "--router-", router_flags,
+         VIME_OWNED_ROUTER_FLAGS, "vllm-router"),
+    ):
+        print(f"\n{title}:")
+        try:
+            names = table()
+        except Exception as e:  # noqa: BLE001 - the tool is optional
+            print(f"  (unavailable: {e})")
+            continue
+        for name in sorted(names):
+            note = f"  [vime owns it: {owned[name]}]" if name in owned else ""
+            print(f"  {prefix + name:45s} owner={owner}{note}")
     return 0
 
 

@@ -1,0 +1,54 @@
+"""Argument namespaces: framework flags, YAML configs, --vllm-* / --router-* forwarding with exact values."""
+
+import pytest
+
+from vime_core.arguments import ArgumentError, parse_run_args
+
+pytestmark = pytest.mark.unit
+
+BASE = ["--model", "m", "--prompt-data", "d.jsonl"]
+
+
+def test_passthrough_forwarding_exact_values():
+    args = parse_run_args(BASE + ["--vllm-max-model-len", "512", "--vllm-enforce-eager", "--router-policy", "random",
+                                  "--router-request-timeout-secs=30", "--vllm-api-key", "a", "b", "--lr", "2e-6"])
+    assert args.vllm_args == ["--max-model-len", "512", "--enforce-eager", "--api-key", "a", "b"]
+    assert args.router_args == ["--policy", "random", "--request-timeout-secs", "30"]
+    assert args.lr == 2e-6
+
+
+def test_vime_owned_passthrough_flags_are_refused_with_the_vime_flag():
+    with pytest.raises(ArgumentError, match=r"--vllm-seed: vime sets the vLLM flag --seed itself; use --seed"):
+        parse_run_args(BASE + ["--vllm-seed", "3"])
+    with pytest.raises(ArgumentError, match=r"--router-worker-urls: .* use --rollout-num-engines"):
+        parse_run_args(BASE + ["--router-worker-urls", "http://x"])
+
+
+def test_misspelled_flags_get_did_you_mean():
+    with pytest.raises(ArgumentError, match=r"did you mean --vllm-max-model-len\?"):
+        parse_run_args(BASE + ["--vllm-max-modle-len", "5"])
+    with pytest.raises(ArgumentError, match=r"did you mean --router-policy\?"):
+        parse_run_args(BASE + ["--router-polcy", "random"])
+    with pytest.raises(ArgumentError, match=r"unknown flag --rollout-batch-szie; did you mean --rollout-batch-size\?"):
+        parse_run_args(BASE + ["--rollout-batch-szie", "4"])
+
+
+def test_yaml_config_and_command_line_wins(tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("model: m\nprompt_data: data/train.jsonl\nlr: 3.0e-6\nrollout-batch-size: 4\n"
+                   "apply_chat_template: false\nvllm-max-model-len: 256\nvllm-enforce-eager: true\n")
+    args = parse_run_args(["--config", str(cfg), "--rollout-batch-size", "2"])
+    assert args.lr == 3e-6 and args.rollout_batch_size == 2 and args.apply_chat_template is False
+    assert args.prompt_data == (tmp_path / "data" / "train.jsonl")  # relative to the config file
+    assert args.vllm_args == ["--max-model-len", "256", "--enforce-eager"]
+
+
+def test_bad_combinations_are_named():
+    with pytest.raises(ArgumentError, match="--prompt-data is required"):
+        parse_run_args(["--model", "m"])
+    with pytest.raises(ArgumentError, match="must divide rollout-batch-size × n-samples-per-prompt = 32"):
+        parse_run_args(BASE + ["--global-batch-size", "5"])
+    with pytest.raises(ArgumentError, match="go together"):
+        parse_run_args(BASE + ["--vllm-router-ip", "127.0.0.1"])
+    with pytest.raises(ArgumentError, match="file not found"):
+        parse_run_args(["--config", "/nonexistent.yaml"])
