@@ -1,0 +1,1 @@
+"""vime plugin KIND-NAME."""
