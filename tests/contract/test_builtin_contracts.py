@@ -26,12 +26,27 @@ class TestExactMatchReward(RewardFunctionContract):
 
 
 class TestDiskWeightSync(WeightSyncContract):
-    capabilities = {"cleanup"}
+    capabilities = {"cleanup", "timeout"}
 
     @pytest.fixture
     def strategy(self, tmp_path):
         cls = get_plugins().resolve("weight_sync", "disk")
         return cls(argparse.Namespace(update_weight_disk_dir=tmp_path, keep_weight_updates=False))
+
+
+class TestDiskDeltaWeightSyncXor(WeightSyncContract):
+    capabilities = {"cleanup", "timeout", "delta"}
+    encoding = "xor"
+
+    @pytest.fixture
+    def strategy(self, tmp_path):
+        cls = get_plugins().resolve("weight_sync", "disk-delta")
+        return cls(argparse.Namespace(update_weight_disk_dir=tmp_path, keep_weight_updates=False,
+                                      update_weight_delta_encoding=self.encoding))
+
+
+class TestDiskDeltaWeightSyncOverwrite(TestDiskDeltaWeightSyncXor):
+    encoding = "overwrite"
 
 
 def _trainer_args(**kw):

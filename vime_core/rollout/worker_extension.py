@@ -3,7 +3,8 @@
 Start the server with ``--worker-extension-cls vime_core.rollout.worker_extension.VimeWorkerExtension``; vLLM mixes
 this class into its worker, so ``self`` is the worker (``self.reload_weights``, ``self.model_runner``). Call it with
 ``POST /collective_rpc {"method": "vime_load_weights", "args": [path]}`` (dev mode), between ``/pause`` and
-``/resume``.
+``/resume``; ``{"method": "vime_apply_delta", "args": [dir, base_version, new_version]}`` applies a ``disk-delta``
+version (see :mod:`vime_core.weight_sync.disk_delta`).
 
 Imports of vLLM happen inside the methods: this module is imported by name inside the worker process, and must stay
 importable (e.g. by tests or linters) where vLLM is not installed.
@@ -69,22 +70,89 @@ def refresh_cpu_embeddings(model: Any) -> int:
 
 
 class VimeWorkerExtension:
-    """Mixed into the vLLM worker by ``--worker-extension-cls``; adds :meth:`vime_load_weights`."""
+    """Mixed into the vLLM worker by ``--worker-extension-cls``; adds :meth:`vime_load_weights` (full or partial
+    safetensors reload) and :meth:`vime_apply_delta` (``disk-delta`` weight sync)."""
 
-    def vime_load_weights(self, path: str) -> int:
+    def vime_load_weights(self, path: str, version: int | None = None) -> int:
         """Load every ``*.safetensors`` tensor under ``path`` (a directory or one file) into the running model.
 
         Tensors use Hugging Face checkpoint names (what ``save_pretrained`` writes); a subset of the model's tensors
         is allowed (the others keep their values). Uses the worker's own ``reload_weights`` (which re-runs the
         post-load processing of every layer), then refreshes the CPU-packed tied ``lm_head``.
 
+        The ``disk-delta`` receiver follows: with ``version``, ``path`` (a full checkpoint) becomes its base at that
+        version; without, the engine's version is unknown and deltas are refused until a versioned full load.
+
         :param path: directory or file readable by the server process.
+        :param version: weight version of a full checkpoint at ``path`` (for ``disk-delta``), or ``None``.
         :return: number of tensors read.
         :raises FileNotFoundError: if there is nothing to load at ``path``.
         """
         files = safetensors_files(path)
         counter = [0]
-        self.reload_weights(weights_iterator=iter_safetensors(files, counter))  # type: ignore[attr-defined]
+        receiver = self._vime_delta_receiver()
+        try:
+            self.reload_weights(weights_iterator=iter_safetensors(files, counter))  # type: ignore[attr-defined]
+        except BaseException:
+            receiver.reset(None, None)  # partly loaded: unknown weights
+            raise
+        receiver.reset(path if version is not None else None, None if version is None else int(version))
         refreshed = refresh_cpu_embeddings(self.model_runner.get_model())  # type: ignore[attr-defined]
         logger.info("loaded %d tensors from %s (%d CPU embeddings refreshed)", counter[0], path, refreshed)
         return counter[0]
+
+    def _vime_delta_receiver(self) -> Any:
+        """This worker's :class:`vime_core.weight_sync.disk_delta.DeltaReceiver`, created on first use with the
+        directory the engine was started from as version 0."""
+        receiver = getattr(self, "_vime_receiver", None)
+        if receiver is None:
+            from vime_core.weight_sync.disk_delta import DeltaReceiver
+
+            receiver = DeltaReceiver(self.model_runner.model_config.model, 0)  # type: ignore[attr-defined]
+            self._vime_receiver = receiver
+        return receiver
+
+    def vime_apply_delta(self, path: str, base_version: int, new_version: int) -> dict[str, Any]:
+        """Apply the ``disk-delta`` version at ``path`` (a ``weight_v{N:06d}`` directory).
+
+        First decodes every tensor against this worker's snapshot and verifies every xxh3-128 checksum; only then
+        reloads the touched layers (whole decoder layers, so fused q/k/v and gate/up stay complete) and moves the
+        snapshot to ``new_version``. Any failure leaves the worker on its previous version, and calling again with
+        the same arguments is safe (a version already applied is verified, not applied twice).
+
+        :param path: directory readable by the server process.
+        :param base_version: the version the delta was computed against; must be this worker's version.
+        :param new_version: the version the delta produces.
+        :return: ``{"version", "changed", "loaded", "decode_seconds", "load_seconds", "already_applied"}``.
+        :raises DeltaVersionError: on an out-of-order base (or an unknown current version).
+        :raises DeltaChecksumError: if a decoded tensor does not match its checksum (corrupt or truncated file).
+        :raises DeltaSyncError: on an unreadable or mismatched delta file.
+        """
+        import time
+
+        receiver = self._vime_delta_receiver()
+        with receiver.lock:
+            prepared = receiver.prepare(path, base_version, new_version)
+            if prepared.already_applied:
+                logger.info("delta v%s already applied; verified, nothing to load", new_version)
+                return {"version": prepared.version, "changed": 0, "loaded": 0, "decode_seconds": prepared.seconds,
+                        "load_seconds": 0.0, "already_applied": True}
+            names = receiver.load_set(prepared)
+            t0 = time.perf_counter()
+            if names:
+                self.reload_weights(  # type: ignore[attr-defined]
+                    weights_iterator=receiver.iter_tensors(prepared, names)
+                )
+                refresh_cpu_embeddings(self.model_runner.get_model())  # type: ignore[attr-defined]
+            receiver.commit(prepared)
+            load_s = time.perf_counter() - t0
+        logger.info("applied delta v%s -> v%s: %d tensors changed, %d reloaded (decode %.3f s, load %.3f s)",
+                    base_version, new_version, len(prepared.new), len(names), prepared.seconds, load_s)
+        return {"version": prepared.version, "changed": len(prepared.new), "loaded": len(names),
+                "decode_seconds": prepared.seconds, "load_seconds": load_s, "already_applied": False}
+
+    def vime_weight_sync_state(self) -> dict[str, Any]:
+        """``{"version", "base_dir", "snapshot_tensors"}`` of this worker's ``disk-delta`` receiver."""
+        receiver = self._vime_delta_receiver()
+        return {"version": receiver.version, "base_dir": str(receiver.base.path) if receiver.base.path else None,
+                "snapshot_tensors": len(receiver.snapshot)}

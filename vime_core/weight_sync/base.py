@@ -3,12 +3,47 @@
 from __future__ import annotations
 
 import argparse
+import threading
 from abc import ABC, abstractmethod
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
+
+T = TypeVar("T")
+
+
+def call_with_timeout(fn: Callable[[], T], timeout_s: float, what: str) -> T:
+    """Run ``fn()`` in a daemon thread and wait at most ``timeout_s`` seconds for it.
+
+    A hung transfer (an engine that never answers) then fails the step with a clear error instead of hanging the
+    run; the abandoned call keeps running in its thread until its own I/O gives up.
+
+    :param fn: the blocking call.
+    :param timeout_s: limit in seconds.
+    :param what: description for the error message.
+    :return: what ``fn`` returned.
+    :raises TimeoutError: ``"<what> did not finish within <timeout_s> s"``.
+    :raises BaseException: whatever ``fn`` raised.
+    """
+    result: list[Any] = []
+    error: list[BaseException] = []
+
+    def target() -> None:
+        try:
+            result.append(fn())
+        except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread
+            error.append(e)
+
+    thread = threading.Thread(target=target, name="vime-weight-sync", daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    if thread.is_alive():
+        raise TimeoutError(f"{what} did not finish within {timeout_s:g} s")
+    if error:
+        raise error[0]
+    return result[0]
 
 
 @dataclass

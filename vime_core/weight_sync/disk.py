@@ -11,7 +11,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
-from vime_core.weight_sync.base import WeightSyncStrategy, WeightUpdate
+from vime_core.weight_sync.base import WeightSyncStrategy, WeightUpdate, call_with_timeout
 
 
 class DiskWeightSync(WeightSyncStrategy):
@@ -39,7 +39,12 @@ class DiskWeightSync(WeightSyncStrategy):
         return WeightUpdate(version, {"path": str(out)}, num_bytes=nbytes, seconds=time.perf_counter() - t0)
 
     def apply(self, engine: Any, update: WeightUpdate, timeout_s: float) -> None:
-        engine.load_weights(update.payload["path"])  # bounded by the engine's request timeout
+        """Reload the version's file into every worker of ``engine`` within ``timeout_s`` seconds.
+
+        :raises TimeoutError: if the engine does not answer in time (the step fails; the engine keeps serving).
+        """
+        call_with_timeout(lambda: engine.load_weights(update.payload["path"]), timeout_s,
+                          f"disk: engine {getattr(engine, 'url', engine)} loading version {update.version}")
 
     def read(self, update: WeightUpdate) -> dict[str, torch.Tensor]:
         return load_file(str(Path(update.payload["path"]) / "model.safetensors"))

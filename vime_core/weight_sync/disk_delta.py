@@ -1,0 +1,538 @@
+"""``disk-delta`` weight sync: per version, only the bytes that changed since the engines' current version.
+
+How a version travels
+---------------------
+The trainer side keeps a host-side snapshot of the weights the engines hold (version ``B``), seeded from the
+weights the engines started with (``--update-weight-delta-base``, default: the served model directory). For each
+pushed tensor it compares the new bytes with the snapshot, byte by byte (so the dtype does not matter), and writes
+only the tensors that changed, encoded with ``--update-weight-delta-encoding``:
+
+* ``xor``: ``new ^ old`` over the raw bytes, byte-shuffled by element size (all first bytes of the elements, then
+  all second bytes, ...: the high bytes of a small update are zero and compress to almost nothing);
+* ``overwrite``: the positions of the changed bytes (as gaps between positions, little-endian ``u4``, or ``u8`` for
+  tensors of 4 GiB and more, byte-shuffled) followed by the new values of those bytes;
+* ``full``: the new bytes (byte-shuffled), for a tensor the base does not have or whose dtype/shape changed.
+
+Every payload is compressed with ``zstandard`` (level ``--update-weight-delta-zstd-level``, default 1, frame
+checksums on), and every tensor of the version — changed or not — carries the ``xxhash`` xxh3-128 digest of its
+full new bytes.
+
+On-disk format (version 1)
+--------------------------
+``<--update-weight-disk-dir>/weight_v{N:06d}/delta.safetensors``: one 1-D ``uint8`` safetensors tensor per changed
+HF tensor (its compressed payload, under the HF name), and in the file's metadata under ``vime_delta`` a JSON
+manifest::
+
+    {"format": "vime-disk-delta", "format_version": 1, "version": N, "base_version": B,
+     "encoding": "xor" | "overwrite", "compression": "zstd", "checksum": "xxh3-128",
+     "tensors": {hf_name: {"dtype": "float32", "shape": [..], "nbytes": int, "checksum": "<32 hex>",
+                           "kind": "xor" | "overwrite" | "full" | "same", "changed_bytes": int}}}
+
+The directory is written under a temporary name and renamed, so a reader never sees half a version.
+
+Engine side
+-----------
+:class:`DeltaReceiver` (used by :meth:`vime_core.rollout.worker_extension.VimeWorkerExtension.vime_apply_delta`
+inside each vLLM worker, and by :meth:`DiskDeltaWeightSync.read` without an engine) keeps its own snapshot of the
+HF tensors, seeded lazily from the directory the engine loaded. Applying a version is two phases: :meth:`prepare`
+decodes every tensor and verifies every checksum without touching any state; only then are the tensors loaded into
+the model and :meth:`commit` moves the snapshot and version forward. A failure at any point leaves the receiver on
+its old version, and retrying the same version is safe (an already-applied version is recognised by its checksums
+and not applied twice, so even ``xor`` is safe to retry).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import shutil
+import threading
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from vime_core.weight_sync.base import WeightSyncStrategy, WeightUpdate, call_with_timeout
+
+logger = logging.getLogger("vime.weight_sync")
+
+FORMAT = "vime-disk-delta"
+FORMAT_VERSION = 1
+DELTA_FILE = "delta.safetensors"
+MANIFEST_KEY = "vime_delta"
+ENCODINGS = ("xor", "overwrite")
+CHECKSUM = "xxh3-128"
+
+
+class DeltaSyncError(RuntimeError):
+    """A delta could not be applied (unreadable file, bad manifest, missing base tensor); state is unchanged."""
+
+
+class DeltaVersionError(DeltaSyncError):
+    """The delta's base version is not the receiver's current version (out of order, or the base is unknown)."""
+
+
+class DeltaChecksumError(DeltaSyncError):
+    """A decoded tensor's xxh3-128 digest differs from the manifest (corrupt or truncated payload, wrong base)."""
+
+
+# ------------------------------------------------------------------------------------------------- byte codecs
+def checksum(buf: np.ndarray | bytes) -> str:
+    """xxh3-128 hex digest (32 characters) of a byte buffer."""
+    import xxhash
+
+    return xxhash.xxh3_128_hexdigest(memoryview(np.ascontiguousarray(buf)) if isinstance(buf, np.ndarray) else buf)
+
+
+def tensor_bytes(t: torch.Tensor) -> np.ndarray:
+    """The raw bytes of ``t`` as a 1-D ``uint8`` numpy array (a copy: safe to keep while ``t`` changes)."""
+    flat = t.detach().to("cpu").contiguous().reshape(-1)
+    return flat.view(torch.uint8).numpy().copy()
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """``torch.bfloat16`` → ``"bfloat16"``."""
+    return str(dtype).removeprefix("torch.")
+
+
+def tensor_from_bytes(buf: np.ndarray, dtype: str, shape: list[int]) -> torch.Tensor:
+    """Inverse of :func:`tensor_bytes`: a tensor of ``dtype``/``shape`` over a copy of ``buf``."""
+    t = torch.from_numpy(np.array(buf, dtype=np.uint8, copy=True))
+    return t.view(getattr(torch, dtype)).reshape(shape)
+
+
+def _shuffle(buf: np.ndarray, itemsize: int) -> np.ndarray:
+    """Byte-shuffle ``buf`` (length a multiple of ``itemsize``): byte 0 of every element, then byte 1, ..."""
+    if itemsize <= 1 or buf.size % itemsize:
+        return buf
+    return np.ascontiguousarray(buf.reshape(-1, itemsize).T).reshape(-1)
+
+
+def _unshuffle(buf: np.ndarray, itemsize: int) -> np.ndarray:
+    if itemsize <= 1 or buf.size % itemsize:
+        return buf
+    return np.ascontiguousarray(buf.reshape(itemsize, -1).T).reshape(-1)
+
+
+def _compress(buf: np.ndarray, level: int) -> bytes:
+    import zstandard
+
+    return zstandard.ZstdCompressor(level=level, write_checksum=True).compress(memoryview(np.ascontiguousarray(buf)))
+
+
+def _decompress(payload: bytes | np.ndarray, expected_size: int) -> np.ndarray:
+    import zstandard
+
+    data = zstandard.ZstdDecompressor().decompress(
+        memoryview(np.ascontiguousarray(payload)) if isinstance(payload, np.ndarray) else payload,
+        max_output_size=max(expected_size, 1),
+    )
+    return np.frombuffer(data, dtype=np.uint8)
+
+
+def encode(old: np.ndarray | None, new: np.ndarray, itemsize: int, encoding: str, level: int = 1
+           ) -> tuple[str, bytes | None, int]:
+    """Encode one tensor's change.
+
+    :param old: base bytes (``uint8`` 1-D), or ``None`` when the base has no such tensor (or another dtype/shape).
+    :param new: new bytes (``uint8`` 1-D).
+    :param itemsize: element size in bytes (the shuffle stride).
+    :param encoding: ``"xor"`` or ``"overwrite"``.
+    :param level: zstd level.
+    :return: ``(kind, compressed payload or None, changed bytes)``; kind ``"same"`` (no payload) when unchanged.
+    :raises ValueError: on an unknown encoding.
+    """
+    if encoding not in ENCODINGS:
+        raise ValueError(f"unknown delta encoding {encoding!r}; choose one of {ENCODINGS}")
+    if old is None or old.size != new.size:
+        return "full", _compress(_shuffle(new, itemsize), level), int(new.size)
+    if encoding == "xor":
+        diff = np.bitwise_xor(old, new)
+        changed = int(np.count_nonzero(diff))
+        if not changed:
+            return "same", None, 0
+        return "xor", _compress(_shuffle(diff, itemsize), level), changed
+    mask = old != new
+    pos = np.flatnonzero(mask)
+    if not pos.size:
+        return "same", None, 0
+    width = 4 if new.size < 2**32 else 8
+    gaps = np.diff(pos, prepend=0).astype(f"<u{width}")
+    header = np.array([pos.size, width], dtype="<u8").view(np.uint8)
+    body = np.concatenate([header, _shuffle(gaps.view(np.uint8), width), new[pos]])
+    return "overwrite", _compress(body, level), int(pos.size)
+
+
+def decode(old: np.ndarray | None, kind: str, payload: bytes | np.ndarray, nbytes: int, itemsize: int) -> np.ndarray:
+    """Inverse of :func:`encode` (``kind`` other than ``"same"``): the new bytes, ``uint8`` 1-D of ``nbytes``.
+
+    :raises DeltaSyncError: if the payload does not decompress, has the wrong size, or needs a base that is missing.
+    """
+    import zstandard
+
+    try:
+        if kind == "full":
+            out = _unshuffle(_decompress(payload, nbytes), itemsize)
+        elif old is None or old.size != nbytes:
+            raise DeltaSyncError(f"a {kind!r} delta needs a base tensor of {nbytes} bytes, the base has "
+                                 f"{None if old is None else old.size}")
+        elif kind == "xor":
+            out = np.bitwise_xor(old, _unshuffle(_decompress(payload, nbytes), itemsize))
+        elif kind == "overwrite":
+            body = _decompress(payload, 16 + nbytes * 9)
+            count, width = (int(x) for x in body[:16].view("<u8"))
+            if width not in (4, 8) or 16 + count * (width + 1) != body.size:
+                raise DeltaSyncError(f"malformed overwrite payload (count {count}, width {width}, {body.size} bytes)")
+            gaps = _unshuffle(body[16 : 16 + count * width], width).view(f"<u{width}")
+            pos = np.cumsum(gaps, dtype=np.uint64).astype(np.int64)
+            if count and (pos[-1] >= nbytes):
+                raise DeltaSyncError(f"overwrite position {int(pos[-1])} outside a tensor of {nbytes} bytes")
+            out = old.copy()
+            out[pos] = body[16 + count * width :]
+        else:
+            raise DeltaSyncError(f"unknown delta kind {kind!r}")
+    except zstandard.ZstdError as e:
+        raise DeltaChecksumError(f"corrupt {kind} payload (zstd: {e})") from e
+    if out.size != nbytes:
+        raise DeltaChecksumError(f"{kind} payload decodes to {out.size} bytes, expected {nbytes}")
+    return out
+
+
+# -------------------------------------------------------------------------------------------------- base reader
+class BaseDirReader:
+    """Reads seed tensors from an HF model directory (its ``*.safetensors`` files), cast to a requested dtype.
+
+    Both sides seed from the same directory with the same cast (``Tensor.to``, round-to-nearest-even), so the
+    trainer's and the engine's base bytes agree; the checksums catch it when they do not.
+
+    :param path: HF model directory (or ``None``: an empty base, every tensor travels as ``full`` once).
+    """
+
+    def __init__(self, path: str | Path | None) -> None:
+        self.path = Path(path) if path else None
+        self._index: dict[str, Path] | None = None
+
+    def _files(self) -> dict[str, Path]:
+        if self._index is None:
+            self._index = {}
+            if self.path is not None:
+                from safetensors import safe_open
+
+                from vime_core.rollout.worker_extension import safetensors_files
+
+                for f in safetensors_files(self.path):
+                    with safe_open(str(f), framework="pt", device="cpu") as st:
+                        for name in st.keys():
+                            self._index[name] = f
+        return self._index
+
+    def read(self, name: str, dtype: str, shape: list[int]) -> np.ndarray | None:
+        """The bytes of ``name`` cast to ``dtype``, or ``None`` if absent or of another shape."""
+        f = self._files().get(name)
+        if f is None:
+            return None
+        from safetensors import safe_open
+
+        with safe_open(str(f), framework="pt", device="cpu") as st:
+            t = st.get_tensor(name)
+        if list(t.shape) != list(shape):
+            return None
+        return tensor_bytes(t.to(getattr(torch, dtype)))
+
+
+# ----------------------------------------------------------------------------------------------------- manifest
+def read_delta(path: str | Path) -> tuple[dict[str, Any], Any]:
+    """Open ``path/delta.safetensors``: ``(manifest, safe_open handle)`` (numpy framework).
+
+    :raises DeltaSyncError: if the file is missing, unreadable (truncated) or not a vime delta.
+    """
+    from safetensors import safe_open
+
+    f = Path(path) / DELTA_FILE
+    try:
+        handle = safe_open(str(f), framework="numpy")
+        meta = handle.metadata() or {}
+        manifest = json.loads(meta[MANIFEST_KEY])
+    except FileNotFoundError as e:
+        raise DeltaSyncError(f"no delta file at {f}") from e
+    except (KeyError, ValueError, OSError, Exception) as e:  # noqa: B014 - safetensors raises its own error type
+        raise DeltaSyncError(f"unreadable delta file {f}: {type(e).__name__}: {e}") from e
+    if manifest.get("format") != FORMAT or manifest.get("format_version") != FORMAT_VERSION:
+        raise DeltaSyncError(f"{f} is not a {FORMAT} v{FORMAT_VERSION} file: {manifest.get('format')!r}")
+    return manifest, handle
+
+
+def group_key(name: str) -> str:
+    """The reload group of an HF tensor name: the decoder layer (``model.layers.N``) or else its module.
+
+    vLLM fuses q/k/v and gate/up into one layer, and its in-place reload keeps old values only for layers that get
+    no tensor at all: a layer that gets some of its tensors is rebuilt from those alone. Reloading every tensor of a
+    touched decoder layer (and any other touched module whole) keeps every fused layer complete.
+    """
+    m = re.match(r"^(.*?\.layers\.\d+)\.", name)
+    return m.group(1) if m else name.rsplit(".", 1)[0]
+
+
+@dataclass
+class PreparedDelta:
+    """A decoded and verified version, not yet applied: what :meth:`DeltaReceiver.commit` installs."""
+
+    version: int
+    base_version: int | None
+    manifest: dict[str, Any]
+    new: dict[str, np.ndarray] = field(default_factory=dict)  # changed tensors' new bytes
+    already_applied: bool = False
+    seconds: float = 0.0
+
+    @property
+    def changed(self) -> list[str]:
+        return sorted(self.new)
+
+
+class DeltaReceiver:
+    """Engine-side state: the current version and the HF tensors it corresponds to (as host bytes).
+
+    :param base_dir: directory the engine loaded (seed of tensors not yet in the snapshot), or ``None``.
+    :param version: the version of those weights (0 = the initial model); ``None`` = unknown (deltas refused).
+    """
+
+    def __init__(self, base_dir: str | Path | None, version: int | None = 0) -> None:
+        self.reset(base_dir, version)
+        self.lock = threading.Lock()
+
+    def reset(self, base_dir: str | Path | None, version: int | None) -> None:
+        """Forget the snapshot: the engine now holds the full checkpoint ``base_dir`` as ``version``."""
+        self.base = BaseDirReader(base_dir)
+        self.version = version
+        self.snapshot: dict[str, np.ndarray] = {}
+
+    def _current(self, name: str, info: dict[str, Any]) -> np.ndarray | None:
+        buf = self.snapshot.get(name)
+        if buf is None:
+            buf = self.base.read(name, info["dtype"], info["shape"])
+            if buf is not None:
+                self.snapshot[name] = buf
+        return buf
+
+    def prepare(self, path: str | Path, base_version: int | None = None, new_version: int | None = None
+                ) -> PreparedDelta:
+        """Decode and verify the version at ``path`` without changing any state.
+
+        :param path: a ``weight_v{N:06d}`` directory.
+        :param base_version: expected base version (checked against the manifest when given).
+        :param new_version: expected new version (checked against the manifest when given).
+        :return: the decoded version (``already_applied`` when the receiver is on it already, checksums equal).
+        :raises DeltaVersionError: if the base is not the receiver's current version.
+        :raises DeltaChecksumError: if any tensor's digest differs (the whole version is refused).
+        :raises DeltaSyncError: if the file cannot be read or does not match the expected versions.
+        """
+        t0 = time.perf_counter()
+        manifest, handle = read_delta(path)
+        version, base = int(manifest["version"]), manifest.get("base_version")
+        if new_version is not None and int(new_version) != version:
+            raise DeltaSyncError(f"{path} holds version {version}, asked to apply version {new_version}")
+        if base_version is not None and base is not None and int(base_version) != int(base):
+            raise DeltaSyncError(f"{path} is based on version {base}, asked to apply it on {base_version}")
+        prepared = PreparedDelta(version, base, manifest)
+        tensors = manifest["tensors"]
+        if self.version == version:  # a retry of a version that was applied: verify, do not apply twice
+            for name, info in tensors.items():
+                cur = self._current(name, info)
+                if cur is None or checksum(cur) != info["checksum"]:
+                    raise DeltaChecksumError(f"receiver claims version {version} but {name} differs from it")
+            prepared.already_applied = True
+            prepared.seconds = time.perf_counter() - t0
+            return prepared
+        if self.version is None:
+            raise DeltaVersionError(
+                f"refusing delta {base} -> {version}: the engine's weights were replaced without a version "
+                "(load a full checkpoint with a version first)"
+            )
+        if base is None or int(base) != self.version:
+            raise DeltaVersionError(f"refusing out-of-order delta {base} -> {version}: the engine holds version "
+                                    f"{self.version}")
+        payload_names = set(handle.keys())
+        for name, info in tensors.items():
+            itemsize = torch.empty((), dtype=getattr(torch, info["dtype"])).element_size()
+            kind = info["kind"]
+            cur = self._current(name, info)
+            if kind == "same":
+                if cur is None or checksum(cur) != info["checksum"]:
+                    raise DeltaChecksumError(f"{name}: the engine's base differs from the trainer's (unchanged "
+                                             f"tensor, checksum mismatch; base version {self.version})")
+                continue
+            if name not in payload_names:
+                raise DeltaSyncError(f"{name}: manifest says {kind!r} but the file has no payload for it")
+            try:
+                new = decode(cur, kind, handle.get_tensor(name), int(info["nbytes"]), itemsize)
+            except DeltaSyncError as e:
+                raise type(e)(f"{name}: {e}") from e
+            if checksum(new) != info["checksum"]:
+                raise DeltaChecksumError(f"{name}: checksum mismatch after applying the {kind} delta "
+                                         f"{base} -> {version} (corrupt file or wrong base)")
+            prepared.new[name] = new
+        prepared.seconds = time.perf_counter() - t0
+        return prepared
+
+    def load_set(self, prepared: PreparedDelta) -> list[str]:
+        """Names to reload into the model for ``prepared``: every tensor of each reload group that changed."""
+        groups = {group_key(n) for n in prepared.new}
+        return [n for n in prepared.manifest["tensors"] if group_key(n) in groups]
+
+    def tensor(self, prepared: PreparedDelta, name: str) -> torch.Tensor:
+        """The tensor ``name`` as of ``prepared``'s version (new bytes if it changed, else the current ones)."""
+        info = prepared.manifest["tensors"][name]
+        buf = prepared.new.get(name)
+        if buf is None:
+            buf = self._current(name, info)
+        if buf is None:
+            raise DeltaSyncError(f"{name}: not in the engine's base")
+        return tensor_from_bytes(buf, info["dtype"], info["shape"])
+
+    def iter_tensors(self, prepared: PreparedDelta, names: Iterable[str]) -> Iterator[tuple[str, torch.Tensor]]:
+        """``(name, tensor)`` for ``names`` as of ``prepared``'s version."""
+        for name in names:
+            yield name, self.tensor(prepared, name)
+
+    def commit(self, prepared: PreparedDelta) -> None:
+        """Move the snapshot and the version to ``prepared`` (call after the model was loaded)."""
+        self.snapshot.update(prepared.new)
+        self.version = prepared.version
+
+
+# -------------------------------------------------------------------------------------------------- the strategy
+class DiskDeltaWeightSync(WeightSyncStrategy):
+    """Trainer side writes ``weight_v{N:06d}/delta.safetensors`` (see the module docstring); each engine applies it
+    through ``/collective_rpc vime_apply_delta`` (decode + verify everything, then reload the touched layers).
+
+    Arguments read from ``args``: ``update_weight_disk_dir`` (where versions are written), ``keep_weight_updates``,
+    ``update_weight_delta_encoding`` (``xor``, default, or ``overwrite``), ``update_weight_delta_zstd_level``
+    (default 1), ``update_weight_delta_base`` (seed directory; default the ``--model`` directory; none: the first
+    version carries every tensor in full).
+
+    :ivar version: the version the trainer-side snapshot holds (the engines' version once an update is applied).
+    """
+
+    NAME = "disk-delta"
+
+    def __init__(self, args: Any) -> None:
+        super().__init__(args)
+        self.encoding = getattr(args, "update_weight_delta_encoding", None) or "xor"
+        if self.encoding not in ENCODINGS:
+            raise ValueError(f"--update-weight-delta-encoding must be one of {ENCODINGS}, got {self.encoding!r}")
+        self.level = int(getattr(args, "update_weight_delta_zstd_level", None) or 1)
+        self._base = BaseDirReader(self._base_dir())
+        self.snapshot: dict[str, np.ndarray] = {}
+        self.version = 0
+        self._reader: DeltaReceiver | None = None  # for read(): the engine side without an engine
+
+    def _base_dir(self) -> Path | None:
+        base = getattr(self.args, "update_weight_delta_base", None)
+        if base:
+            return Path(base)
+        model = getattr(self.args, "model", None)
+        if model:
+            from vime_core.models import resolve_model
+
+            return resolve_model(model)
+        return None
+
+    def seed(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int = 0) -> None:
+        """Make ``named_tensors`` the snapshot of ``version`` (what the engines hold now), replacing the seed dir."""
+        self.snapshot = {name: tensor_bytes(t) for name, t in named_tensors}
+        self._base = BaseDirReader(None)
+        self.version = version
+
+    def _dir(self, version: int) -> Path:
+        return Path(self.args.update_weight_disk_dir) / f"weight_v{version:06d}"
+
+    def push(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> WeightUpdate:
+        """Diff ``named_tensors`` against the snapshot, write the delta of ``self.version → version``.
+
+        :return: update with ``num_bytes`` = bytes written, ``seconds`` = encode + write time, and ``payload``
+            ``{"path", "base_version", "version", "full_bytes", "changed_bytes", "changed_tensors", "tensors"}``.
+        :raises ValueError: if ``version`` is not above the snapshot's version.
+        """
+        from safetensors.numpy import save_file
+
+        t0 = time.perf_counter()
+        if version <= self.version:
+            raise ValueError(f"disk-delta: new version {version} must be above the snapshot's {self.version}")
+        manifest: dict[str, Any] = {
+            "format": FORMAT, "format_version": FORMAT_VERSION, "version": version, "base_version": self.version,
+            "encoding": self.encoding, "compression": "zstd", "checksum": CHECKSUM, "tensors": {},
+        }
+        payloads: dict[str, np.ndarray] = {}
+        new_snapshot: dict[str, np.ndarray] = {}
+        full_bytes = changed_bytes = 0
+        for name, t in named_tensors:
+            new = tensor_bytes(t)
+            dtype, shape = dtype_name(t.dtype), list(t.shape)
+            old = self.snapshot.get(name)
+            if old is None:
+                old = self._base.read(name, dtype, shape)
+            kind, payload, changed = encode(old, new, t.element_size(), self.encoding, self.level)
+            manifest["tensors"][name] = {"dtype": dtype, "shape": shape, "nbytes": int(new.size),
+                                         "checksum": checksum(new), "kind": kind, "changed_bytes": changed}
+            if payload is not None:
+                payloads[name] = np.frombuffer(payload, dtype=np.uint8)
+            new_snapshot[name] = new
+            full_bytes += int(new.size)
+            changed_bytes += changed
+        out = self._dir(version)
+        tmp = out.with_name(out.name + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        save_file(payloads, str(tmp / DELTA_FILE), metadata={MANIFEST_KEY: json.dumps(manifest)})
+        shutil.rmtree(out, ignore_errors=True)
+        tmp.rename(out)  # atomic: an engine never sees a half-written version
+        base_version = self.version
+        self.snapshot.update(new_snapshot)  # the engines' version once they apply it
+        self.version = version
+        nbytes = (out / DELTA_FILE).stat().st_size
+        payload_info = {
+            "path": str(out), "base_version": base_version, "version": version, "full_bytes": full_bytes,
+            "changed_bytes": changed_bytes, "changed_tensors": len(payloads), "tensors": len(manifest["tensors"]),
+        }
+        seconds = time.perf_counter() - t0
+        logger.info("disk-delta v%d (base v%d): %d/%d tensors changed, %d bytes written for %d (%.1f%%), %.2f s",
+                    version, base_version, len(payloads), len(manifest["tensors"]), nbytes, full_bytes,
+                    100.0 * nbytes / max(full_bytes, 1), seconds)
+        return WeightUpdate(version, payload_info, num_bytes=nbytes, seconds=seconds)
+
+    def apply(self, engine: Any, update: WeightUpdate, timeout_s: float) -> None:
+        """Have every worker of ``engine`` apply ``update`` (``vime_apply_delta``), within ``timeout_s`` seconds.
+
+        :raises TimeoutError: if the engine does not answer in time.
+        :raises RuntimeError: (``VLLMServerError``) with the worker's error, e.g. a checksum or version refusal;
+            the engine then still serves its previous version.
+        """
+        p = update.payload
+        call_with_timeout(
+            lambda: engine.collective_rpc("vime_apply_delta", args=[p["path"], p["base_version"], p["version"]]),
+            timeout_s,
+            f"disk-delta: engine {getattr(engine, 'url', engine)} applying version {p['version']}",
+        )
+
+    def read(self, update: WeightUpdate) -> dict[str, torch.Tensor]:
+        """Apply ``update`` to a receiver held by this object (seeded like the engines) and return every tensor.
+
+        :raises DeltaVersionError / DeltaChecksumError / DeltaSyncError: as :meth:`DeltaReceiver.prepare`.
+        """
+        if self._reader is None:
+            self._reader = DeltaReceiver(self._base.path, 0)
+        p = update.payload
+        prepared = self._reader.prepare(p["path"], p.get("base_version"), update.version)
+        tensors = dict(self._reader.iter_tensors(prepared, prepared.manifest["tensors"]))
+        self._reader.commit(prepared)
+        return tensors
+
+    def cleanup(self, update: WeightUpdate) -> None:
+        """Remove the version's directory unless ``--keep-weight-updates``."""
+        if not getattr(self.args, "keep_weight_updates", False):
+            shutil.rmtree(update.payload["path"], ignore_errors=True)
