@@ -29,7 +29,8 @@ STEPS = 3
 
 def _trainer_args(**kw) -> argparse.Namespace:
     base = dict(seed=0, train_num_threads=None, train_device="cpu", train_dtype="float32",
-                gradient_checkpointing=False, lr=3e-3, adam_beta1=0.9, adam_beta2=0.98, adam_eps=1e-8, weight_decay=0.0, clip_grad=1.0,
+                gradient_checkpointing=False, lr=3e-3, adam_beta1=0.9, adam_beta2=0.98, adam_eps=1e-8,
+                weight_decay=0.0, clip_grad=1.0,
                 global_batch_size=None, micro_batch_size=8, use_rollout_logprobs=False, calculate_per_token_loss=False,
                 eps_clip=0.2, eps_clip_high=None)
     base.update(kw)
