@@ -31,7 +31,8 @@ def encode_prompt(tokenizer: Any, prompt: str | list[dict[str, Any]], apply_chat
 async def generate(args: argparse.Namespace, sample: Sample, sampling_params: dict[str, Any]) -> Sample:
     """One engine call through the router: prompt ids in, response ids + log-probs out.
 
-    Every response token is trainable (mask 1), carries the engine's log-prob and the current weight version.
+    Every response token is trainable (mask 1), carries the engine's log-prob and the weight version the engine
+    tagged it with (``/inference/v1/generate``'s per-token ``weight_versions``).
     ``finish_reason`` stop/length/abort → status completed/truncated/aborted. A sample whose prompt leaves no
     token budget (``--rollout-max-context-len``) is marked truncated without an engine call.
     """
@@ -46,9 +47,10 @@ async def generate(args: argparse.Namespace, sample: Sample, sampling_params: di
             sample.status = Status.TRUNCATED
             return sample
         params["max_tokens"] = min(params.get("max_tokens", budget), budget)
-    version = ctx.weight_version
     out = await ctx.client.generate(sample.tokens, params, session_id=sample.metadata.get("session_id"))
-    sample.append_response_tokens(out.token_ids, trainable=True, log_probs=out.log_probs, weight_version=version,
+    # the engine's own per-token version tags when it reports them; else the version it served at the call
+    versions = [int(v) for v in out.weight_versions] if out.weight_versions else ctx.weight_version
+    sample.append_response_tokens(out.token_ids, trainable=True, log_probs=out.log_probs, weight_version=versions,
                                   text=out.text)
     sample.status = FINISH_TO_STATUS[out.finish_reason]
     return sample

@@ -88,6 +88,7 @@ class RolloutManager:
             engine.start()
         for engine in self.engines:
             engine.wait_ready(timeout_s=self.args.rollout_engine_startup_timeout)
+            engine.set_weight_version(self.weight_version)
         urls = [e.url for e in self.engines]
         if self.args.vllm_router_ip:
             router_url = f"http://{self.args.vllm_router_ip}:{self.args.vllm_router_port}"
@@ -160,6 +161,7 @@ class RolloutManager:
             for engine in self.engines:
                 self.weight_sync.apply(engine, update, timeout_s=self.args.weight_sync_timeout)
                 engine.reset_prefix_cache()
+                engine.set_weight_version(update.version)  # the engine tags every later token with it
         finally:
             for engine in self.engines:
                 engine.resume()
@@ -174,10 +176,6 @@ class RolloutManager:
             "weight_sync/bytes": float(update.num_bytes),
             "weight_sync/version": float(update.version),
         }
-
-    def set_weight_version(self, version: int) -> None:
-        """Record the version the engines serve (after a resume pushed the checkpoint's weights)."""
-        self.weight_version = version
 
     # -- state -----------------------------------------------------------------------------------------------------
     def data_state(self) -> dict[str, Any]:
