@@ -1,4 +1,4 @@
-"""The ``vime`` command: ``run``, ``model prepare|list``, ``data reasoning-gym``, ``plugins``, ``args``."""
+"""The ``vime`` command: ``run``, ``model``, ``data reasoning-gym``, ``plugins``, ``args``, ``sandbox cleanup``."""
 
 from __future__ import annotations
 
@@ -105,7 +105,34 @@ def _cmd_args(argv: list[str]) -> int:
     return 0
 
 
-COMMANDS = {"run": _cmd_run, "model": _cmd_model, "data": _cmd_data, "plugins": _cmd_plugins, "args": _cmd_args}
+def _cmd_sandbox(argv: list[str]) -> int:
+    from vime_core.sandbox import cleanup_all
+
+    p = argparse.ArgumentParser(prog="vime sandbox")
+    sub = p.add_subparsers(dest="action", required=True)
+    c = sub.add_parser("cleanup", help="remove sandboxes (processes, containers, VMs) left by killed vime processes")
+    c.add_argument("--backend", default=None, help="only this backend (default: every registered one)")
+    c.add_argument("--all", action="store_true", help="also remove sandboxes of running vime processes")
+    c.add_argument("--json", action="store_true")
+    a = p.parse_args(argv)
+    reports = cleanup_all(backend=a.backend, everything=a.all)
+    if a.json:
+        print(json.dumps([r.as_dict() for r in reports], indent=1))
+    else:
+        for r in reports:
+            errors = f", {len(r.errors)} errors: {'; '.join(r.errors)}" if r.errors else ""
+            print(f"{r.backend}: found {len(r.found)}, removed {len(r.removed)}{errors}")
+    return 1 if any(r.errors for r in reports) else 0
+
+
+COMMANDS = {
+    "run": _cmd_run,
+    "model": _cmd_model,
+    "data": _cmd_data,
+    "plugins": _cmd_plugins,
+    "args": _cmd_args,
+    "sandbox": _cmd_sandbox,
+}
 
 
 def main(argv: list[str] | None = None) -> int:

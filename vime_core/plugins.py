@@ -30,6 +30,7 @@ DEFAULT_PLUGINS: tuple[str, ...] = (
     "vime_core.builtins.advantages",
     "vime_core.builtins.trainers",
     "vime_core.builtins.weight_sync",
+    "vime_core.builtins.sandboxes",
 )
 
 
@@ -52,6 +53,7 @@ class Plugins:
     """
 
     def __init__(self) -> None:
+        from vime_core.sandbox.base import Sandbox
         from vime_core.trainer.base import TrainerBackend
         from vime_core.weight_sync.base import WeightSyncStrategy
 
@@ -63,7 +65,7 @@ class Plugins:
             "generate": Registry("generate", "--generate", check_callable_signature("args", "sample", "sampling_params", is_async=True)),
             "reward": Registry("reward", "--reward", check_callable_signature("args", "sample", is_async=True)),
             "advantage": Registry("advantage", "--advantage-estimator", check_callable_signature("args", "group")),
-            "sandbox": Registry("sandbox", "--sandbox"),
+            "sandbox": Registry("sandbox", "--sandbox", check_subclass(Sandbox)),
             "agent": Registry("agent", "--agent"),
             "weight_sync": Registry("weight_sync", "--weight-sync", check_subclass(WeightSyncStrategy)),
             "trainer": Registry("trainer", "--trainer", check_subclass(TrainerBackend)),

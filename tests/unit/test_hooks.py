@@ -76,7 +76,9 @@ def test_hook_vime_register_advantage_estimators():
 
 
 def test_hook_vime_register_sandbox_backends():
-    _registration_case("vime_register_sandbox_backends", "sandbox", _Obj)
+    from vime_core.sandbox.local import LocalSandbox
+
+    _registration_case("vime_register_sandbox_backends", "sandbox", type("FromTest", (LocalSandbox,), {}))
 
 
 def test_hook_vime_register_agent_harnesses():

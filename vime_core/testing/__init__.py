@@ -6,8 +6,15 @@ Install with ``pip install vime[testing]``; the kit is also a pytest plugin (ent
 from vime_core.testing.contracts import (
     GenerateFunctionContract,
     RewardFunctionContract,
+    SandboxBackendContract,
     TrainerBackendContract,
     WeightSyncContract,
 )
 
-__all__ = ["GenerateFunctionContract", "RewardFunctionContract", "TrainerBackendContract", "WeightSyncContract"]
+__all__ = [
+    "GenerateFunctionContract",
+    "RewardFunctionContract",
+    "SandboxBackendContract",
+    "TrainerBackendContract",
+    "WeightSyncContract",
+]

@@ -1,0 +1,83 @@
+"""Sandboxes: one contract (:class:`Sandbox`), backends registered through ``vime_register_sandbox_backends``.
+
+``local`` is built in (:mod:`vime_core.sandbox.local`); ``docker``, ``localvm``, ``e2b`` and ``modal`` are plugins.
+Use :func:`open_sandbox` to build the one a run asks for (``--sandbox NAME``), and :func:`cleanup_all` (or
+``vime sandbox cleanup``) to remove what killed vime processes left behind.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from vime_core.sandbox.base import (
+    BACKEND_LABEL,
+    CAPABILITIES,
+    LABEL,
+    OWNER_LABEL,
+    TIMEOUT_EXIT_CODE,
+    CleanupReport,
+    DetachedProcess,
+    ExecResult,
+    RawExecResult,
+    Sandbox,
+    SandboxError,
+    SandboxExpiredError,
+    SandboxInfraError,
+    SandboxLimits,
+    owner_alive,
+    owner_token,
+)
+
+__all__ = [
+    "BACKEND_LABEL",
+    "CAPABILITIES",
+    "LABEL",
+    "OWNER_LABEL",
+    "TIMEOUT_EXIT_CODE",
+    "CleanupReport",
+    "DetachedProcess",
+    "ExecResult",
+    "RawExecResult",
+    "Sandbox",
+    "SandboxError",
+    "SandboxExpiredError",
+    "SandboxInfraError",
+    "SandboxLimits",
+    "cleanup_all",
+    "open_sandbox",
+    "owner_alive",
+    "owner_token",
+]
+
+
+def open_sandbox(args: Any = None, name: str | None = None, **kwargs: Any) -> Sandbox:
+    """A not-yet-started sandbox of backend ``name`` (default ``args.sandbox``, else ``local``), built from ``args``
+    by the backend's ``from_args``; use it as ``async with open_sandbox(args) as sb: ...``.
+
+    :raises vime_core.registry.RegistryError: unknown backend name.
+    """
+    from vime_core.plugins import get_plugins
+
+    name = name or getattr(args, "sandbox", None) or "local"
+    cls = get_plugins().resolve("sandbox", name)
+    return cls.from_args(args, **kwargs)
+
+
+def cleanup_all(*, backend: str | None = None, everything: bool = False) -> list[CleanupReport]:
+    """Run every registered backend's reaper (or only ``backend``'s).
+
+    :param everything: remove all vime sandboxes, including those of running processes.
+    :returns: one report per backend; a backend whose reaper raised reports the error instead.
+    """
+    from vime_core.plugins import get_plugins
+
+    reg = get_plugins().registries["sandbox"]
+    reports = []
+    for entry in reg.entries():
+        if backend is not None and entry.name != backend:
+            continue
+        try:
+            reports.append(entry.obj.cleanup(everything=everything))
+        except Exception as e:  # noqa: BLE001 - one backend's service being down must not hide the others
+            reports.append(CleanupReport(entry.name, errors=[f"{type(e).__name__}: {e}"]))
+    return reports

@@ -1,0 +1,739 @@
+"""The sandbox contract: an async context manager that runs untrusted commands and always tears down.
+
+Every backend (``local`` built in; ``docker``, ``localvm``, ``e2b``, ``modal`` as plugins) subclasses
+:class:`Sandbox` and implements four coroutines: :meth:`Sandbox._create`, :meth:`Sandbox._destroy`,
+:meth:`Sandbox._exec_raw` and (class level) :meth:`Sandbox.cleanup`. Everything else — ``exec`` with output limits,
+files, directories, detached commands, wall time, error classification — is written once here on top of them, and
+backends override a member only where their service has a better primitive (e.g. Docker's archive API).
+
+Errors, so that a reward never scores an infrastructure failure as 0:
+
+* a command that fails is **not** an exception: :meth:`Sandbox.exec` returns an :class:`ExecResult` with its exit
+  code (``timed_out=True`` and exit code :data:`TIMEOUT_EXIT_CODE` when it was killed at its timeout);
+* the sandbox infrastructure failing (cannot create, daemon unreachable, VM gone) raises :class:`SandboxInfraError`;
+* the sandbox reaching its wall-time limit raises :class:`SandboxExpiredError` on the next call;
+* file calls raise the usual ``FileNotFoundError``/``IsADirectoryError``/``PermissionError``/``OSError``.
+
+Leftovers: every resource a backend creates carries the vime label :data:`LABEL` and an owner token
+(:func:`owner_token`: host, boot, pid, process start time). :meth:`Sandbox.cleanup` removes those whose owner
+process is gone; it runs once per backend per process at the first sandbox start, and on ``vime sandbox cleanup``.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import atexit
+import io
+import logging
+import os
+import shlex
+import socket
+import tarfile
+import time
+import uuid
+import weakref
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+logger = logging.getLogger("vime.sandbox")
+
+LABEL = "vime.sandbox"  # label/tag key on every resource a backend creates; its value is the sandbox id
+OWNER_LABEL = "vime.owner"  # label holding owner_token() of the creating process
+BACKEND_LABEL = "vime.backend"
+TIMEOUT_EXIT_CODE = 137  # exit code reported when a command is killed at its timeout (128 + SIGKILL)
+CONTROL_DIR = "/tmp/.vime"  # where the default detached-command implementation keeps its files, inside the sandbox
+
+# Capability names used by the contract kit (vime_core.testing.SandboxBackendContract).
+CAPABILITIES = frozenset(
+    {
+        "network_isolation",  # network off by default, on with network=True
+        "resource_limits",  # memory/pids/file-size limits enforced
+        "filesystem_isolation",  # cannot write outside the workspace (and /tmp)
+        "user",  # exec(user=...) runs as another user
+        "detached",  # start_detached/poll/wait/kill
+        "wall_time",  # the whole sandbox is killed at limits.wall_time_s
+        "reaper",  # cleanup() finds resources of dead owners
+    }
+)
+
+
+class SandboxError(Exception):
+    """Base of sandbox errors."""
+
+
+class SandboxInfraError(SandboxError):
+    """The sandbox infrastructure failed (could not create, service unreachable, sandbox vanished).
+
+    Not the command's fault: a reward must mark the sample failed (excluded), never score it 0.
+    """
+
+
+class SandboxExpiredError(SandboxError):
+    """The sandbox reached its wall-time limit (``SandboxLimits.wall_time_s``) and was killed, or was closed."""
+
+
+@dataclass(frozen=True)
+class SandboxLimits:
+    """Resource limits of one sandbox. ``None`` means "no limit from vime" (the backend's own default applies).
+
+    :ivar cpus: CPU share in cores (e.g. ``0.5``), enforced as a quota where the backend can.
+    :ivar memory_bytes: memory limit in bytes for all processes of the sandbox together.
+    :ivar disk_bytes: disk limit in bytes (backends without a quota enforce it as the maximum size of one file).
+    :ivar pids: maximum number of processes/threads in the sandbox.
+    :ivar wall_time_s: lifetime of the sandbox in seconds; at the limit everything in it is killed.
+    :ivar max_output_bytes: bytes kept of each of stdout and stderr per ``exec`` (the rest is read and dropped).
+    :ivar open_files: maximum open file descriptors per process.
+    :raises ValueError: on a non-positive limit.
+    """
+
+    cpus: float | None = 1.0
+    memory_bytes: int | None = 1 << 30
+    disk_bytes: int | None = 1 << 30
+    pids: int | None = 512
+    wall_time_s: float | None = 3600.0
+    max_output_bytes: int = 1 << 20
+    open_files: int | None = 4096
+
+    def __post_init__(self) -> None:
+        for name in ("cpus", "memory_bytes", "disk_bytes", "pids", "wall_time_s", "max_output_bytes", "open_files"):
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                raise ValueError(f"SandboxLimits.{name} must be positive or None, got {value!r}")
+
+
+@dataclass(frozen=True)
+class ExecResult:
+    """What a command did. A failing command is a result, not an exception.
+
+    :ivar exit_code: the exit status; ``128 + N`` when killed by signal N; :data:`TIMEOUT_EXIT_CODE` on timeout.
+    :ivar stdout: standard output, UTF-8 decoded (invalid bytes replaced), at most ``max_output_bytes`` bytes.
+    :ivar stderr: standard error, likewise.
+    :ivar timed_out: the command was killed at its timeout (or at the sandbox's wall-time limit).
+    :ivar stdout_truncated: more than ``max_output_bytes`` bytes were written to stdout; the first ones are kept.
+    :ivar stderr_truncated: likewise for stderr.
+    :ivar duration_s: wall-clock seconds the call took.
+    """
+
+    exit_code: int
+    stdout: str
+    stderr: str
+    timed_out: bool = False
+    stdout_truncated: bool = False
+    stderr_truncated: bool = False
+    duration_s: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        """Exit code 0 and not timed out."""
+        return self.exit_code == 0 and not self.timed_out
+
+    @property
+    def truncated(self) -> bool:
+        """Either stream was truncated."""
+        return self.stdout_truncated or self.stderr_truncated
+
+
+@dataclass(frozen=True)
+class RawExecResult:
+    """Backend-level result of :meth:`Sandbox._exec_raw` (bytes, not decoded)."""
+
+    exit_code: int
+    stdout: bytes
+    stderr: bytes
+    timed_out: bool = False
+    stdout_truncated: bool = False
+    stderr_truncated: bool = False
+
+    def decode(self, duration_s: float) -> ExecResult:
+        return ExecResult(
+            self.exit_code,
+            self.stdout.decode("utf-8", "replace"),
+            self.stderr.decode("utf-8", "replace"),
+            self.timed_out,
+            self.stdout_truncated,
+            self.stderr_truncated,
+            duration_s,
+        )
+
+
+@dataclass(frozen=True)
+class DetachedProcess:
+    """Handle of a command started with :meth:`Sandbox.start_detached`.
+
+    :ivar id: handle id (names its control files inside the sandbox).
+    :ivar pid: process id inside the sandbox (its process group id too).
+    :ivar started_at: host ``time.monotonic()`` at start, seconds.
+    :ivar timeout: seconds after which the command is killed, or ``None``.
+    """
+
+    id: str
+    pid: int
+    started_at: float
+    timeout: float | None = None
+
+
+@dataclass
+class CleanupReport:
+    """What :meth:`Sandbox.cleanup` found and removed.
+
+    :ivar backend: backend name.
+    :ivar found: resource descriptions carrying the vime label (all owners).
+    :ivar removed: those removed (owner dead, or ``everything=True``).
+    :ivar errors: removal failures, as text.
+    """
+
+    backend: str
+    found: list[str] = field(default_factory=list)
+    removed: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"backend": self.backend, "found": self.found, "removed": self.removed, "errors": self.errors}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Owner tokens: which process created a resource, and is it still alive?
+
+
+def _boot_id() -> str:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()[:8]
+    except OSError:
+        return "noboot"
+
+
+def process_start_time(pid: int) -> str | None:
+    """Start time of ``pid`` in clock ticks since boot (``/proc/PID/stat`` field 22), or ``None`` if not running."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat.rsplit(")", 1)[1].split()[19]
+
+
+def owner_token(pid: int | None = None) -> str:
+    """``host:boot:pid:starttime`` of this process (or ``pid``): unique across pid reuse and reboots."""
+    pid = os.getpid() if pid is None else pid
+    return f"{socket.gethostname()}:{_boot_id()}:{pid}:{process_start_time(pid)}"
+
+
+def owner_alive(token: str) -> bool:
+    """Whether the process named by an :func:`owner_token` still runs.
+
+    A token from another host cannot be checked and counts as alive (``vime sandbox cleanup --all`` removes those).
+    """
+    try:
+        host, boot, pid, start = token.rsplit(":", 3)
+    except ValueError:
+        return False
+    if host != socket.gethostname():
+        return True
+    if boot != _boot_id():
+        return False
+    return process_start_time(int(pid)) == start
+
+
+# ---------------------------------------------------------------------------------------------------------------
+_LIVE: weakref.WeakSet[Sandbox] = weakref.WeakSet()
+
+
+@atexit.register
+def _destroy_live_sandboxes_at_exit() -> None:
+    for sb in list(_LIVE):
+        try:
+            sb._destroy_sync()
+        except Exception as e:  # noqa: BLE001 - best effort at interpreter exit
+            logger.warning("sandbox %s: teardown at exit failed: %s", sb.sandbox_id, e)
+
+
+class Sandbox(abc.ABC):
+    """An isolated place to run commands: ``async with Backend(...) as sb: await sb.exec("...")``.
+
+    Created on ``__aenter__``; torn down on ``__aexit__`` — also on exception, cancellation and timeout; at
+    interpreter exit for sandboxes still open; and by :meth:`cleanup` for those of a process that was killed.
+
+    :param limits: resource limits (:class:`SandboxLimits`; its defaults when ``None``).
+    :param network: ``True`` to give the sandbox network access; off by default.
+    :param env: environment variables for every command.
+    :param default_timeout_s: timeout of ``exec`` calls that give none, in seconds.
+
+    Backends set :attr:`NAME`, :attr:`workspace` (the default working directory inside the sandbox) and
+    implement :meth:`_create`, :meth:`_destroy`, :meth:`_exec_raw` and :meth:`cleanup`.
+    """
+
+    NAME: ClassVar[str] = ""
+    capabilities: ClassVar[frozenset[str]] = frozenset()
+    control_dir: ClassVar[str] = CONTROL_DIR
+    _reaped_classes: ClassVar[set[type]] = set()
+
+    def __init__(
+        self,
+        *,
+        limits: SandboxLimits | None = None,
+        network: bool = False,
+        env: Mapping[str, str] | None = None,
+        default_timeout_s: float = 300.0,
+    ) -> None:
+        self.limits = limits if limits is not None else SandboxLimits()
+        self.network = bool(network)
+        self.env = dict(env or {})
+        self.default_timeout_s = float(default_timeout_s)
+        self.sandbox_id = f"vime-{self.NAME or 'sbx'}-{uuid.uuid4().hex[:12]}"
+        self.workspace = "/workspace"
+        self._state = "new"  # new | started | closed
+        self._deadline: float | None = None
+        self._close_task: asyncio.Future | None = None
+
+    # -- construction from `vime run` flags --------------------------------------------------------------------
+    @classmethod
+    def from_args(cls, args: Any, **kwargs: Any) -> Sandbox:
+        """Build a sandbox from ``vime run`` arguments (plugins read their ``--sandbox-NAME-*`` flags here)."""
+        return cls(**kwargs)
+
+    # -- lifecycle -----------------------------------------------------------------------------------------------
+    async def __aenter__(self) -> Sandbox:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def start(self) -> None:
+        """Create the sandbox.
+
+        :raises SandboxInfraError: creation failed (whatever was created is destroyed first).
+        :raises SandboxError: started twice.
+        """
+        if self._state != "new":
+            raise SandboxError(f"sandbox {self.sandbox_id} is {self._state}; a sandbox starts once")
+        cls = type(self)
+        if cls not in Sandbox._reaped_classes and os.environ.get("VIME_SANDBOX_NO_REAP") != "1":
+            Sandbox._reaped_classes.add(cls)
+            try:
+                report = await asyncio.to_thread(cls.cleanup)
+                if report.removed:
+                    logger.warning(
+                        "%s sandboxes: removed %d leftovers of dead vime processes: %s",
+                        cls.NAME,
+                        len(report.removed),
+                        ", ".join(report.removed[:5]),
+                    )
+            except Exception as e:  # noqa: BLE001 - reaping is best effort; creation decides success
+                logger.warning("%s sandboxes: leftover cleanup failed: %s", cls.NAME, e)
+        self._state = "started"
+        _LIVE.add(self)
+        try:
+            await self._create()
+        except BaseException as e:
+            await self.close()
+            if isinstance(e, (SandboxError, asyncio.CancelledError, KeyboardInterrupt)):
+                raise
+            raise SandboxInfraError(f"{self.NAME} sandbox {self.sandbox_id}: creation failed: {e}") from e
+        if self.limits.wall_time_s is not None:
+            self._deadline = time.monotonic() + self.limits.wall_time_s
+
+    async def close(self) -> None:
+        """Destroy the sandbox and everything in it; idempotent; completes even if the caller is cancelled.
+
+        Teardown errors are logged, not raised (the reaper retries them).
+        """
+        if self._state == "new":
+            self._state = "closed"
+            return
+        if self._close_task is None:
+            self._state = "closed"
+            self._close_task = asyncio.ensure_future(self._destroy_logged())
+        cancelled = False
+        while not self._close_task.done():
+            try:
+                await asyncio.shield(self._close_task)
+            except asyncio.CancelledError:
+                cancelled = True
+        if cancelled:
+            raise asyncio.CancelledError
+
+    async def _destroy_logged(self) -> None:
+        try:
+            await self._destroy()
+        except Exception as e:  # noqa: BLE001
+            logger.warning("%s sandbox %s: teardown failed (the reaper will retry): %s", self.NAME, self.sandbox_id, e)
+        finally:
+            _LIVE.discard(self)
+
+    @property
+    def closed(self) -> bool:
+        return self._state == "closed"
+
+    def remaining_s(self) -> float | None:
+        """Seconds left before the wall-time limit, or ``None`` without one."""
+        return None if self._deadline is None else self._deadline - time.monotonic()
+
+    def _check_usable(self) -> None:
+        if self._state == "new":
+            raise SandboxError(f"sandbox {self.sandbox_id} is not started (use `async with`)")
+        if self._state == "closed":
+            raise SandboxExpiredError(f"sandbox {self.sandbox_id} is closed")
+        left = self.remaining_s()
+        if left is not None and left <= 0:
+            raise SandboxExpiredError(
+                f"sandbox {self.sandbox_id} reached its wall-time limit of {self.limits.wall_time_s} s"
+            )
+
+    # -- exec ----------------------------------------------------------------------------------------------------
+    async def exec(
+        self,
+        cmd: str | Sequence[str],
+        *,
+        timeout: float | None = None,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        user: str | None = None,
+        stdin: bytes | None = None,
+        max_output_bytes: int | None = None,
+    ) -> ExecResult:
+        """Run a command and wait for it.
+
+        :param cmd: a shell command line (run by ``/bin/sh -c``) or an argv list.
+        :param timeout: seconds before the command is killed (``timed_out=True``); default
+            ``default_timeout_s``, never beyond the wall-time limit.
+        :param env: extra environment variables (over the sandbox's ``env``).
+        :param cwd: working directory inside the sandbox; default :attr:`workspace`.
+        :param user: user name or uid to run as (backends with the ``user`` capability).
+        :param stdin: bytes fed to the command's standard input.
+        :param max_output_bytes: bytes kept per stream; default ``limits.max_output_bytes``.
+        :returns: the :class:`ExecResult` (a non-zero exit is not an error).
+        :raises SandboxInfraError: the backend failed to run the command at all.
+        :raises SandboxExpiredError: the sandbox is closed or past its wall-time limit.
+        """
+        argv = ["/bin/sh", "-c", cmd] if isinstance(cmd, str) else list(cmd)
+        t0 = time.monotonic()
+        raw = await self._exec_checked(
+            argv, stdin=stdin, timeout=timeout, env=env, cwd=cwd, user=user, max_output_bytes=max_output_bytes
+        )
+        return raw.decode(time.monotonic() - t0)
+
+    async def _exec_checked(
+        self,
+        argv: list[str],
+        *,
+        stdin: bytes | None = None,
+        timeout: float | None = None,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        user: str | None = None,
+        max_output_bytes: int | None = None,
+    ) -> RawExecResult:
+        self._check_usable()
+        if user is not None and "user" not in self.capabilities:
+            raise SandboxError(f"the {self.NAME} backend cannot run commands as another user")
+        timeout = self.default_timeout_s if timeout is None else float(timeout)
+        if timeout <= 0:
+            raise ValueError(f"timeout must be positive, got {timeout}")
+        left = self.remaining_s()
+        capped = left is not None and left < timeout
+        if capped:
+            timeout = max(left, 0.001)
+        merged_env = {**self.env, **(env or {})}
+        limit = self.limits.max_output_bytes if max_output_bytes is None else int(max_output_bytes)
+        try:
+            raw = await self._exec_raw(
+                argv,
+                stdin=stdin,
+                timeout=timeout,
+                env=merged_env,
+                cwd=cwd or self.workspace,
+                user=user,
+                max_output_bytes=limit,
+            )
+        except (SandboxError, asyncio.CancelledError):
+            raise
+        except Exception as e:
+            left = self.remaining_s()
+            if left is not None and left <= 0:
+                raise SandboxExpiredError(f"sandbox {self.sandbox_id} reached its wall-time limit: {e}") from e
+            raise SandboxInfraError(f"{self.NAME} sandbox {self.sandbox_id}: exec failed: {e}") from e
+        if capped and raw.exit_code == TIMEOUT_EXIT_CODE:
+            raw = RawExecResult(
+                TIMEOUT_EXIT_CODE, raw.stdout, raw.stderr, True, raw.stdout_truncated, raw.stderr_truncated
+            )
+        return raw
+
+    # -- files ---------------------------------------------------------------------------------------------------
+    def _abs(self, path: str | os.PathLike[str]) -> str:
+        p = os.fspath(path)
+        return p if p.startswith("/") else f"{self.workspace.rstrip('/')}/{p}"
+
+    async def write_file(self, path: str | os.PathLike[str], data: bytes | str, *, mode: int = 0o644) -> None:
+        """Write ``data`` to ``path`` (relative paths are under :attr:`workspace`), creating parent directories.
+
+        :raises PermissionError: the sandbox may not write there (read-only or outside the workspace).
+        :raises OSError: another failure to write, with the sandbox's message.
+        :raises SandboxInfraError: the backend failed.
+        """
+        blob = data.encode() if isinstance(data, str) else bytes(data)
+        target = self._abs(path)
+        script = 'set -e; d=$(dirname -- "$1"); mkdir -p -- "$d"; cat > "$1"; chmod "$2" "$1"'
+        raw = await self._exec_checked(
+            ["/bin/sh", "-c", script, "sh", target, f"{mode:o}"], stdin=blob, max_output_bytes=65536
+        )
+        if raw.exit_code != 0:
+            _raise_file_error(raw.stderr.decode("utf-8", "replace"), target, "write")
+
+    async def read_file(self, path: str | os.PathLike[str], *, max_bytes: int = 1 << 30) -> bytes:
+        """Read a file's bytes (relative paths are under :attr:`workspace`).
+
+        :param max_bytes: refuse files larger than this, in bytes.
+        :raises FileNotFoundError: no such file.
+        :raises IsADirectoryError: it is a directory.
+        :raises OSError: larger than ``max_bytes``, or unreadable (with the sandbox's message).
+        :raises SandboxInfraError: the backend failed.
+        """
+        target = self._abs(path)
+        script = 'if [ -d "$1" ]; then exit 21; fi; if [ ! -e "$1" ]; then exit 2; fi; exec cat -- "$1"'
+        raw = await self._exec_checked(["/bin/sh", "-c", script, "sh", target], max_output_bytes=max_bytes)
+        if raw.exit_code == 2:
+            raise FileNotFoundError(2, "No such file in the sandbox", target)
+        if raw.exit_code == 21:
+            raise IsADirectoryError(21, "Is a directory", target)
+        if raw.exit_code != 0:
+            _raise_file_error(raw.stderr.decode("utf-8", "replace"), target, "read")
+        if raw.stdout_truncated:
+            raise OSError(27, f"file larger than max_bytes={max_bytes}", target)
+        return raw.stdout
+
+    async def upload_dir(self, local: str | os.PathLike[str], remote: str) -> None:
+        """Copy a host directory's contents into ``remote`` inside the sandbox (created if missing).
+
+        :raises FileNotFoundError: ``local`` is not a directory.
+        :raises OSError: the sandbox could not unpack it (message included).
+        :raises SandboxInfraError: the backend failed.
+        """
+        src = Path(local)
+        if not src.is_dir():
+            raise FileNotFoundError(2, "not a directory", str(src))
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w") as tar:
+            for child in sorted(src.iterdir()):
+                tar.add(child, arcname=child.name)
+        target = self._abs(remote)
+        raw = await self._exec_checked(
+            ["/bin/sh", "-c", 'mkdir -p -- "$1" && tar -x -f - -C "$1"', "sh", target],
+            stdin=buf.getvalue(),
+            max_output_bytes=65536,
+        )
+        if raw.exit_code != 0:
+            _raise_file_error(raw.stderr.decode("utf-8", "replace"), target, "upload to")
+
+    async def download_dir(self, remote: str, local: str | os.PathLike[str], *, max_bytes: int = 1 << 30) -> None:
+        """Copy the contents of ``remote`` (a directory in the sandbox) into the host directory ``local``.
+
+        Links and special files are skipped; nothing is written outside ``local``.
+
+        :param max_bytes: refuse archives larger than this, in bytes.
+        :raises FileNotFoundError: ``remote`` does not exist.
+        :raises OSError: larger than ``max_bytes`` or unreadable.
+        :raises SandboxInfraError: the backend failed.
+        """
+        target = self._abs(remote)
+        script = 'if [ ! -d "$1" ]; then exit 2; fi; exec tar -c -f - -C "$1" .'
+        raw = await self._exec_checked(["/bin/sh", "-c", script, "sh", target], max_output_bytes=max_bytes)
+        if raw.exit_code == 2:
+            raise FileNotFoundError(2, "No such directory in the sandbox", target)
+        if raw.exit_code != 0:
+            _raise_file_error(raw.stderr.decode("utf-8", "replace"), target, "download from")
+        if raw.stdout_truncated:
+            raise OSError(27, f"directory archive larger than max_bytes={max_bytes}", target)
+        extract_tar_safely(raw.stdout, Path(local))
+
+    # -- detached commands ---------------------------------------------------------------------------------------
+    async def start_detached(
+        self,
+        cmd: str,
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        user: str | None = None,
+        timeout: float | None = None,
+    ) -> DetachedProcess:
+        """Start a long-running shell command in the background and return at once.
+
+        Its output goes to files in the sandbox (bounded by the sandbox's disk limit); :meth:`poll` reads back at
+        most ``max_output_bytes`` of each stream.
+
+        :param timeout: seconds after which it is killed (``timed_out=True`` in its result), or ``None``.
+        :raises SandboxInfraError: the backend failed.
+        """
+        pid_ = uuid.uuid4().hex[:12]
+        ctl = f"{self.control_dir}/{pid_}"
+        inner = cmd if timeout is None else f"exec timeout -s KILL {float(timeout):.3f} /bin/sh -c {shlex.quote(cmd)}"
+        # the runner stays outside the command's process group so that it survives kill() and records the status
+        runner = (
+            f"setsid /bin/sh -c {shlex.quote(inner)} < /dev/null > {ctl}.out 2> {ctl}.err & "
+            f"echo $! > {ctl}.pid.tmp; mv {ctl}.pid.tmp {ctl}.pid; wait $!; echo $? > {ctl}.rc.tmp; "
+            f"mv {ctl}.rc.tmp {ctl}.rc"
+        )
+        script = (
+            f'mkdir -p {self.control_dir} && cd "$1" && {{ setsid /bin/sh -c {shlex.quote(runner)} '
+            f"< /dev/null > /dev/null 2>&1 & }}; i=0; while [ ! -f {ctl}.pid ] && [ $i -lt 1000 ]; do "
+            f"sleep 0.01; i=$((i+1)); done; cat {ctl}.pid"
+        )
+        raw = await self._exec_checked(
+            ["/bin/sh", "-c", script, "sh", cwd or self.workspace],
+            env=env,
+            user=user,
+            timeout=30.0,
+            max_output_bytes=4096,
+        )
+        try:
+            pid = int(raw.stdout.decode().strip())
+        except ValueError:
+            raise SandboxInfraError(
+                f"{self.NAME} sandbox {self.sandbox_id}: could not start detached command: "
+                f"exit {raw.exit_code}, {raw.stderr.decode('utf-8', 'replace')[-500:]}"
+            ) from None
+        return DetachedProcess(pid_, pid, time.monotonic(), timeout)
+
+    async def poll(self, proc: DetachedProcess) -> ExecResult | None:
+        """The result of a detached command if it has finished, else ``None``.
+
+        :raises SandboxInfraError: the backend failed.
+        """
+        ctl = f"{self.control_dir}/{proc.id}"
+        limit = self.limits.max_output_bytes
+        script = (
+            f"if [ ! -f {ctl}.rc ]; then exit 3; fi; cat {ctl}.rc; "
+            f"wc -c < {ctl}.out; wc -c < {ctl}.err; head -c {limit} {ctl}.out; head -c {limit} {ctl}.err >&2"
+        )
+        raw = await self._exec_checked(["/bin/sh", "-c", script], timeout=60.0, max_output_bytes=2 * limit + 4096)
+        if raw.exit_code == 3:
+            return None
+        if raw.exit_code != 0:
+            raise SandboxInfraError(f"{self.NAME} sandbox {self.sandbox_id}: poll failed: {raw.stderr[-500:]!r}")
+        head, _, rest = raw.stdout.partition(b"\n")
+        n_out, _, rest = rest.partition(b"\n")
+        n_err, _, out = rest.partition(b"\n")
+        code, n_out_i, n_err_i = int(head), int(n_out), int(n_err)
+        elapsed = time.monotonic() - proc.started_at
+        timed_out = proc.timeout is not None and code == TIMEOUT_EXIT_CODE and elapsed >= proc.timeout * 0.95
+        return RawExecResult(code, out, raw.stderr, timed_out, n_out_i > limit, n_err_i > limit).decode(elapsed)
+
+    async def wait(
+        self, proc: DetachedProcess, *, timeout: float | None = None, poll_interval_s: float = 0.2
+    ) -> ExecResult:
+        """Poll a detached command until it finishes.
+
+        :param timeout: seconds to wait; on expiry the command is killed and its result returned.
+        :raises SandboxInfraError: the backend failed.
+        """
+        t_end = None if timeout is None else time.monotonic() + timeout
+        interval = min(0.05, poll_interval_s)
+        while True:
+            result = await self.poll(proc)
+            if result is not None:
+                return result
+            if t_end is not None and time.monotonic() >= t_end:
+                await self.kill(proc)
+                for _ in range(50):
+                    result = await self.poll(proc)
+                    if result is not None:
+                        return ExecResult(
+                            TIMEOUT_EXIT_CODE,
+                            result.stdout,
+                            result.stderr,
+                            True,
+                            result.stdout_truncated,
+                            result.stderr_truncated,
+                            result.duration_s,
+                        )
+                    await asyncio.sleep(0.1)
+                raise SandboxInfraError(f"{self.NAME} sandbox {self.sandbox_id}: detached command did not die")
+            await asyncio.sleep(interval)
+            interval = min(interval * 2, poll_interval_s)
+
+    async def kill(self, proc: DetachedProcess) -> None:
+        """Kill a detached command's process group (no error if it already finished).
+
+        :raises SandboxInfraError: the backend failed.
+        """
+        await self._exec_checked(["/bin/sh", "-c", f"kill -9 -{int(proc.pid)} 2>/dev/null; true"], timeout=30.0)
+
+    # -- backend interface ---------------------------------------------------------------------------------------
+    @abc.abstractmethod
+    async def _create(self) -> None:
+        """Create the sandbox's resources, labelled with :data:`LABEL` = ``sandbox_id`` and :data:`OWNER_LABEL`.
+
+        Exceptions become :class:`SandboxInfraError` (after :meth:`_destroy` ran).
+        """
+
+    @abc.abstractmethod
+    async def _destroy(self) -> None:
+        """Destroy every resource of the sandbox. Must tolerate a partial :meth:`_create`, and being called twice."""
+
+    def _destroy_sync(self) -> None:
+        """Synchronous best-effort teardown, used at interpreter exit when no event loop can run ``_destroy``."""
+        logger.warning("%s sandbox %s: open at interpreter exit; the reaper removes it", self.NAME, self.sandbox_id)
+
+    @abc.abstractmethod
+    async def _exec_raw(
+        self,
+        argv: list[str],
+        *,
+        stdin: bytes | None,
+        timeout: float,
+        env: dict[str, str],
+        cwd: str,
+        user: str | None,
+        max_output_bytes: int,
+    ) -> RawExecResult:
+        """Run ``argv`` in the sandbox; keep at most ``max_output_bytes`` bytes of each stream (drain the rest).
+
+        On timeout kill the command and return ``exit_code=TIMEOUT_EXIT_CODE, timed_out=True``. If the caller is
+        cancelled, kill the command before re-raising. Raise (any exception) only for infrastructure failures.
+        """
+
+    @classmethod
+    @abc.abstractmethod
+    def cleanup(cls, *, everything: bool = False) -> CleanupReport:
+        """Find this backend's resources carrying the vime label and remove those whose owner process is gone.
+
+        :param everything: remove all of them, including those of running vime processes.
+        """
+
+
+def _raise_file_error(stderr: str, path: str, verb: str) -> None:
+    low = stderr.lower()
+    if "read-only" in low or "permission denied" in low or "operation not permitted" in low:
+        raise PermissionError(13, f"cannot {verb} {path} in the sandbox: {stderr.strip()[-300:]}", path)
+    if "no such file" in low:
+        raise FileNotFoundError(2, f"cannot {verb} {path}: {stderr.strip()[-300:]}", path)
+    raise OSError(5, f"cannot {verb} {path} in the sandbox: {stderr.strip()[-300:]}", path)
+
+
+def extract_tar_safely(blob: bytes, dest: Path) -> None:
+    """Extract a tar archive into ``dest`` keeping only regular files and directories, none outside ``dest``.
+
+    :raises OSError: a member would land outside ``dest``.
+    """
+    dest.mkdir(parents=True, exist_ok=True)
+    root = dest.resolve()
+    with tarfile.open(fileobj=io.BytesIO(blob), mode="r:*") as tar:
+        for m in tar.getmembers():
+            name = m.name.lstrip("/")
+            if name in ("", "."):
+                continue
+            out = (root / name).resolve()
+            if root != out and root not in out.parents:
+                raise OSError(1, "archive member outside the destination", m.name)
+            if m.isdir():
+                out.mkdir(parents=True, exist_ok=True)
+            elif m.isfile():
+                out.parent.mkdir(parents=True, exist_ok=True)
+                src = tar.extractfile(m)
+                assert src is not None
+                with open(out, "wb") as f:
+                    while chunk := src.read(1 << 20):
+                        f.write(chunk)
+                os.chmod(out, m.mode & 0o777)
