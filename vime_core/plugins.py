@@ -54,7 +54,6 @@ class Plugins:
 
     def __init__(self) -> None:
         from vime_core.sandbox.base import Sandbox
-        from vime_core.sandbox.base import Sandbox
         from vime_core.trainer.base import TrainerBackend
         from vime_core.weight_sync.base import WeightSyncStrategy
 

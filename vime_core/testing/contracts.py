@@ -88,8 +88,11 @@ class RewardFunctionContract(_Contract):
 class WeightSyncContract(_Contract):
     """Contract of ``vime_register_weight_sync_strategies`` providers.
 
-    Fixture to supply: ``strategy`` (an instance ready to :meth:`push`/:meth:`read`). Capability
-    ``"cleanup"``: :meth:`cleanup` removes what an update left behind.
+    Fixture to supply: ``strategy`` (an instance ready to :meth:`push`/:meth:`read`, a fresh one per test).
+    Capabilities: ``"cleanup"``: :meth:`cleanup` removes what an update left behind; ``"timeout"``:
+    :meth:`apply` talks to a :class:`vime_core.rollout.engine.VLLMServer` over HTTP and raises ``TimeoutError``
+    when it does not answer within ``timeout_s``; ``"delta"``: versions are incremental (:meth:`read` applies
+    them to a receiver held by the strategy, in order, verified, retry-safe; ``payload["path"]`` holds the files).
     """
 
     @staticmethod
@@ -126,6 +129,133 @@ class WeightSyncContract(_Contract):
         strategy.cleanup(update)
         with pytest.raises(Exception):  # noqa: B017 - any error: the update is gone
             strategy.read(update)
+
+    # -- appended: timeouts and delta semantics (capabilities "timeout", "delta") ----------------------------------
+    @staticmethod
+    def changed_tensors(base: dict[str, torch.Tensor], step: int) -> dict[str, torch.Tensor]:
+        """``base`` after a small update: a few elements of some tensors change, ``model.norm.weight`` does not."""
+        out = {n: t.clone() for n, t in base.items()}
+        out["model.embed_tokens.weight"][step % 64, :4] += 1e-3 * step
+        out["model.layers.0.self_attn.q_proj.weight"][:, step % 32] *= 1.0 + 2**-6
+        out["model.layers.0.mlp.up_proj.weight"][step % 48] = -out["model.layers.0.mlp.up_proj.weight"][step % 48]
+        out["buffer.int"][step % 10] += step
+        return out
+
+    @staticmethod
+    def assert_bit_exact(got: dict[str, torch.Tensor], sent: dict[str, torch.Tensor]) -> None:
+        assert sorted(got) == sorted(sent)
+        for name, t in sent.items():
+            r = got[name]
+            assert r.dtype == t.dtype and r.shape == t.shape, name
+            assert torch.equal(r.reshape(-1).view(torch.uint8), t.contiguous().reshape(-1).view(torch.uint8)), name
+
+    def test_apply_times_out_on_a_receiver_that_never_answers(self, strategy: Any) -> None:
+        """``apply`` on an engine whose server accepts connections but never answers raises ``TimeoutError``
+        within about ``timeout_s`` (capability ``"timeout"``; the engine is a real
+        :class:`vime_core.rollout.engine.VLLMServer` client pointed at a silent socket)."""
+        self.require("timeout")
+        import time
+
+        from vime_core.rollout.engine import VLLMServer
+
+        update = strategy.push(iter(self.reference_tensors().items()), 1)
+        with _SilentServer() as port:
+            engine = VLLMServer("unused", port=port, request_timeout_s=120.0)
+            try:
+                t0 = time.monotonic()
+                with pytest.raises(TimeoutError, match="within"):
+                    strategy.apply(engine, update, timeout_s=1.0)
+                assert time.monotonic() - t0 < 10.0
+            finally:
+                engine._http.close()
+
+    def test_delta_versions_are_bit_exact_and_small(self, strategy: Any) -> None:
+        """Successive versions round-trip bit-exactly and a small change moves fewer bytes than the first version
+        (capability ``"delta"``)."""
+        self.require("delta")
+        sent = self.reference_tensors()
+        first = strategy.push(iter(sent.items()), 1)
+        self.assert_bit_exact(strategy.read(first), sent)
+        for version in (2, 3):
+            sent = self.changed_tensors(sent, version)
+            update = strategy.push(iter(sent.items()), version)
+            assert update.version == version
+            assert 0 < update.num_bytes < first.num_bytes
+            self.assert_bit_exact(strategy.read(update), sent)
+
+    def test_out_of_order_delta_is_refused(self, strategy: Any) -> None:
+        """Reading version N+2 on a receiver at version N fails and changes nothing; in order, both apply
+        (capability ``"delta"``)."""
+        self.require("delta")
+        t1 = self.reference_tensors()
+        strategy.read(strategy.push(iter(t1.items()), 1))
+        t2 = self.changed_tensors(t1, 2)
+        t3 = self.changed_tensors(t2, 3)
+        u2 = strategy.push(iter(t2.items()), 2)
+        u3 = strategy.push(iter(t3.items()), 3)
+        with pytest.raises(Exception, match="(?i)order|version"):
+            strategy.read(u3)
+        self.assert_bit_exact(strategy.read(u2), t2)
+        self.assert_bit_exact(strategy.read(u3), t3)
+
+    def test_retry_after_an_interrupted_delta(self, strategy: Any) -> None:
+        """A version whose files were cut short (an interrupted transfer) or had a byte flipped is refused and
+        leaves the receiver on its old version; once the files are whole again the same version applies
+        bit-exactly, and applying it once more is harmless (capability ``"delta"``; ``payload["path"]`` is the
+        directory of the version's files)."""
+        self.require("delta")
+        t1 = self.reference_tensors()
+        strategy.read(strategy.push(iter(t1.items()), 1))
+        t2 = self.changed_tensors(t1, 2)
+        u2 = strategy.push(iter(t2.items()), 2)
+        files = [f for f in sorted(Path(u2.payload["path"]).rglob("*")) if f.is_file()]
+        assert files, "a delta update must leave files under payload['path']"
+        saved = {f: f.read_bytes() for f in files}
+        for f, data in saved.items():  # interrupted: every file cut in half
+            f.write_bytes(data[: len(data) // 2])
+        with pytest.raises(Exception):  # noqa: B017 - any error, as long as nothing is applied
+            strategy.read(u2)
+        for f, data in saved.items():  # corrupted: the last payload byte flipped
+            f.write_bytes(data[:-1] + bytes([data[-1] ^ 0xFF]))
+        with pytest.raises(Exception, match="(?i)checksum|corrupt"):
+            strategy.read(u2)
+        for f, data in saved.items():
+            f.write_bytes(data)
+        self.assert_bit_exact(strategy.read(u2), t2)
+        self.assert_bit_exact(strategy.read(u2), t2)  # a retry of an applied version changes nothing
+        t3 = self.changed_tensors(t2, 3)
+        self.assert_bit_exact(strategy.read(strategy.push(iter(t3.items()), 3)), t3)
+
+
+class _SilentServer:
+    """A TCP listener on 127.0.0.1 that accepts connections and never answers (a hung receiver); yields its port."""
+
+    def __enter__(self) -> int:
+        import socket
+        import threading
+
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.conns: list[Any] = []
+        self.closed = threading.Event()
+
+        def accept() -> None:
+            while not self.closed.is_set():
+                try:
+                    conn, _ = self.sock.accept()
+                except OSError:
+                    return
+                self.conns.append(conn)
+
+        threading.Thread(target=accept, daemon=True).start()
+        return int(self.sock.getsockname()[1])
+
+    def __exit__(self, *exc: object) -> None:
+        self.closed.set()
+        for c in self.conns:
+            c.close()
+        self.sock.close()
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -223,6 +353,341 @@ class GenerateFunctionContract(_Contract):
                                    getattr(generate_args, "apply_chat_template", True))
         for s in self._run(generate_fn, generate_args, prompt_sample, {"temperature": 1.0, "max_tokens": 4}):
             assert s.tokens[: s.prompt_length] == prompt_ids
+
+
+# ---------------------------------------------------------------------------------------------------------------
+class SandboxBackendContract(_Contract):
+    """Contract of ``vime_register_sandbox_backends`` providers (:class:`vime_core.sandbox.Sandbox` subclasses).
+
+    Fixtures to supply:
+
+    * ``sandbox_factory``: ``factory(**kwargs) -> Sandbox`` (not started; used as ``async with factory() as sb``),
+      accepting the :class:`~vime_core.sandbox.Sandbox` keywords ``limits``, ``network`` and ``env``;
+    * ``sandbox_exists``: ``fn(sandbox) -> bool``: whether any resource of that sandbox (process, container, VM,
+      directory) still exists, asked of the backend's service directly, not of the object.
+
+    Optional fixture ``sabotage``: ``async fn(sandbox)`` that destroys the sandbox behind vime's back (kills its
+    VM, removes its container); without it the infrastructure-error test is skipped.
+
+    Capabilities (see :data:`vime_core.sandbox.CAPABILITIES`): ``network_isolation``, ``resource_limits``,
+    ``filesystem_isolation``, ``user``, ``detached``, ``wall_time``, ``reaper``. The sandbox image must have
+    ``/bin/sh``, coreutils, ``tar`` and ``python3``.
+    """
+
+    @staticmethod
+    def _run(coro: Any) -> Any:
+        return asyncio.run(coro)
+
+    @pytest.fixture
+    def sabotage(self) -> Any:
+        return None
+
+    # -- registration and exec -----------------------------------------------------------------------------------
+    def test_is_a_sandbox_class(self, sandbox_factory: Any) -> None:
+        from vime_core.sandbox import Sandbox
+
+        sb = sandbox_factory()
+        assert isinstance(sb, Sandbox) and type(sb).NAME, "a backend subclasses vime_core.sandbox.Sandbox with NAME"
+        assert sb.sandbox_id.startswith("vime-")
+
+    def test_exec_exit_code_stdout_stderr(self, sandbox_factory: Any) -> None:
+        async def body():
+            async with sandbox_factory() as sb:
+                r = await sb.exec("printf 'out\\n'; printf 'err\\n' >&2; exit 3", timeout=30)
+                assert (r.exit_code, r.stdout, r.stderr, r.timed_out, r.truncated) == (3, "out\n", "err\n", False,
+                                                                                       False)
+                ok = await sb.exec(["printf", "%s|", "a b", "c"], timeout=30)
+                assert (ok.exit_code, ok.stdout, ok.ok) == (0, "a b|c|", True)
+                assert (await sb.exec("kill -9 $$", timeout=30)).exit_code == 137
+
+        self._run(body())
+
+    def test_exec_env_cwd_stdin(self, sandbox_factory: Any) -> None:
+        async def body():
+            async with sandbox_factory(env={"BASE": "1"}) as sb:
+                r = await sb.exec('printf "%s,%s" "$BASE" "$FOO"', env={"FOO": "bar baz"}, timeout=30)
+                assert r.stdout == "1,bar baz"
+                assert (await sb.exec("mkdir -p sub/dir", timeout=30)).exit_code == 0
+                r = await sb.exec("pwd", cwd=f"{sb.workspace}/sub/dir", timeout=30)
+                assert r.stdout == f"{sb.workspace}/sub/dir\n"
+                assert (await sb.exec("pwd", timeout=30)).stdout == f"{sb.workspace}\n"
+                blob = bytes(range(256)) * 1000
+                r = await sb.exec("cat | wc -c", stdin=blob, timeout=30)
+                assert r.stdout.strip() == str(len(blob))
+
+        self._run(body())
+
+    def test_exec_timeout(self, sandbox_factory: Any) -> None:
+        import time
+
+        from vime_core.sandbox import TIMEOUT_EXIT_CODE
+
+        async def body():
+            async with sandbox_factory() as sb:
+                t0 = time.monotonic()
+                r = await sb.exec("echo started; sleep 60", timeout=1.0)
+                took = time.monotonic() - t0
+                assert (r.timed_out, r.exit_code) == (True, TIMEOUT_EXIT_CODE)
+                assert 0.9 <= took < 15, f"timeout of 1 s took {took:.1f} s"
+                assert (await sb.exec("echo alive", timeout=30)).stdout == "alive\n"
+
+        self._run(body())
+
+    def test_output_flood_is_truncated(self, sandbox_factory: Any) -> None:
+        async def body():
+            async with sandbox_factory() as sb:
+                r = await sb.exec("head -c 20000000 /dev/zero | tr '\\0' a; head -c 3000 /dev/zero | tr '\\0' b >&2",
+                                  timeout=60, max_output_bytes=1000)
+                assert (r.exit_code, r.stdout, r.stdout_truncated) == (0, "a" * 1000, True)
+                assert (r.stderr, r.stderr_truncated) == ("b" * 1000, True)
+                r = await sb.exec("printf 12345", timeout=30, max_output_bytes=5)
+                assert (r.stdout, r.stdout_truncated) == ("12345", False)
+
+        self._run(body())
+
+    def test_concurrent_execs(self, sandbox_factory: Any) -> None:
+        async def body():
+            async with sandbox_factory() as sb:
+                rs = await asyncio.gather(*(sb.exec(f"sleep 0.2; echo {i}", timeout=60) for i in range(6)))
+                assert [r.stdout for r in rs] == [f"{i}\n" for i in range(6)]
+
+        self._run(body())
+
+    # -- files ---------------------------------------------------------------------------------------------------
+    def test_write_read_round_trip_is_byte_exact(self, sandbox_factory: Any) -> None:
+        blob = bytes(range(256)) * 4096 + b"\x00\xff"
+
+        async def body():
+            async with sandbox_factory() as sb:
+                await sb.write_file("nested/dir/data.bin", blob)
+                assert await sb.read_file("nested/dir/data.bin") == blob
+                assert await sb.read_file(f"{sb.workspace}/nested/dir/data.bin") == blob
+                await sb.write_file("empty", b"")
+                assert await sb.read_file("empty") == b""
+                await sb.write_file("text.txt", "héllo\n")
+                assert (await sb.exec("cat text.txt", timeout=30)).stdout == "héllo\n"
+                await sb.exec("printf 'from inside' > made.txt", timeout=30)
+                assert await sb.read_file("made.txt") == b"from inside"
+                with pytest.raises(FileNotFoundError):
+                    await sb.read_file("missing.txt")
+                with pytest.raises(IsADirectoryError):
+                    await sb.read_file("nested")
+
+        self._run(body())
+
+    def test_upload_download_dir(self, sandbox_factory: Any, tmp_path: Path) -> None:
+        src = tmp_path / "src"
+        (src / "a" / "b").mkdir(parents=True)
+        (src / "top.txt").write_text("top\n")
+        (src / "a" / "b" / "bin.dat").write_bytes(bytes(range(256)) * 10)
+        (src / "a" / "empty").write_bytes(b"")
+
+        async def body():
+            async with sandbox_factory() as sb:
+                await sb.upload_dir(src, "proj")
+                r = await sb.exec("cat proj/top.txt; wc -c < proj/a/b/bin.dat", timeout=30)
+                assert r.stdout.split() == ["top", "2560"]
+                await sb.exec("echo new > proj/a/new.txt", timeout=30)
+                await sb.download_dir("proj", tmp_path / "back")
+                with pytest.raises(FileNotFoundError):
+                    await sb.download_dir("no-such-dir", tmp_path / "none")
+
+        self._run(body())
+        back = tmp_path / "back"
+        files = sorted(str(p.relative_to(back)) for p in back.rglob("*") if p.is_file())
+        assert files == ["a/b/bin.dat", "a/empty", "a/new.txt", "top.txt"]
+        assert (back / "a" / "b" / "bin.dat").read_bytes() == bytes(range(256)) * 10
+        assert (back / "a" / "new.txt").read_text() == "new\n"
+
+    def test_sandboxes_do_not_share_files(self, sandbox_factory: Any) -> None:
+        async def body():
+            async with sandbox_factory() as one, sandbox_factory() as two:
+                await one.write_file("mine.txt", b"1")
+                assert (await two.exec("test -e mine.txt", timeout=30)).exit_code != 0
+                await one.exec("echo x > /tmp/vime-shared-probe", timeout=30)
+                assert (await two.exec("test -e /tmp/vime-shared-probe", timeout=30)).exit_code != 0
+
+        self._run(body())
+
+    # -- isolation -----------------------------------------------------------------------------------------------
+    _NET_PROBE = (
+        "import socket\n"
+        "try:\n"
+        "    socket.create_connection(('1.1.1.1', 53), timeout=3)\n"
+        "    print('connected')\n"
+        "except OSError as e:\n"
+        "    print('blocked', type(e).__name__)\n"
+    )
+
+    def test_network_off_by_default(self, sandbox_factory: Any) -> None:
+        self.require("network_isolation")
+
+        async def body():
+            async with sandbox_factory() as sb:
+                r = await sb.exec("tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '", timeout=30)
+                assert r.stdout.split() == ["lo"], f"interfaces without network: {r.stdout.split()}"
+                r = await sb.exec(["python3", "-c", self._NET_PROBE], timeout=30)
+                assert r.stdout.startswith("blocked"), r.stdout + r.stderr
+            async with sandbox_factory(network=True) as sb:
+                r = await sb.exec("tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '", timeout=30)
+                assert set(r.stdout.split()) - {"lo"}, "network=True gives the sandbox an interface besides lo"
+
+        self._run(body())
+
+    def test_cannot_write_outside_workspace(self, sandbox_factory: Any) -> None:
+        self.require("filesystem_isolation")
+        import os
+
+        probe = "/etc/vime-sandbox-escape-probe"
+
+        async def body():
+            async with sandbox_factory() as sb:
+                for target in (probe, "/usr/vime-escape", "/vime-escape"):
+                    r = await sb.exec(f"echo x > {target}", timeout=30)
+                    assert r.exit_code != 0, f"wrote {target}"
+                with pytest.raises(PermissionError):
+                    await sb.write_file(probe, b"x")
+                assert (await sb.exec("echo ok > inside.txt && echo ok > /tmp/t && cat inside.txt",
+                                      timeout=30)).stdout == "ok\n"
+                assert (await sb.exec(f"test -e {probe}", timeout=30)).exit_code != 0
+
+        self._run(body())
+        assert not os.path.exists(probe)
+
+    def test_resource_limits(self, sandbox_factory: Any) -> None:
+        self.require("resource_limits")
+        from vime_core.sandbox import SandboxLimits
+
+        limits = SandboxLimits(memory_bytes=128 << 20, pids=32, disk_bytes=8 << 20, cpus=1.0)
+
+        async def body():
+            async with sandbox_factory(limits=limits) as sb:
+                mem = await sb.exec(["python3", "-c", "b = bytearray(512 << 20); print('allocated')"], timeout=60)
+                assert mem.exit_code != 0 and "allocated" not in mem.stdout, "512 MiB allocated under 128 MiB"
+                big = await sb.exec("head -c 16000000 /dev/zero > big.bin", timeout=60)
+                assert big.exit_code != 0, "16 MB file written under an 8 MB disk limit"
+                forks = await sb.exec("for i in $(seq 1 64); do sleep 2 & done; wait", timeout=60)
+                assert forks.exit_code != 0 or forks.stderr, "64 processes started under pids=32"
+                assert (await sb.exec("echo still-usable", timeout=30)).stdout == "still-usable\n"
+
+        self._run(body())
+
+    def test_wall_time_limit_kills_everything(self, sandbox_factory: Any) -> None:
+        self.require("wall_time")
+        import time
+
+        from vime_core.sandbox import SandboxExpiredError, SandboxLimits
+
+        async def body():
+            async with sandbox_factory(limits=SandboxLimits(wall_time_s=3.0)) as sb:
+                t0 = time.monotonic()
+                r = await sb.exec("sleep 60", timeout=60)
+                assert r.timed_out and time.monotonic() - t0 < 20
+                await asyncio.sleep(0.5)
+                with pytest.raises(SandboxExpiredError):
+                    await sb.exec("true", timeout=30)
+
+        self._run(body())  # and the teardown after expiry does not raise
+
+    def test_user(self, sandbox_factory: Any) -> None:
+        self.require("user")
+
+        async def body():
+            async with sandbox_factory() as sb:
+                assert (await sb.exec("id -u", user="nobody", timeout=30)).stdout == "65534\n"
+
+        self._run(body())
+
+    # -- detached commands ---------------------------------------------------------------------------------------
+    def test_detached_start_poll_wait_kill(self, sandbox_factory: Any) -> None:
+        self.require("detached")
+
+        async def body():
+            async with sandbox_factory() as sb:
+                proc = await sb.start_detached("sleep 0.5; echo done; echo warn >&2; exit 4")
+                assert await sb.poll(proc) is None
+                r = await sb.wait(proc, timeout=60)
+                assert (r.exit_code, r.stdout, r.stderr, r.timed_out) == (4, "done\n", "warn\n", False)
+                long = await sb.start_detached("sleep 60")
+                await sb.kill(long)
+                r = await sb.wait(long, timeout=30)
+                assert r.exit_code == 137
+                limited = await sb.start_detached("sleep 60", timeout=1.0)
+                r = await sb.wait(limited, timeout=30)
+                assert (r.timed_out, r.exit_code) == (True, 137)
+
+        self._run(body())
+
+    # -- teardown ------------------------------------------------------------------------------------------------
+    def test_teardown_on_exception(self, sandbox_factory: Any, sandbox_exists: Any) -> None:
+        holder: list[Any] = []
+
+        async def body():
+            async with sandbox_factory() as sb:
+                holder.append(sb)
+                await sb.exec("sleep 60 > /dev/null 2>&1 &", timeout=30)
+                assert sandbox_exists(sb)
+                raise KeyError("boom")
+
+        with pytest.raises(KeyError):
+            self._run(body())
+        assert not sandbox_exists(holder[0])
+
+    def test_teardown_on_cancellation_and_timeout(self, sandbox_factory: Any, sandbox_exists: Any) -> None:
+        from vime_core.sandbox import SandboxExpiredError
+
+        holder: list[Any] = []
+        started = asyncio.Event
+
+        async def use(ev: asyncio.Event) -> None:
+            sb = sandbox_factory()
+            holder.append(sb)
+            async with sb:
+                ev.set()
+                await sb.exec("sleep 60", timeout=120)
+
+        async def body():
+            ev = started()
+            task = asyncio.ensure_future(use(ev))
+            await asyncio.wait_for(ev.wait(), 120)
+            await asyncio.sleep(0.3)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            ev2 = started()
+            with pytest.raises(asyncio.TimeoutError):
+                await asyncio.wait_for(use(ev2), timeout=4.0)
+
+        self._run(body())
+        assert len(holder) == 2
+        for sb in holder:
+            assert not sandbox_exists(sb), f"{sb.sandbox_id} survived cancellation"
+            with pytest.raises(SandboxExpiredError):
+                asyncio.run(sb.exec("true"))
+
+    def test_infrastructure_failure_raises_infra_error(self, sandbox_factory: Any, sabotage: Any) -> None:
+        if sabotage is None:
+            pytest.skip(f"{type(self).__name__} supplies no `sabotage` fixture")
+        from vime_core.sandbox import SandboxInfraError
+
+        async def body():
+            async with sandbox_factory() as sb:
+                await sabotage(sb)
+                with pytest.raises(SandboxInfraError):
+                    await sb.exec("true", timeout=30)
+
+        self._run(body())
+
+    def test_reaper_spares_live_sandboxes(self, sandbox_factory: Any) -> None:
+        self.require("reaper")
+
+        async def body():
+            async with sandbox_factory() as sb:
+                report = await asyncio.to_thread(type(sb).cleanup)
+                assert sb.sandbox_id not in report.removed
+                assert (await sb.exec("echo alive", timeout=30)).stdout == "alive\n"
+
+        self._run(body())
 
 
 # ---------------------------------------------------------------------------------------------------------------
