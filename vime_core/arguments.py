@@ -22,6 +22,7 @@ from typing import Any
 
 import yaml
 
+from vime_core.algorithms.options import check_algorithm_args
 from vime_core.passthrough import PassthroughError, split_passthrough
 
 # vLLM flags that vime sets itself, and the vime flag that controls each.
@@ -73,6 +74,17 @@ def build_parser(add_plugin_arguments: bool = True) -> argparse.ArgumentParser:
     g.add_argument("--global-batch-size", type=int, default=None, help="samples per optimizer step (default: all)")
     g.add_argument("--micro-batch-size", type=int, default=8, help="samples per forward/backward pass")
 
+    g = p.add_argument_group("loop")
+    g.add_argument("--loop", choices=["sync", "one-step-off", "fully-async"], default="sync",
+                   help="sync: generate → train → sync; one-step-off: generation of step k+1 overlaps training of "
+                   "step k; fully-async: a background producer keeps groups in flight across steps")
+    g.add_argument("--max-staleness", type=int, default=1,
+                   help="fully-async: a sample whose oldest token is more than this many versions old is not trained")
+    g.add_argument("--stale-policy", choices=["drop", "regenerate"], default="drop",
+                   help="fully-async: what happens to a group over the staleness bound")
+    g.add_argument("--rollout-inflight-groups", type=int, default=None,
+                   help="fully-async: groups generating at once (default: --rollout-batch-size)")
+
     g = p.add_argument_group("sampling")
     g.add_argument("--rollout-temperature", type=float, default=1.0)
     g.add_argument("--rollout-top-p", type=float, default=1.0)
@@ -107,6 +119,26 @@ def build_parser(add_plugin_arguments: bool = True) -> argparse.ArgumentParser:
     g.add_argument("--train-dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     g.add_argument("--train-num-threads", type=int, default=None, help="torch intra-op threads of the trainer")
     g.add_argument("--gradient-checkpointing", action="store_true")
+
+    g = p.add_argument_group("algorithm", "estimators, loss terms, KL, train/inference mismatch")
+    g.add_argument("--normalize-advantages", action="store_true", help="whiten advantages over the batch's tokens")
+    g.add_argument("--gamma", type=float, default=1.0, help="discount (REINFORCE++ returns, GAE)")
+    g.add_argument("--lambd", type=float, default=1.0, help="GAE lambda (ppo)")
+    g.add_argument("--value-clip", type=float, default=0.2, help="critic value clip (ppo)")
+    g.add_argument("--eps-clip-c", type=float, default=None, help="dual-clip PPO constant c > 1 (loss of A<0 <= -c·A)")
+    g.add_argument("--entropy-coef", type=float, default=0.0, help="entropy bonus weight")
+    g.add_argument("--use-kl-loss", action="store_true", help="KL to the reference model as a loss term")
+    g.add_argument("--kl-loss-coef", type=float, default=0.0, help="weight of the KL loss (0: logged only)")
+    g.add_argument("--kl-loss-type", default="k1", choices=["k1", "k2", "k3", "low_var_kl"])
+    g.add_argument("--kl-coef", type=float, default=0.0, help="KL as reward shaping (reinforce_plus_plus*)")
+    g.add_argument("--ref-load", default=None, help="reference model: HF dir or known name (default: --model)")
+    g.add_argument("--use-tis", action="store_true", help="truncated IS: loss × clamp(exp(old - rollout))")
+    g.add_argument("--use-mis", action="store_true", help="masked IS (IcePop): drop tokens whose ratio is out of band")
+    g.add_argument("--tis-clip-low", type=float, default=0.0, help="IS band lower bound (TIS and MIS)")
+    g.add_argument("--tis-clip", type=float, default=2.0, help="IS band upper bound (TIS and MIS)")
+    g.add_argument("--max-train-rollout-logprob-diff", type=float, default=None,
+                   help="stop the run when mean |logp_trainer - logp_engine| exceeds this (nats per token)")
+    g.add_argument("--dynamic-sampling-filter", default=None, help="DAPO group filter, e.g. check_reward_nonzero_std")
 
     g = p.add_argument_group("rollout engines and router")
     g.add_argument("--rollout-num-engines", type=int, default=1, help="vLLM servers vime starts")
@@ -204,6 +236,10 @@ def parse_run_args(argv: list[str] | None = None) -> argparse.Namespace:
 def _check(args: argparse.Namespace) -> None:
     if args.load_debug_rollout_data:
         args.debug_train_only = True
+    if args.loop != "sync" and (args.debug_train_only or args.debug_rollout_only):
+        raise ArgumentError(f"--loop {args.loop} needs both engines and trainer; the debug modes use --loop sync")
+    if args.max_staleness < 0:
+        raise ArgumentError("--max-staleness must be >= 0")
     if args.debug_rollout_only and args.debug_train_only:
         raise ArgumentError("--debug-rollout-only and --debug-train-only exclude each other")
     if not args.debug_train_only and args.prompt_data is None:
@@ -222,6 +258,10 @@ def _check(args: argparse.Namespace) -> None:
         raise ArgumentError("--vllm-router-ip and --vllm-router-port go together")
     if args.update_weight_disk_dir is None:
         args.update_weight_disk_dir = args.output_dir / "weights"
+    try:
+        check_algorithm_args(args)
+    except ValueError as e:
+        raise ArgumentError(str(e)) from None
 
 
 def sampling_params_from_args(args: argparse.Namespace) -> dict[str, Any]:

@@ -98,11 +98,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 ray.get(rollout.update_weights.remote(ray.get(trainer.push_weights.remote(version))))
         console.print(f"[vime] setup {time.perf_counter() - t_setup:.1f} s")
 
+        if rollout is not None and args.loop == "fully-async":
+            ray.get(rollout.start_async.remote())
+        source = _GroupSource(args, rollout)
         with Progress(TextColumn("[vime] step"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                       console=console, transient=False) as progress:
             task = progress.add_task("steps", total=args.num_rollout, completed=start_step)
             for step in range(start_step, args.num_rollout):
-                metrics = _one_step(args, step, rollout, trainer, estimator, version)
+                metrics = _one_step(args, step, source, rollout, trainer, estimator, version)
                 if trainer is not None:
                     version = step + 1
                 history.append(metrics)
@@ -130,23 +133,51 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         ray.shutdown()
 
 
-def _one_step(args, step, rollout, trainer, estimator, version) -> dict[str, float]:
+class _GroupSource:
+    """Where a step's groups come from, per ``--loop``.
+
+    * ``sync``: generate now with the current weights.
+    * ``one-step-off``: the groups of step k+1 are requested before step k trains, so their generation overlaps
+      training; the rollout actor runs calls in order, so the weight update after step k is applied only once that
+      generation finished — every sample is exactly one version old (slime's ``train_async.py``).
+    * ``fully-async``: the rollout actor's background producer hands out groups within ``--max-staleness``.
+    * replay: ``--load-debug-rollout-data``.
+    """
+
+    def __init__(self, args: argparse.Namespace, rollout: Any) -> None:
+        self.args = args
+        self.rollout = rollout
+        self.prefetched: Any = None
+
+    def get(self, step: int, version: int) -> tuple[list[list[Sample]], dict[str, float]]:
+        import ray
+
+        args = self.args
+        if args.load_debug_rollout_data:
+            from vime_core.rollout.manager import rollout_metrics
+
+            groups = load_debug_rollout(args.load_debug_rollout_data, step)
+            return groups, rollout_metrics([s for g in groups for s in g], args.reward_key)
+        if args.loop == "fully-async":
+            return ray.get(self.rollout.get_async_groups.remote(step, version))
+        if args.loop == "one-step-off":
+            ref = self.prefetched if self.prefetched is not None else self.rollout.generate.remote(step)
+            self.prefetched = self.rollout.generate.remote(step + 1) if step + 1 < args.num_rollout else None
+            return ray.get(ref)
+        return ray.get(self.rollout.generate.remote(step))
+
+
+def _one_step(args, step, source, rollout, trainer, estimator, version) -> dict[str, float]:
     import ray
 
     metrics: dict[str, float] = {}
     t0 = time.perf_counter()
-    if args.load_debug_rollout_data:
-        groups = load_debug_rollout(args.load_debug_rollout_data, step)
-        from vime_core.rollout.manager import rollout_metrics
-
-        metrics.update(rollout_metrics([s for g in groups for s in g], args.reward_key))
-    else:
-        groups, m = ray.get(rollout.generate.remote(step))
-        metrics.update(m)
+    groups, m = source.get(step, version)
+    metrics.update(m)
     metrics["perf/rollout_time"] = time.perf_counter() - t0
     if args.save_debug_rollout_data:
         save_debug_rollout(args.save_debug_rollout_data, step, groups)
-    versions = [v for g in groups for s in g for v in s.weight_versions]
+    versions = [v for g in groups for s in g for v, mask in zip(s.weight_versions, s.loss_mask) if mask]
     if versions:
         metrics["rollout/staleness_max"] = float(version - min(versions))
     if trainer is None:

@@ -53,6 +53,7 @@ class RolloutManager:
         self.client: Any = None
         self.weight_version = 0
         self.loop = asyncio.new_event_loop()
+        self.producer: Any = None  # AsyncRolloutProducer in --loop fully-async
 
     # -- lifecycle -------------------------------------------------------------------------------------------------
     def start(self) -> dict[str, Any]:
@@ -105,7 +106,12 @@ class RolloutManager:
         return {"router_url": router_url, "engine_urls": urls, "startup_seconds": time.perf_counter() - t0}
 
     def shutdown(self) -> None:
-        """Stop the router (or deregister from an external one) and every engine; never raises."""
+        """Stop the async producer, the router (or deregister from an external one) and every engine; never raises."""
+        if self.producer is not None:
+            try:
+                self.producer.stop()
+            except Exception:  # noqa: BLE001
+                logger.exception("stopping the async producer")
         if self.client is not None:
             try:
                 self.loop.run_until_complete(self.client.aclose())
@@ -146,6 +152,27 @@ class RolloutManager:
         self.hook.vime_on_rollout_end(args=self.args, step=step, samples=samples, metrics=metrics)
         return groups, metrics
 
+    def start_async(self) -> None:
+        """``--loop fully-async``: start generating in the background (see :mod:`vime_core.rollout.async_producer`)."""
+        from vime_core.rollout.async_producer import AsyncRolloutProducer
+
+        inflight = self.args.rollout_inflight_groups or self.args.rollout_batch_size
+        self.producer = AsyncRolloutProducer(self, inflight_groups=inflight, queue_groups=self.args.rollout_batch_size)
+        self.producer.start()
+
+    def get_async_groups(self, step: int, current_version: int) -> tuple[list[list[Sample]], dict[str, float]]:
+        """``--loop fully-async``: the next batch of groups within ``--max-staleness`` of ``current_version``."""
+        t0 = time.perf_counter()
+        groups, extra = self.producer.get_groups(
+            self.args.rollout_batch_size, current_version, self.args.max_staleness, self.args.stale_policy
+        )
+        samples = [s for g in groups for s in g]
+        metrics = rollout_metrics(samples, self.args.reward_key)
+        metrics.update(extra)
+        metrics["perf/rollout_wait_time"] = time.perf_counter() - t0
+        self.hook.vime_on_rollout_end(args=self.args, step=step, samples=samples, metrics=metrics)
+        return groups, metrics
+
     # -- weights ---------------------------------------------------------------------------------------------------
     def update_weights(self, update: WeightUpdate) -> dict[str, float]:
         """Pause every engine, apply ``update``, reset prefix caches, resume; then bump the weight version.
@@ -155,8 +182,10 @@ class RolloutManager:
             their previous version).
         """
         t0 = time.perf_counter()
+        # fully-async: freeze in-flight requests (they continue on the new weights); else let them finish first
+        mode = "keep" if self.producer is not None else "wait"
         for engine in self.engines:
-            engine.pause()
+            engine.pause(mode)
         try:
             for engine in self.engines:
                 self.weight_sync.apply(engine, update, timeout_s=self.args.weight_sync_timeout)
@@ -179,7 +208,9 @@ class RolloutManager:
 
     # -- state -----------------------------------------------------------------------------------------------------
     def data_state(self) -> dict[str, Any]:
-        """The buffer state to save with a checkpoint."""
+        """The buffer state to save with a checkpoint (in-flight async groups count as not yet handed out)."""
+        if self.producer is not None:
+            return self.producer.buffer_state()
         return self.data_source.state_dict()
 
     def load_data_state(self, state: dict[str, Any]) -> None:

@@ -1,6 +1,9 @@
 """``torch`` trainer backend: a Hugging Face causal LM trained with a torch optimizer (fp32 on CPU by default).
 
-The loss is :func:`vime_core.algorithms.policy_loss.policy_loss` — the same code every backend uses.
+Every algorithm is shared code (:mod:`vime_core.algorithms`); this backend only supplies log-probs and entropies:
+:func:`~vime_core.algorithms.batch.postprocess_advantages` (KL shaping, batch whitening),
+:func:`~vime_core.algorithms.policy_loss.policy_loss` (PPO/GSPO surrogate, dual clip, TIS/MIS, entropy, KL loss)
+and :func:`~vime_core.algorithms.mismatch.check_logprob_drift` (the drift budget).
 """
 
 from __future__ import annotations
@@ -15,8 +18,12 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from vime_core.algorithms.logprobs import token_log_probs
-from vime_core.algorithms.policy_loss import policy_loss
+from vime_core.algorithms.batch import postprocess_advantages
+from vime_core.algorithms.kl import approx_kl
+from vime_core.algorithms.logprobs import token_log_probs, token_log_probs_and_entropy
+from vime_core.algorithms.mismatch import check_logprob_drift
+from vime_core.algorithms.options import check_algorithm_args, kl_enabled, opt
+from vime_core.algorithms.policy_loss import policy_loss, policy_loss_kwargs
 from vime_core.trainer.base import TrainerBackend
 from vime_core.types import RolloutBatch, Sample
 
@@ -25,12 +32,69 @@ logger = logging.getLogger("vime.trainer")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
+def response_log_probs(
+    model: torch.nn.Module, samples: list[Sample], device: torch.device, with_entropy: bool = False
+) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
+    """One right-padded forward pass of ``samples``; the log-probs (and entropies) of each sample's response tokens.
+
+    :return: ``(log_probs, entropies)``: one ``[response_length]`` float32 tensor per sample each (graph attached
+        when grad is enabled; on ``device``); ``entropies`` is None unless ``with_entropy``.
+    """
+    max_len = max(len(s.tokens) for s in samples)
+    ids = torch.zeros((len(samples), max_len), dtype=torch.long)
+    attn = torch.zeros((len(samples), max_len), dtype=torch.long)
+    for i, s in enumerate(samples):
+        ids[i, : len(s.tokens)] = torch.tensor(s.tokens, dtype=torch.long)
+        attn[i, : len(s.tokens)] = 1
+    ids, attn = ids.to(device), attn.to(device)
+    logits = model(input_ids=ids, attention_mask=attn).logits
+    if with_entropy:
+        lp, ent = token_log_probs_and_entropy(logits, ids)  # [B, L-1] each
+    else:
+        lp, ent = token_log_probs(logits, ids), None
+    spans = [(s.prompt_length - 1, s.response_length) for s in samples]
+    lps = [lp[i, start : start + n] for i, (start, n) in enumerate(spans)]
+    ents = None if ent is None else [ent[i, start : start + n] for i, (start, n) in enumerate(spans)]
+    return lps, ents
+
+
+class ReferenceModel:
+    """The frozen reference policy for KL (``--ref-load``: an HF directory or a known model name; default: the
+    initial policy), on the trainer's device and dtype. Loaded only when KL is enabled.
+    """
+
+    def __init__(self, args: argparse.Namespace, model_path: Path, device: torch.device, dtype: torch.dtype) -> None:
+        from transformers import AutoModelForCausalLM
+
+        path = Path(opt(args, "ref_load") or model_path)
+        if not (path / "config.json").is_file():
+            from vime_core.models import resolve_model
+
+            path = resolve_model(str(opt(args, "ref_load")))
+        self.path = path
+        self.device = device
+        self.model = AutoModelForCausalLM.from_pretrained(str(path), torch_dtype=dtype).to(device)
+        self.model.eval()
+        self.model.requires_grad_(False)
+
+    @torch.no_grad()
+    def log_probs(self, samples: list[Sample], micro_batch_size: int) -> dict[int, torch.Tensor]:
+        """Reference log-probs of every sample's response, keyed by ``id(sample)`` (float32, CPU, no grad)."""
+        out: dict[int, torch.Tensor] = {}
+        for i in range(0, len(samples), micro_batch_size):
+            mb = samples[i : i + micro_batch_size]
+            for s, lp in zip(mb, response_log_probs(self.model, mb, self.device)[0], strict=True):
+                out[id(s)] = lp.float().cpu()
+        return out
+
+
 class TorchTrainer(TrainerBackend):
     """HF model + AdamW; gradient accumulation over micro-batches of right-padded sequences.
 
     One optimizer step per mini-batch of ``--global-batch-size`` samples (default: the whole rollout, i.e. one
     step per rollout, where the old policy equals the current one and the PPO ratio is exactly 1). With more than
-    one mini-batch, the old-policy log-probs are computed before the first update.
+    one mini-batch, or with KL reward shaping, the old-policy log-probs are computed before the first update. With
+    KL enabled (``--use-kl-loss`` or ``--kl-coef``) a frozen :class:`ReferenceModel` supplies reference log-probs.
     """
 
     NAME = "torch"
@@ -39,12 +103,14 @@ class TorchTrainer(TrainerBackend):
         super().__init__(args, model_path)
         from transformers import AutoModelForCausalLM
 
+        check_algorithm_args(args)
+
         torch.manual_seed(args.seed)
         if getattr(args, "train_num_threads", None):
             torch.set_num_threads(args.train_num_threads)
         self.device = torch.device(args.train_device)
         dtype = DTYPES[args.train_dtype]
-        self.model = AutoModelForCausalLM.from_pretrained(str(model_path), torch_dtype=dtype).to(self.device)
+        self.model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=dtype).to(self.device)
         self.model.train()
         if getattr(args, "gradient_checkpointing", False):
             self.model.gradient_checkpointing_enable()
@@ -55,25 +121,29 @@ class TorchTrainer(TrainerBackend):
             eps=args.adam_eps,
             weight_decay=args.weight_decay,
         )
+        self.ref_model = ReferenceModel(args, self.model_path, self.device, dtype) if kl_enabled(args) else None
         self.steps_done = 0
 
     # -- forward -------------------------------------------------------------------------------------------------
     def _response_log_probs(self, samples: list[Sample]) -> list[torch.Tensor]:
-        """Log-probs of each sample's response tokens, ``[response_length]`` float32 each (graph attached)."""
+        """Log-probs of each sample's response tokens, ``[response_length]`` float32 each (graph attached).
+
+        Sequences are left-padded (explicit ``position_ids``) so every response ends at the last position, and the
+        LM head runs only on the last ``max(response_length) + 1`` positions (``logits_to_keep``): the
+        ``[batch, seq, vocab]`` logits of the whole sequence are never materialised.
+        """
         max_len = max(len(s.tokens) for s in samples)
         ids = torch.zeros((len(samples), max_len), dtype=torch.long)
         attn = torch.zeros((len(samples), max_len), dtype=torch.long)
         for i, s in enumerate(samples):
-            ids[i, : len(s.tokens)] = torch.tensor(s.tokens, dtype=torch.long)
-            attn[i, : len(s.tokens)] = 1
-        ids, attn = ids.to(self.device), attn.to(self.device)
-        logits = self.model(input_ids=ids, attention_mask=attn).logits
-        lp = token_log_probs(logits, ids)  # [B, L-1]
-        out = []
-        for i, s in enumerate(samples):
-            start = s.prompt_length - 1
-            out.append(lp[i, start : start + s.response_length])
-        return out
+            ids[i, max_len - len(s.tokens) :] = torch.tensor(s.tokens, dtype=torch.long)
+            attn[i, max_len - len(s.tokens) :] = 1
+        pos = (attn.cumsum(-1) - 1).clamp(min=0)
+        keep = max(s.response_length for s in samples) + 1
+        ids, attn, pos = ids.to(self.device), attn.to(self.device), pos.to(self.device)
+        logits = self.model(input_ids=ids, attention_mask=attn, position_ids=pos, logits_to_keep=keep).logits
+        lp = token_log_probs(logits, ids[:, max_len - keep :])  # [B, keep - 1]: tokens at the last keep-1 positions
+        return [lp[i, lp.shape[1] - s.response_length :] for i, s in enumerate(samples)]
 
     def _micro_batches(self, samples: list[Sample]) -> Iterator[list[Sample]]:
         mbs = self.args.micro_batch_size
@@ -85,51 +155,85 @@ class TorchTrainer(TrainerBackend):
     def train_step(self, batch: RolloutBatch) -> dict[str, float]:
         """One RL step on ``batch``: ``ceil(len / global_batch_size)`` optimizer steps.
 
-        :return: metrics ``train/pg_loss``, ``train/pg_clipfrac``, ``train/ppo_kl``, ``train/grad_norm``,
-            ``train/train_rollout_logprob_abs_diff``, ``train/lr``, ``train/num_tokens``.
+        Order: old-policy and reference log-probs (when needed) → batch-level advantages (KL shaping, whitening) →
+        per mini-batch: forward, :func:`policy_loss`, backward; the drift budget is checked before the first
+        optimizer step.
+
+        :return: metrics ``train/loss``, ``train/pg_loss``, ``train/pg_clipfrac``, ``train/ppo_kl``,
+            ``train/entropy_loss``, ``train/grad_norm``, ``train/train_rollout_logprob_abs_diff`` (exact token mean
+            over the batch, before the update), ``train/lr``, ``train/num_tokens``, ``train/adv/*``, and when enabled
+            ``train/kl_loss``, ``train/tis``, ``train/tis_clipfrac``, ``train/pg_dual_clipfrac``.
+        :raises LogprobDriftError: if ``--max-train-rollout-logprob-diff`` is exceeded (no update is made).
+        :raises FloatingPointError: on a non-finite gradient norm.
         """
         t0 = time.perf_counter()
+        args = self.args
         samples = batch.samples
-        adv_of = {id(s): torch.tensor(a, dtype=torch.float32) for s, a in zip(samples, batch.advantages)}
-        gbs = self.args.global_batch_size or len(samples)
+        use_rollout = bool(opt(args, "use_rollout_logprobs"))
+        rollout_of = {id(s): torch.tensor(s.rollout_log_probs, dtype=torch.float32) for s in samples}
+        mask_of = {id(s): torch.tensor(s.loss_mask, dtype=torch.float32) for s in samples}
+        gbs = args.global_batch_size or len(samples)
         minibatches = [samples[i : i + gbs] for i in range(0, len(samples), gbs)]
-        old_of: dict[int, torch.Tensor] = {}
-        if len(minibatches) > 1 and not self.args.use_rollout_logprobs:
-            with torch.no_grad():
-                for mb in self._micro_batches(samples):
-                    for s, lp in zip(mb, self._response_log_probs(mb)):
-                        old_of[id(s)] = lp.float().cpu()
+        kl_coef = opt(args, "kl_coef")
+
+        # trainer-side behaviour-policy log-probs, before any update (else filled by the first, only, mini-batch)
+        old_of = self._old_log_probs(samples) if len(minibatches) > 1 or kl_coef != 0.0 else {}
+        ref_of = self.ref_model.log_probs(samples, args.micro_batch_size) if self.ref_model is not None else {}
+        kl = None
+        if kl_coef != 0.0:
+            behaviour = rollout_of if use_rollout else old_of
+            kl = [approx_kl(behaviour[id(s)], ref_of[id(s)], opt(args, "kl_loss_type")) for s in samples]
+        advantages, adv_metrics = postprocess_advantages(
+            args, samples, [torch.tensor(a, dtype=torch.float32) for a in batch.advantages], kl=kl
+        )
+        adv_of = {id(s): a for s, a in zip(samples, advantages, strict=True)}
+        loss_kwargs = policy_loss_kwargs(args)
+        use_kl_loss = bool(opt(args, "use_kl_loss"))
+
+        drift = None
         sums: dict[str, float] = {}
         weight_total = 0.0
         grad_norms = []
+        per_token = loss_kwargs["per_token"]
+
+        def weight(group: list[Sample]) -> int:  # the loss's denominator: trained tokens, or trained samples
+            return sum(sum(s.loss_mask) for s in group) if per_token else sum(1 for s in group if any(s.loss_mask))
+
         for minibatch in minibatches:
-            per_token = self.args.calculate_per_token_loss
-            total = sum(sum(s.loss_mask) for s in minibatch) if per_token else sum(1 for s in minibatch if any(s.loss_mask))
+            total = weight(minibatch)
             self.optimizer.zero_grad(set_to_none=True)
             for mb in self._micro_batches(minibatch):
-                lps = self._response_log_probs(mb)
+                lps, ents = response_log_probs(self.model, mb, self.device, with_entropy=True)
                 lps_cpu = [lp.float().cpu() for lp in lps]
-                if self.args.use_rollout_logprobs:
-                    olds = [torch.tensor(s.rollout_log_probs, dtype=torch.float32) for s in mb]
-                else:
-                    olds = [old_of.get(id(s), lp.detach()) for s, lp in zip(mb, lps_cpu)]
+                for s, lp in zip(mb, lps_cpu, strict=True):
+                    old_of.setdefault(id(s), lp.detach())
+                train_old = [old_of[id(s)] for s in mb]
                 out = policy_loss(
                     lps_cpu,
-                    olds,
+                    [rollout_of[id(s)] for s in mb] if use_rollout else train_old,
                     [adv_of[id(s)] for s in mb],
-                    [torch.tensor(s.loss_mask, dtype=torch.float32) for s in mb],
-                    eps_clip=self.args.eps_clip,
-                    eps_clip_high=self.args.eps_clip_high,
-                    per_token=per_token,
-                    rollout_log_probs=[torch.tensor(s.rollout_log_probs, dtype=torch.float32) for s in mb],
+                    [mask_of[id(s)] for s in mb],
+                    rollout_log_probs=[rollout_of[id(s)] for s in mb],
+                    train_old_log_probs=train_old,
+                    entropies=[e.float().cpu() for e in ents],
+                    ref_log_probs=[ref_of[id(s)] for s in mb] if use_kl_loss else None,
+                    **loss_kwargs,
                 )
-                count = sum(sum(s.loss_mask) for s in mb) if per_token else sum(1 for s in mb if any(s.loss_mask))
+                count = weight(mb)
                 if count == 0:
                     continue
                 (out.loss * (count / total)).backward()
                 for k, v in out.metrics.items():
                     sums[k] = sums.get(k, 0.0) + v * count
                 weight_total += count
+            if drift is None:  # every sample's pre-update log-probs are known by now
+                drift = check_logprob_drift(
+                    [old_of[id(s)] for s in samples],
+                    [rollout_of[id(s)] for s in samples],
+                    [mask_of[id(s)] for s in samples],
+                    opt(args, "max_train_rollout_logprob_diff"),
+                    step=self.steps_done,
+                )
             grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.args.clip_grad)
             if not math.isfinite(float(grad_norm)):
                 raise FloatingPointError(f"non-finite grad norm {float(grad_norm)} at train step {self.steps_done}")
@@ -137,6 +241,9 @@ class TorchTrainer(TrainerBackend):
             self.optimizer.step()
             self.steps_done += 1
         metrics = {f"train/{k}": v / max(weight_total, 1.0) for k, v in sums.items()}
+        metrics.update({f"train/{k}": v for k, v in adv_metrics.items()})
+        if drift is not None:
+            metrics["train/train_rollout_logprob_abs_diff"] = drift
         metrics["train/grad_norm"] = sum(grad_norms) / max(len(grad_norms), 1)
         metrics["train/lr"] = self.args.lr
         metrics["train/num_tokens"] = float(batch.num_response_tokens())

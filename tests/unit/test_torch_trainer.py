@@ -1,0 +1,28 @@
+"""The torch trainer's batched, left-padded log-probs equal an unpadded per-sample forward (a padding or
+position-id bug would silently train on wrong log-probs)."""
+
+import pytest
+import torch
+
+from tests.contract.test_builtin_contracts import _trainer_args
+from vime_core.algorithms.logprobs import sequence_log_probs
+from vime_core.trainer.torch_backend import TorchTrainer
+from vime_core.types import Sample, Status
+
+pytestmark = pytest.mark.unit
+
+
+def test_batched_response_log_probs_match_unpadded_forward(tiny_model_dir):
+    trainer = TorchTrainer(_trainer_args(), tiny_model_dir)
+    g = torch.Generator().manual_seed(3)
+    samples = []
+    for prompt_len, resp_len in ((3, 7), (11, 2), (6, 5)):
+        s = Sample(tokens=torch.randint(0, 4096, (prompt_len,), generator=g).tolist(), status=Status.COMPLETED)
+        s.append_response_tokens(torch.randint(0, 4096, (resp_len,), generator=g).tolist(), trainable=True,
+                                 log_probs=[0.0] * resp_len, weight_version=0)
+        samples.append(s)
+    batched = trainer._response_log_probs(samples)
+    for s, lp in zip(samples, batched):
+        ref = sequence_log_probs(trainer.model, s.tokens, s.prompt_length)
+        assert lp.shape == (s.response_length,)
+        torch.testing.assert_close(lp.detach(), ref, atol=1e-5, rtol=0)
