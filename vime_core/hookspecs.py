@@ -66,6 +66,19 @@ def vime_register_advantage_estimators(register: Register) -> None:
 
 
 @hookspec
+def vime_register_dynamic_sampling_filters(register: Register) -> None:
+    """Register dynamic sampling filters by name (``--dynamic-sampling-filter NAME``; DAPO, arXiv:2503.14476).
+
+    A filter is ``fn(args, group: list[Sample]) -> bool``: True keeps the scored group for training, False drops it
+    (the rollout manager samples more prompts to refill the batch). Built-in: ``check_reward_nonzero_std``.
+
+    :param register: call ``register("name", fn)``.
+
+    .. versionadded:: 0.1
+    """
+
+
+@hookspec
 def vime_register_sandbox_backends(register: Register) -> None:
     """Register sandbox backend classes by name (``--sandbox NAME``).
 

@@ -48,8 +48,8 @@ class PluginInfo:
 class Plugins:
     """Loaded plugins and one :class:`Registry` per plugin kind.
 
-    Build with :func:`get_plugins`; registries: ``generate``, ``reward``, ``advantage``, ``sandbox``, ``agent``,
-    ``weight_sync``, ``trainer``.
+    Build with :func:`get_plugins`; registries: ``generate``, ``reward``, ``advantage``, ``dynamic_filter``,
+    ``sandbox``, ``agent``, ``weight_sync``, ``trainer``.
     """
 
     def __init__(self) -> None:
@@ -65,6 +65,9 @@ class Plugins:
             "generate": Registry("generate", "--generate", check_callable_signature("args", "sample", "sampling_params", is_async=True)),
             "reward": Registry("reward", "--reward", check_callable_signature("args", "sample", is_async=True)),
             "advantage": Registry("advantage", "--advantage-estimator", check_callable_signature("args", "group")),
+            "dynamic_filter": Registry(
+                "dynamic_filter", "--dynamic-sampling-filter", check_callable_signature("args", "group")
+            ),
             "sandbox": Registry("sandbox", "--sandbox", check_subclass(Sandbox)),
             "agent": Registry("agent", "--agent"),
             "weight_sync": Registry("weight_sync", "--weight-sync", check_subclass(WeightSyncStrategy)),
@@ -111,6 +114,7 @@ class Plugins:
             "generate": "vime_register_generate_functions",
             "reward": "vime_register_reward_functions",
             "advantage": "vime_register_advantage_estimators",
+            "dynamic_filter": "vime_register_dynamic_sampling_filters",
             "sandbox": "vime_register_sandbox_backends",
             "agent": "vime_register_agent_harnesses",
             "weight_sync": "vime_register_weight_sync_strategies",

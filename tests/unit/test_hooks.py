@@ -75,6 +75,16 @@ def test_hook_vime_register_advantage_estimators():
     _registration_case("vime_register_advantage_estimators", "advantage", est)
 
 
+def test_hook_vime_register_dynamic_sampling_filters():
+    def keep_all(args, group):
+        return True
+
+    _registration_case("vime_register_dynamic_sampling_filters", "dynamic_filter", keep_all)
+    from vime_core.algorithms.filters import check_reward_nonzero_std
+
+    assert Plugins().load().resolve("dynamic_filter", "check_reward_nonzero_std") is check_reward_nonzero_std
+
+
 def test_hook_vime_register_sandbox_backends():
     from vime_core.sandbox.local import LocalSandbox
 

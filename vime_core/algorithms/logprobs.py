@@ -20,6 +20,21 @@ def token_log_probs(logits: torch.Tensor, token_ids: torch.Tensor) -> torch.Tens
     return torch.log_softmax(logits, dim=-1).gather(-1, targets).squeeze(-1)
 
 
+def token_log_probs_and_entropy(logits: torch.Tensor, token_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Next-token log-probs (as :func:`token_log_probs`) and the entropy of each next-token distribution.
+
+    :param logits: ``[batch, seq, vocab]`` float logits where position ``t`` predicts token ``t + 1`` (finite).
+    :param token_ids: ``[batch, seq]`` int64 token ids.
+    :return: ``(log_probs, entropy)``, both ``[batch, seq - 1]`` float32 (nats);
+        ``entropy[t] = -sum_v p_v log p_v`` of the distribution that predicts token ``t + 1`` (differentiable;
+        ``p·log p`` is taken as 0 where ``p`` underflows, so never NaN for finite logits).
+    """
+    logp_all = torch.log_softmax(logits[:, :-1, :].float(), dim=-1)
+    log_probs = logp_all.gather(-1, token_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+    entropy = -(logp_all.exp() * logp_all).sum(-1)
+    return log_probs, entropy
+
+
 def sequence_log_probs(model: torch.nn.Module, token_ids: list[int], response_start: int) -> torch.Tensor:
     """Log-probs the model assigns to ``token_ids[response_start:]`` given everything before.
 

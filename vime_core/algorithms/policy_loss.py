@@ -1,14 +1,39 @@
 """The policy loss shared by every trainer backend (one implementation; backends only supply log-probs).
 
-PPO clipped surrogate (Schulman et al. 2017, arXiv:1707.06347) with slime's asymmetric clip
-(``eps_clip_high``, DAPO "clip-higher", Yu et al. 2025, arXiv:2503.14476).
+Terms, each off by default:
+
+* PPO clipped surrogate (Schulman et al. 2017, arXiv:1707.06347) with slime's asymmetric clip ``eps_clip_high``
+  (DAPO "clip-higher", Yu et al. 2025, arXiv:2503.14476) and dual clip ``eps_clip_c`` (Ye et al. 2020, "Mastering
+  Complex Control in MOBA Games with Deep RL", arXiv:1912.09729): for ``A < 0`` the loss is capped at ``-c·A``.
+* GSPO's sequence-level ratio ``s_i = exp(mean_t(logp - old))`` (Zheng et al. 2025, arXiv:2507.18071) instead of
+  the per-token ratio (``ratio_type="sequence"``; ``--advantage-estimator gspo``).
+* Train/inference importance weights, TIS or MIS (:mod:`vime_core.algorithms.mismatch`).
+* Entropy bonus ``- entropy_coef · H`` (Mnih et al. 2016, arXiv:1602.01783; slime ``--entropy-coef``).
+* KL to a reference model as a loss term ``+ kl_loss_coef · KL`` (:mod:`vime_core.algorithms.kl`; GRPO, Shao et
+  al. 2024, arXiv:2402.03300, uses k3).
+
+Aggregation (slime's ``sum_of_sample_mean``): by default each sample's masked token-mean, averaged over samples
+with at least one trained token; ``per_token=True`` takes the masked mean over all tokens of the batch. Every term
+(pg, entropy, KL) is aggregated the same way. Masked tokens never reach the loss, even when their values are
+NaN/inf, and an empty mask gives 0, so the loss is never NaN for finite trained-token inputs.
 """
 
 from __future__ import annotations
 
+import argparse
 from dataclasses import dataclass
+from typing import Any
 
 import torch
+
+from vime_core.algorithms.kl import approx_kl
+from vime_core.algorithms.mismatch import importance_weights
+from vime_core.algorithms.options import opt
+
+# |log ratio| is clamped before exp (as verl's compute_policy_loss does) so that a wild token gives a large finite
+# loss instead of inf; inside the clamp the value and gradient are exact.
+LOG_RATIO_CLAMP = 20.0
+RATIO_TYPES = ("token", "sequence")
 
 
 @dataclass
@@ -20,9 +45,75 @@ class PolicyLossOutput:
 
 
 def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Mean of ``values`` where ``mask == 1``; 0 (not NaN) when the mask is empty. Shapes must match."""
-    denom = mask.sum()
-    return (values * mask).sum() / denom.clamp(min=1)
+    """Mean of ``values`` where ``mask == 1``; 0 (not NaN) when the mask is empty. Shapes must match.
+
+    Masked entries are selected out (``torch.where``), not multiplied by 0, so a NaN/inf there cannot leak in.
+    """
+    keep = mask.bool()
+    picked = torch.where(keep, values, torch.zeros_like(values))
+    return picked.sum() / keep.sum().clamp(min=1)
+
+
+def zero_masked(tensors: list[torch.Tensor] | None, masks: list[torch.Tensor]) -> list[torch.Tensor] | None:
+    """Each tensor with its masked entries replaced by 0 (a differentiable ``torch.where``; None stays None).
+
+    Applied to every input of a loss before any arithmetic, so that a NaN/inf on a masked token can reach neither the
+    loss nor, through ``0·NaN`` in the backward pass, the gradient.
+    """
+    if tensors is None:
+        return None
+    return [torch.where(m.bool(), t, torch.zeros_like(t)) for t, m in zip(tensors, masks, strict=True)]
+
+
+def aggregate(token_values: list[torch.Tensor], masks: list[torch.Tensor], per_token: bool) -> torch.Tensor:
+    """Reduce per-token values of a batch to one scalar (slime's ``sum_of_sample_mean``).
+
+    :param token_values: one ``[T_i]`` float tensor per sample.
+    :param masks: one ``[T_i]`` 0/1 tensor per sample.
+    :param per_token: True: masked mean over all tokens; False: mean over samples of each sample's masked mean,
+        counting only samples with a trained token.
+    :return: a 0-dim tensor (0 when nothing is trained; keeps the autograd graph).
+    """
+    if per_token:
+        return masked_mean(torch.cat(token_values), torch.cat(masks))
+    per_sample = [masked_mean(v, m) for v, m in zip(token_values, masks, strict=True)]
+    counted = sum(1 for m in masks if m.sum() > 0)
+    return torch.stack(per_sample).sum() / max(counted, 1)
+
+
+def clipped_surrogate(
+    ratio: torch.Tensor,
+    advantages: torch.Tensor,
+    *,
+    eps_clip: float = 0.2,
+    eps_clip_high: float | None = None,
+    eps_clip_c: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per-token PPO loss ``max(-A·ρ, -A·clip(ρ, 1-ε, 1+ε_high))``, with dual clip ``min(·, -c·A)`` for ``A < 0``.
+
+    :param ratio: ``[T]`` importance ratio ``π_θ / π_old`` (requires grad).
+    :param advantages: ``[T]`` advantages.
+    :param eps_clip: ``ε`` (lower clip).
+    :param eps_clip_high: ``ε_high`` (upper clip; default ``ε``).
+    :param eps_clip_c: dual-clip constant ``c > 1`` (Ye et al. 2020, arXiv:1912.09729), or None.
+    :return: ``(losses [T], clipped [T], dual_clipped [T])``; the flags are float 0/1: ``clipped`` where the clipped
+        term is taken, ``dual_clipped`` where the ``-c·A`` cap is taken.
+    :raises ValueError: if ``eps_clip_c <= 1``.
+    """
+    high = eps_clip if eps_clip_high is None else eps_clip_high
+    unclipped = -advantages * ratio
+    clipped = -advantages * torch.clamp(ratio, 1.0 - eps_clip, 1.0 + high)
+    losses = torch.maximum(unclipped, clipped)
+    clip_flags = (clipped > unclipped).float()
+    dual_flags = torch.zeros_like(clip_flags)
+    if eps_clip_c is not None:
+        if not eps_clip_c > 1.0:
+            raise ValueError(f"--eps-clip-c must be > 1 (dual-clip PPO lower bound), got {eps_clip_c}")
+        cap = -eps_clip_c * advantages
+        negative = advantages < 0
+        dual_flags = (negative & (cap < losses)).float()
+        losses = torch.where(negative, torch.minimum(losses, cap), losses)
+    return losses, clip_flags, dual_flags
 
 
 def ppo_clip_token_losses(
@@ -40,12 +131,31 @@ def ppo_clip_token_losses(
     :param advantages: ``[T]`` per-token advantages.
     :return: ``(losses [T], clipped [T] as float 0/1)``.
     """
-    high = eps_clip if eps_clip_high is None else eps_clip_high
-    ratio = torch.exp(log_probs - old_log_probs)
-    unclipped = -advantages * ratio
-    clipped = -advantages * torch.clamp(ratio, 1.0 - eps_clip, 1.0 + high)
-    losses = torch.maximum(unclipped, clipped)
-    return losses, (clipped > unclipped).float()
+    ratio = torch.exp((log_probs - old_log_probs).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
+    losses, clipped, _ = clipped_surrogate(ratio, advantages, eps_clip=eps_clip, eps_clip_high=eps_clip_high)
+    return losses, clipped
+
+
+def log_ratios(
+    log_probs: list[torch.Tensor], old_log_probs: list[torch.Tensor], masks: list[torch.Tensor], ratio_type: str
+) -> list[torch.Tensor]:
+    """Per-token ``log(π_θ / π_old)`` of each sample, clamped to ``[-20, 20]``.
+
+    ``token``: ``logp_t - old_t``. ``sequence`` (GSPO, Zheng et al. 2025, arXiv:2507.18071): every token of sample
+    ``i`` carries ``mean_t(logp_t - old_t)`` over its trained tokens, so ``exp`` of it is the length-normalised
+    sequence ratio ``s_i = (π_θ(y_i) / π_old(y_i))^(1/|y_i|)``; the gradient flows through the mean.
+
+    :raises ValueError: on an unknown ``ratio_type``.
+    """
+    if ratio_type not in RATIO_TYPES:
+        raise ValueError(f"unknown ratio type {ratio_type!r}; known: {', '.join(RATIO_TYPES)}")
+    out = []
+    for lp, old, m in zip(log_probs, old_log_probs, masks, strict=True):
+        diff = lp - old
+        if ratio_type == "sequence":
+            diff = masked_mean(diff, m).expand_as(lp)
+        out.append(diff.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
+    return out
 
 
 def policy_loss(
@@ -56,40 +166,133 @@ def policy_loss(
     *,
     eps_clip: float = 0.2,
     eps_clip_high: float | None = None,
+    eps_clip_c: float | None = None,
     per_token: bool = False,
+    ratio_type: str = "token",
     rollout_log_probs: list[torch.Tensor] | None = None,
+    train_old_log_probs: list[torch.Tensor] | None = None,
+    importance_sampling: str | None = None,
+    is_low: float = 0.0,
+    is_high: float = 2.0,
+    entropies: list[torch.Tensor] | None = None,
+    entropy_coef: float = 0.0,
+    ref_log_probs: list[torch.Tensor] | None = None,
+    kl_loss_coef: float = 0.0,
+    kl_loss_type: str = "k1",
 ) -> PolicyLossOutput:
-    """PPO-clip policy loss over a batch of samples.
+    """Policy loss over a batch of samples: PPO/GSPO surrogate [× IS weight] [- entropy bonus] [+ KL loss].
 
-    Each list has one ``[response_length]`` tensor per sample (float32; masks 0/1).
+    Each list has one ``[response_length]`` float32 tensor per sample (masks 0/1; log-probs in nats).
 
-    Aggregation: by default each sample's masked token-mean, averaged over samples (slime's default); with
-    ``per_token=True`` the masked mean over all tokens of the batch. Samples whose mask is all zero contribute 0
-    to the sum and are not counted in the sample average.
-
-    Metrics: ``pg_loss``, ``pg_clipfrac``, ``ppo_kl`` (mean ``old - new``), and, when ``rollout_log_probs`` is
-    given, ``train_rollout_logprob_abs_diff`` (mean ``|trainer - engine|`` log-prob over trained tokens).
+    :param log_probs: current-policy log-probs (require grad).
+    :param old_log_probs: behaviour-policy log-probs, the PPO ratio's denominator (no grad).
+    :param advantages: per-token advantages.
+    :param loss_masks: 1 = trained token.
+    :param eps_clip: lower clip ``ε``; ``eps_clip_high``: upper clip (default ``ε``); ``eps_clip_c``: dual clip.
+    :param per_token: aggregation (see the module docstring).
+    :param ratio_type: ``"token"`` (PPO) or ``"sequence"`` (GSPO).
+    :param rollout_log_probs: the engine's log-probs; needed for ``importance_sampling`` and the drift metric.
+    :param train_old_log_probs: the trainer's log-probs of the behaviour policy, the IS ratio's numerator
+        (default: ``log_probs`` detached, which is exact when the old policy is the current one).
+    :param importance_sampling: None, ``"tis"`` or ``"mis"``: multiply each token's pg loss by
+        :func:`~vime_core.algorithms.mismatch.importance_weights` of ``exp(train_old - rollout)`` in
+        ``[is_low, is_high]``.
+    :param entropies: per-token policy entropies (nats; require grad when ``entropy_coef != 0``).
+    :param entropy_coef: weight of the entropy bonus (subtracted from the loss).
+    :param ref_log_probs: reference-model log-probs (no grad); enables the ``kl_loss`` metric.
+    :param kl_loss_coef: weight of the KL term (0: metric only, no gradient).
+    :param kl_loss_type: ``k1``, ``k2``, ``k3`` or ``low_var_kl``.
+    :return: loss and metrics: ``loss``, ``pg_loss``, ``pg_clipfrac``, ``ppo_kl`` (mean ``-log ratio``), and when
+        enabled ``pg_dual_clipfrac``, ``entropy_loss`` (aggregated entropy), ``kl_loss``, ``tis`` (mean raw IS
+        ratio), ``tis_clipfrac`` (fraction of tokens whose weight differs from the ratio: clamped for TIS, masked
+        for MIS), ``train_rollout_logprob_abs_diff`` (mean ``|train_old - rollout|``). Clip fractions and ratio
+        metrics are token means over trained tokens.
+    :raises ValueError: on an unknown ``ratio_type``, ``importance_sampling`` or ``kl_loss_type``, on
+        ``eps_clip_c <= 1``, or on IS without ``rollout_log_probs``.
     """
-    token_losses, clip_flags = [], []
-    for lp, old, adv in zip(log_probs, old_log_probs, advantages):
-        tl, cf = ppo_clip_token_losses(lp, old, adv, eps_clip=eps_clip, eps_clip_high=eps_clip_high)
+    masks = loss_masks
+    log_probs, old_log_probs = zero_masked(log_probs, masks), zero_masked(old_log_probs, masks)
+    advantages, entropies = zero_masked(advantages, masks), zero_masked(entropies, masks)
+    rollout_log_probs, ref_log_probs = zero_masked(rollout_log_probs, masks), zero_masked(ref_log_probs, masks)
+    train_old_log_probs = zero_masked(train_old_log_probs, masks)
+    log_ratio = log_ratios(log_probs, old_log_probs, masks, ratio_type)
+    token_losses, clip_flags, dual_flags = [], [], []
+    for lr, adv in zip(log_ratio, advantages, strict=True):
+        tl, cf, df = clipped_surrogate(
+            torch.exp(lr), adv, eps_clip=eps_clip, eps_clip_high=eps_clip_high, eps_clip_c=eps_clip_c
+        )
         token_losses.append(tl)
         clip_flags.append(cf)
-    masks = loss_masks
-    if per_token:
-        loss = masked_mean(torch.cat(token_losses), torch.cat(masks))
-    else:
-        per_sample = [masked_mean(tl, m) for tl, m in zip(token_losses, masks)]
-        counted = sum(1 for m in masks if m.sum() > 0)
-        loss = torch.stack(per_sample).sum() / max(counted, 1)
+        dual_flags.append(df)
+
+    train_old = train_old_log_probs if train_old_log_probs is not None else [lp.detach() for lp in log_probs]
+    is_metrics: dict[str, float] = {}
+    if importance_sampling is not None:
+        if rollout_log_probs is None:
+            raise ValueError(f"importance_sampling={importance_sampling!r} needs rollout_log_probs")
+        raw, weights = [], []
+        for old, ro in zip(train_old, rollout_log_probs, strict=True):
+            w = torch.exp((old.detach() - ro).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
+            raw.append(w)
+            weights.append(importance_weights(w, importance_sampling, is_low, is_high))
+        token_losses = [tl * w for tl, w in zip(token_losses, weights, strict=True)]
+        all_mask = torch.cat(masks)
+        is_metrics = {
+            "tis": float(masked_mean(torch.cat(raw), all_mask)),
+            "tis_clipfrac": float(masked_mean((torch.cat(weights) != torch.cat(raw)).float(), all_mask)),
+        }
+
+    pg_loss = aggregate(token_losses, masks, per_token)
+    loss = pg_loss
+    extra: dict[str, float] = {}
+    if entropies is not None:
+        entropy = aggregate(entropies if entropy_coef else [e.detach() for e in entropies], masks, per_token)
+        if entropy_coef:
+            loss = loss - entropy_coef * entropy
+        extra["entropy_loss"] = float(entropy.detach())
+    if ref_log_probs is not None:
+        lps = log_probs if kl_loss_coef else [lp.detach() for lp in log_probs]
+        token_kl = [approx_kl(lp, ref, kl_loss_type) for lp, ref in zip(lps, ref_log_probs, strict=True)]
+        kl = aggregate(token_kl, masks, per_token)
+        if kl_loss_coef:
+            loss = loss + kl_loss_coef * kl
+        extra["kl_loss"] = float(kl.detach())
+
     all_mask = torch.cat(masks)
     with torch.no_grad():
         metrics = {
-            "pg_loss": float(loss.detach()),
+            "loss": float(loss.detach()),
+            "pg_loss": float(pg_loss.detach()),
             "pg_clipfrac": float(masked_mean(torch.cat(clip_flags), all_mask)),
-            "ppo_kl": float(masked_mean(torch.cat(old_log_probs) - torch.cat(log_probs).detach(), all_mask)),
+            "ppo_kl": float(masked_mean(-torch.cat(log_ratio).detach(), all_mask)),
         }
+        if eps_clip_c is not None:
+            metrics["pg_dual_clipfrac"] = float(masked_mean(torch.cat(dual_flags), all_mask))
+        metrics.update(extra)
+        metrics.update(is_metrics)
         if rollout_log_probs is not None:
-            diff = (torch.cat(log_probs).detach() - torch.cat(rollout_log_probs)).abs()
+            diff = (torch.cat(train_old).detach() - torch.cat(rollout_log_probs)).abs()
             metrics["train_rollout_logprob_abs_diff"] = float(masked_mean(diff, all_mask))
     return PolicyLossOutput(loss=loss, metrics=metrics)
+
+
+def policy_loss_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    """The :func:`policy_loss` keyword options selected by the run's flags (every backend calls this).
+
+    Flags missing from ``args`` take their defaults (:data:`vime_core.algorithms.options.DEFAULTS`), so a partial
+    Namespace (tests, third-party callers) gets the plain PPO-clip loss.
+    """
+    mode = "tis" if opt(args, "use_tis") else "mis" if opt(args, "use_mis") else None
+    return {
+        "eps_clip": opt(args, "eps_clip"),
+        "eps_clip_high": opt(args, "eps_clip_high"),
+        "eps_clip_c": opt(args, "eps_clip_c"),
+        "per_token": opt(args, "calculate_per_token_loss"),
+        "ratio_type": "sequence" if opt(args, "advantage_estimator") == "gspo" else "token",
+        "importance_sampling": mode,
+        "is_low": opt(args, "tis_clip_low"),
+        "is_high": opt(args, "tis_clip"),
+        "entropy_coef": opt(args, "entropy_coef"),
+        "kl_loss_coef": opt(args, "kl_loss_coef") if opt(args, "use_kl_loss") else 0.0,
+        "kl_loss_type": opt(args, "kl_loss_type"),
+    }

@@ -1,17 +1,115 @@
-"""Built-in advantage estimators."""
+"""Built-in algorithm plugins: advantage estimators and dynamic sampling filters.
 
-from vime_core.algorithms.advantages import broadcast_to_tokens, grpo_advantages
+Every estimator is ``fn(args, group: list[Sample]) -> list[list[float]]`` over the trainable members of one
+prompt group (see :func:`vime_core.algorithms.batch.build_batch`) and returns one advantage per response token.
+
+Fan-out: samples that share a ``rollout_id`` are segments of one rollout; group statistics count each rollout once
+(its segments must carry the same reward) and its advantage is broadcast to every segment (slime issue #1414,
+PR #2062). Samples without a ``rollout_id`` are rollouts of their own.
+
+The REINFORCE++ estimators return the group-level part only; the batch-level part (KL shaping with ``--kl-coef``
+and whitening over the batch) is :func:`vime_core.algorithms.batch.postprocess_advantages`, run by the trainer.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from vime_core.algorithms.advantages import grpo_advantages, outcome_returns, rloo_advantages
+from vime_core.algorithms.filters import check_reward_nonzero_std
+from vime_core.algorithms.options import opt
 from vime_core.hookspecs import hookimpl
+from vime_core.types import Sample
+
+
+def rollout_rewards(args: argparse.Namespace, group: list[Sample]) -> tuple[list[float], list[int]]:
+    """One reward per rollout of ``group`` and, per sample, the index of its rollout.
+
+    :return: ``(rewards, which)`` with ``rewards[which[i]]`` the reward of ``group[i]``'s rollout.
+    :raises ValueError: if a reward is missing or NaN (:meth:`Sample.reward_value`), or if the segments of one
+        rollout carry different rewards.
+    """
+    rewards: list[float] = []
+    which: list[int] = []
+    seen: dict[str, int] = {}
+    for s in group:
+        r = s.reward_value(opt(args, "reward_key"))
+        if s.rollout_id is None:
+            which.append(len(rewards))
+            rewards.append(r)
+        elif s.rollout_id in seen:
+            j = seen[s.rollout_id]
+            if rewards[j] != r:
+                raise ValueError(f"rollout {s.rollout_id!r}: its segments have different rewards {rewards[j]} and {r}")
+            which.append(j)
+        else:
+            seen[s.rollout_id] = len(rewards)
+            which.append(len(rewards))
+            rewards.append(r)
+    return rewards, which
+
+
+def _broadcast(per_rollout: list[float], which: list[int], group: list[Sample]) -> list[list[float]]:
+    return [[per_rollout[j]] * s.response_length for j, s in zip(which, group, strict=True)]
 
 
 def grpo(args, group):
-    """GRPO: group-normalised outcome advantage broadcast to every response token (Dr.GRPO with
-    ``--disable-grpo-std-normalization``)."""
-    rewards = [s.reward_value(args.reward_key) for s in group]
-    adv = grpo_advantages(rewards, normalize_std=not args.disable_grpo_std_normalization)
-    return [broadcast_to_tokens(a, s.response_length) for a, s in zip(adv, group)]
+    """GRPO (Shao et al. 2024, arXiv:2402.03300): ``(r - mean) / (std + 1e-6)`` over the group's rollouts, broadcast
+    to every response token; Dr.GRPO (Liu et al. 2025, arXiv:2503.20783) with ``--disable-grpo-std-normalization``:
+    ``r - mean``."""
+    rewards, which = rollout_rewards(args, group)
+    adv = grpo_advantages(rewards, normalize_std=not opt(args, "disable_grpo_std_normalization"))
+    return _broadcast(adv, which, group)
+
+
+def gspo(args, group):
+    """GSPO (Zheng et al. 2025, "Group Sequence Policy Optimization", arXiv:2507.18071): GRPO's advantages; the
+    difference is the sequence-level importance ratio in the loss, which ``--advantage-estimator gspo`` selects
+    (:func:`vime_core.algorithms.policy_loss.policy_loss_kwargs`)."""
+    return grpo(args, group)
+
+
+def rloo(args, group):
+    """RLOO (Ahmadian et al. 2024, arXiv:2402.14740): ``r_i - mean_{j != i} r_j`` over the group's rollouts,
+    broadcast to every response token. A group of one rollout gets 0."""
+    rewards, which = rollout_rewards(args, group)
+    return _broadcast(rloo_advantages(rewards), which, group)
+
+
+def reinforce_plus_plus(args, group):
+    """REINFORCE++ (Hu et al. 2025, arXiv:2501.03262), group-level part: the discounted return
+    ``γ^(k) · r`` of the outcome reward placed on the last trained token (``k`` = trained tokens after the token;
+    ``--gamma``, default 1: ``r`` on every trained token); masked tokens get 0. No baseline: the batch step adds the
+    KL-shaped return (``--kl-coef``) and whitens over the whole batch
+    (:func:`vime_core.algorithms.batch.postprocess_advantages`).
+
+    :raises ValueError: on a missing/NaN reward.
+    """
+    rewards, which = rollout_rewards(args, group)
+    return [outcome_returns(rewards[j], s.loss_mask, opt(args, "gamma")) for j, s in zip(which, group, strict=True)]
+
+
+def reinforce_plus_plus_baseline(args, group):
+    """REINFORCE++-baseline (Hu et al. 2025, arXiv:2501.03262 v2; OpenRLHF ``reinforce_baseline``), group-level part:
+    ``r - mean(r)`` over the group's rollouts (no std division), as the discounted return of the last trained token
+    (``--gamma``); masked tokens get 0. The batch step adds the KL-shaped return and whitens over the batch.
+
+    Differs from slime, which adds ``-β·KL_t`` per token instead of its discounted sum (equal only when ``β = 0``).
+    """
+    rewards, which = rollout_rewards(args, group)
+    centered = grpo_advantages(rewards, normalize_std=False)
+    return [outcome_returns(centered[j], s.loss_mask, opt(args, "gamma")) for j, s in zip(which, group, strict=True)]
 
 
 @hookimpl
 def vime_register_advantage_estimators(register):
     register("grpo", grpo)
+    register("gspo", gspo)
+    register("rloo", rloo)
+    register("reinforce_plus_plus", reinforce_plus_plus)
+    register("reinforce_plus_plus_baseline", reinforce_plus_plus_baseline)
+
+
+@hookimpl
+def vime_register_dynamic_sampling_filters(register):
+    register("check_reward_nonzero_std", check_reward_nonzero_std)

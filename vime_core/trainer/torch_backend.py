@@ -35,8 +35,16 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 def response_log_probs(
     model: torch.nn.Module, samples: list[Sample], device: torch.device, with_entropy: bool = False
 ) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
-    """One right-padded forward pass of ``samples``; the log-probs (and entropies) of each sample's response tokens.
+    """One batched forward pass of ``samples``; the log-probs (and entropies) of each sample's response tokens.
 
+    Sequences are left-padded (explicit ``position_ids``) so every response ends at the last position, and the LM
+    head runs only on the last ``max(response_length) + 1`` positions (``logits_to_keep``): the
+    ``[batch, seq, vocab]`` logits of the whole sequence are never materialised.
+
+    :param model: an HF causal LM (policy or reference).
+    :param samples: the samples (``tokens`` = prompt + response).
+    :param device: where ``model`` lives.
+    :param with_entropy: also return each response token's next-token entropy (nats).
     :return: ``(log_probs, entropies)``: one ``[response_length]`` float32 tensor per sample each (graph attached
         when grad is enabled; on ``device``); ``entropies`` is None unless ``with_entropy``.
     """
@@ -44,18 +52,22 @@ def response_log_probs(
     ids = torch.zeros((len(samples), max_len), dtype=torch.long)
     attn = torch.zeros((len(samples), max_len), dtype=torch.long)
     for i, s in enumerate(samples):
-        ids[i, : len(s.tokens)] = torch.tensor(s.tokens, dtype=torch.long)
-        attn[i, : len(s.tokens)] = 1
-    ids, attn = ids.to(device), attn.to(device)
-    logits = model(input_ids=ids, attention_mask=attn).logits
+        ids[i, max_len - len(s.tokens) :] = torch.tensor(s.tokens, dtype=torch.long)
+        attn[i, max_len - len(s.tokens) :] = 1
+    pos = (attn.cumsum(-1) - 1).clamp(min=0)
+    keep = max(s.response_length for s in samples) + 1
+    ids, attn, pos = ids.to(device), attn.to(device), pos.to(device)
+    logits = model(input_ids=ids, attention_mask=attn, position_ids=pos, logits_to_keep=keep).logits
+    tail = ids[:, max_len - keep :]  # the tokens at the last keep positions
     if with_entropy:
-        lp, ent = token_log_probs_and_entropy(logits, ids)  # [B, L-1] each
+        lp, ent = token_log_probs_and_entropy(logits, tail)  # [B, keep - 1] each
     else:
-        lp, ent = token_log_probs(logits, ids), None
-    spans = [(s.prompt_length - 1, s.response_length) for s in samples]
-    lps = [lp[i, start : start + n] for i, (start, n) in enumerate(spans)]
-    ents = None if ent is None else [ent[i, start : start + n] for i, (start, n) in enumerate(spans)]
-    return lps, ents
+        lp, ent = token_log_probs(logits, tail), None
+
+    def responses(x: torch.Tensor) -> list[torch.Tensor]:
+        return [x[i, x.shape[1] - s.response_length :] for i, s in enumerate(samples)]
+
+    return responses(lp), None if ent is None else responses(ent)
 
 
 class ReferenceModel:
@@ -126,24 +138,18 @@ class TorchTrainer(TrainerBackend):
 
     # -- forward -------------------------------------------------------------------------------------------------
     def _response_log_probs(self, samples: list[Sample]) -> list[torch.Tensor]:
-        """Log-probs of each sample's response tokens, ``[response_length]`` float32 each (graph attached).
+        """Log-probs of each sample's response tokens, ``[response_length]`` float32 each (graph attached); see
+        :func:`response_log_probs`."""
+        return response_log_probs(self.model, samples, self.device)[0]
 
-        Sequences are left-padded (explicit ``position_ids``) so every response ends at the last position, and the
-        LM head runs only on the last ``max(response_length) + 1`` positions (``logits_to_keep``): the
-        ``[batch, seq, vocab]`` logits of the whole sequence are never materialised.
-        """
-        max_len = max(len(s.tokens) for s in samples)
-        ids = torch.zeros((len(samples), max_len), dtype=torch.long)
-        attn = torch.zeros((len(samples), max_len), dtype=torch.long)
-        for i, s in enumerate(samples):
-            ids[i, max_len - len(s.tokens) :] = torch.tensor(s.tokens, dtype=torch.long)
-            attn[i, max_len - len(s.tokens) :] = 1
-        pos = (attn.cumsum(-1) - 1).clamp(min=0)
-        keep = max(s.response_length for s in samples) + 1
-        ids, attn, pos = ids.to(self.device), attn.to(self.device), pos.to(self.device)
-        logits = self.model(input_ids=ids, attention_mask=attn, position_ids=pos, logits_to_keep=keep).logits
-        lp = token_log_probs(logits, ids[:, max_len - keep :])  # [B, keep - 1]: tokens at the last keep-1 positions
-        return [lp[i, lp.shape[1] - s.response_length :] for i, s in enumerate(samples)]
+    @torch.no_grad()
+    def _old_log_probs(self, samples: list[Sample]) -> dict[int, torch.Tensor]:
+        """Current-policy log-probs of every sample before any update, keyed by ``id(sample)`` (float32, CPU)."""
+        out: dict[int, torch.Tensor] = {}
+        for mb in self._micro_batches(samples):
+            for s, lp in zip(mb, self._response_log_probs(mb), strict=True):
+                out[id(s)] = lp.float().cpu()
+        return out
 
     def _micro_batches(self, samples: list[Sample]) -> Iterator[list[Sample]]:
         mbs = self.args.micro_batch_size

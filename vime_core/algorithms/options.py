@@ -1,0 +1,119 @@
+"""Algorithm options: their defaults, lookup on a (possibly partial) Namespace, and the checks of their combination.
+
+The flags themselves are defined in :mod:`vime_core.arguments` (group "algorithm"); :data:`DEFAULTS` repeats their
+defaults so that code given a partial Namespace (tests, the contract kit, third-party callers) behaves as the
+command line would. ``tests/unit/test_algorithms_extra.py`` checks that the two agree. This module imports no
+torch (the argument parser imports it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from typing import Any
+
+# the estimators of vime_core.algorithms.kl.approx_kl, named here so that this module needs no torch
+KL_TYPES = ("k1", "k2", "k3", "low_var_kl")
+DEFAULTS: dict[str, Any] = {
+    # estimators
+    "advantage_estimator": "grpo",
+    "disable_grpo_std_normalization": False,
+    "reward_key": None,
+    "normalize_advantages": False,
+    "gamma": 1.0,
+    "lambd": 1.0,
+    "value_clip": 0.2,
+    # policy loss
+    "eps_clip": 0.2,
+    "eps_clip_high": None,
+    "eps_clip_c": None,
+    "calculate_per_token_loss": False,
+    "entropy_coef": 0.0,
+    # KL to the reference model
+    "use_kl_loss": False,
+    "kl_loss_coef": 0.0,
+    "kl_loss_type": "k1",
+    "kl_coef": 0.0,
+    "ref_load": None,
+    # train/inference mismatch
+    "use_rollout_logprobs": False,
+    "use_tis": False,
+    "use_mis": False,
+    "tis_clip_low": 0.0,
+    "tis_clip": 2.0,
+    "max_train_rollout_logprob_diff": None,
+    # dynamic sampling (DAPO)
+    "dynamic_sampling_filter": None,
+}
+
+# Estimators whose advantages are returns of per-token rewards, so that --kl-coef can shape those rewards.
+KL_SHAPING_ESTIMATORS = ("reinforce_plus_plus", "reinforce_plus_plus_baseline")
+# Estimators whose advantages are whitened over the whole batch (REINFORCE++, Hu et al. 2025, arXiv:2501.03262).
+BATCH_WHITENED_ESTIMATORS = ("reinforce_plus_plus", "reinforce_plus_plus_baseline")
+
+
+def opt(args: argparse.Namespace, name: str) -> Any:
+    """``args.<name>``, or its default from :data:`DEFAULTS` when ``args`` lacks it.
+
+    :raises KeyError: if ``name`` is not an algorithm option.
+    """
+    return getattr(args, name, DEFAULTS[name])
+
+
+def kl_enabled(args: argparse.Namespace) -> bool:
+    """Whether the run needs reference-model log-probs (``--use-kl-loss``, even at coefficient 0 for the metric,
+    or a non-zero ``--kl-coef``)."""
+    return bool(opt(args, "use_kl_loss")) or opt(args, "kl_coef") != 0.0
+
+
+def check_algorithm_args(args: argparse.Namespace) -> None:
+    """Check the algorithm flags and their combination.
+
+    :raises ValueError: naming the flag(s) and the accepted values, for: KL both as a loss term and as reward
+        shaping; ``--kl-loss-coef`` without ``--use-kl-loss``; ``--kl-coef`` with an estimator that has no per-token
+        rewards to shape; ``--use-tis`` with ``--use-mis``; bounds out of range; ``--advantage-estimator ppo``
+        (needs a critic, which no trainer backend has yet).
+    """
+    kl_loss_coef, kl_coef = opt(args, "kl_loss_coef"), opt(args, "kl_coef")
+    estimator = opt(args, "advantage_estimator")
+    if opt(args, "use_kl_loss") and kl_loss_coef != 0.0 and kl_coef != 0.0:
+        raise ValueError(
+            f"--kl-coef {kl_coef} (KL as reward shaping) and --use-kl-loss --kl-loss-coef {kl_loss_coef} (KL as a "
+            "loss term) are both non-zero; use only one of the two"
+        )
+    if kl_loss_coef != 0.0 and not opt(args, "use_kl_loss"):
+        raise ValueError(f"--kl-loss-coef {kl_loss_coef} has no effect without --use-kl-loss")
+    if opt(args, "kl_loss_type") not in KL_TYPES:
+        raise ValueError(f"--kl-loss-type must be one of {', '.join(KL_TYPES)}, got {opt(args, 'kl_loss_type')!r}")
+    if kl_coef != 0.0 and estimator not in KL_SHAPING_ESTIMATORS:
+        raise ValueError(
+            f"--kl-coef shapes per-token rewards, which --advantage-estimator {estimator} does not have (supported: "
+            f"{', '.join(KL_SHAPING_ESTIMATORS)}); use --use-kl-loss --kl-loss-coef instead"
+        )
+    if estimator == "ppo":
+        raise ValueError(
+            "--advantage-estimator ppo needs a critic (value head); no trainer backend has one yet. GAE and the "
+            "clipped value loss are in vime_core.algorithms.gae; use grpo, gspo, rloo, reinforce_plus_plus or "
+            "reinforce_plus_plus_baseline"
+        )
+    if opt(args, "use_tis") and opt(args, "use_mis"):
+        raise ValueError(
+            "--use-tis (truncate the IS weight) and --use-mis (mask tokens outside the band) exclude each other"
+        )
+    low, high = opt(args, "tis_clip_low"), opt(args, "tis_clip")
+    if not 0.0 <= low < high:
+        raise ValueError(f"need 0 <= --tis-clip-low < --tis-clip, got {low} and {high}")
+    c = opt(args, "eps_clip_c")
+    if c is not None and not c > 1.0:
+        raise ValueError(f"--eps-clip-c must be > 1 (dual-clip PPO caps the loss of A < 0 at -c·A), got {c}")
+    for name in ("gamma", "lambd"):
+        if not 0.0 <= opt(args, name) <= 1.0:
+            raise ValueError(f"--{name} must be in [0, 1], got {opt(args, name)}")
+    if not opt(args, "value_clip") > 0.0:
+        raise ValueError(f"--value-clip must be > 0, got {opt(args, 'value_clip')}")
+    bound = opt(args, "max_train_rollout_logprob_diff")
+    if bound is not None and not (bound >= 0.0 and math.isfinite(bound)):
+        raise ValueError(f"--max-train-rollout-logprob-diff must be a finite number >= 0, got {bound}")
+    for name in ("entropy_coef", "kl_loss_coef", "kl_coef"):
+        if not math.isfinite(opt(args, name)):
+            raise ValueError(f"--{name.replace('_', '-')} must be finite, got {opt(args, name)}")
