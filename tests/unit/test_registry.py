@@ -14,10 +14,10 @@ async def _gen(args, sample, sampling_params):
 
 def test_builtins_register_through_hooks():
     plugins = get_plugins()
-    assert plugins.registries["generate"].names() == ["default"]
-    assert "reasoning_gym" in plugins.registries["reward"].names()
-    assert plugins.registries["trainer"].names() == ["torch"]
-    assert plugins.registries["weight_sync"].names() == ["disk"]
+    assert {"default"} <= set(plugins.registries["generate"].names())
+    assert {"reasoning_gym", "exact_match"} <= set(plugins.registries["reward"].names())
+    assert {"torch"} <= set(plugins.registries["trainer"].names())
+    assert {"disk"} <= set(plugins.registries["weight_sync"].names())
     entry = plugins.registries["trainer"].entries()[0]
     assert entry.provider == "vime_core.builtins.trainers" and entry.distribution.startswith("vime ")
 
@@ -34,7 +34,7 @@ def test_unknown_name_lists_available_and_pip_hint():
     with pytest.raises(RegistryError, match="available: default"):
         plugins.resolve("generate", "nope")
     with pytest.raises(RegistryError, match="pip install vime-sandbox-docker"):
-        plugins.resolve("sandbox", "docker")
+        Registry("sandbox", "--sandbox").get("docker")  # as on a machine without the docker plugin
 
 
 def test_dotted_path_goes_through_the_same_check():
