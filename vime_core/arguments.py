@@ -139,6 +139,10 @@ def build_parser(add_plugin_arguments: bool = True) -> argparse.ArgumentParser:
     g.add_argument("--max-train-rollout-logprob-diff", type=float, default=None,
                    help="stop the run when mean |logp_trainer - logp_engine| exceeds this (nats per token)")
     g.add_argument("--dynamic-sampling-filter", default=None, help="DAPO group filter, e.g. check_reward_nonzero_std")
+    g.add_argument("--over-sampling-batch-size", type=int, default=None,
+                   help="groups generated per refill chunk with a dynamic-sampling filter (default: --rollout-batch-size)")
+    g.add_argument("--dynamic-sampling-max-rounds", type=int, default=8,
+                   help="refill chunks per step before training on the groups that passed")
 
     g = p.add_argument_group("rollout engines and router")
     g.add_argument("--rollout-num-engines", type=int, default=1, help="vLLM servers vime starts")

@@ -209,3 +209,55 @@ def test_hook_vime_on_train_step_end():
     plugins = _plugins_with(P)
     plugins.pm.hook.vime_on_train_step_end(args=argparse.Namespace(), step=4, metrics={"train/pg_loss": 0.5})
     assert got == [(4, {"train/pg_loss": 0.5})]
+
+
+def test_dynamic_sampling_filter_refills_until_enough_groups_pass(tiny_model_dir, tmp_path):
+    """Rewards come from exact_match against labels; only groups with mixed rewards pass check_reward_nonzero_std.
+    The echo generator answers 'x' for even-indexed samples of odd prompts only, so prompts p1 and p3 pass."""
+    import json
+
+    from vime_core.rollout.manager import RolloutManager
+    from vime_core.rollout.context import RolloutContext, set_rollout_context
+    import vime_core.plugins as vp
+
+    async def echo(args, sample, sampling_params):
+        prompt_no = int(sample.prompt[1:])
+        text = "x" if (prompt_no % 2 == 1 and sample.index == 0) else "y"
+        sample.tokens = [1, 2]
+        sample.append_response_tokens([3], trainable=True, log_probs=[-0.5], weight_version=0, text=text)
+        sample.status = sample.status.COMPLETED
+        return sample
+
+    class Gen:
+        @staticmethod
+        @hookimpl
+        def vime_register_generate_functions(register):
+            register("echo2", echo)
+
+    data = tmp_path / "p.jsonl"
+    data.write_text("\n".join(json.dumps({"prompt": f"p{i}", "label": "x"}) for i in range(8)))
+    p = Plugins()
+    p.pm.register(Gen, name="gen")
+    p.load()
+    args = argparse.Namespace(generate="echo2", reward="exact_match", weight_sync="disk", prompt_data=data,
+                              input_key="prompt", label_key="label", metadata_key="metadata", n_samples_per_prompt=2,
+                              rollout_shuffle=False, seed=0, rollout_batch_size=2, rollout_concurrency=4,
+                              rollout_temperature=1.0, rollout_top_p=1.0, rollout_top_k=-1,
+                              rollout_max_response_len=8, rollout_stop=None, rollout_stop_token_ids=None,
+                              reward_key=None, update_weight_disk_dir=tmp_path / "w",
+                              dynamic_sampling_filter="check_reward_nonzero_std", over_sampling_batch_size=3,
+                              dynamic_sampling_max_rounds=8)
+    old, vp._PLUGINS = vp._PLUGINS, p
+    try:
+        m = RolloutManager(args, tiny_model_dir)
+    finally:
+        vp._PLUGINS = old
+    set_rollout_context(RolloutContext(client=None, tokenizer=m.tokenizer))
+    groups, metrics = m.generate(0)
+    # chunk 1 = p0 p1 p2 → p1 passes; chunk 2 = p3 p4 p5 → p3 fills the batch, p5 passes too but is surplus
+    assert [g[0].prompt for g in groups] == ["p1", "p3"]
+    assert [[s.reward for s in g] for g in groups] == [[1.0, 0.0], [1.0, 0.0]]
+    assert metrics["rollout/dynamic_filter_rounds"] == 2.0
+    assert metrics["rollout/dynamic_filter_drop_ratio"] == 3 / 6  # p0, p2, p4 dropped of 6 generated
+    assert metrics["rollout/dynamic_filter_surplus"] == 1.0  # p5 passed after the batch was full
+    assert metrics["rollout/reward_mean"] == 0.5

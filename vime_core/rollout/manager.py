@@ -41,6 +41,8 @@ class RolloutManager:
         self.reward_fn = plugins.resolve("reward", args.reward)
         self.hook = plugins.pm.hook
         self.weight_sync = plugins.resolve("weight_sync", args.weight_sync)(args)
+        name = getattr(args, "dynamic_sampling_filter", None)
+        self.dynamic_filter = plugins.resolve("dynamic_filter", name) if name else None
         self.tokenizer = AutoTokenizer.from_pretrained(str(self.model_path))
         self.data_source = DataSource(
             read_rows(args.prompt_data, args.input_key, args.label_key, args.metadata_key),
@@ -137,19 +139,51 @@ class RolloutManager:
     def generate(self, step: int) -> tuple[list[list[Sample]], dict[str, float]]:
         """Generate and score ``--rollout-batch-size`` groups for ``step``.
 
+        With ``--dynamic-sampling-filter`` (DAPO), prompts are over-sampled in chunks of
+        ``--over-sampling-batch-size`` groups and refilled until enough groups pass the filter; a group is kept or
+        dropped whole (never split across batches). Passing groups beyond the batch are dropped, counted in
+        ``rollout/dynamic_filter_surplus``. After ``--dynamic-sampling-max-rounds`` chunks the step proceeds with
+        the groups it has (``rollout/dynamic_filter_insufficient`` = 1).
+
         :return: ``(groups, metrics)``; metrics ``rollout/*`` and ``perf/rollout_time``.
         :raises RuntimeError: if every sample failed (the first error is included).
         """
         t0 = time.perf_counter()
-        groups = self.data_source.get_groups(self.args.rollout_batch_size)
-        self.loop.run_until_complete(_run_groups(self, groups, step))
-        samples = [s for g in groups for s in g]
+        want = self.args.rollout_batch_size
+        if self.dynamic_filter is None:
+            groups = self.data_source.get_groups(want)
+            self.loop.run_until_complete(_run_groups(self, groups, step))
+            generated, dropped, surplus, rounds = groups, 0, 0, 1
+        else:
+            groups, generated, dropped, surplus, rounds = [], [], 0, 0, 0
+            chunk = max(self.args.over_sampling_batch_size or want, 1)
+            while len(groups) < want and rounds < self.args.dynamic_sampling_max_rounds:
+                batch = self.data_source.get_groups(chunk)
+                self.loop.run_until_complete(_run_groups(self, batch, step))
+                generated.extend(batch)
+                rounds += 1
+                for g in batch:
+                    if not self.dynamic_filter(self.args, g):
+                        dropped += 1
+                    elif len(groups) < want:
+                        groups.append(g)
+                    else:
+                        surplus += 1
+        samples = [s for g in generated for s in g]
         failed = [s for s in samples if s.status == Status.FAILED]
         if failed and len(failed) == len(samples):
             raise RuntimeError(f"every sample of step {step} failed; first error: {failed[0].metadata.get('error')}")
-        metrics = rollout_metrics(samples, self.args.reward_key)
+        metrics = rollout_metrics([s for g in groups for s in g], self.args.reward_key)
+        if self.dynamic_filter is not None:
+            metrics.update({
+                "rollout/dynamic_filter_drop_ratio": dropped / max(len(generated), 1),
+                "rollout/dynamic_filter_surplus": float(surplus),
+                "rollout/dynamic_filter_rounds": float(rounds),
+                "rollout/dynamic_filter_insufficient": float(len(groups) < want),
+            })
         metrics["perf/rollout_time"] = time.perf_counter() - t0
-        self.hook.vime_on_rollout_end(args=self.args, step=step, samples=samples, metrics=metrics)
+        self.hook.vime_on_rollout_end(args=self.args, step=step, samples=[s for g in groups for s in g],
+                                      metrics=metrics)
         return groups, metrics
 
     def start_async(self) -> None:
