@@ -1,0 +1,221 @@
+"""Two GPUs: the megatron backend with tensor parallelism 2, and NCCL weight broadcast into vime's receive code.
+
+Run with ``python3 -m torch.distributed.run --standalone --nproc_per_node 2 bench/megatron_x2.py`` (megatron-core
+on ``PYTHONPATH``, see bench/megatron_step.py). Rank 0 prints:
+
+A. TP=2 on small random Llama (GQA, vocabulary 1001: padded to 1002 and masked) and Qwen2 (q/k/v biases, tied
+   embeddings, sequence parallel) models: HF → Megatron (sharded) → HF round trip bit-exact or not, max |log-prob|
+   difference to Hugging Face fp32 (and HF bf16's own), and whether 3 RL steps with a positive advantage raise the
+   log-probs of the trained tokens.
+B. NCCL weight sync: the TP-gathered HF tensors of the trained model broadcast from rank 0 in buckets
+   (:func:`vime_core.weight_sync.nccl.broadcast_weights`, xxh3-128 digests attached) into rank 1 running the
+   engine-side :func:`vime_core.weight_sync.nccl.receive_weights`; bit-exact or not; then the ~1B model's bf16
+   tensors (1.9 GB) without digests: bytes, seconds, GB/s.
+C. The ~1B Llama-shaped model (bench/megatron_step.py's) trained with TP=2: median step time and MFU per GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+
+def log(*a) -> None:
+    if dist.get_rank() == 0:
+        print(*a, flush=True)
+
+
+def args_for(tp: int, sp: bool = False, lr: float = 1e-3) -> argparse.Namespace:
+    return argparse.Namespace(
+        seed=0, lr=lr, adam_beta1=0.9, adam_beta2=0.98, adam_eps=1e-8, weight_decay=0.0, clip_grad=1.0,
+        global_batch_size=None, micro_batch_size=8, use_rollout_logprobs=False, calculate_per_token_loss=False,
+        eps_clip=0.2, eps_clip_high=None, tensor_model_parallel_size=tp, sequence_parallel=sp,
+    )
+
+
+def small_model(out: Path, family: str) -> Path:
+    import transformers
+
+    torch.manual_seed(0)
+    common = dict(hidden_size=256, intermediate_size=704, num_hidden_layers=3, num_attention_heads=8,
+                  num_key_value_heads=2, initializer_range=0.1, max_position_embeddings=1024)
+    if family == "llama":
+        model = transformers.LlamaForCausalLM(transformers.LlamaConfig(vocab_size=1001, tie_word_embeddings=False,
+                                                                       **common))
+    else:
+        model = transformers.Qwen2ForCausalLM(transformers.Qwen2Config(vocab_size=1000, tie_word_embeddings=True,
+                                                                       **common))
+    model.to(torch.bfloat16).save_pretrained(str(out))
+    return out
+
+
+def phase_a(work: Path, res: dict):
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    from vime_core.algorithms.logprobs import token_log_probs
+    from vime_core.testing.contracts import TrainerBackendContract
+    from vime_core.trainer.megatron_backend import MegatronTrainer
+
+    trainer = None
+    for family, sp in (("llama", False), ("qwen2", True)):
+        d = work / family
+        if dist.get_rank() == 0:
+            small_model(d, family)
+        dist.barrier()
+        trainer = MegatronTrainer(args_for(2, sp), d)
+        hf = load_file(str(d / "model.safetensors"))
+        if trainer.arch.tie_word_embeddings:
+            hf.pop("lm_head.weight", None)
+        out = dict(trainer.named_hf_tensors())
+        exact = sorted(out) == sorted(hf) and all(torch.equal(out[k].view(torch.uint8), hf[k].view(torch.uint8))
+                                                  for k in hf)
+        ids = torch.randint(0, 1000, (2, 256), generator=torch.Generator().manual_seed(3))
+        meg = token_log_probs(trainer.model(input_ids=ids).logits, ids)
+        r = {"tp": 2, "sequence_parallel": sp, "round_trip_bit_exact": exact,
+             "padded_vocab": trainer.padded_vocab}
+        if dist.get_rank() == 0:
+            with torch.no_grad():
+                m = AutoModelForCausalLM.from_pretrained(str(d), dtype=torch.float32).cuda().eval()
+                ref = token_log_probs(m(input_ids=ids.cuda()).logits.float().cpu(), ids)
+                m.to(torch.bfloat16)
+                hf16 = token_log_probs(m(input_ids=ids.cuda()).logits.float().cpu(), ids)
+            r["logprob_maxdiff_megatron_vs_hf_fp32"] = (meg - ref).abs().max().item()
+            r["logprob_maxdiff_hf_bf16_vs_hf_fp32"] = (hf16 - ref).abs().max().item()
+        batch = TrainerBackendContract.make_batch(1000, 1.0)
+        lp = TrainerBackendContract()._lp
+        before = lp(trainer, batch)
+        for _ in range(3):
+            metrics = trainer.train_step(batch)
+        r["trained_logprob_before_after"] = [before, lp(trainer, batch)]
+        r["raised"] = r["trained_logprob_before_after"][1] > before
+        r["grad_norm"] = metrics["train/grad_norm"]
+        res[f"A_tp2_{family}"] = r
+        log(f"A {family} TP=2 SP={sp}: {json.dumps(r)}")
+    return trainer
+
+
+def phase_b(trainer, work: Path, res: dict) -> None:
+    from vime_core.weight_sync.disk_delta import checksum, tensor_bytes
+    from vime_core.weight_sync.nccl import broadcast_weights, receive_weights
+
+    tensors = dict(trainer.named_hf_tensors())  # collective: both ranks hold the full HF tensors
+    if dist.get_rank() == 0:
+        stats = broadcast_weights(tensors.items(), bucket_bytes=1 << 20, checksums=True)
+        box = [None]
+        dist.broadcast_object_list(box, src=1)
+        res["B_small"] = {"bytes": stats.num_bytes, "tensors": stats.num_tensors, "buckets": stats.num_buckets,
+                          "seconds": stats.seconds, "receiver_bit_exact": box[0]}
+        log(f"B small model over NCCL into receive_weights: {json.dumps(res['B_small'])}")
+    else:
+        got = {n: t.to("cpu") for n, t in receive_weights(src=0)}
+        ok = sorted(got) == sorted(tensors) and all(checksum(tensor_bytes(got[n])) == checksum(tensor_bytes(t))
+                                                     for n, t in tensors.items())
+        dist.broadcast_object_list([ok], src=1)
+    # ~1B bf16 tensors, no digests: bandwidth
+    g = torch.Generator(device="cuda").manual_seed(0)
+    shapes = [("model.embed_tokens.weight", (32000, 2048)), ("lm_head.weight", (32000, 2048))]
+    for i in range(16):
+        p = f"model.layers.{i}."
+        shapes += [(p + "self_attn.q_proj.weight", (2048, 2048)), (p + "self_attn.k_proj.weight", (2048, 2048)),
+                   (p + "self_attn.v_proj.weight", (2048, 2048)), (p + "self_attn.o_proj.weight", (2048, 2048)),
+                   (p + "mlp.gate_proj.weight", (5632, 2048)), (p + "mlp.up_proj.weight", (5632, 2048)),
+                   (p + "mlp.down_proj.weight", (2048, 5632))]
+    big = {n: torch.randn(s, generator=g, device="cuda", dtype=torch.bfloat16) for n, s in shapes}
+    for bucket_mb in (512, 64):
+        dist.barrier()
+        if dist.get_rank() == 0:
+            stats = broadcast_weights(big.items(), bucket_bytes=bucket_mb << 20)
+            r = {"bucket_mib": bucket_mb, "bytes": stats.num_bytes, "buckets": stats.num_buckets,
+                 "seconds": stats.seconds, "GB_per_s": stats.num_bytes / stats.seconds / 1e9}
+            box = [None]
+            dist.broadcast_object_list(box, src=1)
+            r["receiver_equal_tensors"] = f"{box[0]}/{len(big)}"
+            res[f"B_1b_bucket{bucket_mb}"] = r
+            log(f"B ~1B bf16 weights over NCCL: {json.dumps(r)}")
+        else:
+            n = 0
+            for name, t in receive_weights(src=0):
+                n += int(torch.equal(t, big[name]))  # same generator and seed on both GPUs: same tensors
+            dist.broadcast_object_list([n], src=1)
+    del big
+
+
+def phase_c(work: Path, res: dict, steps: int = 5, warmup: int = 2) -> None:
+    from megatron_step import build_model, matmul_peak_tflops, rl_batch
+
+    from vime_core.trainer.megatron_backend import MegatronTrainer
+
+    peak = matmul_peak_tflops()
+    a = argparse.Namespace(vocab=32000, hidden=2048, ffn=5632, layers=16, heads=16, kv_heads=16, seq=1024)
+    d = work / "llama-1b"
+    if dist.get_rank() == 0:
+        build_model(d, a)
+    dist.barrier()
+    trainer = MegatronTrainer(args_for(2, sp=True, lr=1e-6), d)
+    n_params = sum(p.numel() for p in trainer.gpt.parameters()) * 2  # TP shards (norms counted twice: ~0.001%)
+    times = []
+    for step in range(warmup + steps):
+        batch = rl_batch(32000, 8, 1024, seed=step)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        trainer.train_step(batch)
+        torch.cuda.synchronize()
+        if step >= warmup:
+            times.append(time.perf_counter() - t0)
+    step_s = statistics.median(times)
+    tflops = 6 * n_params * 8 * 1024 / step_s / 1e12
+    res["C_1b_tp2_sp"] = {"params": n_params, "step_s_median": step_s, "step_s_all": times, "peak_bf16_tflops": peak,
+                          "tflops_6nt_total": tflops, "mfu_per_gpu_6nt": tflops / 2 / peak}
+    log(f"C ~1B TP=2 SP: {json.dumps(res['C_1b_tp2_sp'])}")
+
+
+def main() -> None:
+    from vime_core.trainer.megatron_backend import init_distributed
+
+    init_distributed()
+    work = Path(tempfile.mkdtemp(prefix="vime-x2-")) if dist.get_rank() == 0 else None
+    box = [str(work) if work else None]
+    dist.broadcast_object_list(box, src=0)
+    work = Path(box[0])
+    res: dict = {"gpus": torch.cuda.device_count(), "gpu": torch.cuda.get_device_name()}
+    for name, fn in (("A", lambda: phase_a(work, res)),):
+        try:
+            trainer = fn()
+        except Exception as e:  # noqa: BLE001 - report and go on to the next phase
+            trainer = None
+            res[name + "_error"] = repr(e)
+            log(f"phase {name} failed: {e!r}")
+            import traceback
+
+            traceback.print_exc()
+    for name, fn in (("B", lambda: phase_b(trainer, work, res)), ("C", lambda: phase_c(work, res))):
+        if name == "B" and trainer is None:
+            continue
+        try:
+            fn()
+        except Exception as e:  # noqa: BLE001
+            res[name + "_error"] = repr(e)
+            log(f"phase {name} failed: {e!r}")
+            import traceback
+
+            traceback.print_exc()
+    log("RESULT " + json.dumps(res))
+    if dist.get_rank() == 0 and os.environ.get("OUT"):
+        Path(os.environ["OUT"], "megatron_x2.json").write_text(json.dumps(res, indent=1))
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
