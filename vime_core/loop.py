@@ -25,7 +25,7 @@ from vime_core.plugins import get_plugins
 from vime_core.types import Sample
 
 logger = logging.getLogger("vime.loop")
-console = Console(stderr=False, highlight=False)
+console = Console(stderr=False, highlight=False, markup=False)
 
 
 def save_debug_rollout(pattern: str, step: int, groups: list[list[Sample]]) -> Path:
@@ -101,7 +101,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         if rollout is not None and args.loop == "fully-async":
             ray.get(rollout.start_async.remote())
         source = _GroupSource(args, rollout)
-        with Progress(TextColumn("[vime] step"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+        with Progress(TextColumn("[vime] step", markup=False), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                       console=console, transient=False) as progress:
             task = progress.add_task("steps", total=args.num_rollout, completed=start_step)
             for step in range(start_step, args.num_rollout):

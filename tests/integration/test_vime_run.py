@@ -60,7 +60,7 @@ def _metrics(out: Path) -> list[dict]:
 
 def test_two_steps_complete_with_progress_and_summary(two_step_run):
     out, proc = two_step_run
-    assert "step 1/2" in proc.stdout and "step 2/2" in proc.stdout and "reward" in proc.stdout
+    assert "[vime] step 1/2 | reward" in proc.stdout and "[vime] step 2/2 | reward" in proc.stdout
     summary = json.loads((out / "summary.json").read_text())
     assert summary["steps_run"] == 2 and summary["first_step"] == 0
     assert list((out / "tensorboard").iterdir()), "no TensorBoard event file"
