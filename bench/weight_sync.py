@@ -64,21 +64,21 @@ def run(dtype: str, a: argparse.Namespace, model_dir: Path) -> list[dict]:
             trainer.train_step(rl_batch(vocab, step, a.samples, a.prompt_len, a.response_len))
             train_s = time.perf_counter() - t0
             report = step in (1, a.steps)
+            line = []
             for name, strat in strategies.items():
                 update = strat.push(trainer.named_hf_tensors(), step)
                 t1 = time.perf_counter()
-                if name == "disk" and not report:
-                    pass
-                else:
+                if name != "disk" or report:
                     strat.read(update)  # the delta receiver must follow every version
                 read_s = time.perf_counter() - t1
+                full = update.payload.get("full_bytes", update.num_bytes)
+                line.append(f"{name} {update.num_bytes:,} B ({update.num_bytes / full:.1%}), {update.seconds:.2f} s")
                 if report:
-                    full = update.payload.get("full_bytes", update.num_bytes)
                     rows.append({"dtype": dtype, "step": step, "strategy": name, "bytes": update.num_bytes,
                                  "full_bytes": full, "changed_bytes": update.payload.get("changed_bytes", full),
                                  "push_s": update.seconds, "read_s": read_s, "train_s": train_s})
                 strat.cleanup(update)
-            print(f"[{dtype}] step {step}/{a.steps} trained in {train_s:.1f} s", flush=True)
+            print(f"[{dtype}] step {step}/{a.steps} trained in {train_s:.1f} s; " + "; ".join(line), flush=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return rows
@@ -99,7 +99,13 @@ def main() -> None:
     from vime_core.models import resolve_model
 
     model_dir = resolve_model(a.model)
-    rows = [r for dtype in a.dtypes.split(",") for r in run(dtype, a, model_dir)]
+    rows = []
+    for dtype in a.dtypes.split(","):
+        rows += run(dtype, a, model_dir)
+        table(rows, a, model_dir)
+
+
+def table(rows: list[dict], a: argparse.Namespace, model_dir: Path) -> None:
     print(f"\nweight sync on {a.model} ({model_dir}), torch trainer, AdamW lr {a.lr:g}, "
           f"{a.samples}x({a.prompt_len}+{a.response_len}) tokens per step")
     print(f"{'dtype':>9} {'step':>4} {'strategy':>20} {'bytes':>12} {'full bytes':>12} {'ratio':>7} "

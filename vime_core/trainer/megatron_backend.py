@@ -11,9 +11,9 @@ optimizer) trained with the same :func:`vime_core.algorithms.policy_loss.policy_
 * Weights: HF checkpoints of the Llama family (Llama, SmolLM2, Mistral-dense) and Qwen2 are mapped by
   :mod:`vime_core.trainer.megatron_convert` (bit-exact both ways); :meth:`MegatronTrainer.named_hf_tensors` gathers
   tensor-parallel shards and exports HF names/shapes for vLLM.
-* Parallelism: tensor parallelism (``--tensor-model-parallel-size``, ``--sequence-parallel``) and data parallelism
-  over the remaining ranks. Pipeline and context parallelism are refused with a clear error (not implemented in the
-  weight export yet).
+* Parallelism: tensor parallelism (``--tensor-model-parallel-size``; ``--sequence-parallel`` with TE only: the local
+  spec's torch norms do not support it) and data parallelism over the remaining ranks. Pipeline and context
+  parallelism are refused with a clear error (not implemented in the weight export yet).
 * On CPU megatron-core's model code calls ``torch.cuda`` unconditionally (global memory buffer, RNG tracker,
   rotary embeddings); the backend raises :class:`RuntimeError` there instead of shimming it.
 """
@@ -181,6 +181,9 @@ class MegatronTrainer(TrainerBackend):
         if pp != 1 or cp != 1:
             raise NotImplementedError("the megatron backend supports tensor and data parallelism only "
                                       f"(got pipeline {pp}, context {cp})")
+        if getattr(args, "sequence_parallel", False) and self.tp > 1 and not have_transformer_engine():
+            raise ValueError("--sequence-parallel needs Transformer Engine: megatron-core's torch norms (local spec) "
+                             "do not support sequence parallelism")
         if not mpu.model_parallel_is_initialized():
             mpu.initialize_model_parallel(tensor_model_parallel_size=self.tp)
         self.tp_rank = mpu.get_tensor_model_parallel_rank()
@@ -450,7 +453,16 @@ class MegatronTrainer(TrainerBackend):
         self.optimizer.reload_model_params()  # fp32 main params <- the loaded bf16 weights
         if (path / "optimizer.pt").exists():
             self.optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=False))
-            self.optimizer.load_parameter_state(str(path / "optimizer_param_state.pt"))
+            # megatron-core 0.19.2 with torch's AdamW (no apex / TE): load_state_dict puts the common "step" into
+            # every parameter state, which load_parameter_state then looks for in the file (KeyError 'step');
+            # set it aside around that call
+            steps = [(st, st.pop("step")) for opt in self._inner_optimizers()
+                     for st in getattr(getattr(opt, "optimizer", None), "state", {}).values() if "step" in st]
+            try:
+                self.optimizer.load_parameter_state(str(path / "optimizer_param_state.pt"))
+            finally:
+                for st, step in steps:
+                    st["step"] = step
         else:
             for opt in self._inner_optimizers():
                 inner = getattr(opt, "optimizer", None)
