@@ -1,4 +1,4 @@
-"""Built-in generate functions."""
+"""Built-in generate functions (``default``: one engine call; ``multi_turn``: a tool loop) and their flags."""
 
 from vime_core.hookspecs import hookimpl
 
@@ -6,5 +6,14 @@ from vime_core.hookspecs import hookimpl
 @hookimpl
 def vime_register_generate_functions(register):
     from vime_core.rollout.generate import generate
+    from vime_core.rollout.multi_turn import generate as multi_turn
 
     register("default", generate)
+    register("multi_turn", multi_turn)
+
+
+@hookimpl
+def vime_add_arguments(parser):
+    from vime_core.rollout.multi_turn import add_arguments
+
+    add_arguments(parser)

@@ -1,0 +1,442 @@
+"""The agent gateway with a scripted responder, driven by the real ``openai`` and ``anthropic`` SDKs.
+
+Exact token bookkeeping for a tool-using conversation under three chat templates (the tiny model's ChatML, SmolLM2's
+and Qwen2.5's, both shipped in tests/data), identical samples from the three APIs, drift (whitespace, dropped
+thinking, parallel tool calls), streaming formats, errors and concurrent sessions. The scripted backend plays the
+engine: "what the engine saw" is its recorded calls. The same SDKs against the real vLLM server:
+tests/integration/test_agent_gateway_vllm.py.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+
+import anthropic
+import openai
+import pytest
+
+from vime_core.agent.backends import ScriptedBackend, ScriptedTurn
+from vime_core.agent.gateway import AgentGateway
+from vime_core.agent.tool_parsers import HermesToolParser, tool_schema
+from vime_core.agent.trajectory import Drift, check_token_exact
+from vime_core.types import Sample, Status
+
+pytestmark = pytest.mark.unit
+
+DATA = Path(__file__).parents[1] / "data"
+TEMPLATES = {
+    "chatml": None,  # the tiny model's own template (no tool support: the Hermes format is written for it)
+    "smollm2": (DATA / "smollm2_chat_template.jinja").read_text(),
+    "qwen25": (DATA / "qwen25_chat_template.jinja").read_text(),
+}
+SYSTEM, USER, RESULT = "You are a weather bot.", "Weather in Paris?", "sunny, 21 C"
+WEATHER = {
+    "name": "get_weather",
+    "description": "Current weather of a city.",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+}
+CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+FINAL = "It is sunny in Paris, 21 C."
+
+
+@pytest.fixture(scope="module")
+def tok(tiny_model_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(tiny_model_dir))
+
+
+@pytest.fixture
+def gateway(tok):
+    started: list[AgentGateway] = []
+
+    def make(script, template=None, **kw) -> tuple[AgentGateway, ScriptedBackend]:
+        backend = ScriptedBackend(tok, script)
+        gw = AgentGateway(tok, backend, chat_template=template, **kw).start()
+        started.append(gw)
+        return gw, backend
+
+    yield make
+    for gw in started:
+        gw.stop()
+
+
+def oa(gw, sid):
+    return openai.OpenAI(base_url=f"{gw.url}/v1", api_key=sid, max_retries=0, timeout=60)
+
+
+def an(gw, sid):
+    return anthropic.Anthropic(base_url=gw.url, api_key=sid, max_retries=0, timeout=60)
+
+
+def chat_episode(gw, sid):
+    c = oa(gw, sid)
+    tools = [{"type": "function", "function": WEATHER}]
+    msgs = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": USER}]
+    r1 = c.chat.completions.create(model="policy", messages=msgs, tools=tools)
+    m = r1.choices[0].message
+    assert r1.choices[0].finish_reason == "tool_calls" and m.content is None
+    (tc,) = m.tool_calls
+    assert (tc.function.name, json.loads(tc.function.arguments)) == ("get_weather", {"city": "Paris"})
+    msgs += [
+        {"role": "assistant", "content": None, "tool_calls": [tc.model_dump()]},
+        {"role": "tool", "tool_call_id": tc.id, "content": RESULT},
+    ]
+    r2 = c.chat.completions.create(model="policy", messages=msgs, tools=tools)
+    assert (r2.choices[0].finish_reason, r2.choices[0].message.content) == ("stop", FINAL)
+    return r1, r2
+
+
+def anthropic_episode(gw, sid):
+    a = an(gw, sid)
+    tools = [{"name": WEATHER["name"], "description": WEATHER["description"], "input_schema": WEATHER["parameters"]}]
+    msgs = [{"role": "user", "content": USER}]
+    r1 = a.messages.create(model="policy", max_tokens=256, system=SYSTEM, messages=msgs, tools=tools)
+    assert r1.stop_reason == "tool_use" and [b.type for b in r1.content] == ["tool_use"]
+    use = r1.content[0]
+    assert (use.name, use.input, use.id.startswith("toolu_")) == ("get_weather", {"city": "Paris"}, True)
+    msgs += [
+        {"role": "assistant", "content": [use.model_dump(exclude_none=True)]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id, "content": RESULT}]},
+    ]
+    r2 = a.messages.create(model="policy", max_tokens=256, system=SYSTEM, messages=msgs, tools=tools)
+    assert (r2.stop_reason, r2.content[0].text) == ("end_turn", FINAL)
+    return r1, r2
+
+
+def responses_episode(gw, sid):
+    c = oa(gw, sid)
+    tools = [{"type": "function", **WEATHER}]
+    inp = [{"role": "user", "content": USER}]
+    r1 = c.responses.create(model="policy", instructions=SYSTEM, input=inp, tools=tools)
+    (fc,) = r1.output
+    assert (fc.type, fc.name, json.loads(fc.arguments), r1.status) == (
+        "function_call",
+        "get_weather",
+        {"city": "Paris"},
+        "completed",
+    )
+    inp += [
+        {"type": "function_call", "call_id": fc.call_id, "name": fc.name, "arguments": fc.arguments},
+        {"type": "function_call_output", "call_id": fc.call_id, "output": RESULT},
+    ]
+    r2 = c.responses.create(model="policy", instructions=SYSTEM, input=inp, tools=tools)
+    assert r2.output_text == FINAL
+    return r1, r2
+
+
+def expected_mask(calls) -> list[int]:
+    """Mask of a CLEAN chain of engine calls: outputs 1, everything between them 0."""
+    mask, held = [], len(calls[0].prompt_ids)
+    for c in calls:
+        mask += [0] * (len(c.prompt_ids) - held) + [1] * len(c.output.token_ids)
+        held = len(c.prompt_ids) + len(c.output.token_ids)
+    return mask
+
+
+@pytest.mark.parametrize("template", list(TEMPLATES))
+def test_tool_conversation_is_token_exact(gateway, tok, template):
+    """[system, user, assistant(tool call), tool result, assistant]: the sample is exactly what the engine saw and
+    is trained exactly on the two assistant outputs, end-of-turn tokens included."""
+    gw, backend = gateway([CALL, FINAL], TEMPLATES[template])
+    gw.open_session("sk-a")
+    chat_episode(gw, "sk-a")
+    (s,) = gw.close_session("sk-a", Sample(group_index=2, index=3, prompt=USER), reward=1.0)
+    c1, c2 = backend.calls
+    p1, o1, p2, o2 = c1.prompt_ids, c1.output.token_ids, c2.prompt_ids, c2.output.token_ids
+    assert p2[: len(p1) + len(o1)] == p1 + o1  # the second prompt extends the first turn exactly
+    assert s.tokens == p2 + o2 and s.prompt_length == len(p1)
+    assert s.loss_mask == [1] * len(o1) + [0] * (len(p2) - len(p1) - len(o1)) + [1] * len(o2)
+    assert o1[-1] == o2[-1] == tok.eos_token_id
+    assert tok.decode(o1) == CALL + "<|im_end|>" and tok.decode(o2) == FINAL + "<|im_end|>"
+    assert s.rollout_log_probs == [-0.5] * len(o1) + [0.0] * (len(p2) - len(p1) - len(o1)) + [-0.5] * len(o2)
+    assert (s.reward, s.status, s.group_index, s.index) == (1.0, Status.COMPLETED, 2, 3)
+    assert s.metadata["trajectory"]["drift"] == {"new": 1, "clean": 1, "realign": 0, "fork": 0}
+    tools_prompt = HermesToolParser().tools_prompt([tool_schema(WEATHER)])
+    if template == "qwen25":  # a template with tool support renders exactly as transformers does
+        ref = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": USER}]
+        text = tok.apply_chat_template(
+            ref,
+            tools=[{"type": "function", "function": WEATHER}],
+            tokenize=False,
+            chat_template=TEMPLATES[template],
+            add_generation_prompt=True,
+        )
+        assert tok.decode(p1) == text
+    else:  # the Hermes tool list is appended to the system prompt
+        assert tok.decode(p1) == (
+            f"<|im_start|>system\n{SYSTEM}\n\n{tools_prompt}<|im_end|>\n"
+            f"<|im_start|>user\n{USER}<|im_end|>\n<|im_start|>assistant\n"
+        )
+    # all three: the tool result comes back as a user turn in <tool_response> tags
+    assert tok.decode(p2[len(p1) + len(o1) :]) == (
+        "\n<|im_start|>user\n<tool_response>\nsunny, 21 C\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+    )
+    check_token_exact([s], [_turn(c) for c in backend.calls])
+
+
+def _turn(call):
+    from vime_core.agent.trajectory import TurnRecord
+
+    o = call.output
+    return TurnRecord(call.prompt_ids, o.token_ids, o.log_probs, [int(v) for v in o.weight_versions], o.finish_reason)
+
+
+def test_the_three_apis_give_identical_samples(gateway):
+    script = {sid: [CALL, FINAL] for sid in ("sk-chat", "sk-anthropic", "sk-responses")}
+    gw, backend = gateway(script, TEMPLATES["qwen25"])
+    samples = {}
+    for sid, episode in (
+        ("sk-chat", chat_episode),
+        ("sk-anthropic", anthropic_episode),
+        ("sk-responses", responses_episode),
+    ):
+        gw.open_session(sid)
+        episode(gw, sid)
+        (samples[sid],) = gw.close_session(sid, Sample(prompt=USER), reward=0.0)
+    ref = samples["sk-chat"]
+    for s in samples.values():
+        assert (s.tokens, s.loss_mask, s.prompt_length) == (ref.tokens, ref.loss_mask, ref.prompt_length)
+    assert len({s.rollout_id for s in samples.values()}) == 3
+    assert ref.tokens == backend.calls[1].prompt_ids + backend.calls[1].output.token_ids
+
+
+def test_streaming_responses_match_non_streaming(gateway, tok):
+    script = {"*": [CALL, FINAL]}
+    gw, _ = gateway(script, TEMPLATES["qwen25"])
+    tools = [{"name": "get_weather", "description": "w", "input_schema": WEATHER["parameters"]}]
+    for sid in ("s1", "s2", "s3"):
+        gw.open_session(sid)
+        backend_script = gw.backend.script
+        backend_script[sid] = [CALL, FINAL]
+    a = an(gw, "s1")
+    with a.messages.stream(
+        model="policy", max_tokens=64, messages=[{"role": "user", "content": USER}], tools=tools
+    ) as stream:
+        events = [e.type for e in stream]
+        msg = stream.get_final_message()
+    assert events[0] == "message_start" and events[-1] == "message_stop"
+    assert msg.stop_reason == "tool_use" and msg.content[0].input == {"city": "Paris"}
+    assert msg.usage.output_tokens == len(tok(CALL, add_special_tokens=False)["input_ids"]) + 1
+    c = oa(gw, "s2")
+    chunks = list(
+        c.chat.completions.create(
+            model="policy",
+            messages=[{"role": "user", "content": USER}],
+            tools=[{"type": "function", "function": WEATHER}],
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
+    deltas = [tc for ch in chunks if ch.choices for tc in (ch.choices[0].delta.tool_calls or [])]
+    assert [(d.function.name, json.loads(d.function.arguments)) for d in deltas] == [
+        ("get_weather", {"city": "Paris"})
+    ]
+    assert chunks[-2].choices[0].finish_reason == "tool_calls" and chunks[-1].usage.completion_tokens > 0
+    c = oa(gw, "s3")
+    with c.responses.stream(model="policy", input=USER, tools=[{"type": "function", **WEATHER}]) as stream:
+        kinds = [e.type for e in stream]
+        final = stream.get_final_response()
+    assert kinds[:2] == ["response.created", "response.in_progress"] and kinds[-1] == "response.completed"
+    assert [o.type for o in final.output] == ["function_call"] and final.output[0].name == "get_weather"
+    r2 = c.responses.create(
+        model="policy",
+        previous_response_id=final.id,
+        tools=[{"type": "function", **WEATHER}],
+        input=[{"type": "function_call_output", "call_id": final.output[0].call_id, "output": RESULT}],
+    )
+    assert r2.output_text == FINAL
+    for sid in ("s1", "s2"):
+        gw.drop_session(sid)
+    (s,) = gw.close_session("s3", Sample())
+    assert s.metadata["trajectory"]["drift"]["clean"] == 1  # previous_response_id rebuilt the same history
+
+
+# -- drift ----------------------------------------------------------------------------------------------------------
+def _two_turns(gw, sid, first_reply_as_resent: str, *, second_user="And tomorrow?"):
+    c = oa(gw, sid)
+    msgs = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": USER}]
+    c.chat.completions.create(model="policy", messages=msgs)
+    msgs += [{"role": "assistant", "content": first_reply_as_resent}, {"role": "user", "content": second_user}]
+    c.chat.completions.create(model="policy", messages=msgs)
+    msgs += [{"role": "assistant", "content": "Rain."}, {"role": "user", "content": "Thanks."}]
+    c.chat.completions.create(model="policy", messages=msgs)
+
+
+def test_drift_changed_whitespace_realigns_at_the_divergence(gateway, tok):
+    gw, backend = gateway({"w": ["Sunny today.  \n\n", "Rain.", "Bye."]})
+    gw.open_session("w")
+    _two_turns(gw, "w", "Sunny today.")  # the client trims the reply it re-sends
+    placements = [p.kind for p in gw._sessions["w"].placements]
+    samples = gw.close_session("w", Sample())
+    assert placements == [Drift.NEW, Drift.REALIGN, Drift.CLEAN]
+    (s,) = samples
+    c1, c2, c3 = backend.calls
+    o1 = c1.output.token_ids
+    kept = len(tok("Sunny today.", add_special_tokens=False)["input_ids"])
+    assert tok.decode(o1[:kept]) == "Sunny today." and c2.prompt_ids[: len(c1.prompt_ids) + kept] == (
+        c1.prompt_ids + o1[:kept]
+    )
+    assert s.metadata["trajectory"]["realign_dropped_tokens"] == len(o1) - kept  # whitespace + <|im_end|>
+    assert s.tokens == c3.prompt_ids + c3.output.token_ids
+    assert s.loss_mask == (
+        [1] * kept + [0] * (len(c2.prompt_ids) - len(c1.prompt_ids) - kept) + expected_mask([c2, c3])
+    )
+    check_token_exact([s], [_turn(c) for c in backend.calls])
+
+
+def test_drift_dropped_thinking_forks(gateway):
+    think = "<think>\n" + "Paris is in France; weather is sunny there today. " * 4 + "\n</think>\n\n"
+    gw, backend = gateway({"t": [think + "Sunny today.", "Rain.", "Bye."]})
+    gw.open_session("t")
+    _two_turns(gw, "t", "Sunny today.")  # history re-sent without the thinking (as Qwen3 templates do)
+    s0, s1 = gw.close_session("t", Sample(), reward=1.0)
+    c1, c2, c3 = backend.calls
+    assert s0.tokens == c1.prompt_ids + c1.output.token_ids and s0.loss_mask == [1] * len(c1.output.token_ids)
+    assert s1.tokens == c3.prompt_ids + c3.output.token_ids and s1.prompt_length == len(c2.prompt_ids)
+    assert s1.loss_mask == expected_mask([c2, c3])
+    assert s0.rollout_id == s1.rollout_id and s0.reward == s1.reward == 1.0
+    assert [s.metadata["trajectory"]["turns"] for s in (s0, s1)] == [[0], [1, 2]]
+    check_token_exact([s0, s1], [_turn(c) for c in backend.calls])
+
+
+def test_drift_short_dropped_thinking_within_the_bound_realigns(gateway):
+    gw, backend = gateway({"t": ["<think>ok</think>Sunny.", "Rain.", "Bye."]}, max_realign_tokens=64)
+    gw.open_session("t")
+    _two_turns(gw, "t", "Sunny.")
+    (s,) = gw.close_session("t", Sample())
+    c1, c2, c3 = backend.calls
+    assert s.metadata["trajectory"]["drift"]["realign"] == 1
+    assert s.metadata["trajectory"]["realign_dropped_tokens"] == len(c1.output.token_ids)  # all of turn 1 (bounded)
+    assert s.tokens == c3.prompt_ids + c3.output.token_ids and s.prompt_length == len(c1.prompt_ids)
+    check_token_exact([s], [_turn(c) for c in backend.calls])
+
+
+@pytest.mark.parametrize(
+    "separator,bound,kind", [("\n", 16, Drift.CLEAN), ("\n\n", 16, Drift.FORK), ("\n\n", 64, Drift.REALIGN)]
+)
+def test_drift_parallel_tool_calls(gateway, tok, separator, bound, kind):
+    """Two calls in one turn, two results in one user turn. The template joins calls with one newline: a model that
+    wrote a blank line between them drifts after the first call."""
+    paris, tokyo = CALL, CALL.replace("Paris", "Tokyo")
+    gw, backend = gateway(
+        {"p": [paris + separator + tokyo, "Sunny in Paris, rain in Tokyo."]},
+        TEMPLATES["qwen25"],
+        max_realign_tokens=bound,
+    )
+    gw.open_session("p")
+    c = oa(gw, "p")
+    tools = [{"type": "function", "function": WEATHER}]
+    msgs = [{"role": "user", "content": "Weather in Paris and Tokyo?"}]
+    r1 = c.chat.completions.create(model="policy", messages=msgs, tools=tools)
+    calls = r1.choices[0].message.tool_calls
+    assert [json.loads(x.function.arguments)["city"] for x in calls] == ["Paris", "Tokyo"]
+    msgs += [
+        {"role": "assistant", "content": None, "tool_calls": [x.model_dump() for x in calls]},
+        {"role": "tool", "tool_call_id": calls[0].id, "content": "sunny"},
+        {"role": "tool", "tool_call_id": calls[1].id, "content": "rain"},
+    ]
+    c.chat.completions.create(model="policy", messages=msgs, tools=tools)
+    assert gw._sessions["p"].placements[1].kind is kind
+    samples = gw.close_session("p", Sample())
+    c1, c2 = backend.calls
+    assert tok.decode(c2.prompt_ids).endswith(
+        "<tool_response>\nsunny\n</tool_response>\n<tool_response>\nrain\n</tool_response><|im_end|>\n"
+        "<|im_start|>assistant\n"
+    )
+    assert samples[-1].tokens == c2.prompt_ids + c2.output.token_ids
+    assert len(samples) == (2 if kind is Drift.FORK else 1)
+    if kind is Drift.REALIGN:
+        kept = len(tok(paris + "\n", add_special_tokens=False)["input_ids"])
+        assert samples[0].metadata["trajectory"]["realign_dropped_tokens"] == len(c1.output.token_ids) - kept
+    check_token_exact(samples, [_turn(c) for c in backend.calls])
+
+
+# -- limits, errors, sessions ---------------------------------------------------------------------------------------
+def test_max_tokens_truncation_is_recorded_but_not_trained(gateway):
+    gw, backend = gateway({"m": ["A long answer that will not fit."]})
+    gw.open_session("m", sampling_params={"temperature": 0.7, "max_tokens": 4})
+    a = an(gw, "m")
+    r = a.messages.create(
+        model="policy", max_tokens=100, messages=[{"role": "user", "content": "Hi"}], extra_body={"temperature": 0.1}
+    )
+    assert (r.stop_reason, r.usage.output_tokens) == ("max_tokens", 4)
+    assert backend.calls[0].sampling_params == {"temperature": 0.7, "max_tokens": 4}  # the session's wins
+    (s,) = gw.close_session("m", Sample())
+    assert (s.status, s.remove_sample, s.loss_mask) == (Status.TRUNCATED, True, [0, 0, 0, 0])
+    assert s.metadata["trajectory"]["truncated_turns"] == [0]
+
+
+def test_ill_formed_tool_call_is_returned_as_text_and_not_trained(gateway):
+    bad = '<tool_call>\n{"name": "get_weather", "arguments": {"city": Paris}}\n</tool_call>'
+    gw, _ = gateway({"i": [bad]})
+    gw.open_session("i")
+    r = oa(gw, "i").chat.completions.create(
+        model="policy", messages=[{"role": "user", "content": USER}], tools=[{"type": "function", "function": WEATHER}]
+    )
+    assert (r.choices[0].finish_reason, r.choices[0].message.content) == ("stop", bad)
+    (s,) = gw.close_session("i", Sample())
+    assert s.remove_sample and s.metadata["trajectory"]["ill_formed_turns"] == [0]
+
+
+def test_errors_unknown_session_abort_and_count_tokens(gateway):
+    gw, backend = gateway({"e": [ScriptedTurn("partial", finish_reason="abort"), "Fine."]})
+    with pytest.raises(openai.AuthenticationError):
+        oa(gw, "nobody").chat.completions.create(model="policy", messages=[{"role": "user", "content": "hi"}])
+    with pytest.raises(anthropic.AuthenticationError):
+        an(gw, "nobody").messages.create(model="policy", max_tokens=8, messages=[{"role": "user", "content": "hi"}])
+    gw.open_session("e")
+    a = an(gw, "e")
+    with pytest.raises(anthropic.InternalServerError) as err:  # 529 overloaded: agents retry
+        a.messages.create(model="policy", max_tokens=8, messages=[{"role": "user", "content": "hi"}])
+    assert err.value.status_code == 529
+    r = a.messages.create(model="policy", max_tokens=8, messages=[{"role": "user", "content": "hi"}])
+    assert r.content[0].text == "Fine."
+    n = a.messages.count_tokens(model="policy", messages=[{"role": "user", "content": "hi"}])
+    assert n.input_tokens == len(backend.calls[1].prompt_ids)
+    (s,) = gw.close_session("e", Sample())
+    assert s.metadata["session_turns"] == 1 and s.metadata["gateway_errors"] == 1  # the abort was not recorded
+    with pytest.raises(anthropic.AuthenticationError):  # closed
+        a.messages.create(model="policy", max_tokens=8, messages=[{"role": "user", "content": "hi"}])
+    with pytest.raises(ValueError, match="already open"):
+        gw.open_session("x")
+        gw.open_session("x")
+    assert oa(gw, "x").models.list().data[0].id == "vime-policy"
+
+
+def test_concurrent_sessions_stay_separate(gateway, tok):
+    sids = [f"agent-{i}" for i in range(6)]
+    gw, backend = gateway({sid: [f"{sid} turn 1", f"{sid} turn 2"] for sid in sids})
+    for sid in sids:
+        gw.open_session(sid)
+    errors: list[BaseException] = []
+
+    def run(sid: str) -> None:
+        try:
+            c = oa(gw, sid)
+            msgs = [{"role": "user", "content": f"I am {sid}"}]
+            r = c.chat.completions.create(model="policy", messages=msgs)
+            msgs += [
+                {"role": "assistant", "content": r.choices[0].message.content},
+                {"role": "user", "content": "again"},
+            ]
+            c.chat.completions.create(model="policy", messages=msgs, stream=True).close()
+        except BaseException as e:  # noqa: BLE001
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(sid,)) for sid in sids]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors
+    for sid in sids:
+        (s,) = gw.close_session(sid, Sample())
+        assert tok.decode(s.tokens) == (
+            f"<|im_start|>user\nI am {sid}<|im_end|>\n<|im_start|>assistant\n"
+            f"{sid} turn 1<|im_end|>\n<|im_start|>user\nagain<|im_end|>\n"
+            f"<|im_start|>assistant\n{sid} turn 2<|im_end|>"
+        )
+        assert s.metadata["trajectory"]["drift"]["clean"] == 1

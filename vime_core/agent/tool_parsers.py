@@ -1,0 +1,315 @@
+"""Tool-call parsers: model text ⇄ structured tool calls, chosen by name and pluggable.
+
+A parser knows one tool-call *format* a model was trained on. It parses a model turn into content + calls
+(:meth:`ToolParser.parse`), and for chat templates that have no tool support of their own it also writes the format
+back: the tool list for the system prompt (:meth:`ToolParser.tools_prompt`), calls inside an assistant message
+(:meth:`ToolParser.format_calls`) and tool results (:meth:`ToolParser.format_results`).
+
+Built in:
+
+* ``hermes`` (alias ``qwen``): ``<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`` blocks, as in
+  Hermes-2-Pro and Qwen2.5/Qwen3 chat templates (tools in ``<tools></tools>``, results in
+  ``<tool_response></tool_response>``).
+* ``openai`` (alias ``json``): the whole turn is a JSON tool call in the OpenAI tools schema — one object or a list
+  of ``{"type": "function", "function": {"name", "arguments"}}``, ``{"name", "arguments"}`` or
+  ``{"name", "parameters"}``, optionally wrapped as ``{"tool_calls": [...]}`` (Llama-3.x style JSON tool calling).
+
+More parsers: :func:`register_tool_parser` (``register_tool_parser("mine", MyParser)``), or a dotted path
+``pkg.mod:MyParser`` wherever a parser name is accepted (``--multi-turn-tool-parser``, the gateway's
+``tool_parser``).
+
+Sources: Hermes function-calling format (NousResearch/Hermes-Function-Calling), the Qwen2.5 chat template, vLLM's
+``hermes`` and ``llama3_json`` tool parsers, OpenAI's Chat Completions ``tools``/``tool_calls`` schema.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import re
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+
+@dataclass
+class ToolCall:
+    """One parsed tool call.
+
+    :ivar name: the function name.
+    :ivar arguments: the decoded JSON arguments (always a dict; a JSON string of an object is decoded).
+    :ivar id: a call id (generated when the format has none: ``call_<24 hex>``).
+    """
+
+    name: str
+    arguments: dict[str, Any]
+    id: str = field(default_factory=lambda: new_call_id())
+
+    def arguments_json(self) -> str:
+        """``arguments`` as the JSON string the OpenAI APIs carry (``json.dumps`` defaults: ``", "``/``": "``)."""
+        return json.dumps(self.arguments, ensure_ascii=False)
+
+
+@dataclass
+class ParseResult:
+    """What a parser found in one model turn.
+
+    :ivar content: the text outside tool calls (``""`` if none); for turns with calls it is stripped of surrounding
+        whitespace (templates put their own separators around calls).
+    :ivar tool_calls: the calls, in order.
+    :ivar ill_formed: the turn tried to call a tool but the call could not be parsed (bad JSON, missing name,
+        unclosed tag). The broken text stays in ``content``.
+    :ivar errors: one message per ill-formed call.
+    """
+
+    content: str
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    ill_formed: bool = False
+    errors: list[str] = field(default_factory=list)
+
+
+def new_call_id() -> str:
+    """A fresh tool-call id, ``call_`` + 24 hex digits."""
+    return "call_" + uuid.uuid4().hex[:24]
+
+
+def _call_from_obj(obj: Any) -> ToolCall:
+    """A :class:`ToolCall` from one decoded JSON object in any of the accepted shapes.
+
+    :raises ValueError: if it has no string ``name`` or its arguments are not an object.
+    """
+    if not isinstance(obj, dict):
+        raise ValueError(f"a tool call must be a JSON object, got {type(obj).__name__}")
+    call_id = obj.get("id") if isinstance(obj.get("id"), str) else None
+    if isinstance(obj.get("function"), dict):  # OpenAI {"type": "function", "function": {...}}
+        obj = obj["function"]
+    name = obj.get("name")
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"tool call without a name: {json.dumps(obj)[:200]}")
+    args = obj.get("arguments", obj.get("parameters", {}))
+    if isinstance(args, str):
+        args = json.loads(args) if args.strip() else {}
+    if args is None:
+        args = {}
+    if not isinstance(args, dict):
+        raise ValueError(f"tool call {name!r}: arguments must be a JSON object, got {type(args).__name__}")
+    return ToolCall(name=name, arguments=args, id=call_id or new_call_id())
+
+
+def tool_schema(tool: dict[str, Any]) -> dict[str, Any]:
+    """Normalise a tool definition to ``{"name", "description", "parameters"}``.
+
+    Accepts the OpenAI Chat shape ``{"type": "function", "function": {...}}``, the Responses/flat shape
+    ``{"name", "description", "parameters"}`` and the Anthropic shape ``{"name", "description", "input_schema"}``.
+
+    :raises ValueError: if there is no name.
+    """
+    fn = tool.get("function") if isinstance(tool.get("function"), dict) else tool
+    name = fn.get("name")
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"tool without a name: {tool!r:.200}")
+    params = fn.get("parameters", fn.get("input_schema")) or {"type": "object", "properties": {}}
+    return {"name": name, "description": fn.get("description") or "", "parameters": params}
+
+
+class ToolParser:
+    """Base class of tool-call parsers. Subclasses set :attr:`name` and implement :meth:`parse`,
+    :meth:`format_calls`, :meth:`tools_prompt` and :meth:`format_results`."""
+
+    name: ClassVar[str] = ""
+
+    def parse(self, text: str) -> ParseResult:
+        """Split a model turn (special tokens already removed) into content and tool calls. Never raises."""
+        raise NotImplementedError
+
+    def format_calls(self, calls: list[ToolCall]) -> str:
+        """The text a model of this format writes for ``calls`` (used when the chat template has no tool support)."""
+        raise NotImplementedError
+
+    def tools_prompt(self, tools: list[dict[str, Any]]) -> str:
+        """System-prompt text that describes ``tools`` (normalised by :func:`tool_schema`) in this format."""
+        raise NotImplementedError
+
+    def format_results(self, results: list[str]) -> str:
+        """The user-turn text carrying consecutive tool results (in call order)."""
+        raise NotImplementedError
+
+    def call_prefix(self, name: str) -> str:
+        """The text of one call up to its arguments object (as :meth:`format_calls` writes it)."""
+        raise NotImplementedError
+
+    def call_suffix(self) -> str:
+        """The text of one call after its arguments object."""
+        raise NotImplementedError
+
+    def call_grammar(self, tools: list[dict[str, Any]]) -> str | None:
+        """A grammar for exactly one call to one of ``tools``, written as :meth:`format_calls` writes it.
+
+        For vLLM's ``structured_outputs={"grammar": ...}`` (xgrammar EBNF): forces a tool call the way an API's
+        ``tool_choice`` = required / a named tool does. Arguments follow each tool's JSON schema with ``", "`` and
+        ``": "`` separators (``json.dumps``'s, which templates' ``tojson`` also uses), so the re-rendered call
+        matches the sampled text exactly.
+
+        :param tools: normalised schemas (:func:`tool_schema`), at least one.
+        :return: the grammar text, or ``None`` when ``xgrammar`` is not installed.
+        """
+        try:
+            import xgrammar as xg
+        except ImportError:
+            return None
+        alts = []
+        for t in tools:
+            try:
+                args = xg.Grammar.from_json_schema(json.dumps(t["parameters"]), any_whitespace=False)
+            except Exception:  # noqa: BLE001 - a schema xgrammar cannot compile: any JSON object then
+                args = xg.Grammar.from_json_schema(json.dumps({"type": "object"}), any_whitespace=False)
+            pre = xg.Grammar.from_ebnf("root ::= " + json.dumps(self.call_prefix(t["name"]), ensure_ascii=False))
+            post = xg.Grammar.from_ebnf("root ::= " + json.dumps(self.call_suffix(), ensure_ascii=False))
+            alts.append(xg.Grammar.concat(pre, args, post))
+        return str(alts[0] if len(alts) == 1 else xg.Grammar.union(*alts))
+
+
+class HermesToolParser(ToolParser):
+    """``<tool_call>{json}</tool_call>`` blocks (Hermes / Qwen2.5 / Qwen3)."""
+
+    name = "hermes"
+    START, END = "<tool_call>", "</tool_call>"
+    _BLOCK = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
+
+    def parse(self, text: str) -> ParseResult:
+        if self.START not in text:
+            return ParseResult(content=text)
+        calls: list[ToolCall] = []
+        errors: list[str] = []
+        kept: list[str] = []
+        pos = 0
+        for m in self._BLOCK.finditer(text):
+            kept.append(text[pos : m.start()])
+            try:
+                calls.append(_call_from_obj(json.loads(m.group(1).strip())))
+            except (ValueError, json.JSONDecodeError) as e:
+                errors.append(f"{type(e).__name__}: {e}")
+                kept.append(m.group(0))  # an unparseable block stays visible as text
+            pos = m.end()
+        rest = text[pos:]
+        if self.START in rest:
+            errors.append("unclosed <tool_call>")
+        kept.append(rest)
+        content = "".join(kept)
+        return ParseResult(
+            content=content.strip() if calls else content, tool_calls=calls, ill_formed=bool(errors), errors=errors
+        )
+
+    def format_calls(self, calls: list[ToolCall]) -> str:
+        return "\n".join(self.call_prefix(c.name) + c.arguments_json() + self.call_suffix() for c in calls)
+
+    def call_prefix(self, name: str) -> str:
+        return f'{self.START}\n{{"name": {json.dumps(name, ensure_ascii=False)}, "arguments": '
+
+    def call_suffix(self) -> str:
+        return f"}}\n{self.END}"
+
+    def tools_prompt(self, tools: list[dict[str, Any]]) -> str:
+        lines = "\n".join(json.dumps({"type": "function", "function": t}, ensure_ascii=False) for t in tools)
+        return (
+            "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+            "You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n"
+            f"{lines}\n</tools>\n\n"
+            "For each function call, return a json object with function name and arguments within "
+            "<tool_call></tool_call> XML tags:\n<tool_call>\n"
+            '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>'
+        )
+
+    def format_results(self, results: list[str]) -> str:
+        return "\n".join(f"<tool_response>\n{r}\n</tool_response>" for r in results)
+
+
+class OpenAIJsonToolParser(ToolParser):
+    """A turn that is (only) JSON in the OpenAI tools schema is a tool call; anything else is text."""
+
+    name = "openai"
+
+    def parse(self, text: str) -> ParseResult:
+        body = text.strip()
+        if not body or body[0] not in "{[":
+            return ParseResult(content=text)
+        try:
+            obj = json.loads(body)
+        except json.JSONDecodeError as e:
+            return ParseResult(content=text, ill_formed=True, errors=[f"JSONDecodeError: {e}"])
+        if isinstance(obj, dict) and isinstance(obj.get("tool_calls"), list):
+            obj = obj["tool_calls"]
+        items = obj if isinstance(obj, list) else [obj]
+        if isinstance(obj, dict) and "name" not in obj and "function" not in obj:
+            return ParseResult(content=text)  # a JSON answer, not a call
+        try:
+            return ParseResult(content="", tool_calls=[_call_from_obj(o) for o in items])
+        except (ValueError, json.JSONDecodeError) as e:
+            return ParseResult(content=text, ill_formed=True, errors=[f"{type(e).__name__}: {e}"])
+
+    def format_calls(self, calls: list[ToolCall]) -> str:
+        objs = [{"name": c.name, "arguments": c.arguments} for c in calls]
+        return json.dumps(objs[0] if len(objs) == 1 else objs, ensure_ascii=False)
+
+    def call_prefix(self, name: str) -> str:
+        return f'{{"name": {json.dumps(name, ensure_ascii=False)}, "arguments": '
+
+    def call_suffix(self) -> str:
+        return "}"
+
+    def tools_prompt(self, tools: list[dict[str, Any]]) -> str:
+        lines = "\n".join(json.dumps({"type": "function", "function": t}, ensure_ascii=False) for t in tools)
+        return (
+            "You have access to the following functions:\n"
+            f"{lines}\n\n"
+            "To call a function, reply with only a JSON object of the form "
+            '{"name": <function-name>, "arguments": <args-json-object>} (a JSON list of them for several calls).'
+        )
+
+    def format_results(self, results: list[str]) -> str:
+        return "\n".join(results)
+
+
+_PARSERS: dict[str, type[ToolParser]] = {
+    "hermes": HermesToolParser,
+    "qwen": HermesToolParser,
+    "openai": OpenAIJsonToolParser,
+    "json": OpenAIJsonToolParser,
+}
+
+
+def register_tool_parser(name: str, cls: type[ToolParser]) -> None:
+    """Make ``cls`` available as ``name``.
+
+    :raises ValueError: if ``name`` is taken by another class.
+    """
+    old = _PARSERS.get(name)
+    if old is not None and old is not cls:
+        raise ValueError(f"tool parser {name!r} is already registered as {old.__module__}.{old.__qualname__}")
+    _PARSERS[name] = cls
+
+
+def available_tool_parsers() -> list[str]:
+    """Registered parser names, sorted."""
+    return sorted(_PARSERS)
+
+
+def get_tool_parser(name: str | ToolParser) -> ToolParser:
+    """A parser instance by registered name or ``pkg.mod:Class`` path (an instance is returned as is).
+
+    :raises ValueError: for an unknown name (the message lists the available ones) or a path that does not name a
+        :class:`ToolParser` subclass.
+    """
+    if isinstance(name, ToolParser):
+        return name
+    if name in _PARSERS:
+        return _PARSERS[name]()
+    if ":" in name:
+        mod, _, attr = name.partition(":")
+        obj = getattr(importlib.import_module(mod), attr)
+        if isinstance(obj, type) and issubclass(obj, ToolParser):
+            return obj()
+        raise ValueError(f"{name} is not a ToolParser subclass")
+    raise ValueError(
+        f"unknown tool parser {name!r}; available: {', '.join(available_tool_parsers())} (or a 'pkg.mod:Class' path)"
+    )

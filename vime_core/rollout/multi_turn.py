@@ -1,0 +1,336 @@
+"""The ``multi_turn`` generate function: a tool loop driven from token ids (``--generate multi_turn``).
+
+Per episode (one :class:`~vime_core.types.Sample`):
+
+1. The prompt is rendered with the chat template — with the tool schemas when ``--multi-turn-tool-prompt auto``
+   (default) and tools are configured; as the data gives it (:func:`~vime_core.rollout.generate.encode_prompt`)
+   with ``none`` — and tokenised once.
+2. Each model turn is generated from ``tokens`` (prompt + everything so far) through the router. Its tokens are
+   appended with ``loss_mask`` 1, the engine's log-probs and weight versions, **including the end-of-turn token the
+   model emitted**.
+3. The turn's text is parsed for tool calls (``--multi-turn-tool-parser``, default ``hermes``). No call → the
+   episode ends (``completed``). Otherwise every call runs (Python callables from ``--multi-turn-tools``, or a shell
+   command in a sandbox with ``--multi-turn-sandbox-tool``), and the results are appended as **non-trainable**
+   tokens (mask 0): the text the chat template puts between the model's end-of-turn and the next assistant
+   generation prompt (computed from the template itself, so it is correct for any template), tokenised once and sent
+   to the engine exactly as appended.
+4. Stop conditions: no tool call (``completed``); the engine stops on length (``truncated``) or aborts
+   (``aborted``); ``--multi-turn-max-turns`` model turns with a call still pending (``truncated``,
+   ``metadata["stop_reason"] = "max_turns"``); the response budget — ``sampling_params["max_tokens"]`` for the
+   whole response, model and tool tokens together, and ``--rollout-max-context-len`` — is used up (``truncated``).
+
+So ``tokens`` is exactly the last engine prompt plus its output, ``loss_mask`` is 1 exactly on the sampled tokens,
+and no token is ever re-tokenised. Tool failures (exceptions, timeouts, unknown tools, bad arguments) are returned to
+the model as ``"Error: ..."`` results; a sandbox infrastructure failure fails the sample (excluded, not scored 0).
+
+``metadata`` gains ``num_turns``, ``tool_calls`` (name, arguments, result preview per call), ``stop_reason`` and
+``ill_formed_turns`` (turns whose tool-call markup did not parse; they end the episode like a plain answer).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import functools
+import logging
+import uuid
+from pathlib import Path
+from typing import Any
+
+from vime_core.agent.apis import parse_chat
+from vime_core.agent.chat import ChatMessage, ChatRenderer
+from vime_core.agent.tool_parsers import ToolCall
+from vime_core.rollout.context import get_rollout_context
+from vime_core.rollout.generate import FINISH_TO_STATUS, encode_prompt
+from vime_core.rollout.tools import Tool, load_tools
+from vime_core.types import Sample, Status
+
+logger = logging.getLogger("vime.rollout")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The ``--multi-turn-*`` flags (added through ``vime_add_arguments`` by the built-in generate plugin)."""
+    g = parser.add_argument_group("multi_turn generate function (--generate multi_turn)")
+    g.add_argument(
+        "--multi-turn-tools",
+        nargs="*",
+        default=None,
+        metavar="SPEC",
+        help="tools: 'pkg.mod:obj' (callable, Tool, list or dict of them), a module that registers tools "
+        "with vime_core.rollout.tools.register_tool, or a registered name (default: all registered)",
+    )
+    g.add_argument(
+        "--multi-turn-tool-parser",
+        default="hermes",
+        help="tool-call format: hermes (alias qwen), openai (alias json), or 'pkg.mod:Class'",
+    )
+    g.add_argument("--multi-turn-max-turns", type=int, default=8, help="model turns per episode")
+    g.add_argument(
+        "--multi-turn-max-tokens-per-turn",
+        type=int,
+        default=None,
+        help="tokens per model turn (default: what is left of the response budget)",
+    )
+    g.add_argument("--multi-turn-tool-timeout", type=float, default=30.0, help="seconds per tool call")
+    g.add_argument(
+        "--multi-turn-max-tool-output-tokens",
+        type=int,
+        default=512,
+        help="a tool result longer than this (tokens) is cut and marked [truncated]",
+    )
+    g.add_argument(
+        "--multi-turn-tool-prompt",
+        choices=["auto", "none"],
+        default="auto",
+        help="auto: render the tool schemas into the prompt with the chat template (or the parser's "
+        "format when the template has no tool support); none: the prompt data describes the tools",
+    )
+    g.add_argument(
+        "--multi-turn-chat-template",
+        type=Path,
+        default=None,
+        help="a Jinja chat template file to use instead of the tokenizer's",
+    )
+    g.add_argument(
+        "--multi-turn-sandbox-tool",
+        default=None,
+        metavar="NAME",
+        help="also offer a shell tool NAME(command) that runs in a sandbox of --sandbox's backend "
+        "(one sandbox per episode)",
+    )
+
+
+def _opt(args: argparse.Namespace, name: str, default: Any) -> Any:
+    v = getattr(args, name, None)
+    return default if v is None else v
+
+
+@functools.lru_cache(maxsize=8)
+def _template_file(path: str) -> str:
+    return Path(path).read_text()
+
+
+_RENDERERS: dict[tuple[int, str | None, str], ChatRenderer] = {}
+
+
+def _renderer(tokenizer: Any, args: argparse.Namespace) -> ChatRenderer:
+    path = _opt(args, "multi_turn_chat_template", None)
+    parser = _opt(args, "multi_turn_tool_parser", "hermes")
+    key = (id(tokenizer), str(path) if path else None, parser)
+    r = _RENDERERS.get(key)
+    if r is None:
+        r = _RENDERERS[key] = ChatRenderer(
+            tokenizer, chat_template=_template_file(str(path)) if path else None, tool_parser=parser
+        )
+    return r
+
+
+@functools.lru_cache(maxsize=16)
+def _tools_for(specs: tuple[str, ...] | None) -> tuple[Tool, ...]:
+    return tuple(load_tools(list(specs) if specs is not None else None))
+
+
+def bridge_text(
+    renderer: ChatRenderer,
+    calls: list[ToolCall],
+    results: list[str],
+    tools: list[dict[str, Any]],
+    end_of_turn: str,
+    ended: bool,
+) -> str:
+    """The text between the model's turn and the next assistant generation prompt, from the template itself.
+
+    Renders ``[user, assistant(calls)]`` and ``[user, assistant(calls), tool results…]`` (+ generation prompt) and
+    takes what follows the assistant's ``end_of_turn`` marker; prefixed by the marker itself when the model did not
+    emit it (``ended`` False).
+
+    :raises ValueError: if the template does not render the two conversations with a common prefix.
+    """
+    base = [ChatMessage("user", "?"), ChatMessage("assistant", "", list(calls))]
+    full = base + [ChatMessage("tool", r, tool_call_id=c.id, name=c.name) for c, r in zip(calls, results, strict=True)]
+    t0 = renderer.render(base, tools or None, add_generation_prompt=False)
+    t1 = renderer.render(full, tools or None, add_generation_prompt=True)
+    k = t0.rfind(end_of_turn)
+    if k < 0 or t1[: k + len(end_of_turn)] != t0[: k + len(end_of_turn)]:
+        raise ValueError(f"cannot locate the assistant's end-of-turn {end_of_turn!r} in the rendered template")
+    tail = t1[k + len(end_of_turn) :]
+    return tail if ended else end_of_turn + tail
+
+
+async def _run_tool(tools: dict[str, Tool], call: ToolCall, timeout_s: float) -> str:
+    tool = tools.get(call.name)
+    if tool is None:
+        return f"Error: unknown tool {call.name!r}; available: {', '.join(sorted(tools))}"
+    try:
+        return await tool.call(call.arguments, timeout_s=timeout_s)
+    except TimeoutError:
+        return f"Error: {call.name} timed out after {timeout_s:g} s"
+    except TypeError as e:
+        return f"Error: bad arguments for {call.name}: {e}"
+    except Exception as e:  # noqa: BLE001 - a failing tool is information for the model, not a crash
+        if _is_sandbox_infra_error(e):
+            raise  # the sandbox itself failed: the sample fails (excluded), it is not the model's doing
+        return f"Error: {type(e).__name__}: {e}"
+
+
+def _is_sandbox_infra_error(e: BaseException) -> bool:
+    try:
+        from vime_core.sandbox.base import SandboxInfraError
+    except ImportError:  # the sandbox package is optional
+        return False
+    return isinstance(e, SandboxInfraError)
+
+
+def engine_versions(out: Any, fallback: int) -> list[int]:
+    """Per-token weight versions of an engine output: the engine's integer labels, else ``fallback`` for each
+    token (an engine that was never given a version reports ``"default"``)."""
+    n = len(out.token_ids)
+    try:
+        if out.weight_versions and len(out.weight_versions) == n:
+            return [int(v) for v in out.weight_versions]
+    except (TypeError, ValueError):
+        pass
+    return [int(fallback)] * n
+
+
+def _sandbox_tool(name: str, sandbox: Any, timeout_s: float) -> Tool:
+    async def run(command: str) -> str:
+        r = await sandbox.exec(command, timeout=timeout_s)
+        out = f"exit code: {r.exit_code}" + (" (timed out)" if r.timed_out else "")
+        if r.stdout:
+            out += f"\nstdout:\n{r.stdout}"
+        if r.stderr:
+            out += f"\nstderr:\n{r.stderr}"
+        return out
+
+    return Tool(
+        name,
+        run,
+        "Run a shell command in the sandbox and return its exit code, stdout and stderr.",
+        {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]},
+    )
+
+
+@contextlib.asynccontextmanager
+async def _episode_sandbox(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    """A sandbox for one episode when ``--multi-turn-sandbox-tool`` is set, else ``None``."""
+    if not _opt(args, "multi_turn_sandbox_tool", None):
+        yield None
+        return
+    backend = getattr(args, "sandbox", None)
+    if not backend:
+        raise ValueError("--multi-turn-sandbox-tool needs a sandbox backend (--sandbox NAME)")
+    from vime_core.plugins import get_plugins
+
+    cls = get_plugins().resolve("sandbox", backend)
+    async with cls.from_args(args) as sb:
+        yield sb
+
+
+def _truncate(renderer: ChatRenderer, text: str, max_tokens: int) -> str:
+    ids = renderer.encode(text)
+    if len(ids) <= max_tokens:
+        return text
+    return renderer.visible_text(ids[:max_tokens]) + "\n[truncated]"
+
+
+async def generate(args: argparse.Namespace, sample: Sample, sampling_params: dict[str, Any]) -> Sample:
+    """Run one tool-using episode (see the module docstring).
+
+    :param sampling_params: engine parameters; ``max_tokens`` is the budget of the whole response (model + tool
+        tokens).
+    :raises ValueError: on a misconfiguration (sandbox tool without ``--sandbox``, a template that cannot be
+        bridged).
+    """
+    ctx = get_rollout_context()
+    renderer = _renderer(ctx.tokenizer, args)
+    specs = _opt(args, "multi_turn_tools", None)
+    base_tools = list(_tools_for(tuple(specs) if specs is not None else None))
+    async with _episode_sandbox(args) as sb:
+        tools = list(base_tools)
+        if sb is not None:
+            tools.append(_sandbox_tool(args.multi_turn_sandbox_tool, sb, _opt(args, "multi_turn_tool_timeout", 30.0)))
+        return await _episode(args, sample, sampling_params, ctx, renderer, tools)
+
+
+async def _episode(
+    args: argparse.Namespace,
+    sample: Sample,
+    sampling_params: dict[str, Any],
+    ctx: Any,
+    renderer: ChatRenderer,
+    tools: list[Tool],
+) -> Sample:
+    by_name = {t.name: t for t in tools}
+    schemas = [t.schema() for t in tools]
+    if not sample.tokens:
+        if schemas and _opt(args, "multi_turn_tool_prompt", "auto") == "auto":
+            prompt = sample.prompt
+            chat = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
+            messages = parse_chat({"messages": chat}).messages  # OpenAI-style messages, tool calls included
+            sample.tokens = renderer.encode(renderer.render(messages, schemas))
+        else:
+            sample.tokens = encode_prompt(ctx.tokenizer, sample.prompt, getattr(args, "apply_chat_template", True))
+    params = dict(sampling_params)
+    budget = int(params.pop("max_tokens", None) or getattr(args, "rollout_max_response_len", 1024))
+    max_ctx = getattr(args, "rollout_max_context_len", None)
+    if max_ctx:
+        budget = min(budget, max_ctx - len(sample.tokens))
+    per_turn = _opt(args, "multi_turn_max_tokens_per_turn", None)
+    max_turns = int(_opt(args, "multi_turn_max_turns", 8))
+    timeout_s = float(_opt(args, "multi_turn_tool_timeout", 30.0))
+    max_tool_tokens = int(_opt(args, "multi_turn_max_tool_output_tokens", 512))
+    session_id = sample.metadata.get("session_id") or uuid.uuid4().hex
+    calls_log: list[dict[str, Any]] = sample.metadata.setdefault("tool_calls", [])
+    ill_formed: list[int] = sample.metadata.setdefault("ill_formed_turns", [])
+    pending: list[int] = []
+    pending_text = ""
+    status, stop_reason, turn = Status.TRUNCATED, "budget", 0
+    for turn in range(max_turns):  # noqa: B007 - the last value is reported
+        left = budget - sample.response_length - len(pending)
+        if left <= 0:
+            status, stop_reason = Status.TRUNCATED, "budget"
+            break
+        params["max_tokens"] = min(left, per_turn) if per_turn else left
+        out = await ctx.client.generate(sample.tokens + pending, params, session_id=session_id)
+        versions = engine_versions(out, ctx.weight_version)
+        if pending:  # the tool context the engine just read, tagged with the version that read it
+            sample.append_response_tokens(
+                pending,
+                trainable=False,
+                weight_version=min(versions) if versions else ctx.weight_version,
+                text=pending_text,
+            )
+            pending, pending_text = [], ""
+        ids = list(out.token_ids)
+        text = renderer.visible_text(ids)
+        sample.append_response_tokens(ids, trainable=True, log_probs=out.log_probs, weight_version=versions, text=text)
+        if out.finish_reason != "stop":
+            status, stop_reason = FINISH_TO_STATUS[out.finish_reason], out.finish_reason
+            break
+        parsed = renderer.parser.parse(text) if tools else None
+        if parsed is not None and parsed.ill_formed:
+            ill_formed.append(turn)
+        if parsed is None or not parsed.tool_calls:
+            status, stop_reason = Status.COMPLETED, "no_tool_call"
+            break
+        if turn == max_turns - 1:
+            status, stop_reason = Status.TRUNCATED, "max_turns"
+            break
+        results = []
+        for call in parsed.tool_calls:
+            result = _truncate(renderer, await _run_tool(by_name, call, timeout_s), max_tool_tokens)
+            results.append(result)
+            calls_log.append({"turn": turn, "name": call.name, "arguments": call.arguments, "result": result[:200]})
+        ended = bool(ids) and ids[-1] in renderer.special_ids
+        eot = renderer.decode([ids[-1]]) if ended else (ctx.tokenizer.eos_token or "")
+        pending_text = bridge_text(renderer, parsed.tool_calls, results, [t.schema() for t in tools], eot, ended)
+        pending = renderer.encode(pending_text)
+        if budget - sample.response_length - len(pending) <= 0:
+            status, stop_reason = Status.TRUNCATED, "budget"
+            pending = []
+            break
+    sample.status = status
+    sample.metadata["num_turns"] = turn + 1
+    sample.metadata["stop_reason"] = stop_reason
+    return sample
