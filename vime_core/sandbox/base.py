@@ -194,6 +194,33 @@ class CleanupReport:
         return {"backend": self.backend, "found": self.found, "removed": self.removed, "errors": self.errors}
 
 
+def sandbox_kwargs_from_args(args: Any) -> dict[str, Any]:
+    """``limits``, ``network`` and ``default_timeout_s`` from the generic flags ``--sandbox-cpus``,
+    ``--sandbox-memory-mb``, ``--sandbox-disk-mb``, ``--sandbox-pids``, ``--sandbox-wall-time``,
+    ``--sandbox-max-output-bytes``, ``--sandbox-network``, ``--sandbox-exec-timeout`` (0 = no limit); ``{}`` when
+    ``args`` is ``None`` or has none of them.
+    """
+    if args is None or not hasattr(args, "sandbox_cpus"):
+        return {}
+
+    def opt(name: str, scale: float = 1.0) -> Any:
+        value = getattr(args, name, None)
+        return None if not value else type(value)(value * scale) if scale != 1.0 else value
+
+    limits = SandboxLimits(
+        cpus=opt("sandbox_cpus"),
+        memory_bytes=opt("sandbox_memory_mb", 1 << 20),
+        disk_bytes=opt("sandbox_disk_mb", 1 << 20),
+        pids=opt("sandbox_pids"),
+        wall_time_s=opt("sandbox_wall_time"),
+        max_output_bytes=opt("sandbox_max_output_bytes") or SandboxLimits.max_output_bytes,
+    )
+    out: dict[str, Any] = {"limits": limits, "network": bool(getattr(args, "sandbox_network", False))}
+    if getattr(args, "sandbox_exec_timeout", None):
+        out["default_timeout_s"] = float(args.sandbox_exec_timeout)
+    return out
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Owner tokens: which process created a resource, and is it still alive?
 
@@ -290,8 +317,12 @@ class Sandbox(abc.ABC):
     # -- construction from `vime run` flags --------------------------------------------------------------------
     @classmethod
     def from_args(cls, args: Any, **kwargs: Any) -> Sandbox:
-        """Build a sandbox from ``vime run`` arguments (plugins read their ``--sandbox-NAME-*`` flags here)."""
-        return cls(**kwargs)
+        """Build a sandbox from ``vime run`` arguments: the generic ``--sandbox-*`` flags
+        (:func:`sandbox_kwargs_from_args`); backends add their own ``--sandbox-NAME-*`` flags. Keywords win.
+
+        :param args: the parsed ``vime run`` namespace, or ``None`` for the defaults.
+        """
+        return cls(**{**sandbox_kwargs_from_args(args), **kwargs})
 
     # -- lifecycle -----------------------------------------------------------------------------------------------
     async def __aenter__(self) -> Sandbox:

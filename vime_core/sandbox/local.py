@@ -359,10 +359,6 @@ class LocalSandbox(Sandbox):
         self._holder: asyncio.subprocess.Process | None = None
         self._procs: set[asyncio.subprocess.Process] = set()
 
-    @classmethod
-    def from_args(cls, args: Any, **kwargs: Any) -> LocalSandbox:
-        return cls(**kwargs)
-
     @property
     def mode(self) -> str:
         return self._host["mode"]

@@ -1,0 +1,384 @@
+"""``DockerSandbox``: one container per sandbox, through the ``docker`` SDK against a real dockerd.
+
+Each sandbox is a container of a local image (default ``vime-sandbox:bookworm``, built without any registry by
+:mod:`vime_sandbox_docker.image`) whose main process is ``sleep <wall time>`` under docker's init, so the daemon
+itself stops (and, with ``AutoRemove``, deletes) it at the wall-time limit even if vime is gone. Defaults:
+``--network none``, read-only root filesystem with a tmpfs ``/tmp`` and a volume on ``/workspace``, memory (no
+swap), CPU quota, pids limit, file-size and open-file ulimits, ``no-new-privileges``, and the labels
+``vime.sandbox=<id>``, ``vime.owner=<host:boot:pid:start>``, ``vime.backend=docker`` on the container and its
+volume. :meth:`DockerSandbox.cleanup` removes containers and volumes whose owner process is gone.
+
+Commands run through ``docker exec`` wrapped in ``/bin/sh``: coreutils ``timeout`` kills the command's process group
+at its timeout, and whatever the command left in its group is killed when it exits, so ``exec`` returns when the
+command does. The image needs ``/bin/sh``, coreutils, ``setsid``, ``tar`` and ``sleep``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import functools
+import math
+import socket
+import threading
+import time
+import uuid
+from typing import Any
+
+from vime_core.sandbox.base import (
+    BACKEND_LABEL,
+    LABEL,
+    OWNER_LABEL,
+    TIMEOUT_EXIT_CODE,
+    CleanupReport,
+    RawExecResult,
+    Sandbox,
+    SandboxExpiredError,
+    SandboxInfraError,
+    SandboxLimits,
+    owner_alive,
+    owner_token,
+    sandbox_kwargs_from_args,
+)
+
+DEFAULT_IMAGE = "vime-sandbox:bookworm"
+# $1 = timeout (s), $2 = pid file, rest = argv. The command gets its own process group (timeout's), is killed at
+# the timeout, and what it leaves in that group is killed when it exits; stdin is passed through fd 3.
+_WRAP = (
+    'exec 3<&0; t=$1; f=$2; shift 2; mkdir -p /tmp/.vime 2>/dev/null; timeout -s KILL "$t" "$@" <&3 & pid=$!; '
+    'echo $pid > "$f" 2>/dev/null; wait $pid 2>/dev/null; rc=$?; kill -9 -$pid 2>/dev/null; rm -f "$f"; exit $rc'
+)
+_API_VERSION: dict[str, str] = {}
+# docker-py is blocking: short calls run on this pool (not asyncio's small default one, which long-running exec
+# streams of many sandboxes would exhaust); each exec's output stream gets a thread of its own
+_POOL = concurrent.futures.ThreadPoolExecutor(max_workers=64, thread_name_prefix="vime-docker")
+
+
+async def _call(fn: Any, *args: Any, **kwargs: Any) -> Any:
+    return await asyncio.get_running_loop().run_in_executor(_POOL, functools.partial(fn, *args, **kwargs))
+
+
+def _in_thread(fn: Any) -> asyncio.Future:
+    """Run ``fn`` on a dedicated daemon thread; the returned future completes with its result."""
+    loop = asyncio.get_running_loop()
+    fut: asyncio.Future = loop.create_future()
+
+    def target() -> None:
+        try:
+            result = fn()
+        except BaseException as e:  # noqa: BLE001 - handed to the awaiting coroutine
+            loop.call_soon_threadsafe(lambda exc=e: fut.done() or fut.set_exception(exc))
+        else:
+            loop.call_soon_threadsafe(lambda: fut.done() or fut.set_result(result))
+
+    threading.Thread(target=target, daemon=True, name="vime-docker-exec").start()
+    return fut
+
+
+def docker_client(base_url: str | None = None, timeout_s: float = 120.0) -> Any:
+    """A ``docker.DockerClient`` for ``base_url`` (default: ``DOCKER_HOST`` or the local socket).
+
+    :raises docker.errors.DockerException: the daemon is unreachable.
+    """
+    import docker
+
+    key = base_url or ""
+    if key in _API_VERSION:
+        if base_url:
+            return docker.DockerClient(base_url=base_url, version=_API_VERSION[key], timeout=int(timeout_s))
+        return docker.from_env(version=_API_VERSION[key], timeout=int(timeout_s))
+    client = docker.DockerClient(base_url=base_url, timeout=int(timeout_s)) if base_url else docker.from_env(
+        timeout=int(timeout_s)
+    )
+    _API_VERSION[key] = client.api.api_version
+    return client
+
+
+class _Sink:
+    def __init__(self, limit: int) -> None:
+        self.limit, self.buf, self.total = limit, bytearray(), 0
+
+    def add(self, chunk: bytes) -> None:
+        room = self.limit - len(self.buf)
+        if room > 0:
+            self.buf += chunk[:room]
+        self.total += len(chunk)
+
+
+class DockerSandbox(Sandbox):
+    """A container per sandbox (see the module docstring).
+
+    :param image: image name; must exist locally (``vime-sandbox-docker build-image`` makes the default one).
+    :param limits: resource limits (``disk_bytes``: ``/tmp`` tmpfs size and the largest file, by ulimit ``fsize``).
+    :param network: attach the default bridge network instead of ``none``.
+    :param env: environment of every command.
+    :param default_timeout_s: default ``exec`` timeout in seconds.
+    :param read_only: read-only root filesystem (only ``/workspace`` and ``/tmp`` writable).
+    :param base_url: docker daemon address (default ``DOCKER_HOST`` or ``unix:///var/run/docker.sock``).
+    :param run_kwargs: extra ``containers.run`` keywords (e.g. ``runtime="runsc"``), applied last.
+    """
+
+    NAME = "docker"
+    capabilities = frozenset(
+        {"network_isolation", "resource_limits", "filesystem_isolation", "user", "detached", "wall_time", "reaper"}
+    )
+
+    def __init__(
+        self,
+        *,
+        image: str = DEFAULT_IMAGE,
+        limits: SandboxLimits | None = None,
+        network: bool = False,
+        env: dict[str, str] | None = None,
+        default_timeout_s: float = 300.0,
+        read_only: bool = True,
+        base_url: str | None = None,
+        run_kwargs: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__(limits=limits, network=network, env=env, default_timeout_s=default_timeout_s)
+        self.image = image
+        self.read_only = read_only
+        self.base_url = base_url
+        self.run_kwargs = dict(run_kwargs or {})
+        self.workspace = "/workspace"
+        self._client: Any = None
+        self._container: Any = None
+        self._lock = threading.Lock()
+
+    @classmethod
+    def from_args(cls, args: Any, **kwargs: Any) -> DockerSandbox:
+        """The generic ``--sandbox-*`` flags plus ``--sandbox-docker-image``, ``--sandbox-docker-host`` and
+        ``--sandbox-docker-writable-root`` (keywords win)."""
+        opts: dict[str, Any] = sandbox_kwargs_from_args(args)
+        if args is not None:
+            opts["image"] = getattr(args, "sandbox_docker_image", None) or DEFAULT_IMAGE
+            opts["base_url"] = getattr(args, "sandbox_docker_host", None)
+            opts["read_only"] = not getattr(args, "sandbox_docker_writable_root", False)
+        opts.update(kwargs)
+        return cls(**opts)
+
+    @property
+    def container_id(self) -> str | None:
+        return None if self._container is None else self._container.id
+
+    # -- lifecycle -----------------------------------------------------------------------------------------------
+    def _labels(self) -> dict[str, str]:
+        return {LABEL: self.sandbox_id, OWNER_LABEL: owner_token(), BACKEND_LABEL: self.NAME}
+
+    def _create_sync(self) -> None:
+        import docker
+        from docker.types import Mount, Ulimit
+
+        try:
+            self._client = docker_client(self.base_url)
+        except docker.errors.DockerException as e:
+            raise SandboxInfraError(f"docker daemon unreachable: {e}") from e
+        try:
+            self._client.images.get(self.image)
+        except docker.errors.ImageNotFound:
+            raise SandboxInfraError(
+                f"docker image {self.image!r} not found; build it with `vime-sandbox-docker build-image "
+                f"--tag {self.image}` (no registry needed)"
+            ) from None
+        lim = self.limits
+        labels = self._labels()
+        wall = "infinity" if lim.wall_time_s is None else str(math.ceil(lim.wall_time_s) + 1)
+        ulimits = [Ulimit(name="core", soft=0, hard=0)]
+        if lim.disk_bytes:
+            ulimits.append(Ulimit(name="fsize", soft=lim.disk_bytes, hard=lim.disk_bytes))
+        if lim.open_files:
+            ulimits.append(Ulimit(name="nofile", soft=lim.open_files, hard=lim.open_files))
+        tmp_size = f"size={lim.disk_bytes}" if lim.disk_bytes else "size=1g"
+        kwargs: dict[str, Any] = dict(
+            command=["sleep", wall],
+            detach=True,
+            name=self.sandbox_id,
+            hostname="sandbox",
+            labels=labels,
+            init=True,
+            auto_remove=True,
+            network_mode="bridge" if self.network else "none",
+            read_only=self.read_only,
+            tmpfs={"/tmp": f"{tmp_size},mode=1777"},
+            mounts=[Mount("/workspace", None, type="volume", labels=labels)],
+            working_dir=self.workspace,
+            environment={"HOME": self.workspace, "LANG": "C.UTF-8"},
+            ulimits=ulimits,
+            security_opt=["no-new-privileges"],
+            cap_drop=["NET_RAW", "MKNOD", "AUDIT_WRITE", "SETFCAP", "SYS_CHROOT"],
+        )
+        if lim.memory_bytes:
+            kwargs.update(mem_limit=lim.memory_bytes, memswap_limit=lim.memory_bytes)
+        if lim.cpus:
+            kwargs["nano_cpus"] = int(lim.cpus * 1e9)
+        if lim.pids:
+            kwargs["pids_limit"] = lim.pids
+        kwargs.update(self.run_kwargs)
+        with self._lock:
+            self._container = self._client.containers.run(self.image, **kwargs)
+
+    async def _create(self) -> None:
+        await _call(self._create_sync)
+
+    async def _destroy(self) -> None:
+        await _call(self._destroy_sync)
+
+    def _destroy_sync(self) -> None:
+        import docker
+
+        client = self._client
+        if client is None:
+            return
+        with self._lock:
+            try:
+                client.api.remove_container(self.sandbox_id, force=True, v=True)
+            except docker.errors.NotFound:
+                pass
+            except docker.errors.APIError as e:
+                if "already in progress" not in str(e) and e.status_code != 409:
+                    raise
+            # AutoRemove deletes the anonymous volume too; this catches the rest (e.g. removal raced)
+            for _ in range(50):
+                vols = client.volumes.list(filters={"label": f"{LABEL}={self.sandbox_id}"})
+                if not vols:
+                    break
+                for v in vols:
+                    with contextlib.suppress(docker.errors.NotFound, docker.errors.APIError):
+                        v.remove(force=True)
+                time.sleep(0.05)
+
+    # -- exec ----------------------------------------------------------------------------------------------------
+    async def _exec_raw(
+        self,
+        argv: list[str],
+        *,
+        stdin: bytes | None,
+        timeout: float,
+        env: dict[str, str],
+        cwd: str,
+        user: str | None,
+        max_output_bytes: int,
+    ) -> RawExecResult:
+        import docker
+        from docker.utils.socket import frames_iter
+
+        api = self._client.api
+        pid_file = f"/tmp/.vime/exec-{uuid.uuid4().hex[:12]}.pid"
+        cmd = ["/bin/sh", "-c", _WRAP, "sh", f"{timeout:.3f}", pid_file, *argv]
+        try:
+            exec_id = (
+                await _call(
+                    api.exec_create, self._container.id, cmd, stdin=stdin is not None, environment=env or None,
+                    workdir=cwd, user=user or "",
+                )
+            )["Id"]
+            sock = await _call(api.exec_start, exec_id, socket=True)
+        except docker.errors.APIError as e:
+            left = self.remaining_s()
+            if left is not None and left <= 1.0:
+                raise SandboxExpiredError(f"docker sandbox {self.sandbox_id} reached its wall-time limit") from e
+            raise SandboxInfraError(f"docker sandbox {self.sandbox_id}: exec failed: {e}") from e
+        raw_sock = getattr(sock, "_sock", sock)
+        out, err = _Sink(max_output_bytes), _Sink(max_output_bytes)
+
+        def pump() -> None:
+            if stdin is not None:
+                with contextlib.suppress(OSError):
+                    raw_sock.sendall(stdin)
+                with contextlib.suppress(OSError):
+                    raw_sock.shutdown(socket.SHUT_WR)
+            with contextlib.suppress(OSError, ValueError):
+                for stream, chunk in frames_iter(sock, tty=False):
+                    (out if stream == 1 else err).add(chunk)
+
+        def close_sock() -> None:
+            with contextlib.suppress(OSError):
+                raw_sock.shutdown(socket.SHUT_RDWR)
+            with contextlib.suppress(OSError):
+                sock.close()
+
+        t0 = time.monotonic()
+        fut = _in_thread(pump)
+        try:
+            # the in-container `timeout` ends the command; the host deadline only guards against a stuck stream
+            await asyncio.wait_for(asyncio.shield(fut), timeout + 10.0)
+        except asyncio.TimeoutError:
+            await _call(self._kill_exec, pid_file)
+            close_sock()
+            await fut
+        except asyncio.CancelledError:
+            close_sock()
+            await asyncio.shield(_call(self._kill_exec, pid_file))
+            raise
+        finally:
+            close_sock()
+        elapsed = time.monotonic() - t0
+        code = None
+        for _ in range(100):
+            info = await _call(api.exec_inspect, exec_id)
+            if not info.get("Running") and info.get("ExitCode") is not None:
+                code = int(info["ExitCode"])
+                break
+            await asyncio.sleep(0.02)
+        if code is None:  # still running after the host deadline
+            await _call(self._kill_exec, pid_file)
+            code = TIMEOUT_EXIT_CODE
+        timed_out = code == TIMEOUT_EXIT_CODE and elapsed >= timeout * 0.95
+        return RawExecResult(code, bytes(out.buf), bytes(err.buf), timed_out, out.total > out.limit,
+                             err.total > err.limit)
+
+    def _kill_exec(self, pid_file: str) -> None:
+        with contextlib.suppress(Exception):
+            self._container.exec_run(["/bin/sh", "-c", f'kill -9 -$(cat {pid_file}) 2>/dev/null; true'])
+
+    # -- reaper --------------------------------------------------------------------------------------------------
+    @classmethod
+    def cleanup(cls, *, everything: bool = False, base_url: str | None = None) -> CleanupReport:
+        """Remove vime-labelled containers and volumes whose owner process is gone (all with ``everything``).
+
+        :raises docker.errors.DockerException: the daemon is unreachable.
+        """
+        import docker
+
+        report = CleanupReport(cls.NAME)
+        client = docker_client(base_url)
+        live_ids = set()
+        for c in client.containers.list(all=True, filters={"label": LABEL}):
+            sid = c.labels.get(LABEL, "?")
+            report.found.append(f"container {sid}")
+            if not everything and owner_alive(c.labels.get(OWNER_LABEL, "")):
+                live_ids.add(sid)
+                continue
+            try:
+                c.remove(force=True, v=True)
+                report.removed.append(f"container {sid}")
+            except docker.errors.NotFound:
+                report.removed.append(f"container {sid}")
+            except docker.errors.APIError as e:
+                if e.status_code == 409:  # removal already in progress (AutoRemove)
+                    report.removed.append(f"container {sid}")
+                else:
+                    report.errors.append(f"container {sid}: {e}")
+        for v in client.volumes.list(filters={"label": LABEL}):
+            sid = (v.attrs.get("Labels") or {}).get(LABEL, "?")
+            if sid in live_ids:
+                continue
+            report.found.append(f"volume {sid}")
+            try:
+                v.remove(force=True)
+                report.removed.append(f"volume {sid}")
+            except docker.errors.NotFound:
+                pass
+            except docker.errors.APIError as e:
+                report.errors.append(f"volume {sid}: {e}")
+        return report
+
+
+def leftover_counts(base_url: str | None = None) -> dict[str, int]:
+    """Containers and volumes carrying the vime label on the daemon (running or not)."""
+    client = docker_client(base_url)
+    return {
+        "containers": len(client.containers.list(all=True, filters={"label": LABEL})),
+        "volumes": len(client.volumes.list(filters={"label": LABEL})),
+    }

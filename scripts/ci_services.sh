@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# Services the sandbox tests need, on a fresh Debian machine as root (idempotent; prints each phase's duration):
+#   1. apt: docker.io, debootstrap (and qemu/openssh tools for vime-sandbox-localvm when VIME_CI_LOCALVM=1)
+#   2. dockerd in the background (logs: /var/log/vime-dockerd.log), waited for until `docker info` answers
+#   3. the sandbox plugins installed into the venv (editable), if the venv exists
+#   4. the docker sandbox image vime-sandbox:bookworm, built without a registry (debootstrap rootfs cached under
+#      ~/.cache/vime/rootfs, then `docker import`); reused when present
+# Usage: bash scripts/ci_services.sh     Env: VIME_VENV (default .venv), VIME_CI_LOCALVM=1 also builds the VM image.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV=${VIME_VENV:-.venv}
+T0=$(date +%s)
+TP=$T0
+phase() { local now; now=$(date +%s); echo "=== [ci_services] $1 (previous phase $(( now - TP )) s, total $(( now - T0 )) s)"; TP=$now; }
+
+phase "apt packages"
+need=()
+command -v dockerd >/dev/null 2>&1 || need+=(docker.io)
+command -v debootstrap >/dev/null 2>&1 || [ -x /usr/sbin/debootstrap ] || need+=(debootstrap)
+if [ "${VIME_CI_LOCALVM:-0}" = 1 ]; then
+  command -v qemu-system-x86_64 >/dev/null 2>&1 || need+=(qemu-system-x86 qemu-utils)
+  command -v ssh-keygen >/dev/null 2>&1 || need+=(openssh-client)
+fi
+if [ ${#need[@]} -gt 0 ]; then
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+  echo "installed: ${need[*]}"
+else
+  echo "already installed"
+fi
+
+phase "dockerd"
+if ! docker info >/dev/null 2>&1; then
+  # cgroupfs driver: this machine has no systemd; overlay2 is the default storage driver
+  nohup dockerd >/var/log/vime-dockerd.log 2>&1 &
+  for _ in $(seq 1 60); do docker info >/dev/null 2>&1 && break; sleep 1; done
+  docker info >/dev/null 2>&1 || { echo "dockerd did not start; last log lines:" >&2; tail -20 /var/log/vime-dockerd.log >&2; exit 1; }
+fi
+echo "dockerd $(docker version --format '{{.Server.Version}}')"
+
+phase "sandbox plugins into $VENV"
+if [ -x "$VENV/bin/pip" ]; then
+  for p in plugins/vime-sandbox-*/; do
+    [ -f "$p/pyproject.toml" ] || continue
+    name=$(basename "$p")
+    if ! "$VENV/bin/pip" show -q "$name" >/dev/null 2>&1; then
+      "$VENV/bin/pip" install -q --no-build-isolation -e "$p" 2>&1 | grep -v "^WARNING: Location" || true
+    fi
+  done
+  echo "ok"
+else
+  echo "no venv at $VENV: skipped (run scripts/install.sh first)"
+fi
+
+phase "docker sandbox image"
+if docker image inspect vime-sandbox:bookworm >/dev/null 2>&1; then
+  echo "vime-sandbox:bookworm exists"
+elif [ -x "$VENV/bin/vime-sandbox-docker" ]; then
+  "$VENV/bin/vime-sandbox-docker" build-image --tag vime-sandbox:bookworm
+else
+  PYTHONPATH=plugins/vime-sandbox-docker/src "$VENV/bin/python" -m vime_sandbox_docker.image build-image \
+    --tag vime-sandbox:bookworm
+fi
+
+if [ "${VIME_CI_LOCALVM:-0}" = 1 ] && [ -x "$VENV/bin/vime-sandbox-localvm" ]; then
+  phase "localvm base image"
+  "$VENV/bin/vime-sandbox-localvm" build-image
+fi
+
+phase "done"
