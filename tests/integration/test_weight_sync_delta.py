@@ -7,6 +7,7 @@ back (and the original version label) before it finishes, so other tests see the
 from __future__ import annotations
 
 import argparse
+import ast
 import asyncio
 from pathlib import Path
 
@@ -90,7 +91,7 @@ def _sync(server, strategy, update: WeightUpdate) -> None:
 
 def _state(server) -> dict:
     (state,) = server.collective_rpc("vime_weight_sync_state")
-    return state if isinstance(state, dict) else eval(state)  # noqa: S307 - the endpoint may stringify results
+    return state if isinstance(state, dict) else ast.literal_eval(state)  # the endpoint stringifies results
 
 
 def _batch(vocab: int, seed: int):

@@ -260,7 +260,7 @@ def read_delta(path: str | Path) -> tuple[dict[str, Any], Any]:
         manifest = json.loads(meta[MANIFEST_KEY])
     except FileNotFoundError as e:
         raise DeltaSyncError(f"no delta file at {f}") from e
-    except (KeyError, ValueError, OSError, Exception) as e:  # noqa: B014 - safetensors raises its own error type
+    except Exception as e:  # noqa: BLE001 - safetensors raises its own error type; all mean "unreadable"
         raise DeltaSyncError(f"unreadable delta file {f}: {type(e).__name__}: {e}") from e
     if manifest.get("format") != FORMAT or manifest.get("format_version") != FORMAT_VERSION:
         raise DeltaSyncError(f"{f} is not a {FORMAT} v{FORMAT_VERSION} file: {manifest.get('format')!r}")
