@@ -43,8 +43,14 @@ def main() -> None:
     path = resolve_model(a.model)
     tok = AutoTokenizer.from_pretrained(path)
     texts = [f"Question {i}: what is {i} + {2 * i}? Explain step by step." for i in range(a.prompts)]
-    prompts = [list(tok.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True,
-                                            tokenize=True, return_dict=True)["input_ids"]) for t in texts]
+    prompts = [
+        list(
+            tok.apply_chat_template(
+                [{"role": "user", "content": t}], add_generation_prompt=True, tokenize=True, return_dict=True
+            )["input_ids"]
+        )
+        for t in texts
+    ]
     results = {}
     with VLLMServer(path, served_model_name="policy", extra_args=["--dtype", "float32"]) as server:
         server.wait_ready(600)
@@ -65,11 +71,20 @@ def main() -> None:
     for i in range(0, a.prompts, a.hf_batch):
         batch = tok.pad({"input_ids": prompts[i : i + a.hf_batch]}, return_tensors="pt")
         with torch.no_grad():
-            out = model.generate(**batch, max_new_tokens=a.max_tokens, min_new_tokens=a.max_tokens, do_sample=True,
-                                 temperature=1.0, pad_token_id=tok.pad_token_id or tok.eos_token_id)
+            out = model.generate(
+                **batch,
+                max_new_tokens=a.max_tokens,
+                min_new_tokens=a.max_tokens,
+                do_sample=True,
+                temperature=1.0,
+                pad_token_id=tok.pad_token_id or tok.eos_token_id,
+            )
         n_hf += (out.shape[1] - batch["input_ids"].shape[1]) * out.shape[0]
     results[f"HF generate (batch {a.hf_batch})"] = (n_hf, time.perf_counter() - t0)
-    print(f"\nrollout throughput: {a.model}, {a.prompts} prompts x {a.max_tokens} new tokens, fp32, {torch.get_num_threads()} threads")
+    print(
+        f"\nrollout throughput: {a.model}, {a.prompts} prompts x {a.max_tokens} new tokens, fp32, "
+        f"{torch.get_num_threads()} threads"
+    )
     for name, (n, dt) in results.items():
         print(f"  {name:32s} {n:6d} tokens in {dt:7.2f} s = {n / dt:8.1f} tokens/s")
 

@@ -1,4 +1,6 @@
-"""vime: RL post-training for LLMs — Megatron/torch trains, vLLM (behind vllm-router) generates, a data buffer feeds both.
+"""vime: RL post-training for LLMs.
+
+Megatron/torch trains, vLLM (behind vllm-router) generates, a data buffer feeds both.
 
 Every moving part is a plugin registered through pluggy hooks (see :mod:`vime_core.hookspecs`).
 """

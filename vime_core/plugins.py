@@ -62,7 +62,9 @@ class Plugins:
         self.info: dict[str, PluginInfo] = {}
         self.failed: list[PluginInfo] = []
         self.registries: dict[str, Registry] = {
-            "generate": Registry("generate", "--generate", check_callable_signature("args", "sample", "sampling_params", is_async=True)),
+            "generate": Registry(
+                "generate", "--generate", check_callable_signature("args", "sample", "sampling_params", is_async=True)
+            ),
             "reward": Registry("reward", "--reward", check_callable_signature("args", "sample", is_async=True)),
             "advantage": Registry("advantage", "--advantage-estimator", check_callable_signature("args", "group")),
             "dynamic_filter": Registry(
@@ -126,8 +128,8 @@ class Plugins:
                 info = self.info.get(impl.plugin_name)
                 dist = f"{info.distribution} {info.version}" if info else "?"
 
-                def register(name: str, obj: Any, _p=impl.plugin_name, _d=dist) -> None:
-                    registry.add(name, obj, _p, _d)
+                def register(name: str, obj: Any, _r=registry, _p=impl.plugin_name, _d=dist) -> None:
+                    _r.add(name, obj, _p, _d)
 
                 impl.function(register=register)
 

@@ -113,6 +113,10 @@ class Sample:
         """True iff this sample contributes to the loss (see the module docstring for the rule)."""
         return self.status in TRAINABLE_STATUSES and not self.remove_sample and any(self.loss_mask)
 
+    def trained_weight_versions(self) -> list[int]:
+        """The weight versions of the trainable (``loss_mask == 1``) response tokens, in order."""
+        return [v for v, m in zip(self.weight_versions, self.loss_mask, strict=True) if m]
+
     def reward_value(self, key: str | None = None) -> float:
         """The scalar reward; ``key`` picks an entry of a dict reward.
 

@@ -41,8 +41,11 @@ class TestDiskDeltaWeightSyncXor(WeightSyncContract):
     @pytest.fixture
     def strategy(self, tmp_path):
         cls = get_plugins().resolve("weight_sync", "disk-delta")
-        return cls(argparse.Namespace(update_weight_disk_dir=tmp_path, keep_weight_updates=False,
-                                      update_weight_delta_encoding=self.encoding))
+        return cls(
+            argparse.Namespace(
+                update_weight_disk_dir=tmp_path, keep_weight_updates=False, update_weight_delta_encoding=self.encoding
+            )
+        )
 
 
 class TestDiskDeltaWeightSyncOverwrite(TestDiskDeltaWeightSyncXor):
@@ -50,10 +53,25 @@ class TestDiskDeltaWeightSyncOverwrite(TestDiskDeltaWeightSyncXor):
 
 
 def _trainer_args(**kw):
-    base = dict(seed=0, train_num_threads=None, train_device="cpu", train_dtype="float32", gradient_checkpointing=False,
-                lr=1e-2, adam_beta1=0.9, adam_beta2=0.98, adam_eps=1e-8, weight_decay=0.0, clip_grad=1.0,
-                global_batch_size=None, micro_batch_size=8, use_rollout_logprobs=False, calculate_per_token_loss=False,
-                eps_clip=0.2, eps_clip_high=None)
+    base = dict(
+        seed=0,
+        train_num_threads=None,
+        train_device="cpu",
+        train_dtype="float32",
+        gradient_checkpointing=False,
+        lr=1e-2,
+        adam_beta1=0.9,
+        adam_beta2=0.98,
+        adam_eps=1e-8,
+        weight_decay=0.0,
+        clip_grad=1.0,
+        global_batch_size=None,
+        micro_batch_size=8,
+        use_rollout_logprobs=False,
+        calculate_per_token_loss=False,
+        eps_clip=0.2,
+        eps_clip_high=None,
+    )
     base.update(kw)
     return argparse.Namespace(**base)
 

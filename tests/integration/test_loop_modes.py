@@ -19,8 +19,16 @@ def _dumped(out, step):
 
 def test_one_step_off_trains_on_samples_exactly_one_version_old(tiny_model_dir, prompt_file, tmp_path):  # noqa: F811
     out = tmp_path / "osf"
-    _vime("run", *_common(tiny_model_dir, prompt_file, out), "--num-rollout", "3", "--loop", "one-step-off",
-          "--save-debug-rollout-data", str(out / "debug" / "rollout_{rollout_id}.pt"))
+    _vime(
+        "run",
+        *_common(tiny_model_dir, prompt_file, out),
+        "--num-rollout",
+        "3",
+        "--loop",
+        "one-step-off",
+        "--save-debug-rollout-data",
+        str(out / "debug" / "rollout_{rollout_id}.pt"),
+    )
     for step, expected_version in ((0, 0), (1, 0), (2, 1)):
         for s in _dumped(out, step):
             assert s["weight_versions"] == [expected_version] * s["response_length"], (step, s["weight_versions"])
@@ -31,9 +39,20 @@ def test_one_step_off_trains_on_samples_exactly_one_version_old(tiny_model_dir, 
 
 def test_fully_async_never_trains_beyond_max_staleness(tiny_model_dir, prompt_file, tmp_path):  # noqa: F811
     out = tmp_path / "fa"
-    _vime("run", *_common(tiny_model_dir, prompt_file, out), "--num-rollout", "4", "--loop", "fully-async",
-          "--max-staleness", "1", "--rollout-inflight-groups", "4",
-          "--save-debug-rollout-data", str(out / "debug" / "rollout_{rollout_id}.pt"))
+    _vime(
+        "run",
+        *_common(tiny_model_dir, prompt_file, out),
+        "--num-rollout",
+        "4",
+        "--loop",
+        "fully-async",
+        "--max-staleness",
+        "1",
+        "--rollout-inflight-groups",
+        "4",
+        "--save-debug-rollout-data",
+        str(out / "debug" / "rollout_{rollout_id}.pt"),
+    )
     metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert len(metrics) == 4
     seen_versions = set()
@@ -41,7 +60,7 @@ def test_fully_async_never_trains_beyond_max_staleness(tiny_model_dir, prompt_fi
         samples = _dumped(out, step)
         assert len(samples) == 8
         for s in samples:
-            trained = [v for v, m in zip(s["weight_versions"], s["loss_mask"]) if m]
+            trained = [v for v, m in zip(s["weight_versions"], s["loss_mask"], strict=True) if m]
             seen_versions.update(trained)
             # the trainer is at version `step` when it trains on this batch
             assert all(0 <= step - v <= 1 for v in trained), (step, s["weight_versions"])

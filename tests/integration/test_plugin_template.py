@@ -23,13 +23,16 @@ def test_plugin_from_template_installs_lists_and_passes_the_kit(tmp_path):
     assert (plugin / "src" / "vime_reward_demo" / "hooks.py").exists()
     _run(sys.executable, "-m", "pip", "install", "--no-deps", "--no-build-isolation", "-q", str(plugin))
     try:
-        rows = {r["name"]: r for r in json.loads(_run(sys.executable, "-m", "vime_core.cli", "plugins", "--json").stdout)}
+        rows = {
+            r["name"]: r for r in json.loads(_run(sys.executable, "-m", "vime_core.cli", "plugins", "--json").stdout)
+        }
         assert rows["reward-demo"]["distribution"] == "vime-reward-demo"
         assert rows["reward-demo"]["version"] == "0.1.0"
         assert rows["reward-demo"]["provides"] == {"reward": ["demo"]}
         assert rows["reward-demo"]["hooks"] == ["vime_add_arguments", "vime_register_reward_functions"]
-        result = _run(sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(plugin / "tests"),
-                      cwd=tmp_path)
+        result = _run(
+            sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(plugin / "tests"), cwd=tmp_path
+        )
         assert "4 passed" in result.stdout  # discovery + 3 contract tests (no_overrides included)
         args = _run(sys.executable, "-m", "vime_core.cli", "args").stdout
         assert "--reward-demo-example" in args

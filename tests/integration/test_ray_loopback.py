@@ -28,7 +28,8 @@ for c in psutil.net_connections(kind="inet"):
         name = " ".join(psutil.Process(c.pid).cmdline())
     except psutil.Error:
         continue
-    if ("ray" in name or "gcs_server" in name or "raylet" in name) and c.laddr.ip not in ("127.0.0.1", "::ffff:127.0.0.1"):
+    loopback = c.laddr.ip in ("127.0.0.1", "::ffff:127.0.0.1")
+    if ("ray" in name or "gcs_server" in name or "raylet" in name) and not loopback:
         bad.append((c.laddr.ip, c.laddr.port, name[:80]))
 print("non_loopback_listeners", bad)
 ray.shutdown()

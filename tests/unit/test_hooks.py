@@ -151,12 +151,28 @@ def _manager_with_hooks(tiny_model_dir, tmp_path, plugin):
     p.pm.register(Gen, name="gen")
     p.pm.register(plugin, name="test-plugin")
     p.load()
-    args = argparse.Namespace(generate="echo", reward="exact_match", weight_sync="disk", prompt_data=data,
-                              input_key="prompt", label_key="label", metadata_key="metadata", n_samples_per_prompt=2,
-                              rollout_shuffle=False, seed=0, rollout_batch_size=2, rollout_concurrency=4,
-                              rollout_temperature=1.0, rollout_top_p=1.0, rollout_top_k=-1,
-                              rollout_max_response_len=8, rollout_stop=None, rollout_stop_token_ids=None,
-                              reward_key=None, update_weight_disk_dir=tmp_path / "w")
+    args = argparse.Namespace(
+        generate="echo",
+        reward="exact_match",
+        weight_sync="disk",
+        prompt_data=data,
+        input_key="prompt",
+        label_key="label",
+        metadata_key="metadata",
+        n_samples_per_prompt=2,
+        rollout_shuffle=False,
+        seed=0,
+        rollout_batch_size=2,
+        rollout_concurrency=4,
+        rollout_temperature=1.0,
+        rollout_top_p=1.0,
+        rollout_top_k=-1,
+        rollout_max_response_len=8,
+        rollout_stop=None,
+        rollout_stop_token_ids=None,
+        reward_key=None,
+        update_weight_disk_dir=tmp_path / "w",
+    )
     import vime_core.plugins as vp
 
     old, vp._PLUGINS = vp._PLUGINS, p
@@ -216,9 +232,9 @@ def test_dynamic_sampling_filter_refills_until_enough_groups_pass(tiny_model_dir
     The echo generator answers 'x' for even-indexed samples of odd prompts only, so prompts p1 and p3 pass."""
     import json
 
-    from vime_core.rollout.manager import RolloutManager
-    from vime_core.rollout.context import RolloutContext, set_rollout_context
     import vime_core.plugins as vp
+    from vime_core.rollout.context import RolloutContext, set_rollout_context
+    from vime_core.rollout.manager import RolloutManager
 
     async def echo(args, sample, sampling_params):
         prompt_no = int(sample.prompt[1:])
@@ -239,14 +255,31 @@ def test_dynamic_sampling_filter_refills_until_enough_groups_pass(tiny_model_dir
     p = Plugins()
     p.pm.register(Gen, name="gen")
     p.load()
-    args = argparse.Namespace(generate="echo2", reward="exact_match", weight_sync="disk", prompt_data=data,
-                              input_key="prompt", label_key="label", metadata_key="metadata", n_samples_per_prompt=2,
-                              rollout_shuffle=False, seed=0, rollout_batch_size=2, rollout_concurrency=4,
-                              rollout_temperature=1.0, rollout_top_p=1.0, rollout_top_k=-1,
-                              rollout_max_response_len=8, rollout_stop=None, rollout_stop_token_ids=None,
-                              reward_key=None, update_weight_disk_dir=tmp_path / "w",
-                              dynamic_sampling_filter="check_reward_nonzero_std", over_sampling_batch_size=3,
-                              dynamic_sampling_max_rounds=8)
+    args = argparse.Namespace(
+        generate="echo2",
+        reward="exact_match",
+        weight_sync="disk",
+        prompt_data=data,
+        input_key="prompt",
+        label_key="label",
+        metadata_key="metadata",
+        n_samples_per_prompt=2,
+        rollout_shuffle=False,
+        seed=0,
+        rollout_batch_size=2,
+        rollout_concurrency=4,
+        rollout_temperature=1.0,
+        rollout_top_p=1.0,
+        rollout_top_k=-1,
+        rollout_max_response_len=8,
+        rollout_stop=None,
+        rollout_stop_token_ids=None,
+        reward_key=None,
+        update_weight_disk_dir=tmp_path / "w",
+        dynamic_sampling_filter="check_reward_nonzero_std",
+        over_sampling_batch_size=3,
+        dynamic_sampling_max_rounds=8,
+    )
     old, vp._PLUGINS = vp._PLUGINS, p
     try:
         m = RolloutManager(args, tiny_model_dir)

@@ -38,23 +38,41 @@ def test_entry_point_plugin_is_loaded_with_its_distribution(site):
     _install_fake_dist(site, "vime-reward-shout", "1.2.3", "reward-shout", "vime_reward_shout_mod", GOOD)
     p = Plugins().load()
     row = next(r for r in p.describe() if r["name"] == "reward-shout")
-    assert (row["distribution"], row["version"], row["provides"]) == ("vime-reward-shout", "1.2.3", {"reward": ["shout"]})
+    assert (row["distribution"], row["version"], row["provides"]) == (
+        "vime-reward-shout",
+        "1.2.3",
+        {"reward": ["shout"]},
+    )
 
 
 def test_broken_plugin_is_reported_and_fails_only_when_asked_for(site):
-    _install_fake_dist(site, "vime-sandbox-broken", "0.3", "sandbox-broken", "vime_sandbox_broken_mod",
-                       "raise ImportError('needs the frobnicate SDK')\n")
+    _install_fake_dist(
+        site,
+        "vime-sandbox-broken",
+        "0.3",
+        "sandbox-broken",
+        "vime_sandbox_broken_mod",
+        "raise ImportError('needs the frobnicate SDK')\n",
+    )
     p = Plugins().load()  # loading does not fail
     row = next(r for r in p.describe() if r["name"] == "sandbox-broken")
     assert row["error"] == "ImportError: needs the frobnicate SDK" and row["version"] == "0.3"
     assert p.resolve("reward", "exact_match")  # unrelated names still resolve
-    with pytest.raises(RegistryError, match=r"sandbox-broken \(vime-sandbox-broken 0.3\): ImportError: needs the frobnicate"):
+    with pytest.raises(
+        RegistryError, match=r"sandbox-broken \(vime-sandbox-broken 0.3\): ImportError: needs the frobnicate"
+    ):
         p.resolve("sandbox", "broken")
 
 
 def test_misspelled_hook_is_caught_by_check_pending(site):
-    _install_fake_dist(site, "vime-typo", "0.1", "typo", "vime_typo_mod",
-                       "from vime_core import hookimpl\n\n@hookimpl\ndef vime_register_reward_function(register):\n    pass\n")
+    _install_fake_dist(
+        site,
+        "vime-typo",
+        "0.1",
+        "typo",
+        "vime_typo_mod",
+        "from vime_core import hookimpl\n\n@hookimpl\ndef vime_register_reward_function(register):\n    pass\n",
+    )
     from pluggy import PluginValidationError
 
     with pytest.raises(PluginValidationError, match="unknown hook 'vime_register_reward_function'"):

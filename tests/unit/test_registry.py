@@ -25,7 +25,9 @@ def test_builtins_register_through_hooks():
 def test_duplicate_name_names_both_providers():
     r = Registry("generate", "--generate")
     r.add("x", _gen, "plugin-a", "vime-a 1.0")
-    with pytest.raises(RegistryError, match=r"plugin 'plugin-a' \(vime-a 1.0\) and by plugin 'plugin-b' \(vime-b 2.0\)"):
+    with pytest.raises(
+        RegistryError, match=r"plugin 'plugin-a' \(vime-a 1.0\) and by plugin 'plugin-b' \(vime-b 2.0\)"
+    ):
         r.add("x", _gen, "plugin-b", "vime-b 2.0")
 
 
@@ -38,7 +40,9 @@ def test_unknown_name_lists_available_and_pip_hint():
 
 
 def test_dotted_path_goes_through_the_same_check():
-    r = Registry("generate", "--generate", check_callable_signature("args", "sample", "sampling_params", is_async=True))
+    r = Registry(
+        "generate", "--generate", check_callable_signature("args", "sample", "sampling_params", is_async=True)
+    )
     from vime_core.rollout.generate import generate
 
     assert r.get("vime_core.rollout.generate:generate") is generate

@@ -18,11 +18,15 @@ def test_batched_response_log_probs_match_unpadded_forward(tiny_model_dir):
     samples = []
     for prompt_len, resp_len in ((3, 7), (11, 2), (6, 5)):
         s = Sample(tokens=torch.randint(0, 4096, (prompt_len,), generator=g).tolist(), status=Status.COMPLETED)
-        s.append_response_tokens(torch.randint(0, 4096, (resp_len,), generator=g).tolist(), trainable=True,
-                                 log_probs=[0.0] * resp_len, weight_version=0)
+        s.append_response_tokens(
+            torch.randint(0, 4096, (resp_len,), generator=g).tolist(),
+            trainable=True,
+            log_probs=[0.0] * resp_len,
+            weight_version=0,
+        )
         samples.append(s)
     batched = trainer._response_log_probs(samples)
-    for s, lp in zip(samples, batched):
+    for s, lp in zip(samples, batched, strict=True):
         ref = sequence_log_probs(trainer.model, s.tokens, s.prompt_length)
         assert lp.shape == (s.response_length,)
         torch.testing.assert_close(lp.detach(), ref, atol=1e-5, rtol=0)

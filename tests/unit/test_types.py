@@ -61,5 +61,7 @@ def test_reward_value_errors_and_dict_key():
 
 
 def test_round_trip_dict():
-    s = Sample(group_index=2, index=1, prompt=[{"role": "user", "content": "hi"}], tokens=[1, 2], status=Status.TRUNCATED)
+    s = Sample(
+        group_index=2, index=1, prompt=[{"role": "user", "content": "hi"}], tokens=[1, 2], status=Status.TRUNCATED
+    )
     assert Sample.from_dict(s.to_dict()) == s

@@ -32,15 +32,20 @@ logger = logging.getLogger("vime.rollout.async")
 def fresh_copy(group: list[Sample]) -> list[Sample]:
     """The group's prompts as new, ungenerated samples (same group/index ids)."""
     return [
-        Sample(group_index=s.group_index, index=s.index, prompt=s.prompt, label=s.label,
-               metadata={k: v for k, v in s.metadata.items() if k != "error"})
+        Sample(
+            group_index=s.group_index,
+            index=s.index,
+            prompt=s.prompt,
+            label=s.label,
+            metadata={k: v for k, v in s.metadata.items() if k != "error"},
+        )
         for s in group
     ]
 
 
 def oldest_version(group: list[Sample]) -> int | None:
     """The smallest per-token weight version of the group's trainable tokens (None if it has none)."""
-    versions = [v for s in group for v, m in zip(s.weight_versions, s.loss_mask) if m]
+    versions = [v for s in group for v in s.trained_weight_versions()]
     return min(versions) if versions else None
 
 
@@ -84,7 +89,10 @@ class AsyncRolloutProducer:
 
         tasks: set[asyncio.Task] = set()
         while not self._stop.is_set():
-            while len(tasks) < self.inflight_groups and self.ready.qsize() + len(tasks) < self.inflight_groups + self.queue_groups:
+            while (
+                len(tasks) < self.inflight_groups
+                and self.ready.qsize() + len(tasks) < self.inflight_groups + self.queue_groups
+            ):
                 group = self._next_group()
                 tasks.add(asyncio.create_task(self._generate(group, _run_groups)))
             if not tasks:
@@ -143,7 +151,7 @@ class AsyncRolloutProducer:
                     dropped += 1
                 continue
             kept.append(group)
-        staleness = [current_version - v for g in kept for s in g for v, m in zip(s.weight_versions, s.loss_mask) if m]
+        staleness = [current_version - v for g in kept for s in g for v in s.trained_weight_versions()]
         metrics = {
             "rollout/stale_dropped": float(dropped),
             "rollout/stale_regenerated": float(regenerated),
@@ -166,4 +174,3 @@ class AsyncRolloutProducer:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=60)
-

@@ -50,7 +50,8 @@ async def generate(args: argparse.Namespace, sample: Sample, sampling_params: di
     out = await ctx.client.generate(sample.tokens, params, session_id=sample.metadata.get("session_id"))
     # the engine's own per-token version tags when it reports them; else the version it served at the call
     versions = [int(v) for v in out.weight_versions] if out.weight_versions else ctx.weight_version
-    sample.append_response_tokens(out.token_ids, trainable=True, log_probs=out.log_probs, weight_version=versions,
-                                  text=out.text)
+    sample.append_response_tokens(
+        out.token_ids, trainable=True, log_probs=out.log_probs, weight_version=versions, text=out.text
+    )
     sample.status = FINISH_TO_STATUS[out.finish_reason]
     return sample

@@ -104,7 +104,9 @@ class RolloutManager:
             self.router.wait_ready(timeout_s=120)
             router_url = self.router.url
         self.client = RouterClient(router_url, model=self.engines[0].served_model_name, timeout_s=600)
-        set_rollout_context(RolloutContext(client=self.client, tokenizer=self.tokenizer, weight_version=self.weight_version))
+        set_rollout_context(
+            RolloutContext(client=self.client, tokenizer=self.tokenizer, weight_version=self.weight_version)
+        )
         return {"router_url": router_url, "engine_urls": urls, "startup_seconds": time.perf_counter() - t0}
 
     def shutdown(self) -> None:
@@ -175,15 +177,18 @@ class RolloutManager:
             raise RuntimeError(f"every sample of step {step} failed; first error: {failed[0].metadata.get('error')}")
         metrics = rollout_metrics([s for g in groups for s in g], self.args.reward_key)
         if self.dynamic_filter is not None:
-            metrics.update({
-                "rollout/dynamic_filter_drop_ratio": dropped / max(len(generated), 1),
-                "rollout/dynamic_filter_surplus": float(surplus),
-                "rollout/dynamic_filter_rounds": float(rounds),
-                "rollout/dynamic_filter_insufficient": float(len(groups) < want),
-            })
+            metrics.update(
+                {
+                    "rollout/dynamic_filter_drop_ratio": dropped / max(len(generated), 1),
+                    "rollout/dynamic_filter_surplus": float(surplus),
+                    "rollout/dynamic_filter_rounds": float(rounds),
+                    "rollout/dynamic_filter_insufficient": float(len(groups) < want),
+                }
+            )
         metrics["perf/rollout_time"] = time.perf_counter() - t0
-        self.hook.vime_on_rollout_end(args=self.args, step=step, samples=[s for g in groups for s in g],
-                                      metrics=metrics)
+        self.hook.vime_on_rollout_end(
+            args=self.args, step=step, samples=[s for g in groups for s in g], metrics=metrics
+        )
         return groups, metrics
 
     def start_async(self) -> None:

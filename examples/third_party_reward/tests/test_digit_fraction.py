@@ -1,7 +1,8 @@
 import asyncio
 
-from vime_core.types import Sample
 from vime_reward_digits.hooks import digit_fraction
+
+from vime_core.types import Sample
 
 
 def test_digit_fraction_exact():
