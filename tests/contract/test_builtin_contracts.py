@@ -52,6 +52,10 @@ class TestDiskDeltaWeightSyncOverwrite(TestDiskDeltaWeightSyncXor):
     encoding = "overwrite"
 
 
+class TestDiskDeltaWeightSyncSub(TestDiskDeltaWeightSyncXor):
+    encoding = "sub"
+
+
 def _trainer_args(**kw):
     base = dict(
         seed=0,

@@ -9,6 +9,10 @@ only the tensors that changed, encoded with ``--update-weight-delta-encoding``:
 
 * ``xor``: ``new ^ old`` over the raw bytes, byte-shuffled by element size (all first bytes of the elements, then
   all second bytes, ...: the high bytes of a small update are zero and compress to almost nothing);
+* ``sub``: the integer difference ``new - old`` of each element's bit pattern (read as an unsigned integer of the
+  element size, wrapping), zigzag-coded and byte-shuffled. A small float update changes the bit pattern by a small
+  integer, so far fewer bits are set than in the xor (a carry flips a run of bits there); applied exactly once,
+  like ``xor``;
 * ``overwrite``: the positions of the changed bytes (as gaps between positions, little-endian ``u4``, or ``u8`` for
   tensors of 4 GiB and more, byte-shuffled) followed by the new values of those bytes;
 * ``full``: the new bytes (byte-shuffled), for a tensor the base does not have or whose dtype/shape changed.
@@ -24,9 +28,9 @@ HF tensor (its compressed payload, under the HF name), and in the file's metadat
 manifest::
 
     {"format": "vime-disk-delta", "format_version": 1, "version": N, "base_version": B,
-     "encoding": "xor" | "overwrite", "compression": "zstd", "checksum": "xxh3-128",
+     "encoding": "xor" | "sub" | "overwrite", "compression": "zstd", "checksum": "xxh3-128",
      "tensors": {hf_name: {"dtype": "float32", "shape": [..], "nbytes": int, "checksum": "<32 hex>",
-                           "kind": "xor" | "overwrite" | "full" | "same", "changed_bytes": int}}}
+                           "kind": "xor" | "sub" | "overwrite" | "full" | "same", "changed_bytes": int}}}
 
 The directory is written under a temporary name and renamed, so a reader never sees half a version.
 
@@ -65,7 +69,24 @@ FORMAT = "vime-disk-delta"
 FORMAT_VERSION = 1
 DELTA_FILE = "delta.safetensors"
 MANIFEST_KEY = "vime_delta"
-ENCODINGS = ("xor", "overwrite")
+ENCODINGS = ("xor", "sub", "overwrite")
+_UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
+
+
+def _zigzag_sub(old: np.ndarray, new: np.ndarray, itemsize: int) -> np.ndarray:
+    """``zigzag(new - old)`` per element (unsigned, wrapping), as bytes."""
+    u = _UINT[itemsize]
+    d = new.view(u) - old.view(u)  # wraps modulo 2**bits
+    sign = (d >> u(8 * itemsize - 1)) * u(np.iinfo(u).max)  # all ones where d is negative as a signed integer
+    return ((d << u(1)) ^ sign).view(np.uint8)
+
+
+def _unzigzag_add(old: np.ndarray, z: np.ndarray, itemsize: int) -> np.ndarray:
+    """Inverse of :func:`_zigzag_sub`: ``old + unzigzag(z)`` as bytes."""
+    u = _UINT[itemsize]
+    zz = z.view(u)
+    d = (zz >> u(1)) ^ ((zz & u(1)) * u(np.iinfo(u).max))
+    return (old.view(u) + d).view(np.uint8)
 CHECKSUM = "xxh3-128"
 
 
@@ -142,7 +163,7 @@ def encode(old: np.ndarray | None, new: np.ndarray, itemsize: int, encoding: str
     :param old: base bytes (``uint8`` 1-D), or ``None`` when the base has no such tensor (or another dtype/shape).
     :param new: new bytes (``uint8`` 1-D).
     :param itemsize: element size in bytes (the shuffle stride).
-    :param encoding: ``"xor"`` or ``"overwrite"``.
+    :param encoding: ``"xor"``, ``"sub"`` or ``"overwrite"``.
     :param level: zstd level.
     :return: ``(kind, compressed payload or None, changed bytes)``; kind ``"same"`` (no payload) when unchanged.
     :raises ValueError: on an unknown encoding.
@@ -151,11 +172,13 @@ def encode(old: np.ndarray | None, new: np.ndarray, itemsize: int, encoding: str
         raise ValueError(f"unknown delta encoding {encoding!r}; choose one of {ENCODINGS}")
     if old is None or old.size != new.size:
         return "full", _compress(_shuffle(new, itemsize), level), int(new.size)
-    if encoding == "xor":
+    if encoding in ("xor", "sub"):
         diff = np.bitwise_xor(old, new)
         changed = int(np.count_nonzero(diff))
         if not changed:
             return "same", None, 0
+        if encoding == "sub" and itemsize in _UINT and new.size % itemsize == 0:
+            return "sub", _compress(_shuffle(_zigzag_sub(old, new, itemsize), itemsize), level), changed
         return "xor", _compress(_shuffle(diff, itemsize), level), changed
     mask = old != new
     pos = np.flatnonzero(mask)
@@ -183,6 +206,11 @@ def decode(old: np.ndarray | None, kind: str, payload: bytes | np.ndarray, nbyte
                                  f"{None if old is None else old.size}")
         elif kind == "xor":
             out = np.bitwise_xor(old, _unshuffle(_decompress(payload, nbytes), itemsize))
+        elif kind == "sub":
+            z = _unshuffle(_decompress(payload, nbytes), itemsize)
+            if z.size != nbytes or itemsize not in _UINT:
+                raise DeltaChecksumError(f"sub payload decodes to {z.size} bytes, expected {nbytes}")
+            out = _unzigzag_add(old, z, itemsize)
         elif kind == "overwrite":
             body = _decompress(payload, 16 + nbytes * 9)
             count, width = (int(x) for x in body[:16].view("<u8"))
