@@ -20,7 +20,7 @@ import pytest
 from vime_core.agent.backends import ScriptedBackend, ScriptedTurn
 from vime_core.agent.gateway import AgentGateway
 from vime_core.agent.tool_parsers import HermesToolParser, tool_schema
-from vime_core.agent.trajectory import Drift, check_token_exact
+from vime_core.agent.trajectory import Drift, TurnRecord, check_token_exact
 from vime_core.types import Sample, Status
 
 pytestmark = pytest.mark.unit
@@ -143,9 +143,12 @@ def test_tool_conversation_is_token_exact(gateway, tok, template):
     gw, backend = gateway([CALL, FINAL], TEMPLATES[template])
     gw.open_session("sk-a")
     chat_episode(gw, "sk-a")
+    tokenized = gw._sessions["sk-a"].trajectory.tokenized_chars
     (s,) = gw.close_session("sk-a", Sample(group_index=2, index=3, prompt=USER), reward=1.0)
     c1, c2 = backend.calls
     p1, o1, p2, o2 = c1.prompt_ids, c1.output.token_ids, c2.prompt_ids, c2.output.token_ids
+    # incremental: the first prompt and then only the new text were tokenised, never the re-sent history
+    assert tokenized == len(tok.decode(p1)) + len(tok.decode(p2[len(p1) + len(o1) :]))
     assert p2[: len(p1) + len(o1)] == p1 + o1  # the second prompt extends the first turn exactly
     assert s.tokens == p2 + o2 and s.prompt_length == len(p1)
     assert s.loss_mask == [1] * len(o1) + [0] * (len(p2) - len(p1) - len(o1)) + [1] * len(o2)
@@ -178,8 +181,6 @@ def test_tool_conversation_is_token_exact(gateway, tok, template):
 
 
 def _turn(call):
-    from vime_core.agent.trajectory import TurnRecord
-
     o = call.output
     return TurnRecord(call.prompt_ids, o.token_ids, o.log_probs, [int(v) for v in o.weight_versions], o.finish_reason)
 
@@ -440,3 +441,58 @@ def test_concurrent_sessions_stay_separate(gateway, tok):
             f"<|im_start|>assistant\n{sid} turn 2<|im_end|>"
         )
         assert s.metadata["trajectory"]["drift"]["clean"] == 1
+
+
+# -- history="model": the model's own tokens for the assistant turns it generated -------------------------------
+# Like Qwen3's template: earlier assistant turns are rendered without their <think> section.
+DROPS_THINKING = (
+    "{% for m in messages %}{% set c = m['content'] %}"
+    "{% if m['role'] == 'assistant' and not loop.last %}{% set c = c.split('</think>')[-1].lstrip('\\n') %}{% endif %}"
+    "{{ '<|im_start|>' + m['role'] + '\\n' + c + '<|im_end|>\\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+THINK = "<think>\n" + "Paris is in France; weather is sunny there today. " * 4 + "\n</think>\n\nSunny today."
+
+
+@pytest.mark.parametrize(
+    "history,kinds",
+    [("client", [Drift.NEW, Drift.FORK, Drift.CLEAN]), ("model", [Drift.NEW, Drift.CLEAN, Drift.CLEAN])],
+)
+def test_template_dropping_thinking_forks_unless_history_is_the_models(gateway, history, kinds):
+    gw, backend = gateway({"h": [THINK, "Rain.", "Bye."]}, DROPS_THINKING, history=history)
+    gw.open_session("h")
+    _two_turns(gw, "h", THINK)  # the client re-sends the reply verbatim; the template drops the thinking
+    assert [p.kind for p in gw._sessions["h"].placements] == kinds
+    samples = gw.close_session("h", Sample())
+    check_token_exact(samples, [_turn(c) for c in backend.calls])
+    last = backend.calls[-1]
+    assert samples[-1].tokens == last.prompt_ids + last.output.token_ids
+    if history == "model":  # one sample, every sampled token trained, the thinking kept in context
+        (s,) = samples
+        assert s.loss_mask == expected_mask(backend.calls) and "</think>" in gw.renderer.decode(last.prompt_ids)
+
+
+@pytest.mark.parametrize(
+    "first,resent", [("Sunny today.  \n\n", "Sunny today."), (CALL + "\n\n" + CALL.replace("Paris", "Tokyo"), None)]
+)
+def test_model_history_absorbs_client_reformatting(gateway, first, resent):
+    """Trimmed whitespace and re-joined parallel calls would realign or fork; with history="model" they are clean."""
+    gw, backend = gateway({"r": [first, "Rain.", "Bye."]}, TEMPLATES["qwen25"], history="model")
+    gw.open_session("r")
+    c = oa(gw, "r")
+    tools = [{"type": "function", "function": WEATHER}]
+    msgs = [{"role": "user", "content": USER}]
+    r1 = c.chat.completions.create(model="policy", messages=msgs, tools=tools)
+    m = r1.choices[0].message
+    msgs.append(
+        {"role": "assistant", "content": resent, "tool_calls": [x.model_dump() for x in m.tool_calls]}
+        if m.tool_calls
+        else {"role": "assistant", "content": resent}
+    )
+    msgs += [{"role": "tool", "tool_call_id": x.id, "content": "ok"} for x in m.tool_calls or []]
+    msgs += [] if m.tool_calls else [{"role": "user", "content": "More?"}]
+    c.chat.completions.create(model="policy", messages=msgs, tools=tools)
+    assert [p.kind for p in gw._sessions["r"].placements] == [Drift.NEW, Drift.CLEAN]
+    (s,) = gw.close_session("r", Sample())
+    assert s.loss_mask == expected_mask(backend.calls[:2])
+    check_token_exact([s], [_turn(x) for x in backend.calls])

@@ -168,3 +168,15 @@ class ScriptedBackend:
         )
         self.calls.append(EngineCall(session_id, list(prompt_token_ids), dict(sampling_params), out))
         return out
+
+
+def engine_versions(out: Any, fallback: int) -> list[int]:
+    """Per-token weight versions of an engine output: the engine's integer labels, else ``fallback`` for each
+    token (an engine that was never given a version reports ``"default"``)."""
+    n = len(out.token_ids)
+    try:
+        if out.weight_versions and len(out.weight_versions) == n:
+            return [int(v) for v in out.weight_versions]
+    except (TypeError, ValueError):
+        pass
+    return [int(fallback)] * n

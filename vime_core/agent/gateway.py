@@ -37,6 +37,7 @@ import asyncio
 import copy
 import json
 import logging
+import re
 import threading
 import time
 import uuid
@@ -66,13 +67,22 @@ from vime_core.agent.apis import (
     responses_object,
     responses_output,
 )
-from vime_core.agent.backends import GatewayBackend
+from vime_core.agent.backends import GatewayBackend, engine_versions
 from vime_core.agent.chat import ChatMessage, ChatRenderer
 from vime_core.agent.tool_parsers import ToolCall, ToolParser
 from vime_core.agent.trajectory import DEFAULT_MAX_REALIGN_TOKENS, Placement, Trajectory, TurnRecord
 from vime_core.types import Sample
 
 logger = logging.getLogger("vime.agent")
+
+#: Responses API: how many responses per session ``previous_response_id`` can refer to (the most recent ones).
+MAX_STORED_RESPONSES = 32
+
+
+def _signature(content: str, calls: list[ToolCall]) -> str:
+    """What identifies an assistant message when a client re-sends it: its text (surrounding whitespace ignored) and
+    its calls' names and arguments (ids differ between APIs)."""
+    return json.dumps([content.strip(), [[c.name, c.arguments] for c in calls]], sort_keys=True, ensure_ascii=False)
 
 
 @dataclass
@@ -94,6 +104,7 @@ class Session:
     turns: list[TurnRecord] = field(default_factory=list)
     placements: list[Placement] = field(default_factory=list)
     responses: dict[str, list[ChatMessage]] = field(default_factory=dict)
+    generated: dict[str, tuple[str, str]] = field(default_factory=dict)  # history="model": signature → (raw, eot)
     lock: threading.Lock = field(default_factory=threading.Lock)
     idle: threading.Condition = field(init=False)
     inflight: int = 0
@@ -122,6 +133,12 @@ class AgentGateway:
     :param constrain_tool_choice: enforce ``tool_choice`` required/named with a grammar.
     :param template_kwargs: extra chat-template variables.
     :param ping_interval_s: seconds between keep-alive events while a streamed turn is generated.
+    :param history: ``"client"`` renders the conversation as the client sent it (drift → realign or fork);
+        ``"model"`` renders every assistant message this session generated (matched by text and tool calls) as the
+        model's own output tokens, so re-sent history never drifts — even when the client or the template drops an
+        earlier thinking section or reformats a tool call — at the price of the model seeing its turns as it wrote
+        them rather than as the template would re-render them.
+    :raises ValueError: for an unknown ``history``.
     """
 
     def __init__(
@@ -142,7 +159,11 @@ class AgentGateway:
         constrain_tool_choice: bool = True,
         template_kwargs: dict[str, Any] | None = None,
         ping_interval_s: float = 5.0,
+        history: str = "client",
     ) -> None:
+        if history not in ("client", "model"):
+            raise ValueError(f"history must be 'client' or 'model', not {history!r}")
+        self.history = history
         self.renderer = ChatRenderer(
             tokenizer, chat_template=chat_template, tool_parser=tool_parser, template_kwargs=template_kwargs
         )
@@ -294,26 +315,65 @@ class AgentGateway:
                 p["structured_outputs"] = {"grammar": grammar}
         return p
 
+    def _render(self, session: Session, req: ChatRequest) -> str:
+        """The prompt text; with ``history="model"``, assistant messages this session generated are rendered as the
+        model's own output (spliced in place of a sentinel the template rendered as the message)."""
+        tools = req.tools or None
+        if self.history != "model":
+            return self.renderer.render(req.messages, tools)
+        with session.lock:
+            generated = dict(session.generated)
+        messages, splices = [], []
+        for m in req.messages:
+            raw = generated.get(_signature(m.content, m.tool_calls)) if m.role == "assistant" else None
+            if raw is None:
+                messages.append(m)
+                continue
+            sentinel = f"\ue000vime-turn-{len(splices)}\ue001"
+            messages.append(ChatMessage("assistant", sentinel))
+            splices.append((sentinel, *raw))
+        if not splices:
+            return self.renderer.render(messages, tools)
+        text = self.renderer.render(messages, tools)
+        for sentinel, raw, eot in splices:
+            i = text.find(sentinel)
+            if i < 0 or text.find(sentinel, i + 1) >= 0:  # the template did not render the content verbatim
+                return self.renderer.render(req.messages, tools)
+            j = i + len(sentinel)
+            if eot and text.startswith(eot, j):
+                j += len(eot)  # the raw output carries the end-of-turn token the model emitted
+            elif eot:
+                raw = raw[: -len(eot)]
+            text = text[:i] + raw + text[j:]
+        return text
+
+    def _remember_output(self, session: Session, content: str, calls: list[ToolCall], ids: list[int]) -> None:
+        """history="model": remember the raw output behind the message the client will re-send (session locked)."""
+        raw = self.renderer.decode(ids)
+        eot = self.renderer.decode(ids[-1:]) if ids and ids[-1] in self.renderer.special_ids else ""
+        session.generated[_signature(content, calls)] = (raw, eot)
+
     def _prepare(self, session: Session, req: ChatRequest) -> tuple[Any, dict[str, Any]]:
         """Render, plan the prompt ids, choose sampling parameters (no engine call)."""
         try:
-            text = self.renderer.render(req.messages, req.tools or None)
+            text = self._render(session, req)
         except Exception as e:  # noqa: BLE001 - a template error is the request's fault
             raise APIError(400, "invalid_request_error", f"chat template failed: {type(e).__name__}: {e}") from e
         with session.lock:
             plan = session.trajectory.plan(text, self.renderer.encode, self.renderer.decode)
         return plan, self._sampling_params(session, req, len(plan.prompt_ids))
 
-    def _versions(self, out: Any) -> list[int]:
-        n = len(out.token_ids)
-        try:
-            if out.weight_versions and len(out.weight_versions) == n:
-                return [int(v) for v in out.weight_versions]
-        except (TypeError, ValueError):
-            pass
-        return [int(self.weight_version)] * n
-
     async def _generate(self, session: Session, req: ChatRequest, plan: Any, params: dict[str, Any]) -> ChatResult:
+        """:meth:`_turn`, with any unexpected failure turned into an API error (500) that the client can read."""
+        try:
+            return await self._turn(session, req, plan, params)
+        except APIError:
+            raise
+        except Exception as e:
+            logger.exception("session %s: turn failed", session.sid)
+            raise APIError(500, "api_error", f"gateway error: {type(e).__name__}: {e}") from e
+
+    async def _turn(self, session: Session, req: ChatRequest, plan: Any, params: dict[str, Any]) -> ChatResult:
         """Call the engine, parse, record the turn; the result for the API layer."""
         try:
             out = await self.backend.generate(plan.prompt_ids, params, session_id=session.sid)
@@ -323,6 +383,9 @@ class AgentGateway:
             with session.lock:
                 session.errors += 1
             logger.warning("session %s: engine call failed: %s: %s", session.sid, type(e).__name__, e)
+            m = re.search(r" returned (4\d\d)", str(e))  # RouterClientError of a 4xx: the request's fault
+            if m:
+                raise APIError(400, "invalid_request_error", f"the engine rejected the request: {e}") from e
             raise APIError(
                 529 if req.api == "anthropic" else 503,
                 "overloaded_error",
@@ -366,7 +429,7 @@ class AgentGateway:
             prompt_ids=plan.prompt_ids,
             output_ids=ids,
             output_log_probs=list(out.log_probs),
-            weight_versions=self._versions(out),
+            weight_versions=engine_versions(out, self.weight_version),
             finish_reason=out.finish_reason,
             ill_formed=ill_formed,
             prompt_text=plan.prompt_text,
@@ -384,6 +447,8 @@ class AgentGateway:
             else:
                 session.turns.append(turn)
                 session.placements.append(session.trajectory.record(turn, plan))
+                if self.history == "model":
+                    self._remember_output(session, content, calls, ids)
         return ChatResult(content, calls, stop, stop_sequence, len(plan.prompt_ids), len(ids))
 
     async def run_turn(self, sid: str, req: ChatRequest) -> ChatResult:
@@ -561,6 +626,8 @@ class AgentGateway:
             convo.append(ChatMessage("assistant", res.content, list(res.tool_calls)))
             with session.lock:
                 session.responses[rid] = convo
+                while len(session.responses) > MAX_STORED_RESPONSES:  # oldest first (dicts keep insertion order)
+                    session.responses.pop(next(iter(session.responses)))
 
         def respond_resp(req: ChatRequest, res: ChatResult, session: Session) -> dict[str, Any]:
             rid = "resp_" + uuid.uuid4().hex[:24]

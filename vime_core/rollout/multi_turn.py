@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from vime_core.agent.apis import parse_chat
+from vime_core.agent.backends import engine_versions
 from vime_core.agent.chat import ChatMessage, ChatRenderer
 from vime_core.agent.tool_parsers import ToolCall
 from vime_core.rollout.context import get_rollout_context
@@ -179,18 +180,6 @@ def _is_sandbox_infra_error(e: BaseException) -> bool:
     except ImportError:  # the sandbox package is optional
         return False
     return isinstance(e, SandboxInfraError)
-
-
-def engine_versions(out: Any, fallback: int) -> list[int]:
-    """Per-token weight versions of an engine output: the engine's integer labels, else ``fallback`` for each
-    token (an engine that was never given a version reports ``"default"``)."""
-    n = len(out.token_ids)
-    try:
-        if out.weight_versions and len(out.weight_versions) == n:
-            return [int(v) for v in out.weight_versions]
-    except (TypeError, ValueError):
-        pass
-    return [int(fallback)] * n
 
 
 def _sandbox_tool(name: str, sandbox: Any, timeout_s: float) -> Tool:
