@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Services the sandbox tests need, on a fresh Debian machine as root (idempotent; prints each phase's duration):
-#   1. apt: docker.io, debootstrap (and qemu/openssh tools for vime-sandbox-localvm when VIME_CI_LOCALVM=1)
+#   1. apt: docker.io, debootstrap, qemu-system-x86, qemu-utils, openssh-client (the last three for localvm)
 #   2. dockerd in the background (logs: /var/log/vime-dockerd.log), waited for until `docker info` answers
 #   3. the sandbox plugins installed into the venv (editable), if the venv exists
-#   4. the docker sandbox image vime-sandbox:bookworm, built without a registry (debootstrap rootfs cached under
-#      ~/.cache/vime/rootfs, then `docker import`); reused when present
-# Usage: bash scripts/ci_services.sh     Env: VIME_VENV (default .venv), VIME_CI_LOCALVM=1 also builds the VM image.
+#   4. in parallel: the docker sandbox image vime-sandbox:bookworm (debootstrap rootfs cached under
+#      ~/.cache/vime/rootfs, then `docker import`) and the localvm base image (~/.cache/vime/localvm/bookworm:
+#      debootstrap with kernel + openssh, ext4, qcow2); both reused when present, no registry needed
+# Usage: bash scripts/ci_services.sh     Env: VIME_VENV (default .venv), VIME_CI_LOCALVM=0 skips the VM parts.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${VIME_VENV:-.venv}
@@ -17,7 +18,7 @@ phase "apt packages"
 need=()
 command -v dockerd >/dev/null 2>&1 || need+=(docker.io)
 command -v debootstrap >/dev/null 2>&1 || [ -x /usr/sbin/debootstrap ] || need+=(debootstrap)
-if [ "${VIME_CI_LOCALVM:-0}" = 1 ]; then
+if [ "${VIME_CI_LOCALVM:-1}" = 1 ]; then
   command -v qemu-system-x86_64 >/dev/null 2>&1 || need+=(qemu-system-x86 qemu-utils)
   command -v ssh-keygen >/dev/null 2>&1 || need+=(openssh-client)
 fi
@@ -53,19 +54,23 @@ else
   echo "no venv at $VENV: skipped (run scripts/install.sh first)"
 fi
 
-phase "docker sandbox image"
+phase "sandbox images (docker and localvm, in parallel)"
+pids=()
 if docker image inspect vime-sandbox:bookworm >/dev/null 2>&1; then
   echo "vime-sandbox:bookworm exists"
-elif [ -x "$VENV/bin/vime-sandbox-docker" ]; then
-  "$VENV/bin/vime-sandbox-docker" build-image --tag vime-sandbox:bookworm
 else
-  PYTHONPATH=plugins/vime-sandbox-docker/src "$VENV/bin/python" -m vime_sandbox_docker.image build-image \
-    --tag vime-sandbox:bookworm
+  (PYTHONPATH=plugins/vime-sandbox-docker/src "$VENV/bin/python" -m vime_sandbox_docker.image build-image \
+    --tag vime-sandbox:bookworm 2>&1 | sed 's/^/[docker image] /') &
+  pids+=($!)
 fi
-
-if [ "${VIME_CI_LOCALVM:-0}" = 1 ] && [ -x "$VENV/bin/vime-sandbox-localvm" ]; then
-  phase "localvm base image"
-  "$VENV/bin/vime-sandbox-localvm" build-image
+if [ "${VIME_CI_LOCALVM:-1}" = 1 ]; then
+  (PYTHONPATH=plugins/vime-sandbox-localvm/src "$VENV/bin/python" -m vime_sandbox_localvm.image build-image \
+    2>&1 | sed 's/^/[vm image] /') &
+  pids+=($!)
 fi
+status=0
+for p in "${pids[@]}"; do wait "$p" || status=1; done
+[ "$status" = 0 ] || { echo "an image build failed" >&2; exit 1; }
+docker image inspect vime-sandbox:bookworm >/dev/null 2>&1 || { echo "vime-sandbox:bookworm missing" >&2; exit 1; }
 
 phase "done"

@@ -46,6 +46,22 @@ BACKEND_LABEL = "vime.backend"
 TIMEOUT_EXIT_CODE = 137  # exit code reported when a command is killed at its timeout (128 + SIGKILL)
 CONTROL_DIR = "/tmp/.vime"  # where the default detached-command implementation keeps its files, inside the sandbox
 
+# Shell wrapper for backends whose exec has no timeout or process-group control of its own (docker, SSH): runs
+# argv ($3...) with coreutils `timeout -s KILL $1` in a process group of its own, writes that group's id to the file
+# $2 (so that the command can be killed from outside), kills what the command left in its group when it exits, and
+# passes stdin through (fd 3). Needs /bin/sh and coreutils in the sandbox.
+EXEC_WRAPPER = (
+    'exec 3<&0; t=$1; f=$2; shift 2; mkdir -p -m 1777 "${f%/*}" 2>/dev/null; timeout -s KILL "$t" "$@" <&3 & '
+    'pid=$!; echo $pid 2>/dev/null >"$f"; wait $pid 2>/dev/null; rc=$?; kill -9 -$pid 2>/dev/null; '
+    'rm -f "$f" 2>/dev/null; exit $rc'
+)
+
+
+def wrap_argv(argv: list[str], timeout_s: float, pid_file: str) -> list[str]:
+    """``argv`` inside :data:`EXEC_WRAPPER` with a timeout in seconds; ``kill -9 -$(cat pid_file)`` kills it."""
+    return ["/bin/sh", "-c", EXEC_WRAPPER, "sh", f"{timeout_s:.3f}", pid_file, *argv]
+
+
 # Capability names used by the contract kit (vime_core.testing.SandboxBackendContract).
 CAPABILITIES = frozenset(
     {
@@ -602,9 +618,9 @@ class Sandbox(abc.ABC):
         inner = cmd if timeout is None else f"exec timeout -s KILL {float(timeout):.3f} /bin/sh -c {shlex.quote(cmd)}"
         # the runner stays outside the command's process group so that it survives kill() and records the status
         runner = (
-            f"setsid /bin/sh -c {shlex.quote(inner)} < /dev/null > {ctl}.out 2> {ctl}.err & "
-            f"echo $! > {ctl}.pid.tmp; mv {ctl}.pid.tmp {ctl}.pid; wait $!; echo $? > {ctl}.rc.tmp; "
-            f"mv {ctl}.rc.tmp {ctl}.rc"
+            f"s=$(date +%s.%N); setsid /bin/sh -c {shlex.quote(inner)} < /dev/null > {ctl}.out 2> {ctl}.err & "
+            f"echo $! > {ctl}.pid.tmp; mv {ctl}.pid.tmp {ctl}.pid; wait $!; rc=$?; "
+            f'echo "$rc $s $(date +%s.%N)" > {ctl}.rc.tmp; mv {ctl}.rc.tmp {ctl}.rc'
         )
         script = (
             f'mkdir -p {self.control_dir} && cd "$1" && {{ setsid /bin/sh -c {shlex.quote(runner)} '
@@ -646,9 +662,14 @@ class Sandbox(abc.ABC):
         head, _, rest = raw.stdout.partition(b"\n")
         n_out, _, rest = rest.partition(b"\n")
         n_err, _, out = rest.partition(b"\n")
-        code, n_out_i, n_err_i = int(head), int(n_out), int(n_err)
+        fields = head.split()
+        code, n_out_i, n_err_i = int(fields[0]), int(n_out), int(n_err)
         elapsed = time.monotonic() - proc.started_at
-        timed_out = proc.timeout is not None and code == TIMEOUT_EXIT_CODE and elapsed >= proc.timeout * 0.95
+        try:  # the command's own run time, measured in the sandbox (the host's view starts later)
+            ran_s = float(fields[2]) - float(fields[1])
+        except (IndexError, ValueError):
+            ran_s = elapsed
+        timed_out = proc.timeout is not None and code == TIMEOUT_EXIT_CODE and ran_s >= proc.timeout * 0.95
         return RawExecResult(code, out, raw.stderr, timed_out, n_out_i > limit, n_err_i > limit).decode(elapsed)
 
     async def wait(

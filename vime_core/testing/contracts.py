@@ -374,6 +374,10 @@ class SandboxBackendContract(_Contract):
     ``/bin/sh``, coreutils, ``tar`` and ``python3``.
     """
 
+    #: interfaces in ``/proc/net/dev`` of a sandbox without network; ``None`` skips that check (a VM keeps a
+    #: restricted NIC for its SSH port forward). The outbound-connection check runs regardless.
+    isolated_interfaces: ClassVar[set[str] | None] = {"lo"}
+
     @staticmethod
     def _run(coro: Any) -> Any:
         return asyncio.run(coro)
@@ -436,7 +440,7 @@ class SandboxBackendContract(_Contract):
     def test_output_flood_is_truncated(self, sandbox_factory: Any) -> None:
         async def body():
             async with sandbox_factory() as sb:
-                r = await sb.exec("head -c 20000000 /dev/zero | tr '\\0' a; head -c 3000 /dev/zero | tr '\\0' b >&2",
+                r = await sb.exec("head -c 3000000 /dev/zero | tr '\\0' a; head -c 3000 /dev/zero | tr '\\0' b >&2",
                                   timeout=60, max_output_bytes=1000)
                 assert (r.exit_code, r.stdout, r.stdout_truncated) == (0, "a" * 1000, True)
                 assert (r.stderr, r.stderr_truncated) == ("b" * 1000, True)
@@ -526,7 +530,8 @@ class SandboxBackendContract(_Contract):
         async def body():
             async with sandbox_factory() as sb:
                 r = await sb.exec("tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '", timeout=30)
-                assert r.stdout.split() == ["lo"], f"interfaces without network: {r.stdout.split()}"
+                if self.isolated_interfaces is not None:
+                    assert set(r.stdout.split()) == self.isolated_interfaces, f"interfaces: {r.stdout.split()}"
                 r = await sb.exec(["python3", "-c", self._NET_PROBE], timeout=30)
                 assert r.stdout.startswith("blocked"), r.stdout + r.stderr
             async with sandbox_factory(network=True) as sb:
@@ -605,8 +610,9 @@ class SandboxBackendContract(_Contract):
 
         async def body():
             async with sandbox_factory() as sb:
-                proc = await sb.start_detached("sleep 0.5; echo done; echo warn >&2; exit 4")
+                proc = await sb.start_detached("until [ -f go ]; do sleep 0.05; done; echo done; echo warn >&2; exit 4")
                 assert await sb.poll(proc) is None
+                await sb.write_file("go", b"")
                 r = await sb.wait(proc, timeout=60)
                 assert (r.exit_code, r.stdout, r.stderr, r.timed_out) == (4, "done\n", "warn\n", False)
                 long = await sb.start_detached("sleep 60")

@@ -19,15 +19,19 @@ import time
 from vime_core.plugins import get_plugins
 
 
-def spawn_and_kill(backend: str, n: int = 20, *, timeout_s: float = 600.0, env: dict[str, str] | None = None) -> float:
+def spawn_and_kill(backend: str, n: int = 20, *, timeout_s: float = 600.0, env: dict[str, str] | None = None,
+                   memory_mb: int | None = None) -> float:
     """Start the child holding ``n`` sandboxes of ``backend`` mid-command, SIGKILL it, and return the seconds it
     took until READY.
+
+    :param memory_mb: memory limit of each sandbox, MiB (default: the backend's default limits).
 
     :raises RuntimeError: the child exited or did not get ready within ``timeout_s`` (its output included).
     """
     t0 = time.monotonic()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "vime_core.testing.sandbox_leak", "hold", "--backend", backend, "-n", str(n)],
+        [sys.executable, "-m", "vime_core.testing.sandbox_leak", "hold", "--backend", backend, "-n", str(n)]
+        + (["--memory-mb", str(memory_mb)] if memory_mb else []),
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, **(env or {})},
     )
     assert proc.stdout is not None
@@ -62,9 +66,12 @@ def run_once(backend: str, *, timeout_s: float = 600.0, env: dict[str, str] | No
     return out.stdout + out.stderr
 
 
-async def _hold(backend: str, n: int) -> None:
+async def _hold(backend: str, n: int, memory_mb: int | None) -> None:
+    from vime_core.sandbox import SandboxLimits
+
     cls = get_plugins().resolve("sandbox", backend)
-    boxes = [cls.from_args(None) for _ in range(n)]
+    kwargs = {"limits": SandboxLimits(memory_bytes=memory_mb << 20)} if memory_mb else {}
+    boxes = [cls.from_args(None, **kwargs) for _ in range(n)]
     await asyncio.gather(*(b.start() for b in boxes))
     tasks = [asyncio.ensure_future(b.exec("echo $$ > running; sleep 600", timeout=3600)) for b in boxes]
     for b in boxes:  # every command is running
@@ -92,8 +99,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("action", choices=["hold", "once"])
     p.add_argument("--backend", required=True)
     p.add_argument("-n", type=int, default=20)
+    p.add_argument("--memory-mb", type=int, default=None)
     a = p.parse_args(argv)
-    asyncio.run(_hold(a.backend, a.n) if a.action == "hold" else _once(a.backend))
+    asyncio.run(_hold(a.backend, a.n, a.memory_mb) if a.action == "hold" else _once(a.backend))
     return 0
 
 

@@ -40,15 +40,10 @@ from vime_core.sandbox.base import (
     owner_alive,
     owner_token,
     sandbox_kwargs_from_args,
+    wrap_argv,
 )
 
 DEFAULT_IMAGE = "vime-sandbox:bookworm"
-# $1 = timeout (s), $2 = pid file, rest = argv. The command gets its own process group (timeout's), is killed at
-# the timeout, and what it leaves in that group is killed when it exits; stdin is passed through fd 3.
-_WRAP = (
-    'exec 3<&0; t=$1; f=$2; shift 2; mkdir -p /tmp/.vime 2>/dev/null; timeout -s KILL "$t" "$@" <&3 & pid=$!; '
-    'echo $pid > "$f" 2>/dev/null; wait $pid 2>/dev/null; rc=$?; kill -9 -$pid 2>/dev/null; rm -f "$f"; exit $rc'
-)
 _API_VERSION: dict[str, str] = {}
 # docker-py is blocking: short calls run on this pool (not asyncio's small default one, which long-running exec
 # streams of many sandboxes would exhaust); each exec's output stream gets a thread of its own
@@ -265,7 +260,7 @@ class DockerSandbox(Sandbox):
 
         api = self._client.api
         pid_file = f"/tmp/.vime/exec-{uuid.uuid4().hex[:12]}.pid"
-        cmd = ["/bin/sh", "-c", _WRAP, "sh", f"{timeout:.3f}", pid_file, *argv]
+        cmd = wrap_argv(argv, timeout, pid_file)
         try:
             exec_id = (
                 await _call(
