@@ -1,0 +1,108 @@
+"""vime-sandbox-localvm on real QEMU VMs: discovery, isolation of a booted VM, the contract kit over SSH on that
+VM (attach mode), the wall-time limit, and a SIGKILL leak test. Boots are few (software emulation is slow)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+
+import pytest
+from vime_sandbox_localvm.sandbox import LocalVMSandbox, leftover_counts
+
+from vime_core.plugins import get_plugins
+from vime_core.sandbox import SandboxExpiredError, SandboxLimits
+from vime_core.testing import SandboxBackendContract
+from vime_core.testing.sandbox_leak import run_once, spawn_and_kill
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.mark.contract
+def test_plugin_is_discovered():
+    rows = {r["name"]: r for r in get_plugins().describe()}
+    assert rows["sandbox-localvm"]["distribution"] == "vime-sandbox-localvm"
+    assert rows["sandbox-localvm"]["provides"] == {"sandbox": ["localvm"]}
+
+
+def test_booted_vm_is_isolated(session_vm, tmp_path):
+    sb, run = session_vm.sandbox, session_vm.run
+    marker = tmp_path / "host-file"
+    marker.write_text("host")
+    probe = ("import socket\ntry:\n    socket.create_connection(('1.1.1.1', 53), timeout=3)\n    print('connected')\n"
+             "except OSError as e:\n    print('blocked', type(e).__name__)\n")
+    net = run(sb.exec(["python3", "-c", probe], timeout=120))
+    assert net.stdout.startswith("blocked"), net
+    etc = run(sb.exec("echo x > /etc/escape; echo x > /escape", timeout=120))
+    assert etc.exit_code != 0 and "Read-only" in etc.stderr
+    remount = run(sb.exec("mount -o remount,rw /", timeout=120))
+    assert remount.exit_code != 0
+    host = run(sb.exec(f"cat {marker} 2>&1; echo y > {marker}", timeout=120))
+    assert marker.read_text() == "host", host
+    assert run(sb.exec("id -u", user="nobody", timeout=120)).stdout == "65534\n"
+    forks = run(sb.exec("for i in $(seq 1 100); do sleep 3 & done; wait", timeout=300))
+    assert forks.exit_code != 0 or forks.stderr, "100 processes under pids=64"
+    ws = run(sb.exec("echo ok > f && cat f && pwd", timeout=120))
+    assert ws.stdout == "ok\n/workspace\n"
+    print(f"\nVM isolation: network {net.stdout.strip()}; write /etc rc={etc.exit_code}; remount rc="
+          f"{remount.exit_code}; host file untouched; pids limit: {forks.stderr.strip()[:80]!r}")
+
+
+@pytest.mark.contract
+class TestLocalVMAttached(SandboxBackendContract):
+    """The contract over SSH against the session VM, in attach mode (a fresh workspace per sandbox)."""
+
+    capabilities = {"detached"}
+
+    @pytest.fixture
+    def sandbox_factory(self, session_vm, vm_image):
+        addr = f"root@127.0.0.1:{session_vm.sandbox.port}"
+        return lambda **kw: LocalVMSandbox(image_dir=vm_image, ssh=addr, **kw)
+
+    @pytest.fixture
+    def sandbox_exists(self, session_vm):
+        def exists(sb: LocalVMSandbox) -> bool:
+            r = session_vm.run(session_vm.sandbox.exec(
+                f"test -e {sb.workspace} && echo dir; grep -lz 'VIME_SANDBOX_ID={sb.sandbox_id}' "
+                f"/proc/[0-9]*/environ 2>/dev/null | grep -v self || true", timeout=120))
+            return bool(r.stdout.strip())
+
+        return exists
+
+
+def test_wall_time_limit_kills_the_vm(vm_image):
+    async def body():
+        sb = LocalVMSandbox(image_dir=vm_image, limits=SandboxLimits(wall_time_s=20, memory_bytes=256 << 20))
+        async with sb:
+            t0 = time.monotonic()
+            r = await sb.exec("sleep 600", timeout=600)
+            took = time.monotonic() - t0
+            assert r.timed_out and took < 60, (r, took)
+            await asyncio.sleep(0.5)
+            with pytest.raises(SandboxExpiredError):
+                await sb.exec("true", timeout=30)
+            assert sb._qemu.returncode is not None
+        assert not sb.directory.exists()
+        return took
+
+    took = asyncio.run(body())
+    print(f"\nwall-time limit 20 s: command killed after {took:.1f} s, VM gone, overlay deleted")
+
+
+def test_sigkill_mid_command_leaves_no_vm_after_the_reaper(vm_image):
+    n = int(os.environ.get("VIME_LOCALVM_LEAK_N", "20" if _kvm(vm_image) else "2"))
+    assert leftover_counts() == {"vms": 0, "directories": 0}
+    ready_s = spawn_and_kill("localvm", n, timeout_s=1800, memory_mb=256)
+    killed = leftover_counts()
+    run_once("localvm", timeout_s=1800)
+    after = leftover_counts()
+    print(f"\nlocalvm leak test ({n} VMs, ready in {ready_s:.0f} s): after SIGKILL {killed}; after the next sandbox "
+          f"start {after}")
+    assert killed["directories"] == n
+    assert after == {"vms": 0, "directories": 0}
+
+
+def _kvm(image_dir) -> bool:
+    from vime_sandbox_localvm.sandbox import kvm_boots
+
+    return kvm_boots(image_dir)
