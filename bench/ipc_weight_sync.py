@@ -22,10 +22,15 @@ import torch.multiprocessing as mp
 SHAPES = [("model.embed_tokens.weight", (32000, 2048)), ("lm_head.weight", (32000, 2048))] + [
     (f"model.layers.{i}.{n}", s)
     for i in range(16)
-    for n, s in (("self_attn.q_proj.weight", (2048, 2048)), ("self_attn.k_proj.weight", (2048, 2048)),
-                 ("self_attn.v_proj.weight", (2048, 2048)), ("self_attn.o_proj.weight", (2048, 2048)),
-                 ("mlp.gate_proj.weight", (5632, 2048)), ("mlp.up_proj.weight", (5632, 2048)),
-                 ("mlp.down_proj.weight", (2048, 5632)))
+    for n, s in (
+        ("self_attn.q_proj.weight", (2048, 2048)),
+        ("self_attn.k_proj.weight", (2048, 2048)),
+        ("self_attn.v_proj.weight", (2048, 2048)),
+        ("self_attn.o_proj.weight", (2048, 2048)),
+        ("mlp.gate_proj.weight", (5632, 2048)),
+        ("mlp.up_proj.weight", (5632, 2048)),
+        ("mlp.down_proj.weight", (2048, 5632)),
+    )
 ]
 
 
@@ -75,9 +80,14 @@ def main() -> None:
     parent.send("done")
     proc.join(timeout=60)
     nbytes = sum(b.numel() for b in buffers)
-    res = {"bytes": nbytes, "buckets": len(buffers), "share_seconds": share_s, **got,
-           "bit_exact": got["equal"] == len(tensors),
-           "copy_GB_per_s": nbytes / got["open_copy_seconds"] / 1e9}
+    res = {
+        "bytes": nbytes,
+        "buckets": len(buffers),
+        "share_seconds": share_s,
+        **got,
+        "bit_exact": got["equal"] == len(tensors),
+        "copy_GB_per_s": nbytes / got["open_copy_seconds"] / 1e9,
+    }
     print("RESULT " + json.dumps(res), flush=True)
     if os.environ.get("OUT"):
         Path(os.environ["OUT"], "ipc.json").write_text(json.dumps(res, indent=1))

@@ -47,9 +47,16 @@ def build_model(out: Path, a: argparse.Namespace) -> Path:
     import transformers
 
     config = transformers.LlamaConfig(
-        vocab_size=a.vocab, hidden_size=a.hidden, intermediate_size=a.ffn, num_hidden_layers=a.layers,
-        num_attention_heads=a.heads, num_key_value_heads=a.kv_heads, max_position_embeddings=max(4096, a.seq),
-        tie_word_embeddings=False, rope_theta=500000.0, initializer_range=0.02,
+        vocab_size=a.vocab,
+        hidden_size=a.hidden,
+        intermediate_size=a.ffn,
+        num_hidden_layers=a.layers,
+        num_attention_heads=a.heads,
+        num_key_value_heads=a.kv_heads,
+        max_position_embeddings=max(4096, a.seq),
+        tie_word_embeddings=False,
+        rope_theta=500000.0,
+        initializer_range=0.02,
     )
     torch.manual_seed(0)
     with torch.device("cuda"):
@@ -66,10 +73,19 @@ def rl_batch(vocab: int, n: int, seq: int, seed: int):
     prompt, resp = seq // 2, seq - seq // 2
     samples, advs = [], []
     for i in range(n):
-        s = Sample(group_index=i // 4, index=i, tokens=torch.randint(0, vocab, (prompt,), generator=g).tolist(),
-                   status=Status.COMPLETED, reward=float(i % 2))
-        s.append_response_tokens(torch.randint(0, vocab, (resp,), generator=g).tolist(), trainable=True,
-                                 log_probs=[-10.0] * resp, weight_version=0)
+        s = Sample(
+            group_index=i // 4,
+            index=i,
+            tokens=torch.randint(0, vocab, (prompt,), generator=g).tolist(),
+            status=Status.COMPLETED,
+            reward=float(i % 2),
+        )
+        s.append_response_tokens(
+            torch.randint(0, vocab, (resp,), generator=g).tolist(),
+            trainable=True,
+            log_probs=[-10.0] * resp,
+            weight_version=0,
+        )
         samples.append(s)
         advs.append([1.0 if i % 2 else -1.0] * resp)
     return RolloutBatch(samples=samples, advantages=advs)
@@ -77,10 +93,22 @@ def rl_batch(vocab: int, n: int, seq: int, seed: int):
 
 def trainer_args(a: argparse.Namespace, attention: str) -> argparse.Namespace:
     return argparse.Namespace(
-        seed=0, lr=1e-6, adam_beta1=0.9, adam_beta2=0.98, adam_eps=1e-8, weight_decay=0.0, clip_grad=1.0,
-        global_batch_size=None, micro_batch_size=a.micro_batch, use_rollout_logprobs=False,
-        calculate_per_token_loss=False, eps_clip=0.2, eps_clip_high=None, tensor_model_parallel_size=1,
-        megatron_attention=attention, recompute_granularity=None,
+        seed=0,
+        lr=1e-6,
+        adam_beta1=0.9,
+        adam_beta2=0.98,
+        adam_eps=1e-8,
+        weight_decay=0.0,
+        clip_grad=1.0,
+        global_batch_size=None,
+        micro_batch_size=a.micro_batch,
+        use_rollout_logprobs=False,
+        calculate_per_token_loss=False,
+        eps_clip=0.2,
+        eps_clip_high=None,
+        tensor_model_parallel_size=1,
+        megatron_attention=attention,
+        recompute_granularity=None,
     )
 
 
@@ -113,8 +141,11 @@ def main() -> None:
     except Exception:  # noqa: BLE001
         pass
     res["peak_bf16_tflops"] = matmul_peak_tflops()
-    print(f"GPU {res['gpu']}, torch {res['torch']}, megatron-core {res.get('megatron_core')}; "
-          f"measured bf16 matmul peak {res['peak_bf16_tflops']:.0f} TFLOP/s", flush=True)
+    print(
+        f"GPU {res['gpu']}, torch {res['torch']}, megatron-core {res.get('megatron_core')}; "
+        f"measured bf16 matmul peak {res['peak_bf16_tflops']:.0f} TFLOP/s",
+        flush=True,
+    )
 
     work = Path(tempfile.mkdtemp(prefix="vime-meg-"))
     t0 = time.perf_counter()
@@ -127,15 +158,22 @@ def main() -> None:
     for i, attention in enumerate(a.attention.split(",")):
         t0 = time.perf_counter()
         trainer = MegatronTrainer(trainer_args(a, attention), model_dir)
-        print(f"[{attention}] MegatronTrainer ready in {time.perf_counter() - t0:.1f} s "
-              f"(spec: {'TE' if attention == 'te' else 'local'}, attention {attention})", flush=True)
+        print(
+            f"[{attention}] MegatronTrainer ready in {time.perf_counter() - t0:.1f} s "
+            f"(spec: {'TE' if attention == 'te' else 'local'}, attention {attention})",
+            flush=True,
+        )
         if i == 0:
             exported = dict(trainer.named_hf_tensors())
             exact = sorted(exported) == sorted(hf) and all(
-                torch.equal(exported[k].view(torch.uint8), hf[k].view(torch.uint8)) for k in hf)
+                torch.equal(exported[k].view(torch.uint8), hf[k].view(torch.uint8)) for k in hf
+            )
             res["round_trip_bit_exact"] = exact
-            print(f"HF -> Megatron -> HF round trip of {len(hf)} tensors ({n_params / 1e9:.3f} B params): "
-                  f"bit-exact = {exact}", flush=True)
+            print(
+                f"HF -> Megatron -> HF round trip of {len(hf)} tensors ({n_params / 1e9:.3f} B params): "
+                f"bit-exact = {exact}",
+                flush=True,
+            )
             del exported
             from transformers import AutoModelForCausalLM
 
@@ -150,10 +188,13 @@ def main() -> None:
             res["logprob_maxdiff_megatron_vs_hf_fp32"] = (meg - ref).abs().max().item()
             res["logprob_maxdiff_hf_bf16_vs_hf_fp32"] = (hf16 - ref).abs().max().item()
             res["logprob_maxdiff_megatron_vs_hf_bf16"] = (meg - hf16).abs().max().item()
-            print("max |log-prob diff| on 511 tokens: megatron-bf16 vs HF-fp32 "
-                  f"{res['logprob_maxdiff_megatron_vs_hf_fp32']:.4f}, HF-bf16 vs HF-fp32 "
-                  f"{res['logprob_maxdiff_hf_bf16_vs_hf_fp32']:.4f}, megatron-bf16 vs HF-bf16 "
-                  f"{res['logprob_maxdiff_megatron_vs_hf_bf16']:.4f}", flush=True)
+            print(
+                "max |log-prob diff| on 511 tokens: megatron-bf16 vs HF-fp32 "
+                f"{res['logprob_maxdiff_megatron_vs_hf_fp32']:.4f}, HF-bf16 vs HF-fp32 "
+                f"{res['logprob_maxdiff_hf_bf16_vs_hf_fp32']:.4f}, megatron-bf16 vs HF-bf16 "
+                f"{res['logprob_maxdiff_megatron_vs_hf_bf16']:.4f}",
+                flush=True,
+            )
         times, metrics = [], {}
         for step in range(a.warmup + a.steps):
             batch = rl_batch(a.vocab, a.batch, a.seq, seed=step)
@@ -164,22 +205,33 @@ def main() -> None:
             dt = time.perf_counter() - t0
             if step >= a.warmup:
                 times.append(dt)
-            print(f"[{attention}] step {step}: {dt:.3f} s, pg_loss {metrics.get('train/pg_loss', 0):.4f}, "
-                  f"grad_norm {metrics['train/grad_norm']:.3f}", flush=True)
+            print(
+                f"[{attention}] step {step}: {dt:.3f} s, pg_loss {metrics.get('train/pg_loss', 0):.4f}, "
+                f"grad_norm {metrics['train/grad_norm']:.3f}",
+                flush=True,
+            )
         step_s = statistics.median(times)
         tokens = a.batch * a.seq
         flops_6nt = 6 * n_params * tokens
         flops_attn = flops_6nt + 6 * a.layers * a.seq * a.hidden * tokens  # causal QK^T + AV, fwd + bwd
-        r = {"step_s_median": step_s, "step_s_all": times, "tokens_per_s": tokens / step_s,
-             "tflops_6nt": flops_6nt / step_s / 1e12, "tflops_with_attention": flops_attn / step_s / 1e12,
-             "max_memory_gib": torch.cuda.max_memory_allocated() / 2**30}
+        r = {
+            "step_s_median": step_s,
+            "step_s_all": times,
+            "tokens_per_s": tokens / step_s,
+            "tflops_6nt": flops_6nt / step_s / 1e12,
+            "tflops_with_attention": flops_attn / step_s / 1e12,
+            "max_memory_gib": torch.cuda.max_memory_allocated() / 2**30,
+        }
         r["mfu_6nt"] = r["tflops_6nt"] / res["peak_bf16_tflops"]
         r["mfu_with_attention"] = r["tflops_with_attention"] / res["peak_bf16_tflops"]
         res[f"train_{attention}"] = r
-        print(f"[{attention}] {n_params / 1e9:.3f} B params, batch {a.batch}x{a.seq} tokens: median step "
-              f"{step_s:.3f} s, {r['tokens_per_s']:.0f} tok/s, {r['tflops_6nt']:.0f} TFLOP/s (6NT) = MFU "
-              f"{r['mfu_6nt']:.1%}; with attention FLOPs {r['tflops_with_attention']:.0f} TFLOP/s = "
-              f"{r['mfu_with_attention']:.1%}; peak memory {r['max_memory_gib']:.1f} GiB", flush=True)
+        print(
+            f"[{attention}] {n_params / 1e9:.3f} B params, batch {a.batch}x{a.seq} tokens: median step "
+            f"{step_s:.3f} s, {r['tokens_per_s']:.0f} tok/s, {r['tflops_6nt']:.0f} TFLOP/s (6NT) = MFU "
+            f"{r['mfu_6nt']:.1%}; with attention FLOPs {r['tflops_with_attention']:.0f} TFLOP/s = "
+            f"{r['mfu_with_attention']:.1%}; peak memory {r['max_memory_gib']:.1f} GiB",
+            flush=True,
+        )
         del trainer
         gc.collect()
         torch.cuda.empty_cache()

@@ -39,9 +39,21 @@ def log(*a) -> None:
 
 def args_for(tp: int, sp: bool = False, lr: float = 1e-3) -> argparse.Namespace:
     return argparse.Namespace(
-        seed=0, lr=lr, adam_beta1=0.9, adam_beta2=0.98, adam_eps=1e-8, weight_decay=0.0, clip_grad=1.0,
-        global_batch_size=None, micro_batch_size=8, use_rollout_logprobs=False, calculate_per_token_loss=False,
-        eps_clip=0.2, eps_clip_high=None, tensor_model_parallel_size=tp, sequence_parallel=sp,
+        seed=0,
+        lr=lr,
+        adam_beta1=0.9,
+        adam_beta2=0.98,
+        adam_eps=1e-8,
+        weight_decay=0.0,
+        clip_grad=1.0,
+        global_batch_size=None,
+        micro_batch_size=8,
+        use_rollout_logprobs=False,
+        calculate_per_token_loss=False,
+        eps_clip=0.2,
+        eps_clip_high=None,
+        tensor_model_parallel_size=tp,
+        sequence_parallel=sp,
     )
 
 
@@ -49,14 +61,23 @@ def small_model(out: Path, family: str) -> Path:
     import transformers
 
     torch.manual_seed(0)
-    common = dict(hidden_size=256, intermediate_size=704, num_hidden_layers=3, num_attention_heads=8,
-                  num_key_value_heads=2, initializer_range=0.1, max_position_embeddings=1024)
+    common = dict(
+        hidden_size=256,
+        intermediate_size=704,
+        num_hidden_layers=3,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        initializer_range=0.1,
+        max_position_embeddings=1024,
+    )
     if family == "llama":
-        model = transformers.LlamaForCausalLM(transformers.LlamaConfig(vocab_size=1001, tie_word_embeddings=False,
-                                                                       **common))
+        model = transformers.LlamaForCausalLM(
+            transformers.LlamaConfig(vocab_size=1001, tie_word_embeddings=False, **common)
+        )
     else:
-        model = transformers.Qwen2ForCausalLM(transformers.Qwen2Config(vocab_size=1000, tie_word_embeddings=True,
-                                                                       **common))
+        model = transformers.Qwen2ForCausalLM(
+            transformers.Qwen2Config(vocab_size=1000, tie_word_embeddings=True, **common)
+        )
     model.to(torch.bfloat16).save_pretrained(str(out))
     return out
 
@@ -80,12 +101,12 @@ def phase_a(work: Path, res: dict):
         if trainer.arch.tie_word_embeddings:
             hf.pop("lm_head.weight", None)
         out = dict(trainer.named_hf_tensors())
-        exact = sorted(out) == sorted(hf) and all(torch.equal(out[k].view(torch.uint8), hf[k].view(torch.uint8))
-                                                  for k in hf)
+        exact = sorted(out) == sorted(hf) and all(
+            torch.equal(out[k].view(torch.uint8), hf[k].view(torch.uint8)) for k in hf
+        )
         ids = torch.randint(0, 1000, (2, 256), generator=torch.Generator().manual_seed(3))
         meg = token_log_probs(trainer.model(input_ids=ids).logits, ids)
-        r = {"tp": 2, "sequence_parallel": sp, "round_trip_bit_exact": exact,
-             "padded_vocab": trainer.padded_vocab}
+        r = {"tp": 2, "sequence_parallel": sp, "round_trip_bit_exact": exact, "padded_vocab": trainer.padded_vocab}
         if dist.get_rank() == 0:
             with torch.no_grad():
                 m = AutoModelForCausalLM.from_pretrained(str(d), dtype=torch.float32).cuda().eval()
@@ -116,30 +137,46 @@ def phase_b(trainer, work: Path, res: dict) -> None:
         stats = broadcast_weights(tensors.items(), bucket_bytes=1 << 20, checksums=True)
         box = [None]
         dist.broadcast_object_list(box, src=1)
-        res["B_small"] = {"bytes": stats.num_bytes, "tensors": stats.num_tensors, "buckets": stats.num_buckets,
-                          "seconds": stats.seconds, "receiver_bit_exact": box[0]}
+        res["B_small"] = {
+            "bytes": stats.num_bytes,
+            "tensors": stats.num_tensors,
+            "buckets": stats.num_buckets,
+            "seconds": stats.seconds,
+            "receiver_bit_exact": box[0],
+        }
         log(f"B small model over NCCL into receive_weights: {json.dumps(res['B_small'])}")
     else:
         got = {n: t.to("cpu") for n, t in receive_weights(src=0)}
-        ok = sorted(got) == sorted(tensors) and all(checksum(tensor_bytes(got[n])) == checksum(tensor_bytes(t))
-                                                     for n, t in tensors.items())
+        ok = sorted(got) == sorted(tensors) and all(
+            checksum(tensor_bytes(got[n])) == checksum(tensor_bytes(t)) for n, t in tensors.items()
+        )
         dist.broadcast_object_list([ok], src=1)
     # ~1B bf16 tensors, no digests: bandwidth
     g = torch.Generator(device="cuda").manual_seed(0)
     shapes = [("model.embed_tokens.weight", (32000, 2048)), ("lm_head.weight", (32000, 2048))]
     for i in range(16):
         p = f"model.layers.{i}."
-        shapes += [(p + "self_attn.q_proj.weight", (2048, 2048)), (p + "self_attn.k_proj.weight", (2048, 2048)),
-                   (p + "self_attn.v_proj.weight", (2048, 2048)), (p + "self_attn.o_proj.weight", (2048, 2048)),
-                   (p + "mlp.gate_proj.weight", (5632, 2048)), (p + "mlp.up_proj.weight", (5632, 2048)),
-                   (p + "mlp.down_proj.weight", (2048, 5632))]
+        shapes += [
+            (p + "self_attn.q_proj.weight", (2048, 2048)),
+            (p + "self_attn.k_proj.weight", (2048, 2048)),
+            (p + "self_attn.v_proj.weight", (2048, 2048)),
+            (p + "self_attn.o_proj.weight", (2048, 2048)),
+            (p + "mlp.gate_proj.weight", (5632, 2048)),
+            (p + "mlp.up_proj.weight", (5632, 2048)),
+            (p + "mlp.down_proj.weight", (2048, 5632)),
+        ]
     big = {n: torch.randn(s, generator=g, device="cuda", dtype=torch.bfloat16) for n, s in shapes}
     for bucket_mb in (512, 64):
         dist.barrier()
         if dist.get_rank() == 0:
             stats = broadcast_weights(big.items(), bucket_bytes=bucket_mb << 20)
-            r = {"bucket_mib": bucket_mb, "bytes": stats.num_bytes, "buckets": stats.num_buckets,
-                 "seconds": stats.seconds, "GB_per_s": stats.num_bytes / stats.seconds / 1e9}
+            r = {
+                "bucket_mib": bucket_mb,
+                "bytes": stats.num_bytes,
+                "buckets": stats.num_buckets,
+                "seconds": stats.seconds,
+                "GB_per_s": stats.num_bytes / stats.seconds / 1e9,
+            }
             box = [None]
             dist.broadcast_object_list(box, src=1)
             r["receiver_equal_tensors"] = f"{box[0]}/{len(big)}"
@@ -180,9 +217,15 @@ def phase_c(work: Path, res: dict, steps: int = 5, warmup: int = 2) -> None:
             times.append(time.perf_counter() - t0)
     step_s = statistics.median(times)
     tflops = 6 * n_params * 8 * 1024 / step_s / 1e12
-    res["C_1b_tp2"] = {"sequence_parallel": sp, "params": n_params, "step_s_median": step_s, "step_s_all": times,
-                       "peak_bf16_tflops": peak,
-                          "tflops_6nt_total": tflops, "mfu_per_gpu_6nt": tflops / 2 / peak}
+    res["C_1b_tp2"] = {
+        "sequence_parallel": sp,
+        "params": n_params,
+        "step_s_median": step_s,
+        "step_s_all": times,
+        "peak_bf16_tflops": peak,
+        "tflops_6nt_total": tflops,
+        "mfu_per_gpu_6nt": tflops / 2 / peak,
+    }
     log(f"C ~1B TP=2: {json.dumps(res['C_1b_tp2'])}")
 
 

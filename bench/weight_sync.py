@@ -22,10 +22,23 @@ import torch
 
 def trainer_args(dtype: str, lr: float, threads: int | None) -> argparse.Namespace:
     return argparse.Namespace(
-        seed=0, train_num_threads=threads, train_device="cpu", train_dtype=dtype, gradient_checkpointing=False,
-        lr=lr, adam_beta1=0.9, adam_beta2=0.98, adam_eps=1e-8, weight_decay=0.0, clip_grad=1.0,
-        global_batch_size=None, micro_batch_size=4, use_rollout_logprobs=False, calculate_per_token_loss=False,
-        eps_clip=0.2, eps_clip_high=None,
+        seed=0,
+        train_num_threads=threads,
+        train_device="cpu",
+        train_dtype=dtype,
+        gradient_checkpointing=False,
+        lr=lr,
+        adam_beta1=0.9,
+        adam_beta2=0.98,
+        adam_eps=1e-8,
+        weight_decay=0.0,
+        clip_grad=1.0,
+        global_batch_size=None,
+        micro_batch_size=4,
+        use_rollout_logprobs=False,
+        calculate_per_token_loss=False,
+        eps_clip=0.2,
+        eps_clip_high=None,
     )
 
 
@@ -36,10 +49,19 @@ def rl_batch(vocab: int, step: int, n: int, prompt_len: int, resp_len: int):
     g = torch.Generator().manual_seed(1000 + step)
     samples, advs = [], []
     for i in range(n):
-        s = Sample(group_index=0, index=i, tokens=torch.randint(0, vocab, (prompt_len,), generator=g).tolist(),
-                   status=Status.COMPLETED, reward=float(i % 2))
-        s.append_response_tokens(torch.randint(0, vocab, (resp_len,), generator=g).tolist(), trainable=True,
-                                 log_probs=[-1.0] * resp_len, weight_version=step)
+        s = Sample(
+            group_index=0,
+            index=i,
+            tokens=torch.randint(0, vocab, (prompt_len,), generator=g).tolist(),
+            status=Status.COMPLETED,
+            reward=float(i % 2),
+        )
+        s.append_response_tokens(
+            torch.randint(0, vocab, (resp_len,), generator=g).tolist(),
+            trainable=True,
+            log_probs=[-1.0] * resp_len,
+            weight_version=step,
+        )
         samples.append(s)
         advs.append([1.0 if i % 2 else -1.0] * resp_len)
     return RolloutBatch(samples=samples, advantages=advs)
@@ -55,8 +77,11 @@ def run(dtype: str, a: argparse.Namespace, model_dir: Path) -> list[dict]:
     vocab = int(trainer.model.config.vocab_size)
     strategies = {"disk": DiskWeightSync(argparse.Namespace(update_weight_disk_dir=work / "disk"))}
     for enc in a.encodings.split(","):
-        strategies[f"disk-delta/{enc}"] = DiskDeltaWeightSync(argparse.Namespace(
-            update_weight_disk_dir=work / enc, update_weight_delta_encoding=enc, update_weight_delta_base=model_dir))
+        strategies[f"disk-delta/{enc}"] = DiskDeltaWeightSync(
+            argparse.Namespace(
+                update_weight_disk_dir=work / enc, update_weight_delta_encoding=enc, update_weight_delta_base=model_dir
+            )
+        )
     rows = []
     try:
         for step in range(1, a.steps + 1):
@@ -74,9 +99,19 @@ def run(dtype: str, a: argparse.Namespace, model_dir: Path) -> list[dict]:
                 full = update.payload.get("full_bytes", update.num_bytes)
                 line.append(f"{name} {update.num_bytes:,} B ({update.num_bytes / full:.1%}), {update.seconds:.2f} s")
                 if report:
-                    rows.append({"dtype": dtype, "step": step, "strategy": name, "bytes": update.num_bytes,
-                                 "full_bytes": full, "changed_bytes": update.payload.get("changed_bytes", full),
-                                 "push_s": update.seconds, "read_s": read_s, "train_s": train_s})
+                    rows.append(
+                        {
+                            "dtype": dtype,
+                            "step": step,
+                            "strategy": name,
+                            "bytes": update.num_bytes,
+                            "full_bytes": full,
+                            "changed_bytes": update.payload.get("changed_bytes", full),
+                            "push_s": update.seconds,
+                            "read_s": read_s,
+                            "train_s": train_s,
+                        }
+                    )
                 strat.cleanup(update)
             print(f"[{dtype}] step {step}/{a.steps} trained in {train_s:.1f} s; " + "; ".join(line), flush=True)
     finally:
@@ -106,17 +141,25 @@ def main() -> None:
 
 
 def table(rows: list[dict], a: argparse.Namespace, model_dir: Path) -> None:
-    print(f"\nweight sync on {a.model} ({model_dir}), torch trainer, AdamW lr {a.lr:g}, "
-          f"{a.samples}x({a.prompt_len}+{a.response_len}) tokens per step")
-    print(f"{'dtype':>9} {'step':>4} {'strategy':>20} {'bytes':>12} {'full bytes':>12} {'ratio':>7} "
-          f"{'changed':>7} {'push s':>7} {'read s':>7}")
+    print(
+        f"\nweight sync on {a.model} ({model_dir}), torch trainer, AdamW lr {a.lr:g}, "
+        f"{a.samples}x({a.prompt_len}+{a.response_len}) tokens per step"
+    )
+    print(
+        f"{'dtype':>9} {'step':>4} {'strategy':>20} {'bytes':>12} {'full bytes':>12} {'ratio':>7} "
+        f"{'changed':>7} {'push s':>7} {'read s':>7}"
+    )
     for r in rows:
         ratio = r["bytes"] / max(r["full_bytes"], 1)
         changed = r["changed_bytes"] / max(r["full_bytes"], 1)
-        print(f"{r['dtype']:>9} {r['step']:>4} {r['strategy']:>20} {r['bytes']:>12,} {r['full_bytes']:>12,} "
-              f"{ratio:>7.1%} {changed:>7.1%} {r['push_s']:>7.2f} {r['read_s']:>7.2f}")
-    print("ratio = bytes written / full tensor bytes; changed = bytes that differ from the previous version. "
-          "Target: disk-delta <= 30% of full bytes.")
+        print(
+            f"{r['dtype']:>9} {r['step']:>4} {r['strategy']:>20} {r['bytes']:>12,} {r['full_bytes']:>12,} "
+            f"{ratio:>7.1%} {changed:>7.1%} {r['push_s']:>7.2f} {r['read_s']:>7.2f}"
+        )
+    print(
+        "ratio = bytes written / full tensor bytes; changed = bytes that differ from the previous version. "
+        "Target: disk-delta <= 30% of full bytes."
+    )
 
 
 if __name__ == "__main__":

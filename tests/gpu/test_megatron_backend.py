@@ -21,9 +21,22 @@ pytest.importorskip("megatron.core")
 
 
 def trainer_args(**kw) -> argparse.Namespace:
-    base = dict(seed=0, lr=1e-3, adam_beta1=0.9, adam_beta2=0.98, adam_eps=1e-8, weight_decay=0.0, clip_grad=1.0,
-                global_batch_size=None, micro_batch_size=8, use_rollout_logprobs=False, calculate_per_token_loss=False,
-                eps_clip=0.2, eps_clip_high=None, tensor_model_parallel_size=1)
+    base = dict(
+        seed=0,
+        lr=1e-3,
+        adam_beta1=0.9,
+        adam_beta2=0.98,
+        adam_eps=1e-8,
+        weight_decay=0.0,
+        clip_grad=1.0,
+        global_batch_size=None,
+        micro_batch_size=8,
+        use_rollout_logprobs=False,
+        calculate_per_token_loss=False,
+        eps_clip=0.2,
+        eps_clip_high=None,
+        tensor_model_parallel_size=1,
+    )
     base.update(kw)
     return argparse.Namespace(**base)
 
@@ -33,8 +46,16 @@ def build_hf(out: Path, family: str, seed: int = 0) -> Path:
     import transformers
 
     torch.manual_seed(seed)
-    common = dict(vocab_size=1000, hidden_size=256, intermediate_size=704, num_hidden_layers=3,
-                  num_attention_heads=8, num_key_value_heads=2, initializer_range=0.1, max_position_embeddings=1024)
+    common = dict(
+        vocab_size=1000,
+        hidden_size=256,
+        intermediate_size=704,
+        num_hidden_layers=3,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        initializer_range=0.1,
+        max_position_embeddings=1024,
+    )
     if family == "llama":
         config = transformers.LlamaConfig(**common, tie_word_embeddings=False, rope_theta=500000.0)
         model = transformers.LlamaForCausalLM(config)
@@ -82,8 +103,10 @@ def test_logits_match_hugging_face_within_bf16_tolerance(hf_dir):
         hf16 = hf32.to(torch.bfloat16)
         hf_bf16 = token_log_probs(hf16(input_ids=ids.cuda()).logits.float().cpu(), ids)
     meg_err, hf_err = (meg - ref).abs().max().item(), (hf_bf16 - ref).abs().max().item()
-    print(f"\n{hf_dir.name}: max |logprob - fp32 HF|: megatron bf16 {meg_err:.4f}, HF bf16 {hf_err:.4f}; "
-          f"mean {(meg - ref).abs().mean().item():.5f} vs {(hf_bf16 - ref).abs().mean().item():.5f}")
+    print(
+        f"\n{hf_dir.name}: max |logprob - fp32 HF|: megatron bf16 {meg_err:.4f}, HF bf16 {hf_err:.4f}; "
+        f"mean {(meg - ref).abs().mean().item():.5f} vs {(hf_bf16 - ref).abs().mean().item():.5f}"
+    )
     assert meg_err < max(3 * hf_err, 0.05)
 
 

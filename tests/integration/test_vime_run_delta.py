@@ -17,11 +17,13 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 def _vime(*argv: str, timeout: float = 900) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    proc = subprocess.run([sys.executable, "-m", "vime_core.cli", *argv], capture_output=True, text=True,
-                          timeout=timeout, env=env)
+    proc = subprocess.run(
+        [sys.executable, "-m", "vime_core.cli", *argv], capture_output=True, text=True, timeout=timeout, env=env
+    )
     if proc.returncode != 0:
-        raise AssertionError(f"vime {' '.join(argv)} exited {proc.returncode}\n{proc.stdout[-4000:]}\n"
-                             f"{proc.stderr[-6000:]}")
+        raise AssertionError(
+            f"vime {' '.join(argv)} exited {proc.returncode}\n{proc.stdout[-4000:]}\n{proc.stderr[-6000:]}"
+        )
     return proc
 
 
@@ -31,13 +33,34 @@ def _metrics(out: Path) -> list[dict]:
 
 def test_vime_run_with_disk_delta_stays_in_step_and_resumes(tiny_model_dir, tmp_path):
     prompts = tmp_path / "train.jsonl"
-    prompts.write_text("".join(json.dumps({"prompt": f"Count from {i}: {i} {i + 1}", "label": str(i + 2)}) + "\n"
-                               for i in range(16)))
+    prompts.write_text(
+        "".join(json.dumps({"prompt": f"Count from {i}: {i} {i + 1}", "label": str(i + 2)}) + "\n" for i in range(16))
+    )
     out = tmp_path / "run"
-    common = ["--model", str(tiny_model_dir), "--prompt-data", str(prompts), "--output-dir", str(out),
-              "--rollout-batch-size", "2", "--n-samples-per-prompt", "4", "--rollout-max-response-len", "12",
-              "--reward", "digit_fraction", "--lr", "1e-3", "--no-apply-chat-template", "--weight-sync", "disk-delta",
-              "--update-weight-delta-encoding", "xor", "--no-save-hf"]
+    common = [
+        "--model",
+        str(tiny_model_dir),
+        "--prompt-data",
+        str(prompts),
+        "--output-dir",
+        str(out),
+        "--rollout-batch-size",
+        "2",
+        "--n-samples-per-prompt",
+        "4",
+        "--rollout-max-response-len",
+        "12",
+        "--reward",
+        "digit_fraction",
+        "--lr",
+        "1e-3",
+        "--no-apply-chat-template",
+        "--weight-sync",
+        "disk-delta",
+        "--update-weight-delta-encoding",
+        "xor",
+        "--no-save-hf",
+    ]
     _vime("run", *common, "--num-rollout", "2", "--save-interval", "1")
     m = _metrics(out)
     full = (tiny_model_dir / "model.safetensors").stat().st_size

@@ -29,19 +29,39 @@ STEPS = 3
 
 
 def _trainer_args(**kw) -> argparse.Namespace:
-    base = dict(seed=0, train_num_threads=None, train_device="cpu", train_dtype="float32",
-                gradient_checkpointing=False, lr=3e-3, adam_beta1=0.9, adam_beta2=0.98, adam_eps=1e-8,
-                weight_decay=0.0, clip_grad=1.0,
-                global_batch_size=None, micro_batch_size=8, use_rollout_logprobs=False, calculate_per_token_loss=False,
-                eps_clip=0.2, eps_clip_high=None)
+    base = dict(
+        seed=0,
+        train_num_threads=None,
+        train_device="cpu",
+        train_dtype="float32",
+        gradient_checkpointing=False,
+        lr=3e-3,
+        adam_beta1=0.9,
+        adam_beta2=0.98,
+        adam_eps=1e-8,
+        weight_decay=0.0,
+        clip_grad=1.0,
+        global_batch_size=None,
+        micro_batch_size=8,
+        use_rollout_logprobs=False,
+        calculate_per_token_loss=False,
+        eps_clip=0.2,
+        eps_clip_high=None,
+    )
     base.update(kw)
     return argparse.Namespace(**base)
 
 
 def _strategy(tmp_path: Path, base: Path, encoding: str = "xor"):
     cls = get_plugins().resolve("weight_sync", "disk-delta")
-    return cls(argparse.Namespace(update_weight_disk_dir=tmp_path / "weights", keep_weight_updates=False,
-                                  update_weight_delta_encoding=encoding, update_weight_delta_base=str(base)))
+    return cls(
+        argparse.Namespace(
+            update_weight_disk_dir=tmp_path / "weights",
+            keep_weight_updates=False,
+            update_weight_delta_encoding=encoding,
+            update_weight_delta_base=str(base),
+        )
+    )
 
 
 @pytest.fixture(scope="module")
@@ -122,8 +142,9 @@ def _corrupt_keeping_zstd_valid(update: WeightUpdate) -> None:
     save_file(tensors, str(f), metadata=meta)
 
 
-def test_disk_delta_keeps_the_engine_in_step_with_the_trainer(router, engine_at_v0, tiny_model_dir, prompt_ids,
-                                                              tmp_path):
+def test_disk_delta_keeps_the_engine_in_step_with_the_trainer(
+    router, engine_at_v0, tiny_model_dir, prompt_ids, tmp_path
+):
     from vime_core.trainer.torch_backend import TorchTrainer
 
     server, model = engine_at_v0, engine_at_v0.served_model_name

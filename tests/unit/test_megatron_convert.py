@@ -21,22 +21,53 @@ from vime_core.trainer.megatron_convert import (
 pytestmark = pytest.mark.unit
 
 ARCHS = {
-    "llama-gqa-untied": ArchConfig(num_layers=2, hidden_size=32, num_attention_heads=8, num_query_groups=2,
-                                   head_dim=8, ffn_hidden_size=48, vocab_size=40, tie_word_embeddings=False,
-                                   qkv_bias=False),
-    "qwen2-bias-tied": ArchConfig(num_layers=3, hidden_size=24, num_attention_heads=4, num_query_groups=4,
-                                  head_dim=6, ffn_hidden_size=40, vocab_size=36, tie_word_embeddings=True,
-                                  qkv_bias=True),
-    "mqa-headdim": ArchConfig(num_layers=1, hidden_size=16, num_attention_heads=4, num_query_groups=1, head_dim=12,
-                              ffn_hidden_size=20, vocab_size=8, tie_word_embeddings=False, qkv_bias=True),
+    "llama-gqa-untied": ArchConfig(
+        num_layers=2,
+        hidden_size=32,
+        num_attention_heads=8,
+        num_query_groups=2,
+        head_dim=8,
+        ffn_hidden_size=48,
+        vocab_size=40,
+        tie_word_embeddings=False,
+        qkv_bias=False,
+    ),
+    "qwen2-bias-tied": ArchConfig(
+        num_layers=3,
+        hidden_size=24,
+        num_attention_heads=4,
+        num_query_groups=4,
+        head_dim=6,
+        ffn_hidden_size=40,
+        vocab_size=36,
+        tie_word_embeddings=True,
+        qkv_bias=True,
+    ),
+    "mqa-headdim": ArchConfig(
+        num_layers=1,
+        hidden_size=16,
+        num_attention_heads=4,
+        num_query_groups=1,
+        head_dim=12,
+        ffn_hidden_size=20,
+        vocab_size=8,
+        tie_word_embeddings=False,
+        qkv_bias=True,
+    ),
 }
 
 
 def hf_tensors(cfg: ArchConfig, dtype: torch.dtype = torch.bfloat16, seed: int = 0) -> dict[str, torch.Tensor]:
     """Random HF-named tensors of ``cfg`` (with inf / -0.0 / NaN payloads to prove bit-exactness)."""
     g = torch.Generator().manual_seed(seed)
-    h, nh, ng, d, f, v = (cfg.hidden_size, cfg.num_attention_heads, cfg.num_query_groups, cfg.head_dim,
-                          cfg.ffn_hidden_size, cfg.vocab_size)
+    h, nh, ng, d, f, v = (
+        cfg.hidden_size,
+        cfg.num_attention_heads,
+        cfg.num_query_groups,
+        cfg.head_dim,
+        cfg.ffn_hidden_size,
+        cfg.vocab_size,
+    )
 
     def r(*shape):
         return torch.randn(*shape, generator=g).to(dtype)
@@ -44,14 +75,27 @@ def hf_tensors(cfg: ArchConfig, dtype: torch.dtype = torch.bfloat16, seed: int =
     out = {"model.embed_tokens.weight": r(v, h), "model.norm.weight": r(h)}
     for i in range(cfg.num_layers):
         p = f"model.layers.{i}."
-        out.update({p + "input_layernorm.weight": r(h), p + "post_attention_layernorm.weight": r(h),
-                    p + "self_attn.q_proj.weight": r(nh * d, h), p + "self_attn.k_proj.weight": r(ng * d, h),
-                    p + "self_attn.v_proj.weight": r(ng * d, h), p + "self_attn.o_proj.weight": r(h, nh * d),
-                    p + "mlp.gate_proj.weight": r(f, h), p + "mlp.up_proj.weight": r(f, h),
-                    p + "mlp.down_proj.weight": r(h, f)})
+        out.update(
+            {
+                p + "input_layernorm.weight": r(h),
+                p + "post_attention_layernorm.weight": r(h),
+                p + "self_attn.q_proj.weight": r(nh * d, h),
+                p + "self_attn.k_proj.weight": r(ng * d, h),
+                p + "self_attn.v_proj.weight": r(ng * d, h),
+                p + "self_attn.o_proj.weight": r(h, nh * d),
+                p + "mlp.gate_proj.weight": r(f, h),
+                p + "mlp.up_proj.weight": r(f, h),
+                p + "mlp.down_proj.weight": r(h, f),
+            }
+        )
         if cfg.qkv_bias:
-            out.update({p + "self_attn.q_proj.bias": r(nh * d), p + "self_attn.k_proj.bias": r(ng * d),
-                        p + "self_attn.v_proj.bias": r(ng * d)})
+            out.update(
+                {
+                    p + "self_attn.q_proj.bias": r(nh * d),
+                    p + "self_attn.k_proj.bias": r(ng * d),
+                    p + "self_attn.v_proj.bias": r(ng * d),
+                }
+            )
     if not cfg.tie_word_embeddings:
         out["lm_head.weight"] = r(v, h)
     out["model.norm.weight"][:3] = torch.tensor([float("inf"), -0.0, float("nan")], dtype=dtype)
@@ -103,8 +147,17 @@ def test_fused_qkv_splits_like_megatron_attention(arch):
 
 @pytest.mark.parametrize("tp", [1, 2, 4])
 def test_tensor_parallel_shards_round_trip_and_follow_megatron_layout(tp):
-    cfg = ArchConfig(num_layers=1, hidden_size=32, num_attention_heads=8, num_query_groups=4, head_dim=4,
-                     ffn_hidden_size=16, vocab_size=24, tie_word_embeddings=False, qkv_bias=True)
+    cfg = ArchConfig(
+        num_layers=1,
+        hidden_size=32,
+        num_attention_heads=8,
+        num_query_groups=4,
+        head_dim=4,
+        ffn_hidden_size=16,
+        vocab_size=24,
+        tie_word_embeddings=False,
+        qkv_bias=True,
+    )
     hf = hf_tensors(cfg, torch.float32)
     mc = hf_to_megatron(hf, cfg)
     for name, full in mc.items():
@@ -116,11 +169,19 @@ def test_tensor_parallel_shards_round_trip_and_follow_megatron_layout(tp):
         fc1 = shard("decoder.layers.0.mlp.linear_fc1.weight", mc["decoder.layers.0.mlp.linear_fc1.weight"], r, tp)
         rows = slice(r * f // tp, (r + 1) * f // tp)
         assert torch.equal(fc1, torch.cat([gate[rows], up[rows]]))
-        proj = shard("decoder.layers.0.self_attention.linear_proj.weight",
-                     mc["decoder.layers.0.self_attention.linear_proj.weight"], r, tp)
+        proj = shard(
+            "decoder.layers.0.self_attention.linear_proj.weight",
+            mc["decoder.layers.0.self_attention.linear_proj.weight"],
+            r,
+            tp,
+        )
         assert proj.shape == (cfg.hidden_size, cfg.num_attention_heads * cfg.head_dim // tp)
-        qkv = shard("decoder.layers.0.self_attention.linear_qkv.weight",
-                    mc["decoder.layers.0.self_attention.linear_qkv.weight"], r, tp)
+        qkv = shard(
+            "decoder.layers.0.self_attention.linear_qkv.weight",
+            mc["decoder.layers.0.self_attention.linear_qkv.weight"],
+            r,
+            tp,
+        )
         groups = cfg.num_query_groups // tp  # rank r holds whole query groups r*groups ... (r+1)*groups-1
         q_rows = qkv.view(groups, -1, cfg.hidden_size)[:, : 2 * cfg.head_dim].reshape(-1, cfg.hidden_size)
         q_heads = 2 * groups * cfg.head_dim
@@ -162,13 +223,27 @@ def test_real_transformers_models_round_trip(family):
     import transformers
 
     if family == "llama":
-        config = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
-                                          num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False,
-                                          rope_theta=100000.0)
+        config = transformers.LlamaConfig(
+            vocab_size=64,
+            hidden_size=32,
+            intermediate_size=48,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            tie_word_embeddings=False,
+            rope_theta=100000.0,
+        )
         model = transformers.LlamaForCausalLM(config)
     else:
-        config = transformers.Qwen2Config(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
-                                          num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)
+        config = transformers.Qwen2Config(
+            vocab_size=64,
+            hidden_size=32,
+            intermediate_size=48,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            tie_word_embeddings=True,
+        )
         model = transformers.Qwen2ForCausalLM(config)
     cfg = ArchConfig.from_hf(config)
     assert cfg.qkv_bias == (family == "qwen2") and cfg.head_dim == 8 and cfg.num_query_groups == 2

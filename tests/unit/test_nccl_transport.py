@@ -36,8 +36,12 @@ def _worker(rank: int, port: int, queue) -> None:
             queue.put(("sender", stats.num_bytes, stats.num_tensors, stats.num_buckets))
         else:
             got = {n: t.clone() for n, t in receive_weights()}
-            queue.put(("receiver", {n: (t.dtype, tuple(t.shape), t.view(torch.uint8).reshape(-1).tolist())
-                                    for n, t in got.items()}))
+            queue.put(
+                (
+                    "receiver",
+                    {n: (t.dtype, tuple(t.shape), t.view(torch.uint8).reshape(-1).tolist()) for n, t in got.items()},
+                )
+            )
     finally:
         dist.destroy_process_group()
 

@@ -26,6 +26,10 @@ def vime_add_arguments(parser):
     g.add_argument("--recompute-method", choices=["uniform", "block"], default=None)
     g.add_argument("--recompute-num-layers", type=int, default=None)
     g.add_argument("--use-distributed-optimizer", action=argparse.BooleanOptionalAction, default=True)
-    g.add_argument("--megatron-attention", choices=["te", "sdpa", "local"], default=None,
-                   help="core attention: Transformer Engine spec (default when TE imports), torch SDPA in the local "
-                        "spec (default otherwise), or Megatron's unfused local attention")
+    g.add_argument(
+        "--megatron-attention",
+        choices=["te", "sdpa", "local"],
+        default=None,
+        help="core attention: Transformer Engine spec (default when TE imports), torch SDPA in the local "
+        "spec (default otherwise), or Megatron's unfused local attention",
+    )

@@ -135,8 +135,14 @@ class VimeWorkerExtension:
             prepared = receiver.prepare(path, base_version, new_version)
             if prepared.already_applied:
                 logger.info("delta v%s already applied; verified, nothing to load", new_version)
-                return {"version": prepared.version, "changed": 0, "loaded": 0, "decode_seconds": prepared.seconds,
-                        "load_seconds": 0.0, "already_applied": True}
+                return {
+                    "version": prepared.version,
+                    "changed": 0,
+                    "loaded": 0,
+                    "decode_seconds": prepared.seconds,
+                    "load_seconds": 0.0,
+                    "already_applied": True,
+                }
             names = receiver.load_set(prepared)
             t0 = time.perf_counter()
             if names:
@@ -146,13 +152,29 @@ class VimeWorkerExtension:
                 refresh_cpu_embeddings(self.model_runner.get_model())  # type: ignore[attr-defined]
             receiver.commit(prepared)
             load_s = time.perf_counter() - t0
-        logger.info("applied delta v%s -> v%s: %d tensors changed, %d reloaded (decode %.3f s, load %.3f s)",
-                    base_version, new_version, len(prepared.new), len(names), prepared.seconds, load_s)
-        return {"version": prepared.version, "changed": len(prepared.new), "loaded": len(names),
-                "decode_seconds": prepared.seconds, "load_seconds": load_s, "already_applied": False}
+        logger.info(
+            "applied delta v%s -> v%s: %d tensors changed, %d reloaded (decode %.3f s, load %.3f s)",
+            base_version,
+            new_version,
+            len(prepared.new),
+            len(names),
+            prepared.seconds,
+            load_s,
+        )
+        return {
+            "version": prepared.version,
+            "changed": len(prepared.new),
+            "loaded": len(names),
+            "decode_seconds": prepared.seconds,
+            "load_seconds": load_s,
+            "already_applied": False,
+        }
 
     def vime_weight_sync_state(self) -> dict[str, Any]:
         """``{"version", "base_dir", "snapshot_tensors"}`` of this worker's ``disk-delta`` receiver."""
         receiver = self._vime_delta_receiver()
-        return {"version": receiver.version, "base_dir": str(receiver.base.path) if receiver.base.path else None,
-                "snapshot_tensors": len(receiver.snapshot)}
+        return {
+            "version": receiver.version,
+            "base_dir": str(receiver.base.path) if receiver.base.path else None,
+            "snapshot_tensors": len(receiver.snapshot),
+        }

@@ -68,18 +68,22 @@ def init_distributed(timeout_minutes: int = 30) -> tuple[int, int, int]:
     import torch.distributed as dist
 
     if not torch.cuda.is_available():
-        raise RuntimeError("the megatron trainer needs a CUDA GPU: megatron-core's model code calls torch.cuda "
-                           "unconditionally (use --trainer torch on CPU)")
+        raise RuntimeError(
+            "the megatron trainer needs a CUDA GPU: megatron-core's model code calls torch.cuda "
+            "unconditionally (use --trainer torch on CPU)"
+        )
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     torch.cuda.set_device(local_rank)
     if not dist.is_initialized():
         if "RANK" not in os.environ:
             from vime_core.rollout.engine import find_free_port
 
-            os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
-                              MASTER_PORT=str(find_free_port()))
-        dist.init_process_group("nccl", timeout=datetime.timedelta(minutes=timeout_minutes),
-                                device_id=torch.device("cuda", local_rank))
+            os.environ.update(
+                RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(find_free_port())
+            )
+        dist.init_process_group(
+            "nccl", timeout=datetime.timedelta(minutes=timeout_minutes), device_id=torch.device("cuda", local_rank)
+        )
     return dist.get_rank(), dist.get_world_size(), local_rank
 
 
@@ -93,9 +97,18 @@ class SDPACoreAttention(torch.nn.Module):
     parallelism and packed sequences are not supported.
     """
 
-    def __init__(self, config: Any, layer_number: int, attn_mask_type: Any, attention_type: str,
-                 attention_dropout: float | None = None, softmax_scale: float | None = None,
-                 cp_comm_type: str | None = None, pg_collection: Any = None, **_: Any) -> None:
+    def __init__(
+        self,
+        config: Any,
+        layer_number: int,
+        attn_mask_type: Any,
+        attention_type: str,
+        attention_dropout: float | None = None,
+        softmax_scale: float | None = None,
+        cp_comm_type: str | None = None,
+        pg_collection: Any = None,
+        **_: Any,
+    ) -> None:
         super().__init__()
         from megatron.core.transformer.enums import AttnMaskType
 
@@ -106,9 +119,17 @@ class SDPACoreAttention(torch.nn.Module):
         self.dropout = config.attention_dropout if attention_dropout is None else attention_dropout
         self.scale = softmax_scale
 
-    def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention_mask: Any,
-                attn_mask_type: Any = None, attention_bias: Any = None, packed_seq_params: Any = None,
-                **_: Any) -> torch.Tensor:
+    def forward(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        attention_mask: Any,
+        attn_mask_type: Any = None,
+        attention_bias: Any = None,
+        packed_seq_params: Any = None,
+        **_: Any,
+    ) -> torch.Tensor:
         import torch.nn.functional as F
 
         if packed_seq_params is not None:
@@ -120,8 +141,15 @@ class SDPACoreAttention(torch.nn.Module):
             value = value.repeat_interleave(rep, dim=2)
         q, k, v = (x.permute(1, 2, 0, 3) for x in (query, key, value))  # [b, h, s, d]
         mask = None if (self.causal or attention_mask is None) else ~attention_mask
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=self.dropout if self.training else 0.0,
-                                             is_causal=self.causal and mask is None, scale=self.scale)
+        out = F.scaled_dot_product_attention(
+            q,
+            k,
+            v,
+            attn_mask=mask,
+            dropout_p=self.dropout if self.training else 0.0,
+            is_causal=self.causal and mask is None,
+            scale=self.scale,
+        )
         return out.permute(2, 0, 1, 3).reshape(sq, b, heads * hn)
 
 
@@ -179,11 +207,14 @@ class MegatronTrainer(TrainerBackend):
         pp = int(getattr(args, "pipeline_model_parallel_size", 1) or 1)
         cp = int(getattr(args, "context_parallel_size", 1) or 1)
         if pp != 1 or cp != 1:
-            raise NotImplementedError("the megatron backend supports tensor and data parallelism only "
-                                      f"(got pipeline {pp}, context {cp})")
+            raise NotImplementedError(
+                f"the megatron backend supports tensor and data parallelism only (got pipeline {pp}, context {cp})"
+            )
         if getattr(args, "sequence_parallel", False) and self.tp > 1 and not have_transformer_engine():
-            raise ValueError("--sequence-parallel needs Transformer Engine: megatron-core's torch norms (local spec) "
-                             "do not support sequence parallelism")
+            raise ValueError(
+                "--sequence-parallel needs Transformer Engine: megatron-core's torch norms (local spec) "
+                "do not support sequence parallelism"
+            )
         if not mpu.model_parallel_is_initialized():
             mpu.initialize_model_parallel(tensor_model_parallel_size=self.tp)
         self.tp_rank = mpu.get_tensor_model_parallel_rank()
@@ -198,37 +229,67 @@ class MegatronTrainer(TrainerBackend):
         self.padded_vocab = math.ceil(self.arch.vocab_size / self.tp) * self.tp
         a = self.arch
         self.config = TransformerConfig(
-            num_layers=a.num_layers, hidden_size=a.hidden_size, num_attention_heads=a.num_attention_heads,
-            num_query_groups=a.num_query_groups, kv_channels=a.head_dim, ffn_hidden_size=a.ffn_hidden_size,
-            normalization="RMSNorm", layernorm_epsilon=a.rms_norm_eps, gated_linear_unit=True,
-            activation_func=torch.nn.functional.silu, add_bias_linear=False, add_qkv_bias=a.qkv_bias,
-            hidden_dropout=0.0, attention_dropout=0.0, bf16=True, params_dtype=torch.bfloat16,
-            pipeline_dtype=torch.bfloat16, tensor_model_parallel_size=self.tp,
+            num_layers=a.num_layers,
+            hidden_size=a.hidden_size,
+            num_attention_heads=a.num_attention_heads,
+            num_query_groups=a.num_query_groups,
+            kv_channels=a.head_dim,
+            ffn_hidden_size=a.ffn_hidden_size,
+            normalization="RMSNorm",
+            layernorm_epsilon=a.rms_norm_eps,
+            gated_linear_unit=True,
+            activation_func=torch.nn.functional.silu,
+            add_bias_linear=False,
+            add_qkv_bias=a.qkv_bias,
+            hidden_dropout=0.0,
+            attention_dropout=0.0,
+            bf16=True,
+            params_dtype=torch.bfloat16,
+            pipeline_dtype=torch.bfloat16,
+            tensor_model_parallel_size=self.tp,
             sequence_parallel=bool(getattr(args, "sequence_parallel", False)) and self.tp > 1,
             recompute_granularity=getattr(args, "recompute_granularity", None),
             recompute_method=getattr(args, "recompute_method", None),
             recompute_num_layers=getattr(args, "recompute_num_layers", None),
-            masked_softmax_fusion=False, bias_activation_fusion=False, apply_rope_fusion=False,
-            persist_layer_norm=False, gradient_accumulation_fusion=False,
+            masked_softmax_fusion=False,
+            bias_activation_fusion=False,
+            apply_rope_fusion=False,
+            persist_layer_norm=False,
+            gradient_accumulation_fusion=False,
         )
         gpt = GPTModel(
-            config=self.config, transformer_layer_spec=layer_spec(self.attention, self.te),
-            vocab_size=self.padded_vocab, max_sequence_length=a.max_position_embeddings, pre_process=True,
-            post_process=True, parallel_output=True, share_embeddings_and_output_weights=a.tie_word_embeddings,
-            position_embedding_type="rope", rotary_base=int(a.rope_theta), rotary_percent=1.0,
+            config=self.config,
+            transformer_layer_spec=layer_spec(self.attention, self.te),
+            vocab_size=self.padded_vocab,
+            max_sequence_length=a.max_position_embeddings,
+            pre_process=True,
+            post_process=True,
+            parallel_output=True,
+            share_embeddings_and_output_weights=a.tie_word_embeddings,
+            position_embedding_type="rope",
+            rotary_base=int(a.rope_theta),
+            rotary_percent=1.0,
         )
         gpt.cuda(torch.cuda.current_device())
         self.gpt = gpt
         self.load_hf_weights(model_path)
         self.module = Float16Module(self.config, gpt)
         use_dist_opt = bool(getattr(args, "use_distributed_optimizer", True))
-        ddp_config = DistributedDataParallelConfig(grad_reduce_in_fp32=True, overlap_grad_reduce=False,
-                                                   use_distributed_optimizer=use_dist_opt)
+        ddp_config = DistributedDataParallelConfig(
+            grad_reduce_in_fp32=True, overlap_grad_reduce=False, use_distributed_optimizer=use_dist_opt
+        )
         self.ddp = DistributedDataParallel(config=self.config, ddp_config=ddp_config, module=self.module)
         opt_config = OptimizerConfig(
-            optimizer="adam", lr=args.lr, weight_decay=args.weight_decay, adam_beta1=args.adam_beta1,
-            adam_beta2=args.adam_beta2, adam_eps=args.adam_eps, clip_grad=args.clip_grad, bf16=True,
-            params_dtype=torch.bfloat16, use_distributed_optimizer=use_dist_opt,
+            optimizer="adam",
+            lr=args.lr,
+            weight_decay=args.weight_decay,
+            adam_beta1=args.adam_beta1,
+            adam_beta2=args.adam_beta2,
+            adam_eps=args.adam_eps,
+            clip_grad=args.clip_grad,
+            bf16=True,
+            params_dtype=torch.bfloat16,
+            use_distributed_optimizer=use_dist_opt,
         )
         self.optimizer = get_megatron_optimizer(opt_config, [self.ddp])
         for group in self.optimizer.param_groups:  # constant lr (no scheduler)
@@ -258,8 +319,9 @@ class MegatronTrainer(TrainerBackend):
         params = dict(self.gpt.named_parameters())
         missing, unexpected = sorted(set(params) - set(mc)), sorted(set(mc) - set(params))
         if missing or unexpected:
-            raise KeyError(f"HF→Megatron mapping does not fit the model: missing {missing[:6]}, "
-                           f"unexpected {unexpected[:6]}")
+            raise KeyError(
+                f"HF→Megatron mapping does not fit the model: missing {missing[:6]}, unexpected {unexpected[:6]}"
+            )
         for name, p in params.items():
             part = shard(name, mc[name], self.tp_rank, self.tp)
             if part.shape != p.shape:
@@ -342,8 +404,10 @@ class MegatronTrainer(TrainerBackend):
         t0 = time.perf_counter()
         dev = torch.device("cuda", torch.cuda.current_device())
         samples = batch.samples
-        adv_of = {id(s): torch.tensor(a, dtype=torch.float32, device=dev)
-                  for s, a in zip(samples, batch.advantages, strict=True)}
+        adv_of = {
+            id(s): torch.tensor(a, dtype=torch.float32, device=dev)
+            for s, a in zip(samples, batch.advantages, strict=True)
+        }
         gbs = self.args.global_batch_size or len(samples)
         minibatches = [samples[i : i + gbs] for i in range(0, len(samples), gbs)]
         old_of: dict[int, torch.Tensor] = {}
@@ -357,8 +421,11 @@ class MegatronTrainer(TrainerBackend):
         grad_norms = []
         per_token = self.args.calculate_per_token_loss
         for minibatch in minibatches:
-            total = (sum(sum(s.loss_mask) for s in minibatch) if per_token
-                     else sum(1 for s in minibatch if any(s.loss_mask)))
+            total = (
+                sum(sum(s.loss_mask) for s in minibatch)
+                if per_token
+                else sum(1 for s in minibatch if any(s.loss_mask))
+            )
             self.ddp.zero_grad_buffer()
             self.optimizer.zero_grad()
             for mb in self._micro_batches(minibatch):
@@ -368,11 +435,14 @@ class MegatronTrainer(TrainerBackend):
                 else:
                     olds = [old_of.get(id(s), lp.detach()) for s, lp in zip(mb, lps, strict=True)]
                 out = policy_loss(
-                    lps, olds, [adv_of[id(s)] for s in mb],
+                    lps,
+                    olds,
+                    [adv_of[id(s)] for s in mb],
                     [torch.tensor(s.loss_mask, dtype=torch.float32, device=dev) for s in mb],
-                    eps_clip=self.args.eps_clip, eps_clip_high=self.args.eps_clip_high, per_token=per_token,
-                    rollout_log_probs=[torch.tensor(s.rollout_log_probs, dtype=torch.float32, device=dev)
-                                       for s in mb],
+                    eps_clip=self.args.eps_clip,
+                    eps_clip_high=self.args.eps_clip_high,
+                    per_token=per_token,
+                    rollout_log_probs=[torch.tensor(s.rollout_log_probs, dtype=torch.float32, device=dev) for s in mb],
                 )
                 count = sum(sum(s.loss_mask) for s in mb) if per_token else sum(1 for s in mb if any(s.loss_mask))
                 if count == 0:
@@ -431,8 +501,10 @@ class MegatronTrainer(TrainerBackend):
             save_file(tensors, str(path / "model.safetensors"))
             if self.steps_done:
                 torch.save(self.optimizer.state_dict(), path / "optimizer.pt")
-            torch.save({"steps_done": self.steps_done, "rng": torch.get_rng_state(),
-                        "cuda_rng": torch.cuda.get_rng_state()}, path / "trainer_state.pt")
+            torch.save(
+                {"steps_done": self.steps_done, "rng": torch.get_rng_state(), "cuda_rng": torch.cuda.get_rng_state()},
+                path / "trainer_state.pt",
+            )
         if self.steps_done:
             self.optimizer.save_parameter_state(str(path / "optimizer_param_state.pt"))
         dist.barrier()
@@ -456,8 +528,12 @@ class MegatronTrainer(TrainerBackend):
             # megatron-core 0.19.2 with torch's AdamW (no apex / TE): load_state_dict puts the common "step" into
             # every parameter state, which load_parameter_state then looks for in the file (KeyError 'step');
             # set it aside around that call
-            steps = [(st, st.pop("step")) for opt in self._inner_optimizers()
-                     for st in getattr(getattr(opt, "optimizer", None), "state", {}).values() if "step" in st]
+            steps = [
+                (st, st.pop("step"))
+                for opt in self._inner_optimizers()
+                for st in getattr(getattr(opt, "optimizer", None), "state", {}).values()
+                if "step" in st
+            ]
             try:
                 self.optimizer.load_parameter_state(str(path / "optimizer_param_state.pt"))
             finally:

@@ -99,11 +99,17 @@ class ArchConfig:
         if getattr(config, "mlp_bias", False):
             raise ConversionError("mlp_bias is not supported")
         return cls(
-            num_layers=int(config.num_hidden_layers), hidden_size=int(config.hidden_size),
-            num_attention_heads=heads, num_query_groups=groups, head_dim=int(head_dim),
-            ffn_hidden_size=int(config.intermediate_size), vocab_size=int(config.vocab_size),
-            tie_word_embeddings=bool(getattr(config, "tie_word_embeddings", False)), qkv_bias=qkv_bias,
-            rms_norm_eps=float(getattr(config, "rms_norm_eps", 1e-6)), rope_theta=float(theta or 10000.0),
+            num_layers=int(config.num_hidden_layers),
+            hidden_size=int(config.hidden_size),
+            num_attention_heads=heads,
+            num_query_groups=groups,
+            head_dim=int(head_dim),
+            ffn_hidden_size=int(config.intermediate_size),
+            vocab_size=int(config.vocab_size),
+            tie_word_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
+            qkv_bias=qkv_bias,
+            rms_norm_eps=float(getattr(config, "rms_norm_eps", 1e-6)),
+            rope_theta=float(theta or 10000.0),
             max_position_embeddings=int(getattr(config, "max_position_embeddings", 4096)),
         )
 
@@ -111,8 +117,10 @@ class ArchConfig:
 def _names(te: bool) -> dict[str, str]:
     """Megatron names of the two per-layer norms (TE fuses them into the following linear layer)."""
     if te:
-        return {"input_layernorm": "self_attention.linear_qkv.layer_norm_weight",
-                "post_attention_layernorm": "mlp.linear_fc1.layer_norm_weight"}
+        return {
+            "input_layernorm": "self_attention.linear_qkv.layer_norm_weight",
+            "post_attention_layernorm": "mlp.linear_fc1.layer_norm_weight",
+        }
     return {"input_layernorm": "input_layernorm.weight", "post_attention_layernorm": "pre_mlp_layernorm.weight"}
 
 
@@ -135,8 +143,14 @@ def hf_to_megatron(hf: dict[str, torch.Tensor], cfg: ArchConfig, *, te: bool = F
     :raises ConversionError: on a missing, unexpected or mis-shaped tensor.
     """
     src = dict(hf)
-    h, nh, ng, d, f, v = (cfg.hidden_size, cfg.num_attention_heads, cfg.num_query_groups, cfg.head_dim,
-                          cfg.ffn_hidden_size, cfg.vocab_size)
+    h, nh, ng, d, f, v = (
+        cfg.hidden_size,
+        cfg.num_attention_heads,
+        cfg.num_query_groups,
+        cfg.head_dim,
+        cfg.ffn_hidden_size,
+        cfg.vocab_size,
+    )
     per = nh // ng
     norms = _names(te)
     out: dict[str, torch.Tensor] = {}
@@ -177,8 +191,14 @@ def megatron_to_hf(mc: dict[str, torch.Tensor], cfg: ArchConfig, *, te: bool = F
     :raises ConversionError: on a missing, unexpected or mis-shaped tensor.
     """
     src = {k: t for k, t in mc.items() if not k.endswith("_extra_state")}
-    h, nh, ng, d, f, v = (cfg.hidden_size, cfg.num_attention_heads, cfg.num_query_groups, cfg.head_dim,
-                          cfg.ffn_hidden_size, cfg.vocab_size)
+    h, nh, ng, d, f, v = (
+        cfg.hidden_size,
+        cfg.num_attention_heads,
+        cfg.num_query_groups,
+        cfg.head_dim,
+        cfg.ffn_hidden_size,
+        cfg.vocab_size,
+    )
     per = nh // ng
     norms = _names(te)
     out: dict[str, torch.Tensor] = {}

@@ -43,8 +43,11 @@ class DiskWeightSync(WeightSyncStrategy):
 
         :raises TimeoutError: if the engine does not answer in time (the step fails; the engine keeps serving).
         """
-        call_with_timeout(lambda: engine.load_weights(update.payload["path"]), timeout_s,
-                          f"disk: engine {getattr(engine, 'url', engine)} loading version {update.version}")
+        call_with_timeout(
+            lambda: engine.load_weights(update.payload["path"]),
+            timeout_s,
+            f"disk: engine {getattr(engine, 'url', engine)} loading version {update.version}",
+        )
 
     def read(self, update: WeightUpdate) -> dict[str, torch.Tensor]:
         return load_file(str(Path(update.payload["path"]) / "model.safetensors"))

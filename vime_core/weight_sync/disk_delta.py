@@ -87,6 +87,8 @@ def _unzigzag_add(old: np.ndarray, z: np.ndarray, itemsize: int) -> np.ndarray:
     zz = z.view(u)
     d = (zz >> u(1)) ^ ((zz & u(1)) * u(np.iinfo(u).max))
     return (old.view(u) + d).view(np.uint8)
+
+
 CHECKSUM = "xxh3-128"
 
 
@@ -156,8 +158,9 @@ def _decompress(payload: bytes | np.ndarray, expected_size: int) -> np.ndarray:
     return np.frombuffer(data, dtype=np.uint8)
 
 
-def encode(old: np.ndarray | None, new: np.ndarray, itemsize: int, encoding: str, level: int = 1
-           ) -> tuple[str, bytes | None, int]:
+def encode(
+    old: np.ndarray | None, new: np.ndarray, itemsize: int, encoding: str, level: int = 1
+) -> tuple[str, bytes | None, int]:
     """Encode one tensor's change.
 
     :param old: base bytes (``uint8`` 1-D), or ``None`` when the base has no such tensor (or another dtype/shape).
@@ -202,8 +205,10 @@ def decode(old: np.ndarray | None, kind: str, payload: bytes | np.ndarray, nbyte
         if kind == "full":
             out = _unshuffle(_decompress(payload, nbytes), itemsize)
         elif old is None or old.size != nbytes:
-            raise DeltaSyncError(f"a {kind!r} delta needs a base tensor of {nbytes} bytes, the base has "
-                                 f"{None if old is None else old.size}")
+            raise DeltaSyncError(
+                f"a {kind!r} delta needs a base tensor of {nbytes} bytes, the base has "
+                f"{None if old is None else old.size}"
+            )
         elif kind == "xor":
             out = np.bitwise_xor(old, _unshuffle(_decompress(payload, nbytes), itemsize))
         elif kind == "sub":
@@ -347,8 +352,9 @@ class DeltaReceiver:
                 self.snapshot[name] = buf
         return buf
 
-    def prepare(self, path: str | Path, base_version: int | None = None, new_version: int | None = None
-                ) -> PreparedDelta:
+    def prepare(
+        self, path: str | Path, base_version: int | None = None, new_version: int | None = None
+    ) -> PreparedDelta:
         """Decode and verify the version at ``path`` without changing any state.
 
         :param path: a ``weight_v{N:06d}`` directory.
@@ -382,8 +388,9 @@ class DeltaReceiver:
                 "(load a full checkpoint with a version first)"
             )
         if base is None or int(base) != self.version:
-            raise DeltaVersionError(f"refusing out-of-order delta {base} -> {version}: the engine holds version "
-                                    f"{self.version}")
+            raise DeltaVersionError(
+                f"refusing out-of-order delta {base} -> {version}: the engine holds version {self.version}"
+            )
         payload_names = set(handle.keys())
         for name, info in tensors.items():
             itemsize = torch.empty((), dtype=getattr(torch, info["dtype"])).element_size()
@@ -391,8 +398,10 @@ class DeltaReceiver:
             cur = self._current(name, info)
             if kind == "same":
                 if cur is None or checksum(cur) != info["checksum"]:
-                    raise DeltaChecksumError(f"{name}: the engine's base differs from the trainer's (unchanged "
-                                             f"tensor, checksum mismatch; base version {self.version})")
+                    raise DeltaChecksumError(
+                        f"{name}: the engine's base differs from the trainer's (unchanged "
+                        f"tensor, checksum mismatch; base version {self.version})"
+                    )
                 continue
             if name not in payload_names:
                 raise DeltaSyncError(f"{name}: manifest says {kind!r} but the file has no payload for it")
@@ -401,8 +410,10 @@ class DeltaReceiver:
             except DeltaSyncError as e:
                 raise type(e)(f"{name}: {e}") from e
             if checksum(new) != info["checksum"]:
-                raise DeltaChecksumError(f"{name}: checksum mismatch after applying the {kind} delta "
-                                         f"{base} -> {version} (corrupt file or wrong base)")
+                raise DeltaChecksumError(
+                    f"{name}: checksum mismatch after applying the {kind} delta "
+                    f"{base} -> {version} (corrupt file or wrong base)"
+                )
             prepared.new[name] = new
         prepared.seconds = time.perf_counter() - t0
         return prepared
@@ -492,8 +503,14 @@ class DiskDeltaWeightSync(WeightSyncStrategy):
         if version <= self.version:
             raise ValueError(f"disk-delta: new version {version} must be above the snapshot's {self.version}")
         manifest: dict[str, Any] = {
-            "format": FORMAT, "format_version": FORMAT_VERSION, "version": version, "base_version": self.version,
-            "encoding": self.encoding, "compression": "zstd", "checksum": CHECKSUM, "tensors": {},
+            "format": FORMAT,
+            "format_version": FORMAT_VERSION,
+            "version": version,
+            "base_version": self.version,
+            "encoding": self.encoding,
+            "compression": "zstd",
+            "checksum": CHECKSUM,
+            "tensors": {},
         }
         payloads: dict[str, np.ndarray] = {}
         new_snapshot: dict[str, np.ndarray] = {}
@@ -505,8 +522,14 @@ class DiskDeltaWeightSync(WeightSyncStrategy):
             if old is None:
                 old = self._base.read(name, dtype, shape)
             kind, payload, changed = encode(old, new, t.element_size(), self.encoding, self.level)
-            manifest["tensors"][name] = {"dtype": dtype, "shape": shape, "nbytes": int(new.size),
-                                         "checksum": checksum(new), "kind": kind, "changed_bytes": changed}
+            manifest["tensors"][name] = {
+                "dtype": dtype,
+                "shape": shape,
+                "nbytes": int(new.size),
+                "checksum": checksum(new),
+                "kind": kind,
+                "changed_bytes": changed,
+            }
             if payload is not None:
                 payloads[name] = np.frombuffer(payload, dtype=np.uint8)
             new_snapshot[name] = new
@@ -524,13 +547,26 @@ class DiskDeltaWeightSync(WeightSyncStrategy):
         self.version = version
         nbytes = (out / DELTA_FILE).stat().st_size
         payload_info = {
-            "path": str(out), "base_version": base_version, "version": version, "full_bytes": full_bytes,
-            "changed_bytes": changed_bytes, "changed_tensors": len(payloads), "tensors": len(manifest["tensors"]),
+            "path": str(out),
+            "base_version": base_version,
+            "version": version,
+            "full_bytes": full_bytes,
+            "changed_bytes": changed_bytes,
+            "changed_tensors": len(payloads),
+            "tensors": len(manifest["tensors"]),
         }
         seconds = time.perf_counter() - t0
-        logger.info("disk-delta v%d (base v%d): %d/%d tensors changed, %d bytes written for %d (%.1f%%), %.2f s",
-                    version, base_version, len(payloads), len(manifest["tensors"]), nbytes, full_bytes,
-                    100.0 * nbytes / max(full_bytes, 1), seconds)
+        logger.info(
+            "disk-delta v%d (base v%d): %d/%d tensors changed, %d bytes written for %d (%.1f%%), %.2f s",
+            version,
+            base_version,
+            len(payloads),
+            len(manifest["tensors"]),
+            nbytes,
+            full_bytes,
+            100.0 * nbytes / max(full_bytes, 1),
+            seconds,
+        )
         return WeightUpdate(version, payload_info, num_bytes=nbytes, seconds=seconds)
 
     def apply(self, engine: Any, update: WeightUpdate, timeout_s: float) -> None:

@@ -19,8 +19,9 @@ import torch
 from vime_core.weight_sync.nccl import DEFAULT_BUCKET_BYTES, buckets
 
 
-def share_weights(named_tensors: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int = DEFAULT_BUCKET_BYTES
-                  ) -> tuple[list[torch.Tensor], list[dict[str, Any]]]:
+def share_weights(
+    named_tensors: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int = DEFAULT_BUCKET_BYTES
+) -> tuple[list[torch.Tensor], list[dict[str, Any]]]:
     """Trainer side: copy tensors (CUDA) into flat buckets and make IPC handles for them.
 
     :param named_tensors: ``(hf_name, CUDA tensor)``.
@@ -38,10 +39,15 @@ def share_weights(named_tensors: Iterable[tuple[str, torch.Tensor]], bucket_byte
                 raise ValueError(f"{name}: CUDA IPC needs CUDA tensors, got {t.device}")
         buf = torch.cat([t.detach().contiguous().reshape(-1).view(torch.uint8) for _, t in bucket])
         buffers.append(buf)
-        payload.append({"handle": reduce_tensor(buf), "names": [n for n, _ in bucket],
-                        "dtypes": [str(t.dtype).removeprefix("torch.") for _, t in bucket],
-                        "shapes": [list(t.shape) for _, t in bucket],
-                        "nbytes": [t.numel() * t.element_size() for _, t in bucket]})
+        payload.append(
+            {
+                "handle": reduce_tensor(buf),
+                "names": [n for n, _ in bucket],
+                "dtypes": [str(t.dtype).removeprefix("torch.") for _, t in bucket],
+                "shapes": [list(t.shape) for _, t in bucket],
+                "nbytes": [t.numel() * t.element_size() for _, t in bucket],
+            }
+        )
     return buffers, payload
 
 
@@ -51,7 +57,8 @@ def open_shared_weights(payload: list[dict[str, Any]]) -> Iterator[tuple[str, to
         rebuild, args = bucket["handle"]
         buf = rebuild(*args)
         offset = 0
-        for name, dtype, shape, n in zip(bucket["names"], bucket["dtypes"], bucket["shapes"], bucket["nbytes"],
-                                         strict=True):
+        for name, dtype, shape, n in zip(
+            bucket["names"], bucket["dtypes"], bucket["shapes"], bucket["nbytes"], strict=True
+        ):
             yield name, buf[offset : offset + n].view(getattr(torch, dtype)).reshape(shape)
             offset += n

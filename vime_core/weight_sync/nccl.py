@@ -34,8 +34,9 @@ class BroadcastStats:
     seconds: float = 0.0
 
 
-def buckets(named_tensors: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int
-            ) -> Iterator[list[tuple[str, torch.Tensor]]]:
+def buckets(
+    named_tensors: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int
+) -> Iterator[list[tuple[str, torch.Tensor]]]:
     """Group tensors in order into lists of at most ``bucket_bytes`` bytes (a larger tensor gets a bucket alone).
 
     :raises ValueError: if ``bucket_bytes`` < 1.
@@ -62,8 +63,14 @@ def _device(group: Any) -> torch.device:
     return torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
 
 
-def broadcast_weights(named_tensors: Iterable[tuple[str, torch.Tensor]], *, src: int = 0, group: Any = None,
-                      bucket_bytes: int = DEFAULT_BUCKET_BYTES, checksums: bool = False) -> BroadcastStats:
+def broadcast_weights(
+    named_tensors: Iterable[tuple[str, torch.Tensor]],
+    *,
+    src: int = 0,
+    group: Any = None,
+    bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+    checksums: bool = False,
+) -> BroadcastStats:
     """Sender side: broadcast every tensor from rank ``src`` of ``group`` in buckets, then an end marker.
 
     :param named_tensors: ``(hf_name, tensor)`` on any device (copied into a flat buffer on the group's device).
@@ -80,8 +87,12 @@ def broadcast_weights(named_tensors: Iterable[tuple[str, torch.Tensor]], *, src:
     stats = BroadcastStats()
     for bucket in buckets(named_tensors, bucket_bytes):
         flats = [t.detach().contiguous().reshape(-1).view(torch.uint8) for _, t in bucket]
-        meta = {"names": [n for n, _ in bucket], "dtypes": [str(t.dtype).removeprefix("torch.") for _, t in bucket],
-                "shapes": [list(t.shape) for _, t in bucket], "nbytes": [int(f.numel()) for f in flats]}
+        meta = {
+            "names": [n for n, _ in bucket],
+            "dtypes": [str(t.dtype).removeprefix("torch.") for _, t in bucket],
+            "shapes": [list(t.shape) for _, t in bucket],
+            "nbytes": [int(f.numel()) for f in flats],
+        }
         if checksums:
             meta["checksums"] = [checksum(tensor_bytes(t)) for _, t in bucket]
         dist.broadcast_object_list([meta], src=src, group=group, device=dev)
@@ -121,8 +132,9 @@ def receive_weights(*, src: int = 0, group: Any = None) -> Iterator[tuple[str, t
         buf = torch.empty(sum(meta["nbytes"]), dtype=torch.uint8, device=dev)
         dist.broadcast(buf, src=src, group=group)
         offset = 0
-        for i, (name, dtype, shape, n) in enumerate(zip(meta["names"], meta["dtypes"], meta["shapes"],
-                                                        meta["nbytes"], strict=True)):
+        for i, (name, dtype, shape, n) in enumerate(
+            zip(meta["names"], meta["dtypes"], meta["shapes"], meta["nbytes"], strict=True)
+        ):
             t = buf[offset : offset + n].view(getattr(torch, dtype)).reshape(shape)
             offset += n
             if "checksums" in meta and checksum(tensor_bytes(t)) != meta["checksums"][i]:
