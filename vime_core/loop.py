@@ -53,10 +53,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     :return: the summary also written to ``OUTPUT_DIR/summary.json``.
     """
-    import ray  # noqa: I001
+    import ray
 
     from vime_core.models import resolve_model
-    from vime_core.orchestration import TrainerWorker, init_ray, remote_actor  # before ray: sets Ray's env
+    from vime_core.orchestration import TrainerWorker, init_ray, remote_actor
     from vime_core.rollout.manager import RolloutManager
 
     out = Path(args.output_dir)
@@ -128,6 +128,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 if trainer is not None and (last or (args.save_interval and (step + 1) % args.save_interval == 0)):
                     _save_checkpoint(out, step + 1, version, trainer, rollout)
         summary = _summary(args, out, history, start_step)
+        summary["ray_node_ip"] = ray.util.get_node_ip_address()
         if trainer is not None and args.save_hf:
             ray.get(trainer.save_hf.remote(str(out / "final_hf")))
             summary["final_hf"] = str(out / "final_hf")

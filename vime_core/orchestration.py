@@ -14,12 +14,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-# Set before Ray is imported anywhere: Ray reads these at import time (ray_constants).
-os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # node IP = 127.0.0.1 instead of the interface's
-os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-
-from vime_core.plugins import get_plugins  # noqa: E402
+from vime_core.plugins import get_plugins  # importing vime_core set Ray's loopback environment (see __init__)
 from vime_core.weight_sync.base import WeightUpdate
 
 logger = logging.getLogger("vime.orchestration")
@@ -50,11 +45,18 @@ class TrainerWorker:
 
 
 def init_ray(num_cpus: int | None = None) -> None:
-    """Start a local Ray instance bound to 127.0.0.1 (idempotent)."""
+    """Start a local Ray instance bound to 127.0.0.1 (idempotent).
+
+    :raises RuntimeError: if Ray was imported before ``vime_core`` with cluster mode on, so it would pick the
+        machine's interface address instead of 127.0.0.1.
+    """
     import ray
+    from ray._private import ray_constants
 
     if ray.is_initialized():
         return
+    if ray_constants.ENABLE_RAY_CLUSTER and os.environ.get("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER") != "1":
+        raise RuntimeError("Ray was imported before vime_core: import vime_core first so Ray stays on 127.0.0.1")
     ray.init(
         num_cpus=num_cpus or os.cpu_count(),
         include_dashboard=False,

@@ -94,6 +94,7 @@ def test_two_steps_complete_with_progress_and_summary(two_step_run):
     assert "[vime] step 1/2 | reward" in proc.stdout and "[vime] step 2/2 | reward" in proc.stdout
     summary = json.loads((out / "summary.json").read_text())
     assert summary["steps_run"] == 2 and summary["first_step"] == 0
+    assert summary["ray_node_ip"] == "127.0.0.1"  # Ray stayed on loopback in a real run
     assert list((out / "tensorboard").iterdir()), "no TensorBoard event file"
     plugins = {p["name"]: p for p in json.loads((out / "plugins.json").read_text())}
     assert plugins["reward-digits"]["provides"] == {"reward": ["digit_fraction"]}
