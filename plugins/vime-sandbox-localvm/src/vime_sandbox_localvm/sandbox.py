@@ -439,6 +439,10 @@ class LocalVMSandbox(Sandbox):
             await asyncio.shield(self._kill_exec(pid_file))
             raise
         except (asyncssh.Error, OSError) as e:
+            left = self.remaining_s()
+            if left is not None and left <= 1.0:  # the VM was killed at its wall-time limit
+                return RawExecResult(TIMEOUT_EXIT_CODE, bytes(out.buf), bytes(err.buf), True, out.total > out.limit,
+                                     err.total > err.limit)
             raise SandboxInfraError(f"localvm sandbox {self.sandbox_id}: ssh failed: {e}") from e
         elapsed = time.monotonic() - t0
         code = proc.exit_status

@@ -1,0 +1,48 @@
+"""vime-sandbox-localvm is found through its entry point, with its flags; no VM needed."""
+
+import argparse
+
+import pytest
+from vime_sandbox_localvm.hooks import vime_add_arguments
+from vime_sandbox_localvm.sandbox import LocalVMSandbox
+
+from vime_core.builtins.sandboxes import vime_add_arguments as core_flags
+from vime_core.plugins import get_plugins
+
+pytestmark = pytest.mark.contract
+
+
+def test_plugin_is_discovered():
+    rows = {r["name"]: r for r in get_plugins().describe()}
+    assert rows["sandbox-localvm"]["distribution"] == "vime-sandbox-localvm"
+    assert rows["sandbox-localvm"]["provides"] == {"sandbox": ["localvm"]}
+    assert get_plugins().resolve("sandbox", "localvm") is LocalVMSandbox
+
+
+def test_flags_reach_from_args(tmp_path):
+    parser = argparse.ArgumentParser()
+    core_flags(parser)
+    vime_add_arguments(parser)
+    args = parser.parse_args(["--sandbox-localvm-image-dir", str(tmp_path), "--sandbox-localvm-accel", "tcg",
+                              "--sandbox-cpus", "2", "--sandbox-memory-mb", "512"])
+    sb = LocalVMSandbox.from_args(args)
+    assert (sb.image_dir, sb.accel, sb.ssh, sb.limits.cpus, sb.limits.memory_bytes) == (tmp_path, "tcg", None, 2.0,
+                                                                                      512 << 20)
+    argv = sb._qemu_argv(2222)
+    assert argv[argv.index("-smp") + 1] == "2" and argv[argv.index("-m") + 1] == "512"
+    assert "user,id=n0,restrict=on,hostfwd=tcp:127.0.0.1:2222-:22" in argv
+    attached = LocalVMSandbox.from_args(args, ssh="root@127.0.0.1:2200")
+    assert attached.capabilities == {"detached"}
+
+
+def test_missing_image_is_an_infra_error(tmp_path):
+    import asyncio
+
+    from vime_core.sandbox import SandboxInfraError
+
+    async def body():
+        async with LocalVMSandbox(image_dir=tmp_path / "none"):
+            pass
+
+    with pytest.raises(SandboxInfraError, match="build-image"):
+        asyncio.run(body())
