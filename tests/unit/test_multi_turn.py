@@ -272,3 +272,26 @@ def test_call_grammar_matches_format_calls():
     grammar = HermesToolParser().call_grammar([schema])
     xg.Grammar.from_ebnf(grammar)  # compiles
     assert grammar.count("calculator") == 1 and "<tool_call>" in grammar
+
+
+def test_rollout_metrics_through_the_hook(tok):
+    s1, _ = run(tok, [CALC % "6 * 7", "The answer is 42."])
+    s2, _ = run(tok, ["Answer: 42"])
+    s3, _ = run(tok, [CALC % "1"] * 2, multi_turn_max_turns=2)
+    metrics: dict[str, float] = {}
+    get_plugins().pm.hook.vime_on_rollout_end(
+        args=argparse.Namespace(generate="multi_turn"), step=0, samples=[s1, s2, s3], metrics=metrics
+    )
+    expected = {
+        "multi_turn/turns_mean": 5 / 3,
+        "multi_turn/tool_call_frac": 2 / 3,
+        "multi_turn/tool_calls_mean": 2 / 3,
+        "multi_turn/ill_formed_frac": 0.0,
+        "multi_turn/max_turns_frac": 1 / 3,
+    }
+    assert {k: metrics[k] for k in expected} == pytest.approx(expected)
+    other: dict[str, float] = {}
+    get_plugins().pm.hook.vime_on_rollout_end(
+        args=argparse.Namespace(generate="default"), step=0, samples=[s1], metrics=other
+    )
+    assert not any(k.startswith("multi_turn/") for k in other)

@@ -17,3 +17,11 @@ def vime_add_arguments(parser):
     from vime_core.rollout.multi_turn import add_arguments
 
     add_arguments(parser)
+
+
+@hookimpl
+def vime_on_rollout_end(args, samples, metrics):
+    if getattr(args, "generate", None) == "multi_turn":
+        from vime_core.rollout.multi_turn import rollout_metrics
+
+        metrics.update(rollout_metrics(samples))

@@ -323,3 +323,18 @@ async def _episode(
     sample.metadata["num_turns"] = turn + 1
     sample.metadata["stop_reason"] = stop_reason
     return sample
+
+
+def rollout_metrics(samples: list[Sample]) -> dict[str, float]:
+    """``multi_turn/*`` metrics of one step (logged through ``vime_on_rollout_end`` when ``--generate multi_turn``):
+    mean model turns, fraction of episodes with at least one tool call, tool calls per episode, fraction with an
+    ill-formed call, fraction stopped by ``--multi-turn-max-turns``."""
+    n = max(len(samples), 1)
+    calls = [len(s.metadata.get("tool_calls") or []) for s in samples]
+    return {
+        "multi_turn/turns_mean": sum(int(s.metadata.get("num_turns") or 0) for s in samples) / n,
+        "multi_turn/tool_call_frac": sum(c > 0 for c in calls) / n,
+        "multi_turn/tool_calls_mean": sum(calls) / n,
+        "multi_turn/ill_formed_frac": sum(bool(s.metadata.get("ill_formed_turns")) for s in samples) / n,
+        "multi_turn/max_turns_frac": sum(s.metadata.get("stop_reason") == "max_turns" for s in samples) / n,
+    }
