@@ -126,30 +126,34 @@ def test_hook_vime_add_arguments(monkeypatch):
     assert args.test_plugin_level == 5
 
 
-def _manager_with_hooks(tiny_model_dir, tmp_path, plugin):
-    """A RolloutManager whose generate function needs no engine (echoes fixed tokens), with ``plugin`` loaded."""
+async def _echo(args, sample, sampling_params):
+    sample.tokens = [1, 2]
+    sample.append_response_tokens([3, 4, 5], trainable=True, log_probs=[-0.5] * 3, weight_version=0)
+    sample.status = sample.status.COMPLETED
+    return sample
+
+
+def _manager_with_hooks(tiny_model_dir, tmp_path, plugin=None, generate=_echo, num_prompts=4, **overrides):
+    """A RolloutManager whose generate function needs no engine (``generate``, default: fixed tokens), over
+    ``num_prompts`` prompts ``p0..`` labelled ``x``, with ``plugin`` loaded and ``overrides`` applied to the args."""
     import json
 
+    import vime_core.plugins as vp
     from vime_core.rollout.context import RolloutContext, set_rollout_context
     from vime_core.rollout.manager import RolloutManager
-
-    async def echo(args, sample, sampling_params):
-        sample.tokens = [1, 2]
-        sample.append_response_tokens([3, 4, 5], trainable=True, log_probs=[-0.5] * 3, weight_version=0)
-        sample.status = sample.status.COMPLETED
-        return sample
 
     class Gen:
         @staticmethod
         @hookimpl
         def vime_register_generate_functions(register):
-            register("echo", echo)
+            register("echo", generate)
 
     data = tmp_path / "p.jsonl"
-    data.write_text("\n".join(json.dumps({"prompt": f"p{i}", "label": "x"}) for i in range(4)))
+    data.write_text("\n".join(json.dumps({"prompt": f"p{i}", "label": "x"}) for i in range(num_prompts)))
     p = Plugins()
     p.pm.register(Gen, name="gen")
-    p.pm.register(plugin, name="test-plugin")
+    if plugin is not None:
+        p.pm.register(plugin, name="test-plugin")
     p.load()
     args = argparse.Namespace(
         generate="echo",
@@ -173,8 +177,7 @@ def _manager_with_hooks(tiny_model_dir, tmp_path, plugin):
         reward_key=None,
         update_weight_disk_dir=tmp_path / "w",
     )
-    import vime_core.plugins as vp
-
+    vars(args).update(overrides)
     old, vp._PLUGINS = vp._PLUGINS, p
     try:
         m = RolloutManager(args, tiny_model_dir)
@@ -230,11 +233,6 @@ def test_hook_vime_on_train_step_end():
 def test_dynamic_sampling_filter_refills_until_enough_groups_pass(tiny_model_dir, tmp_path):
     """Rewards come from exact_match against labels; only groups with mixed rewards pass check_reward_nonzero_std.
     The echo generator answers 'x' for even-indexed samples of odd prompts only, so prompts p1 and p3 pass."""
-    import json
-
-    import vime_core.plugins as vp
-    from vime_core.rollout.context import RolloutContext, set_rollout_context
-    from vime_core.rollout.manager import RolloutManager
 
     async def echo(args, sample, sampling_params):
         prompt_no = int(sample.prompt[1:])
@@ -244,48 +242,15 @@ def test_dynamic_sampling_filter_refills_until_enough_groups_pass(tiny_model_dir
         sample.status = sample.status.COMPLETED
         return sample
 
-    class Gen:
-        @staticmethod
-        @hookimpl
-        def vime_register_generate_functions(register):
-            register("echo2", echo)
-
-    data = tmp_path / "p.jsonl"
-    data.write_text("\n".join(json.dumps({"prompt": f"p{i}", "label": "x"}) for i in range(8)))
-    p = Plugins()
-    p.pm.register(Gen, name="gen")
-    p.load()
-    args = argparse.Namespace(
-        generate="echo2",
-        reward="exact_match",
-        weight_sync="disk",
-        prompt_data=data,
-        input_key="prompt",
-        label_key="label",
-        metadata_key="metadata",
-        n_samples_per_prompt=2,
-        rollout_shuffle=False,
-        seed=0,
-        rollout_batch_size=2,
-        rollout_concurrency=4,
-        rollout_temperature=1.0,
-        rollout_top_p=1.0,
-        rollout_top_k=-1,
-        rollout_max_response_len=8,
-        rollout_stop=None,
-        rollout_stop_token_ids=None,
-        reward_key=None,
-        update_weight_disk_dir=tmp_path / "w",
+    m = _manager_with_hooks(
+        tiny_model_dir,
+        tmp_path,
+        generate=echo,
+        num_prompts=8,
         dynamic_sampling_filter="check_reward_nonzero_std",
         over_sampling_batch_size=3,
         dynamic_sampling_max_rounds=8,
     )
-    old, vp._PLUGINS = vp._PLUGINS, p
-    try:
-        m = RolloutManager(args, tiny_model_dir)
-    finally:
-        vp._PLUGINS = old
-    set_rollout_context(RolloutContext(client=None, tokenizer=m.tokenizer))
     groups, metrics = m.generate(0)
     # chunk 1 = p0 p1 p2 → p1 passes; chunk 2 = p3 p4 p5 → p3 fills the batch, p5 passes too but is surplus
     assert [g[0].prompt for g in groups] == ["p1", "p3"]
