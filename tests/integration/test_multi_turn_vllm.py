@@ -86,3 +86,24 @@ def test_forced_tool_loop_is_exact(rollout_context, tok):
     # tests/integration/test_agent_gateway_vllm.py::test_trained_log_probs_are_the_engines_in_context)
     trained = [lp for lp, m in zip(s.rollout_log_probs, s.loss_mask, strict=True) if m]
     assert len(trained) == sum(s.loss_mask) and all(lp <= 0.0 for lp in trained)
+
+
+def test_sandbox_shell_tool(tok):
+    """``--multi-turn-sandbox-tool bash``: the model's shell calls run in a real ``local`` sandbox, one per episode
+    (the engine is scripted here: only the sandbox is under test)."""
+    from vime_core.agent.backends import ScriptedBackend
+
+    call = '<tool_call>\n{"name": "bash", "arguments": {"command": "echo hi; echo oops >&2; exit 3"}}\n</tool_call>'
+    backend = ScriptedBackend(tok, [call, "done"])
+    set_rollout_context(RolloutContext(client=backend, tokenizer=tok, weight_version=0))
+    try:
+        args = argparse.Namespace(
+            apply_chat_template=True, multi_turn_tools=[], multi_turn_sandbox_tool="bash", sandbox="local"
+        )
+        generate = get_plugins().resolve("generate", "multi_turn")
+        s = asyncio.run(generate(args, Sample(prompt="Run it."), {"temperature": 1.0, "max_tokens": 256}))
+    finally:
+        set_rollout_context(None)
+    assert s.status is Status.COMPLETED
+    assert s.metadata["tool_calls"][0]["result"] == "exit code: 3\nstdout:\nhi\n\nstderr:\noops\n"
+    assert s.tokens == backend.calls[-1].prompt_ids + backend.calls[-1].output.token_ids
