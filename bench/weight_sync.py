@@ -1,12 +1,12 @@
 """Bytes and seconds of ``disk`` vs ``disk-delta`` weight sync on SmolLM2-135M-Instruct after torch-trainer steps.
 
 Trains the real torch trainer (AdamW, ``--lr``, default 1e-6 = vime's default) on a synthetic RL batch and, after every
-step, pushes the weights through ``disk`` (full safetensors) and ``disk-delta`` (xor and overwrite, each diffing
+step, pushes the weights through ``disk`` (full safetensors) and ``disk-delta`` (each ``--encodings``, each diffing
 against the previous version, as in a run). Reports, after step 1 and step ``--steps``: bytes written, the delta's
 share of the full bytes, trainer-side seconds (encode + write) and receiver-side seconds (read; for disk-delta:
 decode + verify every checksum, no vLLM involved). Asserts nothing; prints a table.
 
-    .venv/bin/python bench/weight_sync.py [--steps 10] [--dtypes float32,bfloat16] [--lr 1e-6]
+    .venv/bin/python bench/weight_sync.py [--steps 10] [--dtypes float32,bfloat16] [--encodings sub,xor,overwrite]
 """
 
 from __future__ import annotations
@@ -125,7 +125,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--lr", type=float, default=1e-6)
     ap.add_argument("--dtypes", default="float32,bfloat16")
-    ap.add_argument("--encodings", default="xor,overwrite")
+    ap.add_argument("--encodings", default="sub,xor,overwrite")
     ap.add_argument("--samples", type=int, default=4)
     ap.add_argument("--prompt-len", type=int, default=32)
     ap.add_argument("--response-len", type=int, default=64)

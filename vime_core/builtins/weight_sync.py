@@ -18,7 +18,7 @@ def vime_add_arguments(parser):
     g.add_argument(
         "--update-weight-delta-encoding",
         choices=["xor", "sub", "overwrite"],
-        default="xor",
+        default="sub",
         help="disk-delta: xor of old and new bytes, integer difference of each element's bits (both "
         "applied once), or changed byte positions + new bytes",
     )

@@ -450,7 +450,7 @@ class DiskDeltaWeightSync(WeightSyncStrategy):
     through ``/collective_rpc vime_apply_delta`` (decode + verify everything, then reload the touched layers).
 
     Arguments read from ``args``: ``update_weight_disk_dir`` (where versions are written), ``keep_weight_updates``,
-    ``update_weight_delta_encoding`` (``xor``, default, or ``overwrite``), ``update_weight_delta_zstd_level``
+    ``update_weight_delta_encoding`` (``sub``, default, ``xor`` or ``overwrite``), ``update_weight_delta_zstd_level``
     (default 1), ``update_weight_delta_base`` (seed directory; default the ``--model`` directory; none: the first
     version carries every tensor in full).
 
@@ -461,7 +461,7 @@ class DiskDeltaWeightSync(WeightSyncStrategy):
 
     def __init__(self, args: Any) -> None:
         super().__init__(args)
-        self.encoding = getattr(args, "update_weight_delta_encoding", None) or "xor"
+        self.encoding = getattr(args, "update_weight_delta_encoding", None) or "sub"
         if self.encoding not in ENCODINGS:
             raise ValueError(f"--update-weight-delta-encoding must be one of {ENCODINGS}, got {self.encoding!r}")
         self.level = int(getattr(args, "update_weight_delta_zstd_level", None) or 1)
