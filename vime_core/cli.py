@@ -68,7 +68,8 @@ def _cmd_plugins(argv: list[str]) -> int:
     for r in rows:
         provides = "; ".join(f"{k}: {', '.join(v)}" for k, v in r["provides"].items()) or "-"
         status = f"  ERROR: {r['error']}" if r["error"] else ""
-        print(f"{r['name']}  ({r['distribution']} {r['version']})  provides {provides}{status}")
+        hooks = ", ".join(r["hooks"]) or "-"
+        print(f"{r['name']}  ({r['distribution']} {r['version']})  provides {provides}  hooks {hooks}{status}")
     return 0
 
 

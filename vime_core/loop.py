@@ -25,7 +25,7 @@ from vime_core.plugins import get_plugins
 from vime_core.types import Sample
 
 logger = logging.getLogger("vime.loop")
-console = Console(stderr=False, highlight=False, markup=False)
+console = Console(stderr=False, highlight=False, markup=False, soft_wrap=True)  # no wrap at 80 cols in logs
 
 
 def save_debug_rollout(pattern: str, step: int, groups: list[list[Sample]]) -> Path:
@@ -63,7 +63,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     plugins = get_plugins()
     (out / "plugins.json").write_text(json.dumps(plugins.describe(), indent=1))
-    (out / "args.json").write_text(json.dumps({k: str(v) for k, v in vars(args).items()}, indent=1))
+    (out / "args.json").write_text(json.dumps(vars(args), indent=1, default=str))  # paths as strings
     estimator = plugins.resolve("advantage", args.advantage_estimator)
     # resolve every named part before starting anything expensive, so a typo fails in a second
     for kind, name in (
