@@ -64,7 +64,8 @@ def main() -> None:
                 loop.run_until_complete(client.aclose())
                 loop.close()
                 results[name] = (n, dt)
-    model = AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.float32)
+                print(f"  {name:32s} {n:6d} tokens in {dt:7.2f} s = {n / dt:8.1f} tokens/s", flush=True)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     tok.padding_side = "left"
     t0 = time.perf_counter()
     n_hf = 0
@@ -81,6 +82,7 @@ def main() -> None:
             )
         n_hf += (out.shape[1] - batch["input_ids"].shape[1]) * out.shape[0]
     results[f"HF generate (batch {a.hf_batch})"] = (n_hf, time.perf_counter() - t0)
+    print(f"  HF generate done: {n_hf} tokens", flush=True)
     print(
         f"\nrollout throughput: {a.model}, {a.prompts} prompts x {a.max_tokens} new tokens, fp32, "
         f"{torch.get_num_threads()} threads"
