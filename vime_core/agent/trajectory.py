@@ -304,8 +304,8 @@ class Trajectory:
 
     Not thread-safe: callers serialise :meth:`plan`/:meth:`record`/:meth:`to_samples` (the gateway holds a lock).
 
-    :param max_realign_tokens: the most trained tokens a REALIGN may drop; above that the turn forks. 0 turns every
-        divergence into a fork (no sampled token is ever lost); must be ≥ 0.
+    :param max_realign_tokens: the most trained tokens a REALIGN may drop; above that the turn forks. With 0 no
+        sampled token is ever lost (only drift in untrained context realigns); must be ≥ 0.
     :raises ValueError: if ``max_realign_tokens`` is negative.
     """
 

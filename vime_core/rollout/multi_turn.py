@@ -229,7 +229,7 @@ async def generate(args: argparse.Namespace, sample: Sample, sampling_params: di
     :param sampling_params: engine parameters; ``max_tokens`` is the budget of the whole response (model + tool
         tokens).
     :raises ValueError: on a misconfiguration (sandbox tool without ``--sandbox``, a template that cannot be
-        bridged).
+        bridged, ``--multi-turn-max-turns`` < 1).
     """
     ctx = get_rollout_context()
     renderer = _renderer(ctx.tokenizer, args)
@@ -267,6 +267,8 @@ async def _episode(
         budget = min(budget, max_ctx - len(sample.tokens))
     per_turn = _opt(args, "multi_turn_max_tokens_per_turn", None)
     max_turns = int(_opt(args, "multi_turn_max_turns", 8))
+    if max_turns < 1:
+        raise ValueError(f"--multi-turn-max-turns must be at least 1, got {max_turns}")
     timeout_s = float(_opt(args, "multi_turn_tool_timeout", 30.0))
     max_tool_tokens = int(_opt(args, "multi_turn_max_tool_output_tokens", 512))
     session_id = sample.metadata.get("session_id") or uuid.uuid4().hex
