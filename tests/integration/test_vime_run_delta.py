@@ -5,30 +5,12 @@ keeps the engine in step with the trainer through deltas, also across a resume (
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
+from tests.integration.test_vime_run import _metrics, _vime
+
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
-
-
-def _vime(*argv: str, timeout: float = 900) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    proc = subprocess.run(
-        [sys.executable, "-m", "vime_core.cli", *argv], capture_output=True, text=True, timeout=timeout, env=env
-    )
-    if proc.returncode != 0:
-        raise AssertionError(
-            f"vime {' '.join(argv)} exited {proc.returncode}\n{proc.stdout[-4000:]}\n{proc.stderr[-6000:]}"
-        )
-    return proc
-
-
-def _metrics(out: Path) -> list[dict]:
-    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
 def test_vime_run_with_disk_delta_stays_in_step_and_resumes(tiny_model_dir, tmp_path):

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import torch
 
+from tests.contract.test_builtin_contracts import _trainer_args as _contract_trainer_args
 from vime_core.algorithms.logprobs import sequence_log_probs
 from vime_core.plugins import get_plugins
 from vime_core.rollout.client import RouterClient
@@ -29,27 +30,8 @@ STEPS = 3
 
 
 def _trainer_args(**kw) -> argparse.Namespace:
-    base = dict(
-        seed=0,
-        train_num_threads=None,
-        train_device="cpu",
-        train_dtype="float32",
-        gradient_checkpointing=False,
-        lr=3e-3,
-        adam_beta1=0.9,
-        adam_beta2=0.98,
-        adam_eps=1e-8,
-        weight_decay=0.0,
-        clip_grad=1.0,
-        global_batch_size=None,
-        micro_batch_size=8,
-        use_rollout_logprobs=False,
-        calculate_per_token_loss=False,
-        eps_clip=0.2,
-        eps_clip_high=None,
-    )
-    base.update(kw)
-    return argparse.Namespace(**base)
+    """The contract tests' trainer arguments at this test's learning rate."""
+    return _contract_trainer_args(**{"lr": 3e-3, **kw})
 
 
 def _strategy(tmp_path: Path, base: Path, encoding: str = "xor"):
