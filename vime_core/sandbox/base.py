@@ -72,6 +72,7 @@ CAPABILITIES = frozenset(
         "detached",  # start_detached/poll/wait/kill
         "wall_time",  # the whole sandbox is killed at limits.wall_time_s
         "reaper",  # cleanup() finds resources of dead owners
+        "host_port",  # expose_host_port(): a host service on 127.0.0.1 reachable from inside, network still off
     }
 )
 
@@ -713,6 +714,16 @@ class Sandbox(abc.ABC):
         await self._exec_checked(["/bin/sh", "-c", f"kill -9 -{int(proc.pid)} 2>/dev/null; true"], timeout=30.0)
 
     # -- backend interface ---------------------------------------------------------------------------------------
+    async def expose_host_port(self, port: int, host: str = "127.0.0.1") -> str:
+        """Make the host service at ``host:port`` (TCP, e.g. the agent gateway) reachable from inside the sandbox,
+        without giving the sandbox any other network.
+
+        :return: ``"HOST:PORT"`` to connect to from inside the sandbox.
+        :raises NotImplementedError: the backend cannot (capability ``"host_port"`` not declared).
+        :raises SandboxInfraError: setting up the forward failed.
+        """
+        raise NotImplementedError(f"the {self.NAME} sandbox backend cannot expose host ports")
+
     @abc.abstractmethod
     async def _create(self) -> None:
         """Create the sandbox's resources, labelled with :data:`LABEL` = ``sandbox_id`` and :data:`OWNER_LABEL`.
