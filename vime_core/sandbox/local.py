@@ -203,7 +203,7 @@ def host_mode() -> dict[str, Any]:
 def host_capabilities() -> frozenset[str]:
     """The contract capabilities the local backend has on this host."""
     m = host_mode()
-    caps = {"detached", "reaper", "wall_time"}
+    caps = {"detached", "reaper", "wall_time", "host_port"}
     if m["mode"] == "namespaces":
         caps |= {"network_isolation", "filesystem_isolation", "user"}
         if m["cgroup"]:
@@ -358,6 +358,7 @@ class LocalSandbox(Sandbox):
         self._meta: dict[str, Any] = {}
         self._holder: asyncio.subprocess.Process | None = None
         self._procs: set[asyncio.subprocess.Process] = set()
+        self._forwards: dict[tuple[str, int], tuple[Any, str]] = {}
 
     @property
     def mode(self) -> str:
@@ -487,7 +488,42 @@ class LocalSandbox(Sandbox):
                     return int(entry.name)
         raise SandboxInfraError(f"local sandbox: the init process of holder {pid} is gone")
 
+    async def expose_host_port(self, port: int, host: str = "127.0.0.1") -> str:
+        """Make ``host:port`` reachable inside the sandbox at ``127.0.0.1:port``.
+
+        Namespaces mode without network: a unix socket in the sandbox's private ``/tmp`` (``/tmp/.vime-host/``),
+        served on the host by a :class:`~vime_core.sandbox.forward.UnixToTcpForwarder`, and a small Python
+        forwarder inside listening on the sandbox's loopback; no interface is added. With ``network=True`` or in
+        process-group mode the sandbox shares the host's network and ``host:port`` is returned as it is.
+
+        :return: ``"127.0.0.1:PORT"`` (or ``"HOST:PORT"`` with a shared network).
+        :raises SandboxInfraError: the forward could not be set up.
+        """
+        from vime_core.sandbox.forward import UnixToTcpForwarder, socket_name, start_sandbox_forwarder
+
+        self._check_usable()
+        if self.network or self.mode != "namespaces":
+            return f"{host}:{int(port)}"
+        key = (host, int(port))
+        if key in self._forwards:
+            return self._forwards[key][1]
+        if any(p == int(port) for _, p in self._forwards):
+            raise SandboxInfraError(f"local sandbox {self.sandbox_id}: port {port} is already forwarded elsewhere")
+        host_dir = self.directory / "tmp" / ".vime-host"
+        host_dir.mkdir(mode=0o755, exist_ok=True)
+        try:
+            fwd = UnixToTcpForwarder(host_dir / socket_name(port), host, int(port))
+        except OSError as e:
+            raise SandboxInfraError(f"local sandbox {self.sandbox_id}: cannot create the forward socket: {e}") from e
+        addr = f"127.0.0.1:{int(port)}"
+        self._forwards[key] = (fwd, addr)
+        await start_sandbox_forwarder(self, int(port), f"/tmp/.vime-host/{socket_name(port)}")
+        return addr
+
     async def _destroy(self) -> None:
+        for fwd, _ in self._forwards.values():
+            fwd.close()
+        self._forwards.clear()
         for proc in list(self._procs):
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(proc.pid, signal.SIGKILL)

@@ -370,8 +370,8 @@ class SandboxBackendContract(_Contract):
     VM, removes its container); without it the infrastructure-error test is skipped.
 
     Capabilities (see :data:`vime_core.sandbox.CAPABILITIES`): ``network_isolation``, ``resource_limits``,
-    ``filesystem_isolation``, ``user``, ``detached``, ``wall_time``, ``reaper``. The sandbox image must have
-    ``/bin/sh``, coreutils, ``tar`` and ``python3``.
+    ``filesystem_isolation``, ``user``, ``detached``, ``wall_time``, ``reaper``, ``host_port``. The sandbox image
+    must have ``/bin/sh``, coreutils, ``tar`` and ``python3``.
     """
 
     #: interfaces in ``/proc/net/dev`` of a sandbox without network; ``None`` skips that check (a VM keeps a
@@ -624,6 +624,63 @@ class SandboxBackendContract(_Contract):
                 assert (r.timed_out, r.exit_code) == (True, 137)
 
         self._run(body())
+
+    # -- host port -----------------------------------------------------------------------------------------------
+    _HTTP_GET = (
+        "import sys, urllib.request\n"
+        "try:\n"
+        "    body = urllib.request.urlopen(sys.argv[1], timeout=10).read().decode()\n"
+        "    print('ok', body)\n"
+        "except Exception as e:\n"
+        "    print('failed', type(e).__name__)\n"
+    )
+
+    def test_expose_host_port(self, sandbox_factory: Any) -> None:
+        """A host HTTP server on 127.0.0.1 answers a request made from inside the sandbox through
+        ``expose_host_port``; with ``network_isolation``, another host port stays unreachable (capability
+        ``"host_port"``)."""
+        self.require("host_port")
+        import http.server
+        import threading
+
+        def serve(body: bytes) -> http.server.ThreadingHTTPServer:
+            class Handler(http.server.BaseHTTPRequestHandler):
+                def do_GET(self) -> None:  # noqa: N802
+                    payload = body + self.path.encode()
+                    self.send_response(200)
+                    self.send_header("content-length", str(len(payload)))
+                    self.end_headers()
+                    self.wfile.write(payload)
+
+                def log_message(self, *a: Any) -> None:
+                    pass
+
+            srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+            threading.Thread(target=srv.serve_forever, daemon=True).start()
+            return srv
+
+        exposed, hidden = serve(b"exposed:"), serve(b"hidden:")
+        port, other = exposed.server_address[1], hidden.server_address[1]
+
+        async def body():
+            async with sandbox_factory() as sb:
+                addr = await sb.expose_host_port(port)
+                assert await sb.expose_host_port(port) == addr, "exposing the same port twice gives one address"
+                for path in ("/a", "/b/c"):
+                    r = await sb.exec(["python3", "-c", self._HTTP_GET, f"http://{addr}{path}"], timeout=60)
+                    assert r.stdout == f"ok exposed:{path}\n", r.stdout + r.stderr
+                if "network_isolation" in self.capabilities:
+                    host, _, _ = addr.rpartition(":")
+                    r = await sb.exec(["python3", "-c", self._HTTP_GET, f"http://{host}:{other}/x"], timeout=60)
+                    assert r.stdout.startswith("failed"), r.stdout + r.stderr
+                    r = await sb.exec(["python3", "-c", self._NET_PROBE], timeout=30)
+                    assert r.stdout.startswith("blocked"), r.stdout + r.stderr
+
+        try:
+            self._run(body())
+        finally:
+            exposed.shutdown()
+            hidden.shutdown()
 
     # -- teardown ------------------------------------------------------------------------------------------------
     def test_teardown_on_exception(self, sandbox_factory: Any, sandbox_exists: Any) -> None:
