@@ -9,6 +9,7 @@ import pytest
 from vime_core import hookimpl, hookspecs
 from vime_core.arguments import build_parser
 from vime_core.plugins import Plugins
+from vime_core.types import Sample, Status
 
 pytestmark = pytest.mark.unit
 HOOKS = sorted(n for n, f in inspect.getmembers(hookspecs, inspect.isfunction) if n.startswith("vime_"))
@@ -259,3 +260,55 @@ def test_dynamic_sampling_filter_refills_until_enough_groups_pass(tiny_model_dir
     assert metrics["rollout/dynamic_filter_drop_ratio"] == 3 / 6  # p0, p2, p4 dropped of 6 generated
     assert metrics["rollout/dynamic_filter_surplus"] == 1.0  # p5 passed after the batch was full
     assert metrics["rollout/reward_mean"] == 0.5
+
+
+def test_fan_out_generate_scores_each_rollout_once(tiny_model_dir, tmp_path):
+    """A generate function returning a list (segments of one rollout, e.g. ``coding_agent``): the reward function
+    is called once per rollout, every segment gets that reward and one shared rollout_id, the segments replace the
+    sample in its group (in order), and ``vime_on_sample`` sees each segment; a failing rollout stays one failed
+    placeholder."""
+    calls = []
+
+    async def fan(args, sample, sampling_params):
+        if sample.prompt == "p1" and sample.index == 1:
+            raise RuntimeError("sandbox died")
+        segs = []
+        for k in range(1 + sample.index):  # index 0 -> 1 segment, index 1 -> 2 segments
+            s = Sample(group_index=sample.group_index, index=sample.index, prompt=sample.prompt, label=sample.label)
+            s.tokens = [1, 2]
+            s.append_response_tokens([3 + k], trainable=True, log_probs=[-0.5], weight_version=0, text="x")
+            s.status = Status.COMPLETED
+            segs.append(s)
+        return segs
+
+    async def counting_reward(args, sample):
+        calls.append((sample.group_index, sample.index))
+        sample.metadata["scored"] = True
+        return float(sample.index + 1)
+
+    seen = []
+
+    class P:
+        @staticmethod
+        @hookimpl
+        def vime_register_reward_functions(register):
+            register("counting", counting_reward)
+
+        @staticmethod
+        @hookimpl
+        def vime_on_sample(sample, step):
+            seen.append((sample.group_index, sample.index, sample.status.value))
+
+    groups, metrics = _manager_with_hooks(tiny_model_dir, tmp_path, P, generate=fan, reward="counting").generate(0)
+    assert sorted(calls) == [(0, 0), (0, 1), (1, 0)]
+    assert [[(s.index, s.status.value, s.reward, s.tokens) for s in g] for g in groups] == [
+        [(0, "completed", 1.0, [1, 2, 3]), (1, "completed", 2.0, [1, 2, 3]), (1, "completed", 2.0, [1, 2, 4])],
+        [(0, "completed", 1.0, [1, 2, 3]), (1, "failed", None, [])],
+    ]
+    g0 = groups[0]
+    assert g0[1].rollout_id == g0[2].rollout_id and g0[0].rollout_id not in (None, g0[1].rollout_id)
+    assert g0[2].metadata["scored"] is True  # what the reward wrote on the first segment reaches the others
+    assert groups[1][1].metadata["error"] == "RuntimeError: sandbox died"
+    assert sorted(seen) == [(0, 0, "completed"), (0, 1, "completed"), (0, 1, "completed"), (1, 0, "completed"),
+                            (1, 1, "failed")]
+    assert metrics["rollout/failed_frac"] == 1 / 5

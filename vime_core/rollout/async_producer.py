@@ -30,17 +30,17 @@ logger = logging.getLogger("vime.rollout.async")
 
 
 def fresh_copy(group: list[Sample]) -> list[Sample]:
-    """The group's prompts as new, ungenerated samples (same group/index ids)."""
-    return [
-        Sample(
-            group_index=s.group_index,
-            index=s.index,
-            prompt=s.prompt,
-            label=s.label,
-            metadata={k: v for k, v in s.metadata.items() if k != "error"},
-        )
-        for s in group
-    ]
+    """The group's prompts as new, ungenerated samples (same group/index ids; the segments of a fanned-out rollout
+    become one sample again)."""
+    seen: set[tuple[int, int]] = set()
+    out = []
+    for s in group:
+        if (s.group_index, s.index) in seen:
+            continue
+        seen.add((s.group_index, s.index))
+        meta = {k: v for k, v in s.metadata.items() if k not in ("error", "trajectory")}
+        out.append(Sample(group_index=s.group_index, index=s.index, prompt=s.prompt, label=s.label, metadata=meta))
+    return out
 
 
 def oldest_version(group: list[Sample]) -> int | None:

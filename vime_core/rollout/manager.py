@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import copy
 import logging
 import statistics
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -262,25 +264,44 @@ async def _run_groups(self: RolloutManager, groups: list[list[Sample]], step: in
     would become an *async* Ray actor, whose methods cannot drive their own event loop)."""
     sem = asyncio.Semaphore(self.args.rollout_concurrency)
     params = sampling_params_from_args(self.args)
+    fanned: dict[int, list[Sample]] = {}  # id(sample) -> the segments a fan-out generate function returned
 
     async def one(sample: Sample) -> None:
+        outs = [sample]
         async with sem:
             try:
                 out = await self.generate_fn(self.args, sample, dict(params))
-                if isinstance(out, list):
-                    raise TypeError("fan-out generate functions are not supported by the sync loop yet")
-                if out is not sample:
+                if isinstance(out, list):  # fan-out: segments of one rollout, scored once, same reward on each
+                    if not out:
+                        raise ValueError("the generate function returned an empty list of samples")
+                    rid = next((s.rollout_id for s in out if s.rollout_id), None) or uuid.uuid4().hex
+                    for s in out:
+                        s.rollout_id = rid
+                    outs = list(out)
+                elif out is not sample:
                     sample.__dict__.update(out.__dict__)
-                sample.validate()
-                if sample.status in (Status.COMPLETED, Status.TRUNCATED):
-                    sample.reward = await self.reward_fn(self.args, sample)
+                for s in outs:
+                    s.validate()
+                scored = [s for s in outs if s.status in (Status.COMPLETED, Status.TRUNCATED)]
+                if scored:
+                    reward = await self.reward_fn(self.args, scored[0])
+                    for s in scored:
+                        s.reward = copy.deepcopy(reward)
+                        s.metadata.update({k: v for k, v in scored[0].metadata.items() if k not in s.metadata})
+                if outs[0] is not sample:
+                    fanned[id(sample)] = outs
             except Exception as e:  # noqa: BLE001 - recorded on the sample, excluded, counted in metrics
                 logger.warning("sample %d/%d failed: %s: %s", sample.group_index, sample.index, type(e).__name__, e)
                 sample.status = Status.FAILED
                 sample.metadata["error"] = f"{type(e).__name__}: {e}"
-        self.hook.vime_on_sample(args=self.args, sample=sample, step=step)
+                outs = [sample]
+        for s in outs:
+            self.hook.vime_on_sample(args=self.args, sample=s, step=step)
 
     await asyncio.gather(*(one(s) for g in groups for s in g))
+    for g in groups:  # replace fanned-out samples by their segments, in place (callers hold these lists)
+        if any(id(s) in fanned for s in g):
+            g[:] = [x for s in g for x in fanned.get(id(s), [s])]
 
 
 def _cpu_bind(index: int, count: int) -> str | None:
