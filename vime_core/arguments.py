@@ -141,6 +141,22 @@ def build_parser(add_plugin_arguments: bool = True) -> argparse.ArgumentParser:
     g.add_argument("--gamma", type=float, default=1.0, help="discount (REINFORCE++ returns, GAE)")
     g.add_argument("--lambd", type=float, default=1.0, help="GAE lambda (ppo)")
     g.add_argument("--value-clip", type=float, default=0.2, help="critic value clip (ppo)")
+    g.add_argument(
+        "--critic-load",
+        default=None,
+        help="ppo critic: HF dir or known name, or a saved critic dir (default: --model + a new value head)",
+    )
+    g.add_argument("--critic-lr", type=float, default=None, help="ppo critic learning rate (default: --lr)")
+    g.add_argument("--num-critic-only-steps", type=int, default=0, help="ppo: train only the critic first N steps")
+    g.add_argument(
+        "--distill-teacher",
+        default=None,
+        help="on-policy distillation teacher (HF dir or known name), served by its own vLLM engines",
+    )
+    g.add_argument(
+        "--distill-coef", type=float, default=1.0, help="λ of the distill advantage λ·(logp_teacher - logp_student)"
+    )
+    g.add_argument("--distill-num-engines", type=int, default=1, help="vLLM servers of the teacher engine group")
     g.add_argument("--eps-clip-c", type=float, default=None, help="dual-clip PPO constant c > 1 (loss of A<0 <= -c·A)")
     g.add_argument("--entropy-coef", type=float, default=0.0, help="entropy bonus weight")
     g.add_argument("--use-kl-loss", action="store_true", help="KL to the reference model as a loss term")

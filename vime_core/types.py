@@ -55,6 +55,8 @@ class Sample:
     metadata: dict[str, Any] = field(default_factory=dict)
     rollout_id: str | None = None  # fan-out samples of one rollout share it; the loss counts the rollout once
     remove_sample: bool = False
+    # on-policy distillation (--distill-teacher): the teacher's log-prob of each response token given its prefix
+    teacher_log_probs: list[float] | None = None
 
     @property
     def prompt_length(self) -> int:
@@ -106,6 +108,10 @@ class Sample:
             got = len(getattr(self, name))
             if got != self.response_length:
                 raise ValueError(f"len({name})={got} != response_length={self.response_length}")
+        if self.teacher_log_probs is not None and len(self.teacher_log_probs) != self.response_length:
+            raise ValueError(
+                f"len(teacher_log_probs)={len(self.teacher_log_probs)} != response_length={self.response_length}"
+            )
         if any(m not in (0, 1) for m in self.loss_mask):
             raise ValueError("loss_mask entries must be 0 or 1")
 

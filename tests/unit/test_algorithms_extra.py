@@ -63,8 +63,8 @@ def test_kl_and_is_flag_errors_name_the_flags():
         check_algorithm_args(_ns(use_tis=True, use_mis=True))
     with pytest.raises(ValueError, match="--eps-clip-c must be > 1"):
         check_algorithm_args(_ns(eps_clip_c=1.0))
-    with pytest.raises(ValueError, match="needs a critic"):
-        check_algorithm_args(_ns(advantage_estimator="ppo"))
+    with pytest.raises(ValueError, match="--critic-lr has no effect without --advantage-estimator ppo"):
+        check_algorithm_args(_ns(critic_lr=1e-5))
     with pytest.raises(ArgumentError, match="need 0 <= --tis-clip-low < --tis-clip, got 2.0 and 2.0"):
         parse_run_args(BASE + ["--tis-clip-low", "2"])
 

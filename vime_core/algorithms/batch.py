@@ -12,7 +12,9 @@ from collections.abc import Callable
 import torch
 
 from vime_core.algorithms.advantages import discounted_returns, masked_whiten
-from vime_core.algorithms.options import BATCH_WHITENED_ESTIMATORS, opt
+from vime_core.algorithms.distill import distill_advantages, teacher_and_student_log_probs
+from vime_core.algorithms.gae import gae
+from vime_core.algorithms.options import BATCH_WHITENED_ESTIMATORS, DISTILL_ESTIMATOR, distill_enabled, opt
 from vime_core.types import RolloutBatch, Sample
 
 AdvantageFn = Callable[[argparse.Namespace, list[Sample]], list[list[float]]]
@@ -26,8 +28,15 @@ def build_batch(
     Advantages are computed over the trainable members of a group only: a failed or aborted member is excluded,
     never counted as reward 0. A group with no trainable member contributes nothing.
 
-    :return: the batch; ``metrics`` has ``rollout/num_trained_samples`` and ``rollout/num_excluded_samples``.
-    :raises ValueError: if a trainable sample has no reward (from :meth:`Sample.reward_value`).
+    On-policy distillation (``--distill-teacher``, :mod:`vime_core.algorithms.distill`): with any estimator other
+    than ``on_policy_distill`` (which is the term alone), ``--distill-coef λ`` times the per-token reverse-KL
+    advantage ``logπ_T - logπ_s`` is added to the estimator's output (slime's ``--use-opd``); for ``ppo`` that
+    output is the per-token reward, so the term is reward shaping before GAE.
+
+    :return: the batch; ``metrics`` has ``rollout/num_trained_samples`` and ``rollout/num_excluded_samples``, and
+        with a teacher ``rollout/distill_reverse_kl`` (mean ``logπ_s - logπ_T`` over the trained tokens, nats).
+    :raises ValueError: if a trainable sample has no reward (from :meth:`Sample.reward_value`), or, with a
+        teacher, no teacher log-probs.
     """
     samples: list[Sample] = []
     advantages: list[list[float]] = []
@@ -40,9 +49,21 @@ def build_batch(
         adv = estimator(args, members)
         if len(adv) != len(members) or any(len(a) != s.response_length for a, s in zip(adv, members, strict=True)):
             raise ValueError(f"advantage estimator {args.advantage_estimator!r} returned wrongly shaped advantages")
+        if distill_enabled(args) and opt(args, "advantage_estimator") != DISTILL_ESTIMATOR:
+            coef = opt(args, "distill_coef")
+            terms = [distill_advantages(*teacher_and_student_log_probs(s), s.loss_mask, coef) for s in members]
+            adv = [[a + d for a, d in zip(row, term, strict=True)] for row, term in zip(adv, terms, strict=True)]
         samples.extend(members)
         advantages.extend(adv)
     metrics = {"rollout/num_trained_samples": float(len(samples)), "rollout/num_excluded_samples": float(excluded)}
+    if distill_enabled(args) and samples:
+        gaps = [
+            s - t
+            for smp in samples
+            for t, s, m in zip(*teacher_and_student_log_probs(smp), smp.loss_mask, strict=True)
+            if m
+        ]
+        metrics["rollout/distill_reverse_kl"] = sum(gaps) / max(len(gaps), 1)
     return RolloutBatch(samples=samples, advantages=advantages, step=step, metrics=metrics)
 
 
@@ -94,3 +115,59 @@ def postprocess_advantages(
             metrics["adv/mean"] = float(picked.mean())
             metrics["adv/std"] = float(picked.std(unbiased=False))
     return out, metrics
+
+
+def gae_advantages(
+    args: argparse.Namespace,
+    samples: list[Sample],
+    token_rewards: list[torch.Tensor],
+    values: list[torch.Tensor],
+    *,
+    kl: list[torch.Tensor] | None = None,
+) -> tuple[list[torch.Tensor], list[torch.Tensor], dict[str, float]]:
+    """The batch-level step of ``--advantage-estimator ppo`` (in place of :func:`postprocess_advantages`): per-token
+    rewards and the critic's values → GAE advantages and value targets. Every backend with a critic calls this.
+
+    1. **KL reward shaping** (``--kl-coef β``): ``r_t ← r_t - β·KL_t`` per token (Ouyang et al. 2022,
+       arXiv:2203.02155; Stiennon et al. 2020, arXiv:2009.01325); GAE then discounts it.
+    2. **GAE(γ, λ)** per sample over its trained tokens (:func:`vime_core.algorithms.gae.gae`, Schulman et al.
+       2016, arXiv:1506.02438), ``--gamma`` / ``--lambd``; returns ``R_t = A_t + V_t`` (before any whitening).
+    3. **Whitening** with ``--normalize-advantages`` (:func:`~vime_core.algorithms.advantages.masked_whiten`).
+
+    :param samples: the batch's samples (their ``loss_mask`` selects the trained tokens).
+    :param token_rewards: one ``[response_length]`` tensor per sample: the ``ppo`` estimator's output (the outcome
+        reward on the last trained token, plus any distillation term).
+    :param values: one ``[response_length]`` tensor per sample: the critic's values ``V_t`` before the update.
+    :param kl: one ``[response_length]`` per-token KL tensor per sample; required when ``--kl-coef != 0``.
+    :return: ``(advantages, returns, metrics)``, float32 tensors of each sample's length (masked tokens 0);
+        metrics ``adv/mean``, ``adv/std``, ``critic/values_mean``, ``critic/returns_mean`` (trained tokens), and with
+        shaping ``adv/kl_shaping_mean``.
+    :raises ValueError: if ``--kl-coef`` is non-zero and ``kl`` is missing, or on a length mismatch.
+    """
+    beta, gamma, lambd = opt(args, "kl_coef"), opt(args, "gamma"), opt(args, "lambd")
+    if beta != 0.0 and kl is None:
+        raise ValueError("--kl-coef is non-zero but no per-token KL was given to gae_advantages")
+    masks = [torch.tensor(s.loss_mask, dtype=torch.float32) for s in samples]
+    advs, rets = [], []
+    metrics: dict[str, float] = {}
+    for i, (s, r, v) in enumerate(zip(samples, token_rewards, values, strict=True)):
+        rewards = r.double()
+        if beta != 0.0:
+            rewards = rewards - beta * kl[i].double()
+        a, ret = gae(rewards.tolist(), v.double().tolist(), gamma=gamma, lambd=lambd, mask=s.loss_mask)
+        advs.append(torch.tensor(a, dtype=torch.float32))
+        rets.append(torch.tensor(ret, dtype=torch.float32))
+    if beta != 0.0 and samples:
+        penalties = (beta * torch.cat(kl).double())[torch.cat(masks).bool()]
+        metrics["adv/kl_shaping_mean"] = float(penalties.mean()) if penalties.numel() else 0.0
+    if opt(args, "normalize_advantages"):
+        advs = masked_whiten(advs, masks)
+    if samples:
+        keep = torch.cat(masks).bool()
+        for key, xs in (("adv/mean", advs), ("critic/values_mean", values), ("critic/returns_mean", rets)):
+            picked = torch.cat([x.double() for x in xs])[keep]
+            if picked.numel():
+                metrics[key] = float(picked.mean())
+                if key == "adv/mean":
+                    metrics["adv/std"] = float(picked.std(unbiased=False))
+    return advs, rets, metrics

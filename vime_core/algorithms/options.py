@@ -23,6 +23,14 @@ DEFAULTS: dict[str, Any] = {
     "gamma": 1.0,
     "lambd": 1.0,
     "value_clip": 0.2,
+    # PPO critic (--advantage-estimator ppo)
+    "critic_load": None,
+    "critic_lr": None,
+    "num_critic_only_steps": 0,
+    # on-policy distillation
+    "distill_teacher": None,
+    "distill_coef": 1.0,
+    "distill_num_engines": 1,
     # policy loss
     "eps_clip": 0.2,
     "eps_clip_high": None,
@@ -47,9 +55,12 @@ DEFAULTS: dict[str, Any] = {
 }
 
 # Estimators whose advantages are returns of per-token rewards, so that --kl-coef can shape those rewards.
-KL_SHAPING_ESTIMATORS = ("reinforce_plus_plus", "reinforce_plus_plus_baseline")
+KL_SHAPING_ESTIMATORS = ("reinforce_plus_plus", "reinforce_plus_plus_baseline", "ppo")
 # Estimators whose advantages are whitened over the whole batch (REINFORCE++, Hu et al. 2025, arXiv:2501.03262).
 BATCH_WHITENED_ESTIMATORS = ("reinforce_plus_plus", "reinforce_plus_plus_baseline")
+# Estimators trained with a critic (value model) by the trainer backend.
+CRITIC_ESTIMATORS = ("ppo",)
+DISTILL_ESTIMATOR = "on_policy_distill"
 
 
 def opt(args: argparse.Namespace, name: str) -> Any:
@@ -66,13 +77,23 @@ def kl_enabled(args: argparse.Namespace) -> bool:
     return bool(opt(args, "use_kl_loss")) or opt(args, "kl_coef") != 0.0
 
 
+def uses_critic(args: argparse.Namespace) -> bool:
+    """Whether the trainer must train a value model next to the policy (``--advantage-estimator ppo``)."""
+    return opt(args, "advantage_estimator") in CRITIC_ESTIMATORS
+
+
+def distill_enabled(args: argparse.Namespace) -> bool:
+    """Whether a teacher engine group scores every response (``--distill-teacher``)."""
+    return opt(args, "distill_teacher") is not None
+
+
 def check_algorithm_args(args: argparse.Namespace) -> None:
     """Check the algorithm flags and their combination.
 
     :raises ValueError: naming the flag(s) and the accepted values, for: KL both as a loss term and as reward
         shaping; ``--kl-loss-coef`` without ``--use-kl-loss``; ``--kl-coef`` with an estimator that has no per-token
-        rewards to shape; ``--use-tis`` with ``--use-mis``; bounds out of range; ``--advantage-estimator ppo``
-        (needs a critic, which no trainer backend has yet).
+        rewards to shape; ``--use-tis`` with ``--use-mis``; bounds out of range; critic flags without
+        ``--advantage-estimator ppo``; ``--advantage-estimator on_policy_distill`` without ``--distill-teacher``.
     """
     kl_loss_coef, kl_coef = opt(args, "kl_loss_coef"), opt(args, "kl_coef")
     estimator = opt(args, "advantage_estimator")
@@ -90,12 +111,26 @@ def check_algorithm_args(args: argparse.Namespace) -> None:
             f"--kl-coef shapes per-token rewards, which --advantage-estimator {estimator} does not have (supported: "
             f"{', '.join(KL_SHAPING_ESTIMATORS)}); use --use-kl-loss --kl-loss-coef instead"
         )
-    if estimator == "ppo":
+    if estimator not in CRITIC_ESTIMATORS:
+        for name in ("critic_load", "critic_lr"):
+            if opt(args, name) is not None:
+                raise ValueError(f"--{name.replace('_', '-')} has no effect without --advantage-estimator ppo")
+        if opt(args, "num_critic_only_steps"):
+            raise ValueError("--num-critic-only-steps has no effect without --advantage-estimator ppo")
+    if opt(args, "num_critic_only_steps") < 0:
+        raise ValueError(f"--num-critic-only-steps must be >= 0, got {opt(args, 'num_critic_only_steps')}")
+    critic_lr = opt(args, "critic_lr")
+    if critic_lr is not None and not (critic_lr > 0.0 and math.isfinite(critic_lr)):
+        raise ValueError(f"--critic-lr must be a finite number > 0, got {critic_lr}")
+    if estimator == DISTILL_ESTIMATOR and not distill_enabled(args):
         raise ValueError(
-            "--advantage-estimator ppo needs a critic (value head); no trainer backend has one yet. GAE and the "
-            "clipped value loss are in vime_core.algorithms.gae; use grpo, gspo, rloo, reinforce_plus_plus or "
-            "reinforce_plus_plus_baseline"
+            "--advantage-estimator on_policy_distill needs --distill-teacher PATH (an HF model directory or a known "
+            "model name sharing the policy's tokenizer)"
         )
+    if not math.isfinite(opt(args, "distill_coef")):
+        raise ValueError(f"--distill-coef must be finite, got {opt(args, 'distill_coef')}")
+    if opt(args, "distill_num_engines") < 1:
+        raise ValueError(f"--distill-num-engines must be >= 1, got {opt(args, 'distill_num_engines')}")
     if opt(args, "use_tis") and opt(args, "use_mis"):
         raise ValueError(
             "--use-tis (truncate the IS weight) and --use-mis (mask tokens outside the band) exclude each other"

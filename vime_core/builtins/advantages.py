@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 
 from vime_core.algorithms.advantages import grpo_advantages, outcome_returns, rloo_advantages
+from vime_core.algorithms.distill import distill_advantages, teacher_and_student_log_probs
 from vime_core.algorithms.filters import check_reward_nonzero_std
 from vime_core.algorithms.options import opt
 from vime_core.hookspecs import hookimpl
@@ -101,6 +102,37 @@ def reinforce_plus_plus_baseline(args, group):
     return [outcome_returns(centered[j], s.loss_mask, opt(args, "gamma")) for j, s in zip(which, group, strict=True)]
 
 
+def ppo(args, group):
+    """PPO with a critic (Ouyang et al. 2022, arXiv:2203.02155; GAE, Schulman et al. 2016, arXiv:1506.02438),
+    group-level part: the **per-token rewards** — the raw outcome reward on the last trained token, 0 elsewhere
+    (no group baseline: the critic is the baseline). The trainer backend turns them into GAE advantages with its
+    critic's values (:func:`vime_core.algorithms.batch.gae_advantages`), after KL shaping (``--kl-coef``).
+
+    :raises ValueError: on a missing/NaN reward.
+    """
+    rewards, which = rollout_rewards(args, group)
+    out = []
+    for j, s in zip(which, group, strict=True):
+        row = [0.0] * s.response_length
+        last = max((i for i, m in enumerate(s.loss_mask) if m), default=None)
+        if last is not None:
+            row[last] = rewards[j]
+        out.append(row)
+    return out
+
+
+def on_policy_distill(args, group):
+    """On-policy distillation (Agarwal et al. 2024, GKD, arXiv:2306.13649; Thinking Machines Lab 2025, "On-Policy
+    Distillation"): the per-token reverse-KL advantage ``λ·(logπ_T - logπ_s)`` of each sampled token, from the
+    teacher engines' ``teacher_log_probs`` and the student's sampling-time ``rollout_log_probs``
+    (:func:`vime_core.algorithms.distill.distill_advantages`, ``--distill-coef λ``). Rewards are not used.
+
+    :raises ValueError: if a sample has no teacher log-probs (no ``--distill-teacher``).
+    """
+    coef = opt(args, "distill_coef")
+    return [distill_advantages(*teacher_and_student_log_probs(s), s.loss_mask, coef) for s in group]
+
+
 @hookimpl
 def vime_register_advantage_estimators(register):
     register("grpo", grpo)
@@ -108,6 +140,8 @@ def vime_register_advantage_estimators(register):
     register("rloo", rloo)
     register("reinforce_plus_plus", reinforce_plus_plus)
     register("reinforce_plus_plus_baseline", reinforce_plus_plus_baseline)
+    register("ppo", ppo)
+    register("on_policy_distill", on_policy_distill)
 
 
 @hookimpl

@@ -202,6 +202,13 @@ class MegatronTrainer(TrainerBackend):
         from megatron.core.transformer.module import Float16Module
         from transformers import AutoConfig
 
+        from vime_core.algorithms.options import uses_critic
+
+        if uses_critic(args):  # before any GPU/distributed setup, so the message comes at once
+            raise NotImplementedError(
+                "--advantage-estimator ppo needs a critic, which the megatron backend does not have yet: use "
+                "--trainer torch (GAE and the value loss are shared code in vime_core.algorithms)"
+            )
         self.rank, self.world, _ = init_distributed()
         self.tp = int(getattr(args, "tensor_model_parallel_size", 1) or 1)
         pp = int(getattr(args, "pipeline_model_parallel_size", 1) or 1)

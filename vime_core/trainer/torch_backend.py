@@ -3,7 +3,9 @@
 Every algorithm is shared code (:mod:`vime_core.algorithms`); this backend only supplies log-probs and entropies:
 :func:`~vime_core.algorithms.batch.postprocess_advantages` (KL shaping, batch whitening),
 :func:`~vime_core.algorithms.policy_loss.policy_loss` (PPO/GSPO surrogate, dual clip, TIS/MIS, entropy, KL loss)
-and :func:`~vime_core.algorithms.mismatch.check_logprob_drift` (the drift budget).
+and :func:`~vime_core.algorithms.mismatch.check_logprob_drift` (the drift budget). With ``--advantage-estimator
+ppo`` a :class:`~vime_core.trainer.critic.Critic` (value head on a copy of the policy) is trained alongside:
+:func:`~vime_core.algorithms.batch.gae_advantages` and :func:`~vime_core.algorithms.gae.value_loss`.
 """
 
 from __future__ import annotations
@@ -19,11 +21,11 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from vime_core.algorithms.batch import postprocess_advantages
+from vime_core.algorithms.batch import gae_advantages, postprocess_advantages
 from vime_core.algorithms.kl import approx_kl
 from vime_core.algorithms.logprobs import token_log_probs, token_log_probs_and_entropy
 from vime_core.algorithms.mismatch import check_logprob_drift
-from vime_core.algorithms.options import check_algorithm_args, kl_enabled, opt
+from vime_core.algorithms.options import check_algorithm_args, kl_enabled, opt, uses_critic
 from vime_core.algorithms.policy_loss import policy_loss, policy_loss_kwargs
 from vime_core.trainer.base import TrainerBackend
 from vime_core.types import RolloutBatch, Sample
@@ -108,6 +110,8 @@ class TorchTrainer(TrainerBackend):
     step per rollout, where the old policy equals the current one and the PPO ratio is exactly 1). With more than
     one mini-batch, or with KL reward shaping, the old-policy log-probs are computed before the first update. With
     KL enabled (``--use-kl-loss`` or ``--kl-coef``) a frozen :class:`ReferenceModel` supplies reference log-probs.
+    With ``--advantage-estimator ppo`` a :class:`~vime_core.trainer.critic.Critic` takes one optimizer step per
+    mini-batch next to the policy's (only the critic's during the first ``--num-critic-only-steps`` steps).
     """
 
     NAME = "torch"
@@ -136,6 +140,11 @@ class TorchTrainer(TrainerBackend):
             weight_decay=args.weight_decay,
         )
         self.ref_model = ReferenceModel(args, self.model_path, self.device, dtype) if kl_enabled(args) else None
+        self.critic = None
+        if uses_critic(args):
+            from vime_core.trainer.critic import Critic
+
+            self.critic = Critic(args, self.model_path, self.device, dtype)
         self.steps_done = 0
 
     # -- forward -------------------------------------------------------------------------------------------------
@@ -163,14 +172,17 @@ class TorchTrainer(TrainerBackend):
     def train_step(self, batch: RolloutBatch) -> dict[str, float]:
         """One RL step on ``batch``: ``ceil(len / global_batch_size)`` optimizer steps.
 
-        Order: old-policy and reference log-probs (when needed) → batch-level advantages (KL shaping, whitening) →
-        per mini-batch: forward, :func:`policy_loss`, backward; the drift budget is checked before the first
-        optimizer step.
+        Order: old-policy and reference log-probs (when needed) → batch-level advantages (KL shaping, whitening;
+        with ``ppo``: the critic's values and GAE) → per mini-batch: forward, :func:`policy_loss`, backward (then,
+        with ``ppo``, the critic's value-loss step); the drift budget is checked before the first optimizer step.
+        With ``ppo`` and ``batch.step < --num-critic-only-steps`` only the critic is updated.
 
         :return: metrics ``train/loss``, ``train/pg_loss``, ``train/pg_clipfrac``, ``train/ppo_kl``,
             ``train/entropy_loss``, ``train/grad_norm``, ``train/train_rollout_logprob_abs_diff`` (exact token mean
             over the batch, before the update), ``train/lr``, ``train/num_tokens``, ``train/adv/*``, and when enabled
-            ``train/kl_loss``, ``train/tis``, ``train/tis_clipfrac``, ``train/pg_dual_clipfrac``.
+            ``train/kl_loss``, ``train/tis``, ``train/tis_clipfrac``, ``train/pg_dual_clipfrac``; with ``ppo``
+            ``train/value_loss``, ``train/value_clipfrac``, ``train/critic_grad_norm``, ``train/critic_lr``,
+            ``train/critic/values_mean``, ``train/critic/returns_mean``, ``train/critic_only``.
         :raises LogprobDriftError: if ``--max-train-rollout-logprob-diff`` is exceeded (no update is made).
         :raises FloatingPointError: on a non-finite gradient norm.
         """
@@ -191,9 +203,17 @@ class TorchTrainer(TrainerBackend):
         if kl_coef != 0.0:
             behaviour = rollout_of if use_rollout else old_of
             kl = [approx_kl(behaviour[id(s)], ref_of[id(s)], opt(args, "kl_loss_type")) for s in samples]
-        advantages, adv_metrics = postprocess_advantages(
-            args, samples, [torch.tensor(a, dtype=torch.float32) for a in batch.advantages], kl=kl
-        )
+        estimator_out = [torch.tensor(a, dtype=torch.float32) for a in batch.advantages]
+        critic_only = False
+        if self.critic is not None:  # ppo: the estimator gave per-token rewards; GAE with the critic's values
+            old_values = self.critic.values(samples, args.micro_batch_size)
+            advantages, returns, adv_metrics = gae_advantages(
+                args, samples, estimator_out, [old_values[id(s)] for s in samples], kl=kl
+            )
+            returns_of = {id(s): r for s, r in zip(samples, returns, strict=True)}
+            critic_only = batch.step < opt(args, "num_critic_only_steps")
+        else:
+            advantages, adv_metrics = postprocess_advantages(args, samples, estimator_out, kl=kl)
         adv_of = {id(s): a for s, a in zip(samples, advantages, strict=True)}
         loss_kwargs = policy_loss_kwargs(args)
         use_kl_loss = bool(opt(args, "use_kl_loss"))
@@ -207,7 +227,15 @@ class TorchTrainer(TrainerBackend):
         def weight(group: list[Sample]) -> int:  # the loss's denominator: trained tokens, or trained samples
             return sum(sum(s.loss_mask) for s in group) if per_token else sum(1 for s in group if any(s.loss_mask))
 
+        critic_sums: dict[str, float] = {}
         for minibatch in minibatches:
+            if self.critic is not None:
+                mbs = list(self._micro_batches(minibatch))
+                cm = self.critic.train_minibatch(mbs, old_values, returns_of, per_token)
+                for k, v in cm.items():
+                    critic_sums[k] = critic_sums.get(k, 0.0) + v / len(minibatches)
+            if critic_only:
+                continue
             total = weight(minibatch)
             self.optimizer.zero_grad(set_to_none=True)
             for mb in self._micro_batches(minibatch):
@@ -252,8 +280,13 @@ class TorchTrainer(TrainerBackend):
         metrics.update({f"train/{k}": v for k, v in adv_metrics.items()})
         if drift is not None:
             metrics["train/train_rollout_logprob_abs_diff"] = drift
-        metrics["train/grad_norm"] = sum(grad_norms) / max(len(grad_norms), 1)
+        if grad_norms:
+            metrics["train/grad_norm"] = sum(grad_norms) / len(grad_norms)
         metrics["train/lr"] = self.args.lr
+        if self.critic is not None:
+            metrics.update({f"train/{k}": v for k, v in critic_sums.items()})
+            metrics["train/critic_lr"] = self.critic.lr
+            metrics["train/critic_only"] = float(critic_only)
         metrics["train/num_tokens"] = float(batch.num_response_tokens())
         metrics["perf/train_compute_time"] = time.perf_counter() - t0
         return metrics
@@ -280,17 +313,20 @@ class TorchTrainer(TrainerBackend):
             (path / "generation_config.json").write_bytes(gen.read_bytes())
 
     def save_checkpoint(self, path: Path) -> None:
-        """Weights as safetensors (HF names) plus ``optimizer.pt`` and ``trainer_state.pt``."""
+        """Weights as safetensors (HF names) plus ``optimizer.pt`` and ``trainer_state.pt``; with ``ppo`` the critic
+        (weights and optimizer) under ``critic/`` (:meth:`~vime_core.trainer.critic.Critic.save`)."""
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
         save_file(dict(self.named_hf_tensors()), str(path / "model.safetensors"))
         torch.save(self.optimizer.state_dict(), path / "optimizer.pt")
+        if self.critic is not None:
+            self.critic.save(path / "critic")
         torch.save({"steps_done": self.steps_done, "rng": torch.get_rng_state()}, path / "trainer_state.pt")
 
     def load_checkpoint(self, path: Path) -> None:
-        """Restore weights, optimizer and RNG state written by :meth:`save_checkpoint`.
+        """Restore weights, optimizer and RNG state (and the critic, with ``ppo``) written by :meth:`save_checkpoint`.
 
-        :raises FileNotFoundError: if a file is missing.
+        :raises FileNotFoundError: if a file is missing (the critic's included).
         """
         from safetensors.torch import load_file
 
@@ -303,6 +339,8 @@ class TorchTrainer(TrainerBackend):
         if getattr(self.model.config, "tie_word_embeddings", False):
             self.model.tie_weights()
         self.optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=False))
+        if self.critic is not None:
+            self.critic.load(path / "critic")
         ts = torch.load(path / "trainer_state.pt", weights_only=False)
         self.steps_done = ts["steps_done"]
         torch.set_rng_state(ts["rng"])

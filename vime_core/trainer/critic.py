@@ -1,0 +1,225 @@
+"""The PPO critic of the ``torch`` backend: a value head on a copy of the policy's transformer, with its own optimizer.
+
+``V_t`` is the value of the state *before* response token ``t`` (the prompt plus response tokens ``< t``), read
+from the final hidden state at the position that predicts token ``t`` — the same positions whose logits give the
+token's log-prob, so values, log-probs and advantages line up token by token. The loss is
+:func:`vime_core.algorithms.gae.value_loss` (clipped, shared by every backend); the targets come from
+:func:`vime_core.algorithms.batch.gae_advantages`.
+
+On disk a critic is a directory: the transformer in Hugging Face layout (``config.json``, ``model.safetensors``,
+loadable with ``AutoModel``) plus ``value_head.safetensors`` (``weight [1, hidden]``, ``bias [1]``).
+``--critic-load`` accepts such a directory, or any HF causal-LM directory / known model name (a new value head).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import math
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from vime_core.algorithms.gae import value_loss
+from vime_core.algorithms.options import opt
+from vime_core.types import Sample
+
+logger = logging.getLogger("vime.trainer")
+
+VALUE_HEAD_FILE = "value_head.safetensors"
+
+
+class ValueModel(torch.nn.Module):
+    """A transformer backbone (``AutoModel``, no LM head) and a linear value head ``hidden → 1``.
+
+    :param backbone: an HF base model whose output has ``last_hidden_state [B, S, hidden]``.
+    :param head: ``Linear(hidden, 1)``; default: a new head with weight ``N(0, 1/(hidden+1))``, bias 0 (OpenRLHF's
+        initialisation), drawn from torch's global RNG.
+    """
+
+    def __init__(self, backbone: torch.nn.Module, head: torch.nn.Linear | None = None) -> None:
+        super().__init__()
+        self.backbone = backbone
+        hidden = int(backbone.config.hidden_size)
+        if head is None:
+            head = torch.nn.Linear(hidden, 1)
+            torch.nn.init.normal_(head.weight, std=1.0 / (hidden + 1))
+            torch.nn.init.zeros_(head.bias)
+        self.value_head = head.to(dtype=next(backbone.parameters()).dtype)
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path, dtype: torch.dtype = torch.float32) -> ValueModel:
+        """Load a critic directory (backbone + ``value_head.safetensors``), or an HF model directory or known model
+        name (backbone only; a new value head).
+
+        :raises FileNotFoundError: naming ``--critic-load`` if ``path`` is neither a directory nor a known model.
+        """
+        from transformers import AutoModel
+
+        path = Path(path)
+        if not (path / "config.json").is_file():
+            from vime_core.models import resolve_model
+
+            try:
+                path = resolve_model(str(path))
+            except Exception as e:  # noqa: BLE001 - re-raised with the flag named
+                raise FileNotFoundError(
+                    f"--critic-load {path}: not an HF model directory nor a known model ({e})"
+                ) from e
+        backbone = AutoModel.from_pretrained(str(path), dtype=dtype)
+        head = None
+        if (path / VALUE_HEAD_FILE).is_file():
+            state = load_file(str(path / VALUE_HEAD_FILE))
+            head = torch.nn.Linear(state["weight"].shape[1], 1)
+            head.load_state_dict(state)
+        else:
+            logger.info("critic: %s has no %s; starting from a new value head", path, VALUE_HEAD_FILE)
+        return cls(backbone, head)
+
+    def save_pretrained(self, path: str | Path) -> None:
+        """Write the backbone (HF layout, safetensors) and ``value_head.safetensors`` to ``path``."""
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        self.backbone.save_pretrained(str(path), safe_serialization=True)
+        save_file(
+            {k: v.detach().cpu().contiguous() for k, v in self.value_head.state_dict().items()},
+            str(path / VALUE_HEAD_FILE),
+        )
+
+    def response_values(self, samples: list[Sample], device: torch.device) -> list[torch.Tensor]:
+        """One batched forward pass; the value ``V_t`` of every response token of each sample.
+
+        Sequences are left-padded with explicit ``position_ids`` (as the policy's log-probs are), so the value of
+        response token ``t`` is the head applied to the hidden state one position before it.
+
+        :param samples: samples with ``tokens`` = prompt + response (``response_length >= 1``, prompt ``>= 1``).
+        :param device: where the model lives.
+        :return: one ``[response_length]`` float32 tensor per sample (graph attached when grad is enabled).
+        """
+        max_len = max(len(s.tokens) for s in samples)
+        ids = torch.zeros((len(samples), max_len), dtype=torch.long)
+        attn = torch.zeros((len(samples), max_len), dtype=torch.long)
+        for i, s in enumerate(samples):
+            ids[i, max_len - len(s.tokens) :] = torch.tensor(s.tokens, dtype=torch.long)
+            attn[i, max_len - len(s.tokens) :] = 1
+        pos = (attn.cumsum(-1) - 1).clamp(min=0)
+        keep = max(s.response_length for s in samples) + 1
+        hidden = self.backbone(
+            input_ids=ids.to(device), attention_mask=attn.to(device), position_ids=pos.to(device)
+        ).last_hidden_state  # [B, S, H]
+        states = hidden[:, max_len - keep : max_len - 1]  # [B, keep-1, H]: the states before the last keep-1 tokens
+        values = self.value_head(states).squeeze(-1).float()  # [B, keep-1]
+        return [values[i, values.shape[1] - s.response_length :] for i, s in enumerate(samples)]
+
+
+class Critic:
+    """The value model of ``--advantage-estimator ppo`` with its AdamW optimizer (``--critic-lr``, default ``--lr``;
+    the other optimizer flags are the policy's), on the trainer's device and dtype.
+
+    :param args: ``vime run`` arguments (``--critic-load``, ``--critic-lr``, ``--value-clip``, optimizer flags).
+    :param model_path: the policy's initial HF directory (the backbone when ``--critic-load`` is not given).
+    """
+
+    def __init__(self, args: argparse.Namespace, model_path: Path, device: torch.device, dtype: torch.dtype) -> None:
+        self.args = args
+        self.device = device
+        self.path = Path(opt(args, "critic_load") or model_path)
+        self.model = ValueModel.from_pretrained(self.path, dtype=dtype).to(device)
+        self.model.train()
+        if getattr(args, "gradient_checkpointing", False):
+            self.model.backbone.gradient_checkpointing_enable()
+        self.lr = opt(args, "critic_lr") or args.lr
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(),
+            lr=self.lr,
+            betas=(args.adam_beta1, args.adam_beta2),
+            eps=args.adam_eps,
+            weight_decay=args.weight_decay,
+        )
+
+    @torch.no_grad()
+    def values(self, samples: list[Sample], micro_batch_size: int) -> dict[int, torch.Tensor]:
+        """Values of every sample's response before any update, keyed by ``id(sample)`` (float32, CPU, no grad)."""
+        out: dict[int, torch.Tensor] = {}
+        for i in range(0, len(samples), micro_batch_size):
+            mb = samples[i : i + micro_batch_size]
+            for s, v in zip(mb, self.model.response_values(mb, self.device), strict=True):
+                out[id(s)] = v.float().cpu()
+        return out
+
+    def train_minibatch(
+        self,
+        micro_batches: list[list[Sample]],
+        old_values: dict[int, torch.Tensor],
+        returns: dict[int, torch.Tensor],
+        per_token: bool,
+    ) -> dict[str, float]:
+        """One optimizer step of the clipped value loss over a mini-batch given as micro-batches.
+
+        The loss is aggregated like the policy loss (per-sample means, or token mean with ``per_token``), weighted
+        across micro-batches so that the gradient equals that of one pass over the mini-batch.
+
+        :param old_values: ``id(sample) → [T]`` values before the step's first update (the clip anchor).
+        :param returns: ``id(sample) → [T]`` value targets.
+        :return: metrics ``value_loss``, ``value_clipfrac`` (weighted means over the mini-batch) and
+            ``critic_grad_norm``.
+        :raises FloatingPointError: on a non-finite gradient norm.
+        """
+
+        def weight(group: list[Sample]) -> int:
+            return sum(sum(s.loss_mask) for s in group) if per_token else sum(1 for s in group if any(s.loss_mask))
+
+        total = sum(weight(mb) for mb in micro_batches)
+        self.optimizer.zero_grad(set_to_none=True)
+        sums: dict[str, float] = {}
+        counted = 0
+        for mb in micro_batches:
+            count = weight(mb)
+            if count == 0:
+                continue
+            values = [v.cpu() for v in self.model.response_values(mb, self.device)]
+            out = value_loss(
+                values,
+                [old_values[id(s)] for s in mb],
+                [returns[id(s)] for s in mb],
+                [torch.tensor(s.loss_mask, dtype=torch.float32) for s in mb],
+                value_clip=opt(self.args, "value_clip"),
+                per_token=per_token,
+            )
+            (out.loss * (count / total)).backward()
+            for k, v in out.metrics.items():
+                sums[k] = sums.get(k, 0.0) + v * count
+            counted += count
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.args.clip_grad))
+        if not math.isfinite(grad_norm):
+            raise FloatingPointError(f"non-finite critic grad norm {grad_norm}")
+        self.optimizer.step()
+        metrics = {k: v / max(counted, 1) for k, v in sums.items()}
+        metrics["critic_grad_norm"] = grad_norm
+        return metrics
+
+    def save(self, path: Path) -> None:
+        """The critic directory (:meth:`ValueModel.save_pretrained`) plus ``optimizer.pt``."""
+        path = Path(path)
+        self.model.save_pretrained(path)
+        torch.save(self.optimizer.state_dict(), path / "optimizer.pt")
+
+    def load(self, path: Path) -> None:
+        """Restore what :meth:`save` wrote (weights and optimizer state).
+
+        :raises FileNotFoundError: if the checkpoint has no critic (it was written by a run without ``ppo``).
+        :raises ValueError: if its tensors do not match this critic.
+        """
+        path = Path(path)
+        if not (path / VALUE_HEAD_FILE).is_file():
+            raise FileNotFoundError(
+                f"{path}: no critic in this checkpoint (written without --advantage-estimator ppo?)"
+            )
+        missing, unexpected = self.model.backbone.load_state_dict(
+            load_file(str(path / "model.safetensors")), strict=False
+        )
+        if missing or unexpected:
+            raise ValueError(f"critic checkpoint {path}: missing {missing[:5]}, unexpected {unexpected[:5]}")
+        self.model.value_head.load_state_dict(load_file(str(path / VALUE_HEAD_FILE)))
+        self.optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=False))
