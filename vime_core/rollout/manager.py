@@ -58,12 +58,16 @@ class RolloutManager:
         self.weight_version = 0
         self.loop = asyncio.new_event_loop()
         self.producer: Any = None  # AsyncRolloutProducer in --loop fully-async
+        self.teacher: Any = None  # TeacherEngines with --distill-teacher (vime_core.rollout.teacher)
 
     # -- lifecycle -------------------------------------------------------------------------------------------------
     def start(self) -> dict[str, Any]:
         """Start the engines (in parallel) and the router (or attach to ``--vllm-router-ip/port``).
 
-        :return: ``{"router_url", "engine_urls", "startup_seconds"}``.
+        With ``--distill-teacher`` the teacher engine group (:class:`~vime_core.rollout.teacher.TeacherEngines`)
+        starts at the same time.
+
+        :return: ``{"router_url", "engine_urls", "startup_seconds"}`` (and ``"teacher_router_url"``).
         :raises RuntimeError: an engine or the router did not become ready (with its log tail).
         """
         from vime_core.rollout.client import RouterClient
@@ -89,8 +93,14 @@ class RolloutManager:
                     request_timeout_s=self.args.weight_sync_timeout,
                 )
             )
+        if getattr(self.args, "distill_teacher", None):  # the teacher engine group starts alongside
+            from vime_core.rollout.teacher import TeacherEngines
+
+            self.teacher = TeacherEngines(self.args, self.tokenizer, log_dir)  # checks the tokenizer first
         for engine in self.engines:
             engine.start()
+        if self.teacher is not None:
+            self.teacher.start()
         for engine in self.engines:
             engine.wait_ready(timeout_s=self.args.rollout_engine_startup_timeout)
             engine.set_weight_version(self.weight_version)
@@ -109,7 +119,10 @@ class RolloutManager:
         set_rollout_context(
             RolloutContext(client=self.client, tokenizer=self.tokenizer, weight_version=self.weight_version)
         )
-        return {"router_url": router_url, "engine_urls": urls, "startup_seconds": time.perf_counter() - t0}
+        info = {"router_url": router_url, "engine_urls": urls}
+        if self.teacher is not None:
+            info["teacher_router_url"] = self.teacher.wait_ready(self.args.rollout_engine_startup_timeout)
+        return {**info, "startup_seconds": time.perf_counter() - t0}
 
     def shutdown(self) -> None:
         """Stop the async producer, the router (or deregister from an external one) and every engine; never raises."""
@@ -137,6 +150,8 @@ class RolloutManager:
                 e.stop()
             except Exception:  # noqa: BLE001
                 logger.exception("stopping engine %s", getattr(e, "url", "?"))
+        if self.teacher is not None:
+            self.teacher.shutdown(self.loop)
         set_rollout_context(None)
 
     # -- rollout ---------------------------------------------------------------------------------------------------
@@ -288,6 +303,8 @@ async def _run_groups(self: RolloutManager, groups: list[list[Sample]], step: in
                     for s in scored:
                         s.reward = copy.deepcopy(reward)
                         s.metadata.update({k: v for k, v in scored[0].metadata.items() if k not in s.metadata})
+                    if self.teacher is not None:  # on-policy distillation: the teacher scores the sampled tokens
+                        await self.teacher.score(scored)
                 if outs[0] is not sample:
                     fanned[id(sample)] = outs
             except Exception as e:  # noqa: BLE001 - recorded on the sample, excluded, counted in metrics
