@@ -1,0 +1,24 @@
+"""Hook implementations of vime-reward-tests (import-light: the reward module loads on first use)."""
+
+from __future__ import annotations
+
+from vime_core import hookimpl
+
+
+async def tests(args, sample) -> float:
+    """The ``tests`` reward (:func:`vime_reward_tests.reward.tests_reward`)."""
+    from vime_reward_tests.reward import tests_reward
+
+    return await tests_reward(args, sample)
+
+
+@hookimpl
+def vime_register_reward_functions(register):
+    register("tests", tests)
+
+
+@hookimpl
+def vime_add_arguments(parser):
+    from vime_reward_tests.reward import add_arguments
+
+    add_arguments(parser)
