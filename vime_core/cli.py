@@ -50,7 +50,17 @@ def _cmd_data(argv: list[str]) -> int:
     rg.add_argument("--seed", type=int, default=0)
     rg.add_argument("--config", default="{}", help="JSON object of the task's config")
     rg.add_argument("--out", type=Path, required=True)
+    he = sub.add_parser("humaneval", help="export HumanEval (164 problems) as workspace tasks for coding agents")
+    he.add_argument("--out", type=Path, required=True)
+    he.add_argument("--limit", type=int, default=None, help="at most this many problems")
+    he.add_argument("--task-ids", nargs="*", default=None, metavar="ID", help="only these, e.g. HumanEval/0")
+    he.add_argument("--include-solution", action="store_true", help="store the canonical solution (not for training)")
     a = p.parse_args(argv)
+    if a.source == "humaneval":
+        from vime_core.data.humaneval_export import export_humaneval
+
+        print(export_humaneval(a.out, task_ids=a.task_ids, limit=a.limit, include_solution=a.include_solution))
+        return 0
     print(export_reasoning_gym(a.task, a.size, a.seed, a.out, json.loads(a.config)))
     return 0
 
