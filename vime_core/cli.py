@@ -1,4 +1,5 @@
-"""The ``vime`` command: ``run``, ``model``, ``data reasoning-gym``, ``plugins``, ``args``, ``sandbox cleanup``."""
+"""The ``vime`` command: ``run``, ``model``, ``data reasoning-gym``, ``plugins``, ``args``, ``sandbox cleanup``,
+``agent prepare``."""
 
 from __future__ import annotations
 
@@ -147,8 +148,37 @@ def _cmd_sandbox(argv: list[str]) -> int:
     return 1 if any(r.errors for r in reports) else 0
 
 
+def _cmd_agent(argv: list[str]) -> int:
+    from vime_core.agent.harness import AgentHarnessError
+    from vime_core.plugins import get_plugins
+
+    p = argparse.ArgumentParser(prog="vime agent")
+    sub = p.add_subparsers(dest="action", required=True)
+    prep = sub.add_parser("prepare", help="install agent CLIs into ~/.cache/vime/agents (npm; idempotent)")
+    prep.add_argument("names", nargs="+", help="agent harness names (e.g. claude-code codex)")
+    prep.add_argument("--force", action="store_true", help="reinstall even if prepared")
+    sub.add_parser("list", help="registered agent harnesses")
+    a = p.parse_args(argv)
+    reg = get_plugins().registries["agent"]
+    if a.action == "list":
+        for e in reg.entries():
+            print(f"{e.name:20s} {e.provider}")
+        return 0
+    status = 0
+    for name in a.names:
+        harness = get_plugins().resolve("agent", name)()
+        try:
+            where = harness.prepare(force=a.force)
+            print(f"{name}: {where if where is not None else 'nothing to prepare'}")
+        except AgentHarnessError as e:
+            print(f"vime agent prepare {name}: {e}", file=sys.stderr)
+            status = 1
+    return status
+
+
 COMMANDS = {
     "run": _cmd_run,
+    "agent": _cmd_agent,
     "model": _cmd_model,
     "data": _cmd_data,
     "plugins": _cmd_plugins,

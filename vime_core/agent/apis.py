@@ -154,8 +154,11 @@ def parse_anthropic(body: dict[str, Any]) -> ChatRequest:
         msgs.append(ChatMessage("system", text_of(system)))
     for m in body["messages"]:
         role, content = m.get("role"), m.get("content")
-        if role not in ("user", "assistant"):
+        if role not in ("user", "assistant", "system"):
             raise APIError(400, "invalid_request_error", f"messages: unknown role {role!r}")
+        if role == "system":  # Claude Code (2.1+) sends system messages between turns (e.g. the agent list)
+            msgs.append(ChatMessage("system", text_of(content)))
+            continue
         blocks = [{"type": "text", "text": content}] if isinstance(content, str) else list(content or [])
         if role == "assistant":
             texts, calls = [], []

@@ -77,6 +77,8 @@ logger = logging.getLogger("vime.agent")
 
 #: Responses API: how many responses per session ``previous_response_id`` can refer to (the most recent ones).
 MAX_STORED_RESPONSES = 32
+#: error message of a request beyond the session's ``max_turns`` (harnesses look for it to report ``max_turns``)
+TURN_BUDGET_MESSAGE = "vime agent gateway: the episode's turn budget is spent"
 
 
 def _signature(content: str, calls: list[ToolCall]) -> str:
@@ -94,6 +96,8 @@ class Session:
     :ivar turns: every recorded turn, in arrival order.
     :ivar sampling_params: engine parameters that override the request's.
     :ivar max_context_len: prompt + output token limit (``None``: the gateway's).
+    :ivar max_turns: model calls allowed (``None``: no limit); later requests get a 400 with
+        :data:`TURN_BUDGET_MESSAGE` and are not recorded.
     """
 
     sid: str
@@ -110,6 +114,9 @@ class Session:
     inflight: int = 0
     closed: bool = False
     errors: int = 0
+    max_turns: int | None = None
+    started_turns: int = 0
+    refused_turns: int = 0
 
     def __post_init__(self) -> None:
         self.idle = threading.Condition(self.lock)
@@ -191,12 +198,16 @@ class AgentGateway:
         sampling_params: dict[str, Any] | None = None,
         max_context_len: int | None = None,
         metadata: dict[str, Any] | None = None,
+        max_turns: int | None = None,
     ) -> None:
         """Start an episode for API key ``sid``.
 
         :param sampling_params: engine parameters forced on every request of the session (``temperature``,
             ``top_p``, ``top_k``, ``seed``, …; ``max_tokens`` is an upper bound).
         :param max_context_len: prompt + output limit for this session (tokens).
+        :param max_turns: model calls the session may make (``AgentBudget.max_turns``; enforced here for agents
+            without a turn limit of their own, e.g. Codex): later requests get a 400 carrying
+            :data:`TURN_BUDGET_MESSAGE` and are not recorded (``metadata["refused_turns"]`` of the samples).
         :raises ValueError: if ``sid`` is empty or already open.
         """
         if not sid:
@@ -210,6 +221,7 @@ class AgentGateway:
                 dict(sampling_params or {}),
                 max_context_len,
                 dict(metadata or {}),
+                max_turns=max_turns,
             )
 
     def close_session(
@@ -241,6 +253,7 @@ class AgentGateway:
                 "session_id": sid,
                 "session_turns": len(session.turns),
                 "gateway_errors": session.errors,
+                "refused_turns": session.refused_turns,
                 **session.metadata,
                 **(extra_metadata or {}),
             }
@@ -466,6 +479,10 @@ class AgentGateway:
 
     def _enter(self, session: Session) -> None:
         with session.lock:
+            if session.max_turns is not None and session.started_turns >= session.max_turns:
+                session.refused_turns += 1
+                raise APIError(400, "invalid_request_error", f"{TURN_BUDGET_MESSAGE} ({session.max_turns} turns)")
+            session.started_turns += 1
             session.inflight += 1
 
     def _leave(self, session: Session) -> None:

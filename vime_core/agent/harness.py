@@ -12,6 +12,11 @@ A harness is registered by name through ``vime_register_agent_harnesses`` (``--a
 5. closes the gateway session into Samples; the :class:`AgentRunResult` says how the agent ended (a harness that
    could not start the agent at all raises :class:`AgentHarnessError`: the episode is excluded, not scored 0).
 
+Budget: ``max_turns`` and ``wall_time_s`` are enforced by the harness (the CLI's own turn limit where it has one,
+and the sandbox command's timeout); the caller also opens the gateway session with
+``max_turns=budget.max_turns`` and ``sampling_params={"max_tokens": budget.max_tokens}`` so that the gateway enforces
+them for every agent (:data:`vime_core.agent.gateway.TURN_BUDGET_MESSAGE`).
+
 The harness never talks to the model itself and must configure its agent to talk **only** to ``endpoint.base_url``
 (no telemetry, no update checks, no other provider): the sandbox has no other network.
 """
@@ -20,7 +25,9 @@ from __future__ import annotations
 
 import abc
 import argparse
+import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 if TYPE_CHECKING:
@@ -101,6 +108,14 @@ class AgentHarness(abc.ABC):
         """A harness configured from ``vime run`` arguments (``None``: defaults)."""
         return cls()
 
+    def prepare(self, *, force: bool = False, log: Any = print) -> Path | None:
+        """Host-side preparation done once per machine (download the CLI into a cache), run by
+        ``vime agent prepare NAME``; idempotent. Default: nothing to prepare (``None``).
+
+        :raises AgentHarnessError: the preparation failed.
+        """
+        return None
+
     @abc.abstractmethod
     async def install(self, sandbox: Sandbox) -> None:
         """Make the agent CLI runnable in ``sandbox`` (install it, or check that a prepared copy is present).
@@ -121,3 +136,149 @@ class AgentHarness(abc.ABC):
 
         :raises AgentHarnessError: the agent could not be started (missing CLI, bad configuration).
         """
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Agents published on npm as native executables (Claude Code, Codex): prepared once on the host, shown to sandboxes
+
+
+def npm_executable() -> str:
+    """The host's ``npm`` (``PATH``, then ``/usr/bin/npm``).
+
+    :raises AgentHarnessError: npm is not installed (``apt-get install nodejs npm``; scripts/install.sh does it).
+    """
+    import shutil
+
+    npm = shutil.which("npm") or ("/usr/bin/npm" if os.path.exists("/usr/bin/npm") else None)
+    if npm is None:
+        raise AgentHarnessError("npm not found: install Node.js and npm (Debian: apt-get install nodejs npm)")
+    return npm
+
+
+class NpmAgentHarness(AgentHarness):
+    """Base of harnesses whose CLI is an npm package shipping a native executable (no Node.js needed to run it).
+
+    :meth:`prepare` installs ``NPM_PACKAGE@version`` with the host's npm into
+    ``agents_cache_dir()/NAME/<version>/`` once (``vime agent prepare NAME``). :meth:`install` then finds the
+    executable inside the sandbox, in this order: under :data:`~vime_core.sandbox.base.SANDBOX_AGENTS_DIR` (docker
+    mounts the cache there read-only), at its host path (the ``local`` backend sees the host's filesystem), else it
+    copies the executable (and :attr:`EXTRA_FILES`) into the sandbox's ``/tmp`` (backends without a shared
+    filesystem, e.g. ``localvm``; hundreds of MB per sandbox).
+
+    :param version: npm version to use (default :attr:`DEFAULT_VERSION`, pinned so that runs are reproducible).
+    """
+
+    NPM_PACKAGE: ClassVar[str] = ""
+    DEFAULT_VERSION: ClassVar[str] = ""
+    #: path of the executable relative to the prepared directory
+    EXECUTABLE: ClassVar[str] = ""
+    #: directories (relative to the prepared directory) to put on the agent's PATH
+    EXTRA_PATH: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(self, *, version: str | None = None) -> None:
+        self.version = version or self.DEFAULT_VERSION
+        self._exe: dict[str, str] = {}  # sandbox id -> executable path inside it
+
+    # -- host side -------------------------------------------------------------------------------------------
+    def prepared_dir(self) -> Path:
+        """``agents_cache_dir()/NAME/<version>`` (the npm prefix holding ``node_modules/``)."""
+        from vime_core.sandbox.base import agents_cache_dir
+
+        return agents_cache_dir() / self.NAME / self.version
+
+    def is_prepared(self) -> bool:
+        return (self.prepared_dir() / ".complete").exists() and (self.prepared_dir() / self.EXECUTABLE).is_file()
+
+    def prepare(self, *, force: bool = False, log: Any = print) -> Path:
+        """Install the CLI from the npm registry into the cache (idempotent; ``force`` reinstalls).
+
+        Runs ``npm install --prefix <tmp> NPM_PACKAGE@version``, checks that ``<executable> --version`` runs, then
+        moves the directory into place atomically.
+
+        :returns: the prepared directory.
+        :raises AgentHarnessError: npm is missing, the install failed, or the executable does not run.
+        """
+        import shutil
+        import subprocess
+        import tempfile
+
+        dest = self.prepared_dir()
+        if self.is_prepared() and not force:
+            log(f"{self.NAME}: {self.NPM_PACKAGE}@{self.version} prepared at {dest}")
+            return dest
+        npm = npm_executable()
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{self.version}-", dir=dest.parent))
+        try:
+            spec = f"{self.NPM_PACKAGE}@{self.version}"
+            log(f"{self.NAME}: npm install {spec} into {dest}")
+            proc = subprocess.run(
+                [npm, "install", "--no-audit", "--no-fund", "--no-save", "--prefix", str(tmp), spec],
+                capture_output=True,
+                text=True,
+                timeout=900,
+            )
+            if proc.returncode != 0:
+                tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-15:])
+                raise AgentHarnessError(f"npm install {spec} failed ({proc.returncode}):\n{tail}")
+            exe = tmp / self.EXECUTABLE
+            if not exe.is_file():
+                raise AgentHarnessError(f"npm install {spec}: {self.EXECUTABLE} is missing (platform package?)")
+            check = subprocess.run([str(exe), "--version"], capture_output=True, text=True, timeout=120)
+            if check.returncode != 0:
+                raise AgentHarnessError(f"{exe} --version failed: {(check.stdout + check.stderr)[-500:]}")
+            (tmp / ".complete").write_text(f"{spec}\n{check.stdout.strip()}\n")
+            if dest.exists():
+                shutil.rmtree(dest)
+            tmp.rename(dest)
+            log(f"{self.NAME}: prepared {spec} ({check.stdout.strip()})")
+            return dest
+        finally:
+            if tmp.exists():
+                shutil.rmtree(tmp, ignore_errors=True)
+
+    # -- sandbox side ----------------------------------------------------------------------------------------
+    async def install(self, sandbox: Sandbox) -> None:
+        """Find (or copy) the prepared executable in ``sandbox``; see the class docstring.
+
+        :raises AgentHarnessError: not prepared on the host (run ``vime agent prepare NAME``), or it cannot be
+            run inside the sandbox.
+        """
+        from vime_core.sandbox.base import SANDBOX_AGENTS_DIR
+
+        if sandbox.sandbox_id in self._exe:
+            return
+        if not self.is_prepared():
+            raise AgentHarnessError(
+                f"{self.NAME} {self.version} is not prepared on this host: run `vime agent prepare {self.NAME}`"
+            )
+        rel = f"{self.NAME}/{self.version}/{self.EXECUTABLE}"
+        for root in (SANDBOX_AGENTS_DIR, str(self.prepared_dir().parent.parent)):
+            r = await sandbox.exec(["/bin/sh", "-c", f'test -x "$1" && "$1" --version', "sh", f"{root}/{rel}"],
+                                   timeout=120)
+            if r.exit_code == 0:
+                self._exe[sandbox.sandbox_id] = f"{root}/{rel}"
+                return
+        target = f"/tmp/.vime-agents/{self.NAME}-{self.version}"
+        exe = self.prepared_dir() / self.EXECUTABLE
+        try:
+            await sandbox.write_file(f"{target}/{Path(self.EXECUTABLE).name}", exe.read_bytes(), mode=0o755)
+            for extra in self.EXTRA_PATH:
+                await sandbox.upload_dir(self.prepared_dir() / extra, f"{target}/{extra}")
+        except OSError as e:
+            raise AgentHarnessError(f"cannot copy {self.NAME} into the {sandbox.NAME} sandbox: {e}") from e
+        path = f"{target}/{Path(self.EXECUTABLE).name}"
+        r = await sandbox.exec([path, "--version"], timeout=120)
+        if r.exit_code != 0:
+            raise AgentHarnessError(f"{self.NAME} does not run in the {sandbox.NAME} sandbox: {r.stderr[-500:]}")
+        self._exe[sandbox.sandbox_id] = path
+
+    def executable(self, sandbox: Sandbox) -> str:
+        """The executable's path inside ``sandbox`` (after :meth:`install`)."""
+        return self._exe[sandbox.sandbox_id]
+
+    def extra_path(self, sandbox: Sandbox) -> list[str]:
+        """:attr:`EXTRA_PATH` directories as seen inside ``sandbox``."""
+        exe = self.executable(sandbox)
+        base = exe[: -len(self.EXECUTABLE)] if exe.endswith(self.EXECUTABLE) else exe.rsplit("/", 1)[0] + "/"
+        return [base + p for p in self.EXTRA_PATH]

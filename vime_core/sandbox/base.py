@@ -45,6 +45,16 @@ OWNER_LABEL = "vime.owner"  # label holding owner_token() of the creating proces
 BACKEND_LABEL = "vime.backend"
 TIMEOUT_EXIT_CODE = 137  # exit code reported when a command is killed at its timeout (128 + SIGKILL)
 CONTROL_DIR = "/tmp/.vime"  # where the default detached-command implementation keeps its files, inside the sandbox
+#: where backends that can mount host directories show :func:`agents_cache_dir` (read-only) inside the sandbox
+SANDBOX_AGENTS_DIR = "/opt/vime/agents"
+
+
+def agents_cache_dir() -> Path:
+    """Host directory of prepared agent CLIs (``vime agent prepare``): ``$VIME_CACHE_DIR/agents``, default
+    ``~/.cache/vime/agents``. Backends that can mount host directories show it read-only at
+    :data:`SANDBOX_AGENTS_DIR`; the ``local`` backend sees it at its host path."""
+    return Path(os.environ.get("VIME_CACHE_DIR", Path.home() / ".cache" / "vime")) / "agents"
+
 
 # Shell wrapper for backends whose exec has no timeout or process-group control of its own (docker, SSH): runs
 # argv ($3...) with coreutils `timeout -s KILL $1` in a process group of its own, writes that group's id to the file

@@ -4,6 +4,7 @@ Install with ``pip install vime[testing]``; the kit is also a pytest plugin (ent
 """
 
 from vime_core.testing.contracts import (
+    AgentHarnessContract,
     GenerateFunctionContract,
     RewardFunctionContract,
     SandboxBackendContract,
@@ -12,6 +13,7 @@ from vime_core.testing.contracts import (
 )
 
 __all__ = [
+    "AgentHarnessContract",
     "GenerateFunctionContract",
     "RewardFunctionContract",
     "SandboxBackendContract",

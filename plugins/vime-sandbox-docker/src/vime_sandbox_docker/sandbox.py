@@ -8,6 +8,13 @@ swap), CPU quota, pids limit, file-size and open-file ulimits, ``no-new-privileg
 ``vime.sandbox=<id>``, ``vime.owner=<host:boot:pid:start>``, ``vime.backend=docker`` on the container and its
 volume. :meth:`DockerSandbox.cleanup` removes containers and volumes whose owner process is gone.
 
+Host ports (:meth:`DockerSandbox.expose_host_port`): with a local daemon every container gets a read-only bind
+mount of a host directory of its own (``/var/tmp/vime-docker-<uid>/<id>`` at :data:`HOST_SOCKET_DIR`); a host port
+is exposed as a unix socket there (served by :class:`~vime_core.sandbox.forward.UnixToTcpForwarder`) plus a Python
+forwarder inside listening on the container's ``127.0.0.1:<port>`` — the container keeps ``--network none``. Agent
+CLIs prepared on the host (``vime agent prepare``, :func:`vime_core.sandbox.base.agents_cache_dir`) are mounted
+read-only at :data:`vime_core.sandbox.base.SANDBOX_AGENTS_DIR` when that directory exists.
+
 Commands run through ``docker exec`` wrapped in ``/bin/sh``: coreutils ``timeout`` kills the command's process group
 at its timeout, and whatever the command left in its group is killed when it exits, so ``exec`` returns when the
 command does. The image needs ``/bin/sh``, coreutils, ``setsid``, ``tar`` and ``sleep``.
@@ -20,10 +27,13 @@ import concurrent.futures
 import contextlib
 import functools
 import math
+import os
+import shutil
 import socket
 import threading
 import time
 import uuid
+from pathlib import Path
 from typing import Any
 
 from vime_core.sandbox.base import (
@@ -36,7 +46,9 @@ from vime_core.sandbox.base import (
     Sandbox,
     SandboxExpiredError,
     SandboxInfraError,
+    SANDBOX_AGENTS_DIR,
     SandboxLimits,
+    agents_cache_dir,
     owner_alive,
     owner_token,
     sandbox_kwargs_from_args,
@@ -44,6 +56,7 @@ from vime_core.sandbox.base import (
 )
 
 DEFAULT_IMAGE = "vime-sandbox:bookworm"
+HOST_SOCKET_DIR = "/run/vime-host"  # in the container: read-only bind mount holding the host-port unix sockets
 _API_VERSION: dict[str, str] = {}
 # docker-py is blocking: short calls run on this pool (not asyncio's small default one, which long-running exec
 # streams of many sandboxes would exhaust); each exec's output stream gets a thread of its own
@@ -69,6 +82,19 @@ def _in_thread(fn: Any) -> asyncio.Future:
 
     threading.Thread(target=target, daemon=True, name="vime-docker-exec").start()
     return fut
+
+
+def host_dirs_root() -> Path:
+    """Host directory holding one directory per container for its host-port sockets (``VIME_DOCKER_HOST_DIR``
+    overrides; default ``/var/tmp/vime-docker-<uid>``)."""
+    env = os.environ.get("VIME_DOCKER_HOST_DIR")
+    return Path(env) if env else Path("/var/tmp") / f"vime-docker-{os.getuid()}"
+
+
+def _daemon_is_local(client: Any) -> bool:
+    """Whether the daemon shares this machine's filesystem (a unix socket), so that bind mounts work."""
+    base = str(getattr(client.api, "base_url", ""))
+    return base.startswith("http+docker://") or base.startswith("unix:")
 
 
 def docker_client(base_url: str | None = None, timeout_s: float = 120.0) -> Any:
@@ -116,7 +142,16 @@ class DockerSandbox(Sandbox):
 
     NAME = "docker"
     capabilities = frozenset(
-        {"network_isolation", "resource_limits", "filesystem_isolation", "user", "detached", "wall_time", "reaper"}
+        {
+            "network_isolation",
+            "resource_limits",
+            "filesystem_isolation",
+            "user",
+            "detached",
+            "wall_time",
+            "reaper",
+            "host_port",
+        }
     )
 
     def __init__(
@@ -140,6 +175,8 @@ class DockerSandbox(Sandbox):
         self._client: Any = None
         self._container: Any = None
         self._lock = threading.Lock()
+        self._host_dir: Path | None = None
+        self._forwards: dict[tuple[str, int], tuple[Any, str]] = {}
 
     @classmethod
     def from_args(cls, args: Any, **kwargs: Any) -> DockerSandbox:
@@ -196,7 +233,7 @@ class DockerSandbox(Sandbox):
             network_mode="bridge" if self.network else "none",
             read_only=self.read_only,
             tmpfs={"/tmp": f"{tmp_size},mode=1777"},
-            mounts=[Mount("/workspace", None, type="volume", labels=labels)],
+            mounts=self._mounts(Mount, labels),
             working_dir=self.workspace,
             environment={"HOME": self.workspace, "LANG": "C.UTF-8"},
             ulimits=ulimits,
@@ -213,8 +250,48 @@ class DockerSandbox(Sandbox):
         with self._lock:
             self._container = self._client.containers.run(self.image, **kwargs)
 
+    def _mounts(self, mount_cls: Any, labels: dict[str, str]) -> list[Any]:
+        mounts = [mount_cls("/workspace", None, type="volume", labels=labels)]
+        if _daemon_is_local(self._client):
+            self._host_dir = host_dirs_root() / self.sandbox_id
+            self._host_dir.mkdir(parents=True, mode=0o755)
+            mounts.append(mount_cls(HOST_SOCKET_DIR, str(self._host_dir), type="bind", read_only=True))
+            agents = agents_cache_dir()
+            if agents.is_dir():
+                mounts.append(mount_cls(SANDBOX_AGENTS_DIR, str(agents), type="bind", read_only=True))
+        return mounts
+
     async def _create(self) -> None:
         await _call(self._create_sync)
+
+    async def expose_host_port(self, port: int, host: str = "127.0.0.1") -> str:
+        """Make the host's ``host:port`` reachable inside the container at ``127.0.0.1:port`` (a unix socket in the
+        container's bind-mounted host directory plus a forwarder inside; see the module docstring).
+
+        :return: ``"127.0.0.1:PORT"``.
+        :raises SandboxInfraError: the daemon is remote (no shared filesystem) or the forwarder did not start.
+        """
+        from vime_core.sandbox.forward import UnixToTcpForwarder, socket_name, start_sandbox_forwarder
+
+        self._check_usable()
+        key = (host, int(port))
+        if key in self._forwards:
+            return self._forwards[key][1]
+        if self._host_dir is None:
+            raise SandboxInfraError(
+                f"docker sandbox {self.sandbox_id}: expose_host_port needs a daemon on this machine (unix socket); "
+                f"{self.base_url!r} is remote"
+            )
+        if any(p == int(port) for _, p in self._forwards):
+            raise SandboxInfraError(f"docker sandbox {self.sandbox_id}: port {port} is already forwarded elsewhere")
+        try:
+            fwd = UnixToTcpForwarder(self._host_dir / socket_name(port), host, int(port))
+        except OSError as e:
+            raise SandboxInfraError(f"docker sandbox {self.sandbox_id}: cannot create the forward socket: {e}") from e
+        addr = f"127.0.0.1:{int(port)}"
+        self._forwards[key] = (fwd, addr)
+        await start_sandbox_forwarder(self, int(port), f"{HOST_SOCKET_DIR}/{socket_name(port)}")
+        return addr
 
     async def _destroy(self) -> None:
         await _call(self._destroy_sync)
@@ -222,6 +299,11 @@ class DockerSandbox(Sandbox):
     def _destroy_sync(self) -> None:
         import docker
 
+        for fwd, _ in self._forwards.values():
+            fwd.close()
+        self._forwards.clear()
+        if self._host_dir is not None:
+            shutil.rmtree(self._host_dir, ignore_errors=True)
         client = self._client
         if client is None:
             return
@@ -355,6 +437,13 @@ class DockerSandbox(Sandbox):
                     report.removed.append(f"container {sid}")
                 else:
                     report.errors.append(f"container {sid}: {e}")
+        root = host_dirs_root()
+        if root.is_dir() and _daemon_is_local(client):  # host-port directories of containers that are gone
+            for d in root.iterdir():
+                young = time.time() - d.stat().st_mtime < 60  # its container may be being created right now
+                if d.name.startswith("vime-") and d.name not in live_ids and (everything or not young):
+                    shutil.rmtree(d, ignore_errors=True)
+                    report.removed.append(f"host dir {d.name}")
         for v in client.volumes.list(filters={"label": LABEL}):
             sid = (v.attrs.get("Labels") or {}).get(LABEL, "?")
             if sid in live_ids:

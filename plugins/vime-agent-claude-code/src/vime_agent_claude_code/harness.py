@@ -1,0 +1,169 @@
+"""``ClaudeCodeHarness``: Claude Code in print mode (``claude -p``) against vime's agent gateway.
+
+The npm package ``@anthropic-ai/claude-code`` ships a native executable (``@anthropic-ai/claude-code-linux-x64``),
+so the sandbox needs no Node.js: the host prepares it once (``vime agent prepare claude-code``, npm into
+``~/.cache/vime/agents/claude-code/<version>``) and :class:`~vime_core.agent.harness.NpmAgentHarness` shows or copies
+it into the sandbox.
+
+One run is::
+
+    claude -p PROMPT --output-format json --model MODEL --max-turns N --dangerously-skip-permissions --bare
+           --tools Bash,Read,Write,Edit --no-session-persistence
+
+with ``ANTHROPIC_BASE_URL=<gateway>``, ``ANTHROPIC_API_KEY=<session id>`` (``--bare`` reads only that key),
+``ANTHROPIC_MODEL``/``ANTHROPIC_SMALL_FAST_MODEL``/``ANTHROPIC_DEFAULT_*_MODEL`` = the gateway's model (any
+background call goes to the policy too), ``CLAUDE_CODE_MAX_OUTPUT_TOKENS``, ``CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC``,
+``DISABLE_TELEMETRY``, ``DISABLE_ERROR_REPORTING``, ``DISABLE_AUTOUPDATER``, ``IS_SANDBOX=1`` (Claude Code refuses
+``--dangerously-skip-permissions`` as root otherwise) and ``CLAUDE_CONFIG_DIR``/``HOME`` in a per-run directory under
+the sandbox's ``/tmp`` (so nothing of Claude Code's lands in the workspace). The JSON result's ``subtype`` gives the
+end: ``success`` → ``completed``, ``error_max_turns`` → ``max_turns``; ``is_error`` or a non-zero exit → ``error``;
+killed at ``wall_time_s`` → ``timeout``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import time
+import uuid
+from typing import Any
+
+from vime_core.agent.gateway import TURN_BUDGET_MESSAGE
+from vime_core.agent.harness import AgentBudget, AgentEndpoint, AgentHarnessError, AgentRunResult, NpmAgentHarness
+from vime_core.sandbox.base import Sandbox
+
+DEFAULT_VERSION = "2.1.197"  # what npm picks on Node 20; native executable, pinned for reproducible runs
+DEFAULT_TOOLS = ("Bash", "Read", "Write", "Edit")
+
+
+class ClaudeCodeHarness(NpmAgentHarness):
+    """Claude Code (``claude -p``) in a sandbox, talking only to the gateway (Anthropic Messages API, streaming).
+
+    :param version: npm version (default :data:`DEFAULT_VERSION`).
+    :param tools: built-in tools offered to the model (``--tools``); empty: Claude Code's default set (two dozen
+        tools, ~64 KB of schemas).
+    :param system_prompt: replaces Claude Code's system prompt (``--system-prompt``) when given.
+    :param bare: pass ``--bare`` (no hooks, plugins, CLAUDE.md discovery, background prefetches).
+    :param extra_args: more CLI arguments, appended.
+    """
+
+    NAME = "claude-code"
+    api = "anthropic"
+    NPM_PACKAGE = "@anthropic-ai/claude-code"
+    DEFAULT_VERSION = DEFAULT_VERSION
+    EXECUTABLE = "node_modules/@anthropic-ai/claude-code-linux-x64/claude"
+
+    def __init__(
+        self,
+        *,
+        version: str | None = None,
+        tools: tuple[str, ...] | list[str] | None = DEFAULT_TOOLS,
+        system_prompt: str | None = None,
+        bare: bool = True,
+        extra_args: list[str] | None = None,
+    ) -> None:
+        super().__init__(version=version)
+        self.tools = list(tools or [])
+        self.system_prompt = system_prompt
+        self.bare = bare
+        self.extra_args = list(extra_args or [])
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace | None) -> ClaudeCodeHarness:
+        """From ``--agent-claude-code-version``, ``-tools``, ``-system-prompt``, ``-no-bare``."""
+        if args is None:
+            return cls()
+        tools = getattr(args, "agent_claude_code_tools", ",".join(DEFAULT_TOOLS))
+        return cls(
+            version=getattr(args, "agent_claude_code_version", None),
+            tools=[t for t in (tools or "").split(",") if t],
+            system_prompt=getattr(args, "agent_claude_code_system_prompt", None),
+            bare=not getattr(args, "agent_claude_code_no_bare", False),
+        )
+
+    def command(self, exe: str, prompt: str, endpoint: AgentEndpoint, budget: AgentBudget) -> list[str]:
+        """The argv of one run."""
+        argv = [exe, "-p", prompt, "--output-format", "json", "--model", endpoint.model,
+                "--dangerously-skip-permissions", "--no-session-persistence"]
+        if budget.max_turns is not None:
+            argv += ["--max-turns", str(int(budget.max_turns))]
+        if self.bare:
+            argv.append("--bare")
+        if self.tools:
+            argv += ["--tools", ",".join(self.tools)]
+        if self.system_prompt is not None:
+            argv += ["--system-prompt", self.system_prompt]
+        return argv + self.extra_args
+
+    def environment(self, endpoint: AgentEndpoint, budget: AgentBudget, home: str) -> dict[str, str]:
+        """The environment of one run (see the module docstring)."""
+        m = endpoint.model
+        return {
+            "ANTHROPIC_BASE_URL": endpoint.base_url,
+            "ANTHROPIC_API_KEY": endpoint.api_key,
+            "ANTHROPIC_MODEL": m,
+            "ANTHROPIC_SMALL_FAST_MODEL": m,
+            "ANTHROPIC_DEFAULT_HAIKU_MODEL": m,
+            "ANTHROPIC_DEFAULT_SONNET_MODEL": m,
+            "ANTHROPIC_DEFAULT_OPUS_MODEL": m,
+            "CLAUDE_CODE_MAX_OUTPUT_TOKENS": str(int(budget.max_tokens)),
+            "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+            "DISABLE_TELEMETRY": "1",
+            "DISABLE_ERROR_REPORTING": "1",
+            "DISABLE_AUTOUPDATER": "1",
+            "IS_SANDBOX": "1",
+            "CLAUDE_CONFIG_DIR": f"{home}/claude",
+            "HOME": home,
+        }
+
+    async def run(
+        self, sandbox: Sandbox, *, prompt: str, endpoint: AgentEndpoint, budget: AgentBudget, cwd: str | None = None
+    ) -> AgentRunResult:
+        """Run ``claude -p`` once (see the module docstring).
+
+        :raises AgentHarnessError: the CLI is not installed in the sandbox or could not start.
+        """
+        await self.install(sandbox)
+        home = f"/tmp/.vime-agent/claude-code-{uuid.uuid4().hex[:12]}"
+        mk = await sandbox.exec(["mkdir", "-p", f"{home}/claude"], timeout=60)
+        if mk.exit_code != 0:
+            raise AgentHarnessError(f"cannot create {home} in the sandbox: {mk.stderr[-300:]}")
+        argv = self.command(self.executable(sandbox), prompt, endpoint, budget)
+        t0 = time.monotonic()
+        r = await sandbox.exec(argv, timeout=budget.wall_time_s, env=self.environment(endpoint, budget, home),
+                               cwd=cwd)
+        duration = time.monotonic() - t0
+        result = _last_json(r.stdout)
+        meta: dict[str, Any] = {"command": shlex.join(argv[:1] + ["-p", "<prompt>"] + argv[3:])}
+        if result is not None:
+            meta.update({k: result.get(k) for k in ("subtype", "num_turns", "is_error", "stop_reason",
+                                                     "api_error_status", "session_id") if k in result})
+        if r.timed_out:
+            status = "timeout"
+        elif result is None:
+            if r.exit_code == 127 or "not found" in r.stderr[-300:]:
+                raise AgentHarnessError(f"claude-code did not start (exit {r.exit_code}): {r.stderr[-500:]}")
+            status = "error"
+        elif result.get("subtype") == "error_max_turns" or TURN_BUDGET_MESSAGE in str(result.get("result", "")):
+            status = "max_turns"
+        elif result.get("is_error") or r.exit_code != 0:
+            status = "error"
+        else:
+            status = "completed"
+        final = str(result.get("result", "")) if result else ""
+        return AgentRunResult(status, r.exit_code, duration, final, r.stdout, r.stderr, meta)
+
+
+def _last_json(stdout: str) -> dict[str, Any] | None:
+    """The last JSON object line of ``stdout`` (``--output-format json`` prints one)."""
+    for line in reversed(stdout.strip().splitlines()):
+        line = line.strip()
+        if line.startswith("{"):
+            try:
+                obj = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(obj, dict):
+                return obj
+    return None
