@@ -1,0 +1,1 @@
+"""vime-agent-codex: the Codex CLI (npm @openai/codex) as a vime agent harness."""
