@@ -173,7 +173,11 @@ def test_sandbox_failure_excludes_the_sample_instead_of_scoring_zero():
         rollout_stop_token_ids=None,
     )
     mgr = types.SimpleNamespace(
-        args=args, generate_fn=gen, reward_fn=get_plugins().resolve("reward", "tests"), hook=get_plugins().pm.hook
+        args=args,
+        generate_fn=gen,
+        reward_fn=get_plugins().resolve("reward", "tests"),
+        hook=get_plugins().pm.hook,
+        teacher=None,
     )
     group = [task_sample({"solution.py": "def add(a, b):\n    return a + b\n"})]
     asyncio.run(_run_groups(mgr, [group], 0))

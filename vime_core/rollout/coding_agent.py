@@ -1,0 +1,358 @@
+"""The ``coding_agent`` generate function: an unmodified coding agent works on a task in a sandbox, every LLM call it
+makes goes through vime's agent gateway to the policy, and the episode becomes token-correct Samples
+(``--generate coding_agent --agent NAME --sandbox BACKEND``; reward usually ``--reward tests``).
+
+Per sample (a workspace-task row, :mod:`vime_core.data.workspace_task`; the prompt is the task text):
+
+1. A sandbox of ``--sandbox`` is created; ``metadata.workspace.files`` are unpacked into its workspace, which
+   becomes a git repository with one commit (the base the result is diffed against). The hidden tests
+   (``metadata.tests``) never enter this sandbox.
+2. A gateway session is opened. The gateway (:class:`vime_core.agent.gateway.AgentGateway`) is one per rollout
+   process, started lazily on ``127.0.0.1`` in front of the router (:class:`~vime_core.agent.backends.RouterBackend`;
+   or the rollout context's client itself when that is already a backend, e.g. a
+   :class:`~vime_core.agent.backends.ScriptedBackend` in tests). The session id is the episode's API key; the
+   session forces the rollout's sampling parameters and ``--agent-max-tokens`` per call (and ``--agent-max-turns``
+   calls where the gateway enforces turn budgets).
+3. :meth:`~vime_core.sandbox.base.Sandbox.expose_host_port` makes the gateway reachable inside the sandbox (the
+   sandbox keeps no other network); the harness of ``--agent`` (``get_plugins().resolve("agent", name)``) installs
+   the CLI and runs it on the prompt with an :class:`~vime_core.agent.harness.AgentBudget`.
+4. The final workspace is collected: every file (except ``.git``, ``__pycache__``, ``.pytest_cache``) compared with
+   the task's files gives ``changed`` (path → text, ``None`` = deleted; binary or larger than
+   ``--agent-max-file-bytes`` files are listed in ``skipped``), and ``git diff --binary`` against the base commit
+   gives ``diff``. Both go to ``metadata["agent_result"]`` (:class:`~vime_core.data.workspace_task.AgentResult`),
+   with the agent's status, exit code and wall time; ``metadata["agent"]`` has the harness's report.
+5. The session is closed into Samples — one per trajectory segment, sharing a ``rollout_id``, every trained token
+   exactly as the engine sampled it (:meth:`~vime_core.agent.gateway.AgentGateway.close_session`). The rollout
+   manager scores the rollout once and gives every segment that reward.
+
+Failed episodes are **excluded placeholders**, never zero-reward samples: a sandbox failure
+(:class:`~vime_core.sandbox.base.SandboxError`) or a harness that cannot start its agent
+(:class:`~vime_core.agent.harness.AgentHarnessError`) returns the input sample with status ``failed`` and
+``metadata["error"]``; an episode in which the agent made no model call returns it ``failed`` with
+``metadata["excluded"]``. Misconfiguration (no ``--agent``, a backend without host ports, a malformed row) raises.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import atexit
+import inspect
+import io
+import logging
+import tarfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from vime_core.data.workspace_task import AgentResult, WorkspaceTask
+from vime_core.rollout.context import RolloutContext, get_rollout_context
+from vime_core.types import Sample, Status
+
+logger = logging.getLogger("vime.rollout.coding_agent")
+
+#: never recorded as part of the agent's result (bytecode and tool caches)
+SKIP_DIRS = ("__pycache__", ".pytest_cache", ".mypy_cache", ".ruff_cache")
+GIT_ENV = {
+    "GIT_AUTHOR_NAME": "vime",
+    "GIT_AUTHOR_EMAIL": "vime@localhost",
+    "GIT_COMMITTER_NAME": "vime",
+    "GIT_COMMITTER_EMAIL": "vime@localhost",
+    "GIT_CONFIG_NOSYSTEM": "1",
+}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The ``--agent*`` flags (added through ``vime_add_arguments`` by the built-in generate plugin)."""
+    g = parser.add_argument_group("coding_agent generate function (--generate coding_agent)")
+    g.add_argument("--agent", default=None, help="agent harness name (e.g. claude-code, codex) or 'pkg.mod:Class'")
+    g.add_argument("--agent-max-turns", type=int, default=8, help="LLM calls per episode (0: the CLI's default)")
+    g.add_argument("--agent-wall-time", type=float, default=600.0, help="seconds before the agent is killed")
+    g.add_argument(
+        "--agent-max-tokens",
+        type=int,
+        default=None,
+        help="output tokens per LLM call (default: --rollout-max-response-len)",
+    )
+    g.add_argument("--agent-tool-parser", default="hermes", help="tool-call format of the policy (gateway side)")
+    g.add_argument("--agent-chat-template", type=Path, default=None, help="Jinja chat template for the gateway")
+    g.add_argument(
+        "--agent-history",
+        choices=["model", "client"],
+        default="model",
+        help="model: re-sent assistant turns are rendered as the model's own tokens (no drift); client: as sent",
+    )
+    g.add_argument(
+        "--agent-max-file-bytes",
+        type=int,
+        default=1 << 20,
+        help="workspace files larger than this are not recorded in the result (listed as skipped)",
+    )
+
+
+def _opt(args: argparse.Namespace, name: str, default: Any) -> Any:
+    v = getattr(args, name, None)
+    return default if v is None else v
+
+
+# -- per-process state -------------------------------------------------------------------------------------------
+def gateway_for(ctx: RolloutContext, args: argparse.Namespace) -> Any:
+    """The rollout process's agent gateway (``ctx.extras["agent_gateway"]``), started on first use."""
+    gw = ctx.extras.get("agent_gateway")
+    if gw is not None:
+        return gw
+    from vime_core.agent.backends import RouterBackend
+    from vime_core.agent.gateway import AgentGateway
+    from vime_core.rollout.client import RouterClient
+
+    client = ctx.client
+    backend = RouterBackend.from_client(client) if isinstance(client, RouterClient) else client
+    if backend is None or not hasattr(backend, "generate"):
+        raise RuntimeError("coding_agent: the rollout context has no router client (it runs inside vime's rollout)")
+    template = _opt(args, "agent_chat_template", None)
+    gw = AgentGateway(
+        ctx.tokenizer,
+        backend,
+        host="127.0.0.1",
+        chat_template=Path(template).read_text() if template else None,
+        tool_parser=_opt(args, "agent_tool_parser", "hermes"),
+        default_max_tokens=int(_opt(args, "agent_max_tokens", None) or _opt(args, "rollout_max_response_len", 1024)),
+        max_context_len=_opt(args, "rollout_max_context_len", None),
+        weight_version=ctx.weight_version,
+        history=_opt(args, "agent_history", "model"),
+    ).start()
+    atexit.register(gw.stop)
+    ctx.extras["agent_gateway"] = gw
+    return gw
+
+
+def harness_for(ctx: RolloutContext, args: argparse.Namespace) -> Any:
+    """The ``--agent`` harness (one instance per rollout process).
+
+    :raises ValueError: ``--agent`` is not set.
+    """
+    name = _opt(args, "agent", None)
+    if not name:
+        raise ValueError("--generate coding_agent needs --agent NAME (e.g. claude-code, codex; see `vime plugins`)")
+    cache = ctx.extras.setdefault("agent_harnesses", {})
+    if name not in cache:
+        from vime_core.plugins import get_plugins
+
+        cache[name] = get_plugins().resolve("agent", name).from_args(args)
+    return cache[name]
+
+
+# -- workspace ---------------------------------------------------------------------------------------------------
+def _tar(files: dict[str, str]) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for path, text in sorted(files.items()):
+            data = text.encode()
+            info = tarfile.TarInfo(path)
+            info.size, info.mode, info.mtime = len(data), 0o644, 0
+            tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+async def layout_workspace(sb: Any, files: dict[str, str]) -> str:
+    """Unpack ``files`` into the sandbox workspace and commit them to a new git repository.
+
+    :return: the base commit id.
+    :raises SandboxInfraError: unpacking or git failed (git missing in the image included: infrastructure).
+    """
+    from vime_core.sandbox.base import SandboxInfraError
+
+    ws = sb.workspace
+    script = (
+        'set -e; mkdir -p -- "$1"; cd "$1"; tar -x -f -; git init -q . ; git add -A; '
+        "git -c commit.gpgsign=false commit -q --allow-empty -m task; git rev-parse HEAD"
+    )
+    r = await sb.exec(["/bin/sh", "-c", script, "sh", ws], stdin=_tar(files), env=GIT_ENV, timeout=120.0)
+    if not r.ok:
+        raise SandboxInfraError(
+            f"{sb.NAME} sandbox: laying out the task workspace failed (exit {r.exit_code}; the image needs "
+            f"tar and git): {r.stderr[-500:]}"
+        )
+    return r.stdout.strip().splitlines()[-1]
+
+
+async def collect_workspace(sb: Any, task: WorkspaceTask, base: str, max_file_bytes: int) -> AgentResult:
+    """The agent's result: changed files (vs ``task.files``) and ``git diff --binary`` against ``base``.
+
+    :raises SandboxInfraError: the sandbox could not archive its workspace.
+    """
+
+    ws = sb.workspace
+    current, skipped = await _read_workspace(sb, ws, max_file_bytes)
+    changed: dict[str, str | None] = {p: t for p, t in current.items() if task.files.get(p) != t}
+    for p in task.files:
+        if p not in current and p not in skipped:
+            changed[p] = None
+    d = await sb.exec(
+        ["/bin/sh", "-c", f'cd "$1" && git add -A >/dev/null 2>&1; git diff --cached --binary {base}', "sh", ws],
+        env=GIT_ENV,
+        timeout=120.0,
+        max_output_bytes=4 << 20,
+    )
+    diff = d.stdout if d.exit_code == 0 else ""
+    return AgentResult(changed=changed, diff=diff, skipped=skipped)
+
+
+async def _read_workspace(sb: Any, ws: str, max_file_bytes: int) -> tuple[dict[str, str], dict[str, str]]:
+    """path → text of every regular file in the workspace (outside ``.git`` and caches), and skipped path → reason.
+
+    :raises SandboxInfraError: the sandbox could not archive its workspace.
+    """
+    import tempfile
+
+    from vime_core.sandbox.base import SandboxInfraError
+
+    files: dict[str, str] = {}
+    skipped: dict[str, str] = {}
+    with tempfile.TemporaryDirectory(prefix="vime-agent-ws-") as tmp:
+        try:
+            await sb.download_dir(ws, tmp, max_bytes=256 << 20)
+        except (OSError, FileNotFoundError) as e:
+            raise SandboxInfraError(f"{sb.NAME} sandbox: reading the agent's workspace failed: {e}") from e
+        root = Path(tmp)
+        for p in sorted(root.rglob("*")):
+            rel = p.relative_to(root)
+            if not p.is_file() or rel.parts[0] == ".git" or any(part in SKIP_DIRS for part in rel.parts):
+                continue
+            path = rel.as_posix()
+            size = p.stat().st_size
+            if size > max_file_bytes:
+                skipped[path] = f"larger than --agent-max-file-bytes ({size} bytes)"
+                continue
+            try:
+                files[path] = p.read_bytes().decode("utf-8")
+            except UnicodeDecodeError:
+                skipped[path] = "binary (not UTF-8)"
+    return files, skipped
+
+
+# -- the generate function ---------------------------------------------------------------------------------------
+def _task_prompt(sample: Sample) -> str:
+    p = sample.prompt
+    if isinstance(p, str):
+        return p
+    users = [m.get("content") for m in p if m.get("role") == "user" and isinstance(m.get("content"), str)]
+    if not users:
+        raise ValueError("coding_agent: the prompt has no user message to give the agent")
+    return users[-1]
+
+
+def _failed(sample: Sample, why: str, error: BaseException | None = None) -> Sample:
+    """The input sample as an excluded placeholder (status ``failed``: never scored, never trained)."""
+    sample.status = Status.FAILED
+    sample.metadata["excluded"] = why
+    if error is not None:
+        sample.metadata["error"] = f"{type(error).__name__}: {error}"
+    return sample
+
+
+async def generate(args: argparse.Namespace, sample: Sample, sampling_params: dict[str, Any]) -> Sample | list[Sample]:
+    """Run one agent episode (see the module docstring).
+
+    :return: the episode's Samples (one per trajectory segment, shared ``rollout_id``), or the input sample as a
+        ``failed`` placeholder.
+    :raises ValueError: ``--agent`` missing, a sandbox backend that cannot expose host ports, a malformed row.
+    """
+    from vime_core.agent.harness import AgentBudget, AgentEndpoint, AgentHarnessError
+    from vime_core.plugins import get_plugins
+    from vime_core.sandbox.base import SandboxError
+
+    ctx = get_rollout_context()
+    task = WorkspaceTask.from_metadata(sample.metadata)
+    prompt = _task_prompt(sample)
+    harness = harness_for(ctx, args)
+    gw = gateway_for(ctx, args)
+    gw.weight_version = ctx.weight_version
+    backend = _opt(args, "sandbox", None) or "local"
+    sandbox_cls = get_plugins().resolve("sandbox", backend)
+    max_tokens = int(_opt(args, "agent_max_tokens", None) or sampling_params.get("max_tokens") or 1024)
+    max_turns = int(_opt(args, "agent_max_turns", 8)) or None
+    budget = AgentBudget(
+        max_turns=max_turns, max_tokens=max_tokens, wall_time_s=float(_opt(args, "agent_wall_time", 600.0))
+    )
+    forced = {k: sampling_params[k] for k in ("temperature", "top_p", "top_k", "seed") if k in sampling_params}
+    forced["max_tokens"] = max_tokens
+    open_kw: dict[str, Any] = {"sampling_params": forced}
+    if "max_turns" in inspect.signature(gw.open_session).parameters:
+        open_kw["max_turns"] = max_turns
+    sid = f"vime-ep-{uuid.uuid4().hex}"
+    opened = False
+    t0 = time.monotonic()
+    try:
+        async with sandbox_cls.from_args(args) as sb:
+            base = await layout_workspace(sb, task.files)
+            gw.open_session(sid, **open_kw)
+            opened = True
+            try:
+                hostport = await sb.expose_host_port(gw.port, gw.host)
+            except NotImplementedError as e:
+                raise ValueError(
+                    f"--sandbox {backend}: this backend cannot expose the agent gateway to the sandbox ({e}); "
+                    "use local, docker or localvm"
+                ) from e
+            endpoint = AgentEndpoint(f"http://{hostport}", sid, gw.served_model_name)
+            await harness.install(sb)
+            run = await harness.run(sb, prompt=prompt, endpoint=endpoint, budget=budget, cwd=sb.workspace)
+            result = await collect_workspace(sb, task, base, int(_opt(args, "agent_max_file_bytes", 1 << 20)))
+    except (AgentHarnessError, SandboxError) as e:
+        if opened:
+            gw.drop_session(sid)
+        logger.warning("agent episode %s failed (excluded): %s: %s", sid, type(e).__name__, e)
+        return _failed(sample, "agent episode failed (infrastructure)", e)
+    except BaseException:
+        if opened:
+            gw.drop_session(sid)
+        raise
+    result.agent_status, result.exit_code, result.duration_s = run.status, run.exit_code, run.duration_s
+    meta = {
+        "agent_result": result.to_dict(),
+        "agent": {
+            "name": _opt(args, "agent", ""),
+            "status": run.status,
+            "exit_code": run.exit_code,
+            "duration_s": run.duration_s,
+            "episode_s": time.monotonic() - t0,
+            "final_message": run.final_message[-2000:],
+            "stderr_tail": run.stderr[-2000:],
+            "metadata": run.metadata,
+        },
+    }
+    samples = await asyncio.to_thread(gw.close_session, sid, sample, None, extra_metadata=meta)
+    if not samples:
+        sample.metadata.update(meta)
+        return _failed(sample, f"the agent made no model call (agent status {run.status}, exit {run.exit_code})")
+    return samples
+
+
+def rollout_metrics(samples: list[Sample]) -> dict[str, float]:
+    """``coding_agent/*`` metrics of one step: episodes, segments per episode, failed (excluded) episodes, agent
+    end states, files changed per episode."""
+    episodes: dict[str, Sample] = {}
+    failed = 0
+    for s in samples:
+        if s.status == Status.FAILED:
+            failed += 1
+        elif s.rollout_id is not None:
+            episodes.setdefault(s.rollout_id, s)
+    n = max(len(episodes) + failed, 1)
+    statuses = [(s.metadata.get("agent") or {}).get("status") for s in episodes.values()]
+    segs = sum(1 for s in samples if s.status != Status.FAILED)
+    return {
+        "coding_agent/episodes": float(len(episodes)),
+        "coding_agent/failed_frac": failed / n,
+        "coding_agent/segments_per_episode": segs / max(len(episodes), 1),
+        "coding_agent/completed_frac": statuses.count("completed") / n,
+        "coding_agent/max_turns_frac": statuses.count("max_turns") / n,
+        "coding_agent/timeout_frac": statuses.count("timeout") / n,
+        "coding_agent/error_frac": statuses.count("error") / n,
+        "coding_agent/files_changed_mean": sum(
+            len((s.metadata.get("agent_result") or {}).get("changed") or {}) for s in episodes.values()
+        )
+        / max(len(episodes), 1),
+    }
