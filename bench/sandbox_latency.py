@@ -3,6 +3,10 @@ milliseconds. Backends that cannot run here (no dockerd, no VM image) are report
 
     .venv/bin/python bench/sandbox_latency.py [--n 10] [--backends local,docker,localvm] [--concurrency 1]
         [--warmup 1]
+
+``e2b`` without ``E2B_API_KEY`` runs against the local fake E2B service (:mod:`vime_sandbox_e2b.fake`) and is
+printed as ``e2b-fake``: that is the SDK's and the plugin's overhead (HTTP + Connect RPC on 127.0.0.1) on top of a
+``local`` sandbox, not E2B's latency.
 """
 
 from __future__ import annotations
@@ -62,12 +66,24 @@ def main() -> None:
           f"{os.cpu_count()} CPUs, concurrency {a.concurrency})")
     print(f"{'backend':10s} {'create':>8s} {'exec':>8s} {'teardown':>9s} {'total':>8s} {'min':>8s} {'max':>8s}  n")
     for name in [b for b in a.backends.split(",") if b]:
+        fake = None
         try:
+            if name == "e2b" and not os.environ.get("E2B_API_KEY"):
+                from vime_sandbox_e2b.fake import FakeE2B
+
+                fake = FakeE2B().__enter__()
+                os.environ.update(fake.env())
             r = asyncio.run(bench(name, a.n, a.concurrency, a.warmup))
         except Exception as e:  # noqa: BLE001 - report and go on with the next backend
             print(f"{name:10s} skipped: {type(e).__name__}: {str(e).splitlines()[0][:150]}")
             continue
-        print(f"{name:10s} {r['create']:8.0f} {r['exec']:8.0f} {r['teardown']:9.0f} {r['total']:8.0f} "
+        finally:
+            if fake is not None:
+                fake.__exit__(None, None, None)
+                for key in fake.env():
+                    os.environ.pop(key, None)
+        label = f"{name}-fake" if fake is not None else name
+        print(f"{label:10s} {r['create']:8.0f} {r['exec']:8.0f} {r['teardown']:9.0f} {r['total']:8.0f} "
               f"{r['min']:8.0f} {r['max']:8.0f}  {r['n']}")
 
 

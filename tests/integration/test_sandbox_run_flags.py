@@ -48,3 +48,67 @@ def test_multi_turn_shell_tool_runs_in_the_chosen_sandbox(backend):
     ok, slow = asyncio.run(body())
     assert ok == "exit code: 0\nstdout:\n42\n"
     assert slow.startswith("exit code: 137 (timed out)")
+
+
+def _scripted_episode(tok, args, script: list[str]):
+    """Run the real ``multi_turn`` generate function with a scripted engine: only the sandbox is under test."""
+    from vime_core.agent.backends import ScriptedBackend
+    from vime_core.rollout.context import RolloutContext, set_rollout_context
+    from vime_core.types import Sample
+
+    backend = ScriptedBackend(tok, script)
+    set_rollout_context(RolloutContext(client=backend, tokenizer=tok, weight_version=0))
+    try:
+        generate = get_plugins().resolve("generate", "multi_turn")
+        return asyncio.run(generate(args, Sample(prompt="Compute it."), {"temperature": 1.0, "max_tokens": 512}))
+    finally:
+        set_rollout_context(None)
+
+
+def _bash_call(command: str) -> str:
+    import json
+
+    return f"<tool_call>\n{json.dumps({'name': 'bash', 'arguments': {'command': command}})}\n</tool_call>"
+
+
+@pytest.fixture(scope="module")
+def tok(tiny_model_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_model_dir)
+
+
+@pytest.mark.parametrize("backend", _backends())
+def test_multi_turn_generate_runs_code_in_the_sandbox(backend, tok):
+    """The generate function end to end on each backend: the model's code runs in the sandbox built from the flags;
+    a call at ``--multi-turn-tool-timeout`` is killed *by the sandbox*, so the model sees its partial output and
+    ``(timed out)`` — not the caller's bare "timed out" error, which used to win the race when both deadlines were
+    the same; the sandbox is gone afterwards."""
+    from vime_core.types import Status
+
+    args = build_parser().parse_args(
+        ["--model", "unused", "--generate", "multi_turn", "--multi-turn-sandbox-tool", "bash", "--sandbox", backend,
+         "--multi-turn-tool-timeout", "3", "--multi-turn-tools"]
+    )
+    script = [_bash_call("python3 -c 'print(6*7)' > out.txt; cat out.txt"),
+              _bash_call("echo partial; sleep 60"), "done"]
+    s = _scripted_episode(tok, args, script)
+    assert (s.status, s.metadata["num_turns"], s.metadata["stop_reason"]) == (Status.COMPLETED, 3, "no_tool_call")
+    results = [c["result"] for c in s.metadata["tool_calls"]]
+    assert results == ["exit code: 0\nstdout:\n42\n", "exit code: 137 (timed out)\nstdout:\npartial\n"]
+
+
+def test_wall_time_spent_is_reported_to_the_model(tok):
+    """A call is capped by what is left of ``--sandbox-wall-time``; after that the model is told the sandbox expired
+    (a tool error, not an infrastructure failure: the sample is still scored)."""
+    from vime_core.types import Status
+
+    args = build_parser().parse_args(
+        ["--model", "unused", "--generate", "multi_turn", "--multi-turn-sandbox-tool", "bash", "--sandbox", "local",
+         "--multi-turn-tool-timeout", "60", "--sandbox-wall-time", "3", "--multi-turn-tools"]
+    )
+    s = _scripted_episode(tok, args, [_bash_call("echo started; sleep 60"), _bash_call("echo again"), "done"])
+    assert s.status is Status.COMPLETED
+    first, second = (c["result"] for c in s.metadata["tool_calls"])
+    assert first == "exit code: 137 (timed out)\nstdout:\nstarted\n"
+    assert second.startswith("Error: SandboxExpiredError: sandbox vime-local-") and "wall-time limit" in second

@@ -48,6 +48,10 @@ from vime_core.types import Sample, Status
 
 logger = logging.getLogger("vime.rollout")
 
+# seconds a sandboxed shell call may take beyond its timeout (the sandbox kills it at the timeout; this bounds a
+# sandbox that stops answering, e.g. a stuck SSH connection)
+SANDBOX_TOOL_GRACE_S = 30.0
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The ``--multi-turn-*`` flags (added through ``vime_add_arguments`` by the built-in generate plugin)."""
@@ -162,8 +166,11 @@ async def _run_tool(tools: dict[str, Tool], call: ToolCall, timeout_s: float) ->
     tool = tools.get(call.name)
     if tool is None:
         return f"Error: unknown tool {call.name!r}; available: {', '.join(sorted(tools))}"
+    # a sandboxed shell call is timed by the sandbox itself (which kills it there and keeps its partial output);
+    # the bound here only catches a sandbox that does not answer
+    bound = timeout_s + SANDBOX_TOOL_GRACE_S if isinstance(tool, _SandboxTool) else timeout_s
     try:
-        return await tool.call(call.arguments, timeout_s=timeout_s)
+        return await tool.call(call.arguments, timeout_s=bound)
     except TimeoutError:
         return f"Error: {call.name} timed out after {timeout_s:g} s"
     except TypeError as e:
@@ -182,7 +189,18 @@ def _is_sandbox_infra_error(e: BaseException) -> bool:
     return isinstance(e, SandboxInfraError)
 
 
+class _SandboxTool(Tool):
+    """The shell tool: its ``--multi-turn-tool-timeout`` is enforced by the sandbox (``exec(timeout=...)``)."""
+
+
 def _sandbox_tool(name: str, sandbox: Any, timeout_s: float) -> Tool:
+    """``NAME(command)`` running ``command`` in ``sandbox`` with ``timeout_s`` seconds per call.
+
+    At the timeout the sandbox kills the command and the model sees ``exit code: 137 (timed out)`` with the output
+    so far; the sandbox's wall time (``--sandbox-wall-time``) also caps each call, and once it is spent the model
+    sees ``Error: SandboxExpiredError: ...``.
+    """
+
     async def run(command: str) -> str:
         r = await sandbox.exec(command, timeout=timeout_s)
         out = f"exit code: {r.exit_code}" + (" (timed out)" if r.timed_out else "")
@@ -192,7 +210,7 @@ def _sandbox_tool(name: str, sandbox: Any, timeout_s: float) -> Tool:
             out += f"\nstderr:\n{r.stderr}"
         return out
 
-    return Tool(
+    return _SandboxTool(
         name,
         run,
         "Run a shell command in the sandbox and return its exit code, stdout and stderr.",
