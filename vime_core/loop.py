@@ -99,6 +99,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 f"[vime] router {info['router_url']} → engines {info['engine_urls']} "
                 f"(ready in {info['startup_seconds']:.1f} s)"
             )
+            if "teacher_router_url" in info:
+                console.print(f"[vime] teacher {args.distill_teacher}: router {info['teacher_router_url']}")
             if ckpt is not None and trainer is not None:
                 ray.get(rollout.update_weights.remote(ray.get(trainer.push_weights.remote(version))))
         console.print(f"[vime] setup {time.perf_counter() - t_setup:.1f} s")
