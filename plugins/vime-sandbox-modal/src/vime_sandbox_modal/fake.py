@@ -8,14 +8,15 @@ implementations) talks gRPC to this server, which implements the SDK's generated
 namespaces on a root host, its ``cpu``/``memory`` as limits), so commands really run, isolated.
 
 Implemented (what :class:`vime_sandbox_modal.ModalSandbox` uses; every other method answers ``UNIMPLEMENTED``):
-``ClientHello`` (token checked), ``AuthTokenGet``, ``EnvironmentGetOrCreate``, ``AppGetOrCreate``, ``ImageGetOrCreate`` (answers "already built"),
-``SandboxCreateV2``/``SandboxCreate`` (``network_access`` BLOCKED/OPEN, ``resources``, ``timeout_secs``, tags, ephemeral env),
-``SandboxGetCommandRouterAccess``/``TaskGetCommandRouterAccess`` (plain http on 127.0.0.1, which the SDK allows
-for a localhost server), and (V2 and V1 names) ``SandboxGetTaskId``, ``SandboxTerminate``, ``SandboxWait``,
-``SandboxList`` (tag filter), ``SandboxTagsGet``; on the router
-``TaskExecStart`` (argv, workdir, env from ``secret_sources``), ``TaskExecStdioRead`` (stdout/stderr from an
-offset), ``TaskExecStdinWrite`` (offset, EOF), ``TaskExecWait``/``TaskExecPoll`` (exit code or signal), with the
-router's JWT checked. A sandbox ends at its ``timeout_secs``, as Modal's do.
+``ClientHello`` (token checked), ``AuthTokenGet``, ``EnvironmentGetOrCreate``, ``AppGetOrCreate``,
+``ImageGetOrCreate`` (answers "already built"), ``SandboxCreateV2``/``SandboxCreate`` (``network_access``
+BLOCKED/OPEN, ``resources``, ``timeout_secs``, tags, ephemeral env), ``SandboxGetCommandRouterAccess``/
+``TaskGetCommandRouterAccess`` (plain http on 127.0.0.1, which the SDK allows for a localhost server), and (V2 and
+V1 names) ``SandboxGetTaskId``, ``SandboxTerminate``, ``SandboxWait``, ``SandboxList`` (tag filter),
+``SandboxTagsGet``; on the router ``TaskExecStart`` (argv, workdir, env from ``secret_sources``),
+``TaskExecStdioRead`` (stdout/stderr from an offset), ``TaskExecStdinWrite`` (offset, EOF),
+``TaskExecWait``/``TaskExecPoll`` (exit code or signal), with the router's JWT checked. A sandbox ends at its
+``timeout_secs``, as Modal's do.
 
 Not implemented: image builds (any image runs the host's userland; ``workdir`` is not created — commands start in
 the sandbox's own directory), secrets objects, volumes, tunnels, snapshots, PTYs.
