@@ -213,6 +213,8 @@ def test_through_the_rollout_manager(context, he0):
         reward_fn=plugins.resolve("reward", "tests"),
         hook=plugins.pm.hook,
         teacher=None,
+        aborting=False,
+        weight_version=0,
     )
     group = [_sample(he0, 0), _sample(he0, 1)]
     asyncio.run(_run_groups(mgr, [group], 0))

@@ -178,6 +178,8 @@ def test_sandbox_failure_excludes_the_sample_instead_of_scoring_zero():
         reward_fn=get_plugins().resolve("reward", "tests"),
         hook=get_plugins().pm.hook,
         teacher=None,
+        aborting=False,
+        weight_version=0,
     )
     group = [task_sample({"solution.py": "def add(a, b):\n    return a + b\n"})]
     asyncio.run(_run_groups(mgr, [group], 0))

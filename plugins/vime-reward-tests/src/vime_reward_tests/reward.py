@@ -10,7 +10,8 @@ For one sample (see :mod:`vime_core.data.workspace_task` for the row format):
 2. A new sandbox of ``--reward-tests-sandbox`` (default: the run's ``--sandbox``) is created. One archive is unpacked
    in its workspace: ``code/`` (the rebuilt workspace), ``.vime-tests/`` (the task's hidden tests, which the agent
    never saw), ``.vime-cfg/pytest.ini`` (an empty configuration) and ``.vime-pytest/`` (the host's own pure-Python
-   pytest, pluggy, iniconfig and packaging: the sandbox needs only ``python3``).
+   pytest, pluggy, iniconfig, packaging and pygments, shipped as one cached gzip archive: the sandbox needs only
+   ``python3``, ``tar`` and ``gzip``).
 3. A preflight imports that pytest in the sandbox. It failing is an infrastructure failure (no agent code has run
    yet): :class:`RewardInfraError`.
 4. pytest runs with ``cwd=code/``, ``python3 -I`` (no environment variables, user site or current directory on the
@@ -53,7 +54,7 @@ from vime_core.types import Sample
 logger = logging.getLogger("vime.reward.tests")
 
 #: Host modules shipped into the sandbox as its pytest (pure Python; the optional ones when installed).
-PYTEST_MODULES = ("pytest", "_pytest", "pluggy", "iniconfig", "packaging", "py")
+PYTEST_MODULES = ("pytest", "_pytest", "pluggy", "iniconfig", "packaging", "py", "pygments")
 PYTEST_OPTIONAL_MODULES = ("exceptiongroup", "tomli")
 
 CODE_DIR, TESTS_DIR, CFG_DIR = "code", ".vime-tests", ".vime-cfg"
@@ -157,51 +158,52 @@ def parse_junit(xml_text: str) -> dict[str, str]:
 
 
 @functools.lru_cache(maxsize=1)
-def _pytest_members() -> tuple[tuple[str, bytes, int], ...]:
-    """(archive path under ``.vime-pytest/``, bytes, mode) of the host's pytest and its pure-Python dependencies.
+def pytest_bundle() -> bytes:
+    """A gzip tar of the host's pytest and its pure-Python dependencies (paths relative to ``.vime-pytest/``),
+    built once per process.
 
     :raises RewardInfraError: a required module is not installed on the host.
     """
-    members: list[tuple[str, bytes, int]] = []
-    for name in PYTEST_MODULES + PYTEST_OPTIONAL_MODULES:
-        spec = importlib.util.find_spec(name)
-        if spec is None or spec.origin is None:
-            if name in PYTEST_OPTIONAL_MODULES:
-                continue
-            raise RewardInfraError(f"the tests reward ships the host's {name!r} into the sandbox; it is not installed")
-        origin = Path(spec.origin)
-        if spec.submodule_search_locations:  # a package: every file except bytecode caches
-            root = origin.parent
-            for p in sorted(root.rglob("*")):
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz", compresslevel=6) as tar:
+        for name in PYTEST_MODULES + PYTEST_OPTIONAL_MODULES:
+            spec = importlib.util.find_spec(name)
+            if spec is None or spec.origin is None:
+                if name in PYTEST_OPTIONAL_MODULES:
+                    continue
+                raise RewardInfraError(f"the tests reward ships the host's {name!r} into the sandbox; not installed")
+            origin = Path(spec.origin)
+            if spec.submodule_search_locations:  # a package: every file except bytecode caches
+                root = origin.parent
+                paths = [(p, f"{name}/{p.relative_to(root).as_posix()}") for p in sorted(root.rglob("*"))]
+            else:
+                paths = [(origin, origin.name)]
+            for p, arc in paths:
                 if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc":
-                    members.append((f"{name}/{p.relative_to(root).as_posix()}", p.read_bytes(), 0o644))
-        else:
-            members.append((origin.name, origin.read_bytes(), 0o644))
-    return tuple(members)
+                    _add(tar, arc, p.read_bytes())
+    return buf.getvalue()
+
+
+def _add(tar: tarfile.TarFile, path: str, data: bytes) -> None:
+    info = tarfile.TarInfo(path)
+    info.size, info.mode, info.mtime = len(data), 0o644, 0
+    tar.addfile(info, io.BytesIO(data))
 
 
 def build_archive(files: dict[str, str], tests: dict[str, str]) -> bytes:
-    """The tar unpacked into the sandbox workspace (``code/``, ``.vime-tests/``, ``.vime-cfg/``, ``.vime-pytest/``,
-    ``.vime-results/``)."""
+    """The tar unpacked into the sandbox workspace (``code/``, ``.vime-tests/``, ``.vime-cfg/``, ``.vime-pytest/``
+    (empty: :func:`pytest_bundle` goes there), ``.vime-results/``)."""
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as tar:
-
-        def add(path: str, data: bytes, mode: int = 0o644) -> None:
-            info = tarfile.TarInfo(path)
-            info.size, info.mode, info.mtime = len(data), mode, 0
-            tar.addfile(info, io.BytesIO(data))
-
         for d in (CODE_DIR, TESTS_DIR, CFG_DIR, PYTEST_DIR, RESULTS_DIR):
             info = tarfile.TarInfo(d)
             info.type, info.mode = tarfile.DIRTYPE, 0o777
             tar.addfile(info)
         for path, text in sorted(files.items()):
-            add(f"{CODE_DIR}/{path}", text.encode())
+            _add(tar, f"{CODE_DIR}/{path}", text.encode())
         for path, text in sorted(tests.items()):
-            add(f"{TESTS_DIR}/{path}", text.encode())
-        add(f"{CFG_DIR}/pytest.ini", b"[pytest]\n")
-        for path, data, mode in _pytest_members():
-            add(f"{PYTEST_DIR}/{path}", data, mode)
+            _add(tar, f"{TESTS_DIR}/{path}", text.encode())
+        _add(tar, f"{CFG_DIR}/pytest.ini", b"[pytest]\n")
     return buf.getvalue()
 
 
@@ -246,6 +248,15 @@ async def run_tests(
         )
         if not up.ok:
             raise RewardInfraError(f"{backend} sandbox: unpacking the test workspace failed: {up.stderr[-500:]}")
+        up = await sb.exec(
+            ["/bin/sh", "-c", 'tar -x -z -f - -C "$1"', "sh", f"{sb.workspace}/{PYTEST_DIR}"],
+            stdin=pytest_bundle(),
+            timeout=120.0,
+        )
+        if not up.ok:
+            raise RewardInfraError(
+                f"{backend} sandbox: unpacking pytest failed (tar, gzip needed): {up.stderr[-500:]}"
+            )
         res = await sb.exec(
             ["/bin/sh", "-c", script, "sh", sb.workspace], timeout=timeout_s + 60.0, max_output_bytes=16 << 20
         )
