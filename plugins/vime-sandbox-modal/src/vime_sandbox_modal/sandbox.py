@@ -173,7 +173,7 @@ class ModalSandbox(Sandbox):
         client, self._client = self._client, None
         if client is not None:
             with contextlib.suppress(Exception):
-                await client._close()
+                await client.close.aio()
 
     # -- exec ----------------------------------------------------------------------------------------------------
     async def _exec_raw(
@@ -266,5 +266,5 @@ class ModalSandbox(Sandbox):
                         report.errors.append(f"{desc}: {type(e).__name__}: {e}")
         finally:
             with contextlib.suppress(Exception):
-                client._close()
+                client.close()
         return report
