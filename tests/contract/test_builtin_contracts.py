@@ -56,6 +56,36 @@ class TestDiskDeltaWeightSyncSub(TestDiskDeltaWeightSyncXor):
     encoding = "sub"
 
 
+class TestNcclWeightSync(WeightSyncContract):
+    """``nccl`` over Gloo (CPU tensors): :meth:`read` joins the trainer's broadcast group as the engine would."""
+
+    capabilities = {"timeout"}
+
+    @pytest.fixture
+    def strategy(self):
+        cls = get_plugins().resolve("weight_sync", "nccl")
+        return cls(
+            argparse.Namespace(
+                rollout_num_engines=1,
+                rollout_num_gpus_per_engine=1,
+                weight_sync_timeout=20.0,
+                update_weight_buffer_size=4096,
+                update_weight_checksums=True,
+            )
+        )
+
+    def test_successive_versions_reuse_one_group(self, strategy):
+        """Versions 1..3 go over the same group (built once) and each arrives bit-exactly."""
+        sent = self.reference_tensors()
+        for version in (1, 2, 3):
+            sent = self.changed_tensors(sent, version) if version > 1 else sent
+            update = strategy.push(iter(sent.items()), version)
+            assert update.payload["init"] == (version == 1)
+            self.assert_bit_exact(strategy.read(update), sent)
+        strategy._wait_sender()
+        assert strategy.last_stats.num_tensors == len(sent) and strategy.last_stats.num_buckets >= 2
+
+
 def _trainer_args(**kw):
     base = dict(
         seed=0,

@@ -18,6 +18,7 @@ def _dumped(out, step):
 
 
 def test_one_step_off_trains_on_samples_exactly_one_version_old(tiny_model_dir, prompt_file, tmp_path):  # noqa: F811
+    """Also the end-to-end run of ``--weight-sync nccl`` (trainer-hosted Gloo group on CPU)."""
     out = tmp_path / "osf"
     _vime(
         "run",
@@ -26,6 +27,8 @@ def test_one_step_off_trains_on_samples_exactly_one_version_old(tiny_model_dir, 
         "3",
         "--loop",
         "one-step-off",
+        "--weight-sync",
+        "nccl",
         "--save-debug-rollout-data",
         str(out / "debug" / "rollout_{rollout_id}.pt"),
     )
@@ -35,6 +38,7 @@ def test_one_step_off_trains_on_samples_exactly_one_version_old(tiny_model_dir, 
     metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [m["rollout/staleness_max"] for m in metrics] == [0.0, 1.0, 1.0]
     assert [m["weight_sync/version"] for m in metrics] == [1.0, 2.0, 3.0]
+    assert all(m["weight_sync/bytes"] > 0 for m in metrics)
 
 
 def test_fully_async_never_trains_beyond_max_staleness(tiny_model_dir, prompt_file, tmp_path):  # noqa: F811

@@ -7,9 +7,11 @@ from vime_core.hookspecs import hookimpl
 def vime_register_weight_sync_strategies(register):
     from vime_core.weight_sync.disk import DiskWeightSync
     from vime_core.weight_sync.disk_delta import DiskDeltaWeightSync
+    from vime_core.weight_sync.nccl import NcclWeightSync
 
     register(DiskWeightSync.NAME, DiskWeightSync)
     register(DiskDeltaWeightSync.NAME, DiskDeltaWeightSync)
+    register(NcclWeightSync.NAME, NcclWeightSync)
 
 
 @hookimpl
@@ -27,4 +29,16 @@ def vime_add_arguments(parser):
         "--update-weight-delta-base",
         default=None,
         help="disk-delta: HF directory the engines start from (the first delta's base); default --model",
+    )
+    g = parser.add_argument_group("weight sync: nccl")
+    g.add_argument(
+        "--update-weight-buffer-size",
+        type=int,
+        default=512 * 2**20,
+        help="nccl: bucket size in bytes (tensors are broadcast in buckets of at most this size; slime's flag)",
+    )
+    g.add_argument(
+        "--update-weight-checksums",
+        action="store_true",
+        help="nccl: attach an xxh3-128 digest per tensor; receivers verify before loading",
     )

@@ -59,6 +59,7 @@ class RolloutManager:
         self.loop = asyncio.new_event_loop()
         self.producer: Any = None  # AsyncRolloutProducer in --loop fully-async
         self.teacher: Any = None  # TeacherEngines with --distill-teacher (vime_core.rollout.teacher)
+        self.aborting = False  # set while oversample.collect_groups aborts the requests in flight
 
     # -- lifecycle -------------------------------------------------------------------------------------------------
     def start(self) -> dict[str, Any]:
@@ -88,7 +89,7 @@ class RolloutManager:
                     enforce_eager=self.args.rollout_enforce_eager,
                     extra_args=vllm_args + ["--seed", str(self.args.seed + i)],
                     kv_cache_space_gib=self.args.rollout_kv_cache_gib,
-                    omp_threads_bind=_cpu_bind(i, self.args.rollout_num_engines),
+                    omp_threads_bind=_engine_cpu_bind(self.args, i),
                     log_path=log_dir / f"vllm_engine_{i}.log",
                     request_timeout_s=self.args.weight_sync_timeout,
                 )
@@ -115,7 +116,9 @@ class RolloutManager:
             self.router.start()
             self.router.wait_ready(timeout_s=120)
             router_url = self.router.url
-        self.client = RouterClient(router_url, model=self.engines[0].served_model_name, timeout_s=600)
+        # partial rollout streams: an aborted non-streaming request comes back without its tokens
+        stream = bool(getattr(self.args, "partial_rollout", False))
+        self.client = RouterClient(router_url, model=self.engines[0].served_model_name, timeout_s=600, stream=stream)
         set_rollout_context(
             RolloutContext(client=self.client, tokenizer=self.tokenizer, weight_version=self.weight_version)
         )
@@ -158,50 +161,30 @@ class RolloutManager:
     def generate(self, step: int) -> tuple[list[list[Sample]], dict[str, float]]:
         """Generate and score ``--rollout-batch-size`` groups for ``step``.
 
-        With ``--dynamic-sampling-filter`` (DAPO), prompts are over-sampled in chunks of
-        ``--over-sampling-batch-size`` groups and refilled until enough groups pass the filter; a group is kept or
-        dropped whole (never split across batches). Passing groups beyond the batch are dropped, counted in
-        ``rollout/dynamic_filter_surplus``. After ``--dynamic-sampling-max-rounds`` chunks the step proceeds with
-        the groups it has (``rollout/dynamic_filter_insufficient`` = 1).
+        With ``--dynamic-sampling-filter`` (DAPO) or ``--over-sampling-batch-size`` above the batch, groups are
+        over-sampled, filtered and refilled until the batch is full, then the requests still in flight are aborted
+        (``--partial-rollout``: their groups return to the buffer and resume later); see
+        :mod:`vime_core.rollout.oversample`. A group is kept or dropped whole (never split across batches).
 
         :return: ``(groups, metrics)``; metrics ``rollout/*`` and ``perf/rollout_time``.
         :raises RuntimeError: if every sample failed (the first error is included).
         """
+        from vime_core.rollout.oversample import collect_groups
+
         t0 = time.perf_counter()
         want = self.args.rollout_batch_size
-        if self.dynamic_filter is None:
+        extra: dict[str, float] = {}
+        if self.dynamic_filter is None and (getattr(self.args, "over_sampling_batch_size", None) or 0) <= want:
             groups = self.data_source.get_groups(want)
             self.loop.run_until_complete(_run_groups(self, groups, step))
-            generated, dropped, surplus, rounds = groups, 0, 0, 1
+            samples = [s for g in groups for s in g]
         else:
-            groups, generated, dropped, surplus, rounds = [], [], 0, 0, 0
-            chunk = max(self.args.over_sampling_batch_size or want, 1)
-            while len(groups) < want and rounds < self.args.dynamic_sampling_max_rounds:
-                batch = self.data_source.get_groups(chunk)
-                self.loop.run_until_complete(_run_groups(self, batch, step))
-                generated.extend(batch)
-                rounds += 1
-                for g in batch:
-                    if not self.dynamic_filter(self.args, g):
-                        dropped += 1
-                    elif len(groups) < want:
-                        groups.append(g)
-                    else:
-                        surplus += 1
-        samples = [s for g in generated for s in g]
+            groups, samples, extra = self.loop.run_until_complete(collect_groups(self, step))
         failed = [s for s in samples if s.status == Status.FAILED]
         if failed and len(failed) == len(samples):
             raise RuntimeError(f"every sample of step {step} failed; first error: {failed[0].metadata.get('error')}")
         metrics = rollout_metrics([s for g in groups for s in g], self.args.reward_key)
-        if self.dynamic_filter is not None:
-            metrics.update(
-                {
-                    "rollout/dynamic_filter_drop_ratio": dropped / max(len(generated), 1),
-                    "rollout/dynamic_filter_surplus": float(surplus),
-                    "rollout/dynamic_filter_rounds": float(rounds),
-                    "rollout/dynamic_filter_insufficient": float(len(groups) < want),
-                }
-            )
+        metrics.update(extra)
         metrics["perf/rollout_time"] = time.perf_counter() - t0
         self.hook.vime_on_rollout_end(
             args=self.args, step=step, samples=[s for g in groups for s in g], metrics=metrics
@@ -243,8 +226,8 @@ class RolloutManager:
         for engine in self.engines:
             engine.pause(mode)
         try:
+            self.weight_sync.apply_all(self.engines, update, timeout_s=self.args.weight_sync_timeout)
             for engine in self.engines:
-                self.weight_sync.apply(engine, update, timeout_s=self.args.weight_sync_timeout)
                 engine.reset_prefix_cache()
                 engine.set_weight_version(update.version)  # the engine tags every later token with it
         finally:
@@ -274,16 +257,29 @@ class RolloutManager:
         self.data_source.load_state_dict(state)
 
 
-async def _run_groups(self: RolloutManager, groups: list[list[Sample]], step: int) -> None:
+async def _run_groups(
+    self: RolloutManager, groups: list[list[Sample]], step: int, sem: asyncio.Semaphore | None = None
+) -> None:
     """Generate and score every sample of ``groups`` concurrently (module-level: a class with async methods
-    would become an *async* Ray actor, whose methods cannot drive their own event loop)."""
-    sem = asyncio.Semaphore(self.args.rollout_concurrency)
+    would become an *async* Ray actor, whose methods cannot drive their own event loop). ``sem`` bounds the
+    generate calls in flight when several calls share it (default: ``--rollout-concurrency`` for this call)."""
+    from vime_core.rollout.oversample import needs_generation, prepare_resume
+
+    sem = sem or asyncio.Semaphore(self.args.rollout_concurrency)
+    mask_offpolicy = getattr(self.args, "mask_offpolicy_in_partial_rollout", False)
     params = sampling_params_from_args(self.args)
     fanned: dict[int, list[Sample]] = {}  # id(sample) -> the segments a fan-out generate function returned
 
     async def one(sample: Sample) -> None:
+        if not needs_generation(sample):  # finished in an earlier step (a group returned by partial rollout)
+            return
         outs = [sample]
         async with sem:
+            if self.aborting:  # the batch filled while this sample waited: never sent
+                sample.status = Status.ABORTED
+                return
+            if sample.status == Status.ABORTED:  # partial rollout: continue from prompt + partial response
+                prepare_resume(sample, self.weight_version, mask_offpolicy)
             try:
                 out = await self.generate_fn(self.args, sample, dict(params))
                 if isinstance(out, list):  # fan-out: segments of one rollout, scored once, same reward on each
@@ -319,6 +315,12 @@ async def _run_groups(self: RolloutManager, groups: list[list[Sample]], step: in
     for g in groups:  # replace fanned-out samples by their segments, in place (callers hold these lists)
         if any(id(s) in fanned for s in g):
             g[:] = [x for s in g for x in fanned.get(id(s), [s])]
+
+
+def _engine_cpu_bind(args: argparse.Namespace, index: int) -> str | None:
+    """``--rollout-cpu-bind``'s value for engine ``index``, else :func:`_cpu_bind`."""
+    binds = getattr(args, "rollout_cpu_bind", None)
+    return binds[index] if binds else _cpu_bind(index, args.rollout_num_engines)
 
 
 def _cpu_bind(index: int, count: int) -> str | None:

