@@ -126,3 +126,27 @@ class TestE2BSandbox(SandboxBackendContract):
             await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(fake_sb.kill(), e2b_env._loop))
 
         return kill_on_the_server
+
+
+def test_multi_turn_shell_tool_runs_in_e2b(e2b_env):
+    """`--generate multi_turn --multi-turn-sandbox-tool bash --sandbox e2b`: the episode's sandbox is built from the
+    flags and the model's commands run in it; at `--multi-turn-tool-timeout` the sandbox kills the command and the
+    model sees its partial output."""
+    from vime_core.agent.tool_parsers import ToolCall
+    from vime_core.arguments import build_parser
+    from vime_core.rollout.multi_turn import _episode_sandbox, _run_tool, _sandbox_tool
+
+    args = build_parser().parse_args(
+        ["--model", "unused", "--generate", "multi_turn", "--multi-turn-sandbox-tool", "bash", "--sandbox", "e2b",
+         "--multi-turn-tool-timeout", "2", "--sandbox-wall-time", "120"]
+    )
+
+    async def body():
+        async with _episode_sandbox(args) as sb:
+            assert isinstance(sb, E2BSandbox) and (sb.limits.wall_time_s, sb.network) == (120.0, False)
+            tools = {"bash": _sandbox_tool("bash", sb, 2.0)}
+            ok = await _run_tool(tools, ToolCall("bash", {"command": "python3 -c 'print(6*7)'"}), 2.0)
+            slow = await _run_tool(tools, ToolCall("bash", {"command": "echo partial; sleep 30"}), 2.0)
+            return ok, slow
+
+    assert asyncio.run(body()) == ("exit code: 0\nstdout:\n42\n", "exit code: 137 (timed out)\nstdout:\npartial\n")
