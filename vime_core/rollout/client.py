@@ -11,7 +11,9 @@ top-k), which is what a trainer recomputes.
 
 from __future__ import annotations
 
+import json
 import logging
+import uuid
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -23,6 +25,9 @@ FinishReason = Literal["stop", "length", "abort"]
 Api = Literal["auto", "generate", "completions"]
 _GENERATE = "/inference/v1/generate"
 _COMPLETIONS = "/v1/completions"
+_ABORT = "/abort_requests"
+# vLLM names a /inference/v1/generate request "generate-tokens-<request_id>" inside the engine (serving.py)
+ENGINE_REQUEST_PREFIX = "generate-tokens-"
 
 
 class RouterClientError(RuntimeError):
@@ -84,6 +89,10 @@ class RouterClient:
     :param api: ``"generate"`` (``/inference/v1/generate``), ``"completions"`` (``/v1/completions``) or ``"auto"``
         (generate, switching to completions for good if the route answers 404).
     :param max_connections: connection-pool size (concurrent requests in flight).
+    :param stream: request ``/inference/v1/generate`` as a server-sent-event stream and accumulate the chunks.
+        Needed for partial rollout: vLLM answers an aborted *non-streaming* request with no tokens at all, while a
+        stream has delivered every token (with its log-prob) before the final ``finish_reason: "abort"`` chunk,
+        which also carries the weight-version spans of all tokens.
     """
 
     def __init__(
@@ -94,14 +103,17 @@ class RouterClient:
         *,
         api: Api = "auto",
         max_connections: int = 512,
+        stream: bool = False,
     ) -> None:
         if api not in ("auto", "generate", "completions"):
             raise ValueError(f"api must be 'auto', 'generate' or 'completions', not {api!r}")
         self.base_url = base_url.rstrip("/")
         self.model = model
         self.api: Api = api
+        self.stream = stream
         limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
         self._http = httpx.AsyncClient(base_url=self.base_url, timeout=timeout_s, limits=limits, trust_env=False)
+        self._inflight: set[str] = set()  # engine-side ids of /inference/v1/generate requests not answered yet
 
     async def aclose(self) -> None:
         """Close the HTTP connection pool."""
@@ -125,6 +137,44 @@ class RouterClient:
             raise RouterClientError(f"POST {self.base_url}{path} returned {resp.status_code}: {resp.text[:4000]}")
         return resp.json()
 
+    async def _post_stream(self, path: str, body: dict[str, Any], session_id: str | None) -> dict[str, Any] | None:
+        """POST a streaming generate request and fold its SSE chunks into the non-streaming response shape
+        (``{"choices": [{"token_ids", "logprobs": {"content"}, "text", "finish_reason", "weight_versions"}]}``);
+        ``None`` on a 404 in ``auto`` mode.
+
+        :raises RouterClientError: on an error status or an error event in the stream.
+        """
+        headers = {"x-session-id": session_id} if session_id else None
+        choice: dict[str, Any] = {"token_ids": [], "logprobs": {"content": []}, "text": "", "finish_reason": None}
+        async with self._http.stream("POST", path, json=body, headers=headers) as resp:
+            if resp.status_code == 404 and self.api == "auto":
+                logger.info("%s%s answered 404: using %s from now on", self.base_url, path, _COMPLETIONS)
+                self.api = "completions"
+                return None
+            if resp.status_code != 200:
+                text = (await resp.aread()).decode(errors="replace")
+                raise RouterClientError(f"POST {self.base_url}{path} returned {resp.status_code}: {text[:4000]}")
+            async for line in resp.aiter_lines():
+                if not line.startswith("data:"):
+                    continue
+                payload = line[5:].strip()
+                if payload == "[DONE]":
+                    break
+                event = json.loads(payload)
+                if "error" in event:
+                    raise RouterClientError(f"POST {self.base_url}{path} stream error: {event['error']!r:.2000}")
+                for ch in event.get("choices") or []:
+                    choice["token_ids"].extend(ch.get("token_ids") or [])
+                    choice["logprobs"]["content"].extend((ch.get("logprobs") or {}).get("content") or [])
+                    choice["text"] += ch.get("text") or ""
+                    if ch.get("finish_reason") is not None:
+                        choice["finish_reason"] = ch["finish_reason"]
+                    if ch.get("weight_versions"):  # spans over all output tokens, sent with the final chunk
+                        choice["weight_versions"] = ch["weight_versions"]
+        if choice["finish_reason"] is None:
+            raise RouterClientError(f"POST {self.base_url}{path}: the stream ended without a finish reason")
+        return {"choices": [choice]}
+
     async def generate(
         self, prompt_token_ids: list[int], sampling_params: dict[str, Any], session_id: str | None = None
     ) -> GenerateOutput:
@@ -146,13 +196,23 @@ class RouterClient:
             raise ValueError("RouterClient.generate produces one sample per call: n must be 1")
         sp["logprobs"] = 0  # the sampled token's log-prob only
         if self.api != "completions":
+            request_id = f"vime-{uuid.uuid4().hex}"
             body = {
                 "model": self.model,
                 "token_ids": list(prompt_token_ids),
                 "output_mode": "text",
                 "sampling_params": sp,
+                "request_id": request_id,
             }
-            data = await self._post(_GENERATE, body, session_id)
+            engine_id = ENGINE_REQUEST_PREFIX + request_id
+            self._inflight.add(engine_id)
+            try:
+                if self.stream:
+                    data = await self._post_stream(_GENERATE, {**body, "stream": True}, session_id)
+                else:
+                    data = await self._post(_GENERATE, body, session_id)
+            finally:
+                self._inflight.discard(engine_id)
             if data is not None:
                 choice = data["choices"][0]
                 lps = [float(c["logprob"]) for c in (choice.get("logprobs") or {}).get("content") or []]
@@ -163,6 +223,34 @@ class RouterClient:
         choice = data["choices"][0]
         lps = [float(x) for x in (choice.get("logprobs") or {}).get("token_logprobs") or []]
         return self._output(choice, lps, None)
+
+    def inflight_request_ids(self) -> list[str]:
+        """Engine-side ids of this client's ``/inference/v1/generate`` requests that have not been answered yet
+        (what :meth:`abort_requests` aborts). Requests on the completions fallback are not tracked."""
+        return sorted(self._inflight)
+
+    async def abort_requests(self, engine_urls: list[str], request_ids: list[str] | None = None) -> int:
+        """Abort requests inside the engines: ``POST <engine>/abort_requests {"request_ids": [...]}`` on each engine
+        (vllm-router 0.1.17 has no abort route, so the call goes to the engines directly, like slime's abort).
+
+        An aborted request answers its caller at once with ``finish_reason: "abort"`` and the tokens, log-probs and
+        weight versions generated so far (vLLM's output processor emits a final output on abort). Ids an engine
+        does not know are ignored there, so sending every id to every engine is safe.
+
+        :param engine_urls: base URLs of the engines (``VLLMServer.url``); needs ``VLLM_SERVER_DEV_MODE=1`` there.
+        :param request_ids: engine-side ids; ``None``: this client's :meth:`inflight_request_ids`. An empty list
+            sends nothing (it would abort *every* request of the engine).
+        :return: the number of ids sent per engine.
+        :raises RouterClientError: on an error status from an engine.
+        """
+        ids = self.inflight_request_ids() if request_ids is None else list(request_ids)
+        if not ids:
+            return 0
+        for url in engine_urls:
+            resp = await self._http.post(url.rstrip("/") + _ABORT, json={"request_ids": ids})
+            if resp.status_code != 200:
+                raise RouterClientError(f"POST {url}{_ABORT} returned {resp.status_code}: {resp.text[:2000]}")
+        return len(ids)
 
     @staticmethod
     def _output(choice: dict[str, Any], lps: list[float], versions: list[str] | None) -> GenerateOutput:

