@@ -7,11 +7,13 @@ from vime_core.hookspecs import hookimpl
 def vime_register_weight_sync_strategies(register):
     from vime_core.weight_sync.disk import DiskWeightSync
     from vime_core.weight_sync.disk_delta import DiskDeltaWeightSync
+    from vime_core.weight_sync.ipc import IpcWeightSync
     from vime_core.weight_sync.nccl import NcclWeightSync
 
     register(DiskWeightSync.NAME, DiskWeightSync)
     register(DiskDeltaWeightSync.NAME, DiskDeltaWeightSync)
     register(NcclWeightSync.NAME, NcclWeightSync)
+    register(IpcWeightSync.NAME, IpcWeightSync)
 
 
 @hookimpl
@@ -35,7 +37,7 @@ def vime_add_arguments(parser):
         "--update-weight-buffer-size",
         type=int,
         default=512 * 2**20,
-        help="nccl: bucket size in bytes (tensors are broadcast in buckets of at most this size; slime's flag)",
+        help="nccl, ipc: bucket size in bytes (tensors are broadcast in buckets of at most this size; slime's flag)",
     )
     g.add_argument(
         "--update-weight-checksums",

@@ -219,6 +219,27 @@ class VimeWorkerExtension:
         logger.info("received version %s by broadcast: %d tensors in %.3f s", version, counter[0], seconds)
         return {"version": int(version), "loaded": counter[0], "seconds": seconds}
 
+    def vime_receive_ipc(self, handles: str, version: int) -> dict[str, Any]:
+        """``ipc`` weight sync, engine side: map the trainer's CUDA IPC buckets and reload from them (no copy on the
+        wire; the trainer keeps the buckets alive until every engine answered).
+
+        :param handles: :func:`vime_core.weight_sync.ipc.encode_payload` of the buckets.
+        :return: ``{"version", "loaded"}``.
+        """
+        from vime_core.weight_sync.ipc import decode_payload, open_shared_weights
+
+        counter = [0]
+
+        def counted() -> Iterator[tuple[str, Any]]:
+            for item in open_shared_weights(decode_payload(handles)):
+                counter[0] += 1
+                yield item
+
+        self.reload_weights(weights_iterator=counted())  # type: ignore[attr-defined]
+        self._vime_delta_receiver().reset(None, None)
+        logger.info("received version %s by CUDA IPC: %d tensors", version, counter[0])
+        return {"version": int(version), "loaded": counter[0]}
+
     def vime_weight_sync_state(self) -> dict[str, Any]:
         """``{"version", "base_dir", "snapshot_tensors"}`` of this worker's ``disk-delta`` receiver."""
         receiver = self._vime_delta_receiver()

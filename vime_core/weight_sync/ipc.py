@@ -5,8 +5,9 @@ The transport of the ``ipc`` weight-sync design: the trainer packs HF-layout GPU
 metadata; the engine side (:func:`open_shared_weights`) maps each bucket and yields ``(name, tensor)`` views for
 ``reload_weights``. The trainer must keep the returned buffers alive until every receiver is done.
 
-Not wired into a registered strategy yet (vLLM's native IPC weight-transfer engine is the target on GPU engines);
-tested between two processes on one H200 by ``bench/ipc_weight_sync.py``.
+The registered strategy is :class:`IpcWeightSync` (``--weight-sync ipc``). Tested between two processes on one H200
+(``bench/ipc_weight_sync.py``, ``tests/gpu/test_ipc_weight_sync.py``); its engine side
+(``VimeWorkerExtension.vime_receive_ipc``) needs a vLLM on a GPU, which none of our machines has.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any
 
 import torch
 
+from vime_core.weight_sync.base import WeightSyncStrategy, WeightUpdate, call_with_timeout
 from vime_core.weight_sync.nccl import DEFAULT_BUCKET_BYTES, buckets
 
 
@@ -62,3 +64,112 @@ def open_shared_weights(payload: list[dict[str, Any]]) -> Iterator[tuple[str, to
         ):
             yield name, buf[offset : offset + n].view(getattr(torch, dtype)).reshape(shape)
             offset += n
+
+
+# -- the registered strategy ------------------------------------------------------------------------------------------
+def encode_payload(payload: list[dict[str, Any]]) -> str:
+    """Pickle + base64 the handles so they travel in ``/collective_rpc``'s JSON body."""
+    import base64
+    import pickle
+
+    return base64.b64encode(pickle.dumps(payload)).decode("ascii")
+
+
+def decode_payload(blob: str) -> list[dict[str, Any]]:
+    """Inverse of :func:`encode_payload` (trusted input: it comes from this run's own trainer on this host)."""
+    import base64
+    import pickle
+
+    return pickle.loads(base64.b64decode(blob))  # noqa: S301 - the trainer of this run produced it
+
+
+def _read_in_child(blob: str, conn: Any) -> None:
+    """Child process of :meth:`IpcWeightSync.read`: map the handles and send CPU copies back."""
+    import io
+
+    try:
+        buf = io.BytesIO()  # bytes, not tensors: torch would pass CPU tensors by a handle that dies with this process
+        torch.save({n: t.to("cpu", copy=True) for n, t in open_shared_weights(decode_payload(blob))}, buf)
+        conn.send(buf.getvalue())
+    except BaseException as e:  # noqa: BLE001 - reported to the parent
+        conn.send(e)
+
+
+class IpcWeightSync(WeightSyncStrategy):
+    """``ipc`` weight sync for a trainer and engines colocated on the same GPUs: no bytes move.
+
+    :meth:`push` copies the trainer's HF-layout CUDA tensors into flat buckets of ``--update-weight-buffer-size``
+    bytes and makes one CUDA IPC handle per bucket (like slime's ``FlattenedTensorBucket``); :meth:`apply` sends the
+    pickled handles to the engine's workers (``/collective_rpc vime_receive_ipc``), which map them and feed the
+    views to ``reload_weights``. The buckets stay alive until :meth:`cleanup` (after every engine applied them).
+    Engines must run on the trainer's GPU(s).
+
+    Memory: one extra copy of the weights on the GPU during a sync (the buckets).
+    """
+
+    NAME = "ipc"
+
+    def __init__(self, args: Any) -> None:
+        super().__init__(args)
+        self.bucket_bytes = int(getattr(args, "update_weight_buffer_size", None) or DEFAULT_BUCKET_BYTES)
+        self._buffers: dict[int, list[torch.Tensor]] = {}
+
+    def push(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> WeightUpdate:
+        """Share ``named_tensors`` by handle as ``version`` (CPU tensors are copied to the current GPU first).
+
+        :raises RuntimeError: without a CUDA device.
+        """
+        import time
+
+        t0 = time.perf_counter()
+        dev = torch.device("cuda", torch.cuda.current_device())
+        on_gpu = ((n, t if t.is_cuda else t.to(dev)) for n, t in named_tensors)  # the bucket is a copy anyway
+        buffers, payload = share_weights(on_gpu, self.bucket_bytes)
+        torch.cuda.synchronize()
+        self._buffers[version] = buffers
+        nbytes = sum(int(b.numel()) for b in buffers)
+        return WeightUpdate(
+            version, {"handles": encode_payload(payload)}, num_bytes=nbytes, seconds=time.perf_counter() - t0
+        )
+
+    def apply(self, engine: Any, update: WeightUpdate, timeout_s: float) -> None:
+        """Make ``engine``'s workers map the handles and reload from them within ``timeout_s`` seconds.
+
+        :raises TimeoutError: if the engine does not answer in time.
+        """
+        call_with_timeout(
+            lambda: engine.collective_rpc(
+                "vime_receive_ipc", kwargs={"handles": update.payload["handles"], "version": update.version}
+            ),
+            timeout_s,
+            f"ipc: engine {getattr(engine, 'url', engine)} loading version {update.version}",
+        )
+
+    def read(self, update: WeightUpdate) -> dict[str, torch.Tensor]:
+        """Map the handles in a fresh process (CUDA IPC handles open only in another process) and return CPU
+        copies of what it saw.
+
+        :raises KeyError: if the update was cleaned up.
+        """
+        import torch.multiprocessing as mp
+
+        if update.version not in self._buffers:
+            raise KeyError(f"ipc: version {update.version} was cleaned up")
+        ctx = mp.get_context("spawn")
+        parent, child = ctx.Pipe()
+        proc = ctx.Process(target=_read_in_child, args=(update.payload["handles"], child))
+        proc.start()
+        try:
+            got = parent.recv()
+        finally:
+            proc.join(timeout=60)
+        if isinstance(got, BaseException):
+            raise got
+        import io
+
+        return torch.load(io.BytesIO(got), weights_only=True)
+
+    def cleanup(self, update: WeightUpdate) -> None:
+        """Release the version's buckets (after every engine applied it)."""
+        self._buffers.pop(update.version, None)
+        torch.cuda.empty_cache()
