@@ -16,7 +16,7 @@ Per sample (a workspace-task row, :mod:`vime_core.data.workspace_task`; the prom
 3. :meth:`~vime_core.sandbox.base.Sandbox.expose_host_port` makes the gateway reachable inside the sandbox (the
    sandbox keeps no other network); the harness of ``--agent`` (``get_plugins().resolve("agent", name)``) installs
    the CLI and runs it on the prompt with an :class:`~vime_core.agent.harness.AgentBudget`.
-4. The final workspace is collected: every file (except ``.git``, ``__pycache__``, ``.pytest_cache``) compared with
+4. The final workspace is collected: every file (except ``.git`` and :data:`SKIP_DIRS`) compared with
    the task's files gives ``changed`` (path → text, ``None`` = deleted; binary or larger than
    ``--agent-max-file-bytes`` files are listed in ``skipped``), and ``git diff --binary`` against the base commit
    gives ``diff``. Both go to ``metadata["agent_result"]`` (:class:`~vime_core.data.workspace_task.AgentResult`),
@@ -52,8 +52,9 @@ from vime_core.types import Sample, Status
 
 logger = logging.getLogger("vime.rollout.coding_agent")
 
-#: never recorded as part of the agent's result (bytecode and tool caches)
-SKIP_DIRS = ("__pycache__", ".pytest_cache", ".mypy_cache", ".ruff_cache")
+#: never recorded as part of the agent's result: bytecode and tool caches, and the agent CLIs' own state directories
+#: (Codex leaves ``.codex/tmp/...`` lock files in its working directory)
+SKIP_DIRS = ("__pycache__", ".pytest_cache", ".mypy_cache", ".ruff_cache", ".codex", ".claude")
 GIT_ENV = {
     "GIT_AUTHOR_NAME": "vime",
     "GIT_AUTHOR_EMAIL": "vime@localhost",
