@@ -3,7 +3,9 @@
 #   1. apt: docker.io, debootstrap, qemu-system-x86, qemu-utils, openssh-client (the last three for localvm)
 #   2. dockerd in the background (logs: /var/log/vime-dockerd.log), waited for until `docker info` answers
 #   3. the sandbox plugins installed into the venv (editable), if the venv exists
-#   4. in parallel: the docker sandbox image vime-sandbox:bookworm (debootstrap rootfs cached under
+#   4. the agent CLIs (Claude Code, Codex: native executables from npm; nodejs + npm from Debian if missing),
+#      prepared once under ~/.cache/vime/agents by `vime agent prepare` (reused when present)
+#   5. in parallel: the docker sandbox image vime-sandbox:bookworm (debootstrap rootfs cached under
 #      ~/.cache/vime/rootfs, then `docker import`) and the localvm base image (~/.cache/vime/localvm/bookworm:
 #      debootstrap with kernel + openssh, ext4, qcow2); both reused when present, no registry needed
 # Usage: bash scripts/ci_services.sh     Env: VIME_VENV (default .venv), VIME_CI_LOCALVM=0 skips the VM parts.
@@ -52,6 +54,19 @@ if [ -x "$VENV/bin/pip" ]; then
   echo "ok"
 else
   echo "no venv at $VENV: skipped (run scripts/install.sh first)"
+fi
+
+phase "agent CLIs (npm: Claude Code, Codex) into ~/.cache/vime/agents"
+if [ -x "$VENV/bin/vime" ] && [ -d plugins/vime-agent-claude-code ]; then
+  if ! command -v npm >/dev/null 2>&1; then
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends nodejs npm >/dev/null
+    echo "installed: nodejs npm"
+  fi
+  "$VENV/bin/vime" agent prepare claude-code codex 2>&1 | grep -v "^20..-..-.. " || { echo "vime agent prepare failed" >&2; exit 1; }
+else
+  echo "no venv or agent plugins: skipped"
 fi
 
 phase "sandbox images (docker and localvm, in parallel)"

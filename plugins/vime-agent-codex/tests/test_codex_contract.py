@@ -41,8 +41,8 @@ def test_plugin_is_discovered():
 
 def test_flags_config_and_command():
     import argparse
-    import tomllib
 
+    import tomllib
     from vime_agent_codex.hooks import vime_add_arguments
 
     parser = argparse.ArgumentParser()

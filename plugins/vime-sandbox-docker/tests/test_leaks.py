@@ -18,7 +18,7 @@ N = 20
 
 def test_sigkill_mid_command_leaves_no_container_after_the_reaper(docker_image):
     before = leftover_counts()
-    assert before == {"containers": 0, "volumes": 0}, f"vime containers left by earlier runs: {before}"
+    assert before == {"containers": 0, "volumes": 0, "host_dirs": 0}, f"vime containers left by earlier runs: {before}"
     ready_s = spawn_and_kill("docker", N)
     killed = leftover_counts()
     out = run_once("docker")  # its first sandbox start reaps the dead process's containers
@@ -30,6 +30,6 @@ def test_sigkill_mid_command_leaves_no_container_after_the_reaper(docker_image):
           f"sandbox start {after_start}; after `vime sandbox cleanup` {after_cli}")
     assert killed["containers"] == N, killed
     assert "removed 20 leftovers" in out or "removed" in out
-    assert after_start == {"containers": 0, "volumes": 0}
+    assert after_start == {"containers": 0, "volumes": 0, "host_dirs": 0}
     assert cli.returncode == 0 and json.loads(cli.stdout)[0]["errors"] == []
-    assert after_cli == {"containers": 0, "volumes": 0}
+    assert after_cli == {"containers": 0, "volumes": 0, "host_dirs": 0}

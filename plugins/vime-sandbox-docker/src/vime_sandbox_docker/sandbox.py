@@ -40,13 +40,13 @@ from vime_core.sandbox.base import (
     BACKEND_LABEL,
     LABEL,
     OWNER_LABEL,
+    SANDBOX_AGENTS_DIR,
     TIMEOUT_EXIT_CODE,
     CleanupReport,
     RawExecResult,
     Sandbox,
     SandboxExpiredError,
     SandboxInfraError,
-    SANDBOX_AGENTS_DIR,
     SandboxLimits,
     agents_cache_dir,
     owner_alive,
@@ -255,6 +255,7 @@ class DockerSandbox(Sandbox):
         if _daemon_is_local(self._client):
             self._host_dir = host_dirs_root() / self.sandbox_id
             self._host_dir.mkdir(parents=True, mode=0o755)
+            (self._host_dir / ".owner").write_text(owner_token())  # for the reaper
             mounts.append(mount_cls(HOST_SOCKET_DIR, str(self._host_dir), type="bind", read_only=True))
             agents = agents_cache_dir()
             if agents.is_dir():
@@ -440,8 +441,13 @@ class DockerSandbox(Sandbox):
         root = host_dirs_root()
         if root.is_dir() and _daemon_is_local(client):  # host-port directories of containers that are gone
             for d in root.iterdir():
-                young = time.time() - d.stat().st_mtime < 60  # its container may be being created right now
-                if d.name.startswith("vime-") and d.name not in live_ids and (everything or not young):
+                if not d.name.startswith("vime-") or d.name in live_ids:
+                    continue
+                try:
+                    dead = not owner_alive((d / ".owner").read_text())
+                except OSError:  # no owner file: being created right now, or left by a crash during creation
+                    dead = time.time() - d.stat().st_mtime > 60
+                if everything or dead:
                     shutil.rmtree(d, ignore_errors=True)
                     report.removed.append(f"host dir {d.name}")
         for v in client.volumes.list(filters={"label": LABEL}):
@@ -460,9 +466,11 @@ class DockerSandbox(Sandbox):
 
 
 def leftover_counts(base_url: str | None = None) -> dict[str, int]:
-    """Containers and volumes carrying the vime label on the daemon (running or not)."""
+    """Containers and volumes carrying the vime label on the daemon (running or not), and host-port directories."""
     client = docker_client(base_url)
+    root = host_dirs_root()
     return {
         "containers": len(client.containers.list(all=True, filters={"label": LABEL})),
         "volumes": len(client.volumes.list(filters={"label": LABEL})),
+        "host_dirs": sum(1 for d in root.iterdir() if d.name.startswith("vime-")) if root.is_dir() else 0,
     }

@@ -166,7 +166,16 @@ class LocalVMSandbox(Sandbox):
 
     NAME = "localvm"
     capabilities = frozenset(
-        {"network_isolation", "resource_limits", "filesystem_isolation", "user", "detached", "wall_time", "reaper"}
+        {
+            "network_isolation",
+            "resource_limits",
+            "filesystem_isolation",
+            "user",
+            "detached",
+            "wall_time",
+            "reaper",
+            "host_port",
+        }
     )
 
     def __init__(
@@ -198,6 +207,7 @@ class LocalVMSandbox(Sandbox):
         self._meta: dict[str, Any] = {}
         self._wall_timer: asyncio.TimerHandle | None = None
         self.port: int | None = None
+        self._forwards: dict[tuple[str, int], tuple[Any, str]] = {}  # (host, port) -> (asyncssh listener, address)
 
     @classmethod
     def from_args(cls, args: Any, **kwargs: Any) -> LocalVMSandbox:
@@ -342,7 +352,32 @@ class LocalVMSandbox(Sandbox):
         self.workspace = f"{str(r.stdout).strip()}/vime-workspaces/{self.sandbox_id}"
         self.control_dir = f"{self.workspace}.ctl"  # type: ignore[misc]
 
+    async def expose_host_port(self, port: int, host: str = "127.0.0.1") -> str:
+        """Make the host's ``host:port`` reachable inside the VM at ``127.0.0.1:port``: SSH remote port forwarding
+        (asyncssh ``forward_remote_port``) over the sandbox's own connection; the guest's user network stays
+        restricted. Ends with the connection at teardown.
+
+        :return: ``"127.0.0.1:PORT"``.
+        :raises SandboxInfraError: the guest's sshd refused the forward (port taken in the guest, forwarding off).
+        """
+        import asyncssh
+
+        self._check_usable()
+        forwards = self._forwards
+        key = (host, int(port))
+        if key in forwards:
+            return forwards[key][1]
+        try:
+            listener = await self._conn.forward_remote_port("127.0.0.1", int(port), host, int(port))
+        except (asyncssh.Error, OSError) as e:
+            raise SandboxInfraError(f"localvm sandbox {self.sandbox_id}: remote forward of {port} failed: {e}") from e
+        forwards[key] = (listener, f"127.0.0.1:{int(port)}")
+        return forwards[key][1]
+
     async def _destroy(self) -> None:
+        for listener, _ in self._forwards.values():
+            listener.close()
+        self._forwards.clear()
         if self.ssh is not None:
             await self._detach()
             return
