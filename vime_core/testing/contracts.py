@@ -868,7 +868,7 @@ class AgentHarnessContract(_Contract):
         from vime_core.agent.harness import AgentBudget
 
         turns = sleep_turns(600)
-        budget = AgentBudget(max_turns=len(turns) + 2, max_tokens=512, wall_time_s=20.0)
+        budget = AgentBudget(max_turns=len(turns) + 2, max_tokens=512, wall_time_s=10.0)
         ep = self._episode(harness, sandbox_factory, agent_tokenizer, turns, budget)
         res = ep["result"]
         assert res.status == "timeout", (res.status, res.exit_code, res.stdout[-1000:], res.stderr[-1000:])
