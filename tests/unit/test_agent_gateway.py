@@ -407,6 +407,27 @@ def test_errors_unknown_session_abort_and_count_tokens(gateway):
     assert oa(gw, "x").models.list().data[0].id == "vime-policy"
 
 
+def test_session_turn_budget_refuses_later_calls_and_aborts_do_not_count(gateway):
+    from vime_core.agent.gateway import TURN_BUDGET_MESSAGE
+
+    gw, backend = gateway({"b": [ScriptedTurn("x", finish_reason="abort"), "One.", "Two.", "Three."]})
+    gw.open_session("b", max_turns=2)
+    a = an(gw, "b")
+    msgs = [{"role": "user", "content": "hi"}]
+    with pytest.raises(anthropic.InternalServerError):  # aborted: retried by the agent, not counted
+        a.messages.create(model="policy", max_tokens=8, messages=msgs)
+    assert a.messages.create(model="policy", max_tokens=8, messages=msgs).content[0].text == "One."
+    assert a.messages.create(model="policy", max_tokens=8, messages=msgs).content[0].text == "Two."
+    with pytest.raises(anthropic.BadRequestError, match=TURN_BUDGET_MESSAGE):
+        a.messages.create(model="policy", max_tokens=8, messages=msgs)
+    with pytest.raises(openai.BadRequestError, match=TURN_BUDGET_MESSAGE):
+        oa(gw, "b").chat.completions.create(model="policy", messages=msgs)
+    assert len(backend.calls) == 3  # the refused requests never reached the engine
+    samples = gw.close_session("b", Sample())
+    assert {s.metadata["refused_turns"] for s in samples} == {2}
+    assert {s.metadata["session_turns"] for s in samples} == {2}
+
+
 def test_concurrent_sessions_stay_separate(gateway, tok):
     sids = [f"agent-{i}" for i in range(6)]
     gw, backend = gateway({sid: [f"{sid} turn 1", f"{sid} turn 2"] for sid in sids})

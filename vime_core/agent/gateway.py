@@ -395,6 +395,7 @@ class AgentGateway:
         except Exception as e:  # noqa: BLE001 - engine/router failure: a server error the agent may retry
             with session.lock:
                 session.errors += 1
+                session.started_turns -= 1  # not recorded: the retry does not count against max_turns
             logger.warning("session %s: engine call failed: %s: %s", session.sid, type(e).__name__, e)
             m = re.search(r" returned (4\d\d)", str(e))  # RouterClientError of a 4xx: the request's fault
             if m:
@@ -407,6 +408,7 @@ class AgentGateway:
         if out.finish_reason == "abort":
             with session.lock:
                 session.errors += 1
+                session.started_turns -= 1  # not recorded: the retry does not count against max_turns
             raise APIError(
                 529 if req.api == "anthropic" else 503,
                 "overloaded_error",
