@@ -40,13 +40,21 @@ REVISION_REQUEST = (
 )
 VERIFIER_MAX_TOKENS = 16
 _VERDICT = re.compile(r"verdict\s*:\s*(correct|incorrect)", re.IGNORECASE)
+# SmolLM2-135M rarely keeps the format ("The proposed answer is indeed incorrect. ..."): the first judgement word
+_JUDGEMENT = re.compile(r"\b(incorrect|not correct|wrong|correct|right)\b", re.IGNORECASE)
 DONE = (Status.COMPLETED, Status.TRUNCATED)
 
 
 def parse_verdict(text: str) -> str | None:
-    """``"correct"`` / ``"incorrect"`` from the first ``Verdict: ...`` in ``text`` (None if there is none)."""
+    """``"correct"`` / ``"incorrect"`` from the first ``Verdict: ...`` in ``text``, else from its first judgement
+    word (``incorrect``, ``not correct``, ``wrong`` → incorrect; ``correct``, ``right`` → correct); None if neither."""
     m = _VERDICT.search(text or "")
-    return m.group(1).lower() if m else None
+    if m:
+        return m.group(1).lower()
+    m = _JUDGEMENT.search(text or "")
+    if not m:
+        return None
+    return "correct" if m.group(1).lower() in ("correct", "right") else "incorrect"
 
 
 def _messages(prompt: str | list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -57,6 +57,9 @@ def test_multi_agent_verdict_and_team_reward(monkeypatch):
     assert sv.parse_verdict("Verdict: Incorrect.") == "incorrect"
     assert sv.parse_verdict("I think verdict:correct") == "correct"
     assert sv.parse_verdict("Answer: 3") is None
+    assert sv.parse_verdict("The proposed answer is indeed incorrect. While 9 + 2 is right") == "incorrect"
+    assert sv.parse_verdict("No, the proposed answer is not correct") == "incorrect"
+    assert sv.parse_verdict("That is right.") == "correct"
     row = json.loads((EXAMPLES / "quickstart" / "data" / "train.jsonl").read_text().splitlines()[0])
     right, wrong = row["label"], str(int(row["label"]) + 1)
     s = Sample(prompt=row["prompt"], metadata=dict(row["metadata"]), response=f"Answer: {wrong}")
