@@ -33,7 +33,7 @@ def test_duplicate_name_names_both_providers():
 
 def test_unknown_name_lists_available_and_pip_hint():
     plugins = get_plugins()
-    with pytest.raises(RegistryError, match="available: default"):
+    with pytest.raises(RegistryError, match="available: coding_agent, default, multi_turn"):
         plugins.resolve("generate", "nope")
     with pytest.raises(RegistryError, match="pip install vime-sandbox-docker"):
         Registry("sandbox", "--sandbox").get("docker")  # as on a machine without the docker plugin
