@@ -126,7 +126,7 @@ def test_multi_turn_generate_runs_code_in_the_vm(session_vm, vm_image, tmp_path)
     def call(command: str) -> str:
         return f"<tool_call>\n{json.dumps({'name': 'bash', 'arguments': {'command': command}})}\n</tool_call>"
 
-    count = "ls /var/tmp/vime-workspaces /tmp/vime-workspaces 2>/dev/null | grep -c vime-"
+    count = "find /var/tmp/vime-workspaces /tmp/vime-workspaces -mindepth 1 -maxdepth 1 2>/dev/null | wc -l"
     before = session_vm.run(session_vm.sandbox.exec(count, timeout=120)).stdout
     backend = ScriptedBackend(tok, [call("python3 -c 'print(6*7)' > out.txt; cat out.txt"),
                                     call("echo partial; sleep 60"), "done"])
