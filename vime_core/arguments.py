@@ -325,6 +325,14 @@ def _check(args: argparse.Namespace) -> None:
         raise ArgumentError(f"--loop {args.loop} needs both engines and trainer; the debug modes use --loop sync")
     if args.mask_offpolicy_in_partial_rollout and not args.partial_rollout:
         raise ArgumentError("--mask-offpolicy-in-partial-rollout needs --partial-rollout")
+    if args.partial_rollout and (
+        args.loop == "fully-async"
+        or (args.dynamic_sampling_filter is None and (args.over_sampling_batch_size or 0) <= args.rollout_batch_size)
+    ):
+        raise ArgumentError(
+            "--partial-rollout resumes groups aborted by over-sampling: it needs --dynamic-sampling-filter or "
+            "--over-sampling-batch-size above --rollout-batch-size, and --loop sync or one-step-off"
+        )
     if args.max_staleness < 0:
         raise ArgumentError("--max-staleness must be >= 0")
     if args.debug_rollout_only and args.debug_train_only:

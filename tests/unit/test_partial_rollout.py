@@ -239,3 +239,19 @@ def test_mask_offpolicy_needs_partial_rollout(tmp_path):
         ]
     )
     assert args.partial_rollout and args.mask_offpolicy_in_partial_rollout and args.over_sampling_batch_size == 16
+    with pytest.raises(ArgumentError, match="--partial-rollout resumes groups aborted by over-sampling"):
+        parse_run_args(["--model", "m", "--prompt-data", str(data), "--partial-rollout"])
+    with pytest.raises(ArgumentError, match="--loop sync or one-step-off"):
+        parse_run_args(
+            [
+                "--model",
+                "m",
+                "--prompt-data",
+                str(data),
+                "--partial-rollout",
+                "--over-sampling-batch-size",
+                "16",
+                "--loop",
+                "fully-async",
+            ]
+        )
