@@ -133,7 +133,12 @@ def build_parser(add_plugin_arguments: bool = True) -> argparse.ArgumentParser:
     g.add_argument("--use-rollout-logprobs", action="store_true", help="engine log-probs as the old policy")
     g.add_argument("--train-device", default="cpu")
     g.add_argument("--train-dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    g.add_argument("--train-num-threads", type=int, default=None, help="torch intra-op threads of the trainer (default: every core the trainer may use)")
+    g.add_argument(
+        "--train-num-threads",
+        type=int,
+        default=None,
+        help="torch intra-op threads of the trainer (default: every core the trainer may use)",
+    )
     g.add_argument("--gradient-checkpointing", action="store_true")
     g.add_argument(
         "--train-cpus",
