@@ -1,8 +1,9 @@
 """End to end: ``vime run`` with a generate function that executes code — the real ``multi_turn`` generate function
-with ``--multi-turn-sandbox-tool bash`` — on the ``local`` backend (``VIME_TEST_RUN_SANDBOXES`` adds others),
-through the real vLLM server, router, Ray and trainer. The tiny random model is constrained by vLLM structured
-outputs to call the tool (:mod:`vime_core.testing.forced_tool_call`), so every episode really runs
-``python3 -c 'print(6*7)'`` in its own sandbox; afterwards the reaper finds nothing of the run left."""
+with ``--multi-turn-sandbox-tool bash`` — on the ``local``, ``docker`` and ``localvm`` backends (those that can run
+here; ``VIME_TEST_RUN_SANDBOXES`` picks), through the real vLLM server, router, Ray and trainer. The tiny random
+model is constrained by vLLM structured outputs to call the tool (:mod:`vime_core.testing.forced_tool_call`), so
+every episode really runs ``python3 -c 'print(6*7)'`` in its own sandbox; afterwards the reaper finds nothing of the
+run left."""
 
 from __future__ import annotations
 
@@ -12,16 +13,28 @@ import os
 import pytest
 import torch
 
+from tests.integration.test_sandbox_run_flags import _backends
 from tests.integration.test_vime_run import _common, _vime, prompt_file  # noqa: F401 - shared fixture
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
 def _run_backends() -> list[str]:
-    """``local`` by default (each run costs minutes of CI); ``VIME_TEST_RUN_SANDBOXES=local,docker,localvm`` runs the
-    others too (the generate function on docker and localvm is tested without ``vime run`` in
-    ``test_sandbox_run_flags.py`` and the localvm plugin's tests)."""
-    return [b for b in os.environ.get("VIME_TEST_RUN_SANDBOXES", "local").split(",") if b]
+    """Every backend that can run here (``local``; ``docker`` with its image built; ``localvm`` with its base image),
+    or the comma-separated list in ``VIME_TEST_RUN_SANDBOXES``. A ``localvm`` run boots one VM per episode (two)."""
+    if os.environ.get("VIME_TEST_RUN_SANDBOXES"):
+        return [b for b in os.environ["VIME_TEST_RUN_SANDBOXES"].split(",") if b]
+    names = _backends()  # local, and docker when dockerd has the sandbox image
+    try:
+        from vime_sandbox_localvm.image import default_image_dir, image_ready
+
+        if image_ready(default_image_dir()):
+            names.append("localvm")
+        else:
+            print("localvm left out: no base image (vime-sandbox-localvm build-image)")
+    except Exception as e:  # noqa: BLE001 - report why localvm is left out
+        print(f"localvm left out: {e}")
+    return names
 
 
 def _reap(backend: str) -> list[str]:
