@@ -255,7 +255,9 @@ class DockerSandbox(Sandbox):
         if _daemon_is_local(self._client):
             self._host_dir = host_dirs_root() / self.sandbox_id
             self._host_dir.mkdir(parents=True, mode=0o755)
-            (self._host_dir / ".owner").write_text(owner_token())  # for the reaper
+            tmp = self._host_dir / ".owner.tmp"  # for the reaper; atomic, so it never reads a half-written token
+            tmp.write_text(owner_token())
+            tmp.rename(self._host_dir / ".owner")
             mounts.append(mount_cls(HOST_SOCKET_DIR, str(self._host_dir), type="bind", read_only=True))
             agents = agents_cache_dir()
             if agents.is_dir():
@@ -444,9 +446,16 @@ class DockerSandbox(Sandbox):
                 if not d.name.startswith("vime-") or d.name in live_ids:
                     continue
                 try:
-                    dead = not owner_alive((d / ".owner").read_text())
+                    token = (d / ".owner").read_text()
                 except OSError:  # no owner file: being created right now, or left by a crash during creation
-                    dead = time.time() - d.stat().st_mtime > 60
+                    token = ""
+                if token:
+                    dead = not owner_alive(token)
+                else:
+                    try:
+                        dead = time.time() - d.stat().st_mtime > 60
+                    except OSError:  # removed meanwhile
+                        continue
                 if everything or dead:
                     shutil.rmtree(d, ignore_errors=True)
                     report.removed.append(f"host dir {d.name}")
