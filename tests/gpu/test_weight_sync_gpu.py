@@ -67,7 +67,10 @@ def test_nccl_strategy_broadcasts_bit_exactly_to_a_second_gpu():
     proc.start()
     try:
         WeightSyncContract.assert_bit_exact(_recv(parent), {n: t.cpu() for n, t in sent.items()})
-        sent2 = {n: t.cuda() for n, t in WeightSyncContract.changed_tensors({n: t.cpu() for n, t in sent.items()}, 2).items()}
+        sent2 = {
+            n: t.cuda()
+            for n, t in WeightSyncContract.changed_tensors({n: t.cpu() for n, t in sent.items()}, 2).items()
+        }
         second = strategy.push(iter(sent2.items()), 2)
         assert not second.payload["init"]
         WeightSyncContract.assert_bit_exact(_recv(parent), {n: t.cpu() for n, t in sent2.items()})

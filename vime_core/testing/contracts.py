@@ -343,14 +343,17 @@ class GenerateFunctionContract(_Contract):
             assert s.status in VALID_STATUSES
             assert len(s.loss_mask) == s.response_length == len(s.rollout_log_probs) == len(s.weight_versions)
             assert 1 <= s.response_length <= 8 or s.status in (Status.ABORTED, Status.FAILED)
-            assert all(lp <= 0.0 for lp, m in zip(s.rollout_log_probs, s.loss_mask) if m)
-            assert all(v == rollout_context.weight_version for v, m in zip(s.weight_versions, s.loss_mask) if m)
+            assert all(lp <= 0.0 for lp, m in zip(s.rollout_log_probs, s.loss_mask, strict=True) if m)
+            assert all(
+                v == rollout_context.weight_version for v, m in zip(s.weight_versions, s.loss_mask, strict=True) if m
+            )
 
     def test_tokens_are_prompt_plus_response(self, generate_fn, generate_args, prompt_sample, rollout_context):
         from vime_core.rollout.generate import encode_prompt
 
-        prompt_ids = encode_prompt(rollout_context.tokenizer, prompt_sample.prompt,
-                                   getattr(generate_args, "apply_chat_template", True))
+        prompt_ids = encode_prompt(
+            rollout_context.tokenizer, prompt_sample.prompt, getattr(generate_args, "apply_chat_template", True)
+        )
         for s in self._run(generate_fn, generate_args, prompt_sample, {"temperature": 1.0, "max_tokens": 4}):
             assert s.tokens[: s.prompt_length] == prompt_ids
 
@@ -398,8 +401,13 @@ class SandboxBackendContract(_Contract):
         async def body():
             async with sandbox_factory() as sb:
                 r = await sb.exec("printf 'out\\n'; printf 'err\\n' >&2; exit 3", timeout=30)
-                assert (r.exit_code, r.stdout, r.stderr, r.timed_out, r.truncated) == (3, "out\n", "err\n", False,
-                                                                                       False)
+                assert (r.exit_code, r.stdout, r.stderr, r.timed_out, r.truncated) == (
+                    3,
+                    "out\n",
+                    "err\n",
+                    False,
+                    False,
+                )
                 ok = await sb.exec(["printf", "%s|", "a b", "c"], timeout=30)
                 assert (ok.exit_code, ok.stdout, ok.ok) == (0, "a b|c|", True)
                 assert (await sb.exec("kill -9 $$", timeout=30)).exit_code == 137
@@ -440,8 +448,11 @@ class SandboxBackendContract(_Contract):
     def test_output_flood_is_truncated(self, sandbox_factory: Any) -> None:
         async def body():
             async with sandbox_factory() as sb:
-                r = await sb.exec("head -c 3000000 /dev/zero | tr '\\0' a; head -c 3000 /dev/zero | tr '\\0' b >&2",
-                                  timeout=60, max_output_bytes=1000)
+                r = await sb.exec(
+                    "head -c 3000000 /dev/zero | tr '\\0' a; head -c 3000 /dev/zero | tr '\\0' b >&2",
+                    timeout=60,
+                    max_output_bytes=1000,
+                )
                 assert (r.exit_code, r.stdout, r.stdout_truncated) == (0, "a" * 1000, True)
                 assert (r.stderr, r.stderr_truncated) == ("b" * 1000, True)
                 r = await sb.exec("printf 12345", timeout=30, max_output_bytes=5)
@@ -553,8 +564,9 @@ class SandboxBackendContract(_Contract):
                     assert r.exit_code != 0, f"wrote {target}"
                 with pytest.raises(PermissionError):
                     await sb.write_file(probe, b"x")
-                assert (await sb.exec("echo ok > inside.txt && echo ok > /tmp/t && cat inside.txt",
-                                      timeout=30)).stdout == "ok\n"
+                assert (
+                    await sb.exec("echo ok > inside.txt && echo ok > /tmp/t && cat inside.txt", timeout=30)
+                ).stdout == "ok\n"
                 assert (await sb.exec(f"test -e {probe}", timeout=30)).exit_code != 0
 
         self._run(body())
@@ -610,7 +622,9 @@ class SandboxBackendContract(_Contract):
 
         async def body():
             async with sandbox_factory() as sb:
-                proc = await sb.start_detached("until [ -f go ]; do sleep 0.05; done; echo done; echo warn >&2; exit 4")
+                proc = await sb.start_detached(
+                    "until [ -f go ]; do sleep 0.05; done; echo done; echo warn >&2; exit 4"
+                )
                 assert await sb.poll(proc) is None
                 await sb.write_file("go", b"")
                 r = await sb.wait(proc, timeout=60)

@@ -271,7 +271,9 @@ class NcclWeightSync(WeightSyncStrategy):
                 raise TimeoutError(f"nccl: the previous broadcast did not finish within {self.timeout_s:g} s")
             self._sender = None
         if self._sender_error:
-            raise RuntimeError(f"nccl: the previous broadcast failed: {self._sender_error[0]}") from self._sender_error[0]
+            raise RuntimeError(
+                f"nccl: the previous broadcast failed: {self._sender_error[0]}"
+            ) from self._sender_error[0]
 
     def push(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> WeightUpdate:
         """Snapshot ``named_tensors`` and start broadcasting them as ``version`` (returns before the transfer).

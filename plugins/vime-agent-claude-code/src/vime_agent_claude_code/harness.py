@@ -13,7 +13,8 @@ One run is::
 with ``ANTHROPIC_BASE_URL=<gateway>``, ``ANTHROPIC_API_KEY=<session id>`` (``--bare`` reads only that key),
 ``ANTHROPIC_MODEL``/``ANTHROPIC_SMALL_FAST_MODEL``/``ANTHROPIC_DEFAULT_*_MODEL`` = the gateway's model (any
 background call goes to the policy too), ``CLAUDE_CODE_MAX_OUTPUT_TOKENS``,
-``CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC``, ``DISABLE_TELEMETRY``, ``DISABLE_ERROR_REPORTING``, ``DISABLE_AUTOUPDATER``, ``IS_SANDBOX=1`` (Claude Code refuses
+``CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC``, ``DISABLE_TELEMETRY``, ``DISABLE_ERROR_REPORTING``,
+``DISABLE_AUTOUPDATER``, ``IS_SANDBOX=1`` (Claude Code refuses
 ``--dangerously-skip-permissions`` as root otherwise) and ``CLAUDE_CONFIG_DIR``/``HOME`` in a per-run directory under
 the sandbox's ``/tmp`` (so nothing of Claude Code's lands in the workspace). The JSON result's ``subtype`` gives the
 end: ``success`` → ``completed``, ``error_max_turns`` → ``max_turns``; ``is_error`` or a non-zero exit → ``error``;
