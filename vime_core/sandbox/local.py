@@ -102,7 +102,11 @@ try:
                "relatime": 1 << 21}
         mount(None, "/", None, REC | PRIVATE)
         mount(cfg["workspace"], cfg["workspace"], None, BIND)
-        mount(cfg["tmp"], "/tmp", None, BIND)
+        for p in cfg.get("expose_tmp", []):  # host dirs under /tmp that stay visible (read-only, see below)
+            t = cfg["tmp"] + p[len("/tmp"):]
+            os.makedirs(t, exist_ok=True)
+            mount(p, t, None, BIND | REC)
+        mount(cfg["tmp"], "/tmp", None, BIND | REC)
         mount("tmpfs", "/dev/shm", "tmpfs", NOSUID | NODEV, "size=%d,mode=1777" % cfg["shm_bytes"])
         keep = {cfg["workspace"], "/tmp", "/dev/shm", "/dev/pts", "/dev/mqueue"}
         for line in open("/proc/self/mountinfo").read().splitlines():
@@ -327,6 +331,19 @@ class _Sink:
 
 
 # ---------------------------------------------------------------------------------------------------------------
+
+def _python_dirs_under_tmp() -> list[str]:
+    """This interpreter's environment and vime's source tree when they live under ``/tmp`` (e.g. a checkout and its
+    ``.venv`` there): the sandbox gets a private ``/tmp``, so these are bound back in, read-only, so that commands in
+    the sandbox can run ``sys.executable`` with the same packages (as they can anywhere else on the host)."""
+    import sys
+
+    out = []
+    for d in {os.path.realpath(sys.prefix), os.path.realpath(Path(__file__).resolve().parents[2])}:
+        if (d + "/").startswith("/tmp/") and os.path.isdir(d):
+            out.append(d)
+    return [d for d in sorted(out) if not any(d != o and d.startswith(o + "/") for o in out)]
+
 class LocalSandbox(Sandbox):
     """Subprocesses in a fresh directory on this machine (see the module docstring for the two modes).
 
@@ -436,6 +453,7 @@ class LocalSandbox(Sandbox):
             "tmp": str(self.directory / "tmp"),
             "shm_bytes": self.limits.disk_bytes or 64 << 20,
             "wall_time_s": self.limits.wall_time_s,
+            "expose_tmp": _python_dirs_under_tmp(),
         }
         unshare = self._host["tools"]["unshare"]
         argv = [unshare, "--pid", "--fork", "--kill-child=SIGKILL", "--mount-proc"]
