@@ -171,15 +171,15 @@ def load_tools(specs: list[str] | None) -> list[Tool]:
         elif spec in _REGISTRY:
             tools.append(_REGISTRY[spec])
         else:
-            before = set(_REGISTRY)
             try:
-                importlib.import_module(spec)
+                module = importlib.import_module(spec)
             except ImportError:
                 raise ValueError(
                     f"unknown tool {spec!r}; registered: {sorted(_REGISTRY)} "
                     "(or give 'pkg.mod:obj' or a module that registers tools)"
                 ) from None
-            tools += [_REGISTRY[n] for n in sorted(set(_REGISTRY) - before)]
+            # the tools that module registered (also when it was imported earlier, e.g. by another run's load_tools)
+            tools += [t for _, t in sorted(_REGISTRY.items()) if getattr(t.fn, "__module__", None) == module.__name__]
     if specs is None:
         tools = list(_REGISTRY.values())
     names = [t.name for t in tools]
