@@ -25,10 +25,18 @@ from vime_core.types import Status
 pytestmark = pytest.mark.integration
 
 
+_ENGINE: list = []  # the server whose running requests _short_or_long watches
+
+
 async def _short_or_long(args, sample, sampling_params):
-    """The default generate function with per-prompt budgets; ``short`` waits a moment so ``long`` is mid-way."""
+    """The default generate function with per-prompt budgets; ``short`` starts only once the engine is running
+    ``long``'s requests (polled from its metrics, not a fixed sleep that a loaded or fast machine can outrun), so
+    ``long`` is mid-way when ``short`` completes the batch."""
     if sample.prompt.startswith("short"):
-        await asyncio.sleep(1.0)
+        for _ in range(1000):
+            if _ENGINE and await asyncio.to_thread(_running, _ENGINE[0]) >= 1:
+                break
+            await asyncio.sleep(0.01)
         return await default_generate(args, sample, {**sampling_params, "max_tokens": 2})
     return await default_generate(args, sample, {**sampling_params, "max_tokens": 200, "ignore_eos": True})
 
@@ -41,6 +49,7 @@ def _running(server) -> float:
 def test_aborted_group_resumes_from_its_partial_tokens(router, vllm_server, tiny_model_dir, tmp_path):
     previous_label = vllm_server.weight_version()
     vllm_server.set_weight_version(0)
+    _ENGINE[:] = [vllm_server]
     m = _manager_with_hooks(
         tiny_model_dir,
         tmp_path,
