@@ -4,39 +4,17 @@ keeps the engine in step with the trainer through deltas, also across a resume (
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
-from tests.integration.test_vime_run import _metrics, _vime
+from tests.integration.test_vime_run import _common, _metrics, _vime, prompt_file  # noqa: F401 - shared fixture
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
-def test_vime_run_with_disk_delta_stays_in_step_and_resumes(tiny_model_dir, tmp_path):
-    prompts = tmp_path / "train.jsonl"
-    prompts.write_text(
-        "".join(json.dumps({"prompt": f"Count from {i}: {i} {i + 1}", "label": str(i + 2)}) + "\n" for i in range(16))
-    )
+def test_vime_run_with_disk_delta_stays_in_step_and_resumes(tiny_model_dir, prompt_file, tmp_path):  # noqa: F811
     out = tmp_path / "run"
     common = [
-        "--model",
-        str(tiny_model_dir),
-        "--prompt-data",
-        str(prompts),
-        "--output-dir",
-        str(out),
-        "--rollout-batch-size",
-        "2",
-        "--n-samples-per-prompt",
-        "4",
-        "--rollout-max-response-len",
-        "12",
-        "--reward",
-        "digit_fraction",
-        "--lr",
-        "1e-3",
-        "--no-apply-chat-template",
+        *_common(tiny_model_dir, prompt_file, out),
         "--weight-sync",
         "disk-delta",
         "--update-weight-delta-encoding",

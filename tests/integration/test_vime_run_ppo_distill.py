@@ -15,45 +15,21 @@ two runs of two steps (each run also starts a teacher engine group: its own vLLM
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 import pytest
 import torch
 
-from tests.integration.test_vime_run import _metrics, _vime
+from tests.integration.test_vime_run import _common as _run_common
+from tests.integration.test_vime_run import _metrics, _vime, prompt_file  # noqa: F401 - shared fixture
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
-@pytest.fixture(scope="module")
-def prompts(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("data") / "train.jsonl"
-    path.write_text(
-        "".join(json.dumps({"prompt": f"Count from {i}: {i} {i + 1}", "label": str(i + 2)}) + "\n" for i in range(16))
-    )
-    return path
-
-
 def _common(model: Path, prompts: Path, out: Path) -> list[str]:
+    """test_vime_run's run flags, without an HF export, with every step's rollout dumped."""
     return [
-        "--model",
-        str(model),
-        "--prompt-data",
-        str(prompts),
-        "--output-dir",
-        str(out),
-        "--rollout-batch-size",
-        "2",
-        "--n-samples-per-prompt",
-        "4",
-        "--rollout-max-response-len",
-        "12",
-        "--reward",
-        "digit_fraction",
-        "--lr",
-        "1e-3",
-        "--no-apply-chat-template",
+        *_run_common(model, prompts, out),
         "--no-save-hf",
         "--save-debug-rollout-data",
         str(out / "debug" / "rollout_{rollout_id}.pt"),
@@ -99,7 +75,7 @@ def _returns(s: dict, coef: float) -> list[float]:
     return out
 
 
-def test_ppo_critic_with_a_distillation_teacher(tiny_model_dir, prompts, tmp_path):
+def test_ppo_critic_with_a_distillation_teacher(tiny_model_dir, prompt_file, tmp_path):  # noqa: F811
     from vime_core.testing.tiny_model import build_tiny_model
     from vime_core.trainer.critic import ValueModel
     from vime_core.types import Sample
@@ -108,7 +84,7 @@ def test_ppo_critic_with_a_distillation_teacher(tiny_model_dir, prompts, tmp_pat
     out = tmp_path / "ppo"
     proc = _vime(
         "run",
-        *_common(tiny_model_dir, prompts, out),
+        *_common(tiny_model_dir, prompt_file, out),
         "--advantage-estimator",
         "ppo",
         "--critic-lr",
@@ -152,7 +128,7 @@ def test_ppo_critic_with_a_distillation_teacher(tiny_model_dir, prompts, tmp_pat
     assert (out / "checkpoints" / "step_000002" / "trainer" / "critic" / "value_head.safetensors").is_file()
 
 
-def test_on_policy_distill_zero_with_the_students_weights_then_non_zero(tiny_model_dir, prompts, tmp_path):
+def test_on_policy_distill_zero_with_the_students_weights_then_non_zero(tiny_model_dir, prompt_file, tmp_path):  # noqa: F811
     from vime_core.algorithms.batch import build_batch
     from vime_core.builtins.advantages import on_policy_distill
     from vime_core.types import Sample
@@ -160,7 +136,7 @@ def test_on_policy_distill_zero_with_the_students_weights_then_non_zero(tiny_mod
     out = tmp_path / "distill"
     _vime(
         "run",
-        *_common(tiny_model_dir, prompts, out),
+        *_common(tiny_model_dir, prompt_file, out),
         "--advantage-estimator",
         "on_policy_distill",
         "--distill-teacher",
