@@ -316,7 +316,8 @@ class NcclWeightSync(WeightSyncStrategy):
 
     # engine side ---------------------------------------------------------------------------------------------------
     def apply(self, engine: Any, update: WeightUpdate, timeout_s: float) -> None:
-        """Receive ``update`` into ``engine`` alone (a world of the trainer and this one engine)."""
+        """Receive ``update`` into ``engine`` as engine 0. Completes only when the group has no other engine
+        (``--rollout-num-engines 1``); the rollout manager calls :meth:`apply_all`, which reaches every engine."""
         self.apply_all([engine], update, timeout_s)
 
     def apply_all(self, engines: list[Any], update: WeightUpdate, timeout_s: float) -> None:
