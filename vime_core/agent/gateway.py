@@ -451,6 +451,7 @@ class AgentGateway:
             output_text=self.renderer.decode(ids),
             metadata={
                 "api": req.api,
+                "tools": [t["name"] for t in req.tools],  # the tool names the request declared, in its order
                 "tool_calls": len(calls),
                 "stop": stop,
                 "constrained": "structured_outputs" in params,

@@ -79,7 +79,8 @@ class TurnRecord:
     :ivar prompt_text: the text ``prompt_ids`` encode (the rendered conversation); optional, enables
         :meth:`Trajectory.plan`'s incremental tokenisation.
     :ivar output_text: ``output_ids`` decoded *with* special tokens; optional, likewise.
-    :ivar metadata: free-form (API name, number of tool calls, request id, …).
+    :ivar metadata: free-form; the gateway records ``api``, ``tools`` (the tool names the request declared),
+        ``tool_calls`` (how many the output made), ``stop`` and ``constrained``.
     """
 
     prompt_ids: list[int]

@@ -4,6 +4,7 @@ agent gateway (scripted responder), in the local sandbox and in docker; plus dis
 from __future__ import annotations
 
 import json
+import re
 import shlex
 
 import pytest
@@ -47,12 +48,22 @@ def test_flags_and_command():
     vime_add_arguments(parser)
     h = ClaudeCodeHarness.from_args(parser.parse_args(["--agent-claude-code-tools", "Bash,Read"]))
     assert (h.version, h.tools, h.bare) == (DEFAULT_VERSION, ["Bash", "Read"], True)
-    assert ClaudeCodeHarness.from_args(parser.parse_args([])).tools == list(DEFAULT_TOOLS)
+    full = ClaudeCodeHarness.from_args(parser.parse_args([]))
+    assert (full.tools, full.bare) == (list(DEFAULT_TOOLS), False)  # Write is not in --bare's pool
+    assert ClaudeCodeHarness.from_args(parser.parse_args(["--agent-claude-code-tools", "Bash,Write"])).bare is False
+    assert ClaudeCodeHarness.from_args(parser.parse_args(["--agent-claude-code-tools", ""])).bare is False
+    assert ClaudeCodeHarness.from_args(
+        parser.parse_args(["--agent-claude-code-tools", "Bash", "--agent-claude-code-no-bare"])).bare is False
+    with pytest.raises(ValueError, match="--agent-claude-code-tools asks for Write"):
+        ClaudeCodeHarness(tools=["Bash", "Write"], bare=True)
     ep = AgentEndpoint("http://127.0.0.1:9", "sk-1", "policy")
     argv = h.command("/x/claude", "do it", ep, AgentBudget(max_turns=3, max_tokens=100))
     assert argv == ["/x/claude", "-p", "do it", "--output-format", "json", "--model", "policy",
                     "--dangerously-skip-permissions", "--no-session-persistence", "--max-turns", "3", "--bare",
                     "--tools", "Bash,Read"]
+    argv = ClaudeCodeHarness(tools=["Bash", "Write"]).command("/x/claude", "do it", ep, AgentBudget(max_turns=3))
+    assert argv[9:] == ["--max-turns", "3", "--strict-mcp-config", "--disable-slash-commands", "--setting-sources",
+                        "user", "--tools", "Bash,Write"]
     env = h.environment(ep, AgentBudget(max_tokens=100), "/tmp/h")
     assert (env["ANTHROPIC_BASE_URL"], env["ANTHROPIC_API_KEY"], env["CLAUDE_CODE_MAX_OUTPUT_TOKENS"]) == (
         "http://127.0.0.1:9", "sk-1", "100")
@@ -64,6 +75,15 @@ def prepared() -> ClaudeCodeHarness:
     h = ClaudeCodeHarness()
     h.prepare()  # npm, cached under ~/.cache/vime/agents (scripts/install.sh prepares it)
     return h
+
+
+@pytest.fixture(scope="module")
+def tiny_tokenizer(tmp_path_factory):
+    from transformers import AutoTokenizer
+
+    from vime_core.testing.tiny_model import build_tiny_model
+
+    return AutoTokenizer.from_pretrained(str(build_tiny_model(tmp_path_factory.mktemp("tiny") / "m", seed=0)))
 
 
 class _Turns:
@@ -98,3 +118,54 @@ class TestClaudeCodeDocker(_Turns, AgentHarnessContract):
         from vime_sandbox_docker.sandbox import DockerSandbox
 
         return lambda **kw: DockerSandbox(image=docker_image, **kw)
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize(
+    "tools", [("Bash", "Write"), ("Bash", "Read"), DEFAULT_TOOLS], ids=["Bash,Write", "Bash,Read", "default"]
+)
+def test_requested_tools_reach_the_gateway(prepared, tiny_tokenizer, tools):
+    """The tool names of the Messages request Claude Code sends equal ``--agent-claude-code-tools`` exactly, and the
+    prompt the gateway renders carries each schema; with Write requested, a scripted Write call writes the file.
+
+    Before the fix ``--bare`` was always passed and its minimal mode offers only Bash, Read and Edit: ``Bash,Write``
+    reached the gateway as ``["Bash"]`` and the default four tools as three."""
+    import asyncio
+    import uuid
+
+    from vime_core.agent.backends import ScriptedBackend
+    from vime_core.agent.gateway import AgentGateway
+
+    tok = tiny_tokenizer
+    harness = ClaudeCodeHarness(tools=tools, version=prepared.version)
+    content = "def f():\n    return 42\n"
+    out: dict = {}
+
+    async def body(gw, sid, backend):
+        async with LocalSandbox() as sb:
+            if "Write" in tools:  # the absolute path is known once the sandbox exists
+                backend.script.extend([call("Write", {"file_path": f"{sb.workspace}/sol.py", "content": content}),
+                                       "Done."])
+            else:
+                backend.script.append("Done.")
+            addr = await sb.expose_host_port(gw.port)
+            out["result"] = await harness.run(sb, prompt="Write sol.py.", budget=AgentBudget(3, 512, 120),
+                                              endpoint=AgentEndpoint(f"http://{addr}", sid, "vime-policy"))
+            if "Write" in tools:
+                out["file"] = await sb.read_file("sol.py")
+
+    backend = ScriptedBackend(tok, [])
+    with AgentGateway(tok, backend, served_model_name="vime-policy") as gw:
+        sid = f"sk-tools-{uuid.uuid4().hex[:8]}"
+        gw.open_session(sid, sampling_params={"max_tokens": 512}, max_turns=3)
+        asyncio.run(body(gw, sid, backend))
+        turns = gw.session_turns(sid)
+    assert out["result"].status == "completed", out["result"].stderr[-2000:]
+    assert [sorted(t.metadata["tools"]) for t in turns] == [sorted(tools)] * len(turns)
+    rendered = set(re.findall(r'"function": \{"name": "(\w+)"', turns[0].prompt_text))
+    assert rendered == set(tools)
+    if "Write" in tools:
+        assert len(turns) == 2 and out["file"] == content.encode()
+    else:
+        assert len(turns) == 1
+

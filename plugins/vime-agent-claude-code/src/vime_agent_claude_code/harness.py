@@ -7,14 +7,18 @@ it into the sandbox.
 
 One run is::
 
-    claude -p PROMPT --output-format json --model MODEL --max-turns N --dangerously-skip-permissions --bare
-           --tools Bash,Read,Write,Edit --no-session-persistence
+    claude -p PROMPT --output-format json --model MODEL --max-turns N --dangerously-skip-permissions
+           --no-session-persistence --tools Bash,Read,Write,Edit
+           (--bare | --strict-mcp-config --disable-slash-commands --setting-sources user)
+
+``--bare`` (minimal mode) only when every requested tool is one it offers (:data:`BARE_TOOLS`: Bash, Read, Edit);
+otherwise the full mode with the flags in parentheses, so that ``--tools`` is honoured exactly.
 
 with ``ANTHROPIC_BASE_URL=<gateway>``, ``ANTHROPIC_API_KEY=<session id>`` (``--bare`` reads only that key),
 ``ANTHROPIC_MODEL``/``ANTHROPIC_SMALL_FAST_MODEL``/``ANTHROPIC_DEFAULT_*_MODEL`` = the gateway's model (any
 background call goes to the policy too), ``CLAUDE_CODE_MAX_OUTPUT_TOKENS``,
 ``CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC``, ``DISABLE_TELEMETRY``, ``DISABLE_ERROR_REPORTING``,
-``DISABLE_AUTOUPDATER``, ``IS_SANDBOX=1`` (Claude Code refuses
+``DISABLE_AUTOUPDATER``, ``CLAUDE_CODE_DISABLE_AUTO_MEMORY``, ``IS_SANDBOX=1`` (Claude Code refuses
 ``--dangerously-skip-permissions`` as root otherwise) and ``CLAUDE_CONFIG_DIR``/``HOME`` in a per-run directory under
 the sandbox's ``/tmp`` (so nothing of Claude Code's lands in the workspace). The JSON result's ``subtype`` gives the
 end: ``success`` → ``completed``, ``error_max_turns`` → ``max_turns``; ``is_error`` or a non-zero exit → ``error``;
@@ -36,6 +40,15 @@ from vime_core.sandbox.base import Sandbox
 
 DEFAULT_VERSION = "2.1.197"  # what npm picks on Node 20; native executable, pinned for reproducible runs
 DEFAULT_TOOLS = ("Bash", "Read", "Write", "Edit")
+#: The only built-in tools Claude Code 2.1.197 offers in its minimal mode: ``--bare`` sets ``CLAUDE_CODE_SIMPLE=1``,
+#: whose tool pool is hard-wired to Bash, Read and Edit; ``--tools`` can only narrow that pool, so e.g.
+#: ``--tools Bash,Write`` under ``--bare`` sends the model Bash alone (checked by printing the Messages request's
+#: ``tools``; see the plugin README).
+BARE_TOOLS = frozenset({"Bash", "Read", "Edit"})
+#: What replaces ``--bare``'s isolation when a tool outside :data:`BARE_TOOLS` needs the full mode: no MCP servers
+#: but ours (none), no skills/slash commands, settings from the per-run ``HOME`` only (not the workspace's
+#: ``.claude/``); plus ``CLAUDE_CODE_DISABLE_AUTO_MEMORY=1`` in the environment.
+FULL_MODE_ARGS = ("--strict-mcp-config", "--disable-slash-commands", "--setting-sources", "user")
 
 
 class ClaudeCodeHarness(NpmAgentHarness):
@@ -45,7 +58,9 @@ class ClaudeCodeHarness(NpmAgentHarness):
     :param tools: built-in tools offered to the model (``--tools``); empty: Claude Code's default set (two dozen
         tools, ~64 KB of schemas).
     :param system_prompt: replaces Claude Code's system prompt (``--system-prompt``) when given.
-    :param bare: pass ``--bare`` (no hooks, plugins, CLAUDE.md discovery, background prefetches).
+    :param bare: pass ``--bare`` (no hooks, plugins, CLAUDE.md discovery, background prefetches). ``None``
+        (default): exactly when every tool in ``tools`` is in :data:`BARE_TOOLS` (minimal mode cannot offer any
+        other tool); otherwise the full mode with :data:`FULL_MODE_ARGS`.
     :param extra_args: more CLI arguments, appended.
     """
 
@@ -61,18 +76,29 @@ class ClaudeCodeHarness(NpmAgentHarness):
         version: str | None = None,
         tools: tuple[str, ...] | list[str] | None = DEFAULT_TOOLS,
         system_prompt: str | None = None,
-        bare: bool = True,
+        bare: bool | None = None,
         extra_args: list[str] | None = None,
     ) -> None:
+        """:raises ValueError: ``bare=True`` with a tool (or the full default set, ``tools`` empty) that Claude Code's
+        minimal mode does not offer."""
         super().__init__(version=version)
         self.tools = list(tools or [])
         self.system_prompt = system_prompt
-        self.bare = bare
+        fits_bare = bool(self.tools) and set(self.tools) <= BARE_TOOLS
+        if bare and not fits_bare:
+            outside = sorted(set(self.tools) - BARE_TOOLS) or ["(the full default set)"]
+            raise ValueError(
+                f"claude-code: --bare (minimal mode) offers only {', '.join(sorted(BARE_TOOLS))}; "
+                f"--agent-claude-code-tools asks for {', '.join(outside)} as well: drop bare=True (the default picks "
+                "the full mode for such tool sets) or narrow the tools"
+            )
+        self.bare = fits_bare if bare is None else bool(bare)
         self.extra_args = list(extra_args or [])
 
     @classmethod
     def from_args(cls, args: argparse.Namespace | None) -> ClaudeCodeHarness:
-        """From ``--agent-claude-code-version``, ``-tools``, ``-system-prompt``, ``-no-bare``."""
+        """From ``--agent-claude-code-version``, ``-tools``, ``-system-prompt``, ``-no-bare`` (absent: ``bare``
+        is chosen from the tools)."""
         if args is None:
             return cls()
         tools = getattr(args, "agent_claude_code_tools", ",".join(DEFAULT_TOOLS))
@@ -80,7 +106,7 @@ class ClaudeCodeHarness(NpmAgentHarness):
             version=getattr(args, "agent_claude_code_version", None),
             tools=[t for t in (tools or "").split(",") if t],
             system_prompt=getattr(args, "agent_claude_code_system_prompt", None),
-            bare=not getattr(args, "agent_claude_code_no_bare", False),
+            bare=False if getattr(args, "agent_claude_code_no_bare", False) else None,
         )
 
     def command(self, exe: str, prompt: str, endpoint: AgentEndpoint, budget: AgentBudget) -> list[str]:
@@ -91,6 +117,8 @@ class ClaudeCodeHarness(NpmAgentHarness):
             argv += ["--max-turns", str(int(budget.max_turns))]
         if self.bare:
             argv.append("--bare")
+        else:
+            argv += list(FULL_MODE_ARGS)
         if self.tools:
             argv += ["--tools", ",".join(self.tools)]
         if self.system_prompt is not None:
@@ -114,6 +142,7 @@ class ClaudeCodeHarness(NpmAgentHarness):
             "DISABLE_ERROR_REPORTING": "1",
             "DISABLE_AUTOUPDATER": "1",
             "IS_SANDBOX": "1",
+            "CLAUDE_CODE_DISABLE_AUTO_MEMORY": "1",
             "CLAUDE_CONFIG_DIR": f"{home}/claude",
             "HOME": home,
         }
