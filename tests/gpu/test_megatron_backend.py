@@ -124,12 +124,14 @@ class TestMegatronTrainerContract(TrainerBackendContract):
 
 def _optimizer_state(trainer) -> dict[tuple, torch.Tensor]:
     """Every tensor of the inner optimizers: fp32 main-parameter shards and their Adam moments (copies)."""
+    from vime_core.trainer.megatron_backend import inner_optimizers
+
     out = {}
-    for i, opt in enumerate(trainer._inner_optimizers()):
-        for j, group in enumerate(opt.optimizer.param_groups):
+    for i, opt in enumerate(inner_optimizers(trainer.optimizer)):
+        for j, group in enumerate(opt.param_groups):
             for k, p in enumerate(group["params"]):
                 out[(i, j, k, "param")] = p.detach().clone()
-                for key, v in opt.optimizer.state.get(p, {}).items():
+                for key, v in opt.state.get(p, {}).items():
                     if isinstance(v, torch.Tensor):
                         out[(i, j, k, key)] = v.detach().clone()
     return out

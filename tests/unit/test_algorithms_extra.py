@@ -47,8 +47,11 @@ def test_defaults_table_matches_the_command_line():
 
 def test_only_one_kl_may_be_non_zero():
     argv = BASE + ["--advantage-estimator", "reinforce_plus_plus", "--kl-coef", "0.1", "--use-kl-loss"]
-    with pytest.raises(ArgumentError, match=r"--kl-coef 0.1 \(KL as reward shaping\) and --use-kl-loss --kl-loss-coef "
-                                            r"0.01 \(KL as a loss term\) are both non-zero; use only one"):
+    with pytest.raises(
+        ArgumentError,
+        match=r"--kl-coef 0.1 \(KL as reward shaping\) and --use-kl-loss --kl-loss-coef "
+        r"0.01 \(KL as a loss term\) are both non-zero; use only one",
+    ):
         parse_run_args(argv + ["--kl-loss-coef", "0.01"])
     # KL loss at coefficient 0 is a metric only, so it may sit next to reward shaping
     assert parse_run_args(argv).kl_coef == 0.1
@@ -117,8 +120,12 @@ def test_rloo_pure_function_edge_cases():
 def test_fan_out_counts_each_rollout_once():
     # slime PR #2300's example: rollout "a" (reward 1) fans out into 3 samples, rollout "b" (reward 0) into 1.
     # Dr.GRPO over the two rollouts: mean 0.5 → [0.5, 0.5, 0.5, -0.5] (not a baseline of 0.75).
-    group = [_sample(1.0, rollout_id="a"), _sample(1.0, rollout_id="a"), _sample(1.0, rollout_id="a"),
-             _sample(0.0, rollout_id="b")]
+    group = [
+        _sample(1.0, rollout_id="a"),
+        _sample(1.0, rollout_id="a"),
+        _sample(1.0, rollout_id="a"),
+        _sample(0.0, rollout_id="b"),
+    ]
     adv = est.grpo(_ns(disable_grpo_std_normalization=True), group)
     assert [a[0] for a in adv] == [0.5, 0.5, 0.5, -0.5]
     std = math.sqrt(0.5)  # unbiased std of [1, 0]
@@ -146,7 +153,8 @@ def test_discounted_returns_skip_masked_tokens():
     # KL penalties -β·KL with β = 0.1, KL = [0.2, -0.4, 5.0 (masked), 1.0], γ = 0.5:
     # G3 = -0.1, G1 = 0.04 + 0.5·(-0.1) = -0.01, G0 = -0.02 + 0.5·(-0.01) = -0.025
     assert discounted_returns([-0.02, 0.04, -0.5, -0.1], [1, 1, 0, 1], 0.5) == pytest.approx(
-        [-0.025, -0.01, 0.0, -0.1], abs=1e-15)
+        [-0.025, -0.01, 0.0, -0.1], abs=1e-15
+    )
     with pytest.raises(ValueError, match="3 token rewards but 2 mask entries"):
         discounted_returns([0.0, 0.0, 0.0], [1, 1], 1.0)
 
@@ -184,8 +192,9 @@ def test_postprocess_kl_reward_shaping():
     # β = 0.5, γ = 1: KL [0.2, 0.4, 0.4] → penalties [-0.1, -0.2, -0.2] → returns [-0.5, -0.4, -0.2]
     samples = [_sample(1.0, mask=(1, 1, 1)), _sample(0.0, mask=(1, 1))]
     ns = _ns(advantage_estimator="my_estimator", kl_coef=0.5)  # not whitened, so the shaping shows alone
-    advs, metrics = postprocess_advantages(ns, samples, [_t([1.0, 1.0, 1.0]), _t([-1.0, -1.0])],
-                                           kl=[_t([0.2, 0.4, 0.4]), _t([0.0, 0.0])])
+    advs, metrics = postprocess_advantages(
+        ns, samples, [_t([1.0, 1.0, 1.0]), _t([-1.0, -1.0])], kl=[_t([0.2, 0.4, 0.4]), _t([0.0, 0.0])]
+    )
     assert advs[0].tolist() == pytest.approx([0.5, 0.6, 0.8], abs=1e-7)
     assert advs[1].tolist() == [-1.0, -1.0]
     assert metrics["adv/kl_shaping_mean"] == pytest.approx(0.5 * 1.0 / 5)
@@ -197,8 +206,9 @@ def test_build_batch_with_reinforce_plus_plus_all_masked_member_no_nan():
     g = [_sample(1.0, mask=(1, 1)), _sample(1.0, mask=(0, 0))]  # the second is not trainable (no trained token)
     batch = build_batch(_ns(advantage_estimator="reinforce_plus_plus"), [g], est.reinforce_plus_plus)
     assert batch.advantages == [[1.0, 1.0]]
-    advs, _ = postprocess_advantages(_ns(advantage_estimator="reinforce_plus_plus"), batch.samples,
-                                     [_t(a) for a in batch.advantages])
+    advs, _ = postprocess_advantages(
+        _ns(advantage_estimator="reinforce_plus_plus"), batch.samples, [_t(a) for a in batch.advantages]
+    )
     assert advs[0].tolist() == [0.0, 0.0]  # all-equal values whiten to 0, not NaN
 
 
@@ -241,8 +251,13 @@ def test_value_loss_clipping_hand_computed():
     # token 2: inside the clip: (0.6-1)² = 0.16, gradient 2·(0.6-1) = -0.8
     v = _t([1.0, 0.0, 0.6]).requires_grad_()
     v_masked = _t([float("nan")]).requires_grad_()
-    out = value_loss([v, v_masked], [_t([0.5, 0.5, 0.5]), _t([0.0])], [_t([2.0, 0.0, 1.0]), _t([1.0])],
-                     [_t([1, 1, 1]), _t([0])], value_clip=0.2)
+    out = value_loss(
+        [v, v_masked],
+        [_t([0.5, 0.5, 0.5]), _t([0.0])],
+        [_t([2.0, 0.0, 1.0]), _t([1.0])],
+        [_t([1, 1, 1]), _t([0])],
+        value_clip=0.2,
+    )
     assert float(out.loss.detach()) == pytest.approx((1.69 + 0.09 + 0.16) / 3, abs=1e-6)
     assert out.metrics["value_clipfrac"] == pytest.approx(2 / 3)
     out.loss.backward()
@@ -276,8 +291,15 @@ def test_kl_unknown_type():
 def test_kl_loss_term_value_and_gradient():
     # adv 0 → pg 0; k1 mean over 2 tokens = (0.5 - 1) / 2 = -0.25; loss = 0.1·(-0.25); d/dlogp = 0.1 / 2
     lp = _t([-1.0, -2.0]).requires_grad_()
-    out = policy_loss([lp], [_t([-1.0, -2.0])], [_t([0.0, 0.0])], [_t([1, 1])], ref_log_probs=[_t([-1.5, -1.0])],
-                      kl_loss_coef=0.1, kl_loss_type="k1")
+    out = policy_loss(
+        [lp],
+        [_t([-1.0, -2.0])],
+        [_t([0.0, 0.0])],
+        [_t([1, 1])],
+        ref_log_probs=[_t([-1.5, -1.0])],
+        kl_loss_coef=0.1,
+        kl_loss_type="k1",
+    )
     assert float(out.loss.detach()) == pytest.approx(-0.025, abs=1e-7)
     assert out.metrics["kl_loss"] == pytest.approx(-0.25)
     out.loss.backward()
@@ -294,8 +316,9 @@ def test_dual_clip_hand_computed():
     # token 1: A=-1, ρ=2: max(2, 1.2) = 2 < 3 (gradient ρ = 2). token 2: A=+1, ρ=5: max(-5, -1.2) = -1.2 (clipped)
     old = _t([0.0, 0.0, 0.0])
     lp = _t([math.log(5), math.log(2), math.log(5)]).requires_grad_()
-    out = policy_loss([lp], [old], [_t([-1.0, -1.0, 1.0])], [_t([1, 1, 1])], eps_clip=0.2, eps_clip_c=3.0,
-                      per_token=True)
+    out = policy_loss(
+        [lp], [old], [_t([-1.0, -1.0, 1.0])], [_t([1, 1, 1])], eps_clip=0.2, eps_clip_c=3.0, per_token=True
+    )
     assert float(out.loss.detach()) == pytest.approx((3.0 + 2.0 - 1.2) / 3, abs=1e-6)
     assert out.metrics["pg_clipfrac"] == pytest.approx(1 / 3)
     assert out.metrics["pg_dual_clipfrac"] == pytest.approx(1 / 3)
@@ -311,8 +334,13 @@ def test_dual_clip_hand_computed():
 def test_entropy_bonus_per_sample_and_per_token():
     # adv 0 → pg 0. Entropies [0.5, 1.5] and [2.0]: per-sample mean (1.0 + 2.0) / 2 = 1.5, per-token 4 / 3
     ents = [_t([0.5, 1.5]).requires_grad_(), _t([2.0]).requires_grad_()]
-    args = dict(log_probs=[_t([-1.0, -1.0]), _t([-1.0])], old_log_probs=[_t([-1.0, -1.0]), _t([-1.0])],
-                advantages=[_t([0.0, 0.0]), _t([0.0])], loss_masks=[_t([1, 1]), _t([1])], entropy_coef=0.1)
+    args = dict(
+        log_probs=[_t([-1.0, -1.0]), _t([-1.0])],
+        old_log_probs=[_t([-1.0, -1.0]), _t([-1.0])],
+        advantages=[_t([0.0, 0.0]), _t([0.0])],
+        loss_masks=[_t([1, 1]), _t([1])],
+        entropy_coef=0.1,
+    )
     out = policy_loss(**args, entropies=ents)
     assert float(out.loss.detach()) == pytest.approx(-0.15, abs=1e-7)
     assert out.metrics["entropy_loss"] == pytest.approx(1.5)
@@ -338,8 +366,12 @@ def test_token_entropy_from_logits():
 
 def test_per_sample_vs_per_token_aggregation():
     # ratio 1: token losses -A. sample A: [-2] (1 token), sample B: [-1, -1, -1]
-    args = dict(log_probs=[_t([-1.0]), _t([-1.0] * 3)], old_log_probs=[_t([-1.0]), _t([-1.0] * 3)],
-                advantages=[_t([2.0]), _t([1.0] * 3)], loss_masks=[_t([1]), _t([1, 1, 1])])
+    args = dict(
+        log_probs=[_t([-1.0]), _t([-1.0] * 3)],
+        old_log_probs=[_t([-1.0]), _t([-1.0] * 3)],
+        advantages=[_t([2.0]), _t([1.0] * 3)],
+        loss_masks=[_t([1]), _t([1, 1, 1])],
+    )
     assert float(policy_loss(**args).loss) == pytest.approx((-2.0 - 1.0) / 2)
     assert float(policy_loss(**args, per_token=True).loss) == pytest.approx(-5.0 / 4)
 
@@ -359,8 +391,9 @@ def test_gspo_sequence_ratio():
     clipped = policy_loss([lp.detach()], [old], [_t([1.0, 1.0])], [_t([1, 1])], ratio_type="sequence")
     assert float(clipped.loss) == pytest.approx(-1.2, abs=1e-6) and clipped.metrics["pg_clipfrac"] == 1.0
     # a masked token does not enter the sequence ratio: mean over [ln 2] only → s = 2
-    masked = policy_loss([_t([math.log(2), 7.0])], [old], [_t([1.0, 1.0])], [_t([1, 0])], eps_clip=5.0,
-                         ratio_type="sequence")
+    masked = policy_loss(
+        [_t([math.log(2), 7.0])], [old], [_t([1.0, 1.0])], [_t([1, 0])], eps_clip=5.0, ratio_type="sequence"
+    )
     assert float(masked.loss) == pytest.approx(-2.0, abs=1e-6)
 
 
@@ -368,8 +401,17 @@ def _is_case(mode, low, high):
     # ratio 1 (logp = old = 0), A = 1; engine log-probs chosen so that w = exp(0 - rollout) = [0.5, 1.5, 4]
     lp = _t([0.0, 0.0, 0.0]).requires_grad_()
     rollout = _t([math.log(2), -math.log(1.5), -math.log(4)])
-    out = policy_loss([lp], [_t([0.0, 0.0, 0.0])], [_t([1.0, 1.0, 1.0])], [_t([1, 1, 1])], rollout_log_probs=[rollout],
-                      importance_sampling=mode, is_low=low, is_high=high, per_token=True)
+    out = policy_loss(
+        [lp],
+        [_t([0.0, 0.0, 0.0])],
+        [_t([1.0, 1.0, 1.0])],
+        [_t([1, 1, 1])],
+        rollout_log_probs=[rollout],
+        importance_sampling=mode,
+        is_low=low,
+        is_high=high,
+        per_token=True,
+    )
     out.loss.backward()
     return out, lp.grad.tolist()
 
@@ -381,7 +423,8 @@ def test_tis_weight_and_clipfrac():
     assert out.metrics["tis_clipfrac"] == pytest.approx(1 / 3)
     assert grad == pytest.approx([-0.5 / 3, -1.5 / 3, -2.0 / 3], abs=1e-6)
     assert out.metrics["train_rollout_logprob_abs_diff"] == pytest.approx(
-        (math.log(2) + math.log(1.5) + math.log(4)) / 3, abs=1e-6)
+        (math.log(2) + math.log(1.5) + math.log(4)) / 3, abs=1e-6
+    )
     assert importance_weights(_t([0.5, 1.5, 4.0]), "tis", 0.0, 2.0).tolist() == [0.5, 1.5, 2.0]
 
 
@@ -398,11 +441,19 @@ def test_mis_masks_tokens_outside_the_band():
 def test_loss_is_never_nan():
     # masked garbage (NaN/inf log-probs), an all-masked sample, and an extreme ratio on a trained token
     lp = [_t([float("nan"), 0.0]).requires_grad_(), _t([float("inf")]).requires_grad_(), _t([60.0]).requires_grad_()]
-    out = policy_loss(lp, [_t([0.0, 0.0]), _t([0.0]), _t([0.0])], [_t([1.0, 1.0]), _t([1.0]), _t([-1.0])],
-                      [_t([0, 1]), _t([0]), _t([1])], rollout_log_probs=[_t([0.0, 0.0]), _t([0.0]), _t([0.0])],
-                      entropies=[_t([float("nan"), 1.0]), _t([float("nan")]), _t([1.0])], entropy_coef=0.01,
-                      ref_log_probs=[_t([0.0, 0.0]), _t([0.0]), _t([0.0])], kl_loss_coef=0.1,
-                      kl_loss_type="low_var_kl", importance_sampling="tis")
+    out = policy_loss(
+        lp,
+        [_t([0.0, 0.0]), _t([0.0]), _t([0.0])],
+        [_t([1.0, 1.0]), _t([1.0]), _t([-1.0])],
+        [_t([0, 1]), _t([0]), _t([1])],
+        rollout_log_probs=[_t([0.0, 0.0]), _t([0.0]), _t([0.0])],
+        entropies=[_t([float("nan"), 1.0]), _t([float("nan")]), _t([1.0])],
+        entropy_coef=0.01,
+        ref_log_probs=[_t([0.0, 0.0]), _t([0.0]), _t([0.0])],
+        kl_loss_coef=0.1,
+        kl_loss_type="low_var_kl",
+        importance_sampling="tis",
+    )
     assert math.isfinite(float(out.loss.detach()))
     assert all(math.isfinite(v) for v in out.metrics.values())
     out.loss.backward()
@@ -431,9 +482,21 @@ def test_drift_budget_hand_computed():
 
 # ------------------------------------------------------------------------------------------------- torch trainer
 def _trainer_args(**kw):
-    base = dict(seed=0, train_num_threads=None, train_device="cpu", train_dtype="float32",
-                gradient_checkpointing=False, lr=1e-2, adam_beta1=0.9, adam_beta2=0.98, adam_eps=1e-8,
-                weight_decay=0.0, clip_grad=1.0, global_batch_size=None, micro_batch_size=8)
+    base = dict(
+        seed=0,
+        train_num_threads=None,
+        train_device="cpu",
+        train_dtype="float32",
+        gradient_checkpointing=False,
+        lr=1e-2,
+        adam_beta1=0.9,
+        adam_beta2=0.98,
+        adam_eps=1e-8,
+        weight_decay=0.0,
+        clip_grad=1.0,
+        global_batch_size=None,
+        micro_batch_size=8,
+    )
     return argparse.Namespace(**{**DEFAULTS, **base, **kw})
 
 
@@ -457,8 +520,14 @@ def test_torch_trainer_drift_budget_stops_before_any_update(tiny_model_dir):
 def test_torch_trainer_kl_loss_with_reference_model(tiny_model_dir):
     from vime_core.trainer.torch_backend import TorchTrainer
 
-    args = _trainer_args(use_kl_loss=True, kl_loss_coef=0.1, kl_loss_type="low_var_kl", entropy_coef=0.01,
-                         use_tis=True, global_batch_size=1)
+    args = _trainer_args(
+        use_kl_loss=True,
+        kl_loss_coef=0.1,
+        kl_loss_type="low_var_kl",
+        entropy_coef=0.01,
+        use_tis=True,
+        global_batch_size=1,
+    )
     trainer = TorchTrainer(args, tiny_model_dir)
     assert trainer.ref_model is not None and not any(p.requires_grad for p in trainer.ref_model.model.parameters())
     batch = _batch(trainer)
@@ -488,3 +557,21 @@ def test_batched_entropies_match_an_unpadded_forward(tiny_model_dir):
             ref_lp, ref_ent = token_log_probs_and_entropy(model(input_ids=ids).logits, ids)
             torch.testing.assert_close(lp, ref_lp[0, s.prompt_length - 1 :], atol=1e-5, rtol=0)
             torch.testing.assert_close(ent, ref_ent[0, s.prompt_length - 1 :], atol=1e-5, rtol=0)
+
+
+def test_vocab_parallel_entropy_equals_softmax_entropy_with_padded_columns():
+    """The megatron backend's entropy (one TP rank here) ignores ``-inf`` padding columns; value and gradient equal
+    the plain softmax entropy's."""
+    from vime_core.trainer.megatron_backend import vocab_parallel_entropy
+
+    g = torch.Generator().manual_seed(0)
+    real = torch.randn(3, 5, 15, generator=g, dtype=torch.float64) * 3
+    padded = torch.cat([real, torch.full((3, 5, 2), float("-inf"), dtype=torch.float64)], -1).requires_grad_(True)
+    ent = vocab_parallel_entropy(padded)
+    ref_in = real.clone().requires_grad_(True)
+    ref = torch.distributions.Categorical(logits=ref_in).entropy()
+    torch.testing.assert_close(ent, ref, atol=1e-12, rtol=0)
+    ent.sum().backward()
+    ref.sum().backward()
+    torch.testing.assert_close(padded.grad[..., :15], ref_in.grad, atol=1e-12, rtol=0)
+    assert torch.equal(padded.grad[..., 15:], torch.zeros(3, 5, 2, dtype=torch.float64))

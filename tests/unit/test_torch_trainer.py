@@ -25,7 +25,7 @@ def test_batched_response_log_probs_match_unpadded_forward(tiny_model_dir):
             weight_version=0,
         )
         samples.append(s)
-    batched = trainer._response_log_probs(samples)
+    batched = trainer.policy_log_probs(samples, False)[0]
     for s, lp in zip(samples, batched, strict=True):
         ref = sequence_log_probs(trainer.model, s.tokens, s.prompt_length)
         assert lp.shape == (s.response_length,)

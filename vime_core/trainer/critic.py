@@ -113,30 +113,30 @@ class ValueModel(torch.nn.Module):
         return [values[i, values.shape[1] - s.response_length :] for i, s in enumerate(samples)]
 
 
-class Critic:
-    """The value model of ``--advantage-estimator ppo`` with its AdamW optimizer (``--critic-lr``, default ``--lr``;
-    the other optimizer flags are the policy's), on the trainer's device and dtype.
+class CriticBase:
+    """What every backend's critic shares: the no-grad value pass and one optimizer step of the clipped value loss
+    (:func:`vime_core.algorithms.gae.value_loss`). A backend supplies :meth:`response_values`, :meth:`zero_grad` and
+    :meth:`optimizer_step` (the torch backend: :class:`Critic`; megatron: ``vime_core.trainer.megatron_critic``).
 
-    :param args: ``vime run`` arguments (``--critic-load``, ``--critic-lr``, ``--value-clip``, optimizer flags).
-    :param model_path: the policy's initial HF directory (the backbone when ``--critic-load`` is not given).
+    Attributes: ``args`` (``vime run`` arguments), ``lr`` (``--critic-lr``, default ``--lr``).
     """
 
-    def __init__(self, args: argparse.Namespace, model_path: Path, device: torch.device, dtype: torch.dtype) -> None:
-        self.args = args
-        self.device = device
-        self.path = Path(opt(args, "critic_load") or model_path)
-        self.model = ValueModel.from_pretrained(self.path, dtype=dtype).to(device)
-        self.model.train()
-        if getattr(args, "gradient_checkpointing", False):
-            self.model.backbone.gradient_checkpointing_enable()
-        self.lr = opt(args, "critic_lr") or args.lr
-        self.optimizer = torch.optim.AdamW(
-            self.model.parameters(),
-            lr=self.lr,
-            betas=(args.adam_beta1, args.adam_beta2),
-            eps=args.adam_eps,
-            weight_decay=args.weight_decay,
-        )
+    args: argparse.Namespace
+    lr: float
+
+    def response_values(self, samples: list[Sample]) -> list[torch.Tensor]:
+        """One micro-batch forward: per sample the ``[response_length]`` float32 values ``V_t`` (graph attached)."""
+        raise NotImplementedError
+
+    def zero_grad(self) -> None:
+        raise NotImplementedError
+
+    def optimizer_step(self) -> float:
+        """Clip to ``--clip-grad``, step; the gradient norm before clipping.
+
+        :raises FloatingPointError: on a non-finite gradient norm (no update is made).
+        """
+        raise NotImplementedError
 
     @torch.no_grad()
     def values(self, samples: list[Sample], micro_batch_size: int) -> dict[int, torch.Tensor]:
@@ -144,7 +144,7 @@ class Critic:
         out: dict[int, torch.Tensor] = {}
         for i in range(0, len(samples), micro_batch_size):
             mb = samples[i : i + micro_batch_size]
-            for s, v in zip(mb, self.model.response_values(mb, self.device), strict=True):
+            for s, v in zip(mb, self.response_values(mb), strict=True):
                 out[id(s)] = v.float().cpu()
         return out
 
@@ -171,33 +171,70 @@ class Critic:
             return sum(sum(s.loss_mask) for s in group) if per_token else sum(1 for s in group if any(s.loss_mask))
 
         total = sum(weight(mb) for mb in micro_batches)
-        self.optimizer.zero_grad(set_to_none=True)
+        self.zero_grad()
         sums: dict[str, float] = {}
         counted = 0
         for mb in micro_batches:
             count = weight(mb)
             if count == 0:
                 continue
-            values = [v.cpu() for v in self.model.response_values(mb, self.device)]
+            values = self.response_values(mb)
+            dev = values[0].device
             out = value_loss(
-                values,
-                [old_values[id(s)] for s in mb],
-                [returns[id(s)] for s in mb],
-                [torch.tensor(s.loss_mask, dtype=torch.float32) for s in mb],
+                [v.float() for v in values],
+                [old_values[id(s)].to(dev) for s in mb],
+                [returns[id(s)].to(dev) for s in mb],
+                [torch.tensor(s.loss_mask, dtype=torch.float32, device=dev) for s in mb],
                 value_clip=opt(self.args, "value_clip"),
                 per_token=per_token,
             )
             (out.loss * (count / total)).backward()
             for k, v in out.metrics.items():
-                sums[k] = sums.get(k, 0.0) + v * count
+                sums[k] = sums.get(k, 0.0) + float(v) * count
             counted += count
+        grad_norm = self.optimizer_step()
+        metrics = {k: v / max(counted, 1) for k, v in sums.items()}
+        metrics["critic_grad_norm"] = grad_norm
+        return metrics
+
+
+class Critic(CriticBase):
+    """The torch backend's value model (:class:`ValueModel`) with its AdamW optimizer (``--critic-lr``, default
+    ``--lr``; the other optimizer flags are the policy's), on the trainer's device and dtype.
+
+    :param args: ``vime run`` arguments (``--critic-load``, ``--critic-lr``, ``--value-clip``, optimizer flags).
+    :param model_path: the policy's initial HF directory (the backbone when ``--critic-load`` is not given).
+    """
+
+    def __init__(self, args: argparse.Namespace, model_path: Path, device: torch.device, dtype: torch.dtype) -> None:
+        self.args = args
+        self.device = device
+        self.path = Path(opt(args, "critic_load") or model_path)
+        self.model = ValueModel.from_pretrained(self.path, dtype=dtype).to(device)
+        self.model.train()
+        if getattr(args, "gradient_checkpointing", False):
+            self.model.backbone.gradient_checkpointing_enable()
+        self.lr = opt(args, "critic_lr") or args.lr
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(),
+            lr=self.lr,
+            betas=(args.adam_beta1, args.adam_beta2),
+            eps=args.adam_eps,
+            weight_decay=args.weight_decay,
+        )
+
+    def response_values(self, samples: list[Sample]) -> list[torch.Tensor]:
+        return self.model.response_values(samples, self.device)
+
+    def zero_grad(self) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def optimizer_step(self) -> float:
         grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.args.clip_grad))
         if not math.isfinite(grad_norm):
             raise FloatingPointError(f"non-finite critic grad norm {grad_norm}")
         self.optimizer.step()
-        metrics = {k: v / max(counted, 1) for k, v in sums.items()}
-        metrics["critic_grad_norm"] = grad_norm
-        return metrics
+        return grad_norm
 
     def save(self, path: Path) -> None:
         """The critic directory (:meth:`ValueModel.save_pretrained`) plus ``optimizer.pt``."""

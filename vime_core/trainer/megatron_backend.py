@@ -1,5 +1,7 @@
 """``megatron`` trainer backend: a megatron-core ``GPTModel`` (bf16, ``Float16Module``, Megatron DDP and distributed
-optimizer) trained with the same :func:`vime_core.algorithms.policy_loss.policy_loss` as the torch backend.
+optimizer) trained with the same RL step as the torch backend (:func:`vime_core.trainer.rl_step.rl_train_step`:
+every estimator and loss term, KL against a frozen reference ``GPTModel``, and ``ppo`` with a Megatron critic,
+:mod:`vime_core.trainer.megatron_critic`).
 
 * Needs a CUDA GPU and ``megatron-core`` (0.16+; tested with 0.19.2 on an H200, Python 3.12, torch 2.11). No Ray: the
   backend initialises ``torch.distributed`` itself (from torchrun's ``RANK``/``WORLD_SIZE``/``MASTER_*`` when set,
@@ -24,7 +26,6 @@ import argparse
 import logging
 import math
 import os
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -32,7 +33,6 @@ from typing import Any
 
 import torch
 
-from vime_core.algorithms.policy_loss import policy_loss
 from vime_core.trainer.base import TrainerBackend
 from vime_core.trainer.megatron_convert import (
     ArchConfig,
@@ -43,6 +43,7 @@ from vime_core.trainer.megatron_convert import (
     unpad_vocab,
     unshard,
 )
+from vime_core.trainer.rl_step import rl_train_step
 from vime_core.types import RolloutBatch, Sample
 
 logger = logging.getLogger("vime.trainer")
@@ -195,20 +196,14 @@ class MegatronTrainer(TrainerBackend):
         super().__init__(args, model_path)
         from megatron.core import parallel_state as mpu
         from megatron.core import tensor_parallel
-        from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
         from megatron.core.models.gpt import GPTModel
-        from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
         from megatron.core.transformer import TransformerConfig
         from megatron.core.transformer.module import Float16Module
         from transformers import AutoConfig
 
-        from vime_core.algorithms.options import uses_critic
+        from vime_core.algorithms.options import check_algorithm_args, kl_enabled, uses_critic
 
-        if uses_critic(args):  # before any GPU/distributed setup, so the message comes at once
-            raise NotImplementedError(
-                "--advantage-estimator ppo needs a critic, which the megatron backend does not have yet: use "
-                "--trainer torch (GAE and the value loss are shared code in vime_core.algorithms)"
-            )
+        check_algorithm_args(args)  # before any GPU/distributed setup, so a bad flag is reported at once
         self.rank, self.world, _ = init_distributed()
         self.tp = int(getattr(args, "tensor_model_parallel_size", 1) or 1)
         pp = int(getattr(args, "pipeline_model_parallel_size", 1) or 1)
@@ -264,7 +259,29 @@ class MegatronTrainer(TrainerBackend):
             persist_layer_norm=False,
             gradient_accumulation_fusion=False,
         )
-        gpt = GPTModel(
+        self._GPTModel = GPTModel
+        gpt = self.new_gpt()
+        self.gpt = gpt
+        self.load_hf_weights(model_path)
+        self.module = Float16Module(self.config, gpt)
+        self.ddp, self.optimizer = self.wrap_for_training(self.module, args.lr)
+        self.steps_done = 0
+        self.model = _HFStyleForward(self)  # the contract kit's view: model(input_ids=...).logits
+        self.ref_model = MegatronReferenceModel(self) if kl_enabled(args) else None
+        self.critic = None
+        if uses_critic(args):
+            from vime_core.trainer.megatron_critic import MegatronCritic
+
+            self.critic = MegatronCritic(self)
+
+    # -- model construction (shared with the reference model and the critic) -----------------------------------------
+    def new_gpt(self, *, tied: bool | None = None) -> Any:
+        """A new ``GPTModel`` of this architecture on the current GPU (random weights).
+
+        :param tied: share the embedding and output weights (default: as the HF config says).
+        """
+        a = self.arch
+        gpt = self._GPTModel(
             config=self.config,
             transformer_layer_spec=layer_spec(self.attention, self.te),
             vocab_size=self.padded_vocab,
@@ -272,23 +289,30 @@ class MegatronTrainer(TrainerBackend):
             pre_process=True,
             post_process=True,
             parallel_output=True,
-            share_embeddings_and_output_weights=a.tie_word_embeddings,
+            share_embeddings_and_output_weights=a.tie_word_embeddings if tied is None else tied,
             position_embedding_type="rope",
             rotary_base=int(a.rope_theta),
             rotary_percent=1.0,
         )
-        gpt.cuda(torch.cuda.current_device())
-        self.gpt = gpt
-        self.load_hf_weights(model_path)
-        self.module = Float16Module(self.config, gpt)
+        return gpt.cuda(torch.cuda.current_device())
+
+    def wrap_for_training(self, module: Any, lr: float) -> tuple[Any, Any]:
+        """Megatron DDP (fp32 gradient reduction) and Megatron's (distributed) Adam for a ``Float16Module``.
+
+        :return: ``(ddp, optimizer)``; the learning rate is constant (no scheduler).
+        """
+        from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+        from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+
+        args = self.args
         use_dist_opt = bool(getattr(args, "use_distributed_optimizer", True))
         ddp_config = DistributedDataParallelConfig(
             grad_reduce_in_fp32=True, overlap_grad_reduce=False, use_distributed_optimizer=use_dist_opt
         )
-        self.ddp = DistributedDataParallel(config=self.config, ddp_config=ddp_config, module=self.module)
+        ddp = DistributedDataParallel(config=self.config, ddp_config=ddp_config, module=module)
         opt_config = OptimizerConfig(
             optimizer="adam",
-            lr=args.lr,
+            lr=lr,
             weight_decay=args.weight_decay,
             adam_beta1=args.adam_beta1,
             adam_beta2=args.adam_beta2,
@@ -298,11 +322,10 @@ class MegatronTrainer(TrainerBackend):
             params_dtype=torch.bfloat16,
             use_distributed_optimizer=use_dist_opt,
         )
-        self.optimizer = get_megatron_optimizer(opt_config, [self.ddp])
-        for group in self.optimizer.param_groups:  # constant lr (no scheduler)
-            group["lr"] = args.lr
-        self.steps_done = 0
-        self.model = _HFStyleForward(self)  # the contract kit's view: model(input_ids=...).logits
+        optimizer = get_megatron_optimizer(opt_config, [ddp])
+        for group in optimizer.param_groups:  # constant lr (no scheduler)
+            group["lr"] = lr
+        return ddp, optimizer
 
     # -- weights -----------------------------------------------------------------------------------------------------
     def _read_hf(self, path: Path) -> dict[str, torch.Tensor]:
@@ -316,14 +339,20 @@ class MegatronTrainer(TrainerBackend):
         return out
 
     @torch.no_grad()
-    def load_hf_tensors(self, hf: dict[str, torch.Tensor]) -> None:
+    def load_hf_tensors(
+        self, hf: dict[str, torch.Tensor], gpt: Any = None, arch: ArchConfig | None = None, skip: tuple = ()
+    ) -> None:
         """Copy HF tensors (cast to bf16) into this rank's Megatron parameters (shards of them under TP).
 
+        :param gpt: the model to fill (default: the policy).
+        :param arch: the architecture to map with (default: the policy's).
+        :param skip: Megatron parameter names left alone (e.g. a critic's value head).
         :raises ConversionError: on a missing/unexpected/mis-shaped tensor.
         :raises KeyError: if the mapping produces a name the model does not have (or misses one it has).
         """
-        mc = pad_vocab(hf_to_megatron(hf, self.arch, te=self.attention == "te"), self.padded_vocab)
-        params = dict(self.gpt.named_parameters())
+        gpt = self.gpt if gpt is None else gpt
+        mc = pad_vocab(hf_to_megatron(hf, arch or self.arch, te=self.attention == "te"), self.padded_vocab)
+        params = {n: p for n, p in gpt.named_parameters() if n not in skip}
         missing, unexpected = sorted(set(params) - set(mc)), sorted(set(mc) - set(params))
         if missing or unexpected:
             raise KeyError(
@@ -341,12 +370,15 @@ class MegatronTrainer(TrainerBackend):
         self.load_hf_tensors(self._read_hf(Path(path)))
 
     @torch.no_grad()
-    def megatron_tensors(self) -> dict[str, torch.Tensor]:
-        """Full (TP-gathered, unpadded) Megatron tensors on this rank's GPU."""
+    def megatron_tensors(self, gpt: Any = None, skip: tuple = ()) -> dict[str, torch.Tensor]:
+        """Full (TP-gathered, unpadded) Megatron tensors on this rank's GPU (of ``gpt``, default the policy; names in
+        ``skip`` left out). Collective under TP."""
         import torch.distributed as dist
 
         out = {}
-        for name, p in self.gpt.named_parameters():
+        for name, p in (self.gpt if gpt is None else gpt).named_parameters():
+            if name in skip:
+                continue
             if self.tp > 1:
                 parts = [torch.empty_like(p) for _ in range(self.tp)]
                 dist.all_gather(parts, p.data.contiguous(), group=self.tp_group)
@@ -373,105 +405,81 @@ class MegatronTrainer(TrainerBackend):
         pos = torch.arange(max_len, device=ids.device).unsqueeze(0).expand_as(ids)
         return ids, pos
 
-    def _vocab_parallel_logits(self, ids: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-        """``[b, s, padded_vocab / tp]`` float32 logits with padded vocabulary columns at ``-inf``."""
-        logits = self.ddp(ids, pos, None).float()
+    def _vocab_parallel_logits(self, ids: torch.Tensor, pos: torch.Tensor, module: Any = None) -> torch.Tensor:
+        """``[b, s, padded_vocab / tp]`` float32 logits of ``module`` (default: the policy) with padded vocabulary
+        columns at ``-inf``."""
+        logits = (self.ddp if module is None else module)(ids, pos, None).float()
         per = self.padded_vocab // self.tp
         first_pad = self.arch.vocab_size - self.tp_rank * per
         if first_pad < per:
             logits[..., max(first_pad, 0) :] = float("-inf")
         return logits
 
-    def token_log_probs(self, ids: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-        """``[b, s - 1]`` float32 log-probs of each next token (vocab-parallel cross entropy; differentiable)."""
+    def token_log_probs(
+        self, ids: torch.Tensor, pos: torch.Tensor, module: Any = None, with_entropy: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``[b, s - 1]`` float32 log-probs of each next token (vocab-parallel cross entropy; differentiable) and,
+        with ``with_entropy``, the ``[b, s - 1]`` entropies of the next-token distributions (nats; differentiable
+        only when ``--entropy-coef`` is non-zero, otherwise computed without a graph to save memory)."""
         from megatron.core import tensor_parallel
 
-        logits = self._vocab_parallel_logits(ids, pos)[:, :-1].contiguous()
-        return -tensor_parallel.vocab_parallel_cross_entropy(logits, ids[:, 1:].contiguous())
+        from vime_core.algorithms.options import opt
+
+        logits = self._vocab_parallel_logits(ids, pos, module)[:, :-1].contiguous()
+        ent = None
+        if with_entropy:  # before the cross entropy, which overwrites ``logits`` in place (with the softmax)
+            group = self.tp_group if self.tp > 1 else None
+            if torch.is_grad_enabled() and opt(self.args, "entropy_coef"):
+                ent = vocab_parallel_entropy(logits, group)  # saves only tensors it creates
+            else:
+                with torch.no_grad():
+                    ent = vocab_parallel_entropy(logits, group)
+        lp = -tensor_parallel.vocab_parallel_cross_entropy(logits, ids[:, 1:].contiguous())
+        return lp, ent
+
+    def response_slices(self, samples: list[Sample], x: torch.Tensor) -> list[torch.Tensor]:
+        """Per sample the ``[response_length]`` slice of a ``[b, s - 1]`` next-token tensor (right-padded batch)."""
+        return [x[i, s.prompt_length - 1 : s.prompt_length - 1 + s.response_length] for i, s in enumerate(samples)]
+
+    # -- what the shared RL step needs (vime_core.trainer.rl_step.PolicyOps) ----------------------------------------
+    @property
+    def loss_device(self) -> torch.device:
+        return torch.device("cuda", torch.cuda.current_device())
+
+    def policy_log_probs(
+        self, samples: list[Sample], with_entropy: bool
+    ) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
+        """Per sample ``[response_length]`` float32 log-probs (and entropies) of the response, graph attached."""
+        ids, pos = self._batch(samples)
+        lp, ent = self.token_log_probs(ids, pos, with_entropy=with_entropy)
+        return self.response_slices(samples, lp), None if ent is None else self.response_slices(samples, ent)
 
     def _response_log_probs(self, samples: list[Sample]) -> list[torch.Tensor]:
-        ids, pos = self._batch(samples)
-        lp = self.token_log_probs(ids, pos)
-        return [lp[i, s.prompt_length - 1 : s.prompt_length - 1 + s.response_length] for i, s in enumerate(samples)]
+        return self.policy_log_probs(samples, False)[0]
 
-    def _micro_batches(self, samples: list[Sample]) -> Iterator[list[Sample]]:
-        mbs = self.args.micro_batch_size
-        order = sorted(range(len(samples)), key=lambda i: len(samples[i].tokens))
-        for i in range(0, len(order), mbs):
-            yield [samples[j] for j in order[i : i + mbs]]
+    def zero_grad(self) -> None:
+        self.ddp.zero_grad_buffer()
+        self.optimizer.zero_grad()
 
-    # -- training ----------------------------------------------------------------------------------------------------
-    def train_step(self, batch: RolloutBatch) -> dict[str, float]:
-        """One RL step on ``batch`` (same semantics and metrics as the torch backend's ``train_step``).
+    def optimizer_step(self) -> float:
+        """Finalize gradients (DP reduce-scatter, SP layernorm grads across TP), clip and step.
 
         :raises FloatingPointError: on a non-finite gradient norm.
         """
         from megatron.core.distributed import finalize_model_grads
 
-        t0 = time.perf_counter()
-        dev = torch.device("cuda", torch.cuda.current_device())
-        samples = batch.samples
-        adv_of = {
-            id(s): torch.tensor(a, dtype=torch.float32, device=dev)
-            for s, a in zip(samples, batch.advantages, strict=True)
-        }
-        gbs = self.args.global_batch_size or len(samples)
-        minibatches = [samples[i : i + gbs] for i in range(0, len(samples), gbs)]
-        old_of: dict[int, torch.Tensor] = {}
-        if len(minibatches) > 1 and not self.args.use_rollout_logprobs:
-            with torch.no_grad():
-                for mb in self._micro_batches(samples):
-                    for s, lp in zip(mb, self._response_log_probs(mb), strict=True):
-                        old_of[id(s)] = lp.detach()
-        sums: dict[str, float] = {}
-        weight_total = 0.0
-        grad_norms = []
-        per_token = self.args.calculate_per_token_loss
-        for minibatch in minibatches:
-            total = (
-                sum(sum(s.loss_mask) for s in minibatch)
-                if per_token
-                else sum(1 for s in minibatch if any(s.loss_mask))
-            )
-            self.ddp.zero_grad_buffer()
-            self.optimizer.zero_grad()
-            for mb in self._micro_batches(minibatch):
-                lps = self._response_log_probs(mb)
-                if self.args.use_rollout_logprobs:
-                    olds = [torch.tensor(s.rollout_log_probs, dtype=torch.float32, device=dev) for s in mb]
-                else:
-                    olds = [old_of.get(id(s), lp.detach()) for s, lp in zip(mb, lps, strict=True)]
-                out = policy_loss(
-                    lps,
-                    olds,
-                    [adv_of[id(s)] for s in mb],
-                    [torch.tensor(s.loss_mask, dtype=torch.float32, device=dev) for s in mb],
-                    eps_clip=self.args.eps_clip,
-                    eps_clip_high=self.args.eps_clip_high,
-                    per_token=per_token,
-                    rollout_log_probs=[torch.tensor(s.rollout_log_probs, dtype=torch.float32, device=dev) for s in mb],
-                )
-                count = sum(sum(s.loss_mask) for s in mb) if per_token else sum(1 for s in mb if any(s.loss_mask))
-                if count == 0:
-                    continue
-                (out.loss * (count / total)).backward()
-                for k, v in out.metrics.items():
-                    sums[k] = sums.get(k, 0.0) + float(v) * count
-                weight_total += count
-            finalize_model_grads([self.ddp])  # DP reduce-scatter + SP layernorm grads across TP
-            ok, grad_norm, _ = self.optimizer.step()
-            grad_norm = float(grad_norm) if grad_norm is not None else float("nan")
-            if not ok or not math.isfinite(grad_norm):
-                raise FloatingPointError(f"non-finite grad norm {grad_norm} at train step {self.steps_done}")
-            grad_norms.append(grad_norm)
-            self.steps_done += 1
-        metrics = {f"train/{k}": v / max(weight_total, 1.0) for k, v in sums.items()}
-        metrics["train/grad_norm"] = sum(grad_norms) / max(len(grad_norms), 1)
-        metrics["train/lr"] = self.args.lr
-        metrics["train/num_tokens"] = float(batch.num_response_tokens())
-        torch.cuda.synchronize()
-        metrics["perf/train_compute_time"] = time.perf_counter() - t0
-        return metrics
+        finalize_model_grads([self.ddp])
+        ok, grad_norm, _ = self.optimizer.step()
+        grad_norm = float(grad_norm) if grad_norm is not None else float("nan")
+        if not ok or not math.isfinite(grad_norm):
+            raise FloatingPointError(f"non-finite grad norm {grad_norm} at train step {self.steps_done}")
+        return grad_norm
+
+    # -- training ----------------------------------------------------------------------------------------------------
+    def train_step(self, batch: RolloutBatch) -> dict[str, float]:
+        """One RL step on ``batch``: :func:`vime_core.trainer.rl_step.rl_train_step`, the same code as the torch
+        backend (its docstring lists the order, the metrics and the errors)."""
+        return rl_train_step(self, batch)
 
     # -- checkpoints -------------------------------------------------------------------------------------------------
     def save_hf(self, path: Path) -> None:
@@ -493,8 +501,9 @@ class MegatronTrainer(TrainerBackend):
 
     def save_checkpoint(self, path: Path) -> None:
         """HF-layout weights + Megatron optimizer state (``optimizer.pt`` and the distributed optimizer's
-        ``optimizer_param_state.pt``; none before the first optimizer step) + ``trainer_state.pt``. Collective:
-        every rank calls it."""
+        ``optimizer_param_state.pt``; none before the first optimizer step) + ``trainer_state.pt``; with ``ppo`` the
+        critic under ``critic/`` (:meth:`~vime_core.trainer.megatron_critic.MegatronCritic.save`). Collective: every
+        rank calls it."""
         import torch.distributed as dist
 
         path = Path(path)
@@ -506,55 +515,134 @@ class MegatronTrainer(TrainerBackend):
             from safetensors.torch import save_file
 
             save_file(tensors, str(path / "model.safetensors"))
-            if self.steps_done:
-                torch.save(self.optimizer.state_dict(), path / "optimizer.pt")
             torch.save(
                 {"steps_done": self.steps_done, "rng": torch.get_rng_state(), "cuda_rng": torch.cuda.get_rng_state()},
                 path / "trainer_state.pt",
             )
         if self.steps_done:
-            self.optimizer.save_parameter_state(str(path / "optimizer_param_state.pt"))
+            save_optimizer(self.optimizer, path, self.rank)
+        if self.critic is not None:
+            self.critic.save(path / "critic")
         dist.barrier()
 
-    def _inner_optimizers(self) -> list[Any]:
-        return list(getattr(self.optimizer, "chained_optimizers", [self.optimizer]))
-
     def load_checkpoint(self, path: Path) -> None:
-        """Restore what :meth:`save_checkpoint` wrote (weights, optimizer state, RNG); a checkpoint from before the
-        first optimizer step restores a fresh optimizer.
+        """Restore what :meth:`save_checkpoint` wrote (weights, optimizer state, RNG, and the critic with ``ppo``);
+        a checkpoint from before the first optimizer step restores a fresh optimizer.
 
-        :raises FileNotFoundError: if a file is missing.
+        :raises FileNotFoundError: if a file is missing (the critic's included).
         """
         from safetensors.torch import load_file
 
         path = Path(path)
         self.load_hf_tensors(load_file(str(path / "model.safetensors")))
-        self.optimizer.reload_model_params()  # fp32 main params <- the loaded bf16 weights
-        if (path / "optimizer.pt").exists():
-            self.optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=False))
-            # megatron-core 0.19.2 with torch's AdamW (no apex / TE): load_state_dict puts the common "step" into
-            # every parameter state, which load_parameter_state then looks for in the file (KeyError 'step');
-            # set it aside around that call
-            steps = [
-                (st, st.pop("step"))
-                for opt in self._inner_optimizers()
-                for st in getattr(getattr(opt, "optimizer", None), "state", {}).values()
-                if "step" in st
-            ]
-            try:
-                self.optimizer.load_parameter_state(str(path / "optimizer_param_state.pt"))
-            finally:
-                for st, step in steps:
-                    st["step"] = step
-        else:
-            for opt in self._inner_optimizers():
-                inner = getattr(opt, "optimizer", None)
-                if inner is not None:
-                    inner.state.clear()  # torch optimizers re-create per-parameter state on their next step
+        load_optimizer(self.optimizer, path)
+        if self.critic is not None:
+            self.critic.load(path / "critic")
         ts = torch.load(path / "trainer_state.pt", weights_only=False)
         self.steps_done = ts["steps_done"]
         torch.set_rng_state(ts["rng"])
         torch.cuda.set_rng_state(ts["cuda_rng"])
+
+
+def save_optimizer(optimizer: Any, path: Path, rank: int) -> None:
+    """A Megatron optimizer's state: ``optimizer.pt`` (rank 0) and ``optimizer_param_state.pt`` (collective)."""
+    if rank == 0:
+        torch.save(optimizer.state_dict(), path / "optimizer.pt")
+    optimizer.save_parameter_state(str(path / "optimizer_param_state.pt"))
+
+
+def inner_optimizers(optimizer: Any) -> list[Any]:
+    """The torch optimizers inside a Megatron (chained) optimizer."""
+    return [o.optimizer for o in getattr(optimizer, "chained_optimizers", [optimizer]) if hasattr(o, "optimizer")]
+
+
+def load_optimizer(optimizer: Any, path: Path) -> None:
+    """Restore what :func:`save_optimizer` wrote, after the model weights were loaded (the fp32 main parameters are
+    re-read from them); without ``optimizer.pt`` (saved before the first step) the optimizer starts fresh."""
+    optimizer.reload_model_params()  # fp32 main params <- the loaded bf16 weights
+    inner = inner_optimizers(optimizer)
+    if (path / "optimizer.pt").exists():
+        optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=False))
+        # megatron-core 0.19.2 with torch's AdamW (no apex / TE): load_state_dict puts the common "step" into
+        # every parameter state, which load_parameter_state then looks for in the file (KeyError 'step');
+        # set it aside around that call
+        steps = [(st, st.pop("step")) for o in inner for st in getattr(o, "state", {}).values() if "step" in st]
+        try:
+            optimizer.load_parameter_state(str(path / "optimizer_param_state.pt"))
+        finally:
+            for st, step in steps:
+                st["step"] = step
+    else:
+        for o in inner:
+            o.state.clear()  # torch optimizers re-create per-parameter state on their next step
+
+
+def vocab_parallel_entropy(logits: torch.Tensor, tp_group: Any = None) -> torch.Tensor:
+    """Entropy ``H = log Z - sum_v p_v z_v`` (nats) of softmax over a vocabulary split across tensor-parallel ranks.
+
+    :param logits: ``[..., vocab / tp]`` float32 logits of this rank's vocabulary shard (``-inf`` columns allowed:
+        padding).
+    :param tp_group: the tensor-parallel group; None without TP.
+    :return: ``[...]`` float32 entropies, differentiable (Megatron's reduce-from-TP-region: all-reduce forward,
+        identity backward, so every rank's gradient is its shard's).
+    """
+    import torch.distributed as dist
+
+    m = logits.detach().amax(dim=-1, keepdim=True)
+    if tp_group is not None:
+        dist.all_reduce(m, op=dist.ReduceOp.MAX, group=tp_group)
+    z = logits - m
+    finite = torch.isfinite(z)
+    z = torch.where(finite, z, torch.zeros_like(z))
+    e = torch.exp(z) * finite
+    sum_e, sum_ez = e.sum(-1), (e * z).sum(-1)
+    if tp_group is not None:
+        from megatron.core.tensor_parallel.mappings import reduce_from_tensor_model_parallel_region
+
+        sum_e = reduce_from_tensor_model_parallel_region(sum_e, tp_group)
+        sum_ez = reduce_from_tensor_model_parallel_region(sum_ez, tp_group)
+    return torch.log(sum_e) - sum_ez / sum_e
+
+
+class MegatronReferenceModel:
+    """The frozen reference policy for KL on the megatron backend: a second ``GPTModel`` (bf16, same parallel
+    layout, no gradients) loaded from ``--ref-load`` (an HF directory or known model name; default: the initial
+    policy).
+
+    :param trainer: the policy trainer (architecture, layout, HF loading).
+    """
+
+    def __init__(self, trainer: MegatronTrainer) -> None:
+        from megatron.core.transformer.module import Float16Module
+
+        from vime_core.algorithms.options import opt
+
+        self.trainer = trainer
+        ref = opt(trainer.args, "ref_load")
+        path = Path(ref or trainer.model_path)
+        if ref and not (path / "config.json").is_file():
+            from vime_core.models import resolve_model
+
+            path = resolve_model(str(ref))
+        self.path = path
+        gpt = trainer.new_gpt()
+        trainer.load_hf_tensors(trainer._read_hf(path), gpt=gpt)
+        gpt.requires_grad_(False)
+        self.module = Float16Module(trainer.config, gpt)
+        self.module.eval()
+
+    @torch.no_grad()
+    def log_probs(self, samples: list[Sample], micro_batch_size: int) -> dict[int, torch.Tensor]:
+        """Reference log-probs of every sample's response, keyed by ``id(sample)`` (float32, CPU, no grad)."""
+        t = self.trainer
+        out: dict[int, torch.Tensor] = {}
+        for i in range(0, len(samples), micro_batch_size):
+            mb = samples[i : i + micro_batch_size]
+            ids, pos = t._batch(mb)
+            lp, _ = t.token_log_probs(ids, pos, module=self.module)
+            for s, x in zip(mb, t.response_slices(mb, lp), strict=True):
+                out[id(s)] = x.float().cpu()
+        return out
 
 
 class _HFStyleForward:

@@ -14,20 +14,16 @@ import argparse
 import logging
 import math
 import os
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
 
-from vime_core.algorithms.batch import gae_advantages, postprocess_advantages
-from vime_core.algorithms.kl import approx_kl
 from vime_core.algorithms.logprobs import token_log_probs, token_log_probs_and_entropy
-from vime_core.algorithms.mismatch import check_logprob_drift
 from vime_core.algorithms.options import check_algorithm_args, kl_enabled, opt, uses_critic
-from vime_core.algorithms.policy_loss import policy_loss, policy_loss_kwargs
 from vime_core.trainer.base import TrainerBackend
+from vime_core.trainer.rl_step import rl_train_step
 from vime_core.types import RolloutBatch, Sample
 
 logger = logging.getLogger("vime.trainer")
@@ -147,149 +143,36 @@ class TorchTrainer(TrainerBackend):
             self.critic = Critic(args, self.model_path, self.device, dtype)
         self.steps_done = 0
 
-    # -- forward -------------------------------------------------------------------------------------------------
-    def _response_log_probs(self, samples: list[Sample]) -> list[torch.Tensor]:
-        """Log-probs of each sample's response tokens, ``[response_length]`` float32 each (graph attached); see
-        :func:`response_log_probs`."""
-        return response_log_probs(self.model, samples, self.device)[0]
+    # -- what the shared RL step needs (vime_core.trainer.rl_step.PolicyOps) ----------------------------------
+    @property
+    def loss_device(self) -> torch.device:
+        return self.device
 
-    @torch.no_grad()
-    def _old_log_probs(self, samples: list[Sample]) -> dict[int, torch.Tensor]:
-        """Current-policy log-probs of every sample before any update, keyed by ``id(sample)`` (float32, CPU)."""
-        out: dict[int, torch.Tensor] = {}
-        for mb in self._micro_batches(samples):
-            for s, lp in zip(mb, self._response_log_probs(mb), strict=True):
-                out[id(s)] = lp.float().cpu()
-        return out
+    def policy_log_probs(
+        self, samples: list[Sample], with_entropy: bool
+    ) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
+        """Log-probs (and entropies) of each sample's response tokens, ``[response_length]`` float32 each (graph
+        attached); see :func:`response_log_probs`."""
+        return response_log_probs(self.model, samples, self.device, with_entropy=with_entropy)
 
-    def _micro_batches(self, samples: list[Sample]) -> Iterator[list[Sample]]:
-        mbs = self.args.micro_batch_size
-        order = sorted(range(len(samples)), key=lambda i: len(samples[i].tokens))  # less padding
-        for i in range(0, len(order), mbs):
-            yield [samples[j] for j in order[i : i + mbs]]
+    def zero_grad(self) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
 
-    # -- training ------------------------------------------------------------------------------------------------
-    def train_step(self, batch: RolloutBatch) -> dict[str, float]:
-        """One RL step on ``batch``: ``ceil(len / global_batch_size)`` optimizer steps.
+    def optimizer_step(self) -> float:
+        """Clip to ``--clip-grad`` and step AdamW; the gradient norm before clipping.
 
-        Order: old-policy and reference log-probs (when needed) → batch-level advantages (KL shaping, whitening;
-        with ``ppo``: the critic's values and GAE) → per mini-batch: forward, :func:`policy_loss`, backward (then,
-        with ``ppo``, the critic's value-loss step); the drift budget is checked before the first optimizer step.
-        With ``ppo`` and ``batch.step < --num-critic-only-steps`` only the critic is updated.
-
-        :return: metrics ``train/loss``, ``train/pg_loss``, ``train/pg_clipfrac``, ``train/ppo_kl``,
-            ``train/entropy_loss``, ``train/grad_norm``, ``train/train_rollout_logprob_abs_diff`` (exact token mean
-            over the batch, before the update), ``train/lr``, ``train/num_tokens``, ``train/adv/*``, and when enabled
-            ``train/kl_loss``, ``train/tis``, ``train/tis_clipfrac``, ``train/pg_dual_clipfrac``; with ``ppo``
-            ``train/value_loss``, ``train/value_clipfrac``, ``train/critic_grad_norm``, ``train/critic_lr``,
-            ``train/critic/values_mean``, ``train/critic/returns_mean``, ``train/critic_only``.
-        :raises LogprobDriftError: if ``--max-train-rollout-logprob-diff`` is exceeded (no update is made).
-        :raises FloatingPointError: on a non-finite gradient norm.
+        :raises FloatingPointError: on a non-finite gradient norm (no update is made).
         """
-        t0 = time.perf_counter()
-        args = self.args
-        samples = batch.samples
-        use_rollout = bool(opt(args, "use_rollout_logprobs"))
-        rollout_of = {id(s): torch.tensor(s.rollout_log_probs, dtype=torch.float32) for s in samples}
-        mask_of = {id(s): torch.tensor(s.loss_mask, dtype=torch.float32) for s in samples}
-        gbs = args.global_batch_size or len(samples)
-        minibatches = [samples[i : i + gbs] for i in range(0, len(samples), gbs)]
-        kl_coef = opt(args, "kl_coef")
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.args.clip_grad))
+        if not math.isfinite(grad_norm):
+            raise FloatingPointError(f"non-finite grad norm {grad_norm} at train step {self.steps_done}")
+        self.optimizer.step()
+        return grad_norm
 
-        # trainer-side behaviour-policy log-probs, before any update (else filled by the first, only, mini-batch)
-        old_of = self._old_log_probs(samples) if len(minibatches) > 1 or kl_coef != 0.0 else {}
-        ref_of = self.ref_model.log_probs(samples, args.micro_batch_size) if self.ref_model is not None else {}
-        kl = None
-        if kl_coef != 0.0:
-            behaviour = rollout_of if use_rollout else old_of
-            kl = [approx_kl(behaviour[id(s)], ref_of[id(s)], opt(args, "kl_loss_type")) for s in samples]
-        estimator_out = [torch.tensor(a, dtype=torch.float32) for a in batch.advantages]
-        critic_only = False
-        if self.critic is not None:  # ppo: the estimator gave per-token rewards; GAE with the critic's values
-            old_values = self.critic.values(samples, args.micro_batch_size)
-            advantages, returns, adv_metrics = gae_advantages(
-                args, samples, estimator_out, [old_values[id(s)] for s in samples], kl=kl
-            )
-            returns_of = {id(s): r for s, r in zip(samples, returns, strict=True)}
-            critic_only = batch.step < opt(args, "num_critic_only_steps")
-        else:
-            advantages, adv_metrics = postprocess_advantages(args, samples, estimator_out, kl=kl)
-        adv_of = {id(s): a for s, a in zip(samples, advantages, strict=True)}
-        loss_kwargs = policy_loss_kwargs(args)
-        use_kl_loss = bool(opt(args, "use_kl_loss"))
-
-        drift = None
-        sums: dict[str, float] = {}
-        weight_total = 0.0
-        grad_norms = []
-        per_token = loss_kwargs["per_token"]
-
-        def weight(group: list[Sample]) -> int:  # the loss's denominator: trained tokens, or trained samples
-            return sum(sum(s.loss_mask) for s in group) if per_token else sum(1 for s in group if any(s.loss_mask))
-
-        critic_sums: dict[str, float] = {}
-        for minibatch in minibatches:
-            if self.critic is not None:
-                mbs = list(self._micro_batches(minibatch))
-                cm = self.critic.train_minibatch(mbs, old_values, returns_of, per_token)
-                for k, v in cm.items():
-                    critic_sums[k] = critic_sums.get(k, 0.0) + v / len(minibatches)
-            if critic_only:
-                continue
-            total = weight(minibatch)
-            self.optimizer.zero_grad(set_to_none=True)
-            for mb in self._micro_batches(minibatch):
-                lps, ents = response_log_probs(self.model, mb, self.device, with_entropy=True)
-                lps_cpu = [lp.float().cpu() for lp in lps]
-                for s, lp in zip(mb, lps_cpu, strict=True):
-                    old_of.setdefault(id(s), lp.detach())
-                train_old = [old_of[id(s)] for s in mb]
-                out = policy_loss(
-                    lps_cpu,
-                    [rollout_of[id(s)] for s in mb] if use_rollout else train_old,
-                    [adv_of[id(s)] for s in mb],
-                    [mask_of[id(s)] for s in mb],
-                    rollout_log_probs=[rollout_of[id(s)] for s in mb],
-                    train_old_log_probs=train_old,
-                    entropies=[e.float().cpu() for e in ents],
-                    ref_log_probs=[ref_of[id(s)] for s in mb] if use_kl_loss else None,
-                    **loss_kwargs,
-                )
-                count = weight(mb)
-                if count == 0:
-                    continue
-                (out.loss * (count / total)).backward()
-                for k, v in out.metrics.items():
-                    sums[k] = sums.get(k, 0.0) + v * count
-                weight_total += count
-            if drift is None:  # every sample's pre-update log-probs are known by now
-                drift = check_logprob_drift(
-                    [old_of[id(s)] for s in samples],
-                    [rollout_of[id(s)] for s in samples],
-                    [mask_of[id(s)] for s in samples],
-                    opt(args, "max_train_rollout_logprob_diff"),
-                    step=self.steps_done,
-                )
-            grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.args.clip_grad)
-            if not math.isfinite(float(grad_norm)):
-                raise FloatingPointError(f"non-finite grad norm {float(grad_norm)} at train step {self.steps_done}")
-            grad_norms.append(float(grad_norm))
-            self.optimizer.step()
-            self.steps_done += 1
-        metrics = {f"train/{k}": v / max(weight_total, 1.0) for k, v in sums.items()}
-        metrics.update({f"train/{k}": v for k, v in adv_metrics.items()})
-        if drift is not None:
-            metrics["train/train_rollout_logprob_abs_diff"] = drift
-        if grad_norms:
-            metrics["train/grad_norm"] = sum(grad_norms) / len(grad_norms)
-        metrics["train/lr"] = self.args.lr
-        if self.critic is not None:
-            metrics.update({f"train/{k}": v for k, v in critic_sums.items()})
-            metrics["train/critic_lr"] = self.critic.lr
-            metrics["train/critic_only"] = float(critic_only)
-        metrics["train/num_tokens"] = float(batch.num_response_tokens())
-        metrics["perf/train_compute_time"] = time.perf_counter() - t0
-        return metrics
+    def train_step(self, batch: RolloutBatch) -> dict[str, float]:
+        """One RL step on ``batch``: :func:`vime_core.trainer.rl_step.rl_train_step` (shared by every backend; its
+        docstring lists the order, the metrics and the errors)."""
+        return rl_train_step(self, batch)
 
     # -- weights ---------------------------------------------------------------------------------------------------
     def named_hf_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:

@@ -1,0 +1,194 @@
+"""The PPO critic of the ``megatron`` backend: a megatron-core ``GPTModel`` of the policy's architecture whose
+output layer is a value head ``hidden → 1`` (slime's approach: the LM head replaced by a one-column linear layer),
+with its own Megatron DDP and distributed optimizer (``--critic-lr``, default ``--lr``).
+
+Everything else is shared with the torch backend's critic (:class:`vime_core.trainer.critic.CriticBase`): the
+no-grad value pass, the clipped value loss (:func:`vime_core.algorithms.gae.value_loss`) and its aggregation; GAE
+is :func:`vime_core.algorithms.batch.gae_advantages`. ``V_t`` is read at the position that predicts response token
+``t`` (as the policy's log-prob of ``t``), so both backends give the same values for the same weights.
+
+On disk the critic uses the torch backend's format (:mod:`vime_core.trainer.critic`): the backbone in Hugging Face
+``AutoModel`` layout (``model.safetensors`` without the ``model.`` prefix, ``config.json``) plus
+``value_head.safetensors`` (``weight [1, hidden]``, ``bias [1]``), and the Megatron optimizer state — so a critic
+saved by one backend loads in the other (weights; optimizer state is per backend). Under tensor parallelism the
+value head is replicated on every TP rank (its input, the final hidden state, is replicated too).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import shutil
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from vime_core.algorithms.options import opt
+from vime_core.trainer.critic import VALUE_HEAD_FILE, CriticBase
+from vime_core.types import Sample
+
+if TYPE_CHECKING:
+    from vime_core.trainer.megatron_backend import MegatronTrainer
+
+HEAD = ("output_layer.weight", "output_layer.bias")
+
+
+class ValueHead(torch.nn.Linear):
+    """``Linear(hidden, 1)`` with the output-layer call signature ``GPTModel`` uses (``weight=``,
+    ``runtime_gather_output=``; returns ``(output, None)``). Under sequence parallelism the sequence shards are
+    gathered first.
+
+    :param sequence_parallel: whether the hidden states arrive split along the sequence over TP ranks.
+    """
+
+    def __init__(self, hidden_size: int, sequence_parallel: bool = False) -> None:
+        super().__init__(hidden_size, 1)
+        self.sequence_parallel = sequence_parallel
+
+    def forward(self, hidden: torch.Tensor, weight: Any = None, runtime_gather_output: Any = None) -> tuple:
+        """``hidden [s, b, h]`` → ``([s, b, 1], None)``."""
+        if self.sequence_parallel:
+            from megatron.core.tensor_parallel.mappings import gather_from_sequence_parallel_region
+
+            hidden = gather_from_sequence_parallel_region(hidden, tensor_parallel_output_grad=True)
+        return super().forward(hidden), None
+
+
+def _backbone_hf(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor] | None]:
+    """HF causal-LM names of a critic directory's backbone (or of an HF causal LM's, ``lm_head`` dropped) and the
+    value head tensors (None for a plain HF model)."""
+    from vime_core.rollout.worker_extension import safetensors_files
+
+    tensors: dict[str, torch.Tensor] = {}
+    for f in safetensors_files(path):
+        if f.name != VALUE_HEAD_FILE:
+            tensors.update(load_file(str(f)))
+    if (path / VALUE_HEAD_FILE).is_file():  # a critic directory: AutoModel names (no "model." prefix)
+        backbone = {k if k.startswith("model.") else f"model.{k}": v for k, v in tensors.items()}
+        return backbone, load_file(str(path / VALUE_HEAD_FILE))
+    return {k: v for k, v in tensors.items() if k != "lm_head.weight"}, None
+
+
+class MegatronCritic(CriticBase):
+    """The value model of ``--advantage-estimator ppo`` on the megatron backend.
+
+    :param trainer: the policy trainer (architecture, parallel layout, HF loading, DDP/optimizer construction).
+    :raises FileNotFoundError: naming ``--critic-load`` if it is neither a directory nor a known model.
+    """
+
+    def __init__(self, trainer: MegatronTrainer) -> None:
+        from megatron.core.transformer.module import Float16Module
+
+        self.trainer = trainer
+        self.args = trainer.args
+        path = Path(opt(self.args, "critic_load") or trainer.model_path)
+        if not (path / "config.json").is_file():
+            from vime_core.models import resolve_model
+
+            try:
+                path = resolve_model(str(path))
+            except Exception as e:  # noqa: BLE001 - re-raised with the flag named
+                raise FileNotFoundError(
+                    f"--critic-load {path}: not an HF model directory nor a known model ({e})"
+                ) from e
+        self.path = path
+        self.arch = dataclasses.replace(trainer.arch, tie_word_embeddings=True)  # no LM head to map
+        gpt = trainer.new_gpt(tied=False)
+        gpt.output_layer = ValueHead(trainer.arch.hidden_size, trainer.config.sequence_parallel).cuda()
+        self.gpt = gpt
+        self._load_weights(path, fresh_head=True)
+        self.module = Float16Module(trainer.config, gpt)
+        self.lr = opt(self.args, "critic_lr") or self.args.lr
+        self.ddp, self.optimizer = trainer.wrap_for_training(self.module, self.lr)
+
+    @torch.no_grad()
+    def _load_weights(self, path: Path, fresh_head: bool) -> None:
+        backbone, head = _backbone_hf(path)
+        self.trainer.load_hf_tensors(backbone, gpt=self.gpt, arch=self.arch, skip=HEAD)
+        layer = self.gpt.output_layer
+        if head is None:
+            if not fresh_head:
+                raise FileNotFoundError(f"{path}: no {VALUE_HEAD_FILE}")
+            # OpenRLHF's initialisation, as the torch critic: weight N(0, 1/(hidden+1)), bias 0; the same on every
+            # rank (a generator seeded with --seed), so the replicated head starts identical under TP
+            g = torch.Generator().manual_seed(int(getattr(self.args, "seed", 0)))
+            hidden = layer.weight.shape[1]
+            w = torch.randn(layer.weight.shape, generator=g) * (1.0 / (hidden + 1))
+            layer.weight.copy_(w.to(layer.weight))
+            layer.bias.zero_()
+        else:
+            layer.weight.copy_(head["weight"].to(layer.weight))
+            layer.bias.copy_(head["bias"].to(layer.bias))
+
+    # -- CriticBase ------------------------------------------------------------------------------------------------
+    def response_values(self, samples: list[Sample]) -> list[torch.Tensor]:
+        """Per sample ``[response_length]`` float32 values (graph attached), on the GPU."""
+        ids, pos = self.trainer._batch(samples)
+        out = self.ddp(ids, pos, None)  # [b, s, 1]
+        values = out[:, :-1, 0].float()  # [b, s - 1]: the value before each next token
+        return self.trainer.response_slices(samples, values)
+
+    def zero_grad(self) -> None:
+        self.ddp.zero_grad_buffer()
+        self.optimizer.zero_grad()
+
+    def optimizer_step(self) -> float:
+        from megatron.core.distributed import finalize_model_grads
+
+        finalize_model_grads([self.ddp])
+        ok, grad_norm, _ = self.optimizer.step()
+        grad_norm = float(grad_norm) if grad_norm is not None else float("nan")
+        if not ok or not math.isfinite(grad_norm):
+            raise FloatingPointError(f"non-finite critic grad norm {grad_norm}")
+        return grad_norm
+
+    # -- checkpoints -----------------------------------------------------------------------------------------------
+    def save(self, path: Path) -> None:
+        """The critic directory (backbone in ``AutoModel`` layout, ``config.json``, ``value_head.safetensors``) plus
+        the Megatron optimizer state. Collective: every rank calls it, rank 0 writes the weights."""
+        import torch.distributed as dist
+
+        from vime_core.trainer.megatron_backend import save_optimizer
+        from vime_core.trainer.megatron_convert import megatron_to_hf
+
+        t = self.trainer
+        path = Path(path)
+        if t.rank == 0:
+            path.mkdir(parents=True, exist_ok=True)
+        dist.barrier()
+        mc = t.megatron_tensors(gpt=self.gpt, skip=HEAD)
+        hf = megatron_to_hf(mc, self.arch, te=t.attention == "te")
+        if t.rank == 0:
+            backbone = {k.removeprefix("model."): v.contiguous().cpu() for k, v in hf.items() if k != "lm_head.weight"}
+            save_file(backbone, str(path / "model.safetensors"), metadata={"format": "pt"})
+            layer = self.gpt.output_layer
+            save_file(
+                {"weight": layer.weight.detach().cpu().contiguous(), "bias": layer.bias.detach().cpu().contiguous()},
+                str(path / VALUE_HEAD_FILE),
+            )
+            shutil.copy2(t.model_path / "config.json", path / "config.json")
+        if t.steps_done or self._stepped():
+            save_optimizer(self.optimizer, path, t.rank)
+        dist.barrier()
+
+    def _stepped(self) -> bool:
+        from vime_core.trainer.megatron_backend import inner_optimizers
+
+        return any(o.state for o in inner_optimizers(self.optimizer))
+
+    def load(self, path: Path) -> None:
+        """Restore what :meth:`save` wrote (weights and optimizer state).
+
+        :raises FileNotFoundError: if the checkpoint has no critic (it was written without ``ppo``).
+        """
+        from vime_core.trainer.megatron_backend import load_optimizer
+
+        path = Path(path)
+        if not (path / VALUE_HEAD_FILE).is_file():
+            raise FileNotFoundError(
+                f"{path}: no critic in this checkpoint (written without --advantage-estimator ppo?)"
+            )
+        self._load_weights(path, fresh_head=False)
+        load_optimizer(self.optimizer, path)

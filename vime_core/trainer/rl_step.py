@@ -1,0 +1,228 @@
+"""One RL train step, shared by every trainer backend: the algorithm lives here once, a backend supplies forward
+passes and optimizer steps.
+
+Order of one step (slime's ``train_actor`` order; the formulas are :mod:`vime_core.algorithms`):
+
+1. trainer-side old-policy log-probs before any update (only when needed: more than one mini-batch, or KL reward
+   shaping), reference log-probs (when KL is on), and with ``--advantage-estimator ppo`` the critic's values;
+2. batch-level advantages: :func:`~vime_core.algorithms.batch.postprocess_advantages` (KL shaping, whitening), or
+   :func:`~vime_core.algorithms.batch.gae_advantages` with the critic;
+3. per mini-batch of ``--global-batch-size`` samples: the critic's value-loss step (``ppo``), then the policy's
+   forward/backward over micro-batches with :func:`~vime_core.algorithms.policy_loss.policy_loss` and one optimizer
+   step; the drift budget (:func:`~vime_core.algorithms.mismatch.check_logprob_drift`) is checked before the first
+   optimizer step. While ``batch.step < --num-critic-only-steps`` only the critic is updated.
+
+A backend implements :class:`PolicyOps` (the torch backend: an HF model on CPU/GPU; the megatron backend: a
+megatron-core ``GPTModel`` with tensor/data parallelism), a reference model with ``log_probs(samples,
+micro_batch_size)`` and a critic with ``values``/``train_minibatch`` (see :class:`ReferenceOps`, :class:`CriticOps`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Iterator
+from typing import Protocol
+
+import torch
+
+from vime_core.algorithms.batch import gae_advantages, postprocess_advantages
+from vime_core.algorithms.kl import approx_kl
+from vime_core.algorithms.mismatch import check_logprob_drift
+from vime_core.algorithms.options import opt
+from vime_core.algorithms.policy_loss import policy_loss, policy_loss_kwargs
+from vime_core.types import RolloutBatch, Sample
+
+
+class ReferenceOps(Protocol):
+    """The frozen reference policy (KL)."""
+
+    def log_probs(self, samples: list[Sample], micro_batch_size: int) -> dict[int, torch.Tensor]:
+        """``id(sample) → [response_length]`` float32 CPU log-probs (no grad)."""
+
+
+class CriticOps(Protocol):
+    """The PPO value model and its optimizer."""
+
+    lr: float
+
+    def values(self, samples: list[Sample], micro_batch_size: int) -> dict[int, torch.Tensor]:
+        """``id(sample) → [response_length]`` float32 CPU values before any update (no grad)."""
+
+    def train_minibatch(
+        self,
+        micro_batches: list[list[Sample]],
+        old_values: dict[int, torch.Tensor],
+        returns: dict[int, torch.Tensor],
+        per_token: bool,
+    ) -> dict[str, float]:
+        """One optimizer step of the clipped value loss; metrics ``value_loss``, ``value_clipfrac``,
+        ``critic_grad_norm``."""
+
+
+class PolicyOps(Protocol):
+    """What a backend supplies to :func:`rl_train_step`."""
+
+    args: argparse.Namespace
+    steps_done: int
+    ref_model: ReferenceOps | None
+    critic: CriticOps | None
+    loss_device: torch.device
+
+    def policy_log_probs(
+        self, samples: list[Sample], with_entropy: bool
+    ) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
+        """One micro-batch forward: per sample ``[response_length]`` float32 log-probs (and next-token entropies,
+        nats) of the response tokens, graph attached, on ``loss_device``."""
+
+    def zero_grad(self) -> None:
+        """Clear the policy's gradients before a mini-batch."""
+
+    def optimizer_step(self) -> float:
+        """Clip and apply the accumulated gradients; return the gradient norm before clipping.
+
+        :raises FloatingPointError: on a non-finite gradient norm (no update is made).
+        """
+
+
+def micro_batches(samples: list[Sample], micro_batch_size: int) -> Iterator[list[Sample]]:
+    """Micro-batches of ``micro_batch_size`` samples in order of length (less padding)."""
+    order = sorted(range(len(samples)), key=lambda i: len(samples[i].tokens))
+    for i in range(0, len(order), micro_batch_size):
+        yield [samples[j] for j in order[i : i + micro_batch_size]]
+
+
+@torch.no_grad()
+def old_log_probs(backend: PolicyOps, samples: list[Sample]) -> dict[int, torch.Tensor]:
+    """Current-policy log-probs of every sample before any update, ``id(sample) → [T]`` float32 on CPU."""
+    out: dict[int, torch.Tensor] = {}
+    for mb in micro_batches(samples, backend.args.micro_batch_size):
+        for s, lp in zip(mb, backend.policy_log_probs(mb, False)[0], strict=True):
+            out[id(s)] = lp.float().cpu()
+    return out
+
+
+def rl_train_step(backend: PolicyOps, batch: RolloutBatch) -> dict[str, float]:
+    """One RL step on ``batch``: ``ceil(len / global_batch_size)`` optimizer steps (see the module docstring).
+
+    :param backend: the trainer (its ``steps_done`` is advanced by one per optimizer step).
+    :param batch: samples (``tokens``, ``loss_mask``, ``rollout_log_probs``) and the estimator's per-sample,
+        per-token advantages (per-token rewards for ``ppo``).
+    :return: metrics ``train/loss``, ``train/pg_loss``, ``train/pg_clipfrac``, ``train/ppo_kl``,
+        ``train/entropy_loss``, ``train/grad_norm``, ``train/train_rollout_logprob_abs_diff`` (exact token mean over
+        the batch, before the update), ``train/lr``, ``train/num_tokens``, ``train/adv/*``, and when enabled
+        ``train/kl_loss``, ``train/tis``, ``train/tis_clipfrac``, ``train/pg_dual_clipfrac``; with ``ppo``
+        ``train/value_loss``, ``train/value_clipfrac``, ``train/critic_grad_norm``, ``train/critic_lr``,
+        ``train/critic/values_mean``, ``train/critic/returns_mean``, ``train/critic_only``;
+        ``perf/train_compute_time`` (seconds).
+    :raises LogprobDriftError: if ``--max-train-rollout-logprob-diff`` is exceeded (no update is made).
+    :raises FloatingPointError: on a non-finite gradient norm.
+    """
+    t0 = time.perf_counter()
+    args = backend.args
+    dev = backend.loss_device
+    samples = batch.samples
+    use_rollout = bool(opt(args, "use_rollout_logprobs"))
+    rollout_of = {id(s): torch.tensor(s.rollout_log_probs, dtype=torch.float32) for s in samples}
+    mask_of = {id(s): torch.tensor(s.loss_mask, dtype=torch.float32) for s in samples}
+    gbs = args.global_batch_size or len(samples)
+    minibatches = [samples[i : i + gbs] for i in range(0, len(samples), gbs)]
+    kl_coef = opt(args, "kl_coef")
+    critic = backend.critic
+
+    # trainer-side behaviour-policy log-probs, before any update (else filled by the first, only, mini-batch)
+    old_of = old_log_probs(backend, samples) if len(minibatches) > 1 or kl_coef != 0.0 else {}
+    ref_of = backend.ref_model.log_probs(samples, args.micro_batch_size) if backend.ref_model is not None else {}
+    kl = None
+    if kl_coef != 0.0:
+        behaviour = rollout_of if use_rollout else old_of
+        kl = [approx_kl(behaviour[id(s)], ref_of[id(s)], opt(args, "kl_loss_type")) for s in samples]
+    estimator_out = [torch.tensor(a, dtype=torch.float32) for a in batch.advantages]
+    critic_only = False
+    if critic is not None:  # ppo: the estimator gave per-token rewards; GAE with the critic's values
+        old_values = critic.values(samples, args.micro_batch_size)
+        advantages, returns, adv_metrics = gae_advantages(
+            args, samples, estimator_out, [old_values[id(s)] for s in samples], kl=kl
+        )
+        returns_of = {id(s): r for s, r in zip(samples, returns, strict=True)}
+        critic_only = batch.step < opt(args, "num_critic_only_steps")
+    else:
+        advantages, adv_metrics = postprocess_advantages(args, samples, estimator_out, kl=kl)
+    adv_of = {id(s): a for s, a in zip(samples, advantages, strict=True)}
+    loss_kwargs = policy_loss_kwargs(args)
+    use_kl_loss = bool(opt(args, "use_kl_loss"))
+    per_token = loss_kwargs["per_token"]
+
+    def weight(group: list[Sample]) -> int:  # the loss's denominator: trained tokens, or trained samples
+        return sum(sum(s.loss_mask) for s in group) if per_token else sum(1 for s in group if any(s.loss_mask))
+
+    def on(dev_of: dict[int, torch.Tensor], mb: list[Sample]) -> list[torch.Tensor]:
+        return [dev_of[id(s)].to(dev) for s in mb]
+
+    drift = None
+    sums: dict[str, float] = {}
+    weight_total = 0.0
+    grad_norms: list[float] = []
+    critic_sums: dict[str, float] = {}
+    for minibatch in minibatches:
+        if critic is not None:
+            cm = critic.train_minibatch(
+                list(micro_batches(minibatch, args.micro_batch_size)), old_values, returns_of, per_token
+            )
+            for k, v in cm.items():
+                critic_sums[k] = critic_sums.get(k, 0.0) + v / len(minibatches)
+        if critic_only:
+            continue
+        total = weight(minibatch)
+        backend.zero_grad()
+        for mb in micro_batches(minibatch, args.micro_batch_size):
+            lps, ents = backend.policy_log_probs(mb, True)
+            lps = [lp.float() for lp in lps]
+            for s, lp in zip(mb, lps, strict=True):
+                if id(s) not in old_of:
+                    old_of[id(s)] = lp.detach().cpu()
+            train_old = on(old_of, mb)
+            out = policy_loss(
+                lps,
+                on(rollout_of, mb) if use_rollout else train_old,
+                on(adv_of, mb),
+                on(mask_of, mb),
+                rollout_log_probs=on(rollout_of, mb),
+                train_old_log_probs=train_old,
+                entropies=None if ents is None else [e.float() for e in ents],
+                ref_log_probs=on(ref_of, mb) if use_kl_loss else None,
+                **loss_kwargs,
+            )
+            count = weight(mb)
+            if count == 0:
+                continue
+            (out.loss * (count / total)).backward()
+            for k, v in out.metrics.items():
+                sums[k] = sums.get(k, 0.0) + float(v) * count
+            weight_total += count
+        if drift is None:  # every sample's pre-update log-probs are known by now
+            drift = check_logprob_drift(
+                [old_of[id(s)] for s in samples],
+                [rollout_of[id(s)] for s in samples],
+                [mask_of[id(s)] for s in samples],
+                opt(args, "max_train_rollout_logprob_diff"),
+                step=backend.steps_done,
+            )
+        grad_norms.append(backend.optimizer_step())
+        backend.steps_done += 1
+    metrics = {f"train/{k}": v / max(weight_total, 1.0) for k, v in sums.items()}
+    metrics.update({f"train/{k}": v for k, v in adv_metrics.items()})
+    if drift is not None:
+        metrics["train/train_rollout_logprob_abs_diff"] = drift
+    if grad_norms:
+        metrics["train/grad_norm"] = sum(grad_norms) / len(grad_norms)
+    metrics["train/lr"] = args.lr
+    if critic is not None:
+        metrics.update({f"train/{k}": v for k, v in critic_sums.items()})
+        metrics["train/critic_lr"] = critic.lr
+        metrics["train/critic_only"] = float(critic_only)
+    metrics["train/num_tokens"] = float(batch.num_response_tokens())
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+    metrics["perf/train_compute_time"] = time.perf_counter() - t0
+    return metrics
