@@ -53,13 +53,30 @@ def test_flags_config_and_command():
     assert cfg["model"] == "policy" and cfg["model_provider"] == "vime"
     assert (cfg["approval_policy"], cfg["sandbox_mode"]) == ("never", "danger-full-access")
     assert cfg["model_providers"]["vime"] == {
-        "name": "vime", "base_url": "http://127.0.0.1:9/v1", "env_key": "VIME_API_KEY", "wire_api": "responses",
-        "supports_websockets": False, "request_max_retries": 0, "stream_max_retries": 0,
+        "name": "vime",
+        "base_url": "http://127.0.0.1:9/v1",
+        "env_key": "VIME_API_KEY",
+        "wire_api": "responses",
+        "supports_websockets": False,
+        "request_max_retries": 0,
+        "stream_max_retries": 0,
     }
     assert cfg["analytics"] == {"enabled": False}
     assert h.command("/x/codex", "do it", "/w") == [
-        "/x/codex", "exec", "--json", "--skip-git-repo-check", "--ephemeral", "--color", "never", "-C", "/w",
-        "-c", 'model_reasoning_effort="low"', "--", "do it"]
+        "/x/codex",
+        "exec",
+        "--json",
+        "--skip-git-repo-check",
+        "--ephemeral",
+        "--color",
+        "never",
+        "-C",
+        "/w",
+        "-c",
+        'model_reasoning_effort="low"',
+        "--",
+        "do it",
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -101,3 +118,92 @@ class TestCodexDocker(_Turns, AgentHarnessContract):
         from vime_sandbox_docker.sandbox import DockerSandbox
 
         return lambda **kw: DockerSandbox(image=docker_image, **kw)
+
+
+def test_compact_config_and_instructions_file(tmp_path):
+    import argparse
+
+    import tomllib
+    from vime_agent_codex.harness import COMPACT_INSTRUCTIONS
+    from vime_agent_codex.hooks import vime_add_arguments
+
+    from vime_core.agent.harness import AgentHarnessError
+
+    parser = argparse.ArgumentParser()
+    vime_add_arguments(parser)
+    ep = AgentEndpoint("http://127.0.0.1:9", "sk-1", "policy")
+    plain = CodexHarness.from_args(parser.parse_args([]))
+    assert (plain.compact, plain.instructions) == (False, None)
+    assert list(plain.home_files(ep, "/h")) == ["/h/config.toml"]
+    assert "model_instructions_file" not in tomllib.loads(plain.config_toml(ep, "/h"))
+
+    h = CodexHarness.from_args(parser.parse_args(["--agent-codex-compact"]))
+    files = h.home_files(ep, "/h")
+    assert files["/h/instructions.md"] == COMPACT_INSTRUCTIONS
+    cfg = tomllib.loads(files["/h/config.toml"])
+    assert cfg["model_instructions_file"] == "/h/instructions.md"
+    assert (cfg["include_permissions_instructions"], cfg["web_search"]) == (False, "disabled")
+    assert cfg["include_environment_context_time"] is False
+    assert cfg["skills"] == {"include_instructions": False, "bundled": {"enabled": False}}
+    assert cfg["agents"] == {"enabled": False}
+    assert cfg["tools"] == {"experimental_request_user_input": {"enabled": False}}
+    assert cfg["features"] == {"goals": False, "view_image": False}
+    assert cfg["model_providers"]["vime"]["base_url"] == "http://127.0.0.1:9/v1"  # the rest is unchanged
+
+    (tmp_path / "i.md").write_text("Be brief.\n")
+    own = CodexHarness.from_args(parser.parse_args(["--agent-codex-instructions-file", str(tmp_path / "i.md")]))
+    files = own.home_files(ep, "/h")
+    assert files["/h/instructions.md"] == "Be brief.\n" and "skills" not in tomllib.loads(files["/h/config.toml"])
+    with pytest.raises(AgentHarnessError, match="--agent-codex-instructions-file .*missing.md"):
+        CodexHarness.from_args(parser.parse_args(["--agent-codex-instructions-file", str(tmp_path / "missing.md")]))
+
+
+@pytest.mark.integration
+def test_compact_first_request_real_cli(prepared, tmp_path):
+    """The real CLI with ``--agent-codex-compact`` sends exactly the compact instructions and the two shell tools
+    (what bench/codex_prompt_tokens.py measures: ≈1.2k SmolLM2 tokens; ≈6.7k without compact mode)."""
+    import asyncio
+
+    from transformers import AutoTokenizer
+    from vime_agent_codex.harness import COMPACT_INSTRUCTIONS
+
+    from vime_core.agent import apis
+    from vime_core.agent.backends import ScriptedBackend
+    from vime_core.agent.gateway import AgentGateway
+    from vime_core.agent.harness import AgentBudget
+    from vime_core.testing.tiny_model import build_tiny_model
+
+    tok = AutoTokenizer.from_pretrained(str(build_tiny_model(tmp_path / "tiny")))
+    backend = ScriptedBackend(tok, ["Done."])
+    bodies: list[dict] = []
+    orig = apis.parse_responses
+    gw = AgentGateway(tok, backend).start()
+    import vime_core.agent.gateway as gateway_mod
+
+    gateway_mod.parse_responses = lambda body, history=None: bodies.append(body) or orig(body, history)
+    harness = CodexHarness(compact=True)
+
+    async def episode():
+        async with LocalSandbox() as sb:
+            addr = await sb.expose_host_port(gw.port)
+            return await harness.run(
+                sb,
+                prompt="Say done.",
+                budget=AgentBudget(max_turns=2, wall_time_s=120),
+                endpoint=AgentEndpoint(f"http://{addr}", "sk-c", gw.served_model_name),
+            )
+
+    try:
+        gw.open_session("sk-c", max_turns=2)
+        result = asyncio.run(episode())
+    finally:
+        gateway_mod.parse_responses = orig
+        gw.stop()
+    assert result.status == "completed" and len(backend.calls) == 1 == len(bodies)
+    body = bodies[0]
+    assert [t.get("name") for t in body["tools"]] == ["exec_command", "write_stdin"]
+    msgs = [(m["role"], "".join(c.get("text", "") for c in m["content"])) for m in body["input"]]
+    assert msgs[0] == ("developer", COMPACT_INSTRUCTIONS.strip())  # Codex trims the file's final newline
+    assert [r for r, _ in msgs] == ["developer", "user", "user"]  # instructions, environment_context, the prompt
+    assert msgs[1][1].lstrip().startswith("<environment_context>") and msgs[2][1] == "Say done."
+    assert "<cwd>" in msgs[1][1] and "<current_date>" not in msgs[1][1]

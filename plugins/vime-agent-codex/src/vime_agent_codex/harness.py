@@ -23,7 +23,17 @@ Each run gets its own ``CODEX_HOME`` under the sandbox's ``/tmp`` holding this `
     request_max_retries = 0
     stream_max_retries = 0
 
-and runs ``codex exec --json --skip-git-repo-check --ephemeral -C <cwd> PROMPT``. Codex has no turn limit of its
+and runs ``codex exec --json --skip-git-repo-check --ephemeral -C <cwd> PROMPT``.
+
+**Compact mode** (``compact=True``, ``--agent-codex-compact``; for small-context policies): Codex's first request is
+≈6.6k SmolLM2 tokens by default (base instructions ≈3.8k, 7 tool schemas ≈1.9k, bundled-skills list ≈0.6k; measured
+with ``bench/codex_prompt_tokens.py``). Compact mode adds :data:`COMPACT_CONFIG` to ``config.toml`` — only settings
+that change the request (each one measured) — and replaces the base instructions with :data:`COMPACT_INSTRUCTIONS`
+(written to ``$CODEX_HOME/instructions.md``, ``model_instructions_file``): the first request is then ≈1.0k tokens,
+with the two shell tools ``exec_command``/``write_stdin`` (run commands, write files through the shell) and the
+``<environment_context>`` (working directory) kept. ``instructions`` (``--agent-codex-instructions-file``) replaces
+the base instructions with a text of one's own, with or without compact mode. ``--agent-codex-config`` overrides
+are ``-c`` flags and win over both. Codex has no turn limit of its
 own: ``budget.max_turns`` is enforced by the gateway session (``open_session(max_turns=...)``), whose refusal
 (:data:`~vime_core.agent.gateway.TURN_BUDGET_MESSAGE`) ends the run as ``max_turns``. The JSONL events give the
 end: ``turn.completed`` → ``completed``; ``turn.failed``/``error`` or a non-zero exit → ``error``; killed at
@@ -36,6 +46,7 @@ import argparse
 import json
 import time
 import uuid
+from pathlib import Path
 from typing import Any
 
 from vime_core.agent.gateway import TURN_BUDGET_MESSAGE
@@ -43,6 +54,33 @@ from vime_core.agent.harness import AgentBudget, AgentEndpoint, AgentHarnessErro
 from vime_core.sandbox.base import Sandbox
 
 DEFAULT_VERSION = "0.171.0"  # native (Rust, musl) executable, pinned for reproducible runs
+
+#: ``config.toml`` lines of compact mode, each with the SmolLM2 tokens it removes from the first request (Codex
+#: 0.171.0, HumanEval/0, with all the others applied; ``bench/codex_prompt_tokens.py``). Settings that removed nothing
+#: (``include_apps_instructions``, ``include_collaboration_mode_instructions``, ``tools.update_plan``, memories) are
+#: left out. The project docs (``AGENTS.md``, ``project_doc_max_bytes``) are the task's and stay as they are.
+COMPACT_CONFIG: tuple[str, ...] = (
+    "include_permissions_instructions = false",  # ≈90: the sandbox/approval policy text (vime's sandbox decides)
+    'web_search = "disabled"',  # the web_search tool (the gateway does not render it; the sandbox has no network)
+    "include_environment_context_time = false",  # ≈20: date and timezone (the prompt is the same every day)
+    "[skills]",
+    "include_instructions = false",  # ≈510-590: the <skills_instructions> list
+    "bundled.enabled = false",  # ... and the bundled system skills (imagegen, openai-docs, ...) behind it
+    "[agents]",
+    "enabled = false",  # the multi_agent namespace of sub-agent tools (not rendered, 11k chars of the body)
+    "[tools]",
+    "experimental_request_user_input.enabled = false",  # ≈355: request_user_input (nobody answers in `exec`)
+    "[features]",
+    "goals = false",  # ≈725: get_goal/create_goal/update_goal
+    "view_image = false",  # ≈93: view_image
+)
+
+#: the base instructions of compact mode (≈25 tokens instead of ≈3.8k)
+COMPACT_INSTRUCTIONS = (
+    "You are a coding agent working in the current directory. Run shell commands with the exec_command tool: read "
+    "files with `cat`, write a file with `cat > FILE <<'EOF'` ... `EOF`, run Python with `python3`. Do what the task "
+    "asks, then reply with a one-line summary and stop.\n"
+)
 
 
 def _toml_str(s: str) -> str:
@@ -55,6 +93,9 @@ class CodexHarness(NpmAgentHarness):
     :param version: npm version (default :data:`DEFAULT_VERSION`).
     :param config: extra ``-c KEY=VALUE`` overrides (TOML values), e.g. ``['model_reasoning_effort="low"']``.
     :param extra_args: more ``codex exec`` arguments, inserted before the prompt.
+    :param compact: compact mode (see the module docstring): :data:`COMPACT_CONFIG` and, unless ``instructions`` is
+        given, :data:`COMPACT_INSTRUCTIONS`.
+    :param instructions: text replacing Codex's base instructions (``model_instructions_file``).
     """
 
     NAME = "codex"
@@ -65,23 +106,72 @@ class CodexHarness(NpmAgentHarness):
     EXTRA_PATH = ("node_modules/@openai/codex-linux-x64/vendor/x86_64-unknown-linux-musl/codex-path",)
 
     def __init__(
-        self, *, version: str | None = None, config: list[str] | None = None, extra_args: list[str] | None = None
+        self,
+        *,
+        version: str | None = None,
+        config: list[str] | None = None,
+        extra_args: list[str] | None = None,
+        compact: bool = False,
+        instructions: str | None = None,
     ) -> None:
         super().__init__(version=version)
         self.config = list(config or [])
         self.extra_args = list(extra_args or [])
+        self.compact = compact
+        self.instructions = instructions
 
     @classmethod
     def from_args(cls, args: argparse.Namespace | None) -> CodexHarness:
-        """From ``--agent-codex-version`` and ``--agent-codex-config``."""
+        """From ``--agent-codex-version``, ``--agent-codex-config``, ``--agent-codex-compact`` and
+        ``--agent-codex-instructions-file``.
+
+        :raises AgentHarnessError: the instructions file cannot be read (the message names the flag).
+        """
         if args is None:
             return cls()
-        return cls(version=getattr(args, "agent_codex_version", None), config=getattr(args, "agent_codex_config", []))
+        path = getattr(args, "agent_codex_instructions_file", None)
+        instructions = None
+        if path:
+            try:
+                instructions = Path(path).read_text()
+            except OSError as e:
+                raise AgentHarnessError(f"--agent-codex-instructions-file {path}: {e}") from e
+        return cls(
+            version=getattr(args, "agent_codex_version", None),
+            config=getattr(args, "agent_codex_config", None) or [],
+            compact=bool(getattr(args, "agent_codex_compact", False)),
+            instructions=instructions,
+        )
 
-    def config_toml(self, endpoint: AgentEndpoint) -> str:
-        """The ``config.toml`` of one run (see the module docstring)."""
+    def instructions_text(self) -> str | None:
+        """The text replacing Codex's base instructions, or ``None`` (Codex's own)."""
+        if self.instructions is not None:
+            return self.instructions
+        return COMPACT_INSTRUCTIONS if self.compact else None
+
+    def home_files(self, endpoint: AgentEndpoint, home: str) -> dict[str, str]:
+        """The files of one run's ``CODEX_HOME`` (absolute path in the sandbox → text): ``config.toml``, and
+        ``instructions.md`` when the base instructions are replaced."""
+        files = {f"{home}/config.toml": self.config_toml(endpoint, home)}
+        text = self.instructions_text()
+        if text is not None:
+            files[f"{home}/instructions.md"] = text
+        return files
+
+    def config_toml(self, endpoint: AgentEndpoint, home: str = "/tmp/.vime-agent/codex") -> str:
+        """The ``config.toml`` of one run whose ``CODEX_HOME`` is ``home`` (see the module docstring)."""
+        top = [f"model_instructions_file = {_toml_str(home + '/instructions.md')}"]
+        if self.instructions_text() is None:
+            top = []
+        tables: list[str] = []
+        if self.compact:
+            i = COMPACT_CONFIG.index("[skills]")
+            top += list(COMPACT_CONFIG[:i])
+            for line in COMPACT_CONFIG[i:]:
+                tables += ["", line] if line.startswith("[") else [line]
         return "\n".join(
             [
+                *top,
                 f"model = {_toml_str(endpoint.model)}",
                 'model_provider = "vime"',
                 'approval_policy = "never"',
@@ -99,6 +189,7 @@ class CodexHarness(NpmAgentHarness):
                 "supports_websockets = false",
                 "request_max_retries = 0",
                 "stream_max_retries = 0",
+                *tables,
                 "",
             ]
         )
@@ -120,7 +211,8 @@ class CodexHarness(NpmAgentHarness):
         await self.install(sandbox)
         home = f"/tmp/.vime-agent/codex-{uuid.uuid4().hex[:12]}"
         try:
-            await sandbox.write_file(f"{home}/config.toml", self.config_toml(endpoint))
+            for path, text in self.home_files(endpoint, home).items():
+                await sandbox.write_file(path, text)
         except OSError as e:
             raise AgentHarnessError(f"cannot write the Codex configuration into the sandbox: {e}") from e
         workdir = cwd or sandbox.workspace
@@ -132,13 +224,26 @@ class CodexHarness(NpmAgentHarness):
         duration = time.monotonic() - t0
         events = _events(r.stdout)
         types = [e.get("type") for e in events]
-        final = next((e["item"].get("text", "") for e in reversed(events)
-                      if e.get("type") == "item.completed" and e.get("item", {}).get("type") == "agent_message"), "")
-        errors = [str(e.get("message") or e.get("error") or "") for e in events
-                  if e.get("type") in ("error", "turn.failed")]
-        meta: dict[str, Any] = {"events": len(events), "errors": errors[-5:],
-                                "commands": sum(1 for e in events if e.get("type") == "item.completed"
-                                                and e.get("item", {}).get("type") == "command_execution")}
+        final = next(
+            (
+                e["item"].get("text", "")
+                for e in reversed(events)
+                if e.get("type") == "item.completed" and e.get("item", {}).get("type") == "agent_message"
+            ),
+            "",
+        )
+        errors = [
+            str(e.get("message") or e.get("error") or "") for e in events if e.get("type") in ("error", "turn.failed")
+        ]
+        meta: dict[str, Any] = {
+            "events": len(events),
+            "errors": errors[-5:],
+            "commands": sum(
+                1
+                for e in events
+                if e.get("type") == "item.completed" and e.get("item", {}).get("type") == "command_execution"
+            ),
+        }
         if r.timed_out:
             status = "timeout"
         elif not events:
