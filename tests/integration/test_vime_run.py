@@ -265,3 +265,29 @@ def test_each_estimator_trains_through_vime_run(estimator, two_step_run, tiny_mo
         assert m["train/adv/std"] == pytest.approx(math.sqrt((n - 1) / n), abs=1e-4)
     else:  # gspo: GRPO's advantages with the sequence-level ratio in the loss
         assert "train/pg_clipfrac" in m
+
+
+def test_ppo_resume_restores_the_critic(two_step_run, tiny_model_dir, tmp_path):
+    """``--advantage-estimator ppo`` through ``vime run`` (the real engine's rollouts replayed with
+    --debug-train-only): a run stopped after step 1 and resumed gives step 2 exactly the metrics of an uninterrupted
+    run — the critic's values, value loss and gradient norm included, so its weights and Adam state came back."""
+    out, _ = two_step_run
+
+    def run(dest: Path, steps: int) -> None:
+        _vime(
+            "run",
+            *("--model", str(tiny_model_dir), "--output-dir", str(dest), "--reward", "digit_fraction"),
+            *("--rollout-batch-size", "2", "--n-samples-per-prompt", "4", "--num-rollout", str(steps)),
+            *("--advantage-estimator", "ppo", "--critic-lr", "1e-3", "--lambd", "0.95", "--save-interval", "1"),
+            *("--load-debug-rollout-data", str(out / "debug" / "rollout_{rollout_id}.pt"), "--no-save-hf"),
+        )
+
+    run(tmp_path / "straight", 2)
+    run(tmp_path / "resumed", 1)
+    assert (tmp_path / "resumed" / "checkpoints" / "step_000001" / "trainer" / "critic" / "optimizer.pt").is_file()
+    run(tmp_path / "resumed", 2)
+    straight, resumed = _metrics(tmp_path / "straight"), _metrics(tmp_path / "resumed")
+    assert [r["step"] for r in straight] == [0, 1] and [r["step"] for r in resumed] == [0, 1]
+    for key in ("train/critic/values_mean", "train/value_loss", "train/critic_grad_norm", "train/pg_loss"):
+        assert resumed[1][key] == pytest.approx(straight[1][key], abs=1e-6), key
+    assert resumed[1]["train/critic/values_mean"] != straight[0]["train/critic/values_mean"]  # the critic learned
