@@ -161,9 +161,10 @@ class NpmAgentHarness(AgentHarness):
     :meth:`prepare` installs ``NPM_PACKAGE@version`` with the host's npm into
     ``agents_cache_dir()/NAME/<version>/`` once (``vime agent prepare NAME``). :meth:`install` then finds the
     executable inside the sandbox, in this order: under :data:`~vime_core.sandbox.base.SANDBOX_AGENTS_DIR` (docker
-    mounts the cache there read-only), at its host path (the ``local`` backend sees the host's filesystem), else it
-    copies the executable (and :attr:`EXTRA_FILES`) into the sandbox's ``/tmp`` (backends without a shared
-    filesystem, e.g. ``localvm``; hundreds of MB per sandbox).
+    mounts the cache there read-only, ``localvm`` shares it there read-only over 9p), at its host path (the ``local``
+    backend sees the host's filesystem), else it copies the executable (and :attr:`EXTRA_PATH`) into the sandbox's
+    ``/tmp`` (backends without a shared filesystem, e.g. ``localvm`` in attach mode or with an old image; hundreds
+    of MB per sandbox).
 
     :param version: npm version to use (default :attr:`DEFAULT_VERSION`, pinned so that runs are reproducible).
     """

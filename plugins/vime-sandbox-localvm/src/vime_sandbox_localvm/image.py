@@ -6,7 +6,8 @@ Writes to ``DIR`` (default ``~/.cache/vime/localvm/<suite>``): ``base.qcow2`` (t
 read-only through a per-sandbox copy-on-write overlay), ``vmlinuz`` and ``initrd.img`` (direct kernel boot, a small
 initramfs with the virtio modules), ``id_ed25519``/``id_ed25519.pub`` (the key vime logs in with as root) and
 ``manifest.json``. The guest's PID 1 is ``/usr/local/sbin/vime-init`` (no systemd): it mounts ``/proc``, ``/sys``,
-``/dev``, a tmpfs ``/tmp`` and ``/workspace`` (``vime.disk`` bytes each), configures QEMU's user network, puts sshd
+``/dev``, a tmpfs ``/tmp`` and ``/workspace`` (``vime.disk`` bytes each), with ``vime.agents=1`` the host's prepared
+agent CLIs (9p tag :data:`AGENTS_TAG`, read-only) at ``/opt/vime/agents``, configures QEMU's user network, puts sshd
 in a pids-limited cgroup (``vime.pids``), starts sshd and reaps orphans until ``vime.wall`` seconds have passed,
 then powers the VM off. Needs root, ``debootstrap``, ``e2fsprogs`` (``mkfs.ext4 -d``) and ``qemu-utils``.
 """
@@ -22,6 +23,13 @@ import sys
 import time
 from pathlib import Path
 
+#: Version of what the build writes into the root filesystem (vime-init, the agents mount point). An image with an
+#: older ``format`` in its ``manifest.json`` is rebuilt by :func:`build_vm_image` (the debootstrapped root filesystem
+#: is reused: only the guest configuration, ext4 and qcow2 steps run again).
+#: 2: ``/opt/vime/agents`` and vime-init mounting the ``vimeagents`` 9p share there (``vime.agents=1``).
+IMAGE_FORMAT = 2
+#: 9p mount tag of the read-only share of the host's prepared agent CLIs (``vime agent prepare``).
+AGENTS_TAG = "vimeagents"
 PACKAGES = ("linux-image-amd64", "openssh-server", "python3", "git", "iproute2", "procps", "ca-certificates")
 DEFAULT_MIRROR = "http://deb.debian.org/debian"
 _PRUNE = ("var/cache/apt/archives", "var/lib/apt/lists", "usr/share/doc", "usr/share/man", "usr/share/locale")
@@ -36,9 +44,10 @@ mkdir -p /dev/pts /dev/shm
 mount -t devpts devpts /dev/pts
 mount -t tmpfs -o mode=1777 tmpfs /dev/shm
 mount -t tmpfs -o mode=755 tmpfs /run
-DISK=1073741824; WALL=0; PIDS=0; NET=0
+DISK=1073741824; WALL=0; PIDS=0; NET=0; AGENTS=0
 for kv in $(cat /proc/cmdline); do
   case "$kv" in
+    vime.agents=*) AGENTS=${kv#vime.agents=} ;;
     vime.disk=*) DISK=${kv#vime.disk=} ;;
     vime.wall=*) WALL=${kv#vime.wall=} ;;
     vime.pids=*) PIDS=${kv#vime.pids=} ;;
@@ -47,6 +56,11 @@ for kv in $(cat /proc/cmdline); do
 done
 mount -t tmpfs -o mode=1777,size=$DISK tmpfs /tmp
 mount -t tmpfs -o mode=755,size=$DISK tmpfs /workspace
+if [ "$AGENTS" = 1 ]; then  # the host's prepared agent CLIs, read-only (QEMU shares them readonly=on as well)
+  modprobe -q 9pnet_virtio; modprobe -q 9p
+  mount -t 9p -o trans=virtio,version=9p2000.L,ro,msize=512000,cache=loose vimeagents /opt/vime/agents \
+    || echo "vime-init: the agents share did not mount" > /dev/console
+fi
 ip link set lo up
 ip link set eth0 up
 ip addr add 10.0.2.15/24 dev eth0
@@ -108,7 +122,16 @@ def _run(cmd: list[str], **kw) -> str:
     return proc.stdout
 
 
+def image_format(out: Path) -> int:
+    """The ``format`` of the image in ``out`` (1 for images built before formats were recorded, 0 for none)."""
+    try:
+        return int(json.loads((out / "manifest.json").read_text()).get("format", 1))
+    except (OSError, ValueError, AttributeError):
+        return 0
+
+
 def image_ready(out: Path) -> bool:
+    """Whether ``out`` holds a complete image (of any format; see :func:`image_format`)."""
     return all((out / f).exists() for f in ("base.qcow2", "vmlinuz", "initrd.img", "id_ed25519", "manifest.json"))
 
 
@@ -129,8 +152,10 @@ def build_vm_image(
     """
     out = out or default_image_dir(suite)
     if image_ready(out) and not force:
-        log(f"vm image: {out} exists, reused")
-        return out
+        if image_format(out) >= IMAGE_FORMAT:
+            log(f"vm image: {out} exists, reused")
+            return out
+        log(f"vm image: {out} has format {image_format(out)} < {IMAGE_FORMAT}: rebuilding (root filesystem reused)")
     for tool in ("debootstrap", "mkfs.ext4", "qemu-img", "ssh-keygen"):
         if not shutil.which(tool) and not os.path.exists(f"/usr/sbin/{tool}"):
             raise RuntimeError(f"{tool} not found: apt-get install -y debootstrap e2fsprogs qemu-utils openssh-client")
@@ -161,6 +186,7 @@ def build_vm_image(
     init.write_text(VIME_INIT)
     init.chmod(0o755)
     (rootfs / "workspace").mkdir(exist_ok=True)
+    (rootfs / "opt/vime/agents").mkdir(parents=True, exist_ok=True)  # mount point of the agents share
     (rootfs / "etc/ssh/sshd_config.d").mkdir(parents=True, exist_ok=True)
     (rootfs / "etc/ssh/sshd_config.d/vime.conf").write_text(SSHD_CONFIG)
     (rootfs / "etc/hostname").write_text("sandbox\n")
@@ -173,9 +199,11 @@ def build_vm_image(
         key.unlink()
     _run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "vime-vm-host", "-f",
           str(rootfs / "etc/ssh/ssh_host_ed25519_key")])
-    for f in ("id_ed25519", "id_ed25519.pub"):
-        (out / f).unlink(missing_ok=True)
-    _run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "vime-localvm", "-f", str(out / "id_ed25519")])
+    if force or not ((out / "id_ed25519").exists() and (out / "id_ed25519.pub").exists()):
+        # a rebuild keeps the login key: VMs booting from the old base.qcow2 meanwhile still accept it
+        for f in ("id_ed25519", "id_ed25519.pub"):
+            (out / f).unlink(missing_ok=True)
+        _run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "vime-localvm", "-f", str(out / "id_ed25519")])
     passwd = rootfs / "etc/passwd"  # sshd runs commands through root's shell: dash starts faster than bash
     passwd.write_text(passwd.read_text().replace("root:x:0:0:root:/root:/bin/bash", "root:x:0:0:root:/root:/bin/sh"))
     ssh_dir = rootfs / "root/.ssh"
@@ -199,7 +227,8 @@ def build_vm_image(
     (out / "base.qcow2.tmp").replace(out / "base.qcow2")
     raw.unlink()
     (out / "manifest.json").write_text(json.dumps(
-        {"suite": suite, "kernel": kver, "packages": PACKAGES, "size_mb": size_mb, "built": time.time()}, indent=1))
+        {"suite": suite, "kernel": kver, "packages": PACKAGES, "size_mb": size_mb, "built": time.time(),
+         "format": IMAGE_FORMAT}, indent=1))
     log(f"vm image: {out} ready in {time.monotonic() - t0:.0f} s")
     return out
 

@@ -46,7 +46,7 @@ from vime_core.sandbox.base import (
     process_start_time,
     sandbox_kwargs_from_args,
 )
-from vime_sandbox_localvm.image import default_image_dir, image_ready
+from vime_sandbox_localvm.image import AGENTS_TAG, IMAGE_FORMAT, default_image_dir, image_format, image_ready
 
 ENV_ID = "VIME_SANDBOX_ID"
 DROPPED_CAPS = ("sys_admin", "sys_module", "sys_rawio", "sys_ptrace", "sys_boot", "net_admin", "mknod", "sys_time",
@@ -162,6 +162,12 @@ class LocalVMSandbox(Sandbox):
     :param boot_timeout_s: seconds to wait for SSH after starting QEMU (default 120 with KVM, 900 with TCG).
     :param ssh: attach to a running machine ``user@host:port`` instead of booting (``ssh_key`` logs in).
     :param ssh_key: private key file for ``ssh`` (default: the image's ``id_ed25519``).
+    :param agents_dir: host directory of prepared agent CLIs shown read-only in the guest at
+        :data:`~vime_core.sandbox.base.SANDBOX_AGENTS_DIR` (``/opt/vime/agents``, where docker mounts it too) through
+        a 9p share (``-fsdev local,readonly=on``): nothing is copied and the image does not depend on agent versions.
+        Default: :func:`~vime_core.sandbox.base.agents_cache_dir` when it exists; ``False``: no share. Needs an image
+        of format ≥ 2 (``build-image`` rebuilds older ones); with an older image there is no share (agent harnesses
+        then copy the CLI into the VM).
     """
 
     NAME = "localvm"
@@ -190,8 +196,14 @@ class LocalVMSandbox(Sandbox):
         boot_timeout_s: float | None = None,
         ssh: str | None = None,
         ssh_key: str | os.PathLike[str] | None = None,
+        agents_dir: str | os.PathLike[str] | bool | None = None,
     ) -> None:
         super().__init__(limits=limits, network=network, env=env, default_timeout_s=default_timeout_s)
+        if agents_dir is None or agents_dir is True:
+            from vime_core.sandbox.base import agents_cache_dir
+
+            agents_dir = agents_cache_dir()
+        self.agents_dir = Path(agents_dir) if agents_dir else None
         self.image_dir = Path(image_dir) if image_dir else default_image_dir()
         self.accel = accel
         self.boot_timeout_s = boot_timeout_s
@@ -233,8 +245,15 @@ class LocalVMSandbox(Sandbox):
             return "kvm" if kvm_boots(self.image_dir) else "tcg"
         return self.accel
 
+    def _agents_share(self) -> Path | None:
+        """The host directory shared at ``/opt/vime/agents``, or ``None`` (no directory, or an image too old)."""
+        if self.agents_dir is None or not self.agents_dir.is_dir() or image_format(self.image_dir) < IMAGE_FORMAT:
+            return None
+        return self.agents_dir
+
     def _qemu_argv(self, port: int) -> list[str]:
         lim = self.limits
+        agents = self._agents_share()
         accel = self._accel()
         mem_mb = max(256, (lim.memory_bytes or 1 << 30) >> 20)
         cpus = max(1, math.ceil(lim.cpus or 1))
@@ -243,7 +262,15 @@ class LocalVMSandbox(Sandbox):
         wall = 0 if lim.wall_time_s is None else math.ceil(lim.wall_time_s) + 120
         pids = 0 if lim.pids is None else lim.pids + 8
         cmdline = (f"root=/dev/vda ro console=ttyS0 panic=-1 net.ifnames=0 quiet init=/usr/local/sbin/vime-init "
-                   f"vime.disk={disk} vime.wall={wall} vime.pids={pids} vime.net={int(self.network)}")
+                   f"vime.disk={disk} vime.wall={wall} vime.pids={pids} vime.net={int(self.network)} "
+                   f"vime.agents={int(agents is not None)}")
+        share = []
+        if agents is not None:  # 9p, read-only on the host side too; ids as on the host (security_model=none)
+            if "," in str(agents):
+                raise SandboxInfraError(f"agents directory {agents} has a comma in its path (QEMU -fsdev cannot take "
+                                        "it); set VIME_CACHE_DIR or pass agents_dir=False")
+            share = ["-fsdev", f"local,id=agents,path={agents},security_model=none,readonly=on",
+                     "-device", f"virtio-9p-pci,fsdev=agents,mount_tag={AGENTS_TAG}"]
         restrict = "off" if self.network else "on"
         return [
             shutil.which("qemu-system-x86_64") or "qemu-system-x86_64",
@@ -257,6 +284,7 @@ class LocalVMSandbox(Sandbox):
             "-drive", f"file={self.directory / 'overlay.qcow2'},if=virtio,format=qcow2,cache=unsafe",
             "-netdev", f"user,id=n0,restrict={restrict},hostfwd=tcp:127.0.0.1:{port}-:22",
             "-device", "virtio-net-pci,netdev=n0", "-device", "virtio-rng-pci",
+            *share,
         ]
 
     async def _create(self) -> None:
