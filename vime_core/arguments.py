@@ -3,7 +3,8 @@
 Namespaces (see ``shared/design.md`` §3):
 
 1. framework flags (plain names, defined here and by plugins through ``vime_add_arguments``);
-2. Megatron flags (for the ``megatron`` backend; not in this version);
+2. Megatron flags under Megatron-LM's names (``--tensor-model-parallel-size``, ...), added by the ``megatron``
+   backend's ``vime_add_arguments`` (:mod:`vime_core.builtins.trainers`);
 3. ``--vllm-<engine arg> [value]`` forwarded to every vLLM engine as ``--<engine arg> [value]`` — except the
    flags vime owns (:data:`VIME_OWNED_VLLM_FLAGS`), refused with the vime flag to use instead;
 4. ``--router-<arg> [value]`` forwarded to the vllm-router vime starts; ``--vllm-router-ip``/``--vllm-router-port``

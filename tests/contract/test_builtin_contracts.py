@@ -6,6 +6,7 @@ import pytest
 
 from vime_core.plugins import get_plugins
 from vime_core.testing import RewardFunctionContract, TrainerBackendContract, WeightSyncContract
+from vime_core.testing.trainer_args import trainer_args
 from vime_core.types import Sample
 
 pytestmark = pytest.mark.contract
@@ -86,32 +87,8 @@ class TestNcclWeightSync(WeightSyncContract):
         assert strategy.last_stats.num_tensors == len(sent) and strategy.last_stats.num_buckets >= 2
 
 
-def _trainer_args(**kw):
-    base = dict(
-        seed=0,
-        train_num_threads=None,
-        train_device="cpu",
-        train_dtype="float32",
-        gradient_checkpointing=False,
-        lr=1e-2,
-        adam_beta1=0.9,
-        adam_beta2=0.98,
-        adam_eps=1e-8,
-        weight_decay=0.0,
-        clip_grad=1.0,
-        global_batch_size=None,
-        micro_batch_size=8,
-        use_rollout_logprobs=False,
-        calculate_per_token_loss=False,
-        eps_clip=0.2,
-        eps_clip_high=None,
-    )
-    base.update(kw)
-    return argparse.Namespace(**base)
-
-
 class TestTorchTrainer(TrainerBackendContract):
     @pytest.fixture
     def trainer(self, tiny_model_dir):
         cls = get_plugins().resolve("trainer", "torch")
-        return cls(_trainer_args(), tiny_model_dir)
+        return cls(trainer_args(), tiny_model_dir)

@@ -22,36 +22,16 @@ pytest.importorskip("megatron.core")
 
 from tests.gpu.test_megatron_backend import build_hf  # noqa: E402
 from vime_core.algorithms.batch import build_batch  # noqa: E402
-from vime_core.algorithms.options import DEFAULTS  # noqa: E402
 from vime_core.builtins import advantages as est  # noqa: E402
+from vime_core.testing.trainer_args import trainer_args  # noqa: E402
 from vime_core.types import Sample, Status  # noqa: E402
 
 
 def _args(**kw) -> argparse.Namespace:
-    base = dict(
-        DEFAULTS,
-        seed=0,
-        train_num_threads=None,
-        train_device="cuda",
-        train_dtype="bfloat16",
-        gradient_checkpointing=False,
-        lr=1e-4,
-        adam_beta1=0.9,
-        adam_beta2=0.98,
-        adam_eps=1e-8,
-        weight_decay=0.0,
-        clip_grad=1.0,
-        global_batch_size=None,
-        micro_batch_size=4,
-        use_rollout_logprobs=False,
-        calculate_per_token_loss=False,
-        eps_clip=0.2,
-        eps_clip_high=None,
-        tensor_model_parallel_size=1,
-        megatron_attention="sdpa",
+    """bf16 on the GPU for both backends (the torch backend's HF model too), small learning rate."""
+    return trainer_args(
+        train_device="cuda", train_dtype="bfloat16", lr=1e-4, micro_batch_size=4, megatron_attention="sdpa", **kw
     )
-    base.update(kw)
-    return argparse.Namespace(**base)
 
 
 def _samples(seed: int = 0) -> list[Sample]:

@@ -5,40 +5,19 @@ missing. Run on the lent H200 with megatron-core carried as a wheel (see bench/m
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
 import pytest
 import torch
 
 from vime_core.testing import TrainerBackendContract
+from vime_core.testing.trainer_args import trainer_args
 
 pytestmark = pytest.mark.gpu
 
 if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU", allow_module_level=True)
 pytest.importorskip("megatron.core")
-
-
-def trainer_args(**kw) -> argparse.Namespace:
-    base = dict(
-        seed=0,
-        lr=1e-3,
-        adam_beta1=0.9,
-        adam_beta2=0.98,
-        adam_eps=1e-8,
-        weight_decay=0.0,
-        clip_grad=1.0,
-        global_batch_size=None,
-        micro_batch_size=8,
-        use_rollout_logprobs=False,
-        calculate_per_token_loss=False,
-        eps_clip=0.2,
-        eps_clip_high=None,
-        tensor_model_parallel_size=1,
-    )
-    base.update(kw)
-    return argparse.Namespace(**base)
 
 
 def build_hf(out: Path, family: str, seed: int = 0) -> Path:
@@ -76,7 +55,7 @@ def test_hf_megatron_hf_round_trip_is_bit_exact(hf_dir):
 
     from vime_core.trainer.megatron_backend import MegatronTrainer
 
-    trainer = MegatronTrainer(trainer_args(), hf_dir)
+    trainer = MegatronTrainer(trainer_args(lr=1e-3), hf_dir)
     original = load_file(str(hf_dir / "model.safetensors"))
     if trainer.arch.tie_word_embeddings:
         original.pop("lm_head.weight", None)
@@ -94,7 +73,7 @@ def test_logits_match_hugging_face_within_bf16_tolerance(hf_dir):
     from vime_core.algorithms.logprobs import token_log_probs
     from vime_core.trainer.megatron_backend import MegatronTrainer
 
-    trainer = MegatronTrainer(trainer_args(), hf_dir)
+    trainer = MegatronTrainer(trainer_args(lr=1e-3), hf_dir)
     ids = torch.randint(0, 1000, (2, 256), generator=torch.Generator().manual_seed(3))
     meg = token_log_probs(trainer.model(input_ids=ids).logits, ids)
     with torch.no_grad():
@@ -119,7 +98,7 @@ class TestMegatronTrainerContract(TrainerBackendContract):
     def trainer(self, model_dir):
         from vime_core.plugins import get_plugins
 
-        return get_plugins().resolve("trainer", "megatron")(trainer_args(), model_dir)
+        return get_plugins().resolve("trainer", "megatron")(trainer_args(lr=1e-3), model_dir)
 
 
 def _optimizer_state(trainer) -> dict[tuple, torch.Tensor]:
@@ -143,7 +122,7 @@ def test_checkpoint_after_steps_restores_the_optimizer(tmp_path):
     from vime_core.trainer.megatron_backend import MegatronTrainer
 
     model_dir = build_hf(tmp_path / "llama", "llama", seed=1)
-    trainer = MegatronTrainer(trainer_args(), model_dir)
+    trainer = MegatronTrainer(trainer_args(lr=1e-3), model_dir)
     for adv in (1.0, -0.5):
         trainer.train_step(TrainerBackendContract.make_batch(1000, adv))
     saved_state = _optimizer_state(trainer)

@@ -15,11 +15,11 @@ import numpy as np
 import pytest
 import torch
 
-from tests.contract.test_builtin_contracts import _trainer_args as _contract_trainer_args
 from vime_core.algorithms.logprobs import sequence_log_probs
 from vime_core.plugins import get_plugins
 from vime_core.rollout.client import RouterClient
 from vime_core.rollout.engine import VLLMServerError
+from vime_core.testing.trainer_args import trainer_args
 from vime_core.weight_sync.base import WeightUpdate
 
 pytestmark = pytest.mark.integration
@@ -27,11 +27,6 @@ pytestmark = pytest.mark.integration
 PROMPT_TEXT = "import os\n\ndef walk(path):\n    for root, dirs, files in os.walk(path):\n        yield root\n"
 MATCH_TOL = 1e-2  # engine vs trainer, max abs log-prob difference (the skeleton's tolerance)
 STEPS = 3
-
-
-def _trainer_args(**kw) -> argparse.Namespace:
-    """The contract tests' trainer arguments at this test's learning rate."""
-    return _contract_trainer_args(**{"lr": 3e-3, **kw})
 
 
 def _strategy(tmp_path: Path, base: Path, encoding: str = "xor"):
@@ -130,7 +125,7 @@ def test_disk_delta_keeps_the_engine_in_step_with_the_trainer(
     from vime_core.trainer.torch_backend import TorchTrainer
 
     server, model = engine_at_v0, engine_at_v0.served_model_name
-    trainer = TorchTrainer(_trainer_args(), tiny_model_dir)
+    trainer = TorchTrainer(trainer_args(lr=3e-3), tiny_model_dir)
     strategy = _strategy(tmp_path, tiny_model_dir)
     vocab = int(dict(trainer.named_hf_tensors())["model.embed_tokens.weight"].shape[0])
     start = _engine_lps(router.url, model, prompt_ids)
@@ -164,7 +159,7 @@ def test_corrupt_and_out_of_order_deltas_are_refused_and_the_old_version_keeps_s
     from vime_core.trainer.torch_backend import TorchTrainer
 
     server, model = engine_at_v0, engine_at_v0.served_model_name
-    trainer = TorchTrainer(_trainer_args(), tiny_model_dir)
+    trainer = TorchTrainer(trainer_args(lr=3e-3), tiny_model_dir)
     strategy = _strategy(tmp_path, tiny_model_dir)
     vocab = int(dict(trainer.named_hf_tensors())["model.embed_tokens.weight"].shape[0])
 

@@ -15,12 +15,12 @@ from tests.integration.test_weight_sync_delta import (
     _batch,
     _engine_lps,
     _generate_versions,
-    _trainer_args,
     _trainer_lps,
     engine_at_v0,  # noqa: F401 - fixture
     prompt_ids,  # noqa: F401 - fixture
 )
 from vime_core.plugins import get_plugins
+from vime_core.testing.trainer_args import trainer_args
 
 pytestmark = pytest.mark.integration
 
@@ -47,7 +47,7 @@ def test_nccl_broadcast_keeps_the_engine_in_step_with_the_trainer(
     from vime_core.trainer.torch_backend import TorchTrainer
 
     server, model = engine_at_v0, engine_at_v0.served_model_name
-    trainer = TorchTrainer(_trainer_args(), tiny_model_dir)
+    trainer = TorchTrainer(trainer_args(), tiny_model_dir)
     strategy = get_plugins().resolve("weight_sync", "nccl")(
         argparse.Namespace(
             rollout_num_engines=1,

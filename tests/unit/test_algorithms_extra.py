@@ -17,6 +17,7 @@ from vime_core.algorithms.options import DEFAULTS, check_algorithm_args
 from vime_core.algorithms.policy_loss import policy_loss, policy_loss_kwargs
 from vime_core.arguments import ArgumentError, parse_run_args
 from vime_core.builtins import advantages as est
+from vime_core.testing.trainer_args import trainer_args
 from vime_core.types import Sample, Status
 
 pytestmark = pytest.mark.unit
@@ -481,25 +482,6 @@ def test_drift_budget_hand_computed():
 
 
 # ------------------------------------------------------------------------------------------------- torch trainer
-def _trainer_args(**kw):
-    base = dict(
-        seed=0,
-        train_num_threads=None,
-        train_device="cpu",
-        train_dtype="float32",
-        gradient_checkpointing=False,
-        lr=1e-2,
-        adam_beta1=0.9,
-        adam_beta2=0.98,
-        adam_eps=1e-8,
-        weight_decay=0.0,
-        clip_grad=1.0,
-        global_batch_size=None,
-        micro_batch_size=8,
-    )
-    return argparse.Namespace(**{**DEFAULTS, **base, **kw})
-
-
 def _batch(trainer, advantage=1.0):
     from vime_core.testing import TrainerBackendContract
 
@@ -510,7 +492,7 @@ def _batch(trainer, advantage=1.0):
 def test_torch_trainer_drift_budget_stops_before_any_update(tiny_model_dir):
     from vime_core.trainer.torch_backend import TorchTrainer
 
-    trainer = TorchTrainer(_trainer_args(max_train_rollout_logprob_diff=0.01), tiny_model_dir)
+    trainer = TorchTrainer(trainer_args(max_train_rollout_logprob_diff=0.01), tiny_model_dir)
     before = {n: t.clone() for n, t in trainer.named_hf_tensors()}
     with pytest.raises(LogprobDriftError, match="exceeds the bound --max-train-rollout-logprob-diff 0.01"):
         trainer.train_step(_batch(trainer))  # the batch's engine log-probs are all -1.0: far from the model's
@@ -520,7 +502,7 @@ def test_torch_trainer_drift_budget_stops_before_any_update(tiny_model_dir):
 def test_torch_trainer_kl_loss_with_reference_model(tiny_model_dir):
     from vime_core.trainer.torch_backend import TorchTrainer
 
-    args = _trainer_args(
+    args = trainer_args(
         use_kl_loss=True,
         kl_loss_coef=0.1,
         kl_loss_type="low_var_kl",

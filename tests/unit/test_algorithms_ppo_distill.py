@@ -6,13 +6,13 @@ import argparse
 import pytest
 import torch
 
-from tests.contract.test_builtin_contracts import _trainer_args
 from vime_core.algorithms.batch import build_batch, gae_advantages
 from vime_core.algorithms.distill import distill_advantages
 from vime_core.algorithms.options import DEFAULTS, check_algorithm_args
 from vime_core.arguments import ArgumentError, parse_run_args
 from vime_core.builtins import advantages as est
 from vime_core.plugins import get_plugins
+from vime_core.testing.trainer_args import trainer_args
 from vime_core.types import Sample, Status
 
 pytestmark = pytest.mark.unit
@@ -178,7 +178,7 @@ def _random_samples(seed=0):
 def test_critic_values_batched_equal_unpadded_forward(tiny_model_dir):
     from vime_core.trainer.critic import Critic
 
-    critic = Critic(_trainer_args(advantage_estimator="ppo"), tiny_model_dir, torch.device("cpu"), torch.float32)
+    critic = Critic(trainer_args(advantage_estimator="ppo"), tiny_model_dir, torch.device("cpu"), torch.float32)
     samples = _random_samples()
     batched = critic.model.response_values(samples, torch.device("cpu"))
     with torch.no_grad():
@@ -194,7 +194,7 @@ def test_critic_loss_decreases_on_a_fixed_batch_and_checkpoint_restores_it(tiny_
     from vime_core.trainer.torch_backend import TorchTrainer
 
     # γ = λ = 1: the value targets are the Monte-Carlo returns, fixed whatever the critic predicts
-    args = _trainer_args(
+    args = trainer_args(
         advantage_estimator="ppo", critic_lr=3e-3, num_critic_only_steps=100, gamma=1.0, lambd=1.0, value_clip=10.0
     )
     trainer = TorchTrainer(args, tiny_model_dir)
@@ -227,7 +227,7 @@ def test_critic_loss_decreases_on_a_fixed_batch_and_checkpoint_restores_it(tiny_
     )
     # --critic-load of a saved critic directory loads its value head too
     loaded = TorchTrainer(
-        _trainer_args(**{**vars(args), "critic_load": str(tmp_path / "ckpt" / "critic")}), tiny_model_dir
+        trainer_args(**{**vars(args), "critic_load": str(tmp_path / "ckpt" / "critic")}), tiny_model_dir
     )
     from safetensors.torch import load_file
 
@@ -238,7 +238,7 @@ def test_critic_loss_decreases_on_a_fixed_batch_and_checkpoint_restores_it(tiny_
 def test_ppo_updates_policy_with_gae_advantages(tiny_model_dir):
     from vime_core.trainer.torch_backend import TorchTrainer
 
-    args = _trainer_args(advantage_estimator="ppo", gamma=1.0, lambd=0.95)
+    args = trainer_args(advantage_estimator="ppo", gamma=1.0, lambd=0.95)
     trainer = TorchTrainer(args, tiny_model_dir)
     samples = _random_samples()
     values = trainer.critic.values(samples, 8)

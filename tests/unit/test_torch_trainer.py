@@ -4,8 +4,8 @@ position-id bug would silently train on wrong log-probs)."""
 import pytest
 import torch
 
-from tests.contract.test_builtin_contracts import _trainer_args
 from vime_core.algorithms.logprobs import sequence_log_probs
+from vime_core.testing.trainer_args import trainer_args
 from vime_core.trainer.torch_backend import TorchTrainer
 from vime_core.types import Sample, Status
 
@@ -13,7 +13,7 @@ pytestmark = pytest.mark.unit
 
 
 def test_batched_response_log_probs_match_unpadded_forward(tiny_model_dir):
-    trainer = TorchTrainer(_trainer_args(), tiny_model_dir)
+    trainer = TorchTrainer(trainer_args(), tiny_model_dir)
     g = torch.Generator().manual_seed(3)
     samples = []
     for prompt_len, resp_len in ((3, 7), (11, 2), (6, 5)):
