@@ -1,4 +1,5 @@
-"""Test helpers shared by vime and its plugins: the contract kit and the tiny model builder.
+"""Test helpers shared by vime and its plugins: the contract kit, the tiny model builder and
+``trainer_args`` (the namespace a trainer backend reads).
 
 Install with ``pip install vime[testing]``; the kit is also a pytest plugin (entry point ``pytest11: vime``).
 """
@@ -11,6 +12,7 @@ from vime_core.testing.contracts import (
     TrainerBackendContract,
     WeightSyncContract,
 )
+from vime_core.testing.trainer_args import trainer_args
 
 __all__ = [
     "AgentHarnessContract",
@@ -19,4 +21,5 @@ __all__ = [
     "SandboxBackendContract",
     "TrainerBackendContract",
     "WeightSyncContract",
+    "trainer_args",
 ]
