@@ -90,6 +90,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=1 << 20,
         help="workspace files larger than this are not recorded in the result (listed as skipped)",
     )
+    g.add_argument(
+        "--agent-record-turns",
+        action="store_true",
+        default=False,
+        help="copy the gateway's record of every engine call (prompt/output ids, log-probs, versions, finish "
+        "reason) into metadata['agent_turns'] of the episode's samples, to audit token exactness in dumps",
+    )
 
 
 def _opt(args: argparse.Namespace, name: str, default: Any) -> Any:
@@ -324,11 +331,27 @@ async def generate(args: argparse.Namespace, sample: Sample, sampling_params: di
             "metadata": run.metadata,
         },
     }
+    if _opt(args, "agent_record_turns", False):
+        meta["agent_turns"] = [turn_record_dict(t) for t in gw.session_turns(sid)]
     samples = await asyncio.to_thread(gw.close_session, sid, sample, None, extra_metadata=meta)
     if not samples:
         sample.metadata.update(meta)
         return _failed(sample, f"the agent made no model call (agent status {run.status}, exit {run.exit_code})")
     return samples
+
+
+def turn_record_dict(turn: Any) -> dict[str, Any]:
+    """A :class:`~vime_core.agent.trajectory.TurnRecord` as plain data (``--agent-record-turns``):
+    ``prompt_ids``/``output_ids`` (token ids), ``output_log_probs`` (floats ≤ 0), ``weight_versions`` (one per output
+    token), ``finish_reason``, ``ill_formed``; ``TurnRecord(**d)`` rebuilds it (e.g. for ``check_token_exact``)."""
+    return {
+        "prompt_ids": list(turn.prompt_ids),
+        "output_ids": list(turn.output_ids),
+        "output_log_probs": list(turn.output_log_probs),
+        "weight_versions": list(turn.weight_versions),
+        "finish_reason": turn.finish_reason,
+        "ill_formed": bool(turn.ill_formed),
+    }
 
 
 def rollout_metrics(samples: list[Sample]) -> dict[str, float]:
