@@ -591,11 +591,11 @@ def vocab_parallel_entropy(logits: torch.Tensor, tp_group: Any = None) -> torch.
     m = logits.detach().amax(dim=-1, keepdim=True)
     if tp_group is not None:
         dist.all_reduce(m, op=dist.ReduceOp.MAX, group=tp_group)
-    z = logits - m
-    finite = torch.isfinite(z)
-    z = torch.where(finite, z, torch.zeros_like(z))
-    e = torch.exp(z) * finite
-    sum_e, sum_ez = e.sum(-1), (e * z).sum(-1)
+    # padding columns (-inf) become -1e4 below the max: exp underflows to exactly 0 and 0 * -1e4 = 0 (no NaN), and
+    # their gradient is 0; a real logit that far below the max has probability exp(-1e4) = 0 in float32 anyway
+    z = (logits - m).clamp_min(-1e4)
+    e = torch.exp(z)
+    sum_e, sum_ez = e.sum(-1), torch.linalg.vecdot(e, z)  # vecdot: no [..., vocab] temporary
     if tp_group is not None:
         from megatron.core.tensor_parallel.mappings import reduce_from_tensor_model_parallel_region
 
