@@ -161,7 +161,7 @@ def test_compact_config_and_instructions_file(tmp_path):
 @pytest.mark.integration
 def test_compact_first_request_real_cli(prepared, tmp_path):
     """The real CLI with ``--agent-codex-compact`` sends exactly the compact instructions and the two shell tools
-    (what bench/codex_prompt_tokens.py measures: ≈1.2k SmolLM2 tokens; ≈6.7k without compact mode)."""
+    (what bench/codex_prompt_tokens.py measures: ≈1.1k SmolLM2 tokens; ≈6.7k without compact mode)."""
     import asyncio
 
     from transformers import AutoTokenizer

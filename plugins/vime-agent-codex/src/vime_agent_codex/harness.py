@@ -26,10 +26,10 @@ Each run gets its own ``CODEX_HOME`` under the sandbox's ``/tmp`` holding this `
 and runs ``codex exec --json --skip-git-repo-check --ephemeral -C <cwd> PROMPT``.
 
 **Compact mode** (``compact=True``, ``--agent-codex-compact``; for small-context policies): Codex's first request is
-≈6.6k SmolLM2 tokens by default (base instructions ≈3.8k, 7 tool schemas ≈1.9k, bundled-skills list ≈0.6k; measured
+≈6.7k SmolLM2 tokens by default (base instructions ≈3.8k, 7 tool schemas ≈1.9k, bundled-skills list ≈0.6k; measured
 with ``bench/codex_prompt_tokens.py``). Compact mode adds :data:`COMPACT_CONFIG` to ``config.toml`` — only settings
 that change the request (each one measured) — and replaces the base instructions with :data:`COMPACT_INSTRUCTIONS`
-(written to ``$CODEX_HOME/instructions.md``, ``model_instructions_file``): the first request is then ≈1.0k tokens,
+(written to ``$CODEX_HOME/instructions.md``, ``model_instructions_file``): the first request is then ≈1.1k tokens,
 with the two shell tools ``exec_command``/``write_stdin`` (run commands, write files through the shell) and the
 ``<environment_context>`` (working directory) kept. ``instructions`` (``--agent-codex-instructions-file``) replaces
 the base instructions with a text of one's own, with or without compact mode. ``--agent-codex-config`` overrides

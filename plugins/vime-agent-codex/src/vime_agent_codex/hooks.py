@@ -33,7 +33,7 @@ def vime_add_arguments(parser):
         "--agent-codex-compact",
         action="store_true",
         default=False,
-        help="small-context policies: Codex's first request shrinks from ~6.6k to ~1.0k tokens (short base "
+        help="small-context policies: Codex's first request shrinks from ~6.7k to ~1.1k tokens (short base "
         "instructions; no skills list, permissions text, goal/view_image/request_user_input/sub-agent/"
         "web_search tools; the shell tools exec_command/write_stdin stay). See the plugin README",
     )
