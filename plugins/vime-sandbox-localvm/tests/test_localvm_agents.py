@@ -30,6 +30,8 @@ def test_agents_share_is_the_hosts_read_only(session_vm, claude_code):
     host = agents_cache_dir()
     mounts = run(sb.exec(["cat", "/proc/mounts"], timeout=120)).stdout
     line = [m for m in mounts.splitlines() if m.split()[1] == SANDBOX_AGENTS_DIR]
+    assert line, (f"no share at {SANDBOX_AGENTS_DIR}: {host} must exist when the session VM boots (`vime agent "
+                  "prepare claude-code`; scripts/ci_services.sh does it)")
     assert len(line) == 1 and line[0].split()[2] == "9p" and "ro" in line[0].split()[3].split(","), mounts
     listing = run(sb.exec(f"cd {SANDBOX_AGENTS_DIR} && ls -1", timeout=120)).stdout.split()
     assert listing == sorted(p.name for p in host.iterdir() if not p.name.startswith("."))
