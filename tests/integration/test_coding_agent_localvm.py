@@ -3,9 +3,9 @@ HumanEval with SmolLM2-135M-Instruct (examples/coding_agent/config.yaml), one GR
 (QEMU, software emulation here), runs the real Claude Code CLI from the read-only 9p share at ``/opt/vime/agents``
 against the agent gateway (SSH remote forward), and the reward boots a fresh VM for the hidden tests.
 
-Opt-in (``VIME_TEST_CODING_AGENT_LOCALVM=1``): with 2 episodes it boots 4 VMs and took 10.5 minutes on 2 shared
-cores without KVM (setup 126 s, rollout 342 s, train 142 s; figures in plugins/vime-sandbox-localvm/README.md), more
-than CI can spend on one backend pair;
+Opt-in (``VIME_TEST_CODING_AGENT_LOCALVM=1``): with 2 episodes it boots 4 VMs and took 5.7 minutes on 2 cores
+without KVM (rollout 208 s, train 41 s; 10.5 minutes beside another ``vime run``; figures in
+plugins/vime-sandbox-localvm/README.md), more than CI can spend on one backend pair;
 the docker run (tests/integration/test_coding_agent_run.py) covers the same bookkeeping in CI, and
 plugins/vime-sandbox-localvm/tests/test_localvm_agents.py the CLI-in-a-VM path with a scripted engine.
 """
@@ -28,7 +28,7 @@ CONFIG = ROOT / "examples" / "coding_agent" / "config.yaml"
 OPT_IN = "VIME_TEST_CODING_AGENT_LOCALVM"
 
 
-@pytest.mark.skipif(os.environ.get(OPT_IN) != "1", reason=f"opt-in: {OPT_IN}=1 (boots 4 VMs, ~10 min under TCG)")
+@pytest.mark.skipif(os.environ.get(OPT_IN) != "1", reason=f"opt-in: {OPT_IN}=1 (boots 4 VMs, 6-10 min under TCG)")
 def test_vime_run_coding_agent_localvm(tmp_path):
     from vime_sandbox_localvm.image import IMAGE_FORMAT, build_vm_image, image_format
 
