@@ -92,24 +92,9 @@ def rl_batch(vocab: int, n: int, seq: int, seed: int):
 
 
 def trainer_args(a: argparse.Namespace, attention: str) -> argparse.Namespace:
-    return argparse.Namespace(
-        seed=0,
-        lr=1e-6,
-        adam_beta1=0.9,
-        adam_beta2=0.98,
-        adam_eps=1e-8,
-        weight_decay=0.0,
-        clip_grad=1.0,
-        global_batch_size=None,
-        micro_batch_size=a.micro_batch,
-        use_rollout_logprobs=False,
-        calculate_per_token_loss=False,
-        eps_clip=0.2,
-        eps_clip_high=None,
-        tensor_model_parallel_size=1,
-        megatron_attention=attention,
-        recompute_granularity=None,
-    )
+    from vime_core.testing.trainer_args import trainer_args as base
+
+    return base(lr=1e-6, micro_batch_size=a.micro_batch, megatron_attention=attention, recompute_granularity=None)
 
 
 def main() -> None:

@@ -38,23 +38,9 @@ def log(*a) -> None:
 
 
 def args_for(tp: int, sp: bool = False, lr: float = 1e-3) -> argparse.Namespace:
-    return argparse.Namespace(
-        seed=0,
-        lr=lr,
-        adam_beta1=0.9,
-        adam_beta2=0.98,
-        adam_eps=1e-8,
-        weight_decay=0.0,
-        clip_grad=1.0,
-        global_batch_size=None,
-        micro_batch_size=8,
-        use_rollout_logprobs=False,
-        calculate_per_token_loss=False,
-        eps_clip=0.2,
-        eps_clip_high=None,
-        tensor_model_parallel_size=tp,
-        sequence_parallel=sp,
-    )
+    from vime_core.testing.trainer_args import trainer_args
+
+    return trainer_args(lr=lr, tensor_model_parallel_size=tp, sequence_parallel=sp)
 
 
 def small_model(out: Path, family: str) -> Path:

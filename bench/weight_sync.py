@@ -21,25 +21,9 @@ import torch
 
 
 def trainer_args(dtype: str, lr: float, threads: int | None) -> argparse.Namespace:
-    return argparse.Namespace(
-        seed=0,
-        train_num_threads=threads,
-        train_device="cpu",
-        train_dtype=dtype,
-        gradient_checkpointing=False,
-        lr=lr,
-        adam_beta1=0.9,
-        adam_beta2=0.98,
-        adam_eps=1e-8,
-        weight_decay=0.0,
-        clip_grad=1.0,
-        global_batch_size=None,
-        micro_batch_size=4,
-        use_rollout_logprobs=False,
-        calculate_per_token_loss=False,
-        eps_clip=0.2,
-        eps_clip_high=None,
-    )
+    from vime_core.testing.trainer_args import trainer_args as base
+
+    return base(train_num_threads=threads, train_dtype=dtype, lr=lr, micro_batch_size=4)
 
 
 def rl_batch(vocab: int, step: int, n: int, prompt_len: int, resp_len: int):
