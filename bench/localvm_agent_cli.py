@@ -24,8 +24,9 @@ async def one(agent: str, share: bool, memory_mb: int) -> dict[str, float | str]
 
     harness = get_plugins().resolve("agent", agent)()
     harness.prepare(log=lambda *a: None)
-    sb = LocalVMSandbox(limits=SandboxLimits(memory_bytes=memory_mb << 20, wall_time_s=None),
-                        agents_dir=None if share else False)
+    sb = LocalVMSandbox(
+        limits=SandboxLimits(memory_bytes=memory_mb << 20, wall_time_s=None), agents_dir=None if share else False
+    )
     t0 = time.perf_counter()
     await sb.start()
     out: dict[str, float | str] = {"boot_s": time.perf_counter() - t0, "accel": sb._accel()}
@@ -52,9 +53,11 @@ def main() -> None:
     modes = [True, False] if a.copy else [True]
     for share in modes:
         r = asyncio.run(one(a.agent, share, a.memory_mb))
-        print(f"{a.agent} via {'9p share' if share else 'copy    '}: boot {r['boot_s']:.1f} s ({r['accel']}), "
-              f"install {r['install_s']:.1f} s, --version again {r['version_again_s']:.1f} s "
-              f"[{r['version']}] at {r['executable']}")
+        print(
+            f"{a.agent} via {'9p share' if share else 'copy    '}: boot {r['boot_s']:.1f} s ({r['accel']}), "
+            f"install {r['install_s']:.1f} s, --version again {r['version_again_s']:.1f} s "
+            f"[{r['version']}] at {r['executable']}"
+        )
 
 
 if __name__ == "__main__":

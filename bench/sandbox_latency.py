@@ -62,8 +62,10 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, default=1, help="sandboxes in flight at once")
     ap.add_argument("--warmup", type=int, default=1, help="untimed rounds first")
     a = ap.parse_args()
-    print(f"sandbox create + exec('echo hi') + teardown, median of N, ms (load average {os.getloadavg()[0]:.1f}, "
-          f"{os.cpu_count()} CPUs, concurrency {a.concurrency})")
+    print(
+        f"sandbox create + exec('echo hi') + teardown, median of N, ms (load average {os.getloadavg()[0]:.1f}, "
+        f"{os.cpu_count()} CPUs, concurrency {a.concurrency})"
+    )
     print(f"{'backend':10s} {'create':>8s} {'exec':>8s} {'teardown':>9s} {'total':>8s} {'min':>8s} {'max':>8s}  n")
     for name in [b for b in a.backends.split(",") if b]:
         fake = None
@@ -83,8 +85,10 @@ def main() -> None:
                 for key in fake.env():
                     os.environ.pop(key, None)
         label = f"{name}-fake" if fake is not None else name
-        print(f"{label:10s} {r['create']:8.0f} {r['exec']:8.0f} {r['teardown']:9.0f} {r['total']:8.0f} "
-              f"{r['min']:8.0f} {r['max']:8.0f}  {r['n']}")
+        print(
+            f"{label:10s} {r['create']:8.0f} {r['exec']:8.0f} {r['teardown']:9.0f} {r['total']:8.0f} "
+            f"{r['min']:8.0f} {r['max']:8.0f}  {r['n']}"
+        )
 
 
 if __name__ == "__main__":
