@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import logging
 import math
+from collections.abc import Iterable
 from pathlib import Path
 
 import torch
@@ -28,6 +29,38 @@ from vime_core.types import Sample
 logger = logging.getLogger("vime.trainer")
 
 VALUE_HEAD_FILE = "value_head.safetensors"
+
+
+def resolve_critic_path(path: str | Path) -> Path:
+    """``--critic-load`` (or the policy's directory) as a directory: an HF/critic directory as is, else a known
+    model name prepared by :func:`vime_core.models.resolve_model`.
+
+    :raises FileNotFoundError: naming ``--critic-load`` if ``path`` is neither a directory nor a known model.
+    """
+    path = Path(path)
+    if (path / "config.json").is_file():
+        return path
+    from vime_core.models import resolve_model
+
+    try:
+        return resolve_model(str(path))
+    except Exception as e:  # noqa: BLE001 - re-raised with the flag named
+        raise FileNotFoundError(f"--critic-load {path}: not an HF model directory nor a known model ({e})") from e
+
+
+def clip_and_step(
+    params: Iterable[torch.nn.Parameter], optimizer: torch.optim.Optimizer, max_norm: float, label: str
+) -> float:
+    """Clip the gradients to ``max_norm`` (``--clip-grad``) and step ``optimizer``; the norm before clipping.
+
+    :param label: names the norm in the error, e.g. ``"grad norm"`` or ``"critic grad norm"``.
+    :raises FloatingPointError: ``non-finite <label> <norm>`` on a non-finite gradient norm (no update is made).
+    """
+    grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+    if not math.isfinite(grad_norm):
+        raise FloatingPointError(f"non-finite {label} {grad_norm}")
+    optimizer.step()
+    return grad_norm
 
 
 class ValueModel(torch.nn.Module):
@@ -57,16 +90,7 @@ class ValueModel(torch.nn.Module):
         """
         from transformers import AutoModel
 
-        path = Path(path)
-        if not (path / "config.json").is_file():
-            from vime_core.models import resolve_model
-
-            try:
-                path = resolve_model(str(path))
-            except Exception as e:  # noqa: BLE001 - re-raised with the flag named
-                raise FileNotFoundError(
-                    f"--critic-load {path}: not an HF model directory nor a known model ({e})"
-                ) from e
+        path = resolve_critic_path(path)
         backbone = AutoModel.from_pretrained(str(path), dtype=dtype)
         head = None
         if (path / VALUE_HEAD_FILE).is_file():
@@ -230,11 +254,7 @@ class Critic(CriticBase):
         self.optimizer.zero_grad(set_to_none=True)
 
     def optimizer_step(self) -> float:
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.args.clip_grad))
-        if not math.isfinite(grad_norm):
-            raise FloatingPointError(f"non-finite critic grad norm {grad_norm}")
-        self.optimizer.step()
-        return grad_norm
+        return clip_and_step(self.model.parameters(), self.optimizer, self.args.clip_grad, "critic grad norm")
 
     def save(self, path: Path) -> None:
         """The critic directory (:meth:`ValueModel.save_pretrained`) plus ``optimizer.pt``."""

@@ -454,9 +454,6 @@ class MegatronTrainer(TrainerBackend):
         lp, ent = self.token_log_probs(ids, pos, with_entropy=with_entropy)
         return self.response_slices(samples, lp), None if ent is None else self.response_slices(samples, ent)
 
-    def _response_log_probs(self, samples: list[Sample]) -> list[torch.Tensor]:
-        return self.policy_log_probs(samples, False)[0]
-
     def zero_grad(self) -> None:
         self.ddp.zero_grad_buffer()
         self.optimizer.zero_grad()
@@ -466,14 +463,7 @@ class MegatronTrainer(TrainerBackend):
 
         :raises FloatingPointError: on a non-finite gradient norm.
         """
-        from megatron.core.distributed import finalize_model_grads
-
-        finalize_model_grads([self.ddp])
-        ok, grad_norm, _ = self.optimizer.step()
-        grad_norm = float(grad_norm) if grad_norm is not None else float("nan")
-        if not ok or not math.isfinite(grad_norm):
-            raise FloatingPointError(f"non-finite grad norm {grad_norm} at train step {self.steps_done}")
-        return grad_norm
+        return megatron_step(self.ddp, self.optimizer, f"grad norm at train step {self.steps_done}:")
 
     # -- training ----------------------------------------------------------------------------------------------------
     def train_step(self, batch: RolloutBatch) -> dict[str, float]:
@@ -542,6 +532,24 @@ class MegatronTrainer(TrainerBackend):
         self.steps_done = ts["steps_done"]
         torch.set_rng_state(ts["rng"])
         torch.cuda.set_rng_state(ts["cuda_rng"])
+
+
+def megatron_step(ddp: Any, optimizer: Any, label: str) -> float:
+    """Finalize a Megatron DDP model's gradients (DP reduce-scatter, SP layernorm grads across TP), clip and step its
+    optimizer; the gradient norm before clipping.
+
+    :param label: names the norm in the error, e.g. ``"grad norm"`` or ``"critic grad norm"``.
+    :raises FloatingPointError: ``non-finite <label> <norm>`` on a non-finite gradient norm (Megatron skips the
+        update).
+    """
+    from megatron.core.distributed import finalize_model_grads
+
+    finalize_model_grads([ddp])
+    ok, grad_norm, _ = optimizer.step()
+    grad_norm = float(grad_norm) if grad_norm is not None else float("nan")
+    if not ok or not math.isfinite(grad_norm):
+        raise FloatingPointError(f"non-finite {label} {grad_norm}")
+    return grad_norm
 
 
 def save_optimizer(optimizer: Any, path: Path, rank: int) -> None:

@@ -17,7 +17,6 @@ value head is replicated on every TP rank (its input, the final hidden state, is
 from __future__ import annotations
 
 import dataclasses
-import math
 import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -26,7 +25,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from vime_core.algorithms.options import opt
-from vime_core.trainer.critic import VALUE_HEAD_FILE, CriticBase
+from vime_core.trainer.critic import VALUE_HEAD_FILE, CriticBase, resolve_critic_path
 from vime_core.types import Sample
 
 if TYPE_CHECKING:
@@ -83,17 +82,7 @@ class MegatronCritic(CriticBase):
 
         self.trainer = trainer
         self.args = trainer.args
-        path = Path(opt(self.args, "critic_load") or trainer.model_path)
-        if not (path / "config.json").is_file():
-            from vime_core.models import resolve_model
-
-            try:
-                path = resolve_model(str(path))
-            except Exception as e:  # noqa: BLE001 - re-raised with the flag named
-                raise FileNotFoundError(
-                    f"--critic-load {path}: not an HF model directory nor a known model ({e})"
-                ) from e
-        self.path = path
+        self.path = path = resolve_critic_path(opt(self.args, "critic_load") or trainer.model_path)
         self.arch = dataclasses.replace(trainer.arch, tie_word_embeddings=True)  # no LM head to map
         gpt = trainer.new_gpt(tied=False)
         gpt.output_layer = ValueHead(trainer.arch.hidden_size, trainer.config.sequence_parallel).cuda()
@@ -135,14 +124,9 @@ class MegatronCritic(CriticBase):
         self.optimizer.zero_grad()
 
     def optimizer_step(self) -> float:
-        from megatron.core.distributed import finalize_model_grads
+        from vime_core.trainer.megatron_backend import megatron_step
 
-        finalize_model_grads([self.ddp])
-        ok, grad_norm, _ = self.optimizer.step()
-        grad_norm = float(grad_norm) if grad_norm is not None else float("nan")
-        if not ok or not math.isfinite(grad_norm):
-            raise FloatingPointError(f"non-finite critic grad norm {grad_norm}")
-        return grad_norm
+        return megatron_step(self.ddp, self.optimizer, "critic grad norm")
 
     # -- checkpoints -----------------------------------------------------------------------------------------------
     def save(self, path: Path) -> None:
@@ -169,7 +153,7 @@ class MegatronCritic(CriticBase):
                 str(path / VALUE_HEAD_FILE),
             )
             shutil.copy2(t.model_path / "config.json", path / "config.json")
-        if t.steps_done or self._stepped():
+        if self._stepped():  # the critic steps whenever the policy does (and alone in critic-only steps)
             save_optimizer(self.optimizer, path, t.rank)
         dist.barrier()
 

@@ -14,7 +14,7 @@ Order of one step (slime's ``train_actor`` order; the formulas are :mod:`vime_co
 
 A backend implements :class:`PolicyOps` (the torch backend: an HF model on CPU/GPU; the megatron backend: a
 megatron-core ``GPTModel`` with tensor/data parallelism), a reference model with ``log_probs(samples,
-micro_batch_size)`` and a critic with ``values``/``train_minibatch`` (see :class:`ReferenceOps`, :class:`CriticOps`).
+micro_batch_size)`` (:class:`ReferenceOps`) and a critic (:class:`~vime_core.trainer.critic.CriticBase`).
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from vime_core.algorithms.kl import approx_kl
 from vime_core.algorithms.mismatch import check_logprob_drift
 from vime_core.algorithms.options import opt
 from vime_core.algorithms.policy_loss import policy_loss, policy_loss_kwargs
+from vime_core.trainer.critic import CriticBase
 from vime_core.types import RolloutBatch, Sample
 
 
@@ -41,32 +42,13 @@ class ReferenceOps(Protocol):
         """``id(sample) → [response_length]`` float32 CPU log-probs (no grad)."""
 
 
-class CriticOps(Protocol):
-    """The PPO value model and its optimizer."""
-
-    lr: float
-
-    def values(self, samples: list[Sample], micro_batch_size: int) -> dict[int, torch.Tensor]:
-        """``id(sample) → [response_length]`` float32 CPU values before any update (no grad)."""
-
-    def train_minibatch(
-        self,
-        micro_batches: list[list[Sample]],
-        old_values: dict[int, torch.Tensor],
-        returns: dict[int, torch.Tensor],
-        per_token: bool,
-    ) -> dict[str, float]:
-        """One optimizer step of the clipped value loss; metrics ``value_loss``, ``value_clipfrac``,
-        ``critic_grad_norm``."""
-
-
 class PolicyOps(Protocol):
     """What a backend supplies to :func:`rl_train_step`."""
 
     args: argparse.Namespace
     steps_done: int
     ref_model: ReferenceOps | None
-    critic: CriticOps | None
+    critic: CriticBase | None
     loss_device: torch.device
 
     def policy_log_probs(

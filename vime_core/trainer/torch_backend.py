@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import math
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -163,11 +162,11 @@ class TorchTrainer(TrainerBackend):
 
         :raises FloatingPointError: on a non-finite gradient norm (no update is made).
         """
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.args.clip_grad))
-        if not math.isfinite(grad_norm):
-            raise FloatingPointError(f"non-finite grad norm {grad_norm} at train step {self.steps_done}")
-        self.optimizer.step()
-        return grad_norm
+        from vime_core.trainer.critic import clip_and_step
+
+        return clip_and_step(
+            self.model.parameters(), self.optimizer, self.args.clip_grad, f"grad norm at train step {self.steps_done}:"
+        )
 
     def train_step(self, batch: RolloutBatch) -> dict[str, float]:
         """One RL step on ``batch``: :func:`vime_core.trainer.rl_step.rl_train_step` (shared by every backend; its
