@@ -116,10 +116,76 @@ def build_parser(add_plugin_arguments: bool = True) -> argparse.ArgumentParser:
     g.add_argument("--generate", default="default", help="generate function")
     g.add_argument("--reward", default="reasoning_gym", help="reward function")
     g.add_argument("--reward-key", default=None, help="entry of a dict reward used for advantages")
+    g.add_argument(
+        "--group-reward",
+        default=None,
+        metavar="NAME",
+        help="score each prompt's group at once with this group reward function (vime_register_group_reward_"
+        "functions; built-in: rank) instead of --reward per sample, once every sample of the group has finished; "
+        "default: none (--reward per sample). slime's --group-rm. 'rank' itself scores with --reward",
+    )
+    g.add_argument(
+        "--reward-timeout",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="limit in seconds on one call of the --reward (or --group-reward) function; past it the sample fails "
+        "as reward_timeout (excluded, counted in rollout/failed/reward_timeout); default: no limit. A reward that "
+        "blocks the event loop cannot be cut: 'math' has its own --math-verify-timeout",
+    )
     g.add_argument("--advantage-estimator", default="grpo")
     g.add_argument("--disable-grpo-std-normalization", action="store_true", help="Dr.GRPO: A = r - mean(r)")
     g.add_argument("--trainer", default="torch", help="trainer backend")
     g.add_argument("--weight-sync", default="disk", help="weight-sync strategy")
+
+    g = p.add_argument_group("built-in rewards (docs/rewards.md)")
+    g.add_argument(
+        "--rm-url",
+        default=None,
+        help="--reward remote: URL the reward-model service is POSTed each sample to (JSON prompt/response/label/"
+        "metadata; answers a number or {'reward': ...}); required with --reward remote, default: none (slime's name)",
+    )
+    g.add_argument(
+        "--rm-concurrency",
+        type=int,
+        default=32,
+        help="--reward remote: most requests in flight to --rm-url per rollout process (default 32)",
+    )
+    g.add_argument(
+        "--rm-timeout",
+        type=float,
+        default=60.0,
+        metavar="SECONDS",
+        help="--reward remote: seconds one request may take before it is retried (default 60); the whole call is "
+        "also bounded by --reward-timeout when set",
+    )
+    g.add_argument(
+        "--rm-max-retries",
+        type=int,
+        default=3,
+        help="--reward remote: retries after a connection error, timeout, 429 or 5xx, with exponential backoff "
+        "0.5 s, 1 s, 2 s, ... (capped at 8 s); default 3; then the sample fails as reward_error/reward_timeout",
+    )
+    g.add_argument(
+        "--math-verify-timeout",
+        type=float,
+        default=5.0,
+        metavar="SECONDS",
+        help="--reward math: seconds one math-verify check may take in its worker process before the worker is "
+        "killed and the sample fails as reward_timeout (default 5)",
+    )
+    g.add_argument(
+        "--math-verify-workers",
+        type=int,
+        default=2,
+        help="--reward math: worker processes checking answers with math-verify (default 2)",
+    )
+    g.add_argument(
+        "--math-last-number-fallback",
+        action="store_true",
+        help="--reward math: without a \\boxed{} answer, take the last number of the response (default off: no "
+        "boxed answer scores 0)",
+    )
 
     g = p.add_argument_group("training")
     g.add_argument("--lr", type=float, default=1e-6)
@@ -341,6 +407,17 @@ def _check(args: argparse.Namespace) -> None:
         )
     if args.max_staleness < 0:
         raise ArgumentError("--max-staleness must be >= 0")
+    if args.reward == "remote" and not args.rm_url:
+        raise ArgumentError("--reward remote needs --rm-url (the reward-model service's URL)")
+    for name in ("rm_concurrency", "math_verify_workers"):
+        if getattr(args, name) < 1:
+            raise ArgumentError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    for name in ("rm_timeout", "math_verify_timeout", "reward_timeout"):
+        value = getattr(args, name)
+        if value is not None and value <= 0:
+            raise ArgumentError(f"--{name.replace('_', '-')} must be > 0 seconds, got {value}")
+    if args.rm_max_retries < 0:
+        raise ArgumentError(f"--rm-max-retries must be >= 0, got {args.rm_max_retries}")
     if args.debug_rollout_only and args.debug_train_only:
         raise ArgumentError("--debug-rollout-only and --debug-train-only exclude each other")
     if not args.debug_train_only and args.prompt_data is None:

@@ -45,7 +45,23 @@ def vime_register_generate_functions(register: Register) -> None:
 def vime_register_reward_functions(register: Register) -> None:
     """Register reward functions by name (``--reward NAME``).
 
-    A reward function is ``async def reward(args, sample) -> float | dict[str, float]``.
+    A reward function is ``async def reward(args, sample) -> float | dict[str, float]``. A reward that raises,
+    exceeds ``--reward-timeout`` or returns NaN/±inf/a non-number marks the sample ``failed`` with that cause
+    (:mod:`vime_core.failures`): excluded, never scored 0.
+
+    :param register: call ``register("name", fn)`` once per function.
+
+    .. versionadded:: 0.1
+    """
+
+
+@hookspec
+def vime_register_group_reward_functions(register: Register) -> None:
+    """Register group reward functions by name (``--group-reward NAME``).
+
+    A group reward function is ``async def reward(args, group: list[Sample]) -> list[float | dict[str, float]]``:
+    one score per sample of a prompt's group, in order (pairwise preference, rank-based rewards). It replaces
+    ``--reward`` and gets the group's completed/truncated samples once all of them have finished generating.
 
     :param register: call ``register("name", fn)`` once per function.
 

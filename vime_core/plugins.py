@@ -48,8 +48,8 @@ class PluginInfo:
 class Plugins:
     """Loaded plugins and one :class:`Registry` per plugin kind.
 
-    Build with :func:`get_plugins`; registries: ``generate``, ``reward``, ``advantage``, ``dynamic_filter``,
-    ``sandbox``, ``agent``, ``weight_sync``, ``trainer``.
+    Build with :func:`get_plugins`; registries: ``generate``, ``reward``, ``group_reward``, ``advantage``,
+    ``dynamic_filter``, ``sandbox``, ``agent``, ``weight_sync``, ``trainer``.
     """
 
     def __init__(self) -> None:
@@ -66,6 +66,9 @@ class Plugins:
                 "generate", "--generate", check_callable_signature("args", "sample", "sampling_params", is_async=True)
             ),
             "reward": Registry("reward", "--reward", check_callable_signature("args", "sample", is_async=True)),
+            "group_reward": Registry(
+                "group_reward", "--group-reward", check_callable_signature("args", "group", is_async=True)
+            ),
             "advantage": Registry("advantage", "--advantage-estimator", check_callable_signature("args", "group")),
             "dynamic_filter": Registry(
                 "dynamic_filter", "--dynamic-sampling-filter", check_callable_signature("args", "group")
@@ -115,6 +118,7 @@ class Plugins:
         hooks = {
             "generate": "vime_register_generate_functions",
             "reward": "vime_register_reward_functions",
+            "group_reward": "vime_register_group_reward_functions",
             "advantage": "vime_register_advantage_estimators",
             "dynamic_filter": "vime_register_dynamic_sampling_filters",
             "sandbox": "vime_register_sandbox_backends",

@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from vime_core.data.workspace_task import AgentResult, WorkspaceTask
+from vime_core.failures import FailureCause, mark_failed
 from vime_core.rollout.context import RolloutContext, get_rollout_context
 from vime_core.types import Sample, Status
 
@@ -251,12 +252,10 @@ def _task_prompt(sample: Sample) -> str:
     return users[-1]
 
 
-def _failed(sample: Sample, why: str, error: BaseException | None = None) -> Sample:
-    """The input sample as an excluded placeholder (status ``failed``: never scored, never trained)."""
-    sample.status = Status.FAILED
+def _failed(sample: Sample, why: str, cause: FailureCause, error: BaseException | None = None) -> Sample:
+    """The input sample as an excluded placeholder (status ``failed`` with ``cause``: never scored, never trained)."""
+    mark_failed(sample, cause, error if error is not None else why)
     sample.metadata["excluded"] = why
-    if error is not None:
-        sample.metadata["error"] = f"{type(error).__name__}: {error}"
     return sample
 
 
@@ -312,13 +311,16 @@ async def generate(args: argparse.Namespace, sample: Sample, sampling_params: di
         if opened:
             gw.drop_session(sid)
         logger.warning("agent episode %s failed (excluded): %s: %s", sid, type(e).__name__, e)
-        return _failed(sample, "agent episode failed (infrastructure)", e)
+        cause = FailureCause.SANDBOX_ERROR if isinstance(e, SandboxError) else FailureCause.AGENT_ERROR
+        return _failed(sample, "agent episode failed (infrastructure)", cause, e)
     except BaseException:
         if opened:
             gw.drop_session(sid)
         raise
     result.agent_status, result.exit_code, result.duration_s = run.status, run.exit_code, run.duration_s
     meta = {
+        # killed at its own --agent-wall-time: the policy's doing, so scored and trained (vime_core.failures)
+        "policy_timeout": run.status == "timeout",
         "agent_result": result.to_dict(),
         "agent": {
             "name": _opt(args, "agent", ""),
@@ -336,7 +338,8 @@ async def generate(args: argparse.Namespace, sample: Sample, sampling_params: di
     samples = await asyncio.to_thread(gw.close_session, sid, sample, None, extra_metadata=meta)
     if not samples:
         sample.metadata.update(meta)
-        return _failed(sample, f"the agent made no model call (agent status {run.status}, exit {run.exit_code})")
+        why = f"the agent made no model call (agent status {run.status}, exit {run.exit_code})"
+        return _failed(sample, why, FailureCause.AGENT_ERROR)
     return samples
 
 

@@ -18,7 +18,9 @@ from typing import Any
 
 from vime_core.arguments import sampling_params_from_args
 from vime_core.data.source import DataSource, read_rows
+from vime_core.failures import classify_failure, failure_metrics, mark_failed
 from vime_core.plugins import get_plugins
+from vime_core.rewards.call import call_group_reward, call_reward
 from vime_core.rollout.context import RolloutContext, set_rollout_context
 from vime_core.types import Sample, Status
 from vime_core.weight_sync.base import WeightUpdate
@@ -41,6 +43,8 @@ class RolloutManager:
         plugins = get_plugins()
         self.generate_fn = plugins.resolve("generate", args.generate)
         self.reward_fn = plugins.resolve("reward", args.reward)
+        group_reward = getattr(args, "group_reward", None)
+        self.group_reward_fn = plugins.resolve("group_reward", group_reward) if group_reward else None
         self.hook = plugins.pm.hook
         self.weight_sync = plugins.resolve("weight_sync", args.weight_sync)(args)
         name = getattr(args, "dynamic_sampling_filter", None)
@@ -262,24 +266,32 @@ async def _run_groups(
 ) -> None:
     """Generate and score every sample of ``groups`` concurrently (module-level: a class with async methods
     would become an *async* Ray actor, whose methods cannot drive their own event loop). ``sem`` bounds the
-    generate calls in flight when several calls share it (default: ``--rollout-concurrency`` for this call)."""
+    generate calls in flight when several calls share it (default: ``--rollout-concurrency`` for this call).
+
+    Each sample is scored by ``--reward`` as soon as it is generated; with ``--group-reward`` a group is scored at
+    once when all its samples have finished. Whatever fails marks the sample ``failed`` with its cause
+    (:func:`vime_core.failures.classify_failure`; reward errors, timeouts and non-finite values included)."""
     from vime_core.rollout.oversample import needs_generation, prepare_resume
 
     sem = sem or asyncio.Semaphore(self.args.rollout_concurrency)
     mask_offpolicy = getattr(self.args, "mask_offpolicy_in_partial_rollout", False)
     params = sampling_params_from_args(self.args)
+    reward_timeout = getattr(self.args, "reward_timeout", None)
+    group_reward_fn = getattr(self, "group_reward_fn", None)
     fanned: dict[int, list[Sample]] = {}  # id(sample) -> the segments a fan-out generate function returned
 
-    async def one(sample: Sample) -> None:
+    async def one(sample: Sample) -> list[Sample] | None:
+        """Generate (and, without a group reward, score) one sample; its output samples, or None if skipped."""
         if not needs_generation(sample):  # finished in an earlier step (a group returned by partial rollout)
-            return
+            return None
         outs = [sample]
         async with sem:
             if self.aborting:  # the batch filled while this sample waited: never sent
                 sample.status = Status.ABORTED
-                return
+                return None
             if sample.status == Status.ABORTED:  # partial rollout: continue from prompt + partial response
                 prepare_resume(sample, self.weight_version, mask_offpolicy)
+            stage = "generate"
             try:
                 out = await self.generate_fn(self.args, sample, dict(params))
                 if isinstance(out, list):  # fan-out: segments of one rollout, scored once, same reward on each
@@ -294,27 +306,84 @@ async def _run_groups(
                 for s in outs:
                     s.validate()
                 scored = [s for s in outs if s.status in (Status.COMPLETED, Status.TRUNCATED)]
-                if scored:
-                    reward = await self.reward_fn(self.args, scored[0])
-                    for s in scored:
-                        s.reward = copy.deepcopy(reward)
-                        s.metadata.update({k: v for k, v in scored[0].metadata.items() if k not in s.metadata})
+                if scored and group_reward_fn is None:
+                    stage = "reward"
+                    _set_reward(outs, await call_reward(self.reward_fn, self.args, scored[0], reward_timeout))
+                    stage = "teacher"
                     if self.teacher is not None:  # on-policy distillation: the teacher scores the sampled tokens
                         await self.teacher.score(scored)
                 if outs[0] is not sample:
                     fanned[id(sample)] = outs
             except Exception as e:  # noqa: BLE001 - recorded on the sample, excluded, counted in metrics
-                logger.warning("sample %d/%d failed: %s: %s", sample.group_index, sample.index, type(e).__name__, e)
-                sample.status = Status.FAILED
-                sample.metadata["error"] = f"{type(e).__name__}: {e}"
-                outs = [sample]
-        for s in outs:
-            self.hook.vime_on_sample(args=self.args, sample=s, step=step)
+                cause = classify_failure(e, stage)
+                logger.warning(
+                    "sample %d/%d failed (%s): %s: %s",
+                    sample.group_index,
+                    sample.index,
+                    cause.value,
+                    type(e).__name__,
+                    e,
+                )
+                fanned.pop(id(sample), None)
+                outs = [mark_failed(sample, cause, e)]
+        return outs
 
-    await asyncio.gather(*(one(s) for g in groups for s in g))
+    async def group(g: list[Sample]) -> None:
+        results = await asyncio.gather(*(one(s) for s in g))
+        ran = [outs for outs in results if outs is not None]
+        if group_reward_fn is not None:
+            await _score_group(self, group_reward_fn, g, [outs or [s] for s, outs in zip(g, results, strict=True)])
+        for outs in ran:
+            for s in outs:
+                self.hook.vime_on_sample(args=self.args, sample=s, step=step)
+
+    await asyncio.gather(*(group(g) for g in groups))
     for g in groups:  # replace fanned-out samples by their segments, in place (callers hold these lists)
         if any(id(s) in fanned for s in g):
             g[:] = [x for s in g for x in fanned.get(id(s), [s])]
+
+
+def _set_reward(outs: list[Sample], reward: float | dict[str, float]) -> None:
+    """Give every scorable sample of one rollout (``outs``: the sample, or its fan-out segments) the reward, and the
+    first one's metadata keys the others lack."""
+    scored = [s for s in outs if s.status in (Status.COMPLETED, Status.TRUNCATED)]
+    for s in scored:
+        s.reward = copy.deepcopy(reward)
+        s.metadata.update({k: v for k, v in scored[0].metadata.items() if k not in s.metadata})
+
+
+async def _score_group(self: RolloutManager, fn: Any, group: list[Sample], rollouts: list[list[Sample]]) -> None:
+    """``--group-reward``: once no sample of ``group`` is left to generate (none aborted or pending), score the
+    rollouts that finished, one representative sample each (``rollouts[i][0]``), and give each rollout its score;
+    a failure fails the rollouts it concerns, with its cause."""
+    if any(s.status in (Status.ABORTED, Status.PENDING) for s in group):
+        return  # partial rollout: the group returns to the buffer and is scored when it completes
+    todo = [outs for outs in rollouts if outs[0].status in (Status.COMPLETED, Status.TRUNCATED)]
+    if not todo:
+        return
+    timeout = getattr(self.args, "reward_timeout", None)
+    try:
+        rewards: list[Any] = await call_group_reward(fn, self.args, [outs[0] for outs in todo], timeout)
+    except Exception as e:  # noqa: BLE001 - every rollout of the group fails with the cause
+        rewards = [e] * len(todo)
+    for outs, reward in zip(todo, rewards, strict=True):
+        if isinstance(reward, Exception):
+            cause = classify_failure(reward, "reward")
+            logger.warning(
+                "group %d: sample %d failed (%s): %s", outs[0].group_index, outs[0].index, cause.value, reward
+            )
+            for s in outs:
+                mark_failed(s, cause, reward)
+        else:
+            _set_reward(outs, reward)
+    if self.teacher is not None:
+        scored = [s for outs in todo for s in outs if s.status in (Status.COMPLETED, Status.TRUNCATED)]
+        try:
+            await self.teacher.score(scored)
+        except Exception as e:  # noqa: BLE001
+            cause = classify_failure(e, "teacher")
+            for s in scored:
+                mark_failed(s, cause, e)
 
 
 def _engine_cpu_bind(args: argparse.Namespace, index: int) -> str | None:
@@ -336,7 +405,9 @@ def _cpu_bind(index: int, count: int) -> str | None:
 
 
 def rollout_metrics(samples: list[Sample], reward_key: str | None = None) -> dict[str, float]:
-    """``rollout/*`` metrics of one step: reward mean/std over scored samples, response length, statuses."""
+    """``rollout/*`` metrics of one step: reward mean/std over scored samples, response length, statuses, and the
+    failures counted by cause (``rollout/failed/<cause>``, ``rollout/policy_timeout``:
+    :func:`vime_core.failures.failure_metrics`)."""
     scored = [s for s in samples if s.status in (Status.COMPLETED, Status.TRUNCATED) and s.reward is not None]
     rewards = [s.reward_value(reward_key) for s in scored]
     lengths = [s.response_length for s in samples if s.status in (Status.COMPLETED, Status.TRUNCATED)]
@@ -350,4 +421,5 @@ def rollout_metrics(samples: list[Sample], reward_key: str | None = None) -> dic
         "rollout/aborted_frac": sum(s.status == Status.ABORTED for s in samples) / n,
         "rollout/num_samples": float(len(samples)),
     }
+    m.update(failure_metrics(samples))
     return m

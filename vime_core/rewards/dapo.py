@@ -1,0 +1,109 @@
+"""The ``dapo_math`` reward: DAPO's rule-based math score, +1.0 for a correct answer and -1.0 otherwise.
+
+Source: DAPO (Yu et al., 2025, arXiv:2503.14476, §3.4 "rule-based reward") as implemented in verl's
+``verl/utils/reward_score/math_dapo.py`` (``compute_score`` with ``strict_box_verify=False``), which slime's
+``dapo`` reward also uses. The rule, reproduced here so that scores match theirs exactly:
+
+1. Only the last 300 characters of the response are looked at. Before that, vime drops a thinking block
+   (:func:`~vime_core.rewards.simple.strip_thinking`): a no-op on responses without ``<think>``, so scores equal
+   verl's there, and an ``Answer:`` written while thinking does not count.
+2. The answer is the text after the last ``Answer:`` (case-insensitive, spaces allowed around the colon) up to the
+   end of its line; without one the answer is ``[INVALID]`` (never equal to a label).
+3. Answer and label are normalised by the Minerva/hendrycks-math rule (:func:`normalize_final_answer`): the part
+   after the last ``=``; a fixed list of substitutions and removed unit words; the content of ``$...$``,
+   ``\\text{}``, ``\\textbf{}``, ``\\overline{}`` and ``\\boxed{}`` kept; ``\\fracab``/``\\sqrta`` shorthand
+   expanded; a digits-and-commas number loses its commas.
+4. Equal strings score +1.0, anything else -1.0 (no partial credit, no symbolic equivalence: ``0.5`` and
+   ``\\frac{1}{2}`` differ; use the ``math`` reward for that).
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+
+from vime_core.rewards.simple import strip_thinking
+from vime_core.types import Sample
+
+#: How much of the response's end the rule reads (verl: "the longest answer in MATH-500 has 159 characters").
+TAIL_CHARS = 300
+_ANSWER = re.compile(r"(?i)Answer\s*:\s*([^\n]+)")
+INVALID = "[INVALID]"
+
+# (old, new) replacements, applied in order (Minerva's normalisation, as in verl's math_dapo.py)
+_REPLACE = (
+    ("an ", ""),
+    ("a ", ""),
+    (".$", "$"),
+    ("\\$", ""),
+    ("\\ ", ""),
+    (" ", ""),
+    ("mbox", "text"),
+    (",\\text{and}", ","),
+    ("\\text{and}", ","),
+    ("\\text{m}", "\\text{}"),
+)
+# substrings deleted, in order
+_DELETE = (
+    *"square ways integers dollars mph inches hours km units".split(),
+    "\\ldots",
+    *"sue points feet minutes digits cents degrees cm gm pounds meters meals edges students childrentickets".split(),
+    "multiples",
+    "\\text{s}",
+    "\\text{.}",
+    "\\text{\ns}",
+    "\\text{}^2",
+    "\\text{}^3",
+    "\\text{\n}",
+    "\\text{}",
+    "\\mathrm{th}",
+    "^\\circ",
+    "^{\\circ}",
+    "\\;",
+    ",\\!",
+    "{,}",
+    '"',
+    "\\dots",
+)
+# (pattern, replacement) regex rewrites, in order
+_REWRITE = (
+    (re.compile(r"(.*?)(\$)(.*?)(\$)(.*)"), "$\\3$"),
+    (re.compile(r"(\\text\{)(.*?)(\})"), "\\2"),
+    (re.compile(r"(\\textbf\{)(.*?)(\})"), "\\2"),
+    (re.compile(r"(\\overline\{)(.*?)(\})"), "\\2"),
+    (re.compile(r"(\\boxed\{)(.*)(\})"), "\\2"),
+    (re.compile(r"(frac)([^{])(.)"), "frac{\\2}{\\3}"),
+    (re.compile(r"(sqrt)([^{])"), "sqrt{\\2}"),
+)
+
+
+def normalize_final_answer(answer: str) -> str:
+    """Minerva's answer normalisation (step 3 of the module docstring), e.g. ``"x = \\$1,000"`` → ``"1000"``,
+    ``"\\boxed{\\frac12}"`` → ``"\\frac{1}{2}"``, ``"10 \\text{ cm}"`` → ``"10"``."""
+    answer = answer.split("=")[-1]
+    for old, new in _REPLACE:
+        answer = answer.replace(old, new)
+    for gone in _DELETE:
+        answer = answer.replace(gone, "")
+    for pattern, repl in _REWRITE:
+        answer = pattern.sub(repl, answer)
+    answer = answer.replace("$", "")
+    if answer.replace(",", "").isdigit():
+        answer = answer.replace(",", "")
+    return answer.strip()
+
+
+def dapo_answer(response: str) -> str:
+    """The normalised answer DAPO reads from ``response`` (steps 1-3); ``"[INVALID]"`` when there is none."""
+    found = _ANSWER.findall(strip_thinking(response)[-TAIL_CHARS:])
+    return normalize_final_answer(found[-1] if found else INVALID)
+
+
+async def dapo_math(args: argparse.Namespace, sample: Sample) -> float:
+    """+1.0 if the answer after the last ``Answer:`` equals the label after normalisation, else -1.0.
+
+    :raises ValueError: the sample has no label.
+    """
+    if sample.label is None:
+        raise ValueError(f"dapo_math: sample {sample.group_index}/{sample.index} has no label (--label-key)")
+    return 1.0 if dapo_answer(sample.response or "") == normalize_final_answer(str(sample.label)) else -1.0

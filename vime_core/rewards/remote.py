@@ -1,0 +1,126 @@
+"""The ``remote`` reward: score each sample with a reward-model service over HTTP (slime's ``remote_rm``).
+
+Each sample is sent as ``POST --rm-url`` with the JSON body
+``{"prompt": ..., "response": ..., "label": ..., "metadata": {...}}`` (``prompt`` is a string or a list of chat
+messages, as in the data; values JSON cannot hold are sent as their ``str``). The service answers ``200`` with a
+JSON number (the reward), or an object whose ``"reward"`` is a number or an object of numbers (a dict reward,
+picked with ``--reward-key``), or an object of numbers.
+
+Client behaviour (httpx): at most ``--rm-concurrency`` requests in flight per process; each attempt is cut after
+``--rm-timeout`` seconds; a connection error, a timeout, a ``429`` or a ``5xx`` is retried up to
+``--rm-max-retries`` times with exponential backoff (0.5 s, 1 s, 2 s, … capped at 8 s); any other status fails at
+once with the service's message. When every attempt failed the sample fails with a message that names the URL and
+the last error (``reward_timeout`` if the last attempt timed out, else ``reward_error``; see
+:mod:`vime_core.failures`): it is excluded, never scored 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import weakref
+from typing import Any
+
+import httpx
+
+from vime_core.failures import FailureCause, SampleFailure
+from vime_core.types import Sample
+
+logger = logging.getLogger("vime.rewards.remote")
+
+BACKOFF_BASE_S = 0.5
+BACKOFF_MAX_S = 8.0
+_RETRY_STATUS = frozenset({408, 429, 500, 502, 503, 504})
+# one client + semaphore per event loop (an httpx client is bound to the loop it was first used on)
+_clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, tuple[httpx.AsyncClient, asyncio.Semaphore]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def backoff_s(attempt: int) -> float:
+    """Seconds to wait before retry number ``attempt`` (0-based): ``min(0.5 * 2**attempt, 8)``."""
+    return min(BACKOFF_BASE_S * 2**attempt, BACKOFF_MAX_S)
+
+
+def request_body(sample: Sample) -> bytes:
+    """The JSON body sent for ``sample`` (module docstring)."""
+    payload = {
+        "prompt": sample.prompt,
+        "response": sample.response,
+        "label": sample.label,
+        "metadata": sample.metadata,
+    }
+    return json.dumps(payload, default=str).encode()
+
+
+def parse_reward(body: Any) -> Any:
+    """The reward in a service's JSON answer: a number, ``body["reward"]``, or the object itself (validated by
+    :func:`vime_core.rewards.call.validate_reward`)."""
+    if isinstance(body, dict) and "reward" in body:
+        return body["reward"]
+    return body
+
+
+def _client(concurrency: int) -> tuple[httpx.AsyncClient, asyncio.Semaphore]:
+    loop = asyncio.get_running_loop()
+    state = _clients.get(loop)
+    if state is None:
+        limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+        state = (httpx.AsyncClient(limits=limits), asyncio.Semaphore(concurrency))
+        _clients[loop] = state
+    return state
+
+
+async def remote_reward(args: argparse.Namespace, sample: Sample) -> Any:
+    """POST ``sample`` to ``args.rm_url`` and return the service's reward (see the module docstring).
+
+    Flags read from ``args``: ``rm_url`` (required), ``rm_concurrency`` (default 32), ``rm_timeout`` (seconds,
+    default 60), ``rm_max_retries`` (default 3).
+
+    :raises ValueError: ``--rm-url`` is not set.
+    :raises SampleFailure: the service is unreachable, keeps failing, refuses the request, or answers non-JSON.
+    """
+    url = getattr(args, "rm_url", None)
+    if not url:
+        raise ValueError(
+            "--reward remote needs --rm-url (the reward-model service's URL, e.g. http://host:8000/score)"
+        )
+    concurrency = int(getattr(args, "rm_concurrency", None) or 32)
+    timeout_s = float(getattr(args, "rm_timeout", None) or 60.0)
+    retries = int(getattr(args, "rm_max_retries", 3) or 0)
+    client, sem = _client(concurrency)
+    body = request_body(sample)
+    last: str = ""
+    timed_out = False
+    for attempt in range(retries + 1):
+        if attempt:
+            await asyncio.sleep(backoff_s(attempt - 1))
+        try:
+            async with sem:
+                resp = await client.post(
+                    url, content=body, headers={"content-type": "application/json"}, timeout=timeout_s
+                )
+        except httpx.TimeoutException as e:
+            last, timed_out = f"no answer within {timeout_s:g} s (--rm-timeout): {type(e).__name__}", True
+        except httpx.TransportError as e:
+            last, timed_out = f"{type(e).__name__}: {e}", False
+        else:
+            if resp.status_code == 200:
+                try:
+                    return parse_reward(resp.json())
+                except ValueError as e:
+                    raise SampleFailure(
+                        FailureCause.REWARD_ERROR, f"reward model at {url} answered non-JSON: {resp.text[:500]!r}"
+                    ) from e
+            last, timed_out = f"HTTP {resp.status_code}: {resp.text[:500]}", False
+            if resp.status_code not in _RETRY_STATUS:
+                raise SampleFailure(FailureCause.REWARD_ERROR, f"reward model at {url} refused the sample: {last}")
+        logger.info("remote reward: attempt %d/%d to %s failed: %s", attempt + 1, retries + 1, url, last)
+    cause = FailureCause.REWARD_TIMEOUT if timed_out else FailureCause.REWARD_ERROR
+    raise SampleFailure(
+        cause,
+        f"reward model at {url} failed {retries + 1} attempt(s) (--rm-max-retries {retries}); last error: {last}. "
+        "Is the service running and reachable from this machine?",
+    )
