@@ -9,6 +9,7 @@ import pytest
 from vime_core import hookimpl, hookspecs
 from vime_core.arguments import build_parser
 from vime_core.plugins import Plugins
+from vime_core.registry import RegistryError
 from vime_core.types import Sample, Status
 
 pytestmark = pytest.mark.unit
@@ -67,6 +68,21 @@ def test_hook_vime_register_generate_functions():
 
 def test_hook_vime_register_reward_functions():
     _registration_case("vime_register_reward_functions", "reward", _rew)
+
+
+def test_hook_vime_register_group_reward_functions():
+    """Registered like the others (a wrong signature is refused); scoring through the rollout manager is in
+    tests/unit/test_reward_failures.py, the built-in ``rank`` in the contract kit."""
+
+    async def by_group(args, group):
+        return [1.0] * len(group)
+
+    _registration_case("vime_register_group_reward_functions", "group_reward", by_group)
+
+    with pytest.raises(RegistryError, match=r"must take parameters \(args, group\)"):
+        _registration_case("vime_register_group_reward_functions", "group_reward", lambda args: None)
+    with pytest.raises(RegistryError, match="must be an async function"):
+        _registration_case("vime_register_group_reward_functions", "group_reward", lambda args, group: None)
 
 
 def test_hook_vime_register_advantage_estimators():

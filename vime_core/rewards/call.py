@@ -54,7 +54,7 @@ async def _with_timeout(coro: Awaitable[Any], timeout_s: float | None, what: str
         return await coro
     try:
         return await asyncio.wait_for(coro, timeout_s)
-    except TimeoutError as e:  # asyncio.TimeoutError is TimeoutError on Python 3.11+
+    except asyncio.TimeoutError as e:  # TimeoutError itself on Python 3.11+, not on 3.10
         raise SampleFailure(
             FailureCause.REWARD_TIMEOUT, f"{what} did not return within {timeout_s:g} s (--reward-timeout)"
         ) from e

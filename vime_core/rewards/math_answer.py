@@ -89,7 +89,11 @@ def verify_answer(answer: str, gold: str) -> bool:
     return bool(parsed) and bool(verify(parsed_gold, parsed, timeout_seconds=None))
 
 
-def _quiet_worker() -> None:
+def _init_worker() -> None:
+    """Worker start-up: import math-verify (and sympy) before any task, so that the import time does not count
+    against ``--math-verify-timeout``; silence its per-call warnings."""
+    import math_verify  # noqa: F401 - the import is the point
+
     logging.getLogger("math_verify").setLevel(logging.ERROR)
 
 
@@ -101,7 +105,7 @@ def _get_pool(workers: int) -> pebble.ProcessPool:
             if _pool is not None:
                 _pool.stop()
             _pool = pebble.ProcessPool(
-                max_workers=workers, initializer=_quiet_worker, context=multiprocessing.get_context("spawn")
+                max_workers=workers, initializer=_init_worker, context=multiprocessing.get_context("spawn")
             )
             _pool_workers = workers
         return _pool
