@@ -51,6 +51,21 @@ def _cmd_data(argv: list[str]) -> int:
     rg.add_argument("--seed", type=int, default=0)
     rg.add_argument("--config", default="{}", help="JSON object of the task's config")
     rg.add_argument("--out", type=Path, required=True)
+    rg.add_argument(
+        "--system-prompt",
+        default=None,
+        help="system message of every row (default: the calculator prompt asking for one 'Answer: N' line, which "
+        "--reward reasoning_gym and dapo_math read); e.g. 'Put the final answer in \\boxed{}.' for --reward math; "
+        "'' for no system message",
+    )
+    rg.add_argument(
+        "--few-shot",
+        default=None,
+        metavar="JSON",
+        help="worked examples put before every question as earlier chat turns: a JSON list of [user, assistant] "
+        'pairs, e.g. \'[["Calculate 3 + 5.", "\\\\boxed{8}"]]\' (default: none); they teach a small model '
+        "the answer format --system-prompt asks for",
+    )
     he = sub.add_parser("humaneval", help="export HumanEval (164 problems) as workspace tasks for coding agents")
     he.add_argument("--out", type=Path, required=True)
     he.add_argument("--limit", type=int, default=None, help="at most this many problems")
@@ -62,7 +77,18 @@ def _cmd_data(argv: list[str]) -> int:
 
         print(export_humaneval(a.out, task_ids=a.task_ids, limit=a.limit, include_solution=a.include_solution))
         return 0
-    print(export_reasoning_gym(a.task, a.size, a.seed, a.out, json.loads(a.config)))
+    kw: dict = {} if a.system_prompt is None else {"system_prompt": a.system_prompt or None}
+    if a.few_shot is not None:
+        try:
+            shots = json.loads(a.few_shot)
+        except ValueError as e:
+            p.error(f"--few-shot is not valid JSON ({e}): {a.few_shot!r}")
+        if not isinstance(shots, list) or not all(
+            isinstance(pair, list) and len(pair) == 2 and all(isinstance(t, str) for t in pair) for pair in shots
+        ):
+            p.error(f"--few-shot must be a JSON list of [user, assistant] string pairs, got {a.few_shot!r}")
+        kw["few_shot"] = [tuple(pair) for pair in shots]
+    print(export_reasoning_gym(a.task, a.size, a.seed, a.out, json.loads(a.config), **kw))
     return 0
 
 
