@@ -77,7 +77,10 @@ PREFLIGHT = "import sys; sys.path.insert(0, sys.argv[1]); import pytest; print('
 
 
 class RewardInfraError(RuntimeError):
-    """The test run could not be set up (not the agent's doing): the sample is marked failed and excluded."""
+    """The test run could not be set up (not the agent's doing): the sample is marked failed and excluded, counted
+    as ``rollout/failed/sandbox_error`` (:mod:`vime_core.failures`)."""
+
+    failure_cause = "sandbox_error"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
