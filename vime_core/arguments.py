@@ -163,8 +163,9 @@ def build_parser(add_plugin_arguments: bool = True) -> argparse.ArgumentParser:
         "--rm-max-retries",
         type=int,
         default=3,
-        help="--reward remote: retries after a connection error, timeout, 429 or 5xx, with exponential backoff "
-        "0.5 s, 1 s, 2 s, ... (capped at 8 s); default 3; then the sample fails as reward_error/reward_timeout",
+        help="--reward remote: retries after a connection error, timeout or HTTP 408/429/500/502/503/504, with "
+        "exponential backoff 0.5 s, 1 s, 2 s, ... (capped at 8 s); default 3; then the sample fails as "
+        "reward_error/reward_timeout",
     )
     g.add_argument(
         "--math-verify-timeout",

@@ -11,6 +11,7 @@ import pytest
 from test_hooks import _manager_with_hooks
 
 from vime_core import hookimpl
+from vime_core.arguments import ArgumentError, parse_run_args
 from vime_core.failures import FailureCause, SampleFailure, classify_failure, failure_metrics, mark_failed
 from vime_core.rewards.call import call_group_reward, call_reward, validate_reward
 from vime_core.rollout.client import RouterClientError
@@ -353,3 +354,31 @@ def test_math_reward_timeout_fails_one_sample_and_the_rollout_goes_on(tiny_model
     ]
     assert "math-verify did not finish within 2 s" in groups[0][0].metadata["error"]
     assert metrics["rollout/failed/reward_timeout"] == 1.0
+
+
+# -- flags ---------------------------------------------------------------------------------------------------------
+RUN = ["--model", "m", "--prompt-data", "p.jsonl"]
+
+
+def test_reward_flags_defaults_and_checks():
+    args = parse_run_args(RUN)
+    assert (args.group_reward, args.reward_timeout, args.rm_url, args.rm_concurrency, args.rm_timeout) == (
+        None,
+        None,
+        None,
+        32,
+        60.0,
+    )
+    assert (args.rm_max_retries, args.math_verify_timeout, args.math_verify_workers) == (3, 5.0, 2)
+    assert args.math_last_number_fallback is False
+    with pytest.raises(ArgumentError, match=r"--reward remote needs --rm-url"):
+        parse_run_args(RUN + ["--reward", "remote"])
+    assert parse_run_args(RUN + ["--reward", "remote", "--rm-url", "http://127.0.0.1:9/score"]).rm_url.endswith(
+        "/score"
+    )
+    with pytest.raises(ArgumentError, match=r"--reward-timeout must be > 0 seconds, got 0.0"):
+        parse_run_args(RUN + ["--reward-timeout", "0"])
+    with pytest.raises(ArgumentError, match=r"--rm-concurrency must be >= 1, got 0"):
+        parse_run_args(RUN + ["--rm-concurrency", "0"])
+    with pytest.raises(ArgumentError, match=r"--rm-max-retries must be >= 0, got -1"):
+        parse_run_args(RUN + ["--rm-max-retries", "-1"])

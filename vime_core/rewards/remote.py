@@ -7,7 +7,7 @@ JSON number (the reward), or an object whose ``"reward"`` is a number or an obje
 picked with ``--reward-key``), or an object of numbers.
 
 Client behaviour (httpx): at most ``--rm-concurrency`` requests in flight per process; each attempt is cut after
-``--rm-timeout`` seconds; a connection error, a timeout, a ``429`` or a ``5xx`` is retried up to
+``--rm-timeout`` seconds; a connection error, a timeout or a status 408/429/500/502/503/504 is retried up to
 ``--rm-max-retries`` times with exponential backoff (0.5 s, 1 s, 2 s, … capped at 8 s); any other status fails at
 once with the service's message. When every attempt failed the sample fails with a message that names the URL and
 the last error (``reward_timeout`` if the last attempt timed out, else ``reward_error``; see
