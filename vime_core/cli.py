@@ -1,5 +1,5 @@
-"""The ``vime`` command: ``run``, ``model``, ``data reasoning-gym``, ``plugins``, ``args``, ``sandbox cleanup``,
-``agent prepare``."""
+"""The ``vime`` command: ``run``, ``report``, ``model``, ``data reasoning-gym``, ``plugins``, ``args``,
+``sandbox cleanup``, ``agent prepare``."""
 
 from __future__ import annotations
 
@@ -17,6 +17,36 @@ def _cmd_run(argv: list[str]) -> int:
 
     args = parse_run_args(argv)
     run(args)
+    return 0
+
+
+def _cmd_report(argv: list[str]) -> int:
+    from pathlib import Path
+
+    from vime_core.report import ReportError, write_report
+
+    p = argparse.ArgumentParser(
+        prog="vime report",
+        description="Plot a run's metrics.jsonl into one self-contained HTML page (PNGs embedded, also written "
+        "beside it in <out>_files/).",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("output_dir", type=Path, help="the --output-dir of a `vime run` (holds metrics.jsonl)")
+    p.add_argument(
+        "--compare",
+        type=Path,
+        nargs="+",
+        default=[],
+        metavar="OTHER_DIR",
+        help="other run directories overlaid on every panel (labelled by directory name)",
+    )
+    p.add_argument("--out", type=Path, default=None, help="HTML file to write (default: OUTPUT_DIR/report.html)")
+    a = p.parse_args(argv)
+    try:
+        print(write_report(a.output_dir, a.compare, a.out))
+    except ReportError as e:
+        print(f"vime report: error: {e}", file=sys.stderr)
+        return 2
     return 0
 
 
@@ -97,6 +127,8 @@ def _cmd_args(argv: list[str]) -> int:
         print(f"\n{group.title} (framework flags):" if owner == "vime" else f"\n{group.title} (plugin flags):")
         for a in actions:
             print(f"  {', '.join(a.option_strings):45s} owner={owner} default={a.default!r}")
+            if a.help:
+                print(f"      {a.help}")
     from vime_core.arguments import VIME_OWNED_ROUTER_FLAGS, VIME_OWNED_VLLM_FLAGS
     from vime_core.passthrough import router_flags, vllm_engine_flags
 
@@ -178,6 +210,7 @@ def _cmd_agent(argv: list[str]) -> int:
 
 COMMANDS = {
     "run": _cmd_run,
+    "report": _cmd_report,
     "agent": _cmd_agent,
     "model": _cmd_model,
     "data": _cmd_data,

@@ -20,8 +20,9 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from vime_core.algorithms.batch import build_batch
 from vime_core.checkpoint import commit_checkpoint, latest_checkpoint, new_checkpoint_dir
-from vime_core.metrics import MetricsSink
+from vime_core.metrics import MetricsSink, staleness_histogram, wandb_config_from_args
 from vime_core.plugins import get_plugins
+from vime_core.report import write_report
 from vime_core.types import Sample
 
 logger = logging.getLogger("vime.loop")
@@ -80,7 +81,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     init_ray()
     rollout = None if args.debug_train_only else remote_actor(RolloutManager, args, str(model_path))
     trainer = None if args.debug_rollout_only else remote_actor(TrainerWorker, args, str(model_path))
-    sink = MetricsSink(out, args.use_tensorboard)
+    sink = MetricsSink(out, args.use_tensorboard, wandb_config_from_args(args))
     history: list[dict[str, float]] = []
     start_step, version = 0, 0
     try:
@@ -136,6 +137,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             summary["final_hf"] = str(out / "final_hf")
         (out / "summary.json").write_text(json.dumps(summary, indent=1))
         console.print("[vime] summary: " + json.dumps(summary))
+        if args.report:
+            console.print(f"[vime] report: {write_report(out)}")
         return summary
     finally:
         sink.close()
@@ -194,6 +197,7 @@ def _one_step(args, step, source, rollout, trainer, estimator, version) -> dict[
     versions = [v for g in groups for s in g for v in s.trained_weight_versions()]
     if versions:
         metrics["rollout/staleness_max"] = float(version - min(versions))
+        metrics.update(staleness_histogram(version, versions))
     if trainer is None:
         return metrics
     batch = build_batch(args, groups, estimator, step)

@@ -7,6 +7,7 @@ Install with ``pip install vime[testing]``; the kit is also a pytest plugin (ent
 from vime_core.testing.contracts import (
     AgentHarnessContract,
     GenerateFunctionContract,
+    PluginArgumentsContract,
     RewardFunctionContract,
     SandboxBackendContract,
     TrainerBackendContract,
@@ -17,6 +18,7 @@ from vime_core.testing.trainer_args import trainer_args
 __all__ = [
     "AgentHarnessContract",
     "GenerateFunctionContract",
+    "PluginArgumentsContract",
     "RewardFunctionContract",
     "SandboxBackendContract",
     "TrainerBackendContract",
