@@ -111,9 +111,7 @@ def build_parser(add_plugin_arguments: bool = True) -> argparse.ArgumentParser:
     g = p.add_argument_group("batch and steps")
     g.add_argument("--num-rollout", type=int, default=10, help="number of RL steps")
     g.add_argument("--rollout-batch-size", type=int, default=8, help="prompt groups per step")
-    g.add_argument(
-        "--n-samples-per-prompt", type=int, default=4, help="samples per prompt (the GRPO group size)"
-    )
+    g.add_argument("--n-samples-per-prompt", type=int, default=4, help="samples per prompt (the GRPO group size)")
     g.add_argument("--global-batch-size", type=int, default=None, help="samples per optimizer step (default: all)")
     g.add_argument("--micro-batch-size", type=int, default=8, help="samples per forward/backward pass")
 
@@ -345,9 +343,7 @@ def build_parser(add_plugin_arguments: bool = True) -> argparse.ArgumentParser:
     )
     g.add_argument("--wandb-project", default="vime", help="W&B project (with --use-wandb)")
     g.add_argument("--wandb-group", default=None, help="W&B group that gathers related runs (default: none)")
-    g.add_argument(
-        "--wandb-run-name", default=None, help="W&B run name (default: the last component of --output-dir)"
-    )
+    g.add_argument("--wandb-run-name", default=None, help="W&B run name (default: the last component of --output-dir)")
     g.add_argument("--wandb-team", default=None, help="W&B entity (team or user; default: your W&B default)")
     g.add_argument(
         "--wandb-mode",

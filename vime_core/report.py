@@ -273,9 +273,7 @@ def _summary_rows(runs: list[Run]) -> str:
         steps = sorted({r["step"] for r in run.records})
         rewards = run.series("rollout/reward_mean")[1]
         evals = sorted(k for k in run.keys() if re.fullmatch(r"eval/.+/reward_mean", k))
-        ev = "; ".join(
-            f"{k.split('/')[1]}: {run.series(k)[1][0]:.3f} → {run.series(k)[1][-1]:.3f}" for k in evals
-        )
+        ev = "; ".join(f"{k.split('/')[1]}: {run.series(k)[1][0]:.3f} → {run.series(k)[1][-1]:.3f}" for k in evals)
         cells = [
             run.name,
             str(run.path),
@@ -318,9 +316,7 @@ def render_html(runs: list[Run], pngs: dict[str, bytes]) -> str:
     parts.append("</div>")
     missing = [PANEL_TITLES[p] for p in ALL_PANEL_IDS if p not in pngs]
     if missing:
-        parts.append(
-            "<p><b>Not shown</b> (no run has these metrics): " + html.escape(", ".join(missing)) + "</p>"
-        )
+        parts.append("<p><b>Not shown</b> (no run has these metrics): " + html.escape(", ".join(missing)) + "</p>")
     parts.append("</body></html>")
     return "\n".join(parts)
 
