@@ -30,17 +30,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import matplotlib
+from matplotlib.figure import Figure  # not pyplot: no global figure registry, no display backend
+from matplotlib.ticker import MaxNLocator
 
-matplotlib.use("Agg")  # no display: PNGs only (must precede pyplot)
-import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.figure import Figure  # noqa: E402
-from matplotlib.ticker import MaxNLocator  # noqa: E402
-
-from vime_core.metrics import STALENESS_TOKENS_PREFIX  # noqa: E402
+from vime_core.metrics import STALENESS_TOKENS_PREFIX
 
 TIME_KEYS = (("perf/rollout_time", "rollout"), ("perf/train_time", "train"), ("perf/sync_time", "sync"))
 MIB = float(1 << 20)
+FIGSIZE, DPI = (7.5, 3.6), 100  # inches, dots per inch: 750 x 360 pixel PNGs
 
 
 class ReportError(ValueError):
@@ -158,7 +155,8 @@ def _label(run: Run, key: str, multi: bool) -> str:
 
 def _line_figure(panel: Panel, runs: list[Run]) -> Figure | None:
     multi = len(runs) > 1
-    fig, ax = plt.subplots(figsize=(7.5, 3.6))
+    fig = Figure(figsize=FIGSIZE, layout="constrained")
+    ax = fig.subplots()
     n = 0
     for i, run in enumerate(runs):
         for j, key in enumerate(panel.matching(run)):
@@ -174,13 +172,11 @@ def _line_figure(panel: Panel, runs: list[Run]) -> Figure | None:
             )
             n += 1
     if n == 0:
-        plt.close(fig)
         return None
     ax.set(title=panel.title, xlabel="step", ylabel=panel.ylabel)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="best")
-    fig.tight_layout()
     return fig
 
 
@@ -189,7 +185,8 @@ def _time_split_figure(runs: list[Run]) -> Figure | None:
     have = [r for r in runs if any(k in r.keys() for k, _ in TIME_KEYS)]
     if not have:
         return None
-    fig, ax = plt.subplots(figsize=(7.5, 3.6))
+    fig = Figure(figsize=FIGSIZE, layout="constrained")
+    ax = fig.subplots()
     width = 0.8 / len(have)
     for i, run in enumerate(have):
         # one bar per step record that has any time key (the step's own record)
@@ -204,8 +201,7 @@ def _time_split_figure(runs: list[Run]) -> Figure | None:
     ax.set(title="Time per step (stacked)", xlabel="step", ylabel="seconds")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.grid(alpha=0.3, axis="y")
-    ax.legend(fontsize=8, loc="best")
-    fig.tight_layout()
+    fig.legend(fontsize=8, loc="outside right upper")  # beside the bars, never over them
     return fig
 
 
@@ -228,7 +224,8 @@ def _staleness_figure(runs: list[Run]) -> Figure | None:
     have = [r for r in runs if _is_async(r) and staleness_counts(r)]
     if not have:
         return None
-    fig, ax = plt.subplots(figsize=(7.5, 3.6))
+    fig = Figure(figsize=FIGSIZE, layout="constrained")
+    ax = fig.subplots()
     width = 0.8 / len(have)
     for i, run in enumerate(have):
         counts = staleness_counts(run)
@@ -242,13 +239,13 @@ def _staleness_figure(runs: list[Run]) -> Figure | None:
     ax.set_xticks(sorted({k for r in have for k in staleness_counts(r)}))
     ax.grid(alpha=0.3, axis="y")
     ax.legend(fontsize=8, loc="best")
-    fig.tight_layout()
     return fig
 
 
 def build_figures(runs: list[Run]) -> dict[str, Figure]:
     """One matplotlib figure per panel that has data in at least one run, keyed by panel id (in
-    :data:`ALL_PANEL_IDS` order). The caller owns the figures (``plt.close`` them)."""
+    :data:`ALL_PANEL_IDS` order). The figures are plain :class:`matplotlib.figure.Figure` objects (not registered
+    with pyplot), freed when no longer referenced."""
     figs: dict[str, Figure] = {}
     for panel in LINE_PANELS:
         fig = _line_figure(panel, runs)
@@ -339,8 +336,7 @@ def write_report(run_dir: Path, compare: list[Path] | None = None, out: Path | N
     pngs: dict[str, bytes] = {}
     for pid, fig in build_figures(runs).items():
         buf = io.BytesIO()
-        fig.savefig(buf, format="png", dpi=100)
-        plt.close(fig)
+        fig.savefig(buf, format="png", dpi=DPI)
         pngs[pid] = buf.getvalue()
         (files / f"{pid}.png").write_bytes(pngs[pid])
     out.write_text(render_html(runs, pngs))

@@ -9,7 +9,6 @@ import shutil
 from html.parser import HTMLParser
 from pathlib import Path
 
-import matplotlib.pyplot as plt
 import pytest
 from PIL import Image
 
@@ -41,10 +40,7 @@ def _lines(fig) -> dict[str, tuple[list[float], list[float]]]:
 
 @pytest.fixture
 def figs_async():
-    figs = build_figures([load_run(ASYNC)])
-    yield figs
-    for f in figs.values():
-        plt.close(f)
+    return build_figures([load_run(ASYNC)])
 
 
 def test_line_panels_plot_exactly_the_metrics(figs_async):
@@ -97,12 +93,8 @@ def test_absent_metrics_skip_their_panel(figs_async):
     # the recorded async run has no eval set configured and no KL loss; every other panel is drawn
     assert [p for p in ALL_PANEL_IDS if p not in figs_async] == ["eval_reward", "eval_pass_at_k"]
     sync_figs = build_figures([load_run(SYNC)])
-    try:
-        assert "staleness" not in sync_figs  # --loop sync: every token is on-policy, no histogram
-        assert "reward" in sync_figs and "time_split" in sync_figs
-    finally:
-        for f in sync_figs.values():
-            plt.close(f)
+    assert "staleness" not in sync_figs  # --loop sync: every token is on-policy, no histogram
+    assert "reward" in sync_figs and "time_split" in sync_figs
 
 
 def test_eval_metrics_are_plotted_when_present(tmp_path):
@@ -118,38 +110,30 @@ def test_eval_metrics_are_plotted_when_present(tmp_path):
         for e in evals:
             f.write(json.dumps(e) + "\n")
     figs = build_figures([load_run(run)])
-    try:
-        assert _lines(figs["eval_reward"]) == {"eval/arith/reward_mean": ([0.0, 3.0], [0.25, 0.375])}
-        assert _lines(figs["eval_pass_at_k"]) == {
-            "eval/arith/pass@1": ([0.0, 3.0], [0.25, 0.375]),
-            "eval/arith/pass@4": ([0.0, 3.0], [0.5, 0.75]),
-        }
-        assert _lines(figs["response_len"])["eval/arith/response_len_mean"] == ([0.0, 3.0], [30.5, 28.0])
-        assert _lines(figs["truncated"])["eval/arith/truncated_frac"] == ([0.0, 3.0], [0.125, 0.0])
-        # the training curve is unchanged by the extra lines (eval lines hold no rollout/* key)
-        train = [r["rollout/response_len_mean"] for r in _records(ASYNC)]
-        assert _lines(figs["response_len"])["rollout/response_len_mean"] == ([0.0, 1.0, 2.0], train)
-    finally:
-        for f in figs.values():
-            plt.close(f)
+    assert _lines(figs["eval_reward"]) == {"eval/arith/reward_mean": ([0.0, 3.0], [0.25, 0.375])}
+    assert _lines(figs["eval_pass_at_k"]) == {
+        "eval/arith/pass@1": ([0.0, 3.0], [0.25, 0.375]),
+        "eval/arith/pass@4": ([0.0, 3.0], [0.5, 0.75]),
+    }
+    assert _lines(figs["response_len"])["eval/arith/response_len_mean"] == ([0.0, 3.0], [30.5, 28.0])
+    assert _lines(figs["truncated"])["eval/arith/truncated_frac"] == ([0.0, 3.0], [0.125, 0.0])
+    # the training curve is unchanged by the extra lines (eval lines hold no rollout/* key)
+    train = [r["rollout/response_len_mean"] for r in _records(ASYNC)]
+    assert _lines(figs["response_len"])["rollout/response_len_mean"] == ([0.0, 1.0, 2.0], train)
 
 
 def test_compare_overlays_runs_with_their_names():
     figs = build_figures([load_run(ASYNC), load_run(SYNC)])
-    try:
-        lines = _lines(figs["reward"])
-        assert sorted(lines) == ["async_run · rollout/reward_mean", "sync_run · rollout/reward_mean"]
-        for run in (ASYNC, SYNC):
-            recs = _records(run)
-            assert lines[f"{run.name} · rollout/reward_mean"] == (
-                [float(r["step"]) for r in recs],
-                [r["rollout/reward_mean"] for r in recs],
-            )
-        labels = [c.get_label() for c in figs["time_split"].axes[0].containers]
-        assert labels == [f"{n} · {p}" for n in ("async_run", "sync_run") for p in ("rollout", "train", "sync")]
-    finally:
-        for f in figs.values():
-            plt.close(f)
+    lines = _lines(figs["reward"])
+    assert sorted(lines) == ["async_run · rollout/reward_mean", "sync_run · rollout/reward_mean"]
+    for run in (ASYNC, SYNC):
+        recs = _records(run)
+        assert lines[f"{run.name} · rollout/reward_mean"] == (
+            [float(r["step"]) for r in recs],
+            [r["rollout/reward_mean"] for r in recs],
+        )
+    labels = [c.get_label() for c in figs["time_split"].axes[0].containers]
+    assert labels == [f"{n} · {p}" for n in ("async_run", "sync_run") for p in ("rollout", "train", "sync")]
 
 
 class _Page(HTMLParser):

@@ -24,8 +24,10 @@ def vime_add_arguments(parser):
         default=1,
         help="Megatron tensor parallel size (ranks that split each layer); needs that many GPUs per trainer",
     )
-    g.add_argument("--pipeline-model-parallel-size", type=int, default=1, help="only 1 is supported yet")
-    g.add_argument("--context-parallel-size", type=int, default=1, help="only 1 is supported yet")
+    g.add_argument(
+        "--pipeline-model-parallel-size", type=int, default=1, help="Megatron pipeline parallel size (only 1 yet)"
+    )
+    g.add_argument("--context-parallel-size", type=int, default=1, help="Megatron context parallel size (only 1 yet)")
     g.add_argument(
         "--sequence-parallel",
         action="store_true",
