@@ -83,7 +83,13 @@ def build_parser(add_plugin_arguments: bool = True) -> argparse.ArgumentParser:
 
     g = p.add_argument_group("model and output")
     g.add_argument("--model", required=True, help="a known model name (see `vime model list`) or a local HF directory")
-    g.add_argument("--output-dir", type=Path, default=Path("outputs/run"), help="checkpoints, logs, summary")
+    g.add_argument(
+        "--output-dir",
+        type=Path,
+        default=Path("outputs/run"),
+        help="directory of the run: metrics.jsonl, report.html, tensorboard/, checkpoints/ (a re-run resumes from "
+        "them, see --resume), final_hf/, logs/, summary.json",
+    )
     g.add_argument(
         "--seed", type=int, default=1234, help="seed of data shuffling, the trainer and the engines (vLLM --seed)"
     )

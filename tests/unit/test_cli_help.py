@@ -108,3 +108,31 @@ def test_valid_config_values_still_parse(cfg):
     )  # fmt: skip
     assert (args.rollout_stop_token_ids, args.use_tis, args.loop, args.lr) == ([1, 2], False, "one-step-off", 2e-6)
     assert args.save_hf is False and args.vllm_args == ["--max-model-len", "256"]
+
+
+class _Parsed(Exception):
+    pass
+
+
+@pytest.mark.parametrize("command", ["report", "model", "data", "plugins", "sandbox", "agent"])
+def test_every_subcommand_flag_has_help(command, monkeypatch):
+    """The parsers of the other `vime` commands (and their sub-commands): caught when they parse, then checked."""
+    seen: list[argparse.ArgumentParser] = []
+
+    def capture(self, args=None, namespace=None):
+        seen.append(self)
+        raise _Parsed
+
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_args", capture)
+    with pytest.raises(_Parsed):
+        main([command])
+    parsers = list(seen)
+    for p in seen:
+        for a in p._actions:
+            if isinstance(a, argparse._SubParsersAction):
+                parsers.extend(a.choices.values())
+    assert len(parsers) >= 1
+    for p in parsers:
+        assert flags_without_help(p) == [], p.prog
+        positional = [a.dest for a in p._actions if not a.option_strings and not a.help and a.nargs != "A..."]
+        assert positional == [], p.prog
