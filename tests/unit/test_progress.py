@@ -86,5 +86,10 @@ def test_rollout_manager_reports_finished_samples(tiny_model_dir, tmp_path):
     groups, _ = mgr.generate(0)
     n = sum(len(g) for g in groups)
     assert n == 4  # 2 prompts x 2 samples
-    assert seen == [(0, 4), (1, 4), (2, 4), (3, 4), (4, 4), (4, 0)]
-    assert board.get() == (4, 0)
+    assert seen == [(0, 4), (1, 4), (2, 4), (3, 4), (4, 4), (4, 4)]  # the last one is forced (past the throttle)
+    assert board.get() == (4, 4)
+    # throttled: only the first sample's report and the forced ones at the start and the end
+    seen.clear()
+    mgr.progress_throttle.interval_s = 3600.0
+    mgr.generate(1)
+    assert seen == [(0, 4), (4, 4)]

@@ -190,7 +190,7 @@ class RolloutManager:
         failed = [s for s in samples if s.status == Status.FAILED]
         if failed and len(failed) == len(samples):
             raise RuntimeError(f"every sample of step {step} failed; first error: {failed[0].metadata.get('error')}")
-        self._report_progress(self.samples_done, 0)  # done: back to "no rollout in progress"
+        self._report_progress(self.samples_done)  # the last count, which the throttle may have held back
         metrics = rollout_metrics([s for g in groups for s in g], self.args.reward_key)
         metrics.update(extra)
         metrics["perf/rollout_time"] = time.perf_counter() - t0
