@@ -149,14 +149,24 @@ LINE_PANELS = (
 ALL_PANEL_IDS = tuple(p.id for p in LINE_PANELS) + ("time_split", "staleness")
 
 
+def _new_axes() -> tuple[Figure, Any]:
+    fig = Figure(figsize=FIGSIZE, layout="constrained")
+    return fig, fig.subplots()
+
+
+def _grouped_x(positions: list[int], i: int, n: int) -> tuple[list[float], float]:
+    """Bar centres of run ``i`` of ``n`` side by side around each integer position, and the bar width."""
+    width = 0.8 / n
+    return [x - 0.4 + width * (i + 0.5) for x in positions], width
+
+
 def _label(run: Run, key: str, multi: bool) -> str:
     return f"{run.name} · {key}" if multi else key
 
 
 def _line_figure(panel: Panel, runs: list[Run]) -> Figure | None:
     multi = len(runs) > 1
-    fig = Figure(figsize=FIGSIZE, layout="constrained")
-    ax = fig.subplots()
+    fig, ax = _new_axes()
     n = 0
     for i, run in enumerate(runs):
         for j, key in enumerate(panel.matching(run)):
@@ -185,13 +195,11 @@ def _time_split_figure(runs: list[Run]) -> Figure | None:
     have = [r for r in runs if any(k in r.keys() for k, _ in TIME_KEYS)]
     if not have:
         return None
-    fig = Figure(figsize=FIGSIZE, layout="constrained")
-    ax = fig.subplots()
-    width = 0.8 / len(have)
+    fig, ax = _new_axes()
     for i, run in enumerate(have):
         # one bar per step record that has any time key (the step's own record)
         recs = [r for r in run.records if any(k in r for k, _ in TIME_KEYS)]
-        xs = [r["step"] - 0.4 + width * (i + 0.5) for r in recs]
+        xs, width = _grouped_x([r["step"] for r in recs], i, len(have))
         bottom = [0.0] * len(recs)
         for j, (key, name) in enumerate(TIME_KEYS):
             ys = [float(r.get(key, 0.0)) for r in recs]
@@ -224,12 +232,10 @@ def _staleness_figure(runs: list[Run]) -> Figure | None:
     have = [r for r in runs if _is_async(r) and staleness_counts(r)]
     if not have:
         return None
-    fig = Figure(figsize=FIGSIZE, layout="constrained")
-    ax = fig.subplots()
-    width = 0.8 / len(have)
+    fig, ax = _new_axes()
     for i, run in enumerate(have):
         counts = staleness_counts(run)
-        xs = [k - 0.4 + width * (i + 0.5) for k in counts]
+        xs, width = _grouped_x(list(counts), i, len(have))
         ax.bar(xs, list(counts.values()), width=width, color=f"C{i}", label=f"{run.name} ({run.args.get('loop')})")
     ax.set(
         title="Staleness of trained tokens (all steps)",
