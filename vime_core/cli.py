@@ -1,5 +1,5 @@
-"""The ``vime`` command: ``run``, ``model``, ``data reasoning-gym``, ``plugins``, ``args``, ``sandbox cleanup``,
-``agent prepare``."""
+"""The ``vime`` command: ``run``, ``report``, ``model``, ``data reasoning-gym``, ``plugins``, ``args``,
+``sandbox cleanup``, ``agent prepare``."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import json
 import logging
 import sys
 
+from vime_core.arguments import HelpFormatter
 from vime_core.version import __version__
 
 
@@ -20,14 +21,46 @@ def _cmd_run(argv: list[str]) -> int:
     return 0
 
 
+def _cmd_report(argv: list[str]) -> int:
+    from pathlib import Path
+
+    from vime_core.report import ReportError, write_report
+
+    p = argparse.ArgumentParser(
+        prog="vime report",
+        description="Plot a run's metrics.jsonl into one self-contained HTML page (PNGs embedded, also written "
+        "beside it in <out>_files/).",
+        formatter_class=HelpFormatter,
+    )
+    p.add_argument("output_dir", type=Path, help="the --output-dir of a `vime run` (holds metrics.jsonl)")
+    p.add_argument(
+        "--compare",
+        type=Path,
+        nargs="+",
+        default=[],
+        metavar="OTHER_DIR",
+        help="other run directories overlaid on every panel (labelled by directory name)",
+    )
+    p.add_argument("--out", type=Path, default=None, help="HTML file to write (default: OUTPUT_DIR/report.html)")
+    a = p.parse_args(argv)
+    try:
+        print(write_report(a.output_dir, a.compare, a.out))
+    except ReportError as e:
+        print(f"vime report: error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
 def _cmd_model(argv: list[str]) -> int:
     from vime_core.models import KNOWN_MODELS, prepare_model
 
-    p = argparse.ArgumentParser(prog="vime model")
+    p = argparse.ArgumentParser(prog="vime model", formatter_class=HelpFormatter)
     sub = p.add_subparsers(dest="action", required=True)
-    prep = sub.add_parser("prepare", help="download and convert a known model into the cache")
-    prep.add_argument("name", choices=sorted(KNOWN_MODELS))
-    prep.add_argument("--force", action="store_true")
+    prep = sub.add_parser(
+        "prepare", help="download and convert a known model into the cache", formatter_class=HelpFormatter
+    )
+    prep.add_argument("name", choices=sorted(KNOWN_MODELS), help="known model name")
+    prep.add_argument("--force", action="store_true", help="prepare again even if the cache has it")
     sub.add_parser("list", help="known model names")
     a = p.parse_args(argv)
     if a.action == "list":
@@ -43,14 +76,14 @@ def _cmd_data(argv: list[str]) -> int:
 
     from vime_core.data.reasoning_gym_export import export_reasoning_gym
 
-    p = argparse.ArgumentParser(prog="vime data")
+    p = argparse.ArgumentParser(prog="vime data", formatter_class=HelpFormatter)
     sub = p.add_subparsers(dest="source", required=True)
-    rg = sub.add_parser("reasoning-gym", help="export a reasoning-gym task to jsonl")
-    rg.add_argument("--task", required=True)
-    rg.add_argument("--size", type=int, default=512)
-    rg.add_argument("--seed", type=int, default=0)
+    rg = sub.add_parser("reasoning-gym", help="export a reasoning-gym task to jsonl", formatter_class=HelpFormatter)
+    rg.add_argument("--task", required=True, help="reasoning-gym dataset name, e.g. basic_arithmetic")
+    rg.add_argument("--size", type=int, default=512, help="number of prompts (rows)")
+    rg.add_argument("--seed", type=int, default=0, help="seed of the task's generator")
     rg.add_argument("--config", default="{}", help="JSON object of the task's config")
-    rg.add_argument("--out", type=Path, required=True)
+    rg.add_argument("--out", type=Path, required=True, help="jsonl file to write (prompt, label, metadata)")
     rg.add_argument(
         "--system-prompt",
         default=None,
@@ -66,8 +99,12 @@ def _cmd_data(argv: list[str]) -> int:
         'pairs, e.g. \'[["Calculate 3 + 5.", "\\\\boxed{8}"]]\' (default: none); they teach a small model '
         "the answer format --system-prompt asks for",
     )
-    he = sub.add_parser("humaneval", help="export HumanEval (164 problems) as workspace tasks for coding agents")
-    he.add_argument("--out", type=Path, required=True)
+    he = sub.add_parser(
+        "humaneval",
+        help="export HumanEval (164 problems) as workspace tasks for coding agents",
+        formatter_class=HelpFormatter,
+    )
+    he.add_argument("--out", type=Path, required=True, help="jsonl file to write (one workspace task per line)")
     he.add_argument("--limit", type=int, default=None, help="at most this many problems")
     he.add_argument("--task-ids", nargs="*", default=None, metavar="ID", help="only these, e.g. HumanEval/0")
     he.add_argument("--include-solution", action="store_true", help="store the canonical solution (not for training)")
@@ -95,8 +132,8 @@ def _cmd_data(argv: list[str]) -> int:
 def _cmd_plugins(argv: list[str]) -> int:
     from vime_core.plugins import get_plugins
 
-    p = argparse.ArgumentParser(prog="vime plugins")
-    p.add_argument("--json", action="store_true")
+    p = argparse.ArgumentParser(prog="vime plugins", formatter_class=HelpFormatter)
+    p.add_argument("--json", action="store_true", help="print the plugin table as JSON")
     a = p.parse_args(argv)
     rows = get_plugins().describe()
     if a.json:
@@ -123,6 +160,8 @@ def _cmd_args(argv: list[str]) -> int:
         print(f"\n{group.title} (framework flags):" if owner == "vime" else f"\n{group.title} (plugin flags):")
         for a in actions:
             print(f"  {', '.join(a.option_strings):45s} owner={owner} default={a.default!r}")
+            if a.help:
+                print(f"      {a.help.replace('%(default)s', str(a.default))}")
     from vime_core.arguments import VIME_OWNED_ROUTER_FLAGS, VIME_OWNED_VLLM_FLAGS
     from vime_core.passthrough import router_flags, vllm_engine_flags
 
@@ -157,12 +196,16 @@ def _cmd_args(argv: list[str]) -> int:
 def _cmd_sandbox(argv: list[str]) -> int:
     from vime_core.sandbox import cleanup_all
 
-    p = argparse.ArgumentParser(prog="vime sandbox")
+    p = argparse.ArgumentParser(prog="vime sandbox", formatter_class=HelpFormatter)
     sub = p.add_subparsers(dest="action", required=True)
-    c = sub.add_parser("cleanup", help="remove sandboxes (processes, containers, VMs) left by killed vime processes")
+    c = sub.add_parser(
+        "cleanup",
+        help="remove sandboxes (processes, containers, VMs) left by killed vime processes",
+        formatter_class=HelpFormatter,
+    )
     c.add_argument("--backend", default=None, help="only this backend (default: every registered one)")
     c.add_argument("--all", action="store_true", help="also remove sandboxes of running vime processes")
-    c.add_argument("--json", action="store_true")
+    c.add_argument("--json", action="store_true", help="print the per-backend reports as JSON")
     a = p.parse_args(argv)
     reports = cleanup_all(backend=a.backend, everything=a.all)
     if a.json:
@@ -178,9 +221,11 @@ def _cmd_agent(argv: list[str]) -> int:
     from vime_core.agent.harness import AgentHarnessError
     from vime_core.plugins import get_plugins
 
-    p = argparse.ArgumentParser(prog="vime agent")
+    p = argparse.ArgumentParser(prog="vime agent", formatter_class=HelpFormatter)
     sub = p.add_subparsers(dest="action", required=True)
-    prep = sub.add_parser("prepare", help="install agent CLIs into ~/.cache/vime/agents (npm; idempotent)")
+    prep = sub.add_parser(
+        "prepare", help="install agent CLIs into ~/.cache/vime/agents (npm; idempotent)", formatter_class=HelpFormatter
+    )
     prep.add_argument("names", nargs="+", help="agent harness names (e.g. claude-code codex)")
     prep.add_argument("--force", action="store_true", help="reinstall even if prepared")
     sub.add_parser("list", help="registered agent harnesses")
@@ -204,6 +249,7 @@ def _cmd_agent(argv: list[str]) -> int:
 
 COMMANDS = {
     "run": _cmd_run,
+    "report": _cmd_report,
     "agent": _cmd_agent,
     "model": _cmd_model,
     "data": _cmd_data,

@@ -1,8 +1,10 @@
 """The synchronous RL loop of ``vime run``: generate → advantages → train → weight sync, with checkpoints.
 
-Per step it prints one progress line (rollout / train / sync seconds, mean reward, response length), writes
-metrics to TensorBoard and ``metrics.jsonl``, and every ``--save-interval`` steps (and at the end) a checkpoint
-that a resume continues from without repeating or skipping prompts.
+Per step it prints one progress line (rollout / train / sync seconds, mean reward, response length; on a terminal
+also a live bar with the current phase, see :mod:`vime_core.progress`), writes metrics to ``metrics.jsonl``,
+TensorBoard and (``--use-wandb``) W&B, and every ``--save-interval`` steps (and at the end) a checkpoint that a
+resume continues from without repeating or skipping prompts. At the end it writes ``OUTPUT_DIR/report.html``
+(:mod:`vime_core.report`; ``--no-report`` to skip).
 """
 
 from __future__ import annotations
@@ -16,12 +18,13 @@ from typing import Any
 
 import torch
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from vime_core.algorithms.batch import build_batch
 from vime_core.checkpoint import commit_checkpoint, latest_checkpoint, new_checkpoint_dir
-from vime_core.metrics import MetricsSink
+from vime_core.metrics import MetricsSink, staleness_histogram, wandb_config_from_args
 from vime_core.plugins import get_plugins
+from vime_core.progress import RolloutProgress, StepProgress, rollout_phase
+from vime_core.report import write_report
 from vime_core.types import Sample
 
 logger = logging.getLogger("vime.loop")
@@ -78,9 +81,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     model_path = resolve_model(args.model)
     console.print(f"[vime] model: {model_path}")
     init_ray()
-    rollout = None if args.debug_train_only else remote_actor(RolloutManager, args, str(model_path))
+    board = None if args.debug_train_only else remote_actor(RolloutProgress)
+    rollout = None if args.debug_train_only else remote_actor(RolloutManager, args, str(model_path), board)
     trainer = None if args.debug_rollout_only else remote_actor(TrainerWorker, args, str(model_path))
-    sink = MetricsSink(out, args.use_tensorboard)
+    sink = MetricsSink(out, args.use_tensorboard, wandb_config_from_args(args))
     history: list[dict[str, float]] = []
     start_step, version = 0, 0
     try:
@@ -107,25 +111,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
         if rollout is not None and args.loop == "fully-async":
             ray.get(rollout.start_async.remote())
-        source = _GroupSource(args, rollout)
-        with Progress(
-            TextColumn("[vime] step", markup=False),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            console=console,
-            transient=False,
-        ) as progress:
-            task = progress.add_task("steps", total=args.num_rollout, completed=start_step)
+        with StepProgress(console, args.num_rollout, start_step) as progress:
+            source = _GroupSource(args, rollout, lambda ref: _wait_rollout(ref, progress, board))
             for step in range(start_step, args.num_rollout):
-                metrics = _one_step(args, step, source, rollout, trainer, estimator, version)
+                metrics = _one_step(args, step, source, rollout, trainer, estimator, version, progress)
                 if trainer is not None:
                     version = step + 1
                 history.append(metrics)
                 sink.log(step, metrics)
                 plugins.pm.hook.vime_on_train_step_end(args=args, step=step, metrics=metrics)
-                progress.console.print(_progress_line(step, args.num_rollout, metrics))
-                progress.advance(task)
+                progress.step_done(step, metrics)
                 last = step + 1 == args.num_rollout
                 if trainer is not None and (last or (args.save_interval and (step + 1) % args.save_interval == 0)):
                     _save_checkpoint(out, step + 1, version, trainer, rollout)
@@ -136,6 +131,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             summary["final_hf"] = str(out / "final_hf")
         (out / "summary.json").write_text(json.dumps(summary, indent=1))
         console.print("[vime] summary: " + json.dumps(summary))
+        if args.report:
+            console.print(f"[vime] report: {write_report(out)}")
         return summary
     finally:
         sink.close()
@@ -158,13 +155,15 @@ class _GroupSource:
     * replay: ``--load-debug-rollout-data``.
     """
 
-    def __init__(self, args: argparse.Namespace, rollout: Any) -> None:
+    def __init__(self, args: argparse.Namespace, rollout: Any, wait: Any = None) -> None:
+        import ray
+
         self.args = args
         self.rollout = rollout
         self.prefetched: Any = None
+        self.wait = wait or ray.get  # ObjectRef -> result (the loop passes one that updates the progress bar)
 
     def get(self, step: int, version: int) -> tuple[list[list[Sample]], dict[str, float]]:
-        import ray
 
         args = self.args
         if args.load_debug_rollout_data:
@@ -173,15 +172,27 @@ class _GroupSource:
             groups = load_debug_rollout(args.load_debug_rollout_data, step)
             return groups, rollout_metrics([s for g in groups for s in g], args.reward_key)
         if args.loop == "fully-async":
-            return ray.get(self.rollout.get_async_groups.remote(step, version))
+            return self.wait(self.rollout.get_async_groups.remote(step, version))
         if args.loop == "one-step-off":
             ref = self.prefetched if self.prefetched is not None else self.rollout.generate.remote(step)
             self.prefetched = self.rollout.generate.remote(step + 1) if step + 1 < args.num_rollout else None
-            return ray.get(ref)
-        return ray.get(self.rollout.generate.remote(step))
+            return self.wait(ref)
+        return self.wait(self.rollout.generate.remote(step))
 
 
-def _one_step(args, step, source, rollout, trainer, estimator, version) -> dict[str, float]:
+def _wait_rollout(ref: Any, progress: StepProgress, board: Any) -> Any:
+    """``ray.get(ref)``; on a terminal, meanwhile show ``rollout n/m samples`` from the progress actor."""
+    import ray
+
+    progress.phase("rollout")
+    if not progress.live or board is None:
+        return ray.get(ref)
+    while not ray.wait([ref], timeout=0.5)[0]:
+        progress.phase(rollout_phase(*ray.get(board.get.remote())))
+    return ray.get(ref)
+
+
+def _one_step(args, step, source, rollout, trainer, estimator, version, progress: StepProgress) -> dict[str, float]:
     import ray
 
     metrics: dict[str, float] = {}
@@ -194,6 +205,7 @@ def _one_step(args, step, source, rollout, trainer, estimator, version) -> dict[
     versions = [v for g in groups for s in g for v in s.trained_weight_versions()]
     if versions:
         metrics["rollout/staleness_max"] = float(version - min(versions))
+        metrics.update(staleness_histogram(version, versions))
     if trainer is None:
         return metrics
     batch = build_batch(args, groups, estimator, step)
@@ -202,9 +214,11 @@ def _one_step(args, step, source, rollout, trainer, estimator, version) -> dict[
         logger.warning("step %d: no trainable sample (all failed/aborted); skipping the update", step)
         return metrics
     t1 = time.perf_counter()
+    progress.phase("train")
     metrics.update(ray.get(trainer.train_step.remote(batch)))
     metrics["perf/train_time"] = time.perf_counter() - t1
     t2 = time.perf_counter()
+    progress.phase("sync")
     update = ray.get(trainer.push_weights.remote(step + 1))
     if rollout is not None:
         metrics.update(ray.get(rollout.update_weights.remote(update)))
@@ -220,20 +234,6 @@ def _save_checkpoint(out: Path, step: int, version: int, trainer, rollout) -> Pa
     ray.get(trainer.save_checkpoint.remote(str(tmp / "trainer")))
     data_state = ray.get(rollout.data_state.remote()) if rollout is not None else None
     return commit_checkpoint(tmp, {"step": step, "weight_version": version}, data_state)
-
-
-def _progress_line(step: int, total: int, m: dict[str, float]) -> str:
-    parts = [f"step {step + 1}/{total}"]
-    if "rollout/reward_mean" in m:
-        parts.append(f"reward {m['rollout/reward_mean']:.3f}")
-    if "rollout/response_len_mean" in m:
-        parts.append(f"resp_len {m['rollout/response_len_mean']:.1f}")
-    for key, label in (("perf/rollout_time", "rollout"), ("perf/train_time", "train"), ("perf/sync_time", "sync")):
-        if key in m:
-            parts.append(f"{label} {m[key]:.1f}s")
-    if "train/train_rollout_logprob_abs_diff" in m:
-        parts.append(f"|Δlogp| {m['train/train_rollout_logprob_abs_diff']:.4f}")
-    return "[vime] " + " | ".join(parts)
 
 
 def _summary(args, out: Path, history: list[dict[str, float]], start_step: int) -> dict[str, Any]:

@@ -33,7 +33,7 @@ def test_plugin_from_template_installs_lists_and_passes_the_kit(tmp_path):
         result = _run(
             sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(plugin / "tests"), cwd=tmp_path
         )
-        assert "4 passed" in result.stdout  # discovery + 3 contract tests (no_overrides included)
+        assert "8 passed" in result.stdout  # discovery, 3 reward + 4 flag contract tests (no_overrides in each)
         args = _run(sys.executable, "-m", "vime_core.cli", "args").stdout
         assert "--reward-demo-example" in args
     finally:

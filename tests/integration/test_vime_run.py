@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -82,6 +83,11 @@ def two_step_run(tiny_model_dir, prompt_file, tmp_path_factory):
         "random",
         "--router-max-payload-size",
         "268435456",
+        "--use-wandb",
+        "--wandb-mode",
+        "offline",
+        "--wandb-group",
+        "it",
     )
     return out, proc
 
@@ -92,7 +98,16 @@ def _metrics(out: Path) -> list[dict]:
 
 def test_two_steps_complete_with_progress_and_summary(two_step_run):
     out, proc = two_step_run
-    assert "[vime] step 1/2 | reward" in proc.stdout and "[vime] step 2/2 | reward" in proc.stdout
+    # stdout is a pipe: exactly one line per step, no progress-bar redraws
+    step_lines = [line for line in proc.stdout.splitlines() if "[vime] step" in line]
+    assert len(step_lines) == 2, step_lines
+    for n, line in enumerate(step_lines, 1):
+        assert re.fullmatch(
+            rf"\[vime\] step {n}/2 \| reward \d\.\d{{3}} \| resp_len [\d.]+ \| rollout [\d.]+s \| train [\d.]+s "
+            r"\| sync [\d.]+s \| \|Δlogp\| \d\.\d{4}",
+            line,
+        ), line
+    assert "\x1b[" not in proc.stdout and "━" not in proc.stdout
     summary = json.loads((out / "summary.json").read_text())
     assert summary["steps_run"] == 2 and summary["first_step"] == 0
     assert summary["ray_node_ip"] == "127.0.0.1"  # Ray stayed on loopback in a real run
@@ -291,3 +306,22 @@ def test_ppo_resume_restores_the_critic(two_step_run, tiny_model_dir, tmp_path):
     for key in ("train/critic/values_mean", "train/value_loss", "train/critic_grad_norm", "train/pg_loss"):
         assert resumed[1][key] == pytest.approx(straight[1][key], abs=1e-6), key
     assert resumed[1]["train/critic/values_mean"] != straight[0]["train/critic/values_mean"]  # the critic learned
+
+
+def test_report_and_wandb_offline_run_written(two_step_run):
+    """The run ends with OUTPUT_DIR/report.html and an offline W&B run holding every step's metrics."""
+    from vime_core.testing.wandb_offline import history, offline_run_file, run_info, wait_finished
+
+    out, proc = two_step_run
+    assert f"[vime] report: {out / 'report.html'}" in proc.stdout
+    html = (out / "report.html").read_text()
+    for panel in ("reward", "response_len", "logprob_diff", "grad_norm", "time_split", "weight_sync_bytes"):
+        assert f'<figure id="{panel}">' in html, panel
+        assert (out / "report_files" / f"{panel}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    run_file = offline_run_file(out)
+    wait_finished(run_file)
+    # metrics.jsonl lines of the two steps (a later test in this module resumes the run to step 3, without W&B)
+    assert history(run_file) == [m for m in _metrics(out) if m["step"] < 2]
+    run, config = run_info(run_file)
+    assert (run.project, run.run_group, run.display_name) == ("vime", "it", out.name)
+    assert config["num_rollout"] == 2 and config["output_dir"] == str(out) and config["use_wandb"] is True

@@ -20,6 +20,7 @@ from vime_core.arguments import sampling_params_from_args
 from vime_core.data.source import DataSource, read_rows
 from vime_core.failures import classify_failure, failure_metrics, mark_failed
 from vime_core.plugins import get_plugins
+from vime_core.progress import Throttle
 from vime_core.rewards.call import call_group_reward, call_reward
 from vime_core.rollout.context import RolloutContext, set_rollout_context
 from vime_core.types import Sample, Status
@@ -33,9 +34,11 @@ class RolloutManager:
 
     :param args: parsed ``vime run`` arguments.
     :param model_path: HF directory the engines serve (and whose tokenizer prompts are encoded with).
+    :param progress: a :class:`vime_core.progress.RolloutProgress` actor told how many samples of
+        :meth:`generate` have finished (for the live progress bar), or ``None``.
     """
 
-    def __init__(self, args: argparse.Namespace, model_path: Path) -> None:
+    def __init__(self, args: argparse.Namespace, model_path: Path, progress: Any = None) -> None:
         from transformers import AutoTokenizer
 
         self.args = args
@@ -64,6 +67,9 @@ class RolloutManager:
         self.producer: Any = None  # AsyncRolloutProducer in --loop fully-async
         self.teacher: Any = None  # TeacherEngines with --distill-teacher (vime_core.rollout.teacher)
         self.aborting = False  # set while oversample.collect_groups aborts the requests in flight
+        self.progress = progress
+        self.progress_throttle = Throttle()
+        self.samples_done, self.samples_wanted = 0, 0  # of the current generate() call (0 wanted: fully-async)
 
     # -- lifecycle -------------------------------------------------------------------------------------------------
     def start(self) -> dict[str, Any]:
@@ -177,6 +183,7 @@ class RolloutManager:
 
         t0 = time.perf_counter()
         want = self.args.rollout_batch_size
+        self._report_progress(0, want * self.args.n_samples_per_prompt)
         extra: dict[str, float] = {}
         if self.dynamic_filter is None and (getattr(self.args, "over_sampling_batch_size", None) or 0) <= want:
             groups = self.data_source.get_groups(want)
@@ -187,6 +194,7 @@ class RolloutManager:
         failed = [s for s in samples if s.status == Status.FAILED]
         if failed and len(failed) == len(samples):
             raise RuntimeError(f"every sample of step {step} failed; first error: {failed[0].metadata.get('error')}")
+        self._report_progress(self.samples_done)  # the last count, which the throttle may have held back
         metrics = rollout_metrics([s for g in groups for s in g], self.args.reward_key)
         metrics.update(extra)
         metrics["perf/rollout_time"] = time.perf_counter() - t0
@@ -194,6 +202,14 @@ class RolloutManager:
             args=self.args, step=step, samples=[s for g in groups for s in g], metrics=metrics
         )
         return groups, metrics
+
+    def _report_progress(self, done: int, wanted: int | None = None, force: bool = True) -> None:
+        """Tell the progress actor ``done`` of ``wanted`` samples finished (throttled unless ``force``)."""
+        self.samples_done = done
+        if wanted is not None:
+            self.samples_wanted = wanted
+        if self.progress is not None and (force or self.progress_throttle()):
+            self.progress.set.remote(self.samples_done, self.samples_wanted)
 
     def start_async(self) -> None:
         """``--loop fully-async``: start generating in the background (see :mod:`vime_core.rollout.async_producer`)."""
@@ -326,6 +342,7 @@ async def _run_groups(
                 )
                 fanned.pop(id(sample), None)
                 outs = [mark_failed(sample, cause, e)]
+        self._report_progress(self.samples_done + 1, force=False)
         return outs
 
     async def group(g: list[Sample]) -> None:

@@ -3,7 +3,7 @@
 import pytest
 
 from vime_core.plugins import get_plugins
-from vime_core.testing import RewardFunctionContract
+from vime_core.testing import PluginArgumentsContract, RewardFunctionContract
 from vime_core.types import Sample
 
 pytestmark = pytest.mark.contract
@@ -23,3 +23,11 @@ class TestReward(RewardFunctionContract):
     @pytest.fixture
     def cases(self):
         return [(Sample(response="it is 42", label="42"), 1.0), (Sample(response="it is 41", label="42"), 0.0)]
+
+
+class TestFlags(PluginArgumentsContract):
+    @pytest.fixture
+    def add_arguments(self):
+        from vime_KIND_NAME.hooks import vime_add_arguments
+
+        return vime_add_arguments

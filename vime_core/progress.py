@@ -1,0 +1,132 @@
+"""Progress output of ``vime run``.
+
+* stdout is not a terminal (a log file, CI, a pipe): exactly one line per step, no bar redraws
+  (:func:`step_line`, e.g. ``[vime] step 3/10 | reward 0.500 | resp_len 12.0 | rollout 2.0s | train 3.0s | sync
+  1.0s | |Δlogp| 0.0012``);
+* a terminal: the same step lines, plus a live rich bar under them with the current phase (``rollout 12/32
+  samples``, ``train``, ``sync``), removed when the run ends.
+
+:class:`RolloutProgress` is the counter the rollout manager (a Ray actor) updates as samples finish and the driver
+reads while it waits for the rollout.
+"""
+
+from __future__ import annotations
+
+import time
+from types import TracebackType
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+STEP_LINE_FIELDS = (
+    ("perf/rollout_time", "rollout"),
+    ("perf/train_time", "train"),
+    ("perf/sync_time", "sync"),
+)
+
+
+def step_line(step: int, total: int, m: dict[str, float]) -> str:
+    """The one line printed per step (``step`` counts from 0 as in ``metrics.jsonl``; the line from 1). Fields
+    without their metric are left out."""
+    parts = [f"step {step + 1}/{total}"]
+    if "rollout/reward_mean" in m:
+        parts.append(f"reward {m['rollout/reward_mean']:.3f}")
+    if "rollout/response_len_mean" in m:
+        parts.append(f"resp_len {m['rollout/response_len_mean']:.1f}")
+    for key, label in STEP_LINE_FIELDS:
+        if key in m:
+            parts.append(f"{label} {m[key]:.1f}s")
+    if "train/train_rollout_logprob_abs_diff" in m:
+        parts.append(f"|Δlogp| {m['train/train_rollout_logprob_abs_diff']:.4f}")
+    return "[vime] " + " | ".join(parts)
+
+
+class RolloutProgress:
+    """Samples finished out of those wanted in the current rollout (run as a Ray actor with
+    :func:`vime_core.orchestration.remote_actor`; the rollout manager calls :meth:`set`, the driver :meth:`get`)."""
+
+    def __init__(self) -> None:
+        self.done, self.total = 0, 0
+
+    def set(self, done: int, total: int) -> None:
+        """Record ``done`` finished samples out of ``total`` wanted."""
+        self.done, self.total = done, total
+
+    def get(self) -> tuple[int, int]:
+        """``(done, total)``."""
+        return self.done, self.total
+
+
+class StepProgress:
+    """The per-step output of a run (a context manager).
+
+    :param console: where to print; ``console.is_terminal`` picks the live bar or plain lines.
+    :param total: steps of the run (``--num-rollout``).
+    :param completed: steps already done (a resumed run).
+    """
+
+    def __init__(self, console: Console, total: int, completed: int = 0) -> None:
+        self.console = console
+        self.total = total
+        self.completed = completed
+        self.live = console.is_terminal
+        self._progress: Progress | None = None
+        self._task = None
+
+    def __enter__(self) -> StepProgress:
+        if self.live:
+            self._progress = Progress(
+                TextColumn("[vime] step", markup=False),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("{task.fields[phase]}", markup=False),
+                TimeElapsedColumn(),
+                console=self.console,
+                transient=True,  # the bar goes when the run ends; the step lines stay
+            )
+            self._progress.start()
+            self._task = self._progress.add_task("steps", total=self.total, completed=self.completed, phase="")
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+            self._progress = None
+
+    def phase(self, text: str) -> None:
+        """Show the current phase (``rollout 3/32 samples``, ``train``, ``sync``) on the bar; nothing without a
+        terminal."""
+        if self._progress is not None:
+            self._progress.update(self._task, phase=text)
+
+    def step_done(self, step: int, metrics: dict[str, float]) -> str:
+        """Print the step's line (:func:`step_line`) and advance the bar; returns the line."""
+        line = step_line(step, self.total, metrics)
+        if self._progress is not None:
+            self._progress.console.print(line)
+            self._progress.update(self._task, advance=1, phase="")
+        else:
+            self.console.print(line)
+        return line
+
+
+def rollout_phase(done: int, total: int) -> str:
+    """The phase text of a rollout: ``rollout 12/32 samples`` (``rollout`` before the first report)."""
+    return f"rollout {done}/{total} samples" if total else "rollout"
+
+
+class Throttle:
+    """True at most once per ``interval_s`` (the last call of a series is forced by the caller)."""
+
+    def __init__(self, interval_s: float = 0.25) -> None:
+        self.interval_s = interval_s
+        self.last = float("-inf")
+
+    def __call__(self) -> bool:
+        now = time.monotonic()
+        if now - self.last >= self.interval_s:
+            self.last = now
+            return True
+        return False

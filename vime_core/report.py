@@ -1,0 +1,349 @@
+"""``vime report``: one self-contained HTML page of a run's curves, drawn with matplotlib from ``metrics.jsonl``.
+
+:func:`build_figures` returns the matplotlib figures (one per panel; tests read the plotted ``Line2D`` / bar data
+back from them), :func:`write_report` saves each as a PNG under ``<out stem>_files/`` and embeds the same PNG bytes
+(base64) in the HTML, so the page opens on its own. A panel whose metrics no run has is left out and listed under
+"not shown". ``--compare`` overlays other runs on every panel (their label is the directory name).
+
+Panels (metric keys as written by :mod:`vime_core.loop` and :mod:`vime_core.metrics`):
+
+* reward: ``rollout/reward_mean``; eval reward ``eval/<set>/reward_mean``; eval ``eval/<set>/pass@<k>``;
+* response length ``rollout/response_len_mean`` (+ ``eval/<set>/response_len_mean``), truncated fraction
+  ``rollout/truncated_frac`` (+ ``eval/<set>/truncated_frac``);
+* ``|Δlogp|`` ``train/train_rollout_logprob_abs_diff``, entropy ``train/entropy_loss``, grad norm
+  ``train/grad_norm`` (+ ``train/critic_grad_norm``), KL ``train/kl_loss`` / ``train/ppo_kl`` /
+  ``rollout/distill_reverse_kl``, policy loss ``train/pg_loss``;
+* per-step time split: ``perf/rollout_time`` / ``perf/train_time`` / ``perf/sync_time`` as a stacked bar (seconds);
+* weight-sync bytes ``weight_sync/bytes`` (MiB);
+* staleness histogram (``--loop one-step-off`` / ``fully-async``): trained tokens per staleness ``k`` summed over
+  steps from ``rollout/staleness_tokens/<k>`` (:func:`vime_core.metrics.staleness_histogram`).
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from matplotlib.figure import Figure  # not pyplot: no global figure registry, no display backend
+from matplotlib.ticker import MaxNLocator
+
+from vime_core.metrics import STALENESS_TOKENS_PREFIX
+
+TIME_KEYS = (("perf/rollout_time", "rollout"), ("perf/train_time", "train"), ("perf/sync_time", "sync"))
+MIB = float(1 << 20)
+FIGSIZE, DPI = (7.5, 3.6), 100  # inches, dots per inch: 750 x 360 pixel PNGs
+
+
+class ReportError(ValueError):
+    """A run directory without readable metrics; the message names the file (and line) and what was expected."""
+
+
+@dataclass
+class Run:
+    """One run's records: ``records`` are the ``metrics.jsonl`` lines in order (each a dict with ``step``)."""
+
+    name: str
+    path: Path
+    records: list[dict[str, float]]
+    args: dict[str, Any] = field(default_factory=dict)
+    summary: dict[str, Any] = field(default_factory=dict)
+
+    def keys(self) -> set[str]:
+        """Every metric key present in at least one record (``step`` excluded)."""
+        return {k for r in self.records for k in r if k != "step"}
+
+    def series(self, key: str) -> tuple[list[float], list[float]]:
+        """``(steps, values)`` of the records holding ``key``, in file order."""
+        xs = [float(r["step"]) for r in self.records if key in r]
+        ys = [float(r[key]) for r in self.records if key in r]
+        return xs, ys
+
+
+def load_run(path: Path, name: str | None = None) -> Run:
+    """Read ``path/metrics.jsonl`` (and ``args.json`` / ``summary.json`` when present).
+
+    :raises ReportError: if the file is missing, empty, or a line is not a JSON object with an integer ``step``.
+    """
+    path = Path(path)
+    mfile = path / "metrics.jsonl"
+    if not mfile.is_file():
+        raise ReportError(f"{mfile}: not found (expected the metrics.jsonl a `vime run` writes into its --output-dir)")
+    records: list[dict[str, float]] = []
+    for lineno, line in enumerate(mfile.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ReportError(f"{mfile}:{lineno}: not JSON ({e.msg})") from None
+        if not isinstance(rec, dict) or not isinstance(rec.get("step"), int):
+            raise ReportError(f"{mfile}:{lineno}: expected a JSON object with an integer 'step'")
+        records.append(rec)
+    if not records:
+        raise ReportError(f"{mfile}: no metrics (the run logged no step)")
+    extra = {}
+    for fname in ("args.json", "summary.json"):
+        f = path / fname
+        try:
+            extra[fname] = json.loads(f.read_text()) if f.is_file() else {}
+        except json.JSONDecodeError:
+            extra[fname] = {}  # informational only; the curves come from metrics.jsonl
+    return Run(name or path.resolve().name, path, records, extra["args.json"], extra["summary.json"])
+
+
+@dataclass
+class Panel:
+    """One figure: ``keys`` are exact metric names or regular expressions (``pattern=True``)."""
+
+    id: str
+    title: str
+    ylabel: str
+    keys: tuple[str, ...]
+    pattern: bool = False
+    scale: float = 1.0  # plotted value = metric / scale
+
+    def matching(self, run: Run) -> list[str]:
+        """The metric keys of ``run`` this panel plots, in a stable order."""
+        have = run.keys()
+        if not self.pattern:
+            return [k for k in self.keys if k in have]
+        return sorted(k for k in have if any(re.fullmatch(p, k) for p in self.keys))
+
+
+LINE_PANELS = (
+    Panel("reward", "Reward (training rollouts)", "mean reward", ("rollout/reward_mean",)),
+    Panel("eval_reward", "Eval reward", "mean reward", (r"eval/.+/reward_mean",), pattern=True),
+    Panel("eval_pass_at_k", "Eval pass@k", "pass@k", (r"eval/.+/pass@\d+",), pattern=True),
+    Panel(
+        "response_len",
+        "Response length",
+        "tokens",
+        (r"rollout/response_len_mean", r"eval/.+/response_len_mean"),
+        pattern=True,
+    ),
+    Panel(
+        "truncated",
+        "Truncated fraction",
+        "fraction of samples",
+        (r"rollout/truncated_frac", r"eval/.+/truncated_frac"),
+        pattern=True,
+    ),
+    Panel(
+        "logprob_diff",
+        "|Δlogp| trainer vs engine",
+        "nats per token",
+        ("train/train_rollout_logprob_abs_diff",),
+    ),
+    Panel("entropy", "Entropy", "nats per token", ("train/entropy_loss",)),
+    Panel("grad_norm", "Gradient norm", "L2 norm (before clipping)", ("train/grad_norm", "train/critic_grad_norm")),
+    Panel("kl", "KL", "nats", ("train/kl_loss", "train/ppo_kl", "rollout/distill_reverse_kl")),
+    Panel("pg_loss", "Policy loss", "loss", ("train/pg_loss",)),
+    Panel("weight_sync_bytes", "Weight-sync bytes per step", "MiB", ("weight_sync/bytes",), scale=MIB),
+)
+ALL_PANEL_IDS = tuple(p.id for p in LINE_PANELS) + ("time_split", "staleness")
+
+
+def _new_axes() -> tuple[Figure, Any]:
+    fig = Figure(figsize=FIGSIZE, layout="constrained")
+    return fig, fig.subplots()
+
+
+def _grouped_x(positions: list[int], i: int, n: int) -> tuple[list[float], float]:
+    """Bar centres of run ``i`` of ``n`` side by side around each integer position, and the bar width."""
+    width = 0.8 / n
+    return [x - 0.4 + width * (i + 0.5) for x in positions], width
+
+
+def _label(run: Run, key: str, multi: bool) -> str:
+    return f"{run.name} · {key}" if multi else key
+
+
+def _line_figure(panel: Panel, runs: list[Run]) -> Figure | None:
+    multi = len(runs) > 1
+    fig, ax = _new_axes()
+    n = 0
+    for i, run in enumerate(runs):
+        for j, key in enumerate(panel.matching(run)):
+            xs, ys = run.series(key)
+            ax.plot(
+                xs,
+                [y / panel.scale for y in ys],
+                marker="o" if len(xs) < 30 else None,
+                markersize=3,
+                linestyle=("-", "--", ":", "-.")[i % 4],
+                color=f"C{(j if not multi else i * 3 + j) % 10}",
+                label=_label(run, key, multi),
+            )
+            n += 1
+    if n == 0:
+        return None
+    ax.set(title=panel.title, xlabel="step", ylabel=panel.ylabel)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="best")
+    return fig
+
+
+def _time_split_figure(runs: list[Run]) -> Figure | None:
+    """Stacked bars per step (rollout / train / sync seconds); with several runs, bars side by side per step."""
+    have = [r for r in runs if any(k in r.keys() for k, _ in TIME_KEYS)]
+    if not have:
+        return None
+    fig, ax = _new_axes()
+    for i, run in enumerate(have):
+        # one bar per step record that has any time key (the step's own record)
+        recs = [r for r in run.records if any(k in r for k, _ in TIME_KEYS)]
+        xs, width = _grouped_x([r["step"] for r in recs], i, len(have))
+        bottom = [0.0] * len(recs)
+        for j, (key, name) in enumerate(TIME_KEYS):
+            ys = [float(r.get(key, 0.0)) for r in recs]
+            label = f"{run.name} · {name}" if len(have) > 1 else name
+            ax.bar(xs, ys, width=width, bottom=bottom, color=f"C{j}", alpha=1.0 - 0.35 * i, label=label, gid=key)
+            bottom = [b + y for b, y in zip(bottom, ys, strict=True)]
+    ax.set(title="Time per step (stacked)", xlabel="step", ylabel="seconds")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.grid(alpha=0.3, axis="y")
+    fig.legend(fontsize=8, loc="outside right upper")  # beside the bars, never over them
+    return fig
+
+
+def staleness_counts(run: Run) -> dict[int, float]:
+    """Trained tokens per staleness ``k`` summed over the run's steps (from ``rollout/staleness_tokens/<k>``)."""
+    counts: dict[int, float] = {}
+    for r in run.records:
+        for k, v in r.items():
+            if k.startswith(STALENESS_TOKENS_PREFIX):
+                s = int(k[len(STALENESS_TOKENS_PREFIX) :])
+                counts[s] = counts.get(s, 0.0) + float(v)
+    return dict(sorted(counts.items()))
+
+
+def _is_async(run: Run) -> bool:
+    return run.args.get("loop", "sync") != "sync" or any(k > 0 for k in staleness_counts(run))
+
+
+def _staleness_figure(runs: list[Run]) -> Figure | None:
+    have = [r for r in runs if _is_async(r) and staleness_counts(r)]
+    if not have:
+        return None
+    fig, ax = _new_axes()
+    for i, run in enumerate(have):
+        counts = staleness_counts(run)
+        xs, width = _grouped_x(list(counts), i, len(have))
+        ax.bar(xs, list(counts.values()), width=width, color=f"C{i}", label=f"{run.name} ({run.args.get('loop')})")
+    ax.set(
+        title="Staleness of trained tokens (all steps)",
+        xlabel="weight versions behind the trainer",
+        ylabel="tokens",
+    )
+    ax.set_xticks(sorted({k for r in have for k in staleness_counts(r)}))
+    ax.grid(alpha=0.3, axis="y")
+    ax.legend(fontsize=8, loc="best")
+    return fig
+
+
+def build_figures(runs: list[Run]) -> dict[str, Figure]:
+    """One matplotlib figure per panel that has data in at least one run, keyed by panel id (in
+    :data:`ALL_PANEL_IDS` order). The figures are plain :class:`matplotlib.figure.Figure` objects (not registered
+    with pyplot), freed when no longer referenced."""
+    figs: dict[str, Figure] = {}
+    for panel in LINE_PANELS:
+        fig = _line_figure(panel, runs)
+        if fig is not None:
+            figs[panel.id] = fig
+    for pid, make in (("time_split", _time_split_figure), ("staleness", _staleness_figure)):
+        fig = make(runs)
+        if fig is not None:
+            figs[pid] = fig
+    return figs
+
+
+PANEL_TITLES = {p.id: p.title for p in LINE_PANELS} | {
+    "time_split": "Time per step (rollout / train / sync)",
+    "staleness": "Staleness histogram (async loops)",
+}
+
+
+def _summary_rows(runs: list[Run]) -> str:
+    rows = []
+    for run in runs:
+        steps = sorted({r["step"] for r in run.records})
+        rewards = run.series("rollout/reward_mean")[1]
+        evals = sorted(k for k in run.keys() if re.fullmatch(r"eval/.+/reward_mean", k))
+        ev = "; ".join(f"{k.split('/')[1]}: {run.series(k)[1][0]:.3f} → {run.series(k)[1][-1]:.3f}" for k in evals)
+        cells = [
+            run.name,
+            str(run.path),
+            str(run.args.get("model", "")),
+            str(run.args.get("loop", "")),
+            f"{steps[0]}–{steps[-1]}",
+            f"{rewards[0]:.3f} → {rewards[-1]:.3f}" if rewards else "",
+            ev,
+        ]
+        rows.append("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in cells) + "</tr>")
+    head = "".join(
+        f"<th>{h}</th>"
+        for h in ("run", "directory", "model", "loop", "steps", "reward first → last", "eval reward first → last")
+    )
+    return f"<table><tr>{head}</tr>{''.join(rows)}</table>"
+
+
+def render_html(runs: list[Run], pngs: dict[str, bytes]) -> str:
+    """The report page: a summary table, then each panel's PNG embedded as a base64 data URL."""
+    title = "vime report: " + ", ".join(r.name for r in runs)
+    parts = [
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8">',
+        f"<title>{html.escape(title)}</title>",
+        "<style>body{font-family:sans-serif;margin:24px;max-width:1150px}"
+        "table{border-collapse:collapse;font-size:13px}td,th{border:1px solid #ccc;padding:3px 8px;text-align:left}"
+        ".grid{display:grid;grid-template-columns:repeat(auto-fill,minmax(540px,1fr));gap:12px}"
+        "figure{margin:0}img{width:100%;border:1px solid #eee}figcaption{font-size:12px;color:#555}</style>",
+        "</head><body>",
+        f"<h1>{html.escape(title)}</h1>",
+        _summary_rows(runs),
+        '<div class="grid">',
+    ]
+    for pid, png in pngs.items():
+        data = base64.b64encode(png).decode("ascii")
+        parts.append(
+            f'<figure id="{pid}"><img alt="{html.escape(PANEL_TITLES[pid])}" src="data:image/png;base64,{data}">'
+            f"<figcaption>{html.escape(PANEL_TITLES[pid])} ({pid}.png)</figcaption></figure>"
+        )
+    parts.append("</div>")
+    missing = [PANEL_TITLES[p] for p in ALL_PANEL_IDS if p not in pngs]
+    if missing:
+        parts.append("<p><b>Not shown</b> (no run has these metrics): " + html.escape(", ".join(missing)) + "</p>")
+    parts.append("</body></html>")
+    return "\n".join(parts)
+
+
+def write_report(run_dir: Path, compare: list[Path] | None = None, out: Path | None = None) -> Path:
+    """Render the report of ``run_dir`` (overlaying ``compare`` runs) to ``out`` (default
+    ``run_dir/report.html``); the PNGs go to ``<out without .html>_files/<panel>.png``.
+
+    :return: the HTML path.
+    :raises ReportError: if a run directory has no readable ``metrics.jsonl``.
+    """
+    runs = [load_run(Path(run_dir))] + [load_run(Path(c)) for c in compare or []]
+    names = [r.name for r in runs]
+    for i, r in enumerate(runs):  # two runs called "run": tell them apart
+        if names.count(r.name) > 1:
+            r.name = f"{r.name}#{i}"
+    out = Path(out) if out is not None else Path(run_dir) / "report.html"
+    files = out.with_name(out.stem + "_files")
+    files.mkdir(parents=True, exist_ok=True)
+    pngs: dict[str, bytes] = {}
+    for pid, fig in build_figures(runs).items():
+        buf = io.BytesIO()
+        fig.savefig(buf, format="png", dpi=DPI)
+        pngs[pid] = buf.getvalue()
+        (files / f"{pid}.png").write_bytes(pngs[pid])
+    out.write_text(render_html(runs, pngs))
+    return out
