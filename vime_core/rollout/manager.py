@@ -31,13 +31,17 @@ class RolloutManager:
 
     :param args: parsed ``vime run`` arguments.
     :param model_path: HF directory the engines serve (and whose tokenizer prompts are encoded with).
+    :param placement: ``(plan, placement_group)`` from :mod:`vime_core.orchestration`: each engine
+        is then started by an engine actor on its bundle (:mod:`vime_core.rollout.engine_actor`); ``None``: engines
+        are subprocesses of this process (tests, notebooks).
     """
 
-    def __init__(self, args: argparse.Namespace, model_path: Path) -> None:
+    def __init__(self, args: argparse.Namespace, model_path: Path, placement: tuple | None = None) -> None:
         from transformers import AutoTokenizer
 
         self.args = args
         self.model_path = Path(model_path)
+        self.placement = placement
         plugins = get_plugins()
         self.generate_fn = plugins.resolve("generate", args.generate)
         self.reward_fn = plugins.resolve("reward", args.reward)
@@ -81,19 +85,26 @@ class RolloutManager:
         vllm_args = list(self.args.vllm_args)
         if "--dtype" not in vllm_args:  # the engine computes in the trainer's dtype unless --vllm-dtype says otherwise
             vllm_args += ["--dtype", self.args.train_dtype]
-        for i in range(self.args.rollout_num_engines):
-            self.engines.append(
-                VLLMServer(
-                    self.model_path,
-                    served_model_name="policy",
-                    enforce_eager=self.args.rollout_enforce_eager,
-                    extra_args=vllm_args + ["--seed", str(self.args.seed + i)],
-                    kv_cache_space_gib=self.args.rollout_kv_cache_gib,
-                    omp_threads_bind=_engine_cpu_bind(self.args, i),
-                    log_path=log_dir / f"vllm_engine_{i}.log",
-                    request_timeout_s=self.args.weight_sync_timeout,
-                )
+        server_kwargs = [
+            dict(
+                model=str(self.model_path),
+                served_model_name="policy",
+                enforce_eager=self.args.rollout_enforce_eager,
+                extra_args=vllm_args + ["--seed", str(self.args.seed + i)],
+                kv_cache_space_gib=self.args.rollout_kv_cache_gib,
+                omp_threads_bind=_engine_cpu_bind(self.args, i),
+                log_path=log_dir / f"vllm_engine_{i}.log",
+                request_timeout_s=self.args.weight_sync_timeout,
             )
+            for i in range(self.args.rollout_num_engines)
+        ]
+        if self.placement is not None:  # engine actors on their placement bundles (vime run)
+            from vime_core.rollout.engine_actor import start_engine_actors
+
+            plan, pg = self.placement
+            self.engines = start_engine_actors(server_kwargs, plan, pg, self.args.weight_sync_timeout)
+        else:
+            self.engines = [VLLMServer(**kw) for kw in server_kwargs]
         if getattr(self.args, "distill_teacher", None):  # the teacher engine group starts alongside
             from vime_core.rollout.teacher import TeacherEngines
 
@@ -172,6 +183,7 @@ class RolloutManager:
         from vime_core.rollout.oversample import collect_groups
 
         t0 = time.perf_counter()
+        self.check_engines()
         want = self.args.rollout_batch_size
         extra: dict[str, float] = {}
         if self.dynamic_filter is None and (getattr(self.args, "over_sampling_batch_size", None) or 0) <= want:
@@ -180,6 +192,7 @@ class RolloutManager:
             samples = [s for g in groups for s in g]
         else:
             groups, samples, extra = self.loop.run_until_complete(collect_groups(self, step))
+        self.check_engines()  # an engine that died mid-step is reported by its actor, with its log tail
         failed = [s for s in samples if s.status == Status.FAILED]
         if failed and len(failed) == len(samples):
             raise RuntimeError(f"every sample of step {step} failed; first error: {failed[0].metadata.get('error')}")
@@ -221,6 +234,7 @@ class RolloutManager:
             their previous version).
         """
         t0 = time.perf_counter()
+        self.check_engines()
         # fully-async: freeze in-flight requests (they continue on the new weights); else let them finish first
         mode = "keep" if self.producer is not None else "wait"
         for engine in self.engines:
@@ -244,6 +258,39 @@ class RolloutManager:
             "weight_sync/bytes": float(update.num_bytes),
             "weight_sync/version": float(update.version),
         }
+
+    def check_engines(self) -> None:
+        """Raise if an engine actor reported that its vLLM server exited (see
+        :func:`vime_core.rollout.engine_actor.engine_failures`).
+
+        :raises RuntimeError: with each dead engine's address, exit code and log tail.
+        """
+        from vime_core.rollout.engine_actor import engine_failures
+
+        dead = engine_failures(self.engines)
+        if dead:
+            raise RuntimeError("vLLM engine died: " + "\n".join(dead))
+
+    def check_weight_dir(self, path: str, nonce: str) -> list[str]:
+        """Whether every engine's node reads ``nonce`` from ``path`` (``--update-weight-disk-dir`` must be a
+        filesystem the trainer and the engines share for ``disk``/``disk-delta`` weight sync).
+
+        :return: one reason per engine that cannot (empty: all can).
+        """
+        import ray
+
+        from vime_core.rollout.engine_actor import RemoteEngine, check_nonce
+
+        problems = []
+        for i, e in enumerate(self.engines):
+            why = (
+                ray.get(e.actor.can_read.remote(path, nonce))
+                if isinstance(e, RemoteEngine)
+                else check_nonce(path, nonce)
+            )
+            if why is not None:
+                problems.append(f"engine {i} ({e.url}): {why}")
+        return problems
 
     # -- state -----------------------------------------------------------------------------------------------------
     def data_state(self) -> dict[str, Any]:
