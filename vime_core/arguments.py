@@ -411,6 +411,8 @@ def _check(args: argparse.Namespace) -> None:
         parse_cpu_list(args.train_cpus)
     if (args.vllm_router_ip is None) != (args.vllm_router_port is None):
         raise ArgumentError("--vllm-router-ip and --vllm-router-port go together")
+    if args.colocate and args.loop != "sync":
+        raise ArgumentError(f"--colocate needs --loop sync: with --loop {args.loop} generation overlaps training")
     try:
         engines = check_resource_flags(ResourceFlags.from_args(args))
     except PlacementError as e:

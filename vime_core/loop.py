@@ -118,6 +118,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 trainer.check_shared_dir(str(args.update_weight_disk_dir), rollout)
             if ckpt is not None and trainer is not None:
                 ray.get(rollout.update_weights.remote(trainer.push_weights(version)))
+        placed = {
+            "engines": info.get("engines", []) if rollout is not None else [],
+            "trainer": trainer.placements() if trainer is not None else [],
+        }
+        (out / "placement.json").write_text(json.dumps(placed, indent=1))  # where every actor landed
         console.print(f"[vime] setup {time.perf_counter() - t_setup:.1f} s")
 
         if rollout is not None and args.loop == "fully-async":
@@ -216,10 +221,15 @@ def _one_step(args, step, source, rollout, trainer, estimator, version) -> dict[
     if not batch.samples:
         logger.warning("step %d: no trainable sample (all failed/aborted); skipping the update", step)
         return metrics
+    colocated = rollout is not None and getattr(args, "colocate", False)
+    if colocated:  # the engines free the GPUs they share with the trainer (vLLM sleep mode)
+        ray.get(rollout.sleep_engines.remote())
     t1 = time.perf_counter()
     metrics.update(trainer.train_step(batch))
     metrics["perf/train_time"] = time.perf_counter() - t1
     t2 = time.perf_counter()
+    if colocated:
+        ray.get(rollout.wake_engines.remote())
     update = trainer.push_weights(step + 1)
     if rollout is not None:
         metrics.update(ray.get(rollout.update_weights.remote(update)))

@@ -74,17 +74,41 @@ class TrainerWorker:
 
             os.sched_setaffinity(0, parse_cpu_list(args.train_cpus))
         self.rank, self.world_size = rank, world_size
-        if world_size > 1:
-            os.environ.update(group_env(rank, world_size, dist_env or {}))
         plugins = get_plugins()
-        self.backend = plugins.resolve("trainer", args.trainer)(args, Path(model_path))
+        backend_cls = plugins.resolve("trainer", args.trainer)
+        if world_size > 1:
+            if not getattr(backend_cls, "DISTRIBUTED", False):
+                raise ValueError(
+                    f"--trainer {args.trainer} runs as one rank, but --actor-num-nodes × --actor-num-gpus-per-node "
+                    f"asks for {world_size}: use a distributed backend (--trainer megatron) or one trainer GPU"
+                )
+            os.environ.update(group_env(rank, world_size, dist_env or {}))
+            init_process_group_from_env()
+        self.backend = backend_cls(args, Path(model_path))
         self.weight_sync = plugins.resolve("weight_sync", args.weight_sync)(args)
+
+    def placement(self) -> dict[str, Any]:
+        """Where this rank runs (:func:`actor_placement`), with ``rank``/``world_size`` and the torchrun variables."""
+        keys = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK")
+        return {
+            **actor_placement(),
+            "rank": self.rank,
+            "world_size": self.world_size,
+            "env": {k: os.environ[k] for k in keys if k in os.environ},
+        }
 
     def train_step(self, batch: Any) -> dict[str, float]:
         return self.backend.train_step(batch)
 
-    def push_weights(self, version: int) -> WeightUpdate:
-        return self.weight_sync.push(self.backend.named_hf_tensors(), version)
+    def push_weights(self, version: int) -> WeightUpdate | None:
+        """Rank 0 publishes the weights through the strategy; the other ranks only take part in the gather
+        (``named_hf_tensors`` is a collective under TP) and return ``None``."""
+        tensors = self.backend.named_hf_tensors()
+        if self.rank != 0:
+            for _ in tensors:
+                pass
+            return None
+        return self.weight_sync.push(tensors, version)
 
     def save_checkpoint(self, path: str) -> None:
         self.backend.save_checkpoint(Path(path))
@@ -121,6 +145,25 @@ def group_env(rank: int, world_size: int, rendezvous: dict[str, str]) -> dict[st
         "LOCAL_RANK": "0",
         "LOCAL_WORLD_SIZE": "1",
     }
+
+
+def init_process_group_from_env(timeout_s: float = 1800.0) -> None:
+    """``torch.distributed.init_process_group`` from torchrun's environment (see :func:`group_env`), unless already
+    initialised: NCCL on ``cuda:LOCAL_RANK`` when CUDA is available, else Gloo (CPU)."""
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        return
+    timeout = datetime.timedelta(seconds=timeout_s)
+    if torch.cuda.is_available():
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(device)
+        dist.init_process_group("nccl", timeout=timeout, device_id=device)
+    else:
+        dist.init_process_group("gloo", timeout=timeout)
 
 
 class RendezvousProbe:
@@ -189,6 +232,10 @@ class TrainerGroup:
     def push_weights(self, version: int) -> WeightUpdate:
         """Every rank gathers (a collective under TP); rank 0's update goes to the engines."""
         return self._all("push_weights", version)[0]
+
+    def placements(self) -> list[dict[str, Any]]:
+        """Each rank's :meth:`TrainerWorker.placement`, in rank order."""
+        return self._all("placement")
 
     def save_checkpoint(self, path: str) -> None:
         self._all("save_checkpoint", path)

@@ -37,8 +37,11 @@ def test_one_node_eight_gpus_colocated_tp2():
     plan = plan_placement(flags, nodes(8))
     assert plan.mode == "colocated" and plan.tp == 2
     bundles, trainer, engines = layout(plan)
-    assert bundles[:3] == [(0, "n0", 1, ["trainer rank 0", "engine 0"]), (1, "n0", 1, ["trainer rank 1", "engine 0"]),
-                           (2, "n0", 1, ["trainer rank 2", "engine 1"])]
+    assert bundles[:3] == [
+        (0, "n0", 1, ["trainer rank 0", "engine 0"]),
+        (1, "n0", 1, ["trainer rank 1", "engine 0"]),
+        (2, "n0", 1, ["trainer rank 2", "engine 1"]),
+    ]
     assert len(bundles) == 8 and trainer[7] == ("trainer rank 7", "n0", [7], 0.5)
     assert engines == [(f"engine {e}", "n0", [2 * e, 2 * e + 1], 0.5) for e in range(4)]
 
@@ -62,15 +65,24 @@ def test_tp2_engines_fill_the_gpus_left_on_each_node():
     assert trainer == [("trainer rank 0", "n0", [0], 1.0), ("trainer rank 1", "n0", [1], 1.0)]
     assert engines == [("engine 0", "n0", [2], 2.0), ("engine 1", "n1", [3], 2.0), ("engine 2", "n1", [4], 2.0)]
     assert plan.to_dict()["bundles"][2] == {
-        "index": 2, "node_id": "n0", "node_ip": "10.0.0.1", "gpus": 2, "holds": ["engine 0"], "gpu_ids": []
+        "index": 2,
+        "node_id": "n0",
+        "node_ip": "10.0.0.1",
+        "gpus": 2,
+        "holds": ["engine 0"],
+        "gpu_ids": [],
     }
 
 
 def test_two_trainer_nodes_number_ranks_node_by_node():
     plan = plan_placement(ResourceFlags(actor_num_nodes=2, actor_num_gpus_per_node=2, rollout_num_gpus=1), nodes(2, 3))
     _, trainer, engines = layout(plan)
-    assert [(t[0], t[1]) for t in trainer] == [("trainer rank 0", "n0"), ("trainer rank 1", "n0"),
-                                              ("trainer rank 2", "n1"), ("trainer rank 3", "n1")]
+    assert [(t[0], t[1]) for t in trainer] == [
+        ("trainer rank 0", "n0"),
+        ("trainer rank 1", "n0"),
+        ("trainer rank 2", "n1"),
+        ("trainer rank 3", "n1"),
+    ]
     assert engines == [("engine 0", "n1", [4], 1.0)]
 
 
@@ -179,9 +191,16 @@ BASE = ["--model", "m", "--prompt-data", "d.jsonl"]
 
 
 def test_flag_checks_run_while_parsing_and_derive_the_engine_count():
-    args = parse_run_args(BASE + ["--actor-num-gpus-per-node", "2", "--rollout-num-gpus", "4",
-                                  "--rollout-num-gpus-per-engine", "2"])
+    args = parse_run_args(
+        BASE + ["--actor-num-gpus-per-node", "2", "--rollout-num-gpus", "4", "--rollout-num-gpus-per-engine", "2"]
+    )
     assert args.rollout_num_engines == 2
     assert parse_run_args(BASE).rollout_num_engines == 1 and parse_run_args(BASE).ray_address is None
     with pytest.raises(ArgumentError, match=r"^--rollout-num-gpus-per-engine 2 must divide --rollout-num-gpus 3 "):
         parse_run_args(BASE + ["--rollout-num-gpus", "3", "--rollout-num-gpus-per-engine", "2"])
+
+
+def test_colocate_needs_the_sync_loop():
+    with pytest.raises(ArgumentError) as e:
+        parse_run_args(BASE + ["--actor-num-gpus-per-node", "1", "--colocate", "--loop", "one-step-off"])
+    assert str(e.value) == "--colocate needs --loop sync: with --loop one-step-off generation overlaps training"

@@ -330,6 +330,21 @@ class VLLMServer:
         """Drop cached KV prefixes (``POST /reset_prefix_cache``). :raises VLLMServerError: on a non-200 answer."""
         self._post("/reset_prefix_cache")
 
+    def sleep(self, level: int = 1) -> None:
+        """Free the GPU memory between rollouts (``POST /sleep?level=N``; the server needs ``--enable-sleep-mode``,
+        CUDA/ROCm only): level 1 offloads the weights to CPU memory and drops the KV cache, level 2 drops both.
+
+        :raises VLLMServerError: on a non-200 answer.
+        """
+        self._post("/sleep", params={"level": level})
+
+    def wake_up(self) -> None:
+        """Reallocate weights and KV cache after :meth:`sleep` (``POST /wake_up``).
+
+        :raises VLLMServerError: on a non-200 answer.
+        """
+        self._post("/wake_up")
+
     def collective_rpc(self, method: str, args: list[Any] | None = None, kwargs: dict[str, Any] | None = None) -> Any:
         """Call ``method`` on every worker (``POST /collective_rpc``); returns the per-worker results list.
 

@@ -3,7 +3,8 @@
 The actor runs on the node Ray placed its bundle on, starts the :class:`~vime_core.rollout.engine.VLLMServer`
 subprocess there bound to that node's address, with ``CUDA_VISIBLE_DEVICES`` set to the GPU ids Ray assigned to the
 actor (``ray.get_gpu_ids()``; for a colocated tensor-parallel engine, the ids Ray assigned to each of its bundles),
-and ``--tensor-parallel-size`` = ``--rollout-num-gpus-per-engine`` for GPU engines. The rollout manager talks to the
+and ``--tensor-parallel-size`` = ``--rollout-num-gpus-per-engine`` for GPU engines (colocated engines also get
+``--enable-sleep-mode``: they sleep while the trainer trains on the same GPUs). The rollout manager talks to the
 server over HTTP through a :class:`RemoteEngine` (the same control plane as a local ``VLLMServer``) and registers it
 with the router by its node address.
 
@@ -36,10 +37,15 @@ class EngineActor:
     :param devices: GPU ids for ``CUDA_VISIBLE_DEVICES`` when the actor's own share does not cover the engine
         (colocated tensor parallel: Ray's ids of each of the engine's bundles); ``None``: ``ray.get_gpu_ids()``.
     :param tensor_parallel_size: passed as ``--tensor-parallel-size`` when the engine has GPUs.
+    :param sleep_mode: pass ``--enable-sleep-mode`` (colocated engines sleep while the trainer trains).
     """
 
     def __init__(
-        self, server_kwargs: dict[str, Any], devices: list[str] | None = None, tensor_parallel_size: int = 1
+        self,
+        server_kwargs: dict[str, Any],
+        devices: list[str] | None = None,
+        tensor_parallel_size: int = 1,
+        sleep_mode: bool = False,
     ) -> None:
         self.where = actor_placement()
         devices = devices if devices is not None else self.where["gpu_ids"]
@@ -50,6 +56,8 @@ class EngineActor:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(devices)
             if "--tensor-parallel-size" not in extra:
                 extra += ["--tensor-parallel-size", str(tensor_parallel_size)]
+        if sleep_mode and "--enable-sleep-mode" not in extra:
+            extra.append("--enable-sleep-mode")
         self.devices = list(devices)
         self.server = VLLMServer(host=self.where["node_ip"], env=env, extra_args=extra, **kwargs)
         self._stopped = threading.Event()
@@ -210,7 +218,7 @@ def start_engine_actors(
         actor = (
             ray.remote(EngineActor)
             .options(**slot_options(slot, pg), max_concurrency=4, name=f"vime-engine-{i}-{uuid.uuid4().hex[:6]}")
-            .remote(kwargs, devs, plan.tp)
+            .remote(kwargs, devs, plan.tp, plan.mode == "colocated")
         )
         spec = ray.get(actor.start.remote())
         logger.info(

@@ -72,7 +72,8 @@ class RolloutManager:
         With ``--distill-teacher`` the teacher engine group (:class:`~vime_core.rollout.teacher.TeacherEngines`)
         starts at the same time.
 
-        :return: ``{"router_url", "engine_urls", "startup_seconds"}`` (and ``"teacher_router_url"``).
+        :return: ``{"router_url", "engine_urls", "startup_seconds"}`` (and ``"teacher_router_url"``; with engine
+            actors ``"engines"``: each one's node, Ray GPU ids, ``CUDA_VISIBLE_DEVICES`` and launch command).
         :raises RuntimeError: an engine or the router did not become ready (with its log tail).
         """
         from vime_core.rollout.client import RouterClient
@@ -133,7 +134,13 @@ class RolloutManager:
         set_rollout_context(
             RolloutContext(client=self.client, tokenizer=self.tokenizer, weight_version=self.weight_version)
         )
-        info = {"router_url": router_url, "engine_urls": urls}
+        info: dict[str, Any] = {"router_url": router_url, "engine_urls": urls}
+        if self.placement is not None:  # where each engine actor landed and the devices Ray gave it
+            keys = ("url", "node_ip", "node_id", "gpu_ids", "devices", "command")
+            info["engines"] = [
+                {**{k: e.spec[k] for k in keys}, "cuda_visible_devices": e.spec["env"].get("CUDA_VISIBLE_DEVICES")}
+                for e in self.engines
+            ]
         if self.teacher is not None:
             info["teacher_router_url"] = self.teacher.wait_ready(self.args.rollout_engine_startup_timeout)
         return {**info, "startup_seconds": time.perf_counter() - t0}
@@ -258,6 +265,16 @@ class RolloutManager:
             "weight_sync/bytes": float(update.num_bytes),
             "weight_sync/version": float(update.version),
         }
+
+    def sleep_engines(self) -> None:
+        """``--colocate``: every engine frees its GPU memory for the trainer (:meth:`VLLMServer.sleep`, level 1)."""
+        for engine in self.engines:
+            engine.sleep(1)
+
+    def wake_engines(self) -> None:
+        """``--colocate``: every engine takes its GPU memory back before the weight update."""
+        for engine in self.engines:
+            engine.wake_up()
 
     def check_engines(self) -> None:
         """Raise if an engine actor reported that its vLLM server exited (see
