@@ -233,6 +233,13 @@ class TrainerGroup:
         """Every rank gathers (a collective under TP); rank 0's update goes to the engines."""
         return self._all("push_weights", version)[0]
 
+    def shutdown(self) -> None:
+        """Kill every rank's actor (their GPUs return to the placement group)."""
+        import ray
+
+        for w in self.workers:
+            ray.kill(w)
+
     def placements(self) -> list[dict[str, Any]]:
         """Each rank's :meth:`TrainerWorker.placement`, in rank order."""
         return self._all("placement")
@@ -295,6 +302,7 @@ def init_ray(num_cpus: int | None = None, address: str | None = None) -> None:
     if ray_constants.ENABLE_RAY_CLUSTER and os.environ.get("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER") != "1":
         raise RuntimeError("Ray was imported before vime_core: import vime_core first so Ray stays on 127.0.0.1")
     ray.init(
+        address="local",  # a new instance even when RAY_ADDRESS is set: joining takes --ray-address
         num_cpus=num_cpus or os.cpu_count(),
         include_dashboard=False,
         _node_ip_address="127.0.0.1",

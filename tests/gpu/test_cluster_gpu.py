@@ -49,10 +49,10 @@ def hf_dir(tmp_path_factory) -> Path:
     return build_hf(tmp_path_factory.mktemp("llama") / "llama", "llama")
 
 
-def _args(tmp: Path, gpus: int, **kw) -> argparse.Namespace:
+def _args(tmp: Path, gpus: int, trainer: str = "megatron", **kw) -> argparse.Namespace:
     return trainer_args(
         lr=1e-3,
-        trainer="megatron",
+        trainer=trainer,
         weight_sync="disk",
         update_weight_disk_dir=tmp / "w",
         train_cpus=None,
@@ -71,8 +71,7 @@ def _step1(args: argparse.Namespace, model: Path) -> tuple[dict[str, float], lis
         metrics = group.train_step(TrainerBackendContract.make_batch(1000, 1.0))
         return metrics, group.placements()
     finally:
-        for w in group.workers:
-            ray.kill(w)
+        group.shutdown()
         if pg is not None:
             ray.util.remove_placement_group(pg)
 
@@ -96,6 +95,10 @@ def test_megatron_group_of_two_matches_one_gpu(one_gpu, hf_dir, tmp_path, tp):
     )
     assert metrics["train/pg_loss"] == pytest.approx(ref["train/pg_loss"], rel=BF16_RTOL, abs=1e-3)
     assert metrics["train/grad_norm"] == pytest.approx(ref["train/grad_norm"], rel=BF16_RTOL)
+    # the policy's log-probs of the batch (their gap to the rollout's -1.0 each) agree too: the same model was loaded
+    key = "train/train_rollout_logprob_abs_diff"
+    print(f"tp={tp}: |logp - rollout logp| {metrics[key]} vs {ref[key]}")
+    assert metrics[key] == pytest.approx(ref[key], rel=BF16_RTOL)
 
 
 def test_torch_backend_group_of_two_is_refused(ray_2gpu, tmp_path, tiny_model_dir):
@@ -104,6 +107,7 @@ def test_torch_backend_group_of_two_is_refused(ray_2gpu, tmp_path, tiny_model_di
     group = TrainerGroup(args, tiny_model_dir, plan, pg)
     with pytest.raises(ray.exceptions.RayActorError, match="--trainer torch runs as one rank, but --actor-num-nodes"):
         group.placements()
+    group.shutdown()
     ray.util.remove_placement_group(pg)
 
 
