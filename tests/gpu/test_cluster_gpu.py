@@ -8,6 +8,13 @@
 
 Marked ``gpu``; skipped where Ray, two CUDA GPUs or megatron-core are missing. Ray starts a single-node cluster on
 127.0.0.1 that sees the machine's GPUs; megatron-core must be importable by Ray's workers (``PYTHONPATH``).
+
+On the lent 2×H200 (Python 3.12, no package index) this ran with wheels carried in ``.whl/`` — ray 2.60.0 (cp312,
+79 MB: split in two pieces, joined with ``cat`` there), megatron-core 0.19.2, and Ray's needs missing there:
+jsonschema, jsonschema-specifications, referencing, rpds-py, attrs::
+
+    python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl
+    PYTHONPATH=/tmp/site:. python3 -m pytest tests/gpu/test_cluster_gpu.py -q -s    # 4 passed in 147 s
 """
 
 from __future__ import annotations
