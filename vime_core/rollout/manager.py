@@ -34,15 +34,21 @@ class RolloutManager:
 
     :param args: parsed ``vime run`` arguments.
     :param model_path: HF directory the engines serve (and whose tokenizer prompts are encoded with).
+    :param placement: ``(plan, placement_group)`` from :mod:`vime_core.orchestration`: each engine
+        is then started by an engine actor on its bundle (:mod:`vime_core.rollout.engine_actor`); ``None``: engines
+        are subprocesses of this process (tests, notebooks).
     :param progress: a :class:`vime_core.progress.RolloutProgress` actor told how many samples of
         :meth:`generate` have finished (for the live progress bar), or ``None``.
     """
 
-    def __init__(self, args: argparse.Namespace, model_path: Path, progress: Any = None) -> None:
+    def __init__(
+        self, args: argparse.Namespace, model_path: Path, placement: tuple | None = None, progress: Any = None
+    ) -> None:
         from transformers import AutoTokenizer
 
         self.args = args
         self.model_path = Path(model_path)
+        self.placement = placement
         plugins = get_plugins()
         self.generate_fn = plugins.resolve("generate", args.generate)
         self.reward_fn = plugins.resolve("reward", args.reward)
@@ -78,7 +84,8 @@ class RolloutManager:
         With ``--distill-teacher`` the teacher engine group (:class:`~vime_core.rollout.teacher.TeacherEngines`)
         starts at the same time.
 
-        :return: ``{"router_url", "engine_urls", "startup_seconds"}`` (and ``"teacher_router_url"``).
+        :return: ``{"router_url", "engine_urls", "startup_seconds"}`` (and ``"teacher_router_url"``; with engine
+            actors ``"engines"``: each one's node, Ray GPU ids, ``CUDA_VISIBLE_DEVICES`` and launch command).
         :raises RuntimeError: an engine or the router did not become ready (with its log tail).
         """
         from vime_core.rollout.client import RouterClient
@@ -91,19 +98,26 @@ class RolloutManager:
         vllm_args = list(self.args.vllm_args)
         if "--dtype" not in vllm_args:  # the engine computes in the trainer's dtype unless --vllm-dtype says otherwise
             vllm_args += ["--dtype", self.args.train_dtype]
-        for i in range(self.args.rollout_num_engines):
-            self.engines.append(
-                VLLMServer(
-                    self.model_path,
-                    served_model_name="policy",
-                    enforce_eager=self.args.rollout_enforce_eager,
-                    extra_args=vllm_args + ["--seed", str(self.args.seed + i)],
-                    kv_cache_space_gib=self.args.rollout_kv_cache_gib,
-                    omp_threads_bind=_engine_cpu_bind(self.args, i),
-                    log_path=log_dir / f"vllm_engine_{i}.log",
-                    request_timeout_s=self.args.weight_sync_timeout,
-                )
+        server_kwargs = [
+            dict(
+                model=str(self.model_path),
+                served_model_name="policy",
+                enforce_eager=self.args.rollout_enforce_eager,
+                extra_args=vllm_args + ["--seed", str(self.args.seed + i)],
+                kv_cache_space_gib=self.args.rollout_kv_cache_gib,
+                omp_threads_bind=_engine_cpu_bind(self.args, i),
+                log_path=log_dir / f"vllm_engine_{i}.log",
+                request_timeout_s=self.args.weight_sync_timeout,
             )
+            for i in range(self.args.rollout_num_engines)
+        ]
+        if self.placement is not None:  # engine actors on their placement bundles (vime run)
+            from vime_core.rollout.engine_actor import start_engine_actors
+
+            plan, pg = self.placement
+            self.engines = start_engine_actors(server_kwargs, plan, pg, self.args.weight_sync_timeout)
+        else:
+            self.engines = [VLLMServer(**kw) for kw in server_kwargs]
         if getattr(self.args, "distill_teacher", None):  # the teacher engine group starts alongside
             from vime_core.rollout.teacher import TeacherEngines
 
@@ -132,7 +146,13 @@ class RolloutManager:
         set_rollout_context(
             RolloutContext(client=self.client, tokenizer=self.tokenizer, weight_version=self.weight_version)
         )
-        info = {"router_url": router_url, "engine_urls": urls}
+        info: dict[str, Any] = {"router_url": router_url, "engine_urls": urls}
+        if self.placement is not None:  # where each engine actor landed and the devices Ray gave it
+            keys = ("url", "node_ip", "node_id", "gpu_ids", "devices", "command")
+            info["engines"] = [
+                {**{k: e.spec[k] for k in keys}, "cuda_visible_devices": e.spec["env"].get("CUDA_VISIBLE_DEVICES")}
+                for e in self.engines
+            ]
         if self.teacher is not None:
             info["teacher_router_url"] = self.teacher.wait_ready(self.args.rollout_engine_startup_timeout)
         return {**info, "startup_seconds": time.perf_counter() - t0}
@@ -182,6 +202,7 @@ class RolloutManager:
         from vime_core.rollout.oversample import collect_groups
 
         t0 = time.perf_counter()
+        self.check_engines()
         want = self.args.rollout_batch_size
         self._report_progress(0, want * self.args.n_samples_per_prompt)
         extra: dict[str, float] = {}
@@ -191,6 +212,7 @@ class RolloutManager:
             samples = [s for g in groups for s in g]
         else:
             groups, samples, extra = self.loop.run_until_complete(collect_groups(self, step))
+        self.check_engines()  # an engine that died mid-step is reported by its actor, with its log tail
         failed = [s for s in samples if s.status == Status.FAILED]
         if failed and len(failed) == len(samples):
             raise RuntimeError(f"every sample of step {step} failed; first error: {failed[0].metadata.get('error')}")
@@ -241,6 +263,7 @@ class RolloutManager:
             their previous version).
         """
         t0 = time.perf_counter()
+        self.check_engines()
         # fully-async: freeze in-flight requests (they continue on the new weights); else let them finish first
         mode = "keep" if self.producer is not None else "wait"
         for engine in self.engines:
@@ -264,6 +287,49 @@ class RolloutManager:
             "weight_sync/bytes": float(update.num_bytes),
             "weight_sync/version": float(update.version),
         }
+
+    def sleep_engines(self) -> None:
+        """``--colocate``: every engine frees its GPU memory for the trainer (:meth:`VLLMServer.sleep`, level 1)."""
+        for engine in self.engines:
+            engine.sleep(1)
+
+    def wake_engines(self) -> None:
+        """``--colocate``: every engine takes its GPU memory back before the weight update."""
+        for engine in self.engines:
+            engine.wake_up()
+
+    def check_engines(self) -> None:
+        """Raise if an engine actor reported that its vLLM server exited (see
+        :func:`vime_core.rollout.engine_actor.engine_failures`).
+
+        :raises RuntimeError: with each dead engine's address, exit code and log tail.
+        """
+        from vime_core.rollout.engine_actor import engine_failures
+
+        dead = engine_failures(self.engines)
+        if dead:
+            raise RuntimeError("vLLM engine died: " + "\n".join(dead))
+
+    def check_weight_dir(self, path: str, nonce: str) -> list[str]:
+        """Whether every engine's node reads ``nonce`` from ``path`` (``--update-weight-disk-dir`` must be a
+        filesystem the trainer and the engines share for ``disk``/``disk-delta`` weight sync).
+
+        :return: one reason per engine that cannot (empty: all can).
+        """
+        import ray
+
+        from vime_core.rollout.engine_actor import RemoteEngine, check_nonce
+
+        problems = []
+        for i, e in enumerate(self.engines):
+            why = (
+                ray.get(e.actor.can_read.remote(path, nonce))
+                if isinstance(e, RemoteEngine)
+                else check_nonce(path, nonce)
+            )
+            if why is not None:
+                problems.append(f"engine {i} ({e.url}): {why}")
+        return problems
 
     # -- state -----------------------------------------------------------------------------------------------------
     def data_state(self) -> dict[str, Any]:

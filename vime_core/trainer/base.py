@@ -22,9 +22,12 @@ class TrainerBackend(ABC):
     * :meth:`named_hf_tensors` — the current weights in Hugging Face names/shapes (what vLLM loads).
     * :meth:`save_checkpoint` / :meth:`load_checkpoint` — full state (weights + optimizer) for resume.
     * :meth:`save_hf` — an HF directory loadable by transformers and vLLM.
+    * ``DISTRIBUTED`` — whether the backend runs as several ranks of one ``torch.distributed`` group (the trainer
+      group of :mod:`vime_core.orchestration` sets torchrun's environment for each rank); ``False``: one rank only.
     """
 
     NAME: str = ""
+    DISTRIBUTED: bool = False
 
     def __init__(self, args: argparse.Namespace, model_path: Path) -> None:
         self.args = args

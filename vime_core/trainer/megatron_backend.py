@@ -191,6 +191,7 @@ class MegatronTrainer(TrainerBackend):
     """
 
     NAME = "megatron"
+    DISTRIBUTED = True  # one rank per GPU: TP × PP × CP × DP from torchrun's environment (init_distributed)
 
     def __init__(self, args: argparse.Namespace, model_path: Path) -> None:
         super().__init__(args, model_path)

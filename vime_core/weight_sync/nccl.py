@@ -231,7 +231,8 @@ class NcclWeightSync(WeightSyncStrategy):
     """``nccl`` weight sync: trainer rank 0 broadcasts HF-layout tensors in buckets to every engine worker.
 
     The trainer and all engine workers (``--rollout-num-engines`` × ``--rollout-num-gpus-per-engine``) meet once in
-    a :func:`stateless_group` hosted by the trainer on 127.0.0.1 (rank 0; engine ``i``'s worker ``r`` is rank
+    a :func:`stateless_group` hosted by the trainer on its Ray node's address (127.0.0.1 on the default loopback
+    cluster; rank 0; engine ``i``'s worker ``r`` is rank
     ``1 + i * tp + r``) and keep it for the run. :meth:`push` snapshots the tensors and starts the broadcast in a
     background thread (it returns at once: the receivers join when the rollout manager calls :meth:`apply_all`, which
     asks every engine concurrently — a collective needs all ranks at the same time — to run
@@ -258,6 +259,7 @@ class NcclWeightSync(WeightSyncStrategy):
         self.world_size = 1 + int(getattr(args, "rollout_num_engines", None) or 1) * self.tp
         self._group: Any = None
         self._port: int | None = None
+        self._host = "127.0.0.1"
         self._sender: threading.Thread | None = None
         self._sender_error: list[BaseException] = []
         self.last_stats: BroadcastStats | None = None
@@ -280,6 +282,7 @@ class NcclWeightSync(WeightSyncStrategy):
 
         :raises TimeoutError / RuntimeError: if the previous version's broadcast hung or failed.
         """
+        from vime_core.orchestration import node_ip
         from vime_core.rollout.engine import find_free_port
 
         self._wait_sender()
@@ -287,10 +290,11 @@ class NcclWeightSync(WeightSyncStrategy):
         tensors = [(n, t.detach().clone()) for n, t in named_tensors]  # training may go on while bytes move
         backend = "nccl" if tensors and tensors[0][1].is_cuda else "gloo"
         init = self._group is None
-        if init:
-            self._port = find_free_port()
+        if init:  # hosted on this rank's node: engines on other nodes connect to its address
+            self._host = node_ip()
+            self._port = find_free_port(self._host)
         payload = {
-            "host": "127.0.0.1",
+            "host": self._host,
             "port": self._port,
             "world_size": self.world_size,
             "backend": backend,
@@ -301,7 +305,7 @@ class NcclWeightSync(WeightSyncStrategy):
         def send() -> None:
             try:
                 if self._group is None:
-                    self._group = stateless_group("127.0.0.1", self._port, 0, self.world_size, backend, self.timeout_s)
+                    self._group = stateless_group(self._host, self._port, 0, self.world_size, backend, self.timeout_s)
                 self.last_stats = broadcast_weights(
                     tensors, group=self._group, bucket_bytes=self.bucket_bytes, checksums=self.checksums
                 )

@@ -1,0 +1,278 @@
+"""The placement plan: which Ray placement-group bundle holds which trainer rank and which vLLM engine, on which node.
+
+One plan is computed up front from slime's resource flags (``--actor-num-nodes``, ``--actor-num-gpus-per-node``,
+``--rollout-num-gpus``, ``--rollout-num-gpus-per-engine``, ``--colocate``) and the Ray cluster's nodes, before
+anything expensive starts; :func:`plan_placement` is a pure function of those two, so every layout and every refusal
+is unit-tested. The orchestration (:mod:`vime_core.orchestration`) then asks Ray for exactly this plan: one placement
+group whose bundle ``i`` is pinned to the plan's node with Ray's ``ray.io/node-id`` label selector, and every actor is
+scheduled on its bundle with ``PlacementGroupSchedulingStrategy``. Ray, not vime, picks the GPU ids inside a bundle.
+
+Layouts (slime's ``_get_placement_group_layout``):
+
+* **CPU** (no GPU flag): today's single-node layout — trainer rank 0 and every engine on the driver's node, no
+  bundle, no GPU.
+* **disaggregated** (default with GPUs): ``actor_num_nodes × actor_num_gpus_per_node`` one-GPU bundles for the trainer
+  ranks (``actor_num_gpus_per_node`` of them on each of ``actor_num_nodes`` nodes), then one bundle of
+  ``--rollout-num-gpus-per-engine`` GPUs per engine on the GPUs left (an engine's tensor-parallel group never spans
+  nodes).
+* **colocated** (``--colocate``): one one-GPU bundle per trainer GPU; trainer rank ``r`` takes half of bundle ``r``
+  and engine ``e`` takes the other half of bundles ``e·tp … e·tp+tp-1`` (vLLM sleeps while the trainer trains).
+
+Trainer ranks are numbered node by node (rank ``r`` on node ``r // actor_num_gpus_per_node``), as ``torchrun`` and
+Megatron number them; Megatron's own rank layout (TP fastest, then CP, DP, PP) is built on top by Megatron.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+#: GPU share of a bundle each side takes in a colocated plan (trainer rank and engine share one GPU).
+COLOCATED_SHARE = 0.5
+
+
+class PlacementError(ValueError):
+    """An impossible placement plan; the message names the flag to change."""
+
+
+@dataclass(frozen=True)
+class NodeResources:
+    """One Ray node as the plan sees it.
+
+    :ivar node_id: Ray's node id (hex), the value of the node's ``ray.io/node-id`` label.
+    :ivar ip: the node's address (``NodeManagerAddress``).
+    :ivar gpus: whole ``GPU`` resources the node declares.
+    :ivar is_driver: the node the driver (and so the router) runs on.
+    """
+
+    node_id: str
+    ip: str
+    gpus: int
+    is_driver: bool = False
+
+
+@dataclass(frozen=True)
+class ResourceFlags:
+    """The flags a plan depends on (slime's names); see :func:`ResourceFlags.from_args`."""
+
+    actor_num_nodes: int = 1
+    actor_num_gpus_per_node: int = 0
+    rollout_num_gpus: int = 0
+    rollout_num_gpus_per_engine: int = 1
+    rollout_num_engines: int = 1
+    colocate: bool = False
+    train: bool = True  # False with --debug-rollout-only
+    rollout: bool = True  # False with --debug-train-only
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> ResourceFlags:
+        """Read the flags from parsed ``vime run`` arguments (missing ones take the defaults above)."""
+        d = cls()
+        return cls(
+            actor_num_nodes=int(getattr(args, "actor_num_nodes", d.actor_num_nodes)),
+            actor_num_gpus_per_node=int(getattr(args, "actor_num_gpus_per_node", d.actor_num_gpus_per_node)),
+            rollout_num_gpus=int(getattr(args, "rollout_num_gpus", None) or 0),
+            rollout_num_gpus_per_engine=int(getattr(args, "rollout_num_gpus_per_engine", 1)),
+            rollout_num_engines=int(getattr(args, "rollout_num_engines", 1)),
+            colocate=bool(getattr(args, "colocate", False)),
+            train=not getattr(args, "debug_rollout_only", False),
+            rollout=not getattr(args, "debug_train_only", False),
+        )
+
+
+@dataclass
+class Bundle:
+    """Bundle ``index`` of the placement group: ``gpus`` GPUs on node ``node_id``; ``holds`` names its tenants;
+    ``gpu_ids`` are the GPU ids Ray assigned (known only after placement)."""
+
+    index: int
+    node_id: str
+    node_ip: str
+    gpus: int
+    holds: list[str] = field(default_factory=list)
+    gpu_ids: list[str] = field(default_factory=list)  # filled once Ray placed the bundle
+
+
+@dataclass
+class Slot:
+    """Where one actor goes: ``bundles`` (its placement-group bundles; empty: no bundle, the driver's node), the
+    GPU share it asks Ray for (``num_gpus``), and the node."""
+
+    name: str
+    node_id: str
+    node_ip: str
+    bundles: list[int]
+    num_gpus: float
+
+
+@dataclass
+class PlacementPlan:
+    """The whole plan: ``mode`` (``"cpu"``, ``"disaggregated"`` or ``"colocated"``), the bundles, one slot per
+    trainer rank (``trainer[r]`` is rank ``r``) and one per engine (``engines[e]``), each engine's tensor-parallel
+    size ``tp``."""
+
+    mode: str
+    bundles: list[Bundle]
+    trainer: list[Slot]
+    engines: list[Slot]
+    tp: int
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form (written to ``OUTPUT_DIR/plan.json``)."""
+        return asdict(self)
+
+    def describe(self) -> str:
+        """One line per bundle / slot, e.g. ``bundle 0: 1 GPU on 10.0.0.1 (node 3f2a…) — trainer rank 0``."""
+        lines = [
+            f"placement ({self.mode}): {len(self.trainer)} trainer rank(s), {len(self.engines)} engine(s), "
+            f"TP={self.tp}"
+        ]
+        for b in self.bundles:
+            ids = f" [GPU ids {','.join(b.gpu_ids)}]" if b.gpu_ids else ""
+            lines.append(
+                f"  bundle {b.index}: {b.gpus} GPU on {b.node_ip} (node {b.node_id[:8]}){ids} — {', '.join(b.holds)}"
+            )
+        for s in [*self.trainer, *self.engines]:
+            if not s.bundles:
+                lines.append(f"  {s.name}: no GPU, on the driver's node {s.node_ip} (node {s.node_id[:8]})")
+        return "\n".join(lines)
+
+
+def _driver(nodes: list[NodeResources]) -> NodeResources:
+    for n in nodes:
+        if n.is_driver:
+            return n
+    return nodes[0]
+
+
+def ordered_nodes(nodes: list[NodeResources]) -> list[NodeResources]:
+    """The order bundles are filled in: the driver's node first, then by address and node id."""
+    return sorted(nodes, key=lambda n: (not n.is_driver, n.ip, n.node_id))
+
+
+def plan_placement(flags: ResourceFlags, nodes: list[NodeResources]) -> PlacementPlan:
+    """Compute the placement plan (see the module docstring for the layouts).
+
+    :param flags: the resource flags.
+    :param nodes: the Ray cluster's alive nodes (at least one).
+    :return: the plan.
+    :raises PlacementError: for an impossible plan, naming the flag (exact texts are unit-tested).
+    """
+    tp = flags.rollout_num_gpus_per_engine
+    if tp < 1:
+        raise PlacementError(f"--rollout-num-gpus-per-engine must be >= 1, got {tp}")
+    if flags.actor_num_nodes < 1:
+        raise PlacementError(f"--actor-num-nodes must be >= 1, got {flags.actor_num_nodes}")
+    if flags.actor_num_gpus_per_node < 0 or flags.rollout_num_gpus < 0:
+        raise PlacementError("--actor-num-gpus-per-node and --rollout-num-gpus must be >= 0")
+    train_gpus = flags.actor_num_nodes * flags.actor_num_gpus_per_node if flags.train else 0
+    rollout_gpus = flags.rollout_num_gpus if flags.rollout else 0
+    if flags.actor_num_gpus_per_node == 0 and flags.actor_num_nodes > 1:
+        raise PlacementError(
+            f"--actor-num-nodes {flags.actor_num_nodes} needs --actor-num-gpus-per-node >= 1 "
+            "(a trainer without GPUs runs as one rank)"
+        )
+    if flags.colocate and rollout_gpus == 0 and flags.rollout:
+        rollout_gpus = train_gpus  # slime: colocated engines use the trainer's GPUs unless told otherwise
+    if rollout_gpus % tp:
+        raise PlacementError(
+            f"--rollout-num-gpus-per-engine {tp} must divide --rollout-num-gpus {rollout_gpus} "
+            "(each engine takes that many GPUs of one node)"
+        )
+    if rollout_gpus and flags.rollout_num_engines not in (1, rollout_gpus // tp):
+        raise PlacementError(
+            f"--rollout-num-engines {flags.rollout_num_engines} disagrees with --rollout-num-gpus {rollout_gpus} / "
+            f"--rollout-num-gpus-per-engine {tp} = {rollout_gpus // tp} engines; leave --rollout-num-engines out"
+        )
+    if not rollout_gpus and tp > 1 and flags.rollout:
+        raise PlacementError(
+            f"--rollout-num-gpus-per-engine {tp} (tensor parallel) needs GPU engines: set --rollout-num-gpus"
+        )
+    num_engines = (rollout_gpus // tp if rollout_gpus else flags.rollout_num_engines) if flags.rollout else 0
+    order = ordered_nodes(nodes)
+    driver = _driver(order)
+    total = sum(n.gpus for n in order)
+    if flags.colocate:
+        if not train_gpus:
+            raise PlacementError("--colocate needs trainer GPUs: set --actor-num-gpus-per-node")
+        if rollout_gpus > train_gpus:
+            raise PlacementError(
+                f"--colocate: --rollout-num-gpus {rollout_gpus} exceeds the trainer's "
+                f"--actor-num-nodes × --actor-num-gpus-per-node = {train_gpus} GPUs the engines share"
+            )
+        if flags.actor_num_gpus_per_node % tp:
+            raise PlacementError(
+                f"--colocate: --rollout-num-gpus-per-engine {tp} must divide --actor-num-gpus-per-node "
+                f"{flags.actor_num_gpus_per_node} (an engine's GPUs are on one node)"
+            )
+        need = train_gpus
+    else:
+        need = train_gpus + rollout_gpus
+    if need > total:
+        raise PlacementError(
+            f"the plan needs {need} GPUs (--actor-num-nodes {flags.actor_num_nodes} × --actor-num-gpus-per-node "
+            f"{flags.actor_num_gpus_per_node}{'' if flags.colocate else f' + --rollout-num-gpus {rollout_gpus}'}) "
+            f"but the Ray cluster has {total:g} GPU(s) on {len(order)} node(s)"
+        )
+    free = {n.node_id: n.gpus for n in order}
+    bundles: list[Bundle] = []
+    trainer: list[Slot] = []
+    engines: list[Slot] = []
+
+    def take(node: NodeResources, gpus: int, holder: str) -> Bundle:
+        free[node.node_id] -= gpus
+        b = Bundle(len(bundles), node.node_id, node.ip, gpus, [holder])
+        bundles.append(b)
+        return b
+
+    if train_gpus:
+        hosts = [n for n in order if n.gpus >= flags.actor_num_gpus_per_node][: flags.actor_num_nodes]
+        if len(hosts) < flags.actor_num_nodes:
+            raise PlacementError(
+                f"--actor-num-nodes {flags.actor_num_nodes} × --actor-num-gpus-per-node "
+                f"{flags.actor_num_gpus_per_node}: only {len(hosts)} node(s) of the Ray cluster have "
+                f"{flags.actor_num_gpus_per_node} GPUs"
+            )
+        share = COLOCATED_SHARE if flags.colocate else 1.0
+        for node in hosts:
+            for _ in range(flags.actor_num_gpus_per_node):
+                b = take(node, 1, f"trainer rank {len(trainer)}")
+                trainer.append(Slot(f"trainer rank {len(trainer)}", node.node_id, node.ip, [b.index], share))
+    elif flags.train:
+        trainer.append(Slot("trainer rank 0", driver.node_id, driver.ip, [], 0.0))
+
+    if flags.colocate:
+        for e in range(num_engines):
+            idx = list(range(e * tp, e * tp + tp))
+            for i in idx:
+                bundles[i].holds.append(f"engine {e}")
+            first = bundles[idx[0]]
+            engines.append(Slot(f"engine {e}", first.node_id, first.node_ip, idx, COLOCATED_SHARE))
+    elif rollout_gpus:
+        for e in range(num_engines):
+            node = next((n for n in order if free[n.node_id] >= tp), None)
+            if node is None:
+                raise PlacementError(
+                    f"engine {e} needs --rollout-num-gpus-per-engine {tp} GPUs on one node, but no node of the Ray "
+                    f"cluster has that many left after the trainer's (free: "
+                    f"{', '.join(f'{n.ip}={free[n.node_id]}' for n in order)})"
+                )
+            b = take(node, tp, f"engine {e}")
+            engines.append(Slot(f"engine {e}", node.node_id, node.ip, [b.index], float(tp)))
+    else:
+        engines = [Slot(f"engine {e}", driver.node_id, driver.ip, [], 0.0) for e in range(num_engines)]
+    mode = "colocated" if flags.colocate else ("disaggregated" if bundles else "cpu")
+    return PlacementPlan(mode, bundles, trainer, engines, tp)
+
+
+def check_resource_flags(flags: ResourceFlags) -> int:
+    """The checks that need no cluster (run while parsing flags): plan against a cluster as large as needed.
+
+    :return: the number of engines the flags ask for (``--rollout-num-gpus / --rollout-num-gpus-per-engine`` when
+        engines have GPUs, else ``--rollout-num-engines``; 0 with ``--debug-train-only``).
+    :raises PlacementError: as :func:`plan_placement`.
+    """
+    big = 1 << 20
+    nodes = [NodeResources(f"virtual-{i}", f"virtual-{i}", big, i == 0) for i in range(flags.actor_num_nodes)]
+    return len(plan_placement(flags, nodes).engines)
