@@ -99,7 +99,9 @@ def build_parser(add_plugin_arguments: bool = True) -> argparse.ArgumentParser:
         "--rollout-inflight-groups",
         type=int,
         default=None,
-        help="fully-async: groups generating at once (default: --rollout-batch-size)",
+        help="fully-async: at most this many groups generating at once, on top of the staleness bound "
+        "(at most (--max-staleness + 1) × --rollout-batch-size groups admitted ahead of the trainer's weight "
+        "version); default: no limit besides that bound",
     )
 
     g = p.add_argument_group("sampling")

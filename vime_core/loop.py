@@ -21,6 +21,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from vime_core.algorithms.batch import build_batch
 from vime_core.checkpoint import commit_checkpoint, latest_checkpoint, new_checkpoint_dir
 from vime_core.metrics import MetricsSink
+from vime_core.orchestration import call
 from vime_core.plugins import get_plugins
 from vime_core.types import Sample
 
@@ -118,9 +119,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         ) as progress:
             task = progress.add_task("steps", total=args.num_rollout, completed=start_step)
             for step in range(start_step, args.num_rollout):
-                metrics = _one_step(args, step, source, rollout, trainer, estimator, version)
-                if trainer is not None:
-                    version = step + 1
+                metrics, version = _one_step(args, step, source, rollout, trainer, estimator, version)
                 history.append(metrics)
                 sink.log(step, metrics)
                 plugins.pm.hook.vime_on_train_step_end(args=args, step=step, metrics=metrics)
@@ -173,17 +172,22 @@ class _GroupSource:
             groups = load_debug_rollout(args.load_debug_rollout_data, step)
             return groups, rollout_metrics([s for g in groups for s in g], args.reward_key)
         if args.loop == "fully-async":
-            return ray.get(self.rollout.get_async_groups.remote(step, version))
+            return call(self.rollout, "get_async_groups", step, version)
         if args.loop == "one-step-off":
             ref = self.prefetched if self.prefetched is not None else self.rollout.generate.remote(step)
             self.prefetched = self.rollout.generate.remote(step + 1) if step + 1 < args.num_rollout else None
             return ray.get(ref)
-        return ray.get(self.rollout.generate.remote(step))
+        return call(self.rollout, "generate", step)
 
 
-def _one_step(args, step, source, rollout, trainer, estimator, version) -> dict[str, float]:
-    import ray
+def _one_step(args, step, source, rollout, trainer, estimator, version) -> tuple[dict[str, float], int]:
+    """One step at weight version ``version``: take the groups, train, push the weights as ``version + 1``.
 
+    A step with no trainable sample trains nothing and pushes nothing, so the version stays (the next step's
+    groups are judged against the version the engines really serve).
+
+    :return: ``(metrics, the weight version after the step)``.
+    """
     metrics: dict[str, float] = {}
     t0 = time.perf_counter()
     groups, m = source.get(step, version)
@@ -195,22 +199,22 @@ def _one_step(args, step, source, rollout, trainer, estimator, version) -> dict[
     if versions:
         metrics["rollout/staleness_max"] = float(version - min(versions))
     if trainer is None:
-        return metrics
+        return metrics, version
     batch = build_batch(args, groups, estimator, step)
     metrics.update(batch.metrics)
     if not batch.samples:
         logger.warning("step %d: no trainable sample (all failed/aborted); skipping the update", step)
-        return metrics
+        return metrics, version
     t1 = time.perf_counter()
-    metrics.update(ray.get(trainer.train_step.remote(batch)))
+    metrics.update(call(trainer, "train_step", batch))
     metrics["perf/train_time"] = time.perf_counter() - t1
     t2 = time.perf_counter()
-    update = ray.get(trainer.push_weights.remote(step + 1))
+    update = call(trainer, "push_weights", version + 1)
     if rollout is not None:
-        metrics.update(ray.get(rollout.update_weights.remote(update)))
+        metrics.update(call(rollout, "update_weights", update))
     metrics["perf/sync_time"] = time.perf_counter() - t2
     metrics["perf/step_time"] = time.perf_counter() - t0
-    return metrics
+    return metrics, update.version
 
 
 def _save_checkpoint(out: Path, step: int, version: int, trainer, rollout) -> Path:
