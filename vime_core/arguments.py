@@ -343,6 +343,7 @@ def _check(args: argparse.Namespace) -> None:
         )
     if args.max_staleness < 0:
         raise ArgumentError("--max-staleness must be >= 0")
+    _check_sandbox_outlives_agent(args)
     if args.debug_rollout_only and args.debug_train_only:
         raise ArgumentError("--debug-rollout-only and --debug-train-only exclude each other")
     if not args.debug_train_only and args.prompt_data is None:
@@ -378,6 +379,24 @@ def _check(args: argparse.Namespace) -> None:
         check_algorithm_args(args)
     except ValueError as e:
         raise ArgumentError(str(e)) from None
+
+
+def _check_sandbox_outlives_agent(args: argparse.Namespace) -> None:
+    """``--generate coding_agent`` runs the agent and then collects and scores its workspace in the same sandbox:
+    a sandbox that lives no longer than the agent expires first, and every episode would fail.
+
+    :raises ArgumentError: ``--sandbox-wall-time`` (when not 0 = unlimited) is not above ``--agent-wall-time``.
+    """
+    sandbox_s, agent_s = getattr(args, "sandbox_wall_time", None), getattr(args, "agent_wall_time", None)
+    if getattr(args, "generate", None) != "coding_agent" or not sandbox_s or agent_s is None:
+        return
+    if sandbox_s <= agent_s:
+        raise ArgumentError(
+            f"--sandbox-wall-time {sandbox_s:g} s is not longer than --agent-wall-time {agent_s:g} s: the sandbox "
+            "would expire while the agent still runs or before its workspace is collected and scored, so every "
+            f"episode would fail. Give the sandbox headroom, e.g. --sandbox-wall-time {agent_s + 300:g} (or lower "
+            "--agent-wall-time, or --sandbox-wall-time 0 for no limit)"
+        )
 
 
 def parse_cpu_list(spec: str) -> set[int]:
