@@ -73,7 +73,7 @@ class RolloutManager:
         """
         from vime_core.rollout.client import RouterClient
         from vime_core.rollout.engine import VLLMServer
-        from vime_core.rollout.router import VLLMRouter
+        from vime_core.rollout.router import VLLMRouter, router_policy
 
         t0 = time.perf_counter()
         log_dir = Path(self.args.output_dir) / "logs"
@@ -112,7 +112,8 @@ class RolloutManager:
             for url in urls:
                 self.router.add_worker(url)
         else:
-            self.router = VLLMRouter(urls, extra_args=list(self.args.router_args), log_path=log_dir / "router.log")
+            policy, router_args = router_policy(self.args.generate, list(self.args.router_args))
+            self.router = VLLMRouter(urls, policy=policy, extra_args=router_args, log_path=log_dir / "router.log")
             self.router.start()
             self.router.wait_ready(timeout_s=120)
             router_url = self.router.url
