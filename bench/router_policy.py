@@ -6,7 +6,7 @@ prefix, then ``--turns`` calls, each prompt = the previous prompt + the model's 
 turn after the first can reuse the previous turn's KV cache — if it lands on the same engine. Episodes run
 concurrently; the same workload is replayed for each policy (router restarted, prefix caches reset in between).
 
-    /work/heavy .venv/bin/python bench/router_policy.py [--model tiny] [--episodes 8] [--turns 5]
+    .venv/bin/python bench/router_policy.py [--model tiny] [--episodes 8] [--turns 5]
 """
 
 from __future__ import annotations
