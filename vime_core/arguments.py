@@ -146,7 +146,9 @@ def build_parser(add_plugin_arguments: bool = True) -> argparse.ArgumentParser:
         "--rollout-inflight-groups",
         type=int,
         default=None,
-        help="fully-async: groups generating at once (default: --rollout-batch-size)",
+        help="fully-async: at most this many groups generating at once, on top of the staleness bound "
+        "(at most (--max-staleness + 1) × --rollout-batch-size groups admitted ahead of the trainer's weight "
+        "version); default: no limit besides that bound",
     )
 
     g = p.add_argument_group("sampling")
@@ -644,6 +646,7 @@ def _check(args: argparse.Namespace) -> None:
             raise ArgumentError(f"--{name.replace('_', '-')} must be > 0 seconds, got {value}")
     if args.rm_max_retries < 0:
         raise ArgumentError(f"--rm-max-retries must be >= 0, got {args.rm_max_retries}")
+    _check_sandbox_outlives_agent(args)
     if args.debug_rollout_only and args.debug_train_only:
         raise ArgumentError("--debug-rollout-only and --debug-train-only exclude each other")
     if not args.debug_train_only and args.prompt_data is None:
@@ -689,6 +692,24 @@ def _check(args: argparse.Namespace) -> None:
         check_algorithm_args(args)
     except ValueError as e:
         raise ArgumentError(str(e)) from None
+
+
+def _check_sandbox_outlives_agent(args: argparse.Namespace) -> None:
+    """``--generate coding_agent`` runs the agent and then collects and scores its workspace in the same sandbox:
+    a sandbox that lives no longer than the agent expires first, and every episode would fail.
+
+    :raises ArgumentError: ``--sandbox-wall-time`` (when not 0 = unlimited) is not above ``--agent-wall-time``.
+    """
+    sandbox_s, agent_s = getattr(args, "sandbox_wall_time", None), getattr(args, "agent_wall_time", None)
+    if getattr(args, "generate", None) != "coding_agent" or not sandbox_s or agent_s is None:
+        return
+    if sandbox_s <= agent_s:
+        raise ArgumentError(
+            f"--sandbox-wall-time {sandbox_s:g} s is not longer than --agent-wall-time {agent_s:g} s: the sandbox "
+            "would expire while the agent still runs or before its workspace is collected and scored, so every "
+            f"episode would fail. Give the sandbox headroom, e.g. --sandbox-wall-time {agent_s + 300:g} (or lower "
+            "--agent-wall-time, or --sandbox-wall-time 0 for no limit)"
+        )
 
 
 def parse_cpu_list(spec: str) -> set[int]:

@@ -22,6 +22,7 @@ from rich.console import Console
 from vime_core.algorithms.batch import build_batch
 from vime_core.checkpoint import commit_checkpoint, latest_checkpoint, new_checkpoint_dir
 from vime_core.metrics import MetricsSink, staleness_histogram, wandb_config_from_args
+from vime_core.orchestration import call
 from vime_core.plugins import get_plugins
 from vime_core.progress import RolloutProgress, StepProgress, rollout_phase
 from vime_core.report import write_report
@@ -134,9 +135,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         with StepProgress(console, args.num_rollout, start_step) as progress:
             source = _GroupSource(args, rollout, lambda ref: _wait_rollout(ref, progress, board))
             for step in range(start_step, args.num_rollout):
-                metrics = _one_step(args, step, source, rollout, trainer, estimator, version, progress)
-                if trainer is not None:
-                    version = step + 1
+                metrics, version = _one_step(args, step, source, rollout, trainer, estimator, version, progress)
                 history.append(metrics)
                 sink.log(step, metrics)
                 plugins.pm.hook.vime_on_train_step_end(args=args, step=step, metrics=metrics)
@@ -192,12 +191,20 @@ class _GroupSource:
             groups = load_debug_rollout(args.load_debug_rollout_data, step)
             return groups, rollout_metrics([s for g in groups for s in g], args.reward_key)
         if args.loop == "fully-async":
-            return self.wait(self.rollout.get_async_groups.remote(step, version))
+            return self._call("get_async_groups", step, version)
         if args.loop == "one-step-off":
             ref = self.prefetched if self.prefetched is not None else self.rollout.generate.remote(step)
             self.prefetched = self.rollout.generate.remote(step + 1) if step + 1 < args.num_rollout else None
             return self.wait(ref)
-        return self.wait(self.rollout.generate.remote(step))
+        return self._call("generate", step)
+
+    def _call(self, method: str, *a: Any) -> Any:
+        """The rollout manager's ``method(*a)``: through :attr:`wait` for a Ray actor, directly in-process."""
+        from ray.actor import ActorHandle
+
+        if isinstance(self.rollout, ActorHandle):
+            return self.wait(getattr(self.rollout, method).remote(*a))
+        return call(self.rollout, method, *a)
 
 
 def _wait_rollout(ref: Any, progress: StepProgress, board: Any) -> Any:
@@ -212,9 +219,16 @@ def _wait_rollout(ref: Any, progress: StepProgress, board: Any) -> Any:
     return ray.get(ref)
 
 
-def _one_step(args, step, source, rollout, trainer, estimator, version, progress: StepProgress) -> dict[str, float]:
-    import ray
+def _one_step(
+    args, step, source, rollout, trainer, estimator, version, progress: StepProgress | None = None
+) -> tuple[dict[str, float], int]:
+    """One step at weight version ``version``: take the groups, train, push the weights as ``version + 1``.
 
+    A step with no trainable sample trains nothing and pushes nothing, so the version stays (the next step's
+    groups are judged against the version the engines really serve).
+
+    :return: ``(metrics, the weight version after the step)``.
+    """
     metrics: dict[str, float] = {}
     t0 = time.perf_counter()
     groups, m = source.get(step, version)
@@ -227,29 +241,31 @@ def _one_step(args, step, source, rollout, trainer, estimator, version, progress
         metrics["rollout/staleness_max"] = float(version - min(versions))
         metrics.update(staleness_histogram(version, versions))
     if trainer is None:
-        return metrics
+        return metrics, version
     batch = build_batch(args, groups, estimator, step)
     metrics.update(batch.metrics)
     if not batch.samples:
         logger.warning("step %d: no trainable sample (all failed/aborted); skipping the update", step)
-        return metrics
+        return metrics, version
     colocated = rollout is not None and getattr(args, "colocate", False)
     if colocated:  # the engines free the GPUs they share with the trainer (vLLM sleep mode)
-        ray.get(rollout.sleep_engines.remote())
+        call(rollout, "sleep_engines")
     t1 = time.perf_counter()
-    progress.phase("train")
-    metrics.update(trainer.train_step(batch))
+    if progress is not None:
+        progress.phase("train")
+    metrics.update(call(trainer, "train_step", batch))
     metrics["perf/train_time"] = time.perf_counter() - t1
     t2 = time.perf_counter()
-    progress.phase("sync")
+    if progress is not None:
+        progress.phase("sync")
     if colocated:
-        ray.get(rollout.wake_engines.remote())
-    update = trainer.push_weights(step + 1)
+        call(rollout, "wake_engines")
+    update = call(trainer, "push_weights", version + 1)
     if rollout is not None:
-        metrics.update(ray.get(rollout.update_weights.remote(update)))
+        metrics.update(call(rollout, "update_weights", update))
     metrics["perf/sync_time"] = time.perf_counter() - t2
     metrics["perf/step_time"] = time.perf_counter() - t0
-    return metrics
+    return metrics, update.version
 
 
 def _save_checkpoint(out: Path, step: int, version: int, trainer, rollout) -> Path:

@@ -413,3 +413,17 @@ def driver_node_id() -> str:
     import ray
 
     return ray.get_runtime_context().get_node_id()
+
+
+def call(actor: Any, method: str, *args: Any) -> Any:
+    """``actor.method(*args)``'s result: a Ray actor handle is called remotely and waited for (``ray.get``); any
+    other object — the same classes used in-process (tests, notebooks) — is called directly.
+
+    :raises Exception: whatever the method raised (a Ray task error wraps it).
+    """
+    import ray
+    from ray.actor import ActorHandle
+
+    if isinstance(actor, ActorHandle):
+        return ray.get(getattr(actor, method).remote(*args))
+    return getattr(actor, method)(*args)

@@ -80,7 +80,7 @@ def test_vime_run_coding_agent_docker(tmp_path, agent):
         assert s["reward"] is None and ("error" in s["metadata"] or "excluded" in s["metadata"])
     for s in scored:
         rt = s["metadata"]["reward_tests"]
-        assert rt["total"] == s["metadata"]["tests"]["num_tests"] and rt["has_xml"] in (True, False)
+        assert rt["total"] == s["metadata"]["tests"]["num_tests"] and rt["complete"] in (True, False)
         assert s["reward"] == rt["passed"] / rt["total"]
         assert s["metadata"]["session_turns"] >= 1 and "agent_result" in s["metadata"]
         n = s["response_length"]

@@ -198,3 +198,48 @@ def test_requests_sent_while_paused_complete_after_resume(router, vllm_server, p
     out, waited = _run(scenario())
     assert len(out.token_ids) == 4 and out.finish_reason == "length"
     assert waited < 30
+
+
+@pytest.mark.parametrize(
+    "name", ["model.layers.1.self_attn.k_proj.weight", "model.layers.0.mlp.up_proj.weight"], ids=["k_proj", "up_proj"]
+)
+def test_loading_one_part_of_a_fused_layer_keeps_every_other_tensor(
+    router, vllm_server, tiny_model_dir, prompt_ids, tmp_path, name
+):
+    """vLLM fuses q/k/v (and gate/up) into one layer and rebuilds a touched layer from what it receives; the worker
+    completes the layer with the engine's current values, so the result is exactly base weights + that tensor."""
+    from safetensors.torch import save_file
+
+    model_name = vllm_server.served_model_name
+    hf = _hf_model(tiny_model_dir)
+    before = _hf_lps(hf, prompt_ids)
+    assert _perturb(hf, {name}, seed=3, std=0.5) == [name]
+    save_file({name: dict(hf.named_parameters())[name].detach().contiguous()}, str(tmp_path / "one.safetensors"))
+    expected = _hf_lps(hf, prompt_ids)  # base weights plus that one tensor
+    assert (expected - before).abs().max().item() > 10 * MATCH_TOL  # the tensor matters
+    try:
+        assert vllm_server.update_weights_from_disk(tmp_path / "one.safetensors") > 0
+        after = _run(_prompt_lps(router.url, model_name, prompt_ids))
+        assert (after - expected).abs().max().item() < MATCH_TOL
+    finally:
+        vllm_server.update_weights_from_disk(tiny_model_dir)
+
+
+def test_unknown_tensor_name_is_refused_and_the_engine_keeps_serving(router, vllm_server, prompt_ids, tmp_path):
+    """A file with one unknown name (next to a valid, changed tensor) loads nothing: the update fails with the
+    name, and the next requests are served by the previous weights."""
+    from safetensors.torch import save_file
+
+    model_name = vllm_server.served_model_name
+    before = _run(_prompt_lps(router.url, model_name, prompt_ids))
+    bogus = "model.layers.0.self_attn.bogus_proj.weight"
+    save_file(
+        {"model.layers.1.mlp.down_proj.weight": torch.zeros(64, 128), bogus: torch.zeros(64, 64)},
+        str(tmp_path / "bad.safetensors"),
+    )
+    with pytest.raises(VLLMServerError, match=f"unknown tensor {bogus}"):
+        vllm_server.update_weights_from_disk(tmp_path / "bad.safetensors")
+    assert not vllm_server.is_paused()
+    out = _run(_generate(router.url, model_name, prompt_ids, {"max_tokens": 4, "ignore_eos": True}))
+    assert len(out.token_ids) == 4 and out.finish_reason == "length"
+    torch.testing.assert_close(_run(_prompt_lps(router.url, model_name, prompt_ids)), before, atol=1e-6, rtol=0)

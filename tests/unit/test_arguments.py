@@ -10,8 +10,22 @@ BASE = ["--model", "m", "--prompt-data", "d.jsonl"]
 
 
 def test_passthrough_forwarding_exact_values():
-    args = parse_run_args(BASE + ["--vllm-max-model-len", "512", "--vllm-enforce-eager", "--router-policy", "random",
-                                  "--router-request-timeout-secs=30", "--vllm-api-key", "a", "b", "--lr", "2e-6"])
+    args = parse_run_args(
+        BASE
+        + [
+            "--vllm-max-model-len",
+            "512",
+            "--vllm-enforce-eager",
+            "--router-policy",
+            "random",
+            "--router-request-timeout-secs=30",
+            "--vllm-api-key",
+            "a",
+            "b",
+            "--lr",
+            "2e-6",
+        ]
+    )
     assert args.vllm_args == ["--max-model-len", "512", "--enforce-eager", "--api-key", "a", "b"]
     assert args.router_args == ["--policy", "random", "--request-timeout-secs", "30"]
     assert args.lr == 2e-6
@@ -35,8 +49,10 @@ def test_misspelled_flags_get_did_you_mean():
 
 def test_yaml_config_and_command_line_wins(tmp_path):
     cfg = tmp_path / "c.yaml"
-    cfg.write_text("model: m\nprompt_data: data/train.jsonl\nlr: 3.0e-6\nrollout-batch-size: 4\n"
-                   "apply_chat_template: false\nvllm-max-model-len: 256\nvllm-enforce-eager: true\n")
+    cfg.write_text(
+        "model: m\nprompt_data: data/train.jsonl\nlr: 3.0e-6\nrollout-batch-size: 4\n"
+        "apply_chat_template: false\nvllm-max-model-len: 256\nvllm-enforce-eager: true\n"
+    )
     args = parse_run_args(["--config", str(cfg), "--rollout-batch-size", "2"])
     assert args.lr == 3e-6 and args.rollout_batch_size == 2 and args.apply_chat_template is False
     assert args.prompt_data == (tmp_path / "data" / "train.jsonl")  # relative to the config file
@@ -52,3 +68,24 @@ def test_bad_combinations_are_named():
         parse_run_args(BASE + ["--vllm-router-ip", "127.0.0.1"])
     with pytest.raises(ArgumentError, match="file not found"):
         parse_run_args(["--config", "/nonexistent.yaml"])
+
+
+def test_sandbox_that_does_not_outlive_the_agent_is_refused_with_the_fix(tmp_path):
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"prompt": "p", "label": "x"}\n')
+    base = ["--model", "m", "--prompt-data", str(data), "--generate", "coding_agent", "--agent-wall-time", "600"]
+    for sandbox_s in ("600", "300"):
+        with pytest.raises(ArgumentError) as e:
+            parse_run_args(base + ["--sandbox-wall-time", sandbox_s])
+        assert str(e.value) == (
+            f"--sandbox-wall-time {sandbox_s} s is not longer than --agent-wall-time 600 s: the sandbox would expire "
+            "while the agent still runs or before its workspace is collected and scored, so every episode would "
+            "fail. Give the sandbox headroom, e.g. --sandbox-wall-time 900 (or lower --agent-wall-time, or "
+            "--sandbox-wall-time 0 for no limit)"
+        )
+    assert parse_run_args(base + ["--sandbox-wall-time", "601"]).sandbox_wall_time == 601.0
+    assert parse_run_args(base + ["--sandbox-wall-time", "0"]).sandbox_wall_time == 0.0  # no limit
+    # other generate functions do not run an agent: no constraint
+    assert (
+        parse_run_args(["--model", "m", "--prompt-data", str(data), "--sandbox-wall-time", "10"]).generate == "default"
+    )

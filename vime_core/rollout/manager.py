@@ -90,7 +90,7 @@ class RolloutManager:
         """
         from vime_core.rollout.client import RouterClient
         from vime_core.rollout.engine import VLLMServer
-        from vime_core.rollout.router import VLLMRouter
+        from vime_core.rollout.router import VLLMRouter, router_policy
 
         t0 = time.perf_counter()
         log_dir = Path(self.args.output_dir) / "logs"
@@ -136,7 +136,8 @@ class RolloutManager:
             for url in urls:
                 self.router.add_worker(url)
         else:
-            self.router = VLLMRouter(urls, extra_args=list(self.args.router_args), log_path=log_dir / "router.log")
+            policy, router_args = router_policy(self.args.generate, list(self.args.router_args))
+            self.router = VLLMRouter(urls, policy=policy, extra_args=router_args, log_path=log_dir / "router.log")
             self.router.start()
             self.router.wait_ready(timeout_s=120)
             router_url = self.router.url
@@ -234,11 +235,16 @@ class RolloutManager:
             self.progress.set.remote(self.samples_done, self.samples_wanted)
 
     def start_async(self) -> None:
-        """``--loop fully-async``: start generating in the background (see :mod:`vime_core.rollout.async_producer`)."""
+        """``--loop fully-async``: start generating in the background (see :mod:`vime_core.rollout.async_producer`);
+        the first ``(--max-staleness + 1) × --rollout-batch-size`` groups are admitted before this returns."""
         from vime_core.rollout.async_producer import AsyncRolloutProducer
 
-        inflight = self.args.rollout_inflight_groups or self.args.rollout_batch_size
-        self.producer = AsyncRolloutProducer(self, inflight_groups=inflight, queue_groups=self.args.rollout_batch_size)
+        self.producer = AsyncRolloutProducer(
+            self,
+            batch_groups=self.args.rollout_batch_size,
+            max_staleness=self.args.max_staleness,
+            max_running=getattr(self.args, "rollout_inflight_groups", None),
+        )
         self.producer.start()
 
     def get_async_groups(self, step: int, current_version: int) -> tuple[list[list[Sample]], dict[str, float]]:
@@ -256,7 +262,8 @@ class RolloutManager:
 
     # -- weights ---------------------------------------------------------------------------------------------------
     def update_weights(self, update: WeightUpdate) -> dict[str, float]:
-        """Pause every engine, apply ``update``, reset prefix caches, resume; then bump the weight version.
+        """Pause every engine, apply ``update``, reset prefix caches, resume; then bump the weight version (and, in
+        ``--loop fully-async``, admit the groups the new version allows before returning).
 
         :return: ``weight_sync/*`` metrics (seconds, bytes).
         :raises TimeoutError / RuntimeError: from the strategy or the engine (the run stops; the engines keep
@@ -281,6 +288,8 @@ class RolloutManager:
 
         get_rollout_context().weight_version = update.version
         self.weight_sync.cleanup(update)
+        if self.producer is not None:
+            self.producer.admit_now()
         return {
             "weight_sync/engine_seconds": time.perf_counter() - t0,
             "weight_sync/trainer_seconds": update.seconds,

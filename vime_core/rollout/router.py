@@ -26,6 +26,37 @@ class VLLMRouterError(RuntimeError):
     """The router failed to start, died, or refused an admin request."""
 
 
+#: the router policy per generate function when ``--router-policy`` is not given, chosen from
+#: ``bench/router_policy.py`` (docs/router.md): episodes that call the engines several times with one session id
+#: (``multi_turn``, ``coding_agent``) keep each session on one engine, so every turn reuses the previous turn's
+#: prefix cache, while new sessions go to the least-loaded engine
+SESSION_POLICY = "sticky_least_loaded"
+DEFAULT_POLICIES = {"multi_turn": SESSION_POLICY, "coding_agent": SESSION_POLICY}
+
+
+def router_policy(generate: str, router_args: list[str]) -> tuple[str, list[str]]:
+    """The policy to start the router with and the remaining ``--router-*`` arguments.
+
+    :param generate: the ``--generate`` name (its default policy: :data:`DEFAULT_POLICIES`, else ``round_robin``).
+    :param router_args: the forwarded ``--router-*`` arguments; a ``--policy X`` (or ``--policy=X``) there wins and is
+        taken out (so the router gets one ``--policy``).
+    :return: ``(policy, other arguments)``.
+    """
+    rest, policy = [], DEFAULT_POLICIES.get(generate, "round_robin")
+    i = 0
+    while i < len(router_args):
+        arg = router_args[i]
+        if arg == "--policy" and i + 1 < len(router_args):
+            policy, i = router_args[i + 1], i + 2
+            continue
+        if arg.startswith("--policy="):
+            policy = arg.split("=", 1)[1]
+        else:
+            rest.append(arg)
+        i += 1
+    return policy, rest
+
+
 def router_executable() -> str:
     """Path of the ``vllm-router`` console script: next to ``sys.executable`` (same venv), else on ``PATH``.
 

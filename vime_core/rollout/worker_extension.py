@@ -6,6 +6,16 @@ this class into its worker, so ``self`` is the worker (``self.reload_weights``, 
 ``/resume``; ``{"method": "vime_apply_delta", "args": [dir, base_version, new_version]}`` applies a ``disk-delta``
 version (see :mod:`vime_core.weight_sync.disk_delta`).
 
+Before :meth:`VimeWorkerExtension.vime_load_weights` touches the model it checks the file against the checkpoint the
+engine was started from (:func:`plan_load`): an unknown tensor name or a wrong shape refuses the update and the
+engine keeps serving its previous weights (vLLM's in-place reload moves every layer to the meta device first, so a
+failure half-way would leave the engine unable to serve). A file that holds only part of one vLLM layer — only
+``k_proj`` of the fused ``qkv_proj``, only ``up_proj`` of ``gate_up_proj``, a weight without its bias — is completed
+with the engine's current values of the other parts (vLLM rebuilds a touched layer from the tensors it receives
+alone, so they must all be there), read from the worker's record of what it serves
+(:class:`vime_core.weight_sync.disk_delta.DeltaReceiver`); when that record is unknown (after a broadcast or CUDA
+IPC update) such a file is refused.
+
 Imports of vLLM happen inside the methods: this module is imported by name inside the worker process, and must stay
 importable (e.g. by tests or linters) where vLLM is not installed.
 """
@@ -34,6 +44,71 @@ def safetensors_files(path: str | Path) -> list[Path]:
     if not files:
         raise FileNotFoundError(f"no *.safetensors files in {p}")
     return files
+
+
+def safetensors_shapes(files: list[Path]) -> dict[str, list[int]]:
+    """``{name: shape}`` of every tensor in ``files``, from the file headers (no tensor data is read)."""
+    from safetensors import safe_open
+
+    shapes: dict[str, list[int]] = {}
+    for f in files:
+        with safe_open(str(f), framework="pt", device="cpu") as st:
+            for name in st.keys():
+                shapes[name] = list(st.get_slice(name).get_shape())
+    return shapes
+
+
+class WeightLoadRefused(ValueError):
+    """A weights file the engine would not load whole (nothing was loaded; the engine keeps its weights)."""
+
+
+def vllm_layer(name: str, packed: dict[str, list[str]]) -> str:
+    """The vLLM module an HF tensor loads into: the tensor's module path with a fused shard replaced by its fused
+    layer (``model.layers.1.self_attn.k_proj.weight`` → ``model.layers.1.self_attn.qkv_proj`` with vLLM's
+    ``packed_modules_mapping`` ``{"qkv_proj": ["q_proj", "k_proj", "v_proj"], ...}``)."""
+    shard_of = {shard: fused for fused, shards in packed.items() for shard in shards}
+    return ".".join(shard_of.get(part, part) for part in name.split(".")[:-1])
+
+
+def plan_load(
+    shapes: dict[str, list[int]],
+    checkpoint: dict[str, list[int]],
+    packed: dict[str, list[str]],
+    ignored: frozenset[str] = frozenset(),
+) -> dict[str, list[str]]:
+    """Check a weights file against the engine's checkpoint before anything is loaded.
+
+    :param shapes: ``{HF name: shape}`` of the file's tensors.
+    :param checkpoint: ``{HF name: shape}`` of the checkpoint the engine was started from.
+    :param packed: the model's ``packed_modules_mapping`` (fused layer → its HF shard names).
+    :param ignored: names vLLM itself skips when loading (a tied ``lm_head.weight``): accepted, never completed.
+    :return: ``{vLLM layer: sorted names of its tensors missing from the file}`` for each layer the file holds only
+        in part (they must be completed with the engine's current values); empty for whole layers.
+    :raises WeightLoadRefused: naming every unknown tensor (with the nearest known name) and every shape mismatch.
+    """
+    import difflib
+
+    problems = []
+    for name in sorted(shapes):
+        if name in ignored:
+            continue
+        if name not in checkpoint:
+            close = difflib.get_close_matches(name, list(checkpoint), n=1)
+            hint = f" (nearest known name: {close[0]})" if close else ""
+            problems.append(f"unknown tensor {name}{hint}")
+        elif list(shapes[name]) != list(checkpoint[name]):
+            problems.append(f"{name} has shape {list(shapes[name])}, the model's is {list(checkpoint[name])}")
+    if problems:
+        raise WeightLoadRefused(
+            f"refusing to load {len(shapes)} tensors: {'; '.join(problems)} — nothing was loaded, the engine keeps "
+            "serving its current weights"
+        )
+    layers: dict[str, list[str]] = {}
+    for name in checkpoint:
+        layers.setdefault(vllm_layer(name, packed), []).append(name)
+    touched = {vllm_layer(n, packed) for n in shapes if n not in ignored}
+    missing = {layer: sorted(n for n in layers[layer] if n not in shapes) for layer in sorted(touched)}
+    return {layer: names for layer, names in missing.items() if names}
 
 
 def iter_safetensors(files: list[Path], counter: list[int]) -> Iterator[tuple[str, Any]]:
@@ -77,29 +152,103 @@ class VimeWorkerExtension:
         """Load every ``*.safetensors`` tensor under ``path`` (a directory or one file) into the running model.
 
         Tensors use Hugging Face checkpoint names (what ``save_pretrained`` writes); a subset of the model's tensors
-        is allowed (the others keep their values). Uses the worker's own ``reload_weights`` (which re-runs the
-        post-load processing of every layer), then refreshes the CPU-packed tied ``lm_head``.
+        is allowed and every other tensor keeps its exact value: a vLLM layer the file holds only in part (one shard
+        of a fused q/k/v or gate/up layer, a weight without its bias) is completed with the engine's current
+        values of its other tensors (see the module doc). The file is checked first (:func:`plan_load`); a refused
+        file loads nothing. Uses the worker's own ``reload_weights`` (which re-runs the post-load processing of
+        every touched layer), then refreshes the CPU-packed tied ``lm_head``.
 
-        The ``disk-delta`` receiver follows: with ``version``, ``path`` (a full checkpoint) becomes its base at that
-        version; without, the engine's version is unknown and deltas are refused until a versioned full load.
+        The ``disk-delta`` receiver follows: after a full checkpoint, ``path`` becomes its base (at ``version``);
+        after a partial file its tensors replace those names in the receiver's record. Without ``version`` the
+        engine's version is unknown and deltas are refused until a versioned full load.
 
         :param path: directory or file readable by the server process.
-        :param version: weight version of a full checkpoint at ``path`` (for ``disk-delta``), or ``None``.
-        :return: number of tensors read.
+        :param version: weight version of the weights now served (for ``disk-delta``), or ``None``.
+        :return: number of tensors read from ``path``.
         :raises FileNotFoundError: if there is nothing to load at ``path``.
+        :raises WeightLoadRefused: on an unknown tensor name or a wrong shape, or a partial layer whose other tensors'
+            current values are unknown (nothing is loaded; the engine keeps serving its weights).
         """
         files = safetensors_files(path)
-        counter = [0]
+        shapes = safetensors_shapes(files)
         receiver = self._vime_delta_receiver()
+        fill = self._vime_completion(shapes, receiver)
+        checkpoint = self._vime_checkpoint()
+        full = checkpoint is not None and set(checkpoint) <= set(shapes)
+        counter = [0]
+        loaded: dict[str, Any] = {}
+
+        def tensors() -> Iterator[tuple[str, Any]]:
+            for name, t in iter_safetensors(files, counter):
+                if not full:
+                    loaded[name] = t
+                yield name, t
+            yield from fill.items()
+
         try:
-            self.reload_weights(weights_iterator=iter_safetensors(files, counter))  # type: ignore[attr-defined]
+            self.reload_weights(weights_iterator=tensors())  # type: ignore[attr-defined]
         except BaseException:
             receiver.reset(None, None)  # partly loaded: unknown weights
             raise
-        receiver.reset(path if version is not None else None, None if version is None else int(version))
+        if full:
+            receiver.reset(path, None if version is None else int(version))
+        else:
+            receiver.record(loaded, None if version is None else int(version))
         refreshed = refresh_cpu_embeddings(self.model_runner.get_model())  # type: ignore[attr-defined]
-        logger.info("loaded %d tensors from %s (%d CPU embeddings refreshed)", counter[0], path, refreshed)
+        logger.info(
+            "loaded %d tensors from %s (+%d current ones completing %s; %d CPU embeddings refreshed)",
+            counter[0],
+            path,
+            len(fill),
+            "its layers" if fill else "nothing",
+            refreshed,
+        )
         return counter[0]
+
+    def _vime_checkpoint(self) -> dict[str, list[int]] | None:
+        """``{HF name: shape}`` of the checkpoint this engine was started from (``None`` if it has no safetensors
+        files: then loads are not checked)."""
+        if not hasattr(self, "_vime_checkpoint_shapes"):
+            try:
+                files = safetensors_files(self.model_runner.model_config.model)  # type: ignore[attr-defined]
+                self._vime_checkpoint_shapes: dict[str, list[int]] | None = safetensors_shapes(files)
+            except FileNotFoundError:
+                logger.warning("the served model has no *.safetensors files: weight files are loaded unchecked")
+                self._vime_checkpoint_shapes = None
+        return self._vime_checkpoint_shapes
+
+    def _vime_completion(self, shapes: dict[str, list[int]], receiver: Any) -> dict[str, Any]:
+        """Check ``shapes`` (:func:`plan_load`) and return the engine's current values of the tensors that complete
+        the layers the file holds only in part.
+
+        :raises WeightLoadRefused: see :meth:`vime_load_weights`.
+        """
+        checkpoint = self._vime_checkpoint()
+        if checkpoint is None:
+            return {}
+        model = self.model_runner.get_model()  # type: ignore[attr-defined]
+        packed = dict(getattr(model, "packed_modules_mapping", {}) or {})
+        hf_config = self.model_runner.model_config.hf_config  # type: ignore[attr-defined]
+        tied = bool(getattr(hf_config.get_text_config(), "tie_word_embeddings", False))
+        missing = plan_load(shapes, checkpoint, packed, frozenset({"lm_head.weight"}) if tied else frozenset())
+        fill: dict[str, Any] = {}
+        for layer, names in missing.items():
+            for name in names:
+                try:
+                    t = receiver.current_tensor(name)
+                except OSError:  # the directory the record points at is gone (a removed weight version)
+                    t = None
+                if t is None:
+                    given = sorted(n for n in shapes if vllm_layer(n, packed) == layer)
+                    raise WeightLoadRefused(
+                        f"refusing a partial load of vLLM layer {layer}: the file has {given} but not {names}, and "
+                        "vLLM rebuilds a layer from the tensors it is given alone; the engine's current values of "
+                        "the others are unknown (its weights were last replaced by a broadcast or IPC update, or "
+                        "from a directory that is gone). "
+                        "Send every tensor of the layer, or load a full checkpoint first — nothing was loaded"
+                    )
+                fill[name] = t
+        return fill
 
     def _vime_delta_receiver(self) -> Any:
         """This worker's :class:`vime_core.weight_sync.disk_delta.DeltaReceiver`, created on first use with the

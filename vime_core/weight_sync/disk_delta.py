@@ -264,16 +264,20 @@ class BaseDirReader:
                             self._index[name] = f
         return self._index
 
-    def read(self, name: str, dtype: str, shape: list[int]) -> np.ndarray | None:
-        """The bytes of ``name`` cast to ``dtype``, or ``None`` if absent or of another shape."""
+    def tensor(self, name: str) -> torch.Tensor | None:
+        """``name`` as stored (its file's dtype), or ``None`` if absent."""
         f = self._files().get(name)
         if f is None:
             return None
         from safetensors import safe_open
 
         with safe_open(str(f), framework="pt", device="cpu") as st:
-            t = st.get_tensor(name)
-        if list(t.shape) != list(shape):
+            return st.get_tensor(name)
+
+    def read(self, name: str, dtype: str, shape: list[int]) -> np.ndarray | None:
+        """The bytes of ``name`` cast to ``dtype``, or ``None`` if absent or of another shape."""
+        t = self.tensor(name)
+        if t is None or list(t.shape) != list(shape):
             return None
         return tensor_bytes(t.to(getattr(torch, dtype)))
 
@@ -330,7 +334,11 @@ class PreparedDelta:
 class DeltaReceiver:
     """Engine-side state: the current version and the HF tensors it corresponds to (as host bytes).
 
-    :param base_dir: directory the engine loaded (seed of tensors not yet in the snapshot), or ``None``.
+    Also the worker's record of the weights it serves (:meth:`current_tensor`), which completes a partial load of
+    a fused vLLM layer (see :meth:`vime_core.rollout.worker_extension.VimeWorkerExtension.vime_load_weights`).
+
+    :param base_dir: directory the engine loaded (seed of tensors not yet in the snapshot), or ``None`` (the
+        engine's weights are unknown).
     :param version: the version of those weights (0 = the initial model); ``None`` = unknown (deltas refused).
     """
 
@@ -343,6 +351,12 @@ class DeltaReceiver:
         self.base = BaseDirReader(base_dir)
         self.version = version
         self.snapshot: dict[str, np.ndarray] = {}
+        self.layout: dict[str, tuple[str, list[int]]] = {}  # dtype name and shape of each snapshot entry
+
+    @property
+    def weights_known(self) -> bool:
+        """Whether every tensor the engine serves can be read back (:meth:`current_tensor`)."""
+        return self.base.path is not None
 
     def _current(self, name: str, info: dict[str, Any]) -> np.ndarray | None:
         buf = self.snapshot.get(name)
@@ -350,7 +364,25 @@ class DeltaReceiver:
             buf = self.base.read(name, info["dtype"], info["shape"])
             if buf is not None:
                 self.snapshot[name] = buf
+                self.layout[name] = (info["dtype"], list(info["shape"]))
         return buf
+
+    def current_tensor(self, name: str) -> torch.Tensor | None:
+        """The HF tensor ``name`` as the engine serves it now, or ``None`` if unknown."""
+        if not self.weights_known:
+            return None
+        if name in self.snapshot and name in self.layout:
+            dtype, shape = self.layout[name]
+            return tensor_from_bytes(self.snapshot[name], dtype, shape)
+        return self.base.tensor(name)
+
+    def record(self, tensors: dict[str, torch.Tensor], version: int | None) -> None:
+        """The engine loaded ``tensors`` on top of what it served (a partial load): they replace those names, and
+        the weights are now ``version`` (``None``: unknown, deltas refused until a versioned full load)."""
+        for name, t in tensors.items():
+            self.snapshot[name] = tensor_bytes(t)
+            self.layout[name] = (dtype_name(t.dtype), list(t.shape))
+        self.version = version
 
     def prepare(
         self, path: str | Path, base_version: int | None = None, new_version: int | None = None
@@ -441,6 +473,9 @@ class DeltaReceiver:
     def commit(self, prepared: PreparedDelta) -> None:
         """Move the snapshot and the version to ``prepared`` (call after the model was loaded)."""
         self.snapshot.update(prepared.new)
+        for name in prepared.new:
+            info = prepared.manifest["tensors"][name]
+            self.layout[name] = (info["dtype"], list(info["shape"]))
         self.version = prepared.version
 
 

@@ -16,34 +16,43 @@ For one sample (see :mod:`vime_core.data.workspace_task` for the row format):
    yet): :class:`RewardInfraError`.
 4. pytest runs with ``cwd=code/``, ``python3 -I`` (no environment variables, user site or current directory on the
    path), the code directory **last** on ``sys.path``, ``-c .vime-cfg/pytest.ini --rootdir/--confcutdir
-   .vime-tests`` (no configuration or conftest from the agent's tree), plugin autoloading off, no cache, and
-   ``--junitxml`` outside ``code/``; the run is killed after the timeout.
-5. The JUnit XML is parsed: a test passes if none of its reports failed, errored or was skipped. ``passed / total``
-   (``--reward-tests-mode fraction``, default) or ``1.0`` iff all passed (``all``); ``total`` is the task's
-   ``num_tests`` when given (a collection error or a crash then counts every missing test as failed), else the
-   number of tests reported. No XML (the run crashed or timed out) means nothing passed.
+   .vime-tests`` (no configuration or conftest from the agent's tree), plugin autoloading off, no cache, and vime's
+   verdict plugin (:mod:`vime_reward_tests.verdict_plugin`, loaded before any test module); the run is killed after
+   the timeout.
+5. **The results channel is out of the tested code's reach**: no results file is read. The verdict plugin decides
+   each test from the exceptions its setup, call and teardown raised (not from pytest's reports), checks after every
+   test that nothing it depends on was replaced, and sends one HMAC-authenticated record per test over a pipe
+   (file descriptor 3 → the harness) with a key the harness sends on stdin before any agent code runs. A record
+   that does not authenticate, or a detected change to pytest's machinery, makes the run ``tampered``: score 0. A
+   test passes if its record says so; ``passed / total`` (``--reward-tests-mode fraction``, default) or ``1.0`` iff
+   all passed (``all``); ``total`` is the task's ``num_tests`` when given (a collection error or a crash then counts
+   every missing test as failed), else the number of tests collected or reported. A run that ends early (crash,
+   ``os._exit``, timeout) counts only the tests whose records arrived.
 
 Infrastructure failures — the sandbox cannot be created or dies (:class:`vime_core.sandbox.SandboxError`), the
 preflight fails — **raise**: the rollout manager marks the sample ``failed`` and excludes it; it is never scored 0.
 A malformed task row raises :class:`vime_core.data.workspace_task.TaskError` (the sample fails, naming the key).
 
-Limits: the agent's code runs inside the test process, so code that tampers with pytest from within (monkeypatching
-its reporting) is not prevented; what is prevented is every file-level way to change the tests or their
-configuration.
+Limits: the agent's code runs inside the test process. Writing result files, patching pytest's reports, runner or
+hooks, registering plugins, tracing, and exiting early cannot raise the score; code that targets the verdict plugin
+itself (reading its key from memory, rewriting its code objects, ``ctypes``) is not prevented.
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
+import hashlib
+import hmac
 import importlib.util
 import io
+import json
 import logging
+import secrets
 import shlex
 import tarfile
 import time
 import uuid
-import xml.etree.ElementTree as ET
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -59,6 +68,8 @@ PYTEST_OPTIONAL_MODULES = ("exceptiongroup", "tomli")
 
 CODE_DIR, TESTS_DIR, CFG_DIR = "code", ".vime-tests", ".vime-cfg"
 PYTEST_DIR, RESULTS_DIR = ".vime-pytest", ".vime-results"
+VERDICT_MODULE = "vime_verdict"  # verdict_plugin.py's name in the sandbox
+RANK = {"passed": 0, "skipped": 1, "failed": 2, "error": 3}
 
 # Runs in the sandbox as `python3 -I -c RUNNER WORKSPACE`.
 RUNNER = """
@@ -69,8 +80,8 @@ sys.path.append(ws + "/code")
 import pytest
 sys.exit(pytest.main([
     ws + "/.vime-tests", "-c", ws + "/.vime-cfg/pytest.ini", "--rootdir", ws + "/.vime-tests",
-    "--confcutdir", ws + "/.vime-tests", "-p", "no:cacheprovider", "--junitxml", ws + "/.vime-results/junit.xml",
-    "-o", "junit_family=xunit2", "-q", "--color=no", "-W", "ignore::DeprecationWarning",
+    "--confcutdir", ws + "/.vime-tests", "-p", "no:cacheprovider", "-p", "vime_verdict",
+    "-q", "--color=no", "-W", "ignore::DeprecationWarning",
 ]))
 """
 PREFLIGHT = "import sys; sys.path.insert(0, sys.argv[1]); import pytest; print('VIME-PYTEST-OK', pytest.__version__)"
@@ -119,8 +130,10 @@ class RunOutcome:
     :ivar passed: tests that passed. :ivar total: the denominator (task ``num_tests`` or tests reported).
     :ivar failed: tests with a failure. :ivar errors: tests with an error (collection, setup, teardown).
     :ivar skipped: tests skipped or xfailed. :ivar exit_code: pytest's exit code (137 when killed).
-    :ivar timed_out: killed at the timeout. :ivar has_xml: the JUnit XML was written.
-    :ivar ignored: agent paths dropped by the guard. :ivar output_tail: the end of pytest's output.
+    :ivar timed_out: killed at the timeout. :ivar complete: the verdict plugin's final record arrived (the run was
+        not cut short). :ivar tampered: why the run is scored 0 despite its records (a record that does not
+        authenticate, a replaced part of pytest), empty if nothing was found.
+    :ivar ignored: agent paths dropped by the guard. :ivar output_tail: the end of pytest's output (untrusted).
     :ivar cases: test id → ``passed|failed|error|skipped``.
     """
 
@@ -131,39 +144,59 @@ class RunOutcome:
     skipped: int = 0
     exit_code: int | None = None
     timed_out: bool = False
-    has_xml: bool = False
+    complete: bool = False
+    tampered: list[str] = field(default_factory=list)
     ignored: list[str] = field(default_factory=list)
     output_tail: str = ""
     seconds: float = 0.0
     cases: dict[str, str] = field(default_factory=dict)
 
 
-def parse_junit(xml_text: str) -> dict[str, str]:
-    """Test id (``classname::name``) → outcome from pytest's JUnit XML.
+def record_line(key: bytes, record: dict[str, Any]) -> str:
+    """One results line as the verdict plugin writes it: ``VIME-R <hmac-sha256 hex> <json>``."""
+    body = json.dumps(record, sort_keys=True)
+    return f"VIME-R {hmac.new(key, body.encode(), hashlib.sha256).hexdigest()} {body}"
 
-    A test reported several times (a call failure plus a teardown error) keeps its worst outcome:
-    ``error`` > ``failed`` > ``skipped`` > ``passed``.
 
-    :raises ET.ParseError: not XML.
+def read_records(text: str, key: bytes) -> tuple[dict[str, str], list[str], bool, list[str]]:
+    """Authenticate and merge the verdict plugin's lines in ``text`` (other lines are ignored).
+
+    A test reported several times keeps its worst outcome: ``error`` > ``failed`` > ``skipped`` > ``passed``.
+
+    :return: ``(cases, collected, started, complete, tampered)``: test id → outcome; the ids pytest collected;
+        whether the plugin started (its first record, written before any agent code runs) and whether its final
+        record arrived; reasons to score the run 0 (lines that do not authenticate, what the plugin found replaced).
     """
-    rank = {"passed": 0, "skipped": 1, "failed": 2, "error": 3}
-    out: dict[str, str] = {}
-    root = ET.fromstring(xml_text)
-    for case in root.iter("testcase"):
-        tid = f"{case.get('classname', '')}::{case.get('name', '')}"
-        tags = {child.tag for child in case}
-        outcome = next(
-            (o for t, o in (("error", "error"), ("failure", "failed"), ("skipped", "skipped")) if t in tags), "passed"
-        )
-        if tid not in out or rank[outcome] > rank[out[tid]]:
-            out[tid] = outcome
-    return out
+    cases: dict[str, str] = {}
+    collected: list[str] = []
+    started, complete, tampered = False, False, []
+    for line in text.splitlines():
+        if not line.startswith("VIME-R "):
+            continue
+        _, mac, body = (line.split(" ", 2) + ["", ""])[:3]
+        good = hmac.new(key, body.encode(), hashlib.sha256).hexdigest()
+        if not hmac.compare_digest(mac, good):
+            tampered.append(f"a results line does not authenticate: {line[:200]!r}")
+            continue
+        record = json.loads(body)
+        if record.get("ready"):
+            started = True
+        elif record.get("end"):
+            complete = True
+            tampered += [str(t) for t in record.get("tampered", [])]
+        elif "collected" in record:
+            collected = [str(i) for i in record["collected"]]
+        else:
+            tid, outcome = str(record["id"]), str(record["outcome"])
+            if tid not in cases or RANK[outcome] > RANK[cases[tid]]:
+                cases[tid] = outcome
+    return cases, collected, started, complete, tampered
 
 
 @functools.lru_cache(maxsize=1)
 def pytest_bundle() -> bytes:
-    """A gzip tar of the host's pytest and its pure-Python dependencies (paths relative to ``.vime-pytest/``),
-    built once per process.
+    """A gzip tar of the host's pytest and its pure-Python dependencies, and vime's verdict plugin as
+    ``vime_verdict.py`` (paths relative to ``.vime-pytest/``), built once per process.
 
     :raises RewardInfraError: a required module is not installed on the host.
     """
@@ -184,6 +217,7 @@ def pytest_bundle() -> bytes:
             for p, arc in paths:
                 if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc":
                     _add(tar, arc, p.read_bytes())
+        _add(tar, f"{VERDICT_MODULE}.py", (Path(__file__).parent / "verdict_plugin.py").read_bytes())
     return buf.getvalue()
 
 
@@ -233,14 +267,16 @@ async def run_tests(
     cls = get_plugins().resolve("sandbox", backend)
     archive = build_archive(files, task.tests)
     b = uuid.uuid4().hex  # section boundary of the runner's report
+    key = secrets.token_hex(32)  # the verdict plugin's HMAC key: on stdin only, never in the command or a file
+    # pytest's stdin is this command's stdin (the key); its fd 3 is this command's stdout (the results pipe); its own
+    # stdout/stderr go to a file (shown as an untrusted tail)
     script = (
         f'ws="$1"; cd "$ws/{CODE_DIR}" || exit 90; '
-        f'pre=$({python} -I -c {shlex.quote(PREFLIGHT)} "$ws/{PYTEST_DIR}" 2>&1) || '
-        f'{{ echo "VIME-PREFLIGHT-FAILED {b}"; echo "$pre"; exit 0; }}; echo "$pre"; '
+        f'pre=$({python} -I -c {shlex.quote(PREFLIGHT)} "$ws/{PYTEST_DIR}" 2>&1 < /dev/null) || '
+        f'{{ echo "VIME-PREFLIGHT-FAILED {b}"; echo "$pre"; exit 0; }}; echo "$pre"; echo "VIME-RECORDS {b}"; '
         f"PYTHONDONTWRITEBYTECODE=1 PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 timeout -s KILL {timeout_s:.3f} "
-        f'{python} -I -c {shlex.quote(RUNNER)} "$ws" > "$ws/{RESULTS_DIR}/out.txt" 2>&1 < /dev/null; '
-        f'echo "VIME-RC {b} $?"; tail -c 4000 "$ws/{RESULTS_DIR}/out.txt"; echo "VIME-XML {b}"; '
-        f'cat "$ws/{RESULTS_DIR}/junit.xml" 2>/dev/null; true'
+        f'{python} -I -c {shlex.quote(RUNNER)} "$ws" 3>&1 > "$ws/{RESULTS_DIR}/out.txt" 2>&1; '
+        f'echo "VIME-RC {b} $?"; echo "VIME-TAIL {b}"; tail -c 4000 "$ws/{RESULTS_DIR}/out.txt"; true'
     )
     t0 = time.monotonic()
     async with cls.from_args(args) as sb:
@@ -261,7 +297,10 @@ async def run_tests(
                 f"{backend} sandbox: unpacking pytest failed (tar, gzip needed): {up.stderr[-500:]}"
             )
         res = await sb.exec(
-            ["/bin/sh", "-c", script, "sh", sb.workspace], timeout=timeout_s + 60.0, max_output_bytes=16 << 20
+            ["/bin/sh", "-c", script, "sh", sb.workspace],
+            stdin=(key + "\n").encode(),
+            timeout=timeout_s + 60.0,
+            max_output_bytes=16 << 20,
         )
     out = RunOutcome(seconds=time.monotonic() - t0)
     text = res.stdout
@@ -271,24 +310,26 @@ async def run_tests(
             f"{(text + res.stderr)[-800:]}"
         )
     marker = f"VIME-RC {b} "
-    if marker not in text or f"VIME-XML {b}" not in text:
+    if f"VIME-RECORDS {b}" not in text or marker not in text or f"VIME-TAIL {b}" not in text:
         raise RewardInfraError(f"{backend} sandbox: the test runner's report is incomplete: {text[-500:]!r}")
-    rest = text.split(marker, 1)[1]
-    rc_line, _, rest = rest.partition("\n")
-    tail, _, xml_text = rest.partition(f"VIME-XML {b}\n")
-    out.exit_code = int(rc_line.strip())
+    records = text.split(f"VIME-RECORDS {b}\n", 1)[1].rsplit(f"VIME-TAIL {b}", 1)[0]
+    records, _, rc_line = records.rpartition(marker)  # the shell's line comes after everything pytest wrote
+    out.exit_code = int(rc_line.strip().split()[0]) if rc_line.strip() else None
     out.timed_out = out.exit_code == 137
-    out.output_tail = tail[-2000:]
-    if xml_text.strip():
-        try:
-            out.cases = parse_junit(xml_text)
-            out.has_xml = True
-        except ET.ParseError as e:  # written by a killed or tampered run: nothing counts as passed
-            logger.warning("tests reward: unreadable JUnit XML (%s)", e)
-    values = list(out.cases.values())
+    out.output_tail = text.rsplit(f"VIME-TAIL {b}\n", 1)[1][-2000:]
+    cases, collected, started, out.complete, out.tampered = read_records(records, key.encode())
+    if not started:  # no agent code had run yet: not the agent's doing
+        raise RewardInfraError(
+            f"{backend} sandbox: vime's verdict plugin did not start (exit {out.exit_code}): {out.output_tail[-800:]}"
+        )
+    out.cases = cases
+    values = list(cases.values())
     out.passed, out.failed = values.count("passed"), values.count("failed")
     out.errors, out.skipped = values.count("error"), values.count("skipped")
-    out.total = max(task.num_tests or 0, len(values))
+    out.total = max(task.num_tests or 0, len(values), len(set(collected)))
+    if out.tampered:
+        logger.warning("tests reward: run scored 0, tampering found: %s", "; ".join(out.tampered)[:500])
+        out.passed = 0
     return out
 
 

@@ -1,0 +1,211 @@
+"""Fully-async admission is version-aware: exact admission counts per weight version, fair treatment of slow
+prompts, and a skipped step that does not advance the weight version.
+
+The rollout manager, its background producer, the loop's step function (``vime_core.loop._one_step``), the torch
+trainer and the ``disk`` weight sync are the real ones, in-process; only the engines are replaced by a generate
+function that sleeps (no engine is started, so a weight update reaches zero engines).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from tests.unit.test_hooks import _manager_with_hooks
+from vime_core.arguments import parse_run_args
+from vime_core.loop import _GroupSource, _one_step, load_debug_rollout
+from vime_core.orchestration import TrainerWorker
+from vime_core.plugins import get_plugins
+from vime_core.types import Sample, Status
+from vime_core.weight_sync.base import WeightUpdate
+
+pytestmark = pytest.mark.unit
+
+FAST_S = 0.02  # seconds per generation of a fast prompt
+SLOW_FACTOR = 3  # odd-numbered prompts take 3x as long
+
+
+def _args(tiny_model_dir, tmp_path, **flags):
+    data = tmp_path / "unused.jsonl"
+    data.write_text('{"prompt": "p", "label": "x"}\n')
+    argv = ["--model", str(tiny_model_dir), "--prompt-data", str(data), "--output-dir", str(tmp_path / "out")]
+    argv += ["--loop", "fully-async", "--rollout-batch-size", "4", "--n-samples-per-prompt", "1"]
+    argv += ["--max-staleness", "1", "--train-dtype", "float32", "--micro-batch-size", "4"]
+    argv += ["--save-debug-rollout-data", str(tmp_path / "debug" / "rollout_{rollout_id}.pt")]
+    for k, v in flags.items():
+        argv += [f"--{k.replace('_', '-')}", str(v)]
+    args = parse_run_args(argv)
+    skip = {"generate", "reward", "prompt_data", "input_key", "label_key", "metadata_key", "rollout_shuffle"}
+    return args, {k: v for k, v in vars(args).items() if k not in skip}
+
+
+def _sleeping_generate(box, fail_once=(), fast_s=FAST_S):
+    """Generate function: prompt ``pN`` takes ``fast_s`` seconds (3x for odd N); one token is produced at the start and
+    one at the end, each tagged with the engines' version at that moment (a request paused across a weight update
+    mixes versions). Prompts in ``fail_once`` raise the first time they are generated."""
+    failed: set[str] = set()
+
+    async def gen(args, sample, sampling_params):
+        m = box["m"]
+        no = int(sample.prompt[1:])
+        box.setdefault("calls", []).append(sample.prompt)
+        if sample.prompt in fail_once and sample.prompt not in failed:
+            failed.add(sample.prompt)
+            raise RuntimeError(f"engine error on {sample.prompt}")
+        sample.tokens = [1, 2, 3 + no]
+        sample.append_response_tokens([5], trainable=True, log_probs=[-0.5], weight_version=m.weight_version)
+        await asyncio.sleep(fast_s * (SLOW_FACTOR if no % 2 else 1))
+        sample.append_response_tokens([6], trainable=True, log_probs=[-0.6], weight_version=m.weight_version)
+        sample.response = "x"
+        sample.status = Status.COMPLETED
+        return sample
+
+    return gen
+
+
+def _manager(tiny_model_dir, tmp_path, gen, overrides):
+    box: dict = {}
+    m = _manager_with_hooks(tiny_model_dir, tmp_path, generate=gen(box), num_prompts=8, **overrides)
+    box["m"] = m
+    return m, box
+
+
+def _update(m, version):
+    return m.update_weights(WeightUpdate(version, {"path": str(m.args.update_weight_disk_dir / "none")}))
+
+
+def test_admission_is_bounded_by_the_weight_version(tiny_model_dir, tmp_path):
+    """batch 4, n 1, max-staleness 1: 8 groups before the first update, 4 after each (was 12, 4, 8, 4, 4, 8)."""
+    _, overrides = _args(tiny_model_dir, tmp_path)
+    m, _ = _manager(tiny_model_dir, tmp_path, _sleeping_generate, overrides)
+    m.start_async()
+    try:
+        assert m.producer.admitted_by_version == {0: 8}
+        time.sleep(5 * FAST_S * SLOW_FACTOR)  # every admitted group has finished: still no more admitted
+        assert m.producer.admitted_by_version == {0: 8}
+        for step in range(6):
+            groups, metrics = m.get_async_groups(step, step)
+            assert len(groups) == 4 and metrics["rollout/staleness_max"] <= 1.0
+            assert m.producer.admitted_by_version == {0: 8, **{v: 4 for v in range(1, step + 1)}}
+            _update(m, step + 1)
+            assert m.producer.admitted_by_version == {0: 8, **{v: 4 for v in range(1, step + 2)}}
+        assert metrics["rollout/async_admitted_groups"] == 28.0
+    finally:
+        m.shutdown()
+
+
+def test_admission_after_a_resume_at_a_later_version(tiny_model_dir, tmp_path):
+    """A run resumed at version 5: 8 groups before its first update, not (1 + 5 + 1) x 4 = 28."""
+    _, overrides = _args(tiny_model_dir, tmp_path)
+    m, _ = _manager(tiny_model_dir, tmp_path, _sleeping_generate, overrides)
+    _update(m, 5)  # what the loop does on resume before starting the producer
+    m.start_async()
+    try:
+        assert m.producer.admitted_by_version == {5: 8}
+        groups, _ = m.get_async_groups(10, 5)
+        assert len(groups) == 4 and m.producer.admitted_by_version == {5: 8}
+        _update(m, 6)
+        assert m.producer.admitted_by_version == {5: 8, 6: 4}
+        groups, metrics = m.get_async_groups(11, 6)
+        assert metrics["rollout/staleness_max"] <= 1.0
+        _update(m, 7)
+        assert m.producer.admitted_by_version == {5: 8, 6: 4, 7: 4}
+    finally:
+        m.shutdown()
+
+
+def _trainer(args, tiny_model_dir):
+    return TrainerWorker(args, tiny_model_dir)
+
+
+def test_slow_prompts_get_a_fair_share_over_20_steps(tiny_model_dir, tmp_path):
+    """Half the prompts take 3x as long. Every group admitted is trained exactly once (none dropped, none
+    regenerated) except those still pending at the end, so the slow prompts are half of what is trained."""
+    args, overrides = _args(tiny_model_dir, tmp_path, stale_policy="regenerate")
+    m, box = _manager(tiny_model_dir, tmp_path, _sleeping_generate, overrides)
+    trainer = _trainer(args, tiny_model_dir)
+    estimator = get_plugins().resolve("advantage", args.advantage_estimator)
+    source = _GroupSource(args, m)
+    m.start_async()
+    trained: list[str] = []
+    version, history = 0, []
+    try:
+        for step in range(20):
+            metrics, version = _one_step(args, step, source, m, trainer, estimator, version)
+            history.append(metrics)
+            trained += [s.prompt for s in _batch(args, step)]
+        pending = [g[0].prompt for g in list(m.producer.inflight.values()) + list(m.producer.ready.values())]
+    finally:
+        m.shutdown()
+    assert version == 20
+    assert [h["weight_sync/version"] for h in history] == [float(v) for v in range(1, 21)]
+    assert sum(h["rollout/stale_dropped"] for h in history) == 0.0
+    assert sum(h["rollout/stale_regenerated"] for h in history) == 0.0
+    assert max(h["rollout/staleness_max"] for h in history) == 1.0
+    assert all(h["rollout/num_trained_samples"] == 4.0 for h in history)
+    # admitted in data order p0..p7, p0..p7, ...: 8 + 20 x 4 = 88 groups; 80 trained, 8 pending, each once
+    assert m.producer.admitted_by_version == {0: 8, **{v: 4 for v in range(1, 21)}}
+    assert sorted(trained + pending) == sorted(f"p{i % 8}" for i in range(88))
+    assert len(box["calls"]) == 88  # no prompt was generated twice
+    slow = sum(int(p[1:]) % 2 for p in trained)
+    assert 36 <= slow <= 44, slow  # at most the 8 pending groups away from exactly half of 80
+
+
+def _batch(args, step) -> list[Sample]:
+    """The samples the loop's step ``step`` took (its ``--save-debug-rollout-data`` file)."""
+    return [s for g in load_debug_rollout(args.save_debug_rollout_data, step) for s in g]
+
+
+def test_a_skipped_step_does_not_advance_the_weight_version(tiny_model_dir, tmp_path):
+    """Step 0's four groups all fail (engine error): nothing is trained and no weights are pushed, so step 1 runs
+    at version 0 again, its update makes version 1, and step 0's places are given back to the admission budget."""
+    args, overrides = _args(tiny_model_dir, tmp_path)
+    fail = {"p0", "p1", "p2", "p3"}
+    m, _ = _manager(tiny_model_dir, tmp_path, lambda box: _sleeping_generate(box, fail_once=fail), overrides)
+    trainer = _trainer(args, tiny_model_dir)
+    estimator = get_plugins().resolve("advantage", args.advantage_estimator)
+    source = _GroupSource(args, m)
+    pushed: list[int] = []
+    push = trainer.push_weights
+    trainer.push_weights = lambda v: pushed.append(v) or push(v)
+    m.start_async()
+    try:
+        metrics0, v0 = _one_step(args, 0, source, m, trainer, estimator, 0)
+        assert (v0, pushed, m.weight_version) == (0, [], 0)
+        assert metrics0["rollout/failed_frac"] == 1.0 and metrics0["rollout/num_trained_samples"] == 0.0
+        assert "weight_sync/version" not in metrics0
+        metrics1, v1 = _one_step(args, 1, source, m, trainer, estimator, v0)
+        assert (v1, pushed, m.weight_version) == (1, [1], 1)
+        assert metrics1["weight_sync/version"] == 1.0 and metrics1["rollout/staleness_max"] == 0.0
+        assert [s.status for s in _batch(args, 1)] == [Status.COMPLETED] * 4
+        # 8 at start, 4 more at version 0 once step 0's untrained groups gave their places back, 4 at version 1
+        assert m.producer.admitted_by_version == {0: 12, 1: 4}
+    finally:
+        m.shutdown()
+
+
+def test_take_order_prefers_groups_that_would_go_stale(tiny_model_dir, tmp_path):
+    """A group admitted at version u - max_staleness is taken at version u even if newer ones finished first."""
+    _, overrides = _args(tiny_model_dir, tmp_path)
+    m, _ = _manager(tiny_model_dir, tmp_path, lambda box: _sleeping_generate(box, fast_s=0.1), overrides)
+    m.start_async()
+    try:
+        first, _ = m.get_async_groups(0, 0)
+        assert [g[0].prompt for g in first] == ["p0", "p2", "p4", "p6"]  # the fast ones finished first
+        _update(m, 1)
+        second, metrics = m.get_async_groups(1, 1)
+        # the slow version-0 groups must be trained now: they are waited for although p0/p2 of version 1 are done
+        assert [g[0].prompt for g in second] == ["p1", "p3", "p5", "p7"]
+        assert metrics["rollout/staleness_max"] == 1.0
+    finally:
+        m.shutdown()
+
+
+def test_sample_versions_come_from_the_engine_version(tiny_model_dir, tmp_path):
+    """Sanity of the fake generation used above: tokens carry the manager's version at the time they appear."""
+    s = Sample(prompt="p1")
+    box = {"m": type("M", (), {"weight_version": 3})()}
+    out = asyncio.run(_sleeping_generate(box)(None, s, {}))
+    assert out.weight_versions == [3, 3] and out.tokens == [1, 2, 4, 5, 6]
