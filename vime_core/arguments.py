@@ -26,6 +26,8 @@ import yaml
 
 from vime_core.algorithms.options import check_algorithm_args
 from vime_core.passthrough import PassthroughError, split_passthrough
+from vime_core.rollout.overlong import add_arguments as add_overlong_arguments
+from vime_core.rollout.overlong import check_overlong_args
 
 logger = logging.getLogger("vime.arguments")
 
@@ -208,6 +210,7 @@ def build_parser(add_plugin_arguments: bool = True) -> argparse.ArgumentParser:
         default=8,
         help="refill chunks per step before training on the groups that passed",
     )
+    add_overlong_arguments(g)
     g.add_argument(
         "--partial-rollout",
         action="store_true",
@@ -385,6 +388,7 @@ def _check(args: argparse.Namespace) -> None:
         args.update_weight_disk_dir = args.output_dir / "weights"
     try:
         check_algorithm_args(args)
+        check_overlong_args(args)
     except ValueError as e:
         raise ArgumentError(str(e)) from None
 

@@ -20,6 +20,7 @@ from vime_core.arguments import sampling_params_from_args
 from vime_core.data.source import DataSource, read_rows
 from vime_core.plugins import get_plugins
 from vime_core.rollout.context import RolloutContext, set_rollout_context
+from vime_core.rollout.overlong import apply_overlong, overlong_metrics
 from vime_core.types import Sample, Status
 from vime_core.weight_sync.base import WeightUpdate
 
@@ -71,7 +72,7 @@ class RolloutManager:
         :return: ``{"router_url", "engine_urls", "startup_seconds"}`` (and ``"teacher_router_url"``).
         :raises RuntimeError: an engine or the router did not become ready (with its log tail).
         """
-        from vime_core.rollout.client import RouterClient
+        from vime_core.rollout.client import RouterClient, eos_token_ids
         from vime_core.rollout.engine import VLLMServer
         from vime_core.rollout.router import VLLMRouter
 
@@ -118,7 +119,13 @@ class RolloutManager:
             router_url = self.router.url
         # partial rollout streams: an aborted non-streaming request comes back without its tokens
         stream = bool(getattr(self.args, "partial_rollout", False))
-        self.client = RouterClient(router_url, model=self.engines[0].served_model_name, timeout_s=600, stream=stream)
+        self.client = RouterClient(
+            router_url,
+            model=self.engines[0].served_model_name,
+            timeout_s=600,
+            stream=stream,
+            eos_token_ids=eos_token_ids(self.tokenizer, self.model_path),
+        )
         set_rollout_context(
             RolloutContext(client=self.client, tokenizer=self.tokenizer, weight_version=self.weight_version)
         )
@@ -184,6 +191,7 @@ class RolloutManager:
         if failed and len(failed) == len(samples):
             raise RuntimeError(f"every sample of step {step} failed; first error: {failed[0].metadata.get('error')}")
         metrics = rollout_metrics([s for g in groups for s in g], self.args.reward_key)
+        metrics.update(overlong_metrics(self.args, [s for g in groups for s in g]))
         metrics.update(extra)
         metrics["perf/rollout_time"] = time.perf_counter() - t0
         self.hook.vime_on_rollout_end(
@@ -207,6 +215,7 @@ class RolloutManager:
         )
         samples = [s for g in groups for s in g]
         metrics = rollout_metrics(samples, self.args.reward_key)
+        metrics.update(overlong_metrics(self.args, samples))
         metrics.update(extra)
         metrics["perf/rollout_wait_time"] = time.perf_counter() - t0
         self.hook.vime_on_rollout_end(args=self.args, step=step, samples=samples, metrics=metrics)
@@ -299,6 +308,7 @@ async def _run_groups(
                     for s in scored:
                         s.reward = copy.deepcopy(reward)
                         s.metadata.update({k: v for k, v in scored[0].metadata.items() if k not in s.metadata})
+                        apply_overlong(self.args, s)  # DAPO overlong filter / soft punishment (when enabled)
                     if self.teacher is not None:  # on-policy distillation: the teacher scores the sampled tokens
                         await self.teacher.score(scored)
                 if outs[0] is not sample:
