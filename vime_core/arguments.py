@@ -28,6 +28,8 @@ from vime_core.algorithms.options import check_algorithm_args
 from vime_core.passthrough import PassthroughError, split_passthrough
 from vime_core.rollout.overlong import add_arguments as add_overlong_arguments
 from vime_core.rollout.overlong import check_overlong_args
+from vime_core.trainer.lr_schedule import add_arguments as add_lr_schedule_arguments
+from vime_core.trainer.lr_schedule import check_lr_schedule_args
 
 logger = logging.getLogger("vime.arguments")
 
@@ -135,6 +137,7 @@ def build_parser(add_plugin_arguments: bool = True) -> argparse.ArgumentParser:
 
     g = p.add_argument_group("training")
     g.add_argument("--lr", type=float, default=1e-6)
+    add_lr_schedule_arguments(g)
     g.add_argument("--adam-beta1", type=float, default=0.9)
     g.add_argument("--adam-beta2", type=float, default=0.98)
     g.add_argument("--adam-eps", type=float, default=1e-8)
@@ -170,6 +173,13 @@ def build_parser(add_plugin_arguments: bool = True) -> argparse.ArgumentParser:
         help="ppo critic: HF dir or known name, or a saved critic dir (default: --model + a new value head)",
     )
     g.add_argument("--critic-lr", type=float, default=None, help="ppo critic learning rate (default: --lr)")
+    g.add_argument(
+        "--critic-lr-warmup-iters",
+        type=int,
+        default=0,
+        help="ppo critic: optimizer steps of linear learning-rate warm-up from --lr-warmup-init to --critic-lr "
+        "(slime's flag); --lr-decay-style, --lr-decay-iters and --min-lr apply to the critic too. Default: 0 (none)",
+    )
     g.add_argument("--num-critic-only-steps", type=int, default=0, help="ppo: train only the critic first N steps")
     g.add_argument(
         "--distill-teacher",
@@ -389,6 +399,7 @@ def _check(args: argparse.Namespace) -> None:
     try:
         check_algorithm_args(args)
         check_overlong_args(args)
+        check_lr_schedule_args(args)
     except ValueError as e:
         raise ArgumentError(str(e)) from None
 

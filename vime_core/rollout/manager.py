@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import copy
+import hashlib
 import logging
 import statistics
 import time
@@ -279,9 +280,14 @@ async def _run_groups(
     params = sampling_params_from_args(self.args)
     fanned: dict[int, list[Sample]] = {}  # id(sample) -> the segments a fan-out generate function returned
 
+    seed = getattr(self.args, "seed", None)
+
     async def one(sample: Sample) -> None:
         if not needs_generation(sample):  # finished in an earlier step (a group returned by partial rollout)
             return
+        sample_params = dict(params)
+        if seed is not None:  # reproducible sampling: one engine seed per sample, distinct within the group
+            sample_params["seed"] = sample_seed(seed, step, sample.group_index, sample.index)
         outs = [sample]
         async with sem:
             if self.aborting:  # the batch filled while this sample waited: never sent
@@ -290,7 +296,7 @@ async def _run_groups(
             if sample.status == Status.ABORTED:  # partial rollout: continue from prompt + partial response
                 prepare_resume(sample, self.weight_version, mask_offpolicy)
             try:
-                out = await self.generate_fn(self.args, sample, dict(params))
+                out = await self.generate_fn(self.args, sample, sample_params)
                 if isinstance(out, list):  # fan-out: segments of one rollout, scored once, same reward on each
                     if not out:
                         raise ValueError("the generate function returned an empty list of samples")
@@ -325,6 +331,24 @@ async def _run_groups(
     for g in groups:  # replace fanned-out samples by their segments, in place (callers hold these lists)
         if any(id(s) in fanned for s in g):
             g[:] = [x for s in g for x in fanned.get(id(s), [s])]
+
+
+def sample_seed(seed: int, step: int, group_index: int, sample_index: int) -> int:
+    """The engine sampling seed of one sample (vLLM's per-request ``seed``), so that a run's sampling is reproducible
+    from ``--seed`` while the samples of a group (same prompt, different ``sample_index``) differ.
+
+    The first 8 bytes of BLAKE2b over ``"vime-rollout-seed:{seed}:{step}:{group_index}:{sample_index}"`` as a
+    little-endian integer, top bit cleared (a non-negative int64, what vLLM and ``torch.Generator`` accept).
+
+    :param seed: ``--seed``.
+    :param step: the rollout step generating the sample (``-1`` in ``--loop fully-async``'s producer); a sample
+        resumed by partial rollout in a later step gets a new seed.
+    :param group_index: the group's run-wide index (:class:`~vime_core.data.source.DataSource` numbers groups).
+    :param sample_index: the sample's index in its group.
+    :return: an int in ``[0, 2**63)``.
+    """
+    key = f"vime-rollout-seed:{seed}:{step}:{group_index}:{sample_index}".encode()
+    return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little") & (2**63 - 1)
 
 
 def _engine_cpu_bind(args: argparse.Namespace, index: int) -> str | None:
