@@ -43,9 +43,28 @@ async def _by_prompt(args, sample, params):
     return await plugins.resolve("generate", "multi_turn")(mt_args, sample, forced)
 
 
-def test_overlong_filter_and_penalty_single_and_multi_turn(router, vllm_server, tiny_model_dir, tmp_path):
+def generate_step(m, router, vllm_server, tiny_model_dir, step=0):
+    """``m.generate(step)`` of a test manager (``tests.unit.test_hooks._manager_with_hooks``) through the real
+    router, with a client built as the rollout manager builds it; the server's weight-version label is numeric
+    meanwhile (as in a run) and put back afterwards."""
     previous_label = vllm_server.weight_version()
     vllm_server.set_weight_version(0)
+    m.client = RouterClient(
+        router.url,
+        model=vllm_server.served_model_name,
+        timeout_s=300,
+        eos_token_ids=eos_token_ids(m.tokenizer, tiny_model_dir),
+    )
+    set_rollout_context(RolloutContext(client=m.client, tokenizer=m.tokenizer, weight_version=0))
+    try:
+        return m.generate(step)
+    finally:
+        m.loop.run_until_complete(m.client.aclose())
+        set_rollout_context(None)
+        vllm_server.set_weight_version(previous_label if previous_label is not None else "default")
+
+
+def test_overlong_filter_and_penalty_single_and_multi_turn(router, vllm_server, tiny_model_dir, tmp_path):
     m = _manager_with_hooks(
         tiny_model_dir,
         tmp_path,
@@ -62,19 +81,7 @@ def test_overlong_filter_and_penalty_single_and_multi_turn(router, vllm_server, 
     VOCAB[:] = range(len(m.tokenizer))
     for row, name in zip(m.data_source.rows, ("stop", "cut", "turn_cap", "turn_cut"), strict=True):
         row["prompt"] = name
-    m.client = RouterClient(
-        router.url,
-        model=vllm_server.served_model_name,
-        timeout_s=300,
-        eos_token_ids=eos_token_ids(m.tokenizer, tiny_model_dir),
-    )
-    set_rollout_context(RolloutContext(client=m.client, tokenizer=m.tokenizer, weight_version=0))
-    try:
-        groups, metrics = m.generate(0)
-    finally:
-        m.loop.run_until_complete(m.client.aclose())
-        set_rollout_context(None)
-        vllm_server.set_weight_version(previous_label if previous_label is not None else "default")
+    groups, metrics = generate_step(m, router, vllm_server, tiny_model_dir)
     assert [g[0].metadata.get("stop_reason", g[0].prompt) for g in groups][:2] == ["stop", "cut"]
     stop, cut, cap, tcut = (g[0] for g in groups)
     for s in (stop, cut, cap, tcut):

@@ -6,10 +6,9 @@ from __future__ import annotations
 
 import pytest
 
+from tests.integration.test_overlong_vllm import generate_step
 from tests.unit.test_hooks import _manager_with_hooks
 from vime_core.plugins import get_plugins
-from vime_core.rollout.client import RouterClient, eos_token_ids
-from vime_core.rollout.context import RolloutContext, set_rollout_context
 
 pytestmark = pytest.mark.integration
 
@@ -30,27 +29,14 @@ def _step_tokens(router, vllm_server, tiny_model_dir, tmp_path, seed):
         apply_chat_template=False,
         seed=seed,
     )
-    m.client = RouterClient(
-        router.url, model=vllm_server.served_model_name, eos_token_ids=eos_token_ids(m.tokenizer, tiny_model_dir)
-    )
-    set_rollout_context(RolloutContext(client=m.client, tokenizer=m.tokenizer, weight_version=0))
-    try:
-        groups, _ = m.generate(0)
-    finally:
-        m.loop.run_until_complete(m.client.aclose())
-        set_rollout_context(None)
+    groups, _ = generate_step(m, router, vllm_server, tiny_model_dir)
     return [[s.tokens[s.prompt_length :] for s in g] for g in groups]
 
 
 def test_same_seed_same_tokens_and_a_group_differs(router, vllm_server, tiny_model_dir, tmp_path):
-    previous_label = vllm_server.weight_version()
-    vllm_server.set_weight_version(0)  # a numeric version label, as in a run (another test may have left a name)
-    try:
-        first = _step_tokens(router, vllm_server, tiny_model_dir, tmp_path / "a", seed=1234)
-        again = _step_tokens(router, vllm_server, tiny_model_dir, tmp_path / "b", seed=1234)
-        other = _step_tokens(router, vllm_server, tiny_model_dir, tmp_path / "c", seed=1235)
-    finally:
-        vllm_server.set_weight_version(previous_label if previous_label is not None else "default")
+    first = _step_tokens(router, vllm_server, tiny_model_dir, tmp_path / "a", seed=1234)
+    again = _step_tokens(router, vllm_server, tiny_model_dir, tmp_path / "b", seed=1234)
+    other = _step_tokens(router, vllm_server, tiny_model_dir, tmp_path / "c", seed=1235)
     assert [[len(r) for r in g] for g in first] == [[16] * 4] * 2
     assert again == first  # every token id of every sample
     for group in first:  # the four samples of a prompt are four different responses
