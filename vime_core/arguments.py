@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import importlib.util
+import logging
 import sys
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,12 @@ import yaml
 from vime_core.algorithms.options import check_algorithm_args
 from vime_core.passthrough import PassthroughError, split_passthrough
 from vime_core.placement import PlacementError, ResourceFlags, check_resource_flags
+from vime_core.rollout.overlong import add_arguments as add_overlong_arguments
+from vime_core.rollout.overlong import check_overlong_args
+from vime_core.trainer.lr_schedule import add_arguments as add_lr_schedule_arguments
+from vime_core.trainer.lr_schedule import check_lr_schedule_args
+
+logger = logging.getLogger("vime.arguments")
 
 # vLLM flags that vime sets itself, and the vime flag that controls each.
 VIME_OWNED_VLLM_FLAGS = {
@@ -150,6 +157,13 @@ def build_parser(add_plugin_arguments: bool = True) -> argparse.ArgumentParser:
         "(at most (--max-staleness + 1) × --rollout-batch-size groups admitted ahead of the trainer's weight "
         "version); default: no limit besides that bound",
     )
+    g.add_argument(
+        "--allow-off-policy-without-correction",
+        action="store_true",
+        help="let --loop one-step-off / fully-async train without --use-tis, --use-mis or --use-rollout-logprobs "
+        "(refused by default: the PPO ratio is then anchored to the trainer's current policy instead of the policy "
+        "that generated the tokens); a warning is logged at startup. Default: off",
+    )
 
     g = p.add_argument_group("sampling")
     g.add_argument("--rollout-temperature", type=float, default=1.0, help="sampling temperature of training rollouts")
@@ -249,7 +263,8 @@ def build_parser(add_plugin_arguments: bool = True) -> argparse.ArgumentParser:
     )
 
     g = p.add_argument_group("training")
-    g.add_argument("--lr", type=float, default=1e-6, help="policy learning rate (AdamW; constant)")
+    g.add_argument("--lr", type=float, default=1e-6, help="peak policy learning rate (AdamW); see --lr-decay-style")
+    add_lr_schedule_arguments(g)
     g.add_argument("--adam-beta1", type=float, default=0.9, help="Adam beta1")
     g.add_argument("--adam-beta2", type=float, default=0.98, help="Adam beta2")
     g.add_argument("--adam-eps", type=float, default=1e-8, help="Adam epsilon")
@@ -298,6 +313,13 @@ def build_parser(add_plugin_arguments: bool = True) -> argparse.ArgumentParser:
         help="ppo critic: HF dir or known name, or a saved critic dir (default: --model + a new value head)",
     )
     g.add_argument("--critic-lr", type=float, default=None, help="ppo critic learning rate (default: --lr)")
+    g.add_argument(
+        "--critic-lr-warmup-iters",
+        type=int,
+        default=0,
+        help="ppo critic: optimizer steps of linear learning-rate warm-up from --lr-warmup-init to --critic-lr "
+        "(slime's flag); --lr-decay-style, --lr-decay-iters and --min-lr apply to the critic too. Default: 0 (none)",
+    )
     g.add_argument("--num-critic-only-steps", type=int, default=0, help="ppo: train only the critic first N steps")
     g.add_argument(
         "--distill-teacher",
@@ -343,6 +365,7 @@ def build_parser(add_plugin_arguments: bool = True) -> argparse.ArgumentParser:
         default=8,
         help="refill chunks per step before training on the groups that passed",
     )
+    add_overlong_arguments(g)
     g.add_argument(
         "--partial-rollout",
         action="store_true",
@@ -647,6 +670,7 @@ def _check(args: argparse.Namespace) -> None:
     if args.rm_max_retries < 0:
         raise ArgumentError(f"--rm-max-retries must be >= 0, got {args.rm_max_retries}")
     _check_sandbox_outlives_agent(args)
+    check_off_policy_correction(args)
     if args.debug_rollout_only and args.debug_train_only:
         raise ArgumentError("--debug-rollout-only and --debug-train-only exclude each other")
     if not args.debug_train_only and args.prompt_data is None:
@@ -690,6 +714,8 @@ def _check(args: argparse.Namespace) -> None:
         args.update_weight_disk_dir = args.output_dir / "weights"
     try:
         check_algorithm_args(args)
+        check_overlong_args(args)
+        check_lr_schedule_args(args)
     except ValueError as e:
         raise ArgumentError(str(e)) from None
 
@@ -710,6 +736,38 @@ def _check_sandbox_outlives_agent(args: argparse.Namespace) -> None:
             f"episode would fail. Give the sandbox headroom, e.g. --sandbox-wall-time {agent_s + 300:g} (or lower "
             "--agent-wall-time, or --sandbox-wall-time 0 for no limit)"
         )
+
+
+OFF_POLICY_LOOPS = ("one-step-off", "fully-async")
+OFF_POLICY_CORRECTIONS = ("--use-tis", "--use-mis", "--use-rollout-logprobs")
+
+
+def check_off_policy_correction(args: argparse.Namespace) -> None:
+    """Refuse an off-policy loop (``--loop one-step-off`` / ``fully-async``) without a correction for the policy
+    that generated the tokens: ``--use-tis`` or ``--use-mis`` (importance weights against the engine's log-probs)
+    or ``--use-rollout-logprobs`` (the engine's log-probs as the PPO ratio's old policy). Without one, the trainer
+    anchors the ratio to its own current policy, one or more versions newer than the sampling policy.
+
+    ``--allow-off-policy-without-correction`` lets the run start anyway, with a warning.
+
+    :raises ArgumentError: naming the loop and the three flags.
+    """
+    loop = getattr(args, "loop", "sync")
+    if loop not in OFF_POLICY_LOOPS or any(
+        getattr(args, f[2:].replace("-", "_"), False) for f in OFF_POLICY_CORRECTIONS
+    ):
+        return
+    what = (
+        f"--loop {loop} trains on tokens generated by an older policy, but none of "
+        f"{', '.join(OFF_POLICY_CORRECTIONS)} is set, so the PPO ratio would be anchored to the trainer's current "
+        "policy instead of the policy that generated the tokens"
+    )
+    if not getattr(args, "allow_off_policy_without_correction", False):
+        raise ArgumentError(
+            f"{what}. Add --use-tis (truncated importance sampling, the usual choice), --use-mis or "
+            "--use-rollout-logprobs, or pass --allow-off-policy-without-correction to train uncorrected."
+        )
+    logger.warning("WARNING: %s (--allow-off-policy-without-correction). The updates are biased.", what)
 
 
 def parse_cpu_list(spec: str) -> set[int]:

@@ -23,7 +23,7 @@ class Status(str, enum.Enum):
 
     PENDING = "pending"
     COMPLETED = "completed"  # the engine stopped on EOS / a stop string
-    TRUNCATED = "truncated"  # hit the token budget; still trained (flagged)
+    TRUNCATED = "truncated"  # hit the token budget; still trained (flagged), unless --overlong-filter masks it
     ABORTED = "aborted"  # generation cancelled (weight update, over-sampling); may be resumed later
     FAILED = "failed"  # infrastructure failure (engine, sandbox, reward service); excluded from the loss
 

@@ -31,7 +31,7 @@ def _args(tiny_model_dir, tmp_path, **flags):
     data = tmp_path / "unused.jsonl"
     data.write_text('{"prompt": "p", "label": "x"}\n')
     argv = ["--model", str(tiny_model_dir), "--prompt-data", str(data), "--output-dir", str(tmp_path / "out")]
-    argv += ["--loop", "fully-async", "--rollout-batch-size", "4", "--n-samples-per-prompt", "1"]
+    argv += ["--loop", "fully-async", "--use-tis", "--rollout-batch-size", "4", "--n-samples-per-prompt", "1"]
     argv += ["--max-staleness", "1", "--train-dtype", "float32", "--micro-batch-size", "4"]
     argv += ["--save-debug-rollout-data", str(tmp_path / "debug" / "rollout_{rollout_id}.pt")]
     for k, v in flags.items():

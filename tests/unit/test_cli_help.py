@@ -27,13 +27,14 @@ def test_flags_without_help_finds_a_missing_one():
     assert flags_without_help(p) == ["--bare", "--blank"]
 
 
-def test_help_shows_defaults(capsys):
+def test_help_shows_defaults(capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "1000")  # no wrapping inside a hyphenated flag name
     with pytest.raises(SystemExit) as e:
         build_parser().parse_args(["--help"])
     assert e.value.code == 0
     out = " ".join(capsys.readouterr().out.split())  # argparse wraps at the terminal width
     assert "--seed SEED seed of data shuffling, the trainer and the engines (vLLM --seed) (default: 1234)" in out
-    assert "--lr LR policy learning rate (AdamW; constant) (default: 1e-06)" in out
+    assert "--lr LR peak policy learning rate (AdamW); see --lr-decay-style (default: 1e-06)" in out
     # a help that already states its default is not given a second one
     assert "W&B group that gathers related runs (default: none) --wandb-run-name" in out
 
@@ -104,7 +105,7 @@ def test_config_error_through_the_cli(cfg, capsys):
 def test_valid_config_values_still_parse(cfg):
     args = parse_run_args(
         ["--config", str(cfg("rollout_stop_token_ids: [1, 2]\nuse_tis: false\nloop: one-step-off\nlr: 2.0e-6\n"
-                             "vllm-max-model-len: 256\nsave_hf: false\n"))]
+                             "vllm-max-model-len: 256\nsave_hf: false\nuse_rollout_logprobs: true\n"))]
     )  # fmt: skip
     assert (args.rollout_stop_token_ids, args.use_tis, args.loop, args.lr) == ([1, 2], False, "one-step-off", 2e-6)
     assert args.save_hf is False and args.vllm_args == ["--max-model-len", "256"]

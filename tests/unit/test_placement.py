@@ -202,5 +202,5 @@ def test_flag_checks_run_while_parsing_and_derive_the_engine_count():
 
 def test_colocate_needs_the_sync_loop():
     with pytest.raises(ArgumentError) as e:
-        parse_run_args(BASE + ["--actor-num-gpus-per-node", "1", "--colocate", "--loop", "one-step-off"])
+        parse_run_args(BASE + ["--actor-num-gpus-per-node", "1", "--colocate", "--loop", "one-step-off", "--use-tis"])
     assert str(e.value) == "--colocate needs --loop sync: with --loop one-step-off generation overlaps training"

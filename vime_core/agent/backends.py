@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -43,22 +43,38 @@ class RouterBackend:
     :param timeout_s: per-request timeout (seconds); keep it above the longest weight update (requests block while
         engines are paused).
     :param api: see :class:`RouterClient`.
+    :param eos_token_ids: see :class:`RouterClient`.
     """
 
-    def __init__(self, base_url: str, model: str, *, timeout_s: float | None = 600.0, api: str = "auto") -> None:
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        *,
+        timeout_s: float | None = 600.0,
+        api: str = "auto",
+        eos_token_ids: Iterable[int] = (),
+    ) -> None:
         self.base_url, self.model, self.timeout_s, self.api = base_url, model, timeout_s, api
+        self.eos_token_ids = tuple(eos_token_ids)
         self._clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, RouterClient] = weakref.WeakKeyDictionary()
 
     @classmethod
     def from_client(cls, client: RouterClient) -> RouterBackend:
         """A backend with the same router, model and API as ``client`` (which it does not use itself)."""
-        return cls(client.base_url, client.model, api=client.api)
+        return cls(client.base_url, client.model, api=client.api, eos_token_ids=client.eos_token_ids)
 
     def _client(self) -> RouterClient:
         loop = asyncio.get_running_loop()
         c = self._clients.get(loop)
         if c is None:
-            c = self._clients[loop] = RouterClient(self.base_url, self.model, self.timeout_s, api=self.api)  # type: ignore[arg-type]
+            c = self._clients[loop] = RouterClient(
+                self.base_url,
+                self.model,
+                self.timeout_s,
+                api=self.api,  # type: ignore[arg-type]
+                eos_token_ids=self.eos_token_ids,
+            )
         return c
 
     async def generate(

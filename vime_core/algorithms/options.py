@@ -26,6 +26,7 @@ DEFAULTS: dict[str, Any] = {
     # PPO critic (--advantage-estimator ppo)
     "critic_load": None,
     "critic_lr": None,
+    "critic_lr_warmup_iters": 0,
     "num_critic_only_steps": 0,
     # on-policy distillation
     "distill_teacher": None,
@@ -115,8 +116,9 @@ def check_algorithm_args(args: argparse.Namespace) -> None:
         for name in ("critic_load", "critic_lr"):
             if opt(args, name) is not None:
                 raise ValueError(f"--{name.replace('_', '-')} has no effect without --advantage-estimator ppo")
-        if opt(args, "num_critic_only_steps"):
-            raise ValueError("--num-critic-only-steps has no effect without --advantage-estimator ppo")
+        for name in ("num_critic_only_steps", "critic_lr_warmup_iters"):
+            if opt(args, name):
+                raise ValueError(f"--{name.replace('_', '-')} has no effect without --advantage-estimator ppo")
     if opt(args, "num_critic_only_steps") < 0:
         raise ValueError(f"--num-critic-only-steps must be >= 0, got {opt(args, 'num_critic_only_steps')}")
     critic_lr = opt(args, "critic_lr")

@@ -14,7 +14,9 @@ from __future__ import annotations
 import json
 import logging
 import uuid
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal
 
 import httpx
@@ -41,7 +43,8 @@ class GenerateOutput:
     :ivar token_ids: generated token ids as the engine produced them (never re-tokenised text).
     :ivar log_probs: log-prob of each sampled token (same length as ``token_ids``, all ≤ 0).
     :ivar finish_reason: ``"stop"`` (EOS, stop token or stop string), ``"length"`` (``max_tokens`` or context full)
-        or ``"abort"`` (aborted, e.g. by a pause with ``mode=abort``, or an unknown reason).
+        or ``"abort"`` (aborted, e.g. by a pause with ``mode=abort``); an answer without a reason gets one derived
+        from its ids (:func:`normalize_finish_reason`).
     :ivar text: detokenized text (special tokens skipped, stop string excluded).
     :ivar weight_versions: weight version of the engine that produced each token (``/inference/v1/generate`` only;
         ``None`` on the completions path).
@@ -54,13 +57,50 @@ class GenerateOutput:
     weight_versions: list[str] | None = None
 
 
-def normalize_finish_reason(reason: str | None) -> FinishReason:
-    """Map vLLM's finish reasons onto ``"stop" | "length" | "abort"`` (anything unknown is ``"abort"``)."""
-    if reason in ("stop", "length"):
+def normalize_finish_reason(
+    reason: str | None,
+    token_ids: Sequence[int] = (),
+    *,
+    max_tokens: int | None = None,
+    end_token_ids: Collection[int] = (),
+) -> FinishReason:
+    """Map an engine's finish reason onto ``"stop" | "length" | "abort"``.
+
+    ``"stop"``, ``"length"`` and ``"abort"`` are taken as given. Without a reason (``None``) or with one vime does not
+    know (e.g. vLLM's ``"error"`` or ``"repetition"``) the reason is derived from the generated ids:
+
+    * the last id is one of ``end_token_ids`` (EOS or a stop token) → ``"stop"``;
+    * else ``len(token_ids) >= max_tokens`` (the token budget is spent) → ``"length"``;
+    * else ``"abort"`` (not trained; only an answer that is neither finished nor cut by the budget is one).
+
+    :param reason: the engine's ``finish_reason``.
+    :param token_ids: the generated ids.
+    :param max_tokens: the request's token budget (``None``: unknown, no ``"length"`` derivation).
+    :param end_token_ids: ids that end a response: the model's EOS ids and the request's ``stop_token_ids``.
+    """
+    if reason in ("stop", "length", "abort"):
         return reason  # type: ignore[return-value]
-    if reason not in ("abort", None):
-        logger.debug("finish_reason %r mapped to 'abort'", reason)
-    return "abort"
+    if token_ids and token_ids[-1] in end_token_ids:
+        derived: FinishReason = "stop"
+    elif max_tokens is not None and token_ids and len(token_ids) >= max_tokens:
+        derived = "length"
+    else:
+        derived = "abort"
+    logger.debug("finish_reason %r derived as %r from %d ids", reason, derived, len(token_ids))
+    return derived
+
+
+def eos_token_ids(tokenizer: Any, model_dir: str | Path | None = None) -> list[int]:
+    """The ids vLLM stops on unless ``ignore_eos``: the tokenizer's ``eos_token_id`` and the ``eos_token_id`` (an int
+    or a list) of ``model_dir/generation_config.json`` when it exists. Sorted, without duplicates."""
+    ids: set[int] = set()
+    if getattr(tokenizer, "eos_token_id", None) is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    gen = Path(model_dir) / "generation_config.json" if model_dir is not None else None
+    if gen is not None and gen.is_file():
+        value = json.loads(gen.read_text()).get("eos_token_id")
+        ids.update(int(v) for v in (value if isinstance(value, list) else [value]) if v is not None)
+    return sorted(ids)
 
 
 def _expand_versions(spans: list[dict[str, Any]] | None, n: int) -> list[str] | None:
@@ -93,6 +133,8 @@ class RouterClient:
         Needed for partial rollout: vLLM answers an aborted *non-streaming* request with no tokens at all, while a
         stream has delivered every token (with its log-prob) before the final ``finish_reason: "abort"`` chunk,
         which also carries the weight-version spans of all tokens.
+    :param eos_token_ids: the model's EOS ids (:func:`eos_token_ids`); with the request's ``stop_token_ids`` they
+        tell a finished answer that carries no finish reason from an aborted one.
     """
 
     def __init__(
@@ -104,6 +146,7 @@ class RouterClient:
         api: Api = "auto",
         max_connections: int = 512,
         stream: bool = False,
+        eos_token_ids: Iterable[int] = (),
     ) -> None:
         if api not in ("auto", "generate", "completions"):
             raise ValueError(f"api must be 'auto', 'generate' or 'completions', not {api!r}")
@@ -111,6 +154,7 @@ class RouterClient:
         self.model = model
         self.api: Api = api
         self.stream = stream
+        self.eos_token_ids = frozenset(int(t) for t in eos_token_ids)
         limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
         self._http = httpx.AsyncClient(base_url=self.base_url, timeout=timeout_s, limits=limits, trust_env=False)
         self._inflight: set[str] = set()  # engine-side ids of /inference/v1/generate requests not answered yet
@@ -171,9 +215,9 @@ class RouterClient:
                         choice["finish_reason"] = ch["finish_reason"]
                     if ch.get("weight_versions"):  # spans over all output tokens, sent with the final chunk
                         choice["weight_versions"] = ch["weight_versions"]
-        if choice["finish_reason"] is None:
+        if choice["finish_reason"] is None and not choice["token_ids"]:
             raise RouterClientError(f"POST {self.base_url}{path}: the stream ended without a finish reason")
-        return {"choices": [choice]}
+        return {"choices": [choice]}  # a reason missing after tokens is derived from them (normalize_finish_reason)
 
     async def generate(
         self, prompt_token_ids: list[int], sampling_params: dict[str, Any], session_id: str | None = None
@@ -216,13 +260,13 @@ class RouterClient:
             if data is not None:
                 choice = data["choices"][0]
                 lps = [float(c["logprob"]) for c in (choice.get("logprobs") or {}).get("content") or []]
-                return self._output(choice, lps, _expand_versions(choice.get("weight_versions"), len(lps)))
+                return self._output(choice, lps, _expand_versions(choice.get("weight_versions"), len(lps)), sp)
         body = {"model": self.model, "prompt": list(prompt_token_ids), "return_token_ids": True, **sp}
         data = await self._post(_COMPLETIONS, body, session_id)
         assert data is not None
         choice = data["choices"][0]
         lps = [float(x) for x in (choice.get("logprobs") or {}).get("token_logprobs") or []]
-        return self._output(choice, lps, None)
+        return self._output(choice, lps, None, sp)
 
     def inflight_request_ids(self) -> list[str]:
         """Engine-side ids of this client's ``/inference/v1/generate`` requests that have not been answered yet
@@ -252,15 +296,22 @@ class RouterClient:
                 raise RouterClientError(f"POST {url}{_ABORT} returned {resp.status_code}: {resp.text[:2000]}")
         return len(ids)
 
-    @staticmethod
-    def _output(choice: dict[str, Any], lps: list[float], versions: list[str] | None) -> GenerateOutput:
+    def _output(
+        self, choice: dict[str, Any], lps: list[float], versions: list[str] | None, sp: dict[str, Any]
+    ) -> GenerateOutput:
         token_ids = [int(t) for t in choice.get("token_ids") or []]
         if len(lps) != len(token_ids):
             raise RouterClientError(f"{len(token_ids)} token ids but {len(lps)} log-probs in {choice!r:.2000}")
+        end_ids = set(int(t) for t in sp.get("stop_token_ids") or [])
+        if not sp.get("ignore_eos"):
+            end_ids |= self.eos_token_ids
+        reason = normalize_finish_reason(
+            choice.get("finish_reason"), token_ids, max_tokens=sp.get("max_tokens"), end_token_ids=end_ids
+        )
         return GenerateOutput(
             token_ids=token_ids,
             log_probs=lps,
-            finish_reason=normalize_finish_reason(choice.get("finish_reason")),
+            finish_reason=reason,
             text=choice.get("text") or "",
             weight_versions=versions,
         )

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import copy
+import hashlib
 import logging
 import statistics
 import time
@@ -23,6 +24,7 @@ from vime_core.plugins import get_plugins
 from vime_core.progress import Throttle
 from vime_core.rewards.call import call_group_reward, call_reward
 from vime_core.rollout.context import RolloutContext, set_rollout_context
+from vime_core.rollout.overlong import apply_overlong, overlong_metrics
 from vime_core.types import Sample, Status
 from vime_core.weight_sync.base import WeightUpdate
 
@@ -88,7 +90,7 @@ class RolloutManager:
             actors ``"engines"``: each one's node, Ray GPU ids, ``CUDA_VISIBLE_DEVICES`` and launch command).
         :raises RuntimeError: an engine or the router did not become ready (with its log tail).
         """
-        from vime_core.rollout.client import RouterClient
+        from vime_core.rollout.client import RouterClient, eos_token_ids
         from vime_core.rollout.engine import VLLMServer
         from vime_core.rollout.router import VLLMRouter, router_policy
 
@@ -143,7 +145,13 @@ class RolloutManager:
             router_url = self.router.url
         # partial rollout streams: an aborted non-streaming request comes back without its tokens
         stream = bool(getattr(self.args, "partial_rollout", False))
-        self.client = RouterClient(router_url, model=self.engines[0].served_model_name, timeout_s=600, stream=stream)
+        self.client = RouterClient(
+            router_url,
+            model=self.engines[0].served_model_name,
+            timeout_s=600,
+            stream=stream,
+            eos_token_ids=eos_token_ids(self.tokenizer, self.model_path),
+        )
         set_rollout_context(
             RolloutContext(client=self.client, tokenizer=self.tokenizer, weight_version=self.weight_version)
         )
@@ -219,6 +227,7 @@ class RolloutManager:
             raise RuntimeError(f"every sample of step {step} failed; first error: {failed[0].metadata.get('error')}")
         self._report_progress(self.samples_done)  # the last count, which the throttle may have held back
         metrics = rollout_metrics([s for g in groups for s in g], self.args.reward_key)
+        metrics.update(overlong_metrics(self.args, [s for g in groups for s in g]))
         metrics.update(extra)
         metrics["perf/rollout_time"] = time.perf_counter() - t0
         self.hook.vime_on_rollout_end(
@@ -255,6 +264,7 @@ class RolloutManager:
         )
         samples = [s for g in groups for s in g]
         metrics = rollout_metrics(samples, self.args.reward_key)
+        metrics.update(overlong_metrics(self.args, samples))
         metrics.update(extra)
         metrics["perf/rollout_wait_time"] = time.perf_counter() - t0
         self.hook.vime_on_rollout_end(args=self.args, step=step, samples=samples, metrics=metrics)
@@ -371,10 +381,15 @@ async def _run_groups(
     group_reward_fn = getattr(self, "group_reward_fn", None)
     fanned: dict[int, list[Sample]] = {}  # id(sample) -> the segments a fan-out generate function returned
 
+    seed = getattr(self.args, "seed", None)
+
     async def one(sample: Sample) -> list[Sample] | None:
         """Generate (and, without a group reward, score) one sample; its output samples, or None if skipped."""
         if not needs_generation(sample):  # finished in an earlier step (a group returned by partial rollout)
             return None
+        sample_params = dict(params)
+        if seed is not None:  # reproducible sampling: one engine seed per sample, distinct within the group
+            sample_params["seed"] = sample_seed(seed, step, sample.group_index, sample.index)
         outs = [sample]
         async with sem:
             if self.aborting:  # the batch filled while this sample waited: never sent
@@ -384,7 +399,7 @@ async def _run_groups(
                 prepare_resume(sample, self.weight_version, mask_offpolicy)
             stage = "generate"
             try:
-                out = await self.generate_fn(self.args, sample, dict(params))
+                out = await self.generate_fn(self.args, sample, sample_params)
                 if isinstance(out, list):  # fan-out: segments of one rollout, scored once, same reward on each
                     if not out:
                         raise ValueError("the generate function returned an empty list of samples")
@@ -399,7 +414,9 @@ async def _run_groups(
                 scored = [s for s in outs if s.status in (Status.COMPLETED, Status.TRUNCATED)]
                 if scored and group_reward_fn is None:
                     stage = "reward"
-                    _set_reward(outs, await call_reward(self.reward_fn, self.args, scored[0], reward_timeout))
+                    _set_reward(
+                        self.args, outs, await call_reward(self.reward_fn, self.args, scored[0], reward_timeout)
+                    )
                     stage = "teacher"
                     if self.teacher is not None:  # on-policy distillation: the teacher scores the sampled tokens
                         await self.teacher.score(scored)
@@ -435,13 +452,15 @@ async def _run_groups(
             g[:] = [x for s in g for x in fanned.get(id(s), [s])]
 
 
-def _set_reward(outs: list[Sample], reward: float | dict[str, float]) -> None:
+def _set_reward(args: argparse.Namespace, outs: list[Sample], reward: float | dict[str, float]) -> None:
     """Give every scorable sample of one rollout (``outs``: the sample, or its fan-out segments) the reward, and the
-    first one's metadata keys the others lack."""
+    first one's metadata keys the others lack; then DAPO's overlong filter / soft punishment when enabled
+    (:func:`vime_core.rollout.overlong.apply_overlong`)."""
     scored = [s for s in outs if s.status in (Status.COMPLETED, Status.TRUNCATED)]
     for s in scored:
         s.reward = copy.deepcopy(reward)
         s.metadata.update({k: v for k, v in scored[0].metadata.items() if k not in s.metadata})
+        apply_overlong(args, s)
 
 
 async def _score_group(self: RolloutManager, fn: Any, group: list[Sample], rollouts: list[list[Sample]]) -> None:
@@ -467,7 +486,7 @@ async def _score_group(self: RolloutManager, fn: Any, group: list[Sample], rollo
             for s in outs:
                 mark_failed(s, cause, reward)
         else:
-            _set_reward(outs, reward)
+            _set_reward(self.args, outs, reward)
     if self.teacher is not None:
         scored = [s for outs in todo for s in outs if s.status in (Status.COMPLETED, Status.TRUNCATED)]
         try:
@@ -476,6 +495,24 @@ async def _score_group(self: RolloutManager, fn: Any, group: list[Sample], rollo
             cause = classify_failure(e, "teacher")
             for s in scored:
                 mark_failed(s, cause, e)
+
+
+def sample_seed(seed: int, step: int, group_index: int, sample_index: int) -> int:
+    """The engine sampling seed of one sample (vLLM's per-request ``seed``), so that a run's sampling is reproducible
+    from ``--seed`` while the samples of a group (same prompt, different ``sample_index``) differ.
+
+    The first 8 bytes of BLAKE2b over ``"vime-rollout-seed:{seed}:{step}:{group_index}:{sample_index}"`` as a
+    little-endian integer, top bit cleared (a non-negative int64, what vLLM and ``torch.Generator`` accept).
+
+    :param seed: ``--seed``.
+    :param step: the rollout step generating the sample (``-1`` in ``--loop fully-async``'s producer); a sample
+        resumed by partial rollout in a later step gets a new seed.
+    :param group_index: the group's run-wide index (:class:`~vime_core.data.source.DataSource` numbers groups).
+    :param sample_index: the sample's index in its group.
+    :return: an int in ``[0, 2**63)``.
+    """
+    key = f"vime-rollout-seed:{seed}:{step}:{group_index}:{sample_index}".encode()
+    return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little") & (2**63 - 1)
 
 
 def _engine_cpu_bind(args: argparse.Namespace, index: int) -> str | None:

@@ -18,12 +18,14 @@ import logging
 import math
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors.torch import load_file, save_file
 
 from vime_core.algorithms.gae import value_loss
 from vime_core.algorithms.options import opt
+from vime_core.trainer.lr_schedule import critic_lr_schedule, set_lr
 from vime_core.types import Sample
 
 logger = logging.getLogger("vime.trainer")
@@ -142,11 +144,16 @@ class CriticBase:
     (:func:`vime_core.algorithms.gae.value_loss`). A backend supplies :meth:`response_values`, :meth:`zero_grad` and
     :meth:`optimizer_step` (the torch backend: :class:`Critic`; megatron: ``vime_core.trainer.megatron_critic``).
 
-    Attributes: ``args`` (``vime run`` arguments), ``lr`` (``--critic-lr``, default ``--lr``).
+    Attributes: ``args`` (``vime run`` arguments), ``optimizer`` (torch or Megatron; its learning rate is set before
+    every step from :func:`~vime_core.trainer.lr_schedule.critic_lr_schedule`), ``steps_done`` (optimizer steps
+    taken; saved with the trainer's checkpoint), ``lr`` (the learning rate of the last step, or of the next one
+    before any step).
     """
 
     args: argparse.Namespace
+    optimizer: Any
     lr: float
+    steps_done: int = 0
 
     def response_values(self, samples: list[Sample]) -> list[torch.Tensor]:
         """One micro-batch forward: per sample the ``[response_length]`` float32 values ``V_t`` (graph attached)."""
@@ -216,7 +223,10 @@ class CriticBase:
             for k, v in out.metrics.items():
                 sums[k] = sums.get(k, 0.0) + float(v) * count
             counted += count
+        self.lr = critic_lr_schedule(self.args).lr_at(self.steps_done)
+        set_lr(self.optimizer, self.lr)
         grad_norm = self.optimizer_step()
+        self.steps_done += 1
         metrics = {k: v / max(counted, 1) for k, v in sums.items()}
         metrics["critic_grad_norm"] = grad_norm
         return metrics
@@ -224,7 +234,8 @@ class CriticBase:
 
 class Critic(CriticBase):
     """The torch backend's value model (:class:`ValueModel`) with its AdamW optimizer (``--critic-lr``, default
-    ``--lr``; the other optimizer flags are the policy's), on the trainer's device and dtype.
+    ``--lr``, on :func:`~vime_core.trainer.lr_schedule.critic_lr_schedule`; the other optimizer flags are the
+    policy's), on the trainer's device and dtype.
 
     :param args: ``vime run`` arguments (``--critic-load``, ``--critic-lr``, ``--value-clip``, optimizer flags).
     :param model_path: the policy's initial HF directory (the backbone when ``--critic-load`` is not given).
@@ -238,7 +249,7 @@ class Critic(CriticBase):
         self.model.train()
         if getattr(args, "gradient_checkpointing", False):
             self.model.backbone.gradient_checkpointing_enable()
-        self.lr = opt(args, "critic_lr") or args.lr
+        self.lr = critic_lr_schedule(args).lr_at(0)
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(),
             lr=self.lr,

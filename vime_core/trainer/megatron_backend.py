@@ -34,6 +34,7 @@ from typing import Any
 import torch
 
 from vime_core.trainer.base import TrainerBackend
+from vime_core.trainer.lr_schedule import policy_lr_schedule, set_lr
 from vime_core.trainer.megatron_convert import (
     ArchConfig,
     hf_to_megatron,
@@ -265,7 +266,7 @@ class MegatronTrainer(TrainerBackend):
         self.gpt = gpt
         self.load_hf_weights(model_path)
         self.module = Float16Module(self.config, gpt)
-        self.ddp, self.optimizer = self.wrap_for_training(self.module, args.lr)
+        self.ddp, self.optimizer = self.wrap_for_training(self.module, policy_lr_schedule(args).max_lr)
         self.steps_done = 0
         self.model = _HFStyleForward(self)  # the contract kit's view: model(input_ids=...).logits
         self.ref_model = MegatronReferenceModel(self) if kl_enabled(args) else None
@@ -300,7 +301,10 @@ class MegatronTrainer(TrainerBackend):
     def wrap_for_training(self, module: Any, lr: float) -> tuple[Any, Any]:
         """Megatron DDP (fp32 gradient reduction) and Megatron's (distributed) Adam for a ``Float16Module``.
 
-        :return: ``(ddp, optimizer)``; the learning rate is constant (no scheduler).
+        :param lr: the peak learning rate (Megatron's ``OptimizerConfig.lr``); the learning rate of each optimizer
+            step is set before it from the shared schedule (:mod:`vime_core.trainer.lr_schedule`, Megatron's
+            formulas) by :func:`~vime_core.trainer.rl_step.rl_train_step` and the critic.
+        :return: ``(ddp, optimizer)``.
         """
         from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
         from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
@@ -324,8 +328,7 @@ class MegatronTrainer(TrainerBackend):
             use_distributed_optimizer=use_dist_opt,
         )
         optimizer = get_megatron_optimizer(opt_config, [ddp])
-        for group in optimizer.param_groups:  # constant lr (no scheduler)
-            group["lr"] = lr
+        set_lr(optimizer, lr)
         return ddp, optimizer
 
     # -- weights -----------------------------------------------------------------------------------------------------
@@ -506,10 +509,14 @@ class MegatronTrainer(TrainerBackend):
             from safetensors.torch import save_file
 
             save_file(tensors, str(path / "model.safetensors"))
-            torch.save(
-                {"steps_done": self.steps_done, "rng": torch.get_rng_state(), "cuda_rng": torch.cuda.get_rng_state()},
-                path / "trainer_state.pt",
-            )
+            state = {
+                "steps_done": self.steps_done,
+                "rng": torch.get_rng_state(),
+                "cuda_rng": torch.cuda.get_rng_state(),
+            }
+            if self.critic is not None:
+                state["critic_steps_done"] = self.critic.steps_done  # its learning-rate schedule's position
+            torch.save(state, path / "trainer_state.pt")
         if self.steps_done:
             save_optimizer(self.optimizer, path, self.rank)
         if self.critic is not None:
@@ -531,6 +538,8 @@ class MegatronTrainer(TrainerBackend):
             self.critic.load(path / "critic")
         ts = torch.load(path / "trainer_state.pt", weights_only=False)
         self.steps_done = ts["steps_done"]
+        if self.critic is not None:
+            self.critic.steps_done = ts.get("critic_steps_done", self.steps_done)  # older checkpoints: the policy's
         torch.set_rng_state(ts["rng"])
         torch.cuda.set_rng_state(ts["cuda_rng"])
 

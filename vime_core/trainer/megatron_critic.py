@@ -1,6 +1,7 @@
 """The PPO critic of the ``megatron`` backend: a megatron-core ``GPTModel`` of the policy's architecture whose
 output layer is a value head ``hidden → 1`` (slime's approach: the LM head replaced by a one-column linear layer),
-with its own Megatron DDP and distributed optimizer (``--critic-lr``, default ``--lr``).
+with its own Megatron DDP and distributed optimizer (``--critic-lr``, default ``--lr``, on the shared schedule of
+:func:`vime_core.trainer.lr_schedule.critic_lr_schedule`).
 
 Everything else is shared with the torch backend's critic (:class:`vime_core.trainer.critic.CriticBase`): the
 no-grad value pass, the clipped value loss (:func:`vime_core.algorithms.gae.value_loss`) and its aggregation; GAE
@@ -26,6 +27,7 @@ from safetensors.torch import load_file, save_file
 
 from vime_core.algorithms.options import opt
 from vime_core.trainer.critic import VALUE_HEAD_FILE, CriticBase, resolve_critic_path
+from vime_core.trainer.lr_schedule import critic_lr_schedule
 from vime_core.types import Sample
 
 if TYPE_CHECKING:
@@ -89,8 +91,9 @@ class MegatronCritic(CriticBase):
         self.gpt = gpt
         self._load_weights(path, fresh_head=True)
         self.module = Float16Module(trainer.config, gpt)
-        self.lr = opt(self.args, "critic_lr") or self.args.lr
-        self.ddp, self.optimizer = trainer.wrap_for_training(self.module, self.lr)
+        schedule = critic_lr_schedule(self.args)
+        self.lr = schedule.lr_at(0)
+        self.ddp, self.optimizer = trainer.wrap_for_training(self.module, schedule.max_lr)
 
     @torch.no_grad()
     def _load_weights(self, path: Path, fresh_head: bool) -> None:

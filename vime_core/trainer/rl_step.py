@@ -9,8 +9,10 @@ Order of one step (slime's ``train_actor`` order; the formulas are :mod:`vime_co
    :func:`~vime_core.algorithms.batch.gae_advantages` with the critic;
 3. per mini-batch of ``--global-batch-size`` samples: the critic's value-loss step (``ppo``), then the policy's
    forward/backward over micro-batches with :func:`~vime_core.algorithms.policy_loss.policy_loss` and one optimizer
-   step; the drift budget (:func:`~vime_core.algorithms.mismatch.check_logprob_drift`) is checked before the first
-   optimizer step. While ``batch.step < --num-critic-only-steps`` only the critic is updated.
+   step at the learning rate of :func:`~vime_core.trainer.lr_schedule.policy_lr_schedule` for the optimizer steps
+   taken so far (``steps_done``; the critic's from its own count); the drift budget
+   (:func:`~vime_core.algorithms.mismatch.check_logprob_drift`) is checked before the first optimizer step. While
+   ``batch.step < --num-critic-only-steps`` only the critic is updated.
 
 A backend implements :class:`PolicyOps` (the torch backend: an HF model on CPU/GPU; the megatron backend: a
 megatron-core ``GPTModel`` with tensor/data parallelism), a reference model with ``log_probs(samples,
@@ -22,7 +24,7 @@ from __future__ import annotations
 import argparse
 import time
 from collections.abc import Iterator
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 
@@ -32,6 +34,7 @@ from vime_core.algorithms.mismatch import check_logprob_drift
 from vime_core.algorithms.options import opt
 from vime_core.algorithms.policy_loss import policy_loss, policy_loss_kwargs
 from vime_core.trainer.critic import CriticBase
+from vime_core.trainer.lr_schedule import policy_lr_schedule, set_lr
 from vime_core.types import RolloutBatch, Sample
 
 
@@ -47,6 +50,7 @@ class PolicyOps(Protocol):
 
     args: argparse.Namespace
     steps_done: int
+    optimizer: Any  # a torch or Megatron optimizer; its param groups' "lr" is set before every step
     ref_model: ReferenceOps | None
     critic: CriticBase | None
     loss_device: torch.device
@@ -111,6 +115,8 @@ def rl_train_step(backend: PolicyOps, batch: RolloutBatch) -> dict[str, float]:
     minibatches = [samples[i : i + gbs] for i in range(0, len(samples), gbs)]
     kl_coef = opt(args, "kl_coef")
     critic = backend.critic
+    lr_schedule = policy_lr_schedule(args)
+    lr_used: list[float] = []
 
     # trainer-side behaviour-policy log-probs, before any update (else filled by the first, only, mini-batch)
     old_of = old_log_probs(backend, samples) if len(minibatches) > 1 or kl_coef != 0.0 else {}
@@ -190,6 +196,8 @@ def rl_train_step(backend: PolicyOps, batch: RolloutBatch) -> dict[str, float]:
                 opt(args, "max_train_rollout_logprob_diff"),
                 step=backend.steps_done,
             )
+        lr_used.append(lr_schedule.lr_at(backend.steps_done))
+        set_lr(backend.optimizer, lr_used[-1])
         grad_norms.append(backend.optimizer_step())
         backend.steps_done += 1
     metrics = {f"train/{k}": v / max(weight_total, 1.0) for k, v in sums.items()}
@@ -198,7 +206,8 @@ def rl_train_step(backend: PolicyOps, batch: RolloutBatch) -> dict[str, float]:
         metrics["train/train_rollout_logprob_abs_diff"] = drift
     if grad_norms:
         metrics["train/grad_norm"] = sum(grad_norms) / len(grad_norms)
-    metrics["train/lr"] = args.lr
+    # the learning rate of the step's last policy update (of the next one when the critic alone trained)
+    metrics["train/lr"] = lr_used[-1] if lr_used else lr_schedule.lr_at(backend.steps_done)
     if critic is not None:
         metrics.update({f"train/{k}": v for k, v in critic_sums.items()})
         metrics["train/critic_lr"] = critic.lr

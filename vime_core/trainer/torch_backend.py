@@ -195,15 +195,19 @@ class TorchTrainer(TrainerBackend):
             (path / "generation_config.json").write_bytes(gen.read_bytes())
 
     def save_checkpoint(self, path: Path) -> None:
-        """Weights as safetensors (HF names) plus ``optimizer.pt`` and ``trainer_state.pt``; with ``ppo`` the critic
-        (weights and optimizer) under ``critic/`` (:meth:`~vime_core.trainer.critic.Critic.save`)."""
+        """Weights as safetensors (HF names) plus ``optimizer.pt`` and ``trainer_state.pt`` (optimizer-step counts,
+        which place the learning-rate schedules, and the RNG state); with ``ppo`` the critic (weights and optimizer)
+        under ``critic/`` (:meth:`~vime_core.trainer.critic.Critic.save`)."""
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
         save_file(dict(self.named_hf_tensors()), str(path / "model.safetensors"))
         torch.save(self.optimizer.state_dict(), path / "optimizer.pt")
         if self.critic is not None:
             self.critic.save(path / "critic")
-        torch.save({"steps_done": self.steps_done, "rng": torch.get_rng_state()}, path / "trainer_state.pt")
+        state = {"steps_done": self.steps_done, "rng": torch.get_rng_state()}
+        if self.critic is not None:
+            state["critic_steps_done"] = self.critic.steps_done  # its learning-rate schedule's position
+        torch.save(state, path / "trainer_state.pt")
 
     def load_checkpoint(self, path: Path) -> None:
         """Restore weights, optimizer and RNG state (and the critic, with ``ppo``) written by :meth:`save_checkpoint`.
@@ -225,4 +229,6 @@ class TorchTrainer(TrainerBackend):
             self.critic.load(path / "critic")
         ts = torch.load(path / "trainer_state.pt", weights_only=False)
         self.steps_done = ts["steps_done"]
+        if self.critic is not None:
+            self.critic.steps_done = ts.get("critic_steps_done", self.steps_done)  # older checkpoints: the policy's
         torch.set_rng_state(ts["rng"])

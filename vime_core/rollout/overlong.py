@@ -1,0 +1,139 @@
+"""DAPO's two remedies for responses cut by the token budget (Yu et al. 2025, "DAPO: An Open-Source LLM
+Reinforcement Learning System at Scale", arXiv:2503.14476, §3.4), applied by the rollout manager to every scored
+sample of any generate function (single-turn ``default``, ``multi_turn``, plugins):
+
+* **Overlong filtering** (``--overlong-filter``): a length-truncated response (:func:`is_length_truncated`) gets
+  loss mask 0 on every token, so it is not trained and does not count in its group's advantage baseline (it is no
+  longer trainable, :meth:`~vime_core.types.Sample.is_trainable`). Its reward is still computed and logged.
+  Metric: ``rollout/overlong_filtered_frac``.
+* **Soft overlong punishment** (``--overlong-buffer-len L_cache``, ``--overlong-penalty-factor f``): with
+  ``L_max = --rollout-max-response-len`` and ``|y|`` the response length in tokens (every response token: model and
+  tool tokens, the budget ``L_max`` counts), the reward gains :func:`overlong_penalty`
+  ``min(-(|y| - (L_max - L_cache)) / L_cache · f, 0)`` — 0 up to ``L_max - L_cache`` tokens, then linear down to
+  ``-f`` at ``L_max`` (verl's DAPO reward manager, ``overlong_buffer``). Metrics: ``rollout/overlong_penalty_mean``
+  (over scored samples) and ``rollout/overlong_penalized_frac``.
+
+This module imports no torch (the argument parser imports it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from typing import Any
+
+from vime_core.types import Sample, Status
+
+DEFAULTS: dict[str, Any] = {"overlong_filter": False, "overlong_buffer_len": None, "overlong_penalty_factor": 1.0}
+# multi_turn's stop reasons for a truncation that is not the token budget's (the turn cap)
+NOT_LENGTH_STOP_REASONS = frozenset({"max_turns"})
+
+
+def _opt(args: argparse.Namespace, name: str) -> Any:
+    return getattr(args, name, DEFAULTS[name])
+
+
+def add_arguments(group: argparse._ArgumentGroup) -> None:
+    """``--overlong-filter``, ``--overlong-buffer-len``, ``--overlong-penalty-factor``."""
+    group.add_argument(
+        "--overlong-filter",
+        action="store_true",
+        help="DAPO overlong filtering: a response cut by the token budget (--rollout-max-response-len, "
+        "--rollout-max-context-len; multi_turn: the response budget, not --multi-turn-max-turns) gets loss mask 0 "
+        "and is left out of its group's advantage; counted in rollout/overlong_filtered_frac. Default: off",
+    )
+    group.add_argument(
+        "--overlong-buffer-len",
+        type=int,
+        default=None,
+        help="DAPO soft overlong punishment: the last N tokens (L_cache) of --rollout-max-response-len (L_max) "
+        "where the reward gains min(-(len - (L_max - L_cache)) / L_cache × --overlong-penalty-factor, 0) "
+        "(len: response tokens). Default: none (no penalty); 0 < N <= --rollout-max-response-len",
+    )
+    group.add_argument(
+        "--overlong-penalty-factor",
+        type=float,
+        default=DEFAULTS["overlong_penalty_factor"],
+        help="with --overlong-buffer-len: the penalty at a response of --rollout-max-response-len tokens is "
+        "-factor (reward units; default 1.0)",
+    )
+
+
+def check_overlong_args(args: argparse.Namespace) -> None:
+    """Check the overlong flags.
+
+    :raises ValueError: ``--overlong-buffer-len`` outside ``(0, --rollout-max-response-len]``, or a negative or
+        non-finite ``--overlong-penalty-factor``.
+    """
+    buffer_len = _opt(args, "overlong_buffer_len")
+    max_len = getattr(args, "rollout_max_response_len", None)
+    if buffer_len is not None and not (0 < buffer_len and (max_len is None or buffer_len <= max_len)):
+        raise ValueError(
+            f"--overlong-buffer-len must be in (0, --rollout-max-response-len {max_len}], got {buffer_len}"
+        )
+    factor = _opt(args, "overlong_penalty_factor")
+    if not (factor >= 0.0 and math.isfinite(factor)):
+        raise ValueError(f"--overlong-penalty-factor must be a finite number >= 0, got {factor}")
+
+
+def is_length_truncated(sample: Sample) -> bool:
+    """Whether the response was cut by a token budget: status ``truncated``, except multi_turn's turn cap
+    (``metadata["stop_reason"] == "max_turns"``: the last turn ended, the episode was not cut by length)."""
+    return sample.status == Status.TRUNCATED and sample.metadata.get("stop_reason") not in NOT_LENGTH_STOP_REASONS
+
+
+def overlong_penalty(length: int, max_len: int, buffer_len: int, factor: float) -> float:
+    """DAPO's soft overlong punishment ``min(-(length - (max_len - buffer_len)) / buffer_len · factor, 0)``.
+
+    :param length: response tokens.
+    :param max_len: ``L_max`` (``--rollout-max-response-len``).
+    :param buffer_len: ``L_cache`` (``--overlong-buffer-len``, > 0).
+    :param factor: the penalty at ``length == max_len`` is ``-factor``.
+    :return: a reward term ``<= 0`` (0 for ``length <= max_len - buffer_len``).
+    """
+    return min(-(length - (max_len - buffer_len)) / buffer_len * factor, 0.0)
+
+
+def apply_overlong(args: argparse.Namespace, sample: Sample) -> None:
+    """Apply ``--overlong-filter`` and the soft overlong punishment to one scored sample (status completed or
+    truncated, reward set), in place; records ``metadata["overlong_filtered"]`` and ``metadata["overlong_penalty"]``.
+
+    :raises ValueError: if the penalty is on and the reward is a dict without ``--reward-key`` (naming the flags).
+    """
+    if _opt(args, "overlong_filter") and is_length_truncated(sample):
+        sample.loss_mask = [0] * sample.response_length
+        sample.metadata["overlong_filtered"] = True
+    buffer_len = _opt(args, "overlong_buffer_len")
+    if buffer_len is None:
+        return
+    penalty = overlong_penalty(
+        sample.response_length, args.rollout_max_response_len, buffer_len, _opt(args, "overlong_penalty_factor")
+    )
+    sample.metadata["overlong_penalty"] = penalty
+    if isinstance(sample.reward, dict):
+        key = getattr(args, "reward_key", None)
+        if key is None or key not in sample.reward:
+            raise ValueError(
+                f"--overlong-buffer-len adds a penalty to the reward, but the reward is a dict {sorted(sample.reward)}"
+                " without --reward-key naming the entry to penalise"
+            )
+        sample.reward[key] = float(sample.reward[key]) + penalty
+    else:
+        sample.reward = sample.reward_value() + penalty
+
+
+def overlong_metrics(args: argparse.Namespace, samples: list[Sample]) -> dict[str, float]:
+    """``rollout/overlong_filtered_frac`` (of all samples, with ``--overlong-filter``) and
+    ``rollout/overlong_penalty_mean`` / ``rollout/overlong_penalized_frac`` (over the penalised, i.e. scored,
+    samples, with ``--overlong-buffer-len``); empty when neither is on."""
+    out: dict[str, float] = {}
+    if _opt(args, "overlong_filter"):
+        out["rollout/overlong_filtered_frac"] = sum(bool(s.metadata.get("overlong_filtered")) for s in samples) / max(
+            len(samples), 1
+        )
+    if _opt(args, "overlong_buffer_len") is not None:
+        penalties = [float(s.metadata["overlong_penalty"]) for s in samples if "overlong_penalty" in s.metadata]
+        n = max(len(penalties), 1)
+        out["rollout/overlong_penalty_mean"] = sum(penalties) / n
+        out["rollout/overlong_penalized_frac"] = sum(p < 0 for p in penalties) / n
+    return out
