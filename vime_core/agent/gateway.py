@@ -68,7 +68,7 @@ from vime_core.agent.apis import (
     responses_output,
 )
 from vime_core.agent.backends import GatewayBackend, engine_versions
-from vime_core.agent.chat import ChatMessage, ChatRenderer
+from vime_core.agent.chat import ChatMessage, ChatRenderer, ModelTurn
 from vime_core.agent.tool_parsers import ToolCall, ToolParser
 from vime_core.agent.trajectory import DEFAULT_MAX_REALIGN_TOKENS, Placement, Trajectory, TurnRecord
 from vime_core.types import Sample
@@ -108,7 +108,7 @@ class Session:
     turns: list[TurnRecord] = field(default_factory=list)
     placements: list[Placement] = field(default_factory=list)
     responses: dict[str, list[ChatMessage]] = field(default_factory=dict)
-    generated: dict[str, tuple[str, str]] = field(default_factory=dict)  # history="model": signature → (raw, eot)
+    generated: dict[str, ModelTurn] = field(default_factory=dict)  # history="model": signature → the model's output
     lock: threading.Lock = field(default_factory=threading.Lock)
     idle: threading.Condition = field(init=False)
     inflight: int = 0
@@ -336,35 +336,21 @@ class AgentGateway:
             return self.renderer.render(req.messages, tools)
         with session.lock:
             generated = dict(session.generated)
-        messages, splices = [], []
-        for m in req.messages:
-            raw = generated.get(_signature(m.content, m.tool_calls)) if m.role == "assistant" else None
-            if raw is None:
-                messages.append(m)
-                continue
-            sentinel = f"\ue000vime-turn-{len(splices)}\ue001"
-            messages.append(ChatMessage("assistant", sentinel))
-            splices.append((sentinel, *raw))
-        if not splices:
-            return self.renderer.render(messages, tools)
-        text = self.renderer.render(messages, tools)
-        for sentinel, raw, eot in splices:
-            i = text.find(sentinel)
-            if i < 0 or text.find(sentinel, i + 1) >= 0:  # the template did not render the content verbatim
-                return self.renderer.render(req.messages, tools)
-            j = i + len(sentinel)
-            if eot and text.startswith(eot, j):
-                j += len(eot)  # the raw output carries the end-of-turn token the model emitted
-            elif eot:
-                raw = raw[: -len(eot)]
-            text = text[:i] + raw + text[j:]
-        return text
+        turns: dict[int, ModelTurn] = {}
+        for i, m in enumerate(req.messages):
+            turn = generated.get(_signature(m.content, m.tool_calls)) if m.role == "assistant" else None
+            if turn is not None:
+                turns[i] = turn
+        if not turns:
+            return self.renderer.render(req.messages, tools)
+        spliced = self.renderer.render_with_turns(req.messages, tools, turns)
+        if spliced is None:  # the template did not render the content verbatim
+            return self.renderer.render(req.messages, tools)
+        return spliced.text
 
     def _remember_output(self, session: Session, content: str, calls: list[ToolCall], ids: list[int]) -> None:
         """history="model": remember the raw output behind the message the client will re-send (session locked)."""
-        raw = self.renderer.decode(ids)
-        eot = self.renderer.decode(ids[-1:]) if ids and ids[-1] in self.renderer.special_ids else ""
-        session.generated[_signature(content, calls)] = (raw, eot)
+        session.generated[_signature(content, calls)] = self.renderer.model_turn(ids)
 
     def _prepare(self, session: Session, req: ChatRequest) -> tuple[Any, dict[str, Any]]:
         """Render, plan the prompt ids, choose sampling parameters (no engine call)."""
