@@ -142,9 +142,9 @@ def _int(v: Any) -> int | None:
 
 # the words each API uses for a tool result and its id (error messages name the client's own fields)
 _RESULT_TERMS = {
-    "anthropic": ("`tool_result` block", "`tool_use_id`", "`tool_use` block"),
-    "chat": ("message with role 'tool'", "'tool_call_id'", "'tool_calls' entry"),
-    "responses": ("'function_call_output' item", "'call_id'", "'function_call' item"),
+    "anthropic": ("`tool_result` block", "`tool_result` blocks", "`tool_use_id`", "`tool_use` block"),
+    "chat": ("message with role 'tool'", "messages with role 'tool'", "'tool_call_id'", "'tool_calls' entry"),
+    "responses": ("'function_call_output' item", "'function_call_output' items", "'call_id'", "'function_call' item"),
 }
 
 
@@ -163,7 +163,7 @@ def pair_tool_results(messages: list[ChatMessage], api: str, *, strict: bool = T
     :raises APIError: 400 for a result without an id (strict), with an id that matches no call of the preceding
         assistant message, answering a call twice, or not preceded by calls (strict).
     """
-    what, id_field, call_kind = _RESULT_TERMS[api]
+    what, whats, id_field, call_kind = _RESULT_TERMS[api]
     out: list[ChatMessage] = []
     i = 0
     while i < len(messages):
@@ -202,14 +202,14 @@ def pair_tool_results(messages: list[ChatMessage], api: str, *, strict: bool = T
                     )
                 free = [k for k in range(len(calls)) if k not in taken]
                 if not free:
-                    raise APIError(400, "invalid_request_error", f"more {what}s than calls ({len(calls)})")
+                    raise APIError(400, "invalid_request_error", f"more {whats} than calls ({len(calls)})")
                 m.tool_call_id = calls[free[0]].id
             k = index.get(m.tool_call_id)
             if k is None:
                 raise APIError(
                     400,
                     "invalid_request_error",
-                    f"unexpected {id_field} found in {what}s: {m.tool_call_id}. Each {what} must have a "
+                    f"unexpected {id_field} found in {whats}: {m.tool_call_id}. Each {what} must have a "
                     f"corresponding {call_kind} in the previous assistant message (its ids: {known})",
                 )
             if k in taken:

@@ -412,7 +412,9 @@ class AgentGateway:
         calls: list[ToolCall] = []
         ill_formed = False
         content = visible
-        if req.tools and req.tool_choice != "none":
+        if req.tools and req.tool_choice != "none" and out.finish_reason != "length":
+            # a turn cut by the token budget is never executed: its text (a call cut in the middle included) goes
+            # back as text with stop reason max_tokens, and the turn is recorded truncated (not trained)
             parsed = self.renderer.parser.parse(visible)
             content, calls, ill_formed = parsed.content, parsed.tool_calls, parsed.ill_formed
             prefix = "toolu_" if req.api == "anthropic" else "call_"
