@@ -517,3 +517,105 @@ def test_model_history_absorbs_client_reformatting(gateway, first, resent):
     (s,) = gw.close_session("r", Sample())
     assert s.loss_mask == expected_mask(backend.calls[:2])
     check_token_exact([s], [_turn(x) for x in backend.calls])
+
+
+# -- a prompt that fills the context window ---------------------------------------------------------------------
+LONG = "Tell me about the weather. " * 20
+# Claude Code 2.1.197 (its bundled JS): `e.message.toLowerCase().includes("prompt is too long")`, then
+# /prompt is too long[^0-9]*(\d+)\s*tokens?\s*>\s*(\d+)/i for the token gap it compacts by
+CLAUDE_CODE_PROMPT_TOO_LONG = r"prompt is too long[^0-9]*(\d+)\s*tokens?\s*>\s*(\d+)"
+
+
+def _prompt_len(gw, messages, tools=None):
+    from vime_core.agent.chat import ChatMessage
+
+    text = gw.renderer.render([ChatMessage(m["role"], m["content"]) for m in messages], tools)
+    return len(gw.renderer.encode(text))
+
+
+def test_context_overflow_errors_are_the_ones_each_client_recognises(gateway):
+    import re
+
+    gw, backend = gateway({"*": ["Short answer."]})
+    msgs = [{"role": "user", "content": LONG}]
+    n = _prompt_len(gw, msgs)
+    gw.open_session("cc", max_context_len=n, max_turns=1)  # room for the prompt, none for the output
+    for stream in (False, True):
+        with pytest.raises(anthropic.BadRequestError) as err:
+            a = an(gw, "cc")
+            if stream:
+                with a.messages.stream(model="policy", max_tokens=64, messages=msgs) as s:
+                    list(s)
+            else:
+                a.messages.create(model="policy", max_tokens=64, messages=msgs)
+        assert err.value.body == {
+            "type": "error",
+            "error": {"type": "invalid_request_error", "message": f"prompt is too long: {n} tokens > {n - 1} maximum"},
+        }
+        m = re.search(CLAUDE_CODE_PROMPT_TOO_LONG, str(err.value).lower())
+        assert (int(m.group(1)), int(m.group(2))) == (n, n - 1)  # Claude Code's token gap: 1 > 0, it compacts
+    # the refused requests did not use up the turn budget: the compacted conversation is served
+    r = an(gw, "cc").messages.create(model="policy", max_tokens=64, messages=[{"role": "user", "content": "Hi"}])
+    assert r.content[0].text == "Short answer."
+    (s,) = gw.close_session("cc", Sample())
+    assert (s.metadata["context_exhausted"], s.metadata["context_overflows"], s.metadata["session_turns"]) == (
+        True,
+        2,
+        1,
+    )
+    expected = {"type": "invalid_request_error", "code": "context_length_exceeded"}
+    gw.open_session("oa", max_context_len=n)
+    with pytest.raises(openai.BadRequestError) as err:
+        oa(gw, "oa").chat.completions.create(model="policy", messages=msgs)
+    assert err.value.body == {
+        **expected,
+        "param": "messages",
+        "message": f"This model's maximum context length is {n} tokens. However, your messages resulted in {n} "
+        "tokens, leaving no room for the output. Please reduce the length of the messages.",
+    }
+    n_resp = _prompt_len(gw, msgs)
+    with pytest.raises(openai.BadRequestError) as err:
+        oa(gw, "oa").responses.create(model="policy", input=LONG)
+    assert err.value.body == {
+        **expected,
+        "param": "input",
+        "message": f"This model's maximum context length is {n} tokens. However, your input resulted in {n_resp} "
+        "tokens, leaving no room for the output. Please reduce the length of the input.",
+    }
+    # streamed Responses (how Codex calls): response.created then response.failed carrying the code Codex reads
+    events = list(oa(gw, "oa").responses.create(model="policy", input=LONG, stream=True))
+    assert [e.type for e in events] == ["response.created", "response.failed"]
+    assert (events[1].response.status, events[1].response.error.code) == ("failed", "context_length_exceeded")
+    assert gw.session_turns("oa") == [] and gw._sessions["oa"].context_overflows == 3
+    assert gw.close_session("oa", Sample()) == []  # nothing was generated: no sample
+    assert len(backend.calls) == 1  # no refused request reached the engine
+
+
+class _EngineRefusingLongPrompts(ScriptedBackend):
+    """Answers like vLLM behind the router for a prompt over its max_model_len (RouterClient's error text)."""
+
+    async def generate(self, prompt_token_ids, sampling_params, session_id=None):
+        from vime_core.rollout.client import RouterClientError
+
+        if len(prompt_token_ids) > 32:
+            raise RouterClientError(
+                'POST http://127.0.0.1:30000/v1/completions returned 400: {"error": {"message": "This model\'s '
+                f"maximum context length is 32 tokens. However, your request has {len(prompt_token_ids)} input "
+                'tokens. Please reduce the length of the input messages.", "type": "BadRequestError", "code": 400}}'
+            )
+        return await super().generate(prompt_token_ids, sampling_params, session_id)
+
+
+def test_engine_context_limit_is_reported_as_context_overflow(tok):
+    with AgentGateway(tok, _EngineRefusingLongPrompts(tok, ["ok"])) as gw:
+        gw.open_session("e")
+        msgs = [{"role": "user", "content": LONG}]
+        n = _prompt_len(gw, msgs)
+        with pytest.raises(anthropic.BadRequestError) as err:
+            an(gw, "e").messages.create(model="policy", max_tokens=8, messages=msgs)
+        assert err.value.body["error"]["message"] == f"prompt is too long: {n} tokens > 31 maximum"
+        with pytest.raises(openai.BadRequestError) as err:
+            oa(gw, "e").chat.completions.create(model="policy", messages=msgs)
+        assert err.value.body["code"] == "context_length_exceeded"
+        assert gw._sessions["e"].context_overflows == 2 and gw._sessions["e"].errors == 0
+        assert gw.close_session("e", Sample()) == []

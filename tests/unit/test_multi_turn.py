@@ -295,3 +295,19 @@ def test_rollout_metrics_through_the_hook(tok):
         args=argparse.Namespace(generate="default"), step=0, samples=[s1], metrics=other
     )
     assert not any(k.startswith("multi_turn/") for k in other)
+
+
+def test_context_window_filled_is_recorded(tok):
+    s, _ = run(tok, [CALC % "6 * 7", "The answer is 42."])
+    assert s.metadata["context_exhausted"] is False
+    n_call = len(tok(CALC % "6 * 7", add_special_tokens=False)["input_ids"]) + 1
+    ctx = s.prompt_length + n_call + 5  # the tool answer does not fit in the context window
+    s, calls = run(tok, [CALC % "6 * 7", "The answer is 42."], rollout_max_context_len=ctx)
+    assert (s.status, s.metadata["stop_reason"], s.metadata["context_exhausted"], len(calls)) == (
+        Status.TRUNCATED,
+        "budget",
+        True,
+        1,
+    )
+    s, _ = run(tok, [CALC % "6 * 7", "The answer is 42."], max_tokens=n_call + 5, rollout_max_context_len=10**6)
+    assert (s.metadata["stop_reason"], s.metadata["context_exhausted"]) == ("budget", False)  # max_tokens, not ctx

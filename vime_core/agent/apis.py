@@ -37,11 +37,46 @@ class APIError(Exception):
     :param kind: error type (Anthropic ``invalid_request_error``/``authentication_error``/``overloaded_error``/
         ``api_error``; mapped to the OpenAI names by :func:`openai_error`).
     :param message: human-readable message.
+    :param code: the OpenAI ``error.code`` (e.g. ``context_length_exceeded``), ``None`` if none.
+    :param param: the OpenAI ``error.param`` (the request field at fault), ``None`` if none.
     """
 
-    def __init__(self, status: int, kind: str, message: str) -> None:
+    def __init__(self, status: int, kind: str, message: str, *, code: str | None = None, param: str | None = None):
         super().__init__(message)
-        self.status, self.kind, self.message = status, kind, message
+        self.status, self.kind, self.message, self.code, self.param = status, kind, message, code, param
+
+
+#: OpenAI's ``error.code`` for a prompt that does not fit the model's context window (Codex reads it from a
+#: ``response.failed`` event as "context window exceeded" and compacts or stops the thread)
+CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
+
+
+def context_overflow_error(api: str, prompt_tokens: int, context_len: int) -> APIError:
+    """The error each API's clients recognise for a prompt that leaves no room to generate in the context window.
+
+    * Anthropic (Claude Code): 400 ``invalid_request_error`` ``"prompt is too long: N tokens > M maximum"`` — the
+      vendor's wording, which Claude Code matches (case-insensitively, ``prompt is too long``) and parses (``N``,
+      ``M``) to compact its conversation and retry.
+    * OpenAI Chat Completions / Responses (Codex): 400 ``invalid_request_error`` with ``code``
+      ``context_length_exceeded`` and the vendor's message (for a streamed Responses request the gateway sends it as
+      a ``response.failed`` event, where Codex looks for the code).
+
+    :param prompt_tokens: the prompt's length in tokens.
+    :param context_len: the context window (prompt + output) in tokens; the longest prompt allowed is one less
+        (at least one token must be generated).
+    """
+    limit = context_len - 1
+    if api == "anthropic":
+        return APIError(400, "invalid_request_error", f"prompt is too long: {prompt_tokens} tokens > {limit} maximum")
+    field = "input" if api == "responses" else "messages"
+    return APIError(
+        400,
+        "invalid_request_error",
+        f"This model's maximum context length is {context_len} tokens. However, your {field} resulted in "
+        f"{prompt_tokens} tokens, leaving no room for the output. Please reduce the length of the {field}.",
+        code=CONTEXT_LENGTH_EXCEEDED,
+        param=field,
+    )
 
 
 def anthropic_error(e: APIError) -> dict[str, Any]:
@@ -57,7 +92,7 @@ def openai_error(e: APIError) -> dict[str, Any]:
         "overloaded_error": "server_error",
         "api_error": "server_error",
     }.get(e.kind, e.kind)
-    return {"error": {"message": e.message, "type": kind, "param": None, "code": None}}
+    return {"error": {"message": e.message, "type": kind, "param": e.param, "code": e.code}}
 
 
 @dataclass

@@ -50,6 +50,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from vime_core.agent.apis import (
+    CONTEXT_LENGTH_EXCEEDED,
     APIError,
     ChatRequest,
     ChatResult,
@@ -59,6 +60,7 @@ from vime_core.agent.apis import (
     anthropic_start_event,
     chat_chunks,
     chat_completion,
+    context_overflow_error,
     openai_error,
     parse_anthropic,
     parse_chat,
@@ -77,6 +79,8 @@ logger = logging.getLogger("vime.agent")
 
 #: Responses API: how many responses per session ``previous_response_id`` can refer to (the most recent ones).
 MAX_STORED_RESPONSES = 32
+#: vLLM's refusal of a prompt longer than the engine's context (``max_model_len``); group 1 is that length
+_ENGINE_CONTEXT_LIMIT = re.compile(r"maximum (?:context|model) length (?:is |of )?(\d+)")
 #: error message of a request beyond the session's ``max_turns`` (harnesses look for it to report ``max_turns``)
 TURN_BUDGET_MESSAGE = "vime agent gateway: the episode's turn budget is spent"
 
@@ -117,6 +121,7 @@ class Session:
     max_turns: int | None = None
     started_turns: int = 0
     refused_turns: int = 0
+    context_overflows: int = 0
 
     def __post_init__(self) -> None:
         self.idle = threading.Condition(self.lock)
@@ -254,6 +259,8 @@ class AgentGateway:
                 "session_turns": len(session.turns),
                 "gateway_errors": session.errors,
                 "refused_turns": session.refused_turns,
+                "context_exhausted": session.context_overflows > 0,
+                "context_overflows": session.context_overflows,
                 **session.metadata,
                 **(extra_metadata or {}),
             }
@@ -308,9 +315,7 @@ class AgentGateway:
         if ctx:
             room = ctx - prompt_len
             if room <= 0:
-                raise APIError(
-                    400, "invalid_request_error", f"prompt is {prompt_len} tokens; the context limit is {ctx}"
-                )
+                raise self._context_overflow(session, req, prompt_len, ctx)
             max_tokens = min(max_tokens, room)
         if max_tokens < 1:
             raise APIError(400, "invalid_request_error", "max_tokens must be at least 1")
@@ -327,6 +332,15 @@ class AgentGateway:
             if grammar is not None:
                 p["structured_outputs"] = {"grammar": grammar}
         return p
+
+    def _context_overflow(self, session: Session, req: ChatRequest, prompt_len: int, ctx: int) -> APIError:
+        """Record that the episode's context ran out; the error the client recognises (the request is not counted
+        against ``max_turns``: the agent compacts its conversation and retries)."""
+        with session.lock:
+            session.context_overflows += 1
+            session.started_turns -= 1
+        logger.info("session %s: prompt of %d tokens fills the context window of %d", session.sid, prompt_len, ctx)
+        return context_overflow_error(req.api, prompt_len, ctx)
 
     def _render(self, session: Session, req: ChatRequest) -> str:
         """The prompt text; with ``history="model"``, assistant messages this session generated are rendered as the
@@ -379,11 +393,14 @@ class AgentGateway:
         except APIError:
             raise
         except Exception as e:  # noqa: BLE001 - engine/router failure: a server error the agent may retry
+            m = re.search(r" returned (4\d\d)", str(e))  # RouterClientError of a 4xx: the request's fault
+            limit = _ENGINE_CONTEXT_LIMIT.search(str(e)) if m else None
+            if limit:  # vLLM refused a prompt longer than its max_model_len
+                raise self._context_overflow(session, req, len(plan.prompt_ids), int(limit.group(1))) from e
             with session.lock:
                 session.errors += 1
                 session.started_turns -= 1  # not recorded: the retry does not count against max_turns
             logger.warning("session %s: engine call failed: %s: %s", session.sid, type(e).__name__, e)
-            m = re.search(r" returned (4\d\d)", str(e))  # RouterClientError of a 4xx: the request's fault
             if m:
                 raise APIError(400, "invalid_request_error", f"the engine rejected the request: {e}") from e
             raise APIError(
@@ -534,6 +551,13 @@ class AgentGateway:
                 plan, params = self._prepare(session, req)
             except APIError as e:
                 self._leave(session)
+                if req.stream and api == "responses" and e.code == CONTEXT_LENGTH_EXCEEDED:
+                    # OpenAI reports it in the stream: Codex reads the code only from a response.failed event
+                    return StreamingResponse(
+                        responses_failed_stream(req, e),
+                        media_type="text/event-stream",
+                        headers={"cache-control": "no-cache"},
+                    )
                 return error(e, api)
             task = asyncio.ensure_future(self._generate(session, req, plan, params))
             task.add_done_callback(lambda _t: self._leave(session))
@@ -662,13 +686,24 @@ class AgentGateway:
             try:
                 res = task.result()
             except APIError as e:
-                failed = responses_object(req, rid, created, status="failed", output=[], res=None)
-                failed["error"] = {"code": "server_error", "message": e.message}
-                yield ev({"type": "response.failed", "response": failed})
+                yield ev({"type": "response.failed", "response": responses_failed(req, rid, created, e)})
                 return
             remember(session, rid, req, res)
             for e in responses_events(req, rid, created, res, responses_output(res)):
                 yield ev(e)
+
+        def responses_failed(req: ChatRequest, rid: str, created: float, e: APIError) -> dict[str, Any]:
+            failed = responses_object(req, rid, created, status="failed", output=[], res=None)
+            failed["error"] = {"code": e.code or "server_error", "message": e.message}
+            return failed
+
+        async def responses_failed_stream(req: ChatRequest, e: APIError) -> AsyncIterator[bytes]:
+            """A streamed Responses request refused before generation: ``response.created``, ``response.failed``."""
+            rid, created = "resp_" + uuid.uuid4().hex[:24], time.time()
+            pending = responses_object(req, rid, created, status="in_progress", output=[], res=None)
+            yield sse({"type": "response.created", "response": pending, "sequence_number": 0})
+            failed = responses_failed(req, rid, created, e)
+            yield sse({"type": "response.failed", "response": failed, "sequence_number": 1})
 
         @app.post("/v1/responses")
         async def responses(request: Request) -> Any:

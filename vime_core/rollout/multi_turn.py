@@ -27,8 +27,9 @@ So ``tokens`` is exactly the last engine prompt plus its output, ``loss_mask`` i
 and no token is ever re-tokenised. Tool failures (exceptions, timeouts, unknown tools, bad arguments) are returned to
 the model as ``"Error: ..."`` results; a sandbox infrastructure failure fails the sample (excluded, not scored 0).
 
-``metadata`` gains ``num_turns``, ``tool_calls`` (name, arguments, result preview per call), ``stop_reason`` and
-``ill_formed_turns`` (turns whose tool-call markup did not parse; they end the episode like a plain answer).
+``metadata`` gains ``num_turns``, ``tool_calls`` (name, arguments, result preview per call), ``stop_reason``,
+``ill_formed_turns`` (turns whose tool-call markup did not parse; they end the episode like a plain answer) and
+``context_exhausted`` (the episode stopped because ``--rollout-max-context-len`` was filled).
 """
 
 from __future__ import annotations
@@ -290,6 +291,7 @@ async def _episode(
     params = dict(sampling_params)
     budget = int(params.pop("max_tokens", None) or getattr(args, "rollout_max_response_len", 1024))
     max_ctx = getattr(args, "rollout_max_context_len", None)
+    ctx_bound = bool(max_ctx) and max_ctx - len(sample.tokens) < budget  # the context window is the tighter limit
     if max_ctx:
         budget = min(budget, max_ctx - len(sample.tokens))
     per_turn = _opt(args, "multi_turn_max_tokens_per_turn", None)
@@ -355,6 +357,10 @@ async def _episode(
     sample.status = status
     sample.metadata["num_turns"] = turn + 1
     sample.metadata["stop_reason"] = stop_reason
+    # the episode filled --rollout-max-context-len (as the agent gateway records a prompt that no longer fits)
+    sample.metadata["context_exhausted"] = ctx_bound and (
+        stop_reason == "budget" or (stop_reason == "length" and sample.response_length >= budget)
+    )
     return sample
 
 
