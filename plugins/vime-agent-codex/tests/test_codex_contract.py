@@ -207,3 +207,40 @@ def test_compact_first_request_real_cli(prepared, tmp_path):
     assert [r for r, _ in msgs] == ["developer", "user", "user"]  # instructions, environment_context, the prompt
     assert msgs[1][1].lstrip().startswith("<environment_context>") and msgs[2][1] == "Say done."
     assert "<cwd>" in msgs[1][1] and "<current_date>" not in msgs[1][1]
+
+
+@pytest.mark.integration
+def test_context_window_exceeded_is_recognised_by_codex(prepared, tmp_path):
+    """A session whose context window (300 tokens) is smaller than Codex's first request: the gateway fails the
+    streamed response with code ``context_length_exceeded``, which the real CLI recognises (its own "ran out of room
+    in the model's context window" error, no retries), and the episode records that its context ran out."""
+    import asyncio
+
+    from transformers import AutoTokenizer
+
+    from vime_core.agent.backends import ScriptedBackend
+    from vime_core.agent.gateway import AgentGateway
+    from vime_core.agent.harness import AgentBudget
+    from vime_core.testing.tiny_model import build_tiny_model
+
+    tok = AutoTokenizer.from_pretrained(str(build_tiny_model(tmp_path / "tiny")))
+    backend = ScriptedBackend(tok, ["Done."])
+    harness = CodexHarness(compact=True)
+
+    async def episode(gw):
+        async with LocalSandbox() as sb:
+            addr = await sb.expose_host_port(gw.port)
+            return await harness.run(
+                sb,
+                prompt="Say done.",
+                budget=AgentBudget(max_turns=2, wall_time_s=120),
+                endpoint=AgentEndpoint(f"http://{addr}", "sk-x", gw.served_model_name),
+            )
+
+    with AgentGateway(tok, backend) as gw:
+        gw.open_session("sk-x", max_context_len=300)
+        result = asyncio.run(episode(gw))
+        overflows = gw._sessions["sk-x"].context_overflows
+    out = result.stdout + result.stderr
+    assert "ran out of room in the model's context window" in out, out[-3000:]
+    assert (overflows, backend.calls) == (1, [])  # not retried, refused before the engine, recorded
