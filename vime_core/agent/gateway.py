@@ -27,6 +27,15 @@ Behaviour worth knowing:
   so the turn is flagged ``metadata["constrained"]`` in its :class:`TurnRecord`; its tokens are still exact.
 * **Aborted generations** (engines paused with ``mode=abort`` for a weight update) are answered with a retryable
   error (Anthropic 529 ``overloaded_error``, OpenAI 503) and are not recorded; agents retry.
+* **Turns cut by the token budget** come back as text with stop reason ``max_tokens`` / ``length`` and no tool calls
+  (a call cut in the middle is never executed); they are recorded truncated (not trained).
+* **Tool results** must answer, by id, a call of the assistant message right before them (400 otherwise) and are
+  rendered in the order of the calls (:func:`~vime_core.agent.apis.pair_tool_results`).
+* **Context overflow**: a prompt that leaves no room to generate within ``max_context_len``, or that the engine
+  refuses as longer than its ``max_model_len``, gets the error each client acts on
+  (:func:`~vime_core.agent.apis.context_overflow_error`: Anthropic "prompt is too long: N tokens > M maximum", OpenAI
+  ``context_length_exceeded``, in a ``response.failed`` event for a streamed Responses request); it does not count
+  against ``max_turns``, and the samples record ``context_exhausted`` / ``context_overflows``.
 * **Streaming** sends ``message_start`` / ``response.created`` at once and pings while the engine works, then the
   whole turn (the engine call itself is not streamed).
 """
