@@ -21,6 +21,7 @@ from vime_core.agent.backends import ScriptedBackend, ScriptedTurn
 from vime_core.agent.gateway import AgentGateway
 from vime_core.agent.tool_parsers import HermesToolParser, tool_schema
 from vime_core.agent.trajectory import Drift, TurnRecord, check_token_exact
+from vime_core.testing.samples import chain_mask
 from vime_core.types import Sample, Status
 
 pytestmark = pytest.mark.unit
@@ -46,21 +47,6 @@ def tok(tiny_model_dir):
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(str(tiny_model_dir))
-
-
-@pytest.fixture
-def gateway(tok):
-    started: list[AgentGateway] = []
-
-    def make(script, template=None, **kw) -> tuple[AgentGateway, ScriptedBackend]:
-        backend = ScriptedBackend(tok, script)
-        gw = AgentGateway(tok, backend, chat_template=template, **kw).start()
-        started.append(gw)
-        return gw, backend
-
-    yield make
-    for gw in started:
-        gw.stop()
 
 
 def oa(gw, sid):
@@ -125,15 +111,6 @@ def responses_episode(gw, sid):
     r2 = c.responses.create(model="policy", instructions=SYSTEM, input=inp, tools=tools)
     assert r2.output_text == FINAL
     return r1, r2
-
-
-def expected_mask(calls) -> list[int]:
-    """Mask of a CLEAN chain of engine calls: outputs 1, everything between them 0."""
-    mask, held = [], len(calls[0].prompt_ids)
-    for c in calls:
-        mask += [0] * (len(c.prompt_ids) - held) + [1] * len(c.output.token_ids)
-        held = len(c.prompt_ids) + len(c.output.token_ids)
-    return mask
 
 
 @pytest.mark.parametrize("template", list(TEMPLATES))
@@ -282,9 +259,7 @@ def test_drift_changed_whitespace_realigns_at_the_divergence(gateway, tok):
     )
     assert s.metadata["trajectory"]["realign_dropped_tokens"] == len(o1) - kept  # whitespace + <|im_end|>
     assert s.tokens == c3.prompt_ids + c3.output.token_ids
-    assert s.loss_mask == (
-        [1] * kept + [0] * (len(c2.prompt_ids) - len(c1.prompt_ids) - kept) + expected_mask([c2, c3])
-    )
+    assert s.loss_mask == ([1] * kept + [0] * (len(c2.prompt_ids) - len(c1.prompt_ids) - kept) + chain_mask([c2, c3]))
     check_token_exact([s], [_turn(c) for c in backend.calls])
 
 
@@ -297,7 +272,7 @@ def test_drift_dropped_thinking_forks(gateway):
     c1, c2, c3 = backend.calls
     assert s0.tokens == c1.prompt_ids + c1.output.token_ids and s0.loss_mask == [1] * len(c1.output.token_ids)
     assert s1.tokens == c3.prompt_ids + c3.output.token_ids and s1.prompt_length == len(c2.prompt_ids)
-    assert s1.loss_mask == expected_mask([c2, c3])
+    assert s1.loss_mask == chain_mask([c2, c3])
     assert s0.rollout_id == s1.rollout_id and s0.reward == s1.reward == 1.0
     assert [s.metadata["trajectory"]["turns"] for s in (s0, s1)] == [[0], [1, 2]]
     check_token_exact([s0, s1], [_turn(c) for c in backend.calls])
@@ -490,7 +465,7 @@ def test_template_dropping_thinking_forks_unless_history_is_the_models(gateway, 
     assert samples[-1].tokens == last.prompt_ids + last.output.token_ids
     if history == "model":  # one sample, every sampled token trained, the thinking kept in context
         (s,) = samples
-        assert s.loss_mask == expected_mask(backend.calls) and "</think>" in gw.renderer.decode(last.prompt_ids)
+        assert s.loss_mask == chain_mask(backend.calls) and "</think>" in gw.renderer.decode(last.prompt_ids)
 
 
 @pytest.mark.parametrize(
@@ -515,7 +490,7 @@ def test_model_history_absorbs_client_reformatting(gateway, first, resent):
     c.chat.completions.create(model="policy", messages=msgs, tools=tools)
     assert [p.kind for p in gw._sessions["r"].placements] == [Drift.NEW, Drift.CLEAN]
     (s,) = gw.close_session("r", Sample())
-    assert s.loss_mask == expected_mask(backend.calls[:2])
+    assert s.loss_mask == chain_mask(backend.calls[:2])
     check_token_exact([s], [_turn(x) for x in backend.calls])
 
 

@@ -41,6 +41,7 @@ from vime_core.agent.trajectory import Drift
 from vime_core.plugins import get_plugins
 from vime_core.rollout.context import RolloutContext, set_rollout_context
 from vime_core.rollout.tools import register_tool, tool_from_callable
+from vime_core.testing.samples import chain_mask, mask_runs
 from vime_core.types import Sample, Status
 
 pytestmark = pytest.mark.unit
@@ -260,14 +261,6 @@ def render(tok, style: Style, msgs: list[dict], gen: bool) -> str:
     )
 
 
-def expected_mask(calls) -> list[int]:
-    mask, held = [], len(calls[0].prompt_ids)
-    for c in calls:
-        mask += [0] * (len(c.prompt_ids) - held) + [1] * len(c.output.token_ids)
-        held = len(c.prompt_ids) + len(c.output.token_ids)
-    return mask
-
-
 def check_against_templates(tok, style: Style, calls, sample: Sample) -> None:
     """Every engine prompt == the render of the conversation so far; the sample == the full render; the mask."""
     convs = reference_conversations(style)
@@ -279,7 +272,7 @@ def check_against_templates(tok, style: Style, calls, sample: Sample) -> None:
     assert tok.decode(sample.tokens[:-1]) + style.after_final == full
     assert sample.tokens == calls[-1].prompt_ids + calls[-1].output.token_ids
     assert sample.prompt_length == len(calls[0].prompt_ids)
-    assert sample.loss_mask == expected_mask(calls)
+    assert sample.loss_mask == chain_mask(calls)
     # the trained spans are exactly the model's turns, each with its end-of-turn token
     trained = [tok.decode(c.output.token_ids) for c in calls]
     assert trained == [text + eot for text, _, eot in style.turns]
@@ -357,16 +350,6 @@ def test_template_matrix_gateway(tok, name, tmp_path):
     assert (s_mt.tokens, s_mt.loss_mask, s_mt.prompt_length) == (s.tokens, s.loss_mask, s.prompt_length)
 
 
-def spans(tok, s: Sample) -> list[tuple[int, str]]:
-    """(mask, decoded text) runs of a sample's response."""
-    out: list[list] = []
-    for m, t in zip(s.loss_mask, s.tokens[s.prompt_length :], strict=True):
-        if not out or out[-1][0] != m:
-            out.append([m, []])
-        out[-1][1].append(t)
-    return [(m, tok.decode(ids)) for m, ids in out]
-
-
 CASE_A = Style(  # issue 15 §1 case A: system, user, assistant(2 parallel calls), result A, result B, assistant
     QWEN3,
     "hermes",
@@ -384,15 +367,21 @@ CASE_B = Style(  # issue 15 §1 case B: GLM-style, the assistant turn is ended b
 )
 
 
+def run_path(tok, style: Style, path: str, tmp_path) -> tuple[Sample, list]:
+    """One episode through ``multi_turn`` or the gateway, checked against the template; the sample and the calls."""
+    if path == "multi_turn":
+        s, calls = run_multi_turn(tok, style, tmp_path)
+    else:
+        (s,), calls, _ = run_gateway(tok, style)
+    check_against_templates(tok, style, calls, s)
+    return s, calls
+
+
 @pytest.mark.parametrize("path", ["multi_turn", "gateway"])
 def test_case_a_qwen3_thinking_template_parallel_calls(tok, path, tmp_path):
     """Before the fix: ``ValueError: cannot locate the assistant's end-of-turn '<|im_end|>'`` at the first call."""
-    if path == "multi_turn":
-        s, calls = run_multi_turn(tok, CASE_A, tmp_path)
-    else:
-        (s,), calls, _ = run_gateway(tok, CASE_A)
-    check_against_templates(tok, CASE_A, calls, s)
-    assert spans(tok, s) == [
+    s, _ = run_path(tok, CASE_A, path, tmp_path)
+    assert mask_runs(tok, s) == [
         (1, hermes("Paris") + "\n" + hermes("Tokyo") + "<|im_end|>"),
         (
             0,
@@ -406,12 +395,8 @@ def test_case_a_qwen3_thinking_template_parallel_calls(tok, path, tmp_path):
 @pytest.mark.parametrize("path", ["multi_turn", "gateway"])
 def test_case_b_glm_role_tag_ending_is_trained(tok, path, tmp_path):
     """The <|observation|> that ends the call turn was generated: mask 1; the tool output: mask 0."""
-    if path == "multi_turn":
-        s, calls = run_multi_turn(tok, CASE_B, tmp_path)
-    else:
-        (s,), calls, _ = run_gateway(tok, CASE_B)
-    check_against_templates(tok, CASE_B, calls, s)
-    assert spans(tok, s) == [
+    s, _ = run_path(tok, CASE_B, path, tmp_path)
+    assert mask_runs(tok, s) == [
         (1, hermes("Paris") + "<|observation|>"),
         (0, "\n<tool_response>\nsunny, 21 C\n</tool_response><|assistant|>"),
         (1, "\n" + FINAL + "<|user|>"),

@@ -16,7 +16,6 @@ import openai
 import pytest
 
 from vime_core.agent.backends import ScriptedBackend
-from vime_core.agent.gateway import AgentGateway
 from vime_core.agent.tool_parsers import HermesToolParser, OpenAIJsonToolParser, ParseResult, get_tool_parser
 from vime_core.plugins import get_plugins
 from vime_core.rollout.context import RolloutContext, set_rollout_context
@@ -198,21 +197,6 @@ def test_multi_turn_cut_mid_call_runs_nothing_and_is_truncated(tok):
 
 
 # -- the gateway --------------------------------------------------------------------------------------------------
-@pytest.fixture
-def gateway(tok):
-    started: list[AgentGateway] = []
-
-    def make(script, **kw):
-        backend = ScriptedBackend(tok, script)
-        gw = AgentGateway(tok, backend, chat_template=QWEN, **kw).start()
-        started.append(gw)
-        return gw, backend
-
-    yield make
-    for gw in started:
-        gw.stop()
-
-
 def an(gw, sid):
     return anthropic.Anthropic(base_url=gw.url, api_key=sid, max_retries=0, timeout=60)
 
@@ -228,7 +212,7 @@ ANTHROPIC_TOOLS = [
 
 
 def test_gateway_two_calls_with_closing_tags_in_arguments(gateway):
-    gw, backend = gateway({"g": [CALL + "\n" + CALL]})
+    gw, backend = gateway({"g": [CALL + "\n" + CALL]}, QWEN)
     gw.open_session("g")
     r = an(gw, "g").messages.create(
         model="p", max_tokens=300, messages=[{"role": "user", "content": "Write."}], tools=ANTHROPIC_TOOLS
@@ -242,7 +226,7 @@ def test_gateway_two_calls_with_closing_tags_in_arguments(gateway):
 
 def test_gateway_turn_cut_mid_call_is_text_and_truncated(gateway, tok):
     n = len(tok(CALL, add_special_tokens=False)["input_ids"]) - 4
-    gw, backend = gateway({"a": [CALL], "o": [CALL]})
+    gw, backend = gateway({"a": [CALL], "o": [CALL]}, QWEN)
     gw.open_session("a", sampling_params={"max_tokens": n})
     r = an(gw, "a").messages.create(
         model="p", max_tokens=300, messages=[{"role": "user", "content": "Write."}], tools=ANTHROPIC_TOOLS
@@ -286,7 +270,7 @@ RESULTS_IN_CALL_ORDER = (
 
 
 def test_anthropic_tool_results_are_paired_and_ordered_by_call(gateway, tok):
-    gw, backend = gateway({"*": [TWO_CALLS, "Both written."]})
+    gw, backend = gateway({"*": [TWO_CALLS, "Both written."]}, QWEN)
     gw.open_session("r")
     a = an(gw, "r")
     msgs = [{"role": "user", "content": "Write."}]
@@ -334,7 +318,7 @@ def test_anthropic_tool_results_are_paired_and_ordered_by_call(gateway, tok):
 
 
 def test_openai_tool_call_ids_are_paired_and_ordered_by_call(gateway, tok):
-    gw, backend = gateway({"*": [TWO_CALLS, "Both written."]})
+    gw, backend = gateway({"*": [TWO_CALLS, "Both written."]}, QWEN)
     gw.open_session("c")
     c = oa(gw, "c")
     tools = [{"type": "function", "function": WRITE_FILE}]
@@ -372,7 +356,7 @@ def test_openai_tool_call_ids_are_paired_and_ordered_by_call(gateway, tok):
 
 
 def test_responses_call_ids_are_paired_and_ordered_by_call(gateway, tok):
-    gw, backend = gateway({"*": [TWO_CALLS, "Both written."]})
+    gw, backend = gateway({"*": [TWO_CALLS, "Both written."]}, QWEN)
     gw.open_session("s")
     c = oa(gw, "s")
     tools = [{"type": "function", **WRITE_FILE}]
