@@ -380,4 +380,12 @@ def test_responses_call_ids_are_paired_and_ordered_by_call(gateway, tok):
         f"must have a corresponding 'function_call' item in the previous assistant message (its ids: {f1.call_id}, "
         f"{f2.call_id})"
     )
+    with pytest.raises(openai.BadRequestError) as err:
+        c.responses.create(
+            model="p", previous_response_id=r.id, input=[{"type": "function_call_output", "output": "x"}], tools=tools
+        )
+    assert err.value.body["message"] == (
+        "a 'function_call_output' item has no 'call_id'; each result must name the call it answers "
+        f"(calls of the previous assistant message: {f1.call_id}, {f2.call_id})"
+    )
     gw.drop_session("s")
