@@ -9,7 +9,9 @@ Built in:
 
 * ``hermes`` (alias ``qwen``): ``<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`` blocks, as in
   Hermes-2-Pro and Qwen2.5/Qwen3 chat templates (tools in ``<tools></tools>``, results in
-  ``<tool_response></tool_response>``).
+  ``<tool_response></tool_response>``). A call is read by JSON structure (to the object's matching brace), so a
+  ``</tool_call>`` inside a string argument does not end it; :meth:`ToolParser.stream` parses incrementally with
+  the same result for any chunking.
 * ``openai`` (alias ``json``): the whole turn is a JSON tool call in the OpenAI tools schema — one object or a list
   of ``{"type": "function", "function": {"name", "arguments"}}``, ``{"name", "arguments"}`` or
   ``{"name", "parameters"}``, optionally wrapped as ``{"tool_calls": [...]}`` (Llama-3.x style JSON tool calling).
