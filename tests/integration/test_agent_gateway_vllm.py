@@ -225,3 +225,31 @@ def test_concurrent_sessions_stay_separate(gateway):
             assert marker in text and all(f"I am agent {o}." not in text for o in sids if o != sid)
         assert all(s.metadata["session_id"] == sid for s in samples)
         assert samples[0].status in (Status.COMPLETED, Status.TRUNCATED)
+
+
+def test_prompt_over_the_engines_context_is_a_context_overflow(gateway, tok):
+    """vLLM refuses a prompt longer than its max_model_len (2048 for the tiny model); the gateway, which has no
+    context limit of its own here, answers with the overflow error each client recognises and records it."""
+    sid = session(gateway, "sk-ctx-overflow")
+    long_text = "weather " * 2200
+    a = anthropic.Anthropic(base_url=gateway.url, api_key=sid, max_retries=0, timeout=300)
+    n = a.messages.count_tokens(model="tiny-qwen2", messages=[{"role": "user", "content": long_text}]).input_tokens
+    assert n > 2048
+    with pytest.raises(anthropic.BadRequestError) as err:
+        a.messages.create(model="tiny-qwen2", max_tokens=16, messages=[{"role": "user", "content": long_text}])
+    assert err.value.body["error"] == {
+        "type": "invalid_request_error",
+        "message": f"prompt is too long: {n} tokens > 2047 maximum",
+    }
+    c = openai.OpenAI(base_url=f"{gateway.url}/v1", api_key=sid, max_retries=0, timeout=300)
+    with pytest.raises(openai.BadRequestError) as err:
+        c.chat.completions.create(model="tiny-qwen2", messages=[{"role": "user", "content": long_text}])
+    assert (err.value.body["code"], err.value.body["param"]) == ("context_length_exceeded", "messages")
+    r = a.messages.create(model="tiny-qwen2", max_tokens=8, messages=[{"role": "user", "content": "Hi"}])
+    assert r.usage.output_tokens > 0
+    (s,), _ = close_and_check(gateway, sid, 1)
+    assert (s.metadata["context_exhausted"], s.metadata["context_overflows"], s.metadata["gateway_errors"]) == (
+        True,
+        2,
+        0,
+    )

@@ -21,6 +21,7 @@ from vime_core.agent.backends import ScriptedBackend, ScriptedTurn
 from vime_core.agent.gateway import AgentGateway
 from vime_core.agent.tool_parsers import HermesToolParser, tool_schema
 from vime_core.agent.trajectory import Drift, TurnRecord, check_token_exact
+from vime_core.testing.samples import chain_mask
 from vime_core.types import Sample, Status
 
 pytestmark = pytest.mark.unit
@@ -46,21 +47,6 @@ def tok(tiny_model_dir):
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(str(tiny_model_dir))
-
-
-@pytest.fixture
-def gateway(tok):
-    started: list[AgentGateway] = []
-
-    def make(script, template=None, **kw) -> tuple[AgentGateway, ScriptedBackend]:
-        backend = ScriptedBackend(tok, script)
-        gw = AgentGateway(tok, backend, chat_template=template, **kw).start()
-        started.append(gw)
-        return gw, backend
-
-    yield make
-    for gw in started:
-        gw.stop()
 
 
 def oa(gw, sid):
@@ -125,15 +111,6 @@ def responses_episode(gw, sid):
     r2 = c.responses.create(model="policy", instructions=SYSTEM, input=inp, tools=tools)
     assert r2.output_text == FINAL
     return r1, r2
-
-
-def expected_mask(calls) -> list[int]:
-    """Mask of a CLEAN chain of engine calls: outputs 1, everything between them 0."""
-    mask, held = [], len(calls[0].prompt_ids)
-    for c in calls:
-        mask += [0] * (len(c.prompt_ids) - held) + [1] * len(c.output.token_ids)
-        held = len(c.prompt_ids) + len(c.output.token_ids)
-    return mask
 
 
 @pytest.mark.parametrize("template", list(TEMPLATES))
@@ -282,9 +259,7 @@ def test_drift_changed_whitespace_realigns_at_the_divergence(gateway, tok):
     )
     assert s.metadata["trajectory"]["realign_dropped_tokens"] == len(o1) - kept  # whitespace + <|im_end|>
     assert s.tokens == c3.prompt_ids + c3.output.token_ids
-    assert s.loss_mask == (
-        [1] * kept + [0] * (len(c2.prompt_ids) - len(c1.prompt_ids) - kept) + expected_mask([c2, c3])
-    )
+    assert s.loss_mask == ([1] * kept + [0] * (len(c2.prompt_ids) - len(c1.prompt_ids) - kept) + chain_mask([c2, c3]))
     check_token_exact([s], [_turn(c) for c in backend.calls])
 
 
@@ -297,7 +272,7 @@ def test_drift_dropped_thinking_forks(gateway):
     c1, c2, c3 = backend.calls
     assert s0.tokens == c1.prompt_ids + c1.output.token_ids and s0.loss_mask == [1] * len(c1.output.token_ids)
     assert s1.tokens == c3.prompt_ids + c3.output.token_ids and s1.prompt_length == len(c2.prompt_ids)
-    assert s1.loss_mask == expected_mask([c2, c3])
+    assert s1.loss_mask == chain_mask([c2, c3])
     assert s0.rollout_id == s1.rollout_id and s0.reward == s1.reward == 1.0
     assert [s.metadata["trajectory"]["turns"] for s in (s0, s1)] == [[0], [1, 2]]
     check_token_exact([s0, s1], [_turn(c) for c in backend.calls])
@@ -490,7 +465,7 @@ def test_template_dropping_thinking_forks_unless_history_is_the_models(gateway, 
     assert samples[-1].tokens == last.prompt_ids + last.output.token_ids
     if history == "model":  # one sample, every sampled token trained, the thinking kept in context
         (s,) = samples
-        assert s.loss_mask == expected_mask(backend.calls) and "</think>" in gw.renderer.decode(last.prompt_ids)
+        assert s.loss_mask == chain_mask(backend.calls) and "</think>" in gw.renderer.decode(last.prompt_ids)
 
 
 @pytest.mark.parametrize(
@@ -515,5 +490,107 @@ def test_model_history_absorbs_client_reformatting(gateway, first, resent):
     c.chat.completions.create(model="policy", messages=msgs, tools=tools)
     assert [p.kind for p in gw._sessions["r"].placements] == [Drift.NEW, Drift.CLEAN]
     (s,) = gw.close_session("r", Sample())
-    assert s.loss_mask == expected_mask(backend.calls[:2])
+    assert s.loss_mask == chain_mask(backend.calls[:2])
     check_token_exact([s], [_turn(x) for x in backend.calls])
+
+
+# -- a prompt that fills the context window ---------------------------------------------------------------------
+LONG = "Tell me about the weather. " * 20
+# Claude Code 2.1.197 (its bundled JS): `e.message.toLowerCase().includes("prompt is too long")`, then
+# /prompt is too long[^0-9]*(\d+)\s*tokens?\s*>\s*(\d+)/i for the token gap it compacts by
+CLAUDE_CODE_PROMPT_TOO_LONG = r"prompt is too long[^0-9]*(\d+)\s*tokens?\s*>\s*(\d+)"
+
+
+def _prompt_len(gw, messages, tools=None):
+    from vime_core.agent.chat import ChatMessage
+
+    text = gw.renderer.render([ChatMessage(m["role"], m["content"]) for m in messages], tools)
+    return len(gw.renderer.encode(text))
+
+
+def test_context_overflow_errors_are_the_ones_each_client_recognises(gateway):
+    import re
+
+    gw, backend = gateway({"*": ["Short answer."]})
+    msgs = [{"role": "user", "content": LONG}]
+    n = _prompt_len(gw, msgs)
+    gw.open_session("cc", max_context_len=n, max_turns=1)  # room for the prompt, none for the output
+    for stream in (False, True):
+        with pytest.raises(anthropic.BadRequestError) as err:
+            a = an(gw, "cc")
+            if stream:
+                with a.messages.stream(model="policy", max_tokens=64, messages=msgs) as s:
+                    list(s)
+            else:
+                a.messages.create(model="policy", max_tokens=64, messages=msgs)
+        assert err.value.body == {
+            "type": "error",
+            "error": {"type": "invalid_request_error", "message": f"prompt is too long: {n} tokens > {n - 1} maximum"},
+        }
+        m = re.search(CLAUDE_CODE_PROMPT_TOO_LONG, str(err.value).lower())
+        assert (int(m.group(1)), int(m.group(2))) == (n, n - 1)  # Claude Code's token gap: 1 > 0, it compacts
+    # the refused requests did not use up the turn budget: the compacted conversation is served
+    r = an(gw, "cc").messages.create(model="policy", max_tokens=64, messages=[{"role": "user", "content": "Hi"}])
+    assert r.content[0].text == "Short answer."
+    (s,) = gw.close_session("cc", Sample())
+    assert (s.metadata["context_exhausted"], s.metadata["context_overflows"], s.metadata["session_turns"]) == (
+        True,
+        2,
+        1,
+    )
+    expected = {"type": "invalid_request_error", "code": "context_length_exceeded"}
+    gw.open_session("oa", max_context_len=n)
+    with pytest.raises(openai.BadRequestError) as err:
+        oa(gw, "oa").chat.completions.create(model="policy", messages=msgs)
+    assert err.value.body == {
+        **expected,
+        "param": "messages",
+        "message": f"This model's maximum context length is {n} tokens. However, your messages resulted in {n} "
+        "tokens, leaving no room for the output. Please reduce the length of the messages.",
+    }
+    n_resp = _prompt_len(gw, msgs)
+    with pytest.raises(openai.BadRequestError) as err:
+        oa(gw, "oa").responses.create(model="policy", input=LONG)
+    assert err.value.body == {
+        **expected,
+        "param": "input",
+        "message": f"This model's maximum context length is {n} tokens. However, your input resulted in {n_resp} "
+        "tokens, leaving no room for the output. Please reduce the length of the input.",
+    }
+    # streamed Responses (how Codex calls): response.created then response.failed carrying the code Codex reads
+    events = list(oa(gw, "oa").responses.create(model="policy", input=LONG, stream=True))
+    assert [e.type for e in events] == ["response.created", "response.failed"]
+    assert (events[1].response.status, events[1].response.error.code) == ("failed", "context_length_exceeded")
+    assert gw.session_turns("oa") == [] and gw._sessions["oa"].context_overflows == 3
+    assert gw.close_session("oa", Sample()) == []  # nothing was generated: no sample
+    assert len(backend.calls) == 1  # no refused request reached the engine
+
+
+class _EngineRefusingLongPrompts(ScriptedBackend):
+    """Answers like vLLM behind the router for a prompt over its max_model_len (RouterClient's error text)."""
+
+    async def generate(self, prompt_token_ids, sampling_params, session_id=None):
+        from vime_core.rollout.client import RouterClientError
+
+        if len(prompt_token_ids) > 32:
+            raise RouterClientError(
+                'POST http://127.0.0.1:30000/v1/completions returned 400: {"error": {"message": "This model\'s '
+                f"maximum context length is 32 tokens. However, your request has {len(prompt_token_ids)} input "
+                'tokens. Please reduce the length of the input messages.", "type": "BadRequestError", "code": 400}}'
+            )
+        return await super().generate(prompt_token_ids, sampling_params, session_id)
+
+
+def test_engine_context_limit_is_reported_as_context_overflow(tok):
+    with AgentGateway(tok, _EngineRefusingLongPrompts(tok, ["ok"])) as gw:
+        gw.open_session("e")
+        msgs = [{"role": "user", "content": LONG}]
+        n = _prompt_len(gw, msgs)
+        with pytest.raises(anthropic.BadRequestError) as err:
+            an(gw, "e").messages.create(model="policy", max_tokens=8, messages=msgs)
+        assert err.value.body["error"]["message"] == f"prompt is too long: {n} tokens > 31 maximum"
+        with pytest.raises(openai.BadRequestError) as err:
+            oa(gw, "e").chat.completions.create(model="policy", messages=msgs)
+        assert err.value.body["code"] == "context_length_exceeded"
+        assert gw._sessions["e"].context_overflows == 2 and gw._sessions["e"].errors == 0
+        assert gw.close_session("e", Sample()) == []

@@ -20,6 +20,7 @@ from vime_core.agent.tool_parsers import (
 from vime_core.plugins import get_plugins
 from vime_core.rollout.context import RolloutContext, set_rollout_context
 from vime_core.rollout.tools import calculator, load_tools, register_tool, registered_tools, tool_from_callable
+from vime_core.testing.samples import mask_runs
 from vime_core.types import Sample, Status
 
 pytestmark = pytest.mark.unit
@@ -54,22 +55,12 @@ def run(tok, script, *, prompt="What is 6 * 7?", max_tokens=200, **flags):
     return s, backend.calls
 
 
-def spans(tok, s):
-    """(mask, decoded text) runs of the response."""
-    out: list[list] = []
-    for m, t in zip(s.loss_mask, s.tokens[s.prompt_length :], strict=True):
-        if not out or out[-1][0] != m:
-            out.append([m, []])
-        out[-1][1].append(t)
-    return [(m, tok.decode(ids)) for m, ids in out]
-
-
 def test_tool_loop_tokens_masks_and_metadata(tok):
     s, calls = run(tok, [CALC % "6 * 7", "The answer is 42."])
     c1, c2 = calls
     assert s.tokens == c2.prompt_ids + c2.output.token_ids  # exactly the last engine prompt + its output
     assert c2.prompt_ids[: len(c1.prompt_ids) + len(c1.output.token_ids)] == c1.prompt_ids + c1.output.token_ids
-    assert spans(tok, s) == [
+    assert mask_runs(tok, s) == [
         (1, CALC % "6 * 7" + "<|im_end|>"),
         (0, BRIDGE % "42"),
         (1, "The answer is 42.<|im_end|>"),
@@ -104,7 +95,7 @@ def test_native_tool_template_and_parallel_calls(tok):
         chat_template=QWEN.read_text(),
     )
     assert tok.decode(s.tokens[: s.prompt_length]) == ref
-    assert spans(tok, s)[1] == (
+    assert mask_runs(tok, s)[1] == (
         0,
         "\n<|im_start|>user\n<tool_response>\n3\n</tool_response>\n<tool_response>\n1024"
         "\n</tool_response><|im_end|>\n<|im_start|>assistant\n",
@@ -144,7 +135,7 @@ def test_stops_at_max_turns(tok):
         3,
         3,
     )
-    assert [m for m, _ in spans(tok, s)] == [1, 0, 1, 0, 1]  # the last call's tool is not run
+    assert [m for m, _ in mask_runs(tok, s)] == [1, 0, 1, 0, 1]  # the last call's tool is not run
     assert s.tokens == calls[-1].prompt_ids + calls[-1].output.token_ids
 
 
@@ -295,3 +286,19 @@ def test_rollout_metrics_through_the_hook(tok):
         args=argparse.Namespace(generate="default"), step=0, samples=[s1], metrics=other
     )
     assert not any(k.startswith("multi_turn/") for k in other)
+
+
+def test_context_window_filled_is_recorded(tok):
+    s, _ = run(tok, [CALC % "6 * 7", "The answer is 42."])
+    assert s.metadata["context_exhausted"] is False
+    n_call = len(tok(CALC % "6 * 7", add_special_tokens=False)["input_ids"]) + 1
+    ctx = s.prompt_length + n_call + 5  # the tool answer does not fit in the context window
+    s, calls = run(tok, [CALC % "6 * 7", "The answer is 42."], rollout_max_context_len=ctx)
+    assert (s.status, s.metadata["stop_reason"], s.metadata["context_exhausted"], len(calls)) == (
+        Status.TRUNCATED,
+        "budget",
+        True,
+        1,
+    )
+    s, _ = run(tok, [CALC % "6 * 7", "The answer is 42."], max_tokens=n_call + 5, rollout_max_context_len=10**6)
+    assert (s.metadata["stop_reason"], s.metadata["context_exhausted"]) == ("budget", False)  # max_tokens, not ctx

@@ -37,11 +37,46 @@ class APIError(Exception):
     :param kind: error type (Anthropic ``invalid_request_error``/``authentication_error``/``overloaded_error``/
         ``api_error``; mapped to the OpenAI names by :func:`openai_error`).
     :param message: human-readable message.
+    :param code: the OpenAI ``error.code`` (e.g. ``context_length_exceeded``), ``None`` if none.
+    :param param: the OpenAI ``error.param`` (the request field at fault), ``None`` if none.
     """
 
-    def __init__(self, status: int, kind: str, message: str) -> None:
+    def __init__(self, status: int, kind: str, message: str, *, code: str | None = None, param: str | None = None):
         super().__init__(message)
-        self.status, self.kind, self.message = status, kind, message
+        self.status, self.kind, self.message, self.code, self.param = status, kind, message, code, param
+
+
+#: OpenAI's ``error.code`` for a prompt that does not fit the model's context window (Codex reads it from a
+#: ``response.failed`` event as "context window exceeded" and compacts or stops the thread)
+CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
+
+
+def context_overflow_error(api: str, prompt_tokens: int, context_len: int) -> APIError:
+    """The error each API's clients recognise for a prompt that leaves no room to generate in the context window.
+
+    * Anthropic (Claude Code): 400 ``invalid_request_error`` ``"prompt is too long: N tokens > M maximum"`` — the
+      vendor's wording, which Claude Code matches (case-insensitively, ``prompt is too long``) and parses (``N``,
+      ``M``) to compact its conversation and retry.
+    * OpenAI Chat Completions / Responses (Codex): 400 ``invalid_request_error`` with ``code``
+      ``context_length_exceeded`` and the vendor's message (for a streamed Responses request the gateway sends it as
+      a ``response.failed`` event, where Codex looks for the code).
+
+    :param prompt_tokens: the prompt's length in tokens.
+    :param context_len: the context window (prompt + output) in tokens; the longest prompt allowed is one less
+        (at least one token must be generated).
+    """
+    limit = context_len - 1
+    if api == "anthropic":
+        return APIError(400, "invalid_request_error", f"prompt is too long: {prompt_tokens} tokens > {limit} maximum")
+    field = "input" if api == "responses" else "messages"
+    return APIError(
+        400,
+        "invalid_request_error",
+        f"This model's maximum context length is {context_len} tokens. However, your {field} resulted in "
+        f"{prompt_tokens} tokens, leaving no room for the output. Please reduce the length of the {field}.",
+        code=CONTEXT_LENGTH_EXCEEDED,
+        param=field,
+    )
 
 
 def anthropic_error(e: APIError) -> dict[str, Any]:
@@ -57,7 +92,7 @@ def openai_error(e: APIError) -> dict[str, Any]:
         "overloaded_error": "server_error",
         "api_error": "server_error",
     }.get(e.kind, e.kind)
-    return {"error": {"message": e.message, "type": kind, "param": None, "code": None}}
+    return {"error": {"message": e.message, "type": kind, "param": e.param, "code": e.code}}
 
 
 @dataclass
@@ -140,11 +175,93 @@ def _int(v: Any) -> int | None:
     return None if v is None else int(v)
 
 
+# the words each API uses for a tool result and its id (error messages name the client's own fields)
+_RESULT_TERMS = {
+    "anthropic": ("`tool_result` block", "`tool_result` blocks", "`tool_use_id`", "`tool_use` block"),
+    "chat": ("message with role 'tool'", "messages with role 'tool'", "'tool_call_id'", "'tool_calls' entry"),
+    "responses": ("'function_call_output' item", "'function_call_output' items", "'call_id'", "'function_call' item"),
+}
+
+
+def pair_tool_results(messages: list[ChatMessage], api: str, *, strict: bool = True) -> list[ChatMessage]:
+    """Pair every tool result with the call it answers and put the results in the order of their calls.
+
+    A run of consecutive ``tool`` messages answers the calls of the assistant message right before it. Each result
+    must name one of those calls by id, at most once; the run is reordered to the calls' order (results that arrive
+    in another order are shown to the model as the calls were made) and each result gets its call's tool name.
+    Calls without a result are left as they are.
+
+    :param api: ``anthropic``, ``chat`` or ``responses`` (the error messages use that API's field names).
+    :param strict: the APIs' rule; ``False`` (prompt data of the ``multi_turn`` generate function): a result
+        without an id answers the next unanswered call, and results after no call are kept in place.
+    :return: the messages, results reordered (the list is rebuilt; messages are updated in place).
+    :raises APIError: 400 for a result without an id (strict), with an id that matches no call of the preceding
+        assistant message, answering a call twice, or not preceded by calls (strict).
+    """
+    what, whats, id_field, call_kind = _RESULT_TERMS[api]
+    out: list[ChatMessage] = []
+    i = 0
+    while i < len(messages):
+        if messages[i].role != "tool":
+            out.append(messages[i])
+            i += 1
+            continue
+        j = i
+        while j < len(messages) and messages[j].role == "tool":
+            j += 1
+        run = messages[i:j]
+        prev = out[-1] if out else None
+        calls = prev.tool_calls if prev is not None and prev.role == "assistant" else []
+        if not calls:
+            if strict:
+                raise APIError(
+                    400,
+                    "invalid_request_error",
+                    f"a {what} must answer a {call_kind} of the assistant message right before it; "
+                    f"there is none before result {run[0].tool_call_id or '(no id)'}",
+                )
+            out += run
+            i = j
+            continue
+        index = {c.id: k for k, c in enumerate(calls)}
+        known = ", ".join(c.id for c in calls)
+        taken: dict[int, ChatMessage] = {}
+        for m in run:
+            if not m.tool_call_id:
+                if strict:
+                    raise APIError(
+                        400,
+                        "invalid_request_error",
+                        f"a {what} has no {id_field}; each result must name the call it answers "
+                        f"(calls of the previous assistant message: {known})",
+                    )
+                free = [k for k in range(len(calls)) if k not in taken]
+                if not free:
+                    raise APIError(400, "invalid_request_error", f"more {whats} than calls ({len(calls)})")
+                m.tool_call_id = calls[free[0]].id
+            k = index.get(m.tool_call_id)
+            if k is None:
+                raise APIError(
+                    400,
+                    "invalid_request_error",
+                    f"unexpected {id_field} found in {whats}: {m.tool_call_id}. Each {what} must have a "
+                    f"corresponding {call_kind} in the previous assistant message (its ids: {known})",
+                )
+            if k in taken:
+                raise APIError(400, "invalid_request_error", f"{id_field} {m.tool_call_id} is answered twice")
+            m.name = m.name or calls[k].name
+            taken[k] = m
+        out += [taken[k] for k in sorted(taken)]
+        i = j
+    return out
+
+
 # -- Anthropic Messages ------------------------------------------------------------------------------------------
 def parse_anthropic(body: dict[str, Any]) -> ChatRequest:
     """Canonical request from an Anthropic Messages body.
 
-    :raises APIError: 400 on a malformed body.
+    :raises APIError: 400 on a malformed body or a ``tool_result`` that answers no ``tool_use``
+        (:func:`pair_tool_results`).
     """
     if not isinstance(body.get("messages"), list):
         raise APIError(400, "invalid_request_error", "messages: field required (a list)")
@@ -194,7 +311,7 @@ def parse_anthropic(body: dict[str, Any]) -> ChatRequest:
     return ChatRequest(
         api="anthropic",
         model=str(body.get("model", "")),
-        messages=msgs,
+        messages=pair_tool_results(msgs, "anthropic"),
         tools=_tools(body.get("tools")),
         tool_choice=choice,
         max_tokens=_int(body.get("max_tokens")),
@@ -333,10 +450,12 @@ def _calls_from_openai(raw: Any) -> list[ToolCall]:
     return calls
 
 
-def parse_chat(body: dict[str, Any]) -> ChatRequest:
+def parse_chat(body: dict[str, Any], *, strict_tool_ids: bool = True) -> ChatRequest:
     """Canonical request from an OpenAI Chat Completions body.
 
-    :raises APIError: 400 on a malformed body or ``n != 1``.
+    :param strict_tool_ids: the API's rule for tool results (see :func:`pair_tool_results`); ``False`` for prompt
+        data, whose tool messages often carry no ``tool_call_id``.
+    :raises APIError: 400 on a malformed body, ``n != 1`` or a tool result that answers no call.
     """
     if not isinstance(body.get("messages"), list):
         raise APIError(400, "invalid_request_error", "messages: field required (a list)")
@@ -362,7 +481,7 @@ def parse_chat(body: dict[str, Any]) -> ChatRequest:
     return ChatRequest(
         api="chat",
         model=str(body.get("model", "")),
-        messages=msgs,
+        messages=pair_tool_results(msgs, "chat", strict=strict_tool_ids),
         tools=_tools(body.get("tools")),
         tool_choice=_openai_choice(body.get("tool_choice")),
         max_tokens=_int(body.get("max_completion_tokens", body.get("max_tokens"))),
@@ -459,7 +578,8 @@ def parse_responses(body: dict[str, Any], history: list[ChatMessage] | None = No
     """Canonical request from an OpenAI Responses body; ``history`` is the conversation of
     ``previous_response_id`` (looked up by the gateway).
 
-    :raises APIError: 400 on a malformed body.
+    :raises APIError: 400 on a malformed body or a ``function_call_output`` that answers no ``function_call``
+        (:func:`pair_tool_results`).
     """
     msgs: list[ChatMessage] = [
         ChatMessage(m.role, m.content, list(m.tool_calls), m.tool_call_id, m.name) for m in history or []
@@ -512,7 +632,7 @@ def parse_responses(body: dict[str, Any], history: list[ChatMessage] | None = No
     return ChatRequest(
         api="responses",
         model=str(body.get("model", "")),
-        messages=msgs,
+        messages=pair_tool_results(msgs, "responses"),
         tools=_tools(body.get("tools")),
         tool_choice=_openai_choice(body.get("tool_choice")),
         max_tokens=_int(body.get("max_output_tokens")),

@@ -13,6 +13,7 @@ results as a user turn — so any chat model can be driven by a tool-using agent
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,6 +36,33 @@ class ChatMessage:
     tool_calls: list[ToolCall] = field(default_factory=list)
     tool_call_id: str | None = None
     name: str | None = None
+
+
+@dataclass
+class ModelTurn:
+    """An assistant message as the model wrote it (for :meth:`ChatRenderer.render_with_turns`).
+
+    :ivar raw: the sampled ids decoded with special tokens kept (:meth:`ChatRenderer.decode`).
+    :ivar end_of_turn: the text of the special token the output ends with (the end-of-turn token the model
+        emitted: ``<|im_end|>``, ``<|eot_id|>``, a role tag such as GLM's ``<|observation|>``), ``""`` if none.
+    """
+
+    raw: str
+    end_of_turn: str = ""
+
+
+@dataclass
+class SplicedRender:
+    """A conversation rendered with model turns written as the model wrote them.
+
+    :ivar text: the rendered text.
+    :ivar ends: per spliced turn (in message order), the offset in ``text`` just past it: past the model's
+        end-of-turn token when the template puts the same token there; otherwise past the output without it,
+        so that ``text[ends[k]:]`` starts with what the template writes after the message.
+    """
+
+    text: str
+    ends: list[int]
 
 
 def template_supports_tools(template: str) -> bool:
@@ -145,6 +173,61 @@ class ChatRenderer:
             raise TypeError(f"apply_chat_template(tokenize=False) returned {type(text).__name__}")
         return text
 
+    def render_with_turns(
+        self,
+        messages: list[ChatMessage],
+        tools: list[dict[str, Any]] | None,
+        turns: Mapping[int, ModelTurn],
+        *,
+        add_generation_prompt: bool = True,
+    ) -> SplicedRender | None:
+        """Render ``messages`` with each assistant message ``messages[i]`` (``i`` in ``turns``) written as the model's
+        own output ``turns[i]`` instead of the template's rendering of it.
+
+        This is how every text that *follows* a model turn is found, for any template: each such message is
+        rendered with a unique sentinel as its only content (its tool calls dropped: the output already holds them),
+        the sentinel is replaced by the raw output, and the model's end-of-turn token absorbs the same token the
+        template writes after the content. No assumption is made that the render with the assistant message last
+        is a prefix of the render that continues it — templates break that (Qwen3 renders an empty thinking block
+        only on the last assistant message; GLM ends a turn with the role tag of the next message; Qwen merges
+        consecutive tool results into one user turn). Used by the ``multi_turn`` generate function (the text between
+        the model's turn and its next generation prompt) and by the agent gateway's ``history="model"``.
+
+        :param turns: message index → the model's output; every index must hold an assistant message.
+        :return: the render, or ``None`` when the template does not write a content verbatim exactly once (then
+            the caller falls back or reports it).
+        :raises ValueError: if an index of ``turns`` is not an assistant message.
+        :raises jinja2.TemplateError: if the template rejects the conversation.
+        """
+        msgs = list(messages)
+        order = sorted(turns)
+        sentinels = []
+        for k, i in enumerate(order):
+            if not 0 <= i < len(msgs) or msgs[i].role != "assistant":
+                raise ValueError(f"render_with_turns: message {i} is not an assistant message")
+            sentinels.append(f"\ue000vime-turn-{k}\ue001")
+            msgs[i] = ChatMessage("assistant", sentinels[-1])
+        text = self.render(msgs, tools, add_generation_prompt=add_generation_prompt)
+        parts: list[str] = []
+        ends: list[int] = []
+        pos, length = 0, 0
+        for sentinel, i in zip(sentinels, order, strict=True):
+            at = text.find(sentinel, pos)
+            if at < 0 or text.find(sentinel, at + 1) >= 0:
+                return None
+            j = at + len(sentinel)
+            raw, eot = turns[i].raw, turns[i].end_of_turn
+            if eot and text.startswith(eot, j):
+                j += len(eot)  # the output carries the end-of-turn token the template writes here
+            elif eot and raw.endswith(eot):
+                raw = raw[: -len(eot)]
+            parts += [text[pos:at], raw]
+            length += at - pos + len(raw)
+            ends.append(length)
+            pos = j
+        parts.append(text[pos:])
+        return SplicedRender("".join(parts), ends)
+
     # -- tokens ----------------------------------------------------------------------------------------------
     def encode(self, text: str) -> list[int]:
         """Token ids of ``text``; special-token text maps to its id, no BOS/EOS added."""
@@ -153,6 +236,12 @@ class ChatRenderer:
     def decode(self, ids: list[int]) -> str:
         """Text of ``ids`` with special tokens kept (the inverse of :meth:`encode` on rendered text)."""
         return self.tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+
+    def model_turn(self, ids: list[int]) -> ModelTurn:
+        """An output as a :class:`ModelTurn`: its text with special tokens, and its last token's text as the
+        end-of-turn when that token is special."""
+        eot = self.decode(ids[-1:]) if ids and ids[-1] in self.special_ids else ""
+        return ModelTurn(self.decode(ids), eot)
 
     def visible_text(self, ids: list[int]) -> str:
         """What a client sees of an output: special tokens (the end-of-turn token included) removed."""

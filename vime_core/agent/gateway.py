@@ -27,6 +27,15 @@ Behaviour worth knowing:
   so the turn is flagged ``metadata["constrained"]`` in its :class:`TurnRecord`; its tokens are still exact.
 * **Aborted generations** (engines paused with ``mode=abort`` for a weight update) are answered with a retryable
   error (Anthropic 529 ``overloaded_error``, OpenAI 503) and are not recorded; agents retry.
+* **Turns cut by the token budget** come back as text with stop reason ``max_tokens`` / ``length`` and no tool calls
+  (a call cut in the middle is never executed); they are recorded truncated (not trained).
+* **Tool results** must answer, by id, a call of the assistant message right before them (400 otherwise) and are
+  rendered in the order of the calls (:func:`~vime_core.agent.apis.pair_tool_results`).
+* **Context overflow**: a prompt that leaves no room to generate within ``max_context_len``, or that the engine
+  refuses as longer than its ``max_model_len``, gets the error each client acts on
+  (:func:`~vime_core.agent.apis.context_overflow_error`: Anthropic "prompt is too long: N tokens > M maximum", OpenAI
+  ``context_length_exceeded``, in a ``response.failed`` event for a streamed Responses request); it does not count
+  against ``max_turns``, and the samples record ``context_exhausted`` / ``context_overflows``.
 * **Streaming** sends ``message_start`` / ``response.created`` at once and pings while the engine works, then the
   whole turn (the engine call itself is not streamed).
 """
@@ -50,6 +59,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from vime_core.agent.apis import (
+    CONTEXT_LENGTH_EXCEEDED,
     APIError,
     ChatRequest,
     ChatResult,
@@ -59,6 +69,7 @@ from vime_core.agent.apis import (
     anthropic_start_event,
     chat_chunks,
     chat_completion,
+    context_overflow_error,
     openai_error,
     parse_anthropic,
     parse_chat,
@@ -68,7 +79,7 @@ from vime_core.agent.apis import (
     responses_output,
 )
 from vime_core.agent.backends import GatewayBackend, engine_versions
-from vime_core.agent.chat import ChatMessage, ChatRenderer
+from vime_core.agent.chat import ChatMessage, ChatRenderer, ModelTurn
 from vime_core.agent.tool_parsers import ToolCall, ToolParser
 from vime_core.agent.trajectory import DEFAULT_MAX_REALIGN_TOKENS, Placement, Trajectory, TurnRecord
 from vime_core.types import Sample
@@ -77,6 +88,8 @@ logger = logging.getLogger("vime.agent")
 
 #: Responses API: how many responses per session ``previous_response_id`` can refer to (the most recent ones).
 MAX_STORED_RESPONSES = 32
+#: vLLM's refusal of a prompt longer than the engine's context (``max_model_len``); group 1 is that length
+_ENGINE_CONTEXT_LIMIT = re.compile(r"maximum (?:context|model) length (?:is |of )?(\d+)")
 #: error message of a request beyond the session's ``max_turns`` (harnesses look for it to report ``max_turns``)
 TURN_BUDGET_MESSAGE = "vime agent gateway: the episode's turn budget is spent"
 
@@ -108,7 +121,7 @@ class Session:
     turns: list[TurnRecord] = field(default_factory=list)
     placements: list[Placement] = field(default_factory=list)
     responses: dict[str, list[ChatMessage]] = field(default_factory=dict)
-    generated: dict[str, tuple[str, str]] = field(default_factory=dict)  # history="model": signature → (raw, eot)
+    generated: dict[str, ModelTurn] = field(default_factory=dict)  # history="model": signature → the model's output
     lock: threading.Lock = field(default_factory=threading.Lock)
     idle: threading.Condition = field(init=False)
     inflight: int = 0
@@ -117,6 +130,7 @@ class Session:
     max_turns: int | None = None
     started_turns: int = 0
     refused_turns: int = 0
+    context_overflows: int = 0
 
     def __post_init__(self) -> None:
         self.idle = threading.Condition(self.lock)
@@ -254,6 +268,8 @@ class AgentGateway:
                 "session_turns": len(session.turns),
                 "gateway_errors": session.errors,
                 "refused_turns": session.refused_turns,
+                "context_exhausted": session.context_overflows > 0,
+                "context_overflows": session.context_overflows,
                 **session.metadata,
                 **(extra_metadata or {}),
             }
@@ -308,9 +324,7 @@ class AgentGateway:
         if ctx:
             room = ctx - prompt_len
             if room <= 0:
-                raise APIError(
-                    400, "invalid_request_error", f"prompt is {prompt_len} tokens; the context limit is {ctx}"
-                )
+                raise self._context_overflow(session, req, prompt_len, ctx)
             max_tokens = min(max_tokens, room)
         if max_tokens < 1:
             raise APIError(400, "invalid_request_error", "max_tokens must be at least 1")
@@ -328,6 +342,15 @@ class AgentGateway:
                 p["structured_outputs"] = {"grammar": grammar}
         return p
 
+    def _context_overflow(self, session: Session, req: ChatRequest, prompt_len: int, ctx: int) -> APIError:
+        """Record that the episode's context ran out; the error the client recognises (the request is not counted
+        against ``max_turns``: the agent compacts its conversation and retries)."""
+        with session.lock:
+            session.context_overflows += 1
+            session.started_turns -= 1
+        logger.info("session %s: prompt of %d tokens fills the context window of %d", session.sid, prompt_len, ctx)
+        return context_overflow_error(req.api, prompt_len, ctx)
+
     def _render(self, session: Session, req: ChatRequest) -> str:
         """The prompt text; with ``history="model"``, assistant messages this session generated are rendered as the
         model's own output (spliced in place of a sentinel the template rendered as the message)."""
@@ -336,35 +359,21 @@ class AgentGateway:
             return self.renderer.render(req.messages, tools)
         with session.lock:
             generated = dict(session.generated)
-        messages, splices = [], []
-        for m in req.messages:
-            raw = generated.get(_signature(m.content, m.tool_calls)) if m.role == "assistant" else None
-            if raw is None:
-                messages.append(m)
-                continue
-            sentinel = f"\ue000vime-turn-{len(splices)}\ue001"
-            messages.append(ChatMessage("assistant", sentinel))
-            splices.append((sentinel, *raw))
-        if not splices:
-            return self.renderer.render(messages, tools)
-        text = self.renderer.render(messages, tools)
-        for sentinel, raw, eot in splices:
-            i = text.find(sentinel)
-            if i < 0 or text.find(sentinel, i + 1) >= 0:  # the template did not render the content verbatim
-                return self.renderer.render(req.messages, tools)
-            j = i + len(sentinel)
-            if eot and text.startswith(eot, j):
-                j += len(eot)  # the raw output carries the end-of-turn token the model emitted
-            elif eot:
-                raw = raw[: -len(eot)]
-            text = text[:i] + raw + text[j:]
-        return text
+        turns: dict[int, ModelTurn] = {}
+        for i, m in enumerate(req.messages):
+            turn = generated.get(_signature(m.content, m.tool_calls)) if m.role == "assistant" else None
+            if turn is not None:
+                turns[i] = turn
+        if not turns:
+            return self.renderer.render(req.messages, tools)
+        spliced = self.renderer.render_with_turns(req.messages, tools, turns)
+        if spliced is None:  # the template did not render the content verbatim
+            return self.renderer.render(req.messages, tools)
+        return spliced.text
 
     def _remember_output(self, session: Session, content: str, calls: list[ToolCall], ids: list[int]) -> None:
         """history="model": remember the raw output behind the message the client will re-send (session locked)."""
-        raw = self.renderer.decode(ids)
-        eot = self.renderer.decode(ids[-1:]) if ids and ids[-1] in self.renderer.special_ids else ""
-        session.generated[_signature(content, calls)] = (raw, eot)
+        session.generated[_signature(content, calls)] = self.renderer.model_turn(ids)
 
     def _prepare(self, session: Session, req: ChatRequest) -> tuple[Any, dict[str, Any]]:
         """Render, plan the prompt ids, choose sampling parameters (no engine call)."""
@@ -393,11 +402,14 @@ class AgentGateway:
         except APIError:
             raise
         except Exception as e:  # noqa: BLE001 - engine/router failure: a server error the agent may retry
+            m = re.search(r" returned (4\d\d)", str(e))  # RouterClientError of a 4xx: the request's fault
+            limit = _ENGINE_CONTEXT_LIMIT.search(str(e)) if m else None
+            if limit:  # vLLM refused a prompt longer than its max_model_len
+                raise self._context_overflow(session, req, len(plan.prompt_ids), int(limit.group(1))) from e
             with session.lock:
                 session.errors += 1
                 session.started_turns -= 1  # not recorded: the retry does not count against max_turns
             logger.warning("session %s: engine call failed: %s: %s", session.sid, type(e).__name__, e)
-            m = re.search(r" returned (4\d\d)", str(e))  # RouterClientError of a 4xx: the request's fault
             if m:
                 raise APIError(400, "invalid_request_error", f"the engine rejected the request: {e}") from e
             raise APIError(
@@ -426,7 +438,9 @@ class AgentGateway:
         calls: list[ToolCall] = []
         ill_formed = False
         content = visible
-        if req.tools and req.tool_choice != "none":
+        if req.tools and req.tool_choice != "none" and out.finish_reason != "length":
+            # a turn cut by the token budget is never executed: its text (a call cut in the middle included) goes
+            # back as text with stop reason max_tokens, and the turn is recorded truncated (not trained)
             parsed = self.renderer.parser.parse(visible)
             content, calls, ill_formed = parsed.content, parsed.tool_calls, parsed.ill_formed
             prefix = "toolu_" if req.api == "anthropic" else "call_"
@@ -546,6 +560,13 @@ class AgentGateway:
                 plan, params = self._prepare(session, req)
             except APIError as e:
                 self._leave(session)
+                if req.stream and api == "responses" and e.code == CONTEXT_LENGTH_EXCEEDED:
+                    # OpenAI reports it in the stream: Codex reads the code only from a response.failed event
+                    return StreamingResponse(
+                        responses_failed_stream(req, e),
+                        media_type="text/event-stream",
+                        headers={"cache-control": "no-cache"},
+                    )
                 return error(e, api)
             task = asyncio.ensure_future(self._generate(session, req, plan, params))
             task.add_done_callback(lambda _t: self._leave(session))
@@ -674,13 +695,24 @@ class AgentGateway:
             try:
                 res = task.result()
             except APIError as e:
-                failed = responses_object(req, rid, created, status="failed", output=[], res=None)
-                failed["error"] = {"code": "server_error", "message": e.message}
-                yield ev({"type": "response.failed", "response": failed})
+                yield ev({"type": "response.failed", "response": responses_failed(req, rid, created, e)})
                 return
             remember(session, rid, req, res)
             for e in responses_events(req, rid, created, res, responses_output(res)):
                 yield ev(e)
+
+        def responses_failed(req: ChatRequest, rid: str, created: float, e: APIError) -> dict[str, Any]:
+            failed = responses_object(req, rid, created, status="failed", output=[], res=None)
+            failed["error"] = {"code": e.code or "server_error", "message": e.message}
+            return failed
+
+        async def responses_failed_stream(req: ChatRequest, e: APIError) -> AsyncIterator[bytes]:
+            """A streamed Responses request refused before generation: ``response.created``, ``response.failed``."""
+            rid, created = "resp_" + uuid.uuid4().hex[:24], time.time()
+            pending = responses_object(req, rid, created, status="in_progress", output=[], res=None)
+            yield sse({"type": "response.created", "response": pending, "sequence_number": 0})
+            failed = responses_failed(req, rid, created, e)
+            yield sse({"type": "response.failed", "response": failed, "sequence_number": 1})
 
         @app.post("/v1/responses")
         async def responses(request: Request) -> Any:

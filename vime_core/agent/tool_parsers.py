@@ -9,7 +9,9 @@ Built in:
 
 * ``hermes`` (alias ``qwen``): ``<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`` blocks, as in
   Hermes-2-Pro and Qwen2.5/Qwen3 chat templates (tools in ``<tools></tools>``, results in
-  ``<tool_response></tool_response>``).
+  ``<tool_response></tool_response>``). A call is read by JSON structure (to the object's matching brace), so a
+  ``</tool_call>`` inside a string argument does not end it; :meth:`ToolParser.stream` parses incrementally with
+  the same result for any chunking.
 * ``openai`` (alias ``json``): the whole turn is a JSON tool call in the OpenAI tools schema — one object or a list
   of ``{"type": "function", "function": {"name", "arguments"}}``, ``{"name", "arguments"}`` or
   ``{"name", "parameters"}``, optionally wrapped as ``{"tool_calls": [...]}`` (Llama-3.x style JSON tool calling).
@@ -26,7 +28,6 @@ from __future__ import annotations
 
 import importlib
 import json
-import re
 import uuid
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -122,6 +123,13 @@ class ToolParser:
         """Split a model turn (special tokens already removed) into content and tool calls. Never raises."""
         raise NotImplementedError
 
+    def stream(self) -> ToolCallStream:
+        """An incremental parser of one turn: :meth:`ToolCallStream.feed` chunks of text as they arrive, then
+        :meth:`ToolCallStream.close`; :meth:`ToolCallStream.result` equals :meth:`parse` of the whole text for any
+        chunking. This default buffers the turn and parses it at ``close``; formats with a streaming parser
+        override it."""
+        return _BufferedStream(self)
+
     def format_calls(self, calls: list[ToolCall]) -> str:
         """The text a model of this format writes for ``calls`` (used when the chat template has no tool support)."""
         raise NotImplementedError
@@ -169,36 +177,258 @@ class ToolParser:
         return str(alts[0] if len(alts) == 1 else xg.Grammar.union(*alts))
 
 
+@dataclass
+class StreamEvent:
+    """What a :class:`ToolCallStream` decided: ``kind`` ``"text"`` (``text`` is content, in order) or ``"call"``
+    (``call`` is a complete, valid tool call)."""
+
+    kind: str
+    text: str = ""
+    call: ToolCall | None = None
+
+
+class ToolCallStream:
+    """Incremental parsing of one model turn (see :meth:`ToolParser.stream`).
+
+    Text is emitted as soon as it cannot be part of a call any more (a possible start tag at the end of a chunk is
+    held back), calls as soon as they are complete. The concatenated ``"text"`` events are the content before the
+    final whitespace strip of :class:`ParseResult` (turns with calls); the ``"call"`` events are its calls.
+    """
+
+    def __init__(self) -> None:
+        self._content: list[str] = []
+        self._calls: list[ToolCall] = []
+        self._errors: list[str] = []
+        self._closed = False
+
+    def feed(self, chunk: str) -> list[StreamEvent]:
+        """Parse ``chunk`` (the next piece of the turn's text); the events it decided.
+
+        :raises RuntimeError: after :meth:`close`.
+        """
+        if self._closed:
+            raise RuntimeError("ToolCallStream.feed after close")
+        events: list[StreamEvent] = []
+        self._advance(chunk, events)
+        return events
+
+    def close(self) -> list[StreamEvent]:
+        """End of the turn: flush what was held back (an open call becomes ill-formed text); the last events."""
+        if self._closed:
+            return []
+        self._closed = True
+        events: list[StreamEvent] = []
+        self._finish(events)
+        return events
+
+    def result(self) -> ParseResult:
+        """The parse of everything fed (call after :meth:`close`)."""
+        content = "".join(self._content)
+        return ParseResult(
+            content=content.strip() if self._calls else content,
+            tool_calls=list(self._calls),
+            ill_formed=bool(self._errors),
+            errors=list(self._errors),
+        )
+
+    # -- for subclasses ------------------------------------------------------------------------------------------
+    def _text(self, text: str, events: list[StreamEvent]) -> None:
+        if text:
+            self._content.append(text)
+            events.append(StreamEvent("text", text))
+
+    def _call(self, call: ToolCall, events: list[StreamEvent]) -> None:
+        self._calls.append(call)
+        events.append(StreamEvent("call", call=call))
+
+    def _advance(self, chunk: str, events: list[StreamEvent]) -> None:
+        raise NotImplementedError
+
+    def _finish(self, events: list[StreamEvent]) -> None:
+        raise NotImplementedError
+
+
+class _BufferedStream(ToolCallStream):
+    """Buffers the turn; parses it with the parser's :meth:`ToolParser.parse` at close."""
+
+    def __init__(self, parser: ToolParser) -> None:
+        super().__init__()
+        self._parser, self._buf = parser, []
+
+    def _advance(self, chunk: str, events: list[StreamEvent]) -> None:
+        self._buf.append(chunk)
+
+    def _finish(self, events: list[StreamEvent]) -> None:
+        r = self._parser.parse("".join(self._buf))
+        self._text(r.content, events)
+        for c in r.tool_calls:
+            self._call(c, events)
+        self._errors.extend(r.errors)
+
+
+_WS = " \t\r\n"
+
+
+def _held_prefix(buf: str, tag: str) -> int:
+    """Length of the longest proper prefix of ``tag`` that ``buf`` ends with (text that may still become ``tag``)."""
+    for k in range(min(len(tag) - 1, len(buf)), 0, -1):
+        if buf.endswith(tag[:k]):
+            return k
+    return 0
+
+
+class _HermesStream(ToolCallStream):
+    """The state machine of :class:`HermesToolParser` (see its docstring); every character is decided once, from
+    the text seen so far, so the result does not depend on how the text was chunked."""
+
+    def __init__(self, start: str, end: str) -> None:
+        super().__init__()
+        self._start, self._end = start, end
+        self._buf = ""  # undecided text
+        self._in_call = False
+        self._phase = ""  # in a call: "pre" (whitespace before the object), "json", "post" (after it), "raw"
+        self._block: list[str] = []  # the call's text so far, from the start tag
+        self._obj: list[str] = []
+        self._depth, self._in_str, self._esc = 0, False, False
+
+    def _advance(self, chunk: str, events: list[StreamEvent]) -> None:
+        self._buf += chunk
+        while self._buf:
+            if not self._in_call:
+                i = self._buf.find(self._start)
+                if i < 0:
+                    keep = _held_prefix(self._buf, self._start)
+                    self._text(self._buf[: len(self._buf) - keep], events)
+                    self._buf = self._buf[len(self._buf) - keep :]
+                    return
+                self._text(self._buf[:i], events)
+                self._buf = self._buf[i + len(self._start) :]
+                self._in_call, self._phase = True, "pre"
+                self._block, self._obj = [self._start], []
+                self._depth, self._in_str, self._esc = 0, False, False
+            elif self._phase == "pre":
+                c = self._buf[0]
+                if c in _WS:
+                    self._block.append(c)
+                    self._buf = self._buf[1:]
+                elif c == "{":
+                    self._phase = "json"
+                else:
+                    self._phase = "raw"
+                    self._errors.append("<tool_call> is not followed by a JSON object")
+            elif self._phase == "json":
+                self._scan_json()
+            elif self._phase == "post":
+                if not self._post(events):
+                    return
+            elif not self._raw(events):
+                return
+
+    def _scan_json(self) -> None:
+        """Consume the buffer up to the end of the JSON object (or all of it)."""
+        buf, i, n = self._buf, 0, len(self._buf)
+        depth, in_str, esc = self._depth, self._in_str, self._esc
+        while i < n:
+            c = buf[i]
+            i += 1
+            if in_str:
+                if esc:
+                    esc = False
+                elif c == "\\":
+                    esc = True
+                elif c == '"':
+                    in_str = False
+            elif c == '"':
+                in_str = True
+            elif c in "{[":
+                depth += 1
+            elif c in "}]":
+                depth -= 1
+                if depth == 0:
+                    self._phase = "post"
+                    break
+        self._depth, self._in_str, self._esc = depth, in_str, esc
+        self._obj.append(buf[:i])
+        self._block.append(buf[:i])
+        self._buf = buf[i:]
+
+    def _post(self, events: list[StreamEvent]) -> bool:
+        """After the object: whitespace, then the end tag. False when more text is needed to decide."""
+        buf = self._buf
+        j = 0
+        while j < len(buf) and buf[j] in _WS:
+            j += 1
+        self._block.append(buf[:j])
+        buf = self._buf = buf[j:]
+        if not buf:
+            return False
+        if buf.startswith(self._end):
+            self._block.append(self._end)
+            self._buf = buf[len(self._end) :]
+            self._in_call = False
+            obj = "".join(self._obj)
+            try:
+                call = _call_from_obj(json.loads(obj))
+            except (ValueError, json.JSONDecodeError) as e:
+                self._errors.append(f"{type(e).__name__}: {e}")
+                self._text("".join(self._block), events)  # an unparseable call stays visible as text
+            else:
+                self._call(call, events)
+            return True
+        if self._end.startswith(buf):
+            return False  # a partial end tag: wait
+        self._phase = "raw"
+        self._errors.append(f"text after the JSON object before {self._end}")
+        return True
+
+    def _raw(self, events: list[StreamEvent]) -> bool:
+        """An ill-formed block: everything up to and including the next end tag stays as text."""
+        i = self._buf.find(self._end)
+        if i < 0:
+            keep = _held_prefix(self._buf, self._end)
+            self._block.append(self._buf[: len(self._buf) - keep])
+            self._buf = self._buf[len(self._buf) - keep :]
+            return False
+        self._block.append(self._buf[: i + len(self._end)])
+        self._buf = self._buf[i + len(self._end) :]
+        self._in_call = False
+        self._text("".join(self._block), events)
+        return True
+
+    def _finish(self, events: list[StreamEvent]) -> None:
+        if self._in_call:
+            self._errors.append(f"unclosed {self._start}")
+            self._text("".join(self._block) + self._buf, events)
+        else:
+            self._text(self._buf, events)
+        self._buf, self._in_call = "", False
+
+
 class HermesToolParser(ToolParser):
-    """``<tool_call>{json}</tool_call>`` blocks (Hermes / Qwen2.5 / Qwen3)."""
+    """``<tool_call>{json}</tool_call>`` blocks (Hermes / Qwen2.5 / Qwen3), parsed by JSON structure.
+
+    A call is the JSON object that follows ``<tool_call>`` (whitespace allowed), read to its matching closing brace
+    with JSON string rules (quotes, backslash escapes), then whitespace and ``</tool_call>``. A ``</tool_call>``
+    *inside* a JSON string argument is therefore part of the argument, not the end of the call (a regex up to the
+    first closing tag would cut the call there). A block that is not such an object (bad JSON, missing name, text
+    before the closing tag) is ill-formed and stays in ``content`` up to and including its ``</tool_call>``; a block
+    still open at the end of the text (unclosed tag, unterminated object, e.g. an output cut by the token budget) is
+    ill-formed and stays in ``content`` as written. :meth:`stream` parses the same way incrementally.
+    """
 
     name = "hermes"
     START, END = "<tool_call>", "</tool_call>"
-    _BLOCK = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 
     def parse(self, text: str) -> ParseResult:
         if self.START not in text:
             return ParseResult(content=text)
-        calls: list[ToolCall] = []
-        errors: list[str] = []
-        kept: list[str] = []
-        pos = 0
-        for m in self._BLOCK.finditer(text):
-            kept.append(text[pos : m.start()])
-            try:
-                calls.append(_call_from_obj(json.loads(m.group(1).strip())))
-            except (ValueError, json.JSONDecodeError) as e:
-                errors.append(f"{type(e).__name__}: {e}")
-                kept.append(m.group(0))  # an unparseable block stays visible as text
-            pos = m.end()
-        rest = text[pos:]
-        if self.START in rest:
-            errors.append("unclosed <tool_call>")
-        kept.append(rest)
-        content = "".join(kept)
-        return ParseResult(
-            content=content.strip() if calls else content, tool_calls=calls, ill_formed=bool(errors), errors=errors
-        )
+        s = self.stream()
+        s.feed(text)
+        s.close()
+        return s.result()
+
+    def stream(self) -> ToolCallStream:
+        return _HermesStream(self.START, self.END)
 
     def format_calls(self, calls: list[ToolCall]) -> str:
         return "\n".join(self.call_prefix(c.name) + c.arguments_json() + self.call_suffix() for c in calls)

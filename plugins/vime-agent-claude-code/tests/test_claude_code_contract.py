@@ -169,3 +169,38 @@ def test_requested_tools_reach_the_gateway(prepared, tiny_tokenizer, tools):
     else:
         assert len(turns) == 1
 
+
+
+@pytest.mark.integration
+def test_prompt_too_long_is_recognised_by_claude_code(prepared, tiny_tokenizer):
+    """A session whose context window (300 tokens) is smaller than Claude Code's first request: the gateway answers
+    with the Anthropic API's overflow error, which the real CLI recognises as such (``terminal_reason``
+    ``prompt_too_long``, its own "Prompt is too long" message with the token counts it parsed from ours), and the
+    episode records that its context ran out."""
+    import asyncio
+    import uuid
+
+    from vime_core.agent.backends import ScriptedBackend
+    from vime_core.agent.gateway import AgentGateway
+
+    harness = ClaudeCodeHarness(tools=["Bash", "Read"], version=prepared.version)
+    out: dict = {}
+
+    async def body(gw, sid):
+        async with LocalSandbox() as sb:
+            addr = await sb.expose_host_port(gw.port)
+            out["result"] = await harness.run(sb, prompt="Say hi.", budget=AgentBudget(3, 256, 120),
+                                              endpoint=AgentEndpoint(f"http://{addr}", sid, "vime-policy"))
+
+    backend = ScriptedBackend(tiny_tokenizer, ["Done."])
+    with AgentGateway(tiny_tokenizer, backend, served_model_name="vime-policy") as gw:
+        sid = f"sk-ctx-{uuid.uuid4().hex[:8]}"
+        gw.open_session(sid, max_context_len=300)
+        asyncio.run(body(gw, sid))
+        overflows = gw._sessions[sid].context_overflows
+    r = out["result"]
+    report = json.loads(r.stdout.strip().splitlines()[-1])
+    assert (report["terminal_reason"], report["api_error_status"], report["is_error"]) == (
+        "prompt_too_long", 400, True)
+    assert re.match(r"Prompt is too long · the request is ~\d+ tokens \(limit 299\)", report["result"]), report
+    assert (overflows, backend.calls) == (1, [])  # refused before the engine; recorded on the session

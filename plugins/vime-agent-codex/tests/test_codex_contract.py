@@ -9,7 +9,7 @@ import shlex
 import pytest
 from vime_agent_codex.harness import DEFAULT_VERSION, CodexHarness
 
-from vime_core.agent.harness import AgentEndpoint
+from vime_core.agent.harness import AgentBudget, AgentEndpoint
 from vime_core.plugins import get_plugins
 from vime_core.sandbox.local import LocalSandbox
 from vime_core.testing import AgentHarnessContract
@@ -158,6 +158,18 @@ def test_compact_config_and_instructions_file(tmp_path):
         CodexHarness.from_args(parser.parse_args(["--agent-codex-instructions-file", str(tmp_path / "missing.md")]))
 
 
+async def run_compact_codex(gw, sid: str):
+    """The real CLI in compact mode, in a local sandbox, against ``gw`` as session ``sid``: "Say done.", 2 turns."""
+    async with LocalSandbox() as sb:
+        addr = await sb.expose_host_port(gw.port)
+        return await CodexHarness(compact=True).run(
+            sb,
+            prompt="Say done.",
+            budget=AgentBudget(max_turns=2, wall_time_s=120),
+            endpoint=AgentEndpoint(f"http://{addr}", sid, gw.served_model_name),
+        )
+
+
 @pytest.mark.integration
 def test_compact_first_request_real_cli(prepared, tmp_path):
     """The real CLI with ``--agent-codex-compact`` sends exactly the compact instructions and the two shell tools
@@ -170,7 +182,6 @@ def test_compact_first_request_real_cli(prepared, tmp_path):
     from vime_core.agent import apis
     from vime_core.agent.backends import ScriptedBackend
     from vime_core.agent.gateway import AgentGateway
-    from vime_core.agent.harness import AgentBudget
     from vime_core.testing.tiny_model import build_tiny_model
 
     tok = AutoTokenizer.from_pretrained(str(build_tiny_model(tmp_path / "tiny")))
@@ -181,21 +192,9 @@ def test_compact_first_request_real_cli(prepared, tmp_path):
     import vime_core.agent.gateway as gateway_mod
 
     gateway_mod.parse_responses = lambda body, history=None: bodies.append(body) or orig(body, history)
-    harness = CodexHarness(compact=True)
-
-    async def episode():
-        async with LocalSandbox() as sb:
-            addr = await sb.expose_host_port(gw.port)
-            return await harness.run(
-                sb,
-                prompt="Say done.",
-                budget=AgentBudget(max_turns=2, wall_time_s=120),
-                endpoint=AgentEndpoint(f"http://{addr}", "sk-c", gw.served_model_name),
-            )
-
     try:
         gw.open_session("sk-c", max_turns=2)
-        result = asyncio.run(episode())
+        result = asyncio.run(run_compact_codex(gw, "sk-c"))
     finally:
         gateway_mod.parse_responses = orig
         gw.stop()
@@ -207,3 +206,27 @@ def test_compact_first_request_real_cli(prepared, tmp_path):
     assert [r for r, _ in msgs] == ["developer", "user", "user"]  # instructions, environment_context, the prompt
     assert msgs[1][1].lstrip().startswith("<environment_context>") and msgs[2][1] == "Say done."
     assert "<cwd>" in msgs[1][1] and "<current_date>" not in msgs[1][1]
+
+
+@pytest.mark.integration
+def test_context_window_exceeded_is_recognised_by_codex(prepared, tmp_path):
+    """A session whose context window (300 tokens) is smaller than Codex's first request: the gateway fails the
+    streamed response with code ``context_length_exceeded``, which the real CLI recognises (its own "ran out of room
+    in the model's context window" error, no retries), and the episode records that its context ran out."""
+    import asyncio
+
+    from transformers import AutoTokenizer
+
+    from vime_core.agent.backends import ScriptedBackend
+    from vime_core.agent.gateway import AgentGateway
+    from vime_core.testing.tiny_model import build_tiny_model
+
+    tok = AutoTokenizer.from_pretrained(str(build_tiny_model(tmp_path / "tiny")))
+    backend = ScriptedBackend(tok, ["Done."])
+    with AgentGateway(tok, backend) as gw:
+        gw.open_session("sk-x", max_context_len=300)
+        result = asyncio.run(run_compact_codex(gw, "sk-x"))
+        overflows = gw._sessions["sk-x"].context_overflows
+    out = result.stdout + result.stderr
+    assert "ran out of room in the model's context window" in out, out[-3000:]
+    assert (overflows, backend.calls) == (1, [])  # not retried, refused before the engine, recorded
