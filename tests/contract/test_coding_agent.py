@@ -215,6 +215,8 @@ def test_through_the_rollout_manager(context, he0):
         teacher=None,
         aborting=False,
         weight_version=0,
+        samples_done=0,
+        _report_progress=lambda done, wanted=None, force=True: None,  # no progress bar here
     )
     group = [_sample(he0, 0), _sample(he0, 1)]
     asyncio.run(_run_groups(mgr, [group], 0))

@@ -190,6 +190,8 @@ def test_sandbox_failure_excludes_the_sample_instead_of_scoring_zero():
         teacher=None,
         aborting=False,
         weight_version=0,
+        samples_done=0,
+        _report_progress=lambda done, wanted=None, force=True: None,  # no progress bar here
     )
     group = [task_sample({"solution.py": "def add(a, b):\n    return a + b\n"})]
     asyncio.run(_run_groups(mgr, [group], 0))
