@@ -12,12 +12,23 @@ B. NCCL weight sync: the TP-gathered HF tensors of the trained model broadcast f
    (:func:`vime_core.weight_sync.nccl.broadcast_weights`, xxh3-128 digests attached) into rank 1 running the
    engine-side :func:`vime_core.weight_sync.nccl.receive_weights`; bit-exact or not; then the ~1B model's bf16
    tensors (1.9 GB) without digests: bytes, seconds, GB/s.
-C. The ~1B Llama-shaped model (bench/megatron_step.py's) trained with TP=2: median step time and MFU per GPU.
+C. The ~1B Llama-shaped model (bench/megatron_step.py's) trained with each ``--layouts`` entry (TP=2; TP=1 = data
+   parallelism over the two ranks, each training on its half of the 16-sample global batch): median step time and
+   MFU per GPU; with ``--baseline`` (the JSON of a one-process TP=1 run) the ratio of each to the one-GPU MFU::
+
+    OUT=/tmp/x1 python3 -m torch.distributed.run --standalone --nproc_per_node 1 bench/megatron_x2.py \
+        --phases C --layouts tp1
+    python3 -m torch.distributed.run --standalone --nproc_per_node 2 bench/megatron_x2.py --phases C \
+        --layouts tp2,tp1 --baseline /tmp/x1/megatron_x1.json
+
+   One H200, megatron-core 0.16.1, SDPA, no TE, the one-GPU TP=1 baseline: 0.278 s per 16 × 1024-token step, 336
+   TFLOP/s (6·N·tokens), MFU 0.42 of a measured 797 TFLOP/s peak. The two-GPU layouts have not run yet.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import statistics
@@ -176,67 +187,104 @@ def phase_b(trainer, work: Path, res: dict) -> None:
     del big
 
 
-def phase_c(work: Path, res: dict, steps: int = 5, warmup: int = 2) -> None:
+def phase_c(work: Path, res: dict, layout: str = "tp2", steps: int = 5, warmup: int = 2, batch: int = 16) -> None:
+    """The ~1B model trained with ``layout`` (``tp1``: TP=1 on every rank, i.e. data parallelism over the world;
+    ``tp2``: TP=2): median step time of ``batch`` × 1024-token samples per optimizer step (the same global batch in
+    every layout, split over the DP ranks) and MFU per GPU."""
+    from megatron.core import parallel_state as mpu
     from megatron_step import build_model, matmul_peak_tflops, rl_batch
 
-    from vime_core.trainer.megatron_backend import MegatronTrainer
+    from vime_core.trainer.megatron_backend import MegatronTrainer, have_transformer_engine
 
+    tp = int(layout.removeprefix("tp"))
+    world = dist.get_world_size()
     peak = matmul_peak_tflops()
     a = argparse.Namespace(vocab=32000, hidden=2048, ffn=5632, layers=16, heads=16, kv_heads=16, seq=1024)
     d = work / "llama-1b"
-    if dist.get_rank() == 0:
+    if dist.get_rank() == 0 and not d.exists():
         build_model(d, a)
     dist.barrier()
-    from vime_core.trainer.megatron_backend import have_transformer_engine
-
-    sp = have_transformer_engine()  # the local spec's torch norms do not support sequence parallelism
-    trainer = MegatronTrainer(args_for(2, sp=sp, lr=1e-6), d)
-    n_params = sum(p.numel() for p in trainer.gpt.parameters()) * 2  # TP shards (norms counted twice: ~0.001%)
+    if mpu.model_parallel_is_initialized():
+        mpu.destroy_model_parallel()
+    sp = tp > 1 and have_transformer_engine()  # the local spec's torch norms do not support sequence parallelism
+    trainer = MegatronTrainer(args_for(tp, sp=sp, lr=1e-6), d)
+    n_params = sum(p.numel() for p in trainer.gpt.parameters()) * tp  # TP shards (norms counted tp times: ~0.001%)
     times = []
     for step in range(warmup + steps):
-        batch = rl_batch(32000, 8, 1024, seed=step)
+        rl = rl_batch(32000, batch, 1024, seed=step)
         torch.cuda.synchronize()
         t0 = time.perf_counter()
-        trainer.train_step(batch)
+        trainer.train_step(rl)
         torch.cuda.synchronize()
         if step >= warmup:
             times.append(time.perf_counter() - t0)
     step_s = statistics.median(times)
-    tflops = 6 * n_params * 8 * 1024 / step_s / 1e12
-    res["C_1b_tp2"] = {
+    tflops = 6 * n_params * batch * 1024 / step_s / 1e12
+    name = f"C_1b_{layout}_world{world}"
+    res[name] = {
+        "tp": tp,
+        "dp": trainer.dp_size,
+        "gpus": world,
         "sequence_parallel": sp,
         "params": n_params,
+        "global_batch": batch,
         "step_s_median": step_s,
         "step_s_all": times,
         "peak_bf16_tflops": peak,
         "tflops_6nt_total": tflops,
-        "mfu_per_gpu_6nt": tflops / 2 / peak,
+        "mfu_per_gpu_6nt": tflops / world / peak,
     }
-    log(f"C ~1B TP=2: {json.dumps(res['C_1b_tp2'])}")
+    log(f"C ~1B {layout} on {world} GPU(s) (DP={trainer.dp_size}): {json.dumps(res[name])}")
+    del trainer
+    gc.collect()
+    torch.cuda.empty_cache()
+
+
+def mfu_ratios(res: dict, baseline: dict) -> dict[str, float]:
+    """MFU per GPU of every ``C_*`` result over the one-GPU TP=1 baseline's (``C_1b_tp1_world1`` of ``baseline``)."""
+    base = baseline["C_1b_tp1_world1"]["mfu_per_gpu_6nt"]
+    return {k: v["mfu_per_gpu_6nt"] / base for k, v in res.items() if k.startswith("C_1b_")}
 
 
 def main() -> None:
     from vime_core.trainer.megatron_backend import init_distributed
 
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--phases", default="A,B,C", help="phases to run, comma-separated (default A,B,C)")
+    ap.add_argument(
+        "--layouts",
+        default="tp2",
+        help="phase C's layouts, comma-separated: tp1 (TP=1: data parallelism over all ranks; on one process the "
+        "one-GPU baseline) and/or tp2 (default tp2)",
+    )
+    ap.add_argument(
+        "--baseline",
+        default=None,
+        help="JSON written by a one-process `--phases C --layouts tp1` run: print each layout's MFU per GPU over its "
+        "(default: none)",
+    )
+    a = ap.parse_args()
+    phases = set(a.phases.split(","))
     init_distributed()
     work = Path(tempfile.mkdtemp(prefix="vime-x2-")) if dist.get_rank() == 0 else None
     box = [str(work) if work else None]
     dist.broadcast_object_list(box, src=0)
     work = Path(box[0])
     res: dict = {"gpus": torch.cuda.device_count(), "gpu": torch.cuda.get_device_name()}
-    for name, fn in (("A", lambda: phase_a(work, res)),):
+    trainer = None
+    if "A" in phases:
         try:
-            trainer = fn()
+            trainer = phase_a(work, res)
         except Exception as e:  # noqa: BLE001 - report and go on to the next phase
-            trainer = None
-            res[name + "_error"] = repr(e)
-            log(f"phase {name} failed: {e!r}")
+            res["A_error"] = repr(e)
+            log(f"phase A failed: {e!r}")
             import traceback
 
             traceback.print_exc()
-    for name, fn in (("B", lambda: phase_b(trainer, work, res)), ("C", lambda: phase_c(work, res))):
-        if name == "B" and trainer is None:
-            continue
+    todo = [("B", lambda: phase_b(trainer, work, res))] if "B" in phases and trainer is not None else []
+    if "C" in phases:
+        todo += [("C", lambda lay=lay: phase_c(work, res, lay)) for lay in a.layouts.split(",")]
+    for name, fn in todo:
         try:
             fn()
         except Exception as e:  # noqa: BLE001
@@ -245,9 +293,13 @@ def main() -> None:
             import traceback
 
             traceback.print_exc()
+    if a.baseline:
+        res["mfu_ratio_vs_tp1_one_gpu"] = mfu_ratios(res, json.loads(Path(a.baseline).read_text()))
+        log(f"C MFU per GPU / one-GPU TP=1 MFU: {json.dumps(res['mfu_ratio_vs_tp1_one_gpu'])}")
     log("RESULT " + json.dumps(res))
     if dist.get_rank() == 0 and os.environ.get("OUT"):
-        Path(os.environ["OUT"], "megatron_x2.json").write_text(json.dumps(res, indent=1))
+        name = "megatron_x2.json" if dist.get_world_size() > 1 else "megatron_x1.json"
+        Path(os.environ["OUT"], name).write_text(json.dumps(res, indent=1))
     dist.destroy_process_group()
 
 

@@ -193,7 +193,8 @@ def actor_placement() -> dict[str, Any]:
 class TrainerGroup:
     """One :class:`TrainerWorker` Ray actor per trainer rank of ``plan``, with the calls the loop makes.
 
-    Every rank gets every call (collectives inside the backend need all ranks); metrics, weight updates and
+    Every rank gets every call (collectives inside the backend need all ranks; ``train_step`` the whole batch, of
+    which each data-parallel rank trains on its shard); metrics, weight updates and
     checkpoints are rank 0's (the backend gathers onto and writes from rank 0, as Megatron's backend does).
 
     :param args: parsed ``vime run`` arguments.
@@ -226,8 +227,11 @@ class TrainerGroup:
         return ray.get([getattr(w, method).remote(*args) for w in self.workers])
 
     def train_step(self, batch: Any) -> dict[str, float]:
-        """Train every rank on ``batch``; rank 0's metrics."""
-        return self._all("train_step", batch)[0]
+        """Every rank gets the whole ``batch`` (put into Ray's object store once) and trains on its data-parallel
+        shard of it (:func:`vime_core.trainer.rl_step.dp_shard`); rank 0's metrics (summed over the DP ranks)."""
+        import ray
+
+        return self._all("train_step", ray.put(batch) if self.world_size > 1 else batch)[0]
 
     def push_weights(self, version: int) -> WeightUpdate:
         """Every rank gathers (a collective under TP); rank 0's update goes to the engines."""

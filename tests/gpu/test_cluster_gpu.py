@@ -1,7 +1,8 @@
 """The trainer group and engine actors on real GPUs (two H200s): Ray actors per rank, placement from the plan.
 
 * The megatron backend as a Ray trainer group at TP=2 and at DP=2 (one actor per GPU, torch.distributed NCCL from
-  the group's rendezvous): step-1 loss and grad norm equal the one-GPU group's within bf16 tolerance.
+  the group's rendezvous): step-1 loss and grad norm equal the one-GPU group's within bf16 tolerance (at DP=2 each
+  rank trains on one of the batch's two samples, :func:`vime_core.trainer.rl_step.dp_shard`).
 * The torch backend is a one-rank backend: a 2-rank group is refused with a message naming the flags.
 * The exact launch command and environment an engine actor uses for a TP=2 vLLM engine on a 2-GPU bundle (vLLM for
   CUDA is not installed on the GPU machine, so the engine is checked by its launch spec, not started).
@@ -15,6 +16,9 @@ jsonschema, jsonschema-specifications, referencing, rpds-py, attrs::
 
     python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl
     PYTHONPATH=/tmp/site:. python3 -m pytest tests/gpu/test_cluster_gpu.py -q -s    # 4 passed in 147 s
+
+(That run predates the split of the batch over DP ranks; tests/gpu/test_vime_run_megatron_gpu.py drives the same
+layouts through ``vime run``.)
 """
 
 from __future__ import annotations

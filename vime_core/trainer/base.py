@@ -6,6 +6,7 @@ import argparse
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -22,16 +23,24 @@ class TrainerBackend(ABC):
     * :meth:`named_hf_tensors` — the current weights in Hugging Face names/shapes (what vLLM loads).
     * :meth:`save_checkpoint` / :meth:`load_checkpoint` — full state (weights + optimizer) for resume.
     * :meth:`save_hf` — an HF directory loadable by transformers and vLLM.
+    * ``dp_rank`` / ``dp_size`` / :meth:`dp_all_gather` — data parallelism as the shared RL step sees it
+      (:mod:`vime_core.trainer.rl_step`); a one-rank backend keeps the defaults (rank 0 of 1).
     * ``DISTRIBUTED`` — whether the backend runs as several ranks of one ``torch.distributed`` group (the trainer
       group of :mod:`vime_core.orchestration` sets torchrun's environment for each rank); ``False``: one rank only.
     """
 
     NAME: str = ""
     DISTRIBUTED: bool = False
+    dp_rank: int = 0
+    dp_size: int = 1
 
     def __init__(self, args: argparse.Namespace, model_path: Path) -> None:
         self.args = args
         self.model_path = Path(model_path)
+
+    def dp_all_gather(self, obj: Any) -> list[Any]:
+        """Every data-parallel rank's ``obj``, in DP-rank order (one rank: ``[obj]``)."""
+        return [obj]
 
     @abstractmethod
     def train_step(self, batch: RolloutBatch) -> dict[str, float]:

@@ -14,8 +14,9 @@ every estimator and loss term, KL against a frozen reference ``GPTModel``, and `
   :mod:`vime_core.trainer.megatron_convert` (bit-exact both ways); :meth:`MegatronTrainer.named_hf_tensors` gathers
   tensor-parallel shards and exports HF names/shapes for vLLM.
 * Parallelism: tensor parallelism (``--tensor-model-parallel-size``; ``--sequence-parallel`` with TE only: the local
-  spec's torch norms do not support it) and data parallelism over the remaining ranks. Pipeline and context
-  parallelism are refused with a clear error (not implemented in the weight export yet).
+  spec's torch norms do not support it) and data parallelism over the remaining ranks (each DP rank trains on its
+  shard of every mini-batch, :mod:`vime_core.trainer.rl_step` says how the gradient stays the one-GPU one).
+  Pipeline and context parallelism are refused with a clear error (not implemented in the weight export yet).
 * On CPU megatron-core's model code calls ``torch.cuda`` unconditionally (global memory buffer, RNG tracker,
   rotary embeddings); the backend raises :class:`RuntimeError` there instead of shimming it.
 """
@@ -223,6 +224,9 @@ class MegatronTrainer(TrainerBackend):
             mpu.initialize_model_parallel(tensor_model_parallel_size=self.tp)
         self.tp_rank = mpu.get_tensor_model_parallel_rank()
         self.tp_group = mpu.get_tensor_model_parallel_group()
+        self.dp_rank = mpu.get_data_parallel_rank()
+        self.dp_size = mpu.get_data_parallel_world_size()
+        self.dp_group = mpu.get_data_parallel_group()
         tensor_parallel.model_parallel_cuda_manual_seed(int(getattr(args, "seed", 0)))
         torch.manual_seed(int(getattr(args, "seed", 0)))
 
@@ -457,6 +461,17 @@ class MegatronTrainer(TrainerBackend):
         ids, pos = self._batch(samples)
         lp, ent = self.token_log_probs(ids, pos, with_entropy=with_entropy)
         return self.response_slices(samples, lp), None if ent is None else self.response_slices(samples, ent)
+
+    def dp_all_gather(self, obj: Any) -> list[Any]:
+        """Every data-parallel rank's ``obj`` (picklable), in DP-rank order (``all_gather_object`` on Megatron's
+        data-parallel group)."""
+        import torch.distributed as dist
+
+        if self.dp_size == 1:
+            return [obj]
+        out: list[Any] = [None] * self.dp_size
+        dist.all_gather_object(out, obj, group=self.dp_group)
+        return out
 
     def zero_grad(self) -> None:
         self.ddp.zero_grad_buffer()

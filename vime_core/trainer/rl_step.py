@@ -17,6 +17,19 @@ Order of one step (slime's ``train_actor`` order; the formulas are :mod:`vime_co
 A backend implements :class:`PolicyOps` (the torch backend: an HF model on CPU/GPU; the megatron backend: a
 megatron-core ``GPTModel`` with tensor/data parallelism), a reference model with ``log_probs(samples,
 micro_batch_size)`` (:class:`ReferenceOps`) and a critic (:class:`~vime_core.trainer.critic.CriticBase`).
+
+Data parallelism (slime's and Megatron's split): every rank receives the whole batch, so the batch-level steps
+(advantages, whitening, KL shaping, the drift check, the loss denominators) are exactly the one-GPU ones. Each
+data-parallel rank runs the forward/backward passes of its own shard only: of every mini-batch of
+``--global-batch-size`` samples, DP rank ``r`` of ``D`` trains on samples ``r, r + D, r + 2D, ...``
+(:func:`dp_shard`: ``global_batch / D`` samples each; the tensor-parallel ranks of one DP rank share its shard), and
+the no-grad forward passes over the whole batch (old-policy and reference log-probs) are split the same way and
+all-gathered. A micro-batch's loss is weighted by its share of the *global* mini-batch's denominator (trained
+tokens with ``--calculate-per-token-loss``, else trained samples: the global token count is known on every rank
+because every rank holds the batch) and multiplied by ``D``, because Megatron's DDP averages the ranks' gradients
+(divides their sum by ``D``): the reduced gradient equals the one-GPU gradient of the whole mini-batch. The loss
+metrics are summed over the DP ranks before they are normalised. The critic (``ppo``) still trains every mini-batch
+whole on every rank (correct, not faster).
 """
 
 from __future__ import annotations
@@ -54,6 +67,8 @@ class PolicyOps(Protocol):
     ref_model: ReferenceOps | None
     critic: CriticBase | None
     loss_device: torch.device
+    dp_rank: int  # this rank's data-parallel rank (0 … dp_size - 1; the same on the TP ranks of one DP rank)
+    dp_size: int  # data-parallel ranks; the backend's gradient reduction averages over them (1: none)
 
     def policy_log_probs(
         self, samples: list[Sample], with_entropy: bool
@@ -69,6 +84,40 @@ class PolicyOps(Protocol):
 
         :raises FloatingPointError: on a non-finite gradient norm (no update is made).
         """
+
+    def dp_all_gather(self, obj: Any) -> list[Any]:
+        """Every DP rank's ``obj`` (picklable), in DP-rank order (a collective of the DP group)."""
+
+
+def dp_shard(items: list[Any], dp_rank: int, dp_size: int) -> list[Any]:
+    """DP rank ``dp_rank``'s share of ``items``: ``items[dp_rank], items[dp_rank + dp_size], ...`` (slime's strided
+    split of a rollout batch; of a mini-batch of ``global_batch`` samples each rank gets ``global_batch / dp_size``,
+    one more on the first ``global_batch % dp_size`` ranks).
+
+    :raises ValueError: unless ``0 <= dp_rank < dp_size``.
+    """
+    if not 0 <= dp_rank < dp_size:
+        raise ValueError(f"data-parallel rank {dp_rank} is not in 0 … {dp_size - 1}")
+    return items[dp_rank::dp_size]
+
+
+def share_across_dp(backend: PolicyOps, samples: list[Sample], of: dict[int, torch.Tensor]) -> None:
+    """Fill ``of`` (``id(sample) → tensor``, this rank's entries) with every DP rank's entries for ``samples``
+    (keyed by position in ``samples``, the same list on every rank). Nothing to do on one DP rank."""
+    if backend.dp_size == 1:
+        return
+    mine = {i: of[id(s)] for i, s in enumerate(samples) if id(s) in of}
+    for part in backend.dp_all_gather(mine):
+        for i, t in part.items():
+            of.setdefault(id(samples[i]), t)
+
+
+def dp_log_probs(backend: PolicyOps, samples: list[Sample], compute: Any) -> dict[int, torch.Tensor]:
+    """``compute(shard) → {id(sample): tensor}`` on this DP rank's shard of ``samples``, all-gathered: every rank
+    returns the entries of all ``samples`` (a no-grad forward pass split over the DP ranks)."""
+    out = compute(dp_shard(samples, backend.dp_rank, backend.dp_size))
+    share_across_dp(backend, samples, out)
+    return out
 
 
 def micro_batches(samples: list[Sample], micro_batch_size: int) -> Iterator[list[Sample]]:
@@ -118,9 +167,15 @@ def rl_train_step(backend: PolicyOps, batch: RolloutBatch) -> dict[str, float]:
     lr_schedule = policy_lr_schedule(args)
     lr_used: list[float] = []
 
+    dp_rank, dp_size = backend.dp_rank, backend.dp_size
     # trainer-side behaviour-policy log-probs, before any update (else filled by the first, only, mini-batch)
-    old_of = old_log_probs(backend, samples) if len(minibatches) > 1 or kl_coef != 0.0 else {}
-    ref_of = backend.ref_model.log_probs(samples, args.micro_batch_size) if backend.ref_model is not None else {}
+    old_of = {}
+    if len(minibatches) > 1 or kl_coef != 0.0:
+        old_of = dp_log_probs(backend, samples, lambda part: old_log_probs(backend, part))
+    ref_of = {}
+    if backend.ref_model is not None:
+        ref = backend.ref_model
+        ref_of = dp_log_probs(backend, samples, lambda part: ref.log_probs(part, args.micro_batch_size))
     kl = None
     if kl_coef != 0.0:
         behaviour = rollout_of if use_rollout else old_of
@@ -161,9 +216,9 @@ def rl_train_step(backend: PolicyOps, batch: RolloutBatch) -> dict[str, float]:
                 critic_sums[k] = critic_sums.get(k, 0.0) + v / len(minibatches)
         if critic_only:
             continue
-        total = weight(minibatch)
+        total = weight(minibatch)  # global: every DP rank holds the whole mini-batch
         backend.zero_grad()
-        for mb in micro_batches(minibatch, args.micro_batch_size):
+        for mb in micro_batches(dp_shard(minibatch, dp_rank, dp_size), args.micro_batch_size):
             lps, ents = backend.policy_log_probs(mb, True)
             lps = [lp.float() for lp in lps]
             for s, lp in zip(mb, lps, strict=True):
@@ -184,11 +239,13 @@ def rl_train_step(backend: PolicyOps, batch: RolloutBatch) -> dict[str, float]:
             count = weight(mb)
             if count == 0:
                 continue
-            (out.loss * (count / total)).backward()
+            # × dp_size: the backend's gradient reduction averages over the DP ranks (see the module docstring)
+            (out.loss * (count * dp_size / total)).backward()
             for k, v in out.metrics.items():
                 sums[k] = sums.get(k, 0.0) + float(v) * count
             weight_total += count
-        if drift is None:  # every sample's pre-update log-probs are known by now
+        if drift is None:  # every sample's pre-update log-probs are known by now (the other DP ranks' shards: shared)
+            share_across_dp(backend, samples, old_of)
             drift = check_logprob_drift(
                 [old_of[id(s)] for s in samples],
                 [rollout_of[id(s)] for s in samples],
@@ -200,6 +257,10 @@ def rl_train_step(backend: PolicyOps, batch: RolloutBatch) -> dict[str, float]:
         set_lr(backend.optimizer, lr_used[-1])
         grad_norms.append(backend.optimizer_step())
         backend.steps_done += 1
+    if dp_size > 1:  # the loss metrics of every DP rank's shard
+        parts = backend.dp_all_gather((sums, weight_total))
+        sums = {k: sum(p[0].get(k, 0.0) for p in parts) for k in sorted({k for p in parts for k in p[0]})}
+        weight_total = sum(p[1] for p in parts)
     metrics = {f"train/{k}": v / max(weight_total, 1.0) for k, v in sums.items()}
     metrics.update({f"train/{k}": v for k, v in adv_metrics.items()})
     if drift is not None:
