@@ -1,5 +1,5 @@
-"""The ``vime`` command: ``run``, ``model``, ``data reasoning-gym``, ``plugins``, ``args``, ``sandbox cleanup``,
-``agent prepare``."""
+"""The ``vime`` command: ``run``, ``eval``, ``model``, ``data reasoning-gym``, ``plugins``, ``args``,
+``sandbox cleanup``, ``agent prepare``."""
 
 from __future__ import annotations
 
@@ -17,6 +17,14 @@ def _cmd_run(argv: list[str]) -> int:
 
     args = parse_run_args(argv)
     run(args)
+    return 0
+
+
+def _cmd_eval(argv: list[str]) -> int:
+    from vime_core.arguments import parse_run_args
+    from vime_core.loop import evaluate
+
+    evaluate(parse_run_args(argv, command="eval"))
     return 0
 
 
@@ -178,6 +186,7 @@ def _cmd_agent(argv: list[str]) -> int:
 
 COMMANDS = {
     "run": _cmd_run,
+    "eval": _cmd_eval,
     "agent": _cmd_agent,
     "model": _cmd_model,
     "data": _cmd_data,

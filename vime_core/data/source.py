@@ -21,8 +21,12 @@ class DataError(ValueError):
     """Bad prompt data; the message names the file, the line/row and what was expected."""
 
 
-def read_rows(path: Path, input_key: str, label_key: str | None, metadata_key: str | None) -> list[dict[str, Any]]:
+def read_rows(
+    path: Path, input_key: str, label_key: str | None, metadata_key: str | None, flag: str = "--prompt-data"
+) -> list[dict[str, Any]]:
     """Read and check prompt rows.
+
+    :param flag: the flag the file came from, named in errors (``--eval-prompt-data NAME`` for an eval set).
 
     :return: dicts with keys ``prompt``, ``label``, ``metadata``.
     :raises DataError: unreadable file, unsupported suffix, bad JSON, or a row without ``input_key`` (naming the
@@ -30,7 +34,7 @@ def read_rows(path: Path, input_key: str, label_key: str | None, metadata_key: s
     """
     path = Path(path)
     if not path.exists():
-        raise DataError(f"--prompt-data {path}: file not found")
+        raise DataError(f"{flag} {path}: file not found")
     raw: list[tuple[int, Any]] = []
     if path.suffix == ".jsonl":
         with path.open() as f:
@@ -46,7 +50,7 @@ def read_rows(path: Path, input_key: str, label_key: str | None, metadata_key: s
 
         raw = list(enumerate(pq.read_table(path).to_pylist(), 1))
     else:
-        raise DataError(f"--prompt-data {path}: expected a .jsonl or .parquet file")
+        raise DataError(f"{flag} {path}: expected a .jsonl or .parquet file")
     rows = []
     where = "line" if path.suffix == ".jsonl" else "row"
     for lineno, obj in raw:
@@ -67,7 +71,7 @@ def read_rows(path: Path, input_key: str, label_key: str | None, metadata_key: s
             raise DataError(f"{path}:{where} {lineno}: {metadata_key!r} must be an object")
         rows.append({"prompt": prompt, "label": obj.get(label_key) if label_key else None, "metadata": metadata or {}})
     if not rows:
-        raise DataError(f"--prompt-data {path}: no rows")
+        raise DataError(f"{flag} {path}: no rows")
     return rows
 
 

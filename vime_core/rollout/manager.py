@@ -18,6 +18,7 @@ from typing import Any
 
 from vime_core.arguments import sampling_params_from_args
 from vime_core.data.source import DataSource, read_rows
+from vime_core.evaluation import dump_eval_samples, eval_metrics, eval_sampling_params, parse_eval_prompt_data
 from vime_core.plugins import get_plugins
 from vime_core.rollout.context import RolloutContext, set_rollout_context
 from vime_core.types import Sample, Status
@@ -46,12 +47,25 @@ class RolloutManager:
         name = getattr(args, "dynamic_sampling_filter", None)
         self.dynamic_filter = plugins.resolve("dynamic_filter", name) if name else None
         self.tokenizer = AutoTokenizer.from_pretrained(str(self.model_path))
-        self.data_source = DataSource(
-            read_rows(args.prompt_data, args.input_key, args.label_key, args.metadata_key),
-            args.n_samples_per_prompt,
-            shuffle=args.rollout_shuffle,
-            seed=args.seed,
-        )
+        self.data_source = None  # `vime eval` has no training data
+        if args.prompt_data is not None:
+            self.data_source = DataSource(
+                read_rows(args.prompt_data, args.input_key, args.label_key, args.metadata_key),
+                args.n_samples_per_prompt,
+                shuffle=args.rollout_shuffle,
+                seed=args.seed,
+            )
+        # held-out eval sets (--eval-prompt-data): read once, never part of the training buffer
+        self.eval_sets = [
+            (
+                s,
+                read_rows(
+                    s.path, args.input_key, args.label_key, args.metadata_key, flag=f"--eval-prompt-data {s.name}"
+                ),
+            )
+            for s in parse_eval_prompt_data(getattr(args, "eval_prompt_data", None))
+        ]
+        self.eval_reward_fn = plugins.resolve("reward", getattr(args, "eval_reward", None) or args.reward)
         self.engines: list[Any] = []
         self.router: Any = None
         self.client: Any = None
@@ -212,6 +226,56 @@ class RolloutManager:
         self.hook.vime_on_rollout_end(args=self.args, step=step, samples=samples, metrics=metrics)
         return groups, metrics
 
+    # -- evaluation ------------------------------------------------------------------------------------------------
+    def evaluate(self, step: int) -> dict[str, float]:
+        """Generate and score every ``--eval-prompt-data`` set at the engines' current weight version.
+
+        Each prompt gets ``--n-samples-per-eval-prompt`` samples with the ``--eval-*`` sampling parameters, through
+        the training generate function and ``--eval-reward`` (default ``--reward``). Eval samples never enter the
+        training buffer, and the ``vime_on_sample`` / ``vime_on_rollout_end`` hooks are not called for them. With
+        ``--save-eval-samples`` they are written to ``OUTPUT_DIR/eval_samples/<name>/step_<step>.jsonl``.
+
+        :param step: finished training steps (the metric step and the dump's file name).
+        :return: ``eval/<name>/*`` metrics of every set (:func:`vime_core.evaluation.eval_metrics`) plus
+            ``eval/weight_version`` and ``perf/eval_time`` (seconds).
+        :raises RuntimeError: if every sample of a set failed (the first error is included).
+        """
+        t0 = time.perf_counter()
+        version = self.weight_version
+        params = eval_sampling_params(self.args)
+        n = self.args.n_samples_per_eval_prompt
+        metrics: dict[str, float] = {"eval/weight_version": float(version)}
+        for eval_set, rows in self.eval_sets:
+            groups = [
+                [
+                    Sample(
+                        group_index=i,
+                        index=j,
+                        prompt=copy.deepcopy(row["prompt"]),
+                        label=row["label"],
+                        metadata=copy.deepcopy(row["metadata"]),
+                    )
+                    for j in range(n)
+                ]
+                for i, row in enumerate(rows)
+            ]
+            coro = _run_groups(self, groups, step, params=params, reward_fn=self.eval_reward_fn, train=False)
+            if self.producer is not None:  # fully-async: the manager's loop runs in the producer thread
+                asyncio.run_coroutine_threadsafe(coro, self.loop).result()
+            else:
+                self.loop.run_until_complete(coro)
+            samples = [s for g in groups for s in g]
+            failed = [s for s in samples if s.status == Status.FAILED]
+            if failed and len(failed) == len(samples):
+                raise RuntimeError(
+                    f"eval set {eval_set.name!r}: every sample failed; first error: {failed[0].metadata.get('error')}"
+                )
+            metrics.update(eval_metrics(eval_set.name, groups, self.args.reward_key, self.args.eval_pass_threshold))
+            if self.args.save_eval_samples:
+                dump_eval_samples(self.args.output_dir, eval_set.name, step, version, groups, self.args.reward_key)
+        metrics["perf/eval_time"] = time.perf_counter() - t0
+        return metrics
+
     # -- weights ---------------------------------------------------------------------------------------------------
     def update_weights(self, update: WeightUpdate) -> dict[str, float]:
         """Pause every engine, apply ``update``, reset prefix caches, resume; then bump the weight version.
@@ -258,16 +322,27 @@ class RolloutManager:
 
 
 async def _run_groups(
-    self: RolloutManager, groups: list[list[Sample]], step: int, sem: asyncio.Semaphore | None = None
+    self: RolloutManager,
+    groups: list[list[Sample]],
+    step: int,
+    sem: asyncio.Semaphore | None = None,
+    *,
+    params: dict[str, Any] | None = None,
+    reward_fn: Any = None,
+    train: bool = True,
 ) -> None:
     """Generate and score every sample of ``groups`` concurrently (module-level: a class with async methods
     would become an *async* Ray actor, whose methods cannot drive their own event loop). ``sem`` bounds the
-    generate calls in flight when several calls share it (default: ``--rollout-concurrency`` for this call)."""
+    generate calls in flight when several calls share it (default: ``--rollout-concurrency`` for this call).
+
+    ``params`` / ``reward_fn`` default to the training rollout's sampling parameters and reward function; with
+    ``train=False`` (evaluation) the teacher does not score and ``vime_on_sample`` is not called."""
     from vime_core.rollout.oversample import needs_generation, prepare_resume
 
     sem = sem or asyncio.Semaphore(self.args.rollout_concurrency)
     mask_offpolicy = getattr(self.args, "mask_offpolicy_in_partial_rollout", False)
-    params = sampling_params_from_args(self.args)
+    params = sampling_params_from_args(self.args) if params is None else params
+    reward_fn = reward_fn or self.reward_fn
     fanned: dict[int, list[Sample]] = {}  # id(sample) -> the segments a fan-out generate function returned
 
     async def one(sample: Sample) -> None:
@@ -295,11 +370,13 @@ async def _run_groups(
                     s.validate()
                 scored = [s for s in outs if s.status in (Status.COMPLETED, Status.TRUNCATED)]
                 if scored:
-                    reward = await self.reward_fn(self.args, scored[0])
+                    reward = await reward_fn(self.args, scored[0])
                     for s in scored:
                         s.reward = copy.deepcopy(reward)
                         s.metadata.update({k: v for k, v in scored[0].metadata.items() if k not in s.metadata})
-                    if self.teacher is not None:  # on-policy distillation: the teacher scores the sampled tokens
+                    if (
+                        train and self.teacher is not None
+                    ):  # on-policy distillation: the teacher scores the sampled tokens
                         await self.teacher.score(scored)
                 if outs[0] is not sample:
                     fanned[id(sample)] = outs
@@ -308,7 +385,7 @@ async def _run_groups(
                 sample.status = Status.FAILED
                 sample.metadata["error"] = f"{type(e).__name__}: {e}"
                 outs = [sample]
-        for s in outs:
+        for s in outs if train else ():
             self.hook.vime_on_sample(args=self.args, sample=s, step=step)
 
     await asyncio.gather(*(one(s) for g in groups for s in g))
