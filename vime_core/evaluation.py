@@ -175,7 +175,8 @@ def eval_metrics(
 
 
 def sample_record(sample: Sample, name: str, step: int, weight_version: int, reward_key: str | None) -> dict:
-    """One line of an eval-sample dump (``--save-eval-samples``)."""
+    """One line of an eval-sample dump (``--save-eval-samples``): ``weight_version`` is the engines' version when the
+    evaluation ran, ``token_weight_versions`` the distinct versions the engine tagged the response tokens with."""
     scored = sample.reward is not None and sample.status in (Status.COMPLETED, Status.TRUNCATED)
     return {
         "eval_set": name,
@@ -189,6 +190,7 @@ def sample_record(sample: Sample, name: str, step: int, weight_version: int, rew
         "label": sample.label,
         "reward": sample.reward_value(reward_key) if scored else None,
         "status": sample.status.value,
+        "token_weight_versions": sorted(set(sample.weight_versions)),
     }
 
 

@@ -135,7 +135,8 @@ def test_eval_metrics_dict_reward_key_and_fanned_out_rollouts():
 def test_eval_line_shows_reward_and_largest_pass_at_k():
     m = eval_metrics("gsm", [[_s(0, 0, 1.0, length=4), _s(0, 1, 0.0, length=6)]])
     m["eval/weight_version"] = 3.0
-    assert eval_line(3, m) == "[vime] eval step 3 (weight version 3) | gsm reward 0.500 pass@2 1.000 resp_len 5.0 truncated 0.00"
+    line = "[vime] eval step 3 (weight version 3) | gsm reward 0.500 pass@2 1.000 resp_len 5.0 truncated 0.00"
+    assert eval_line(3, m) == line
 
 
 def test_dump_eval_samples_records(tmp_path):
@@ -157,6 +158,7 @@ def test_dump_eval_samples_records(tmp_path):
         "label": "2",
         "reward": 1.0,
         "status": "completed",
+        "token_weight_versions": [],
     }
     assert rows[0]["reward"] is None and rows[0]["status"] == "failed"
 
@@ -342,4 +344,5 @@ def test_rollout_manager_evaluate(tiny_model_dir, tmp_path):
         "label": "a1",
         "reward": 1.0,
         "status": "truncated",
+        "token_weight_versions": [0],
     }
