@@ -12,29 +12,16 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
+from vime_core.testing.cli import run_vime as _vime
+
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 N_EVAL = 2  # samples per eval prompt
-
-
-def _vime(*argv: str, timeout: float = 900) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    proc = subprocess.run(
-        [sys.executable, "-m", "vime_core.cli", *argv], capture_output=True, text=True, timeout=timeout, env=env
-    )
-    if proc.returncode != 0:
-        raise AssertionError(
-            f"vime {' '.join(argv)} exited {proc.returncode}\n{proc.stdout[-4000:]}\n{proc.stderr[-6000:]}"
-        )
-    return proc
 
 
 @pytest.fixture(scope="module")

@@ -75,6 +75,21 @@ def read_rows(
     return rows
 
 
+def new_group(row: dict[str, Any], group_index: int, n: int) -> list[Sample]:
+    """``n`` fresh pending samples of one :func:`read_rows` row (prompt and metadata deep-copied per sample)."""
+    return [
+        Sample(
+            group_index=group_index,
+            index=i,
+            prompt=copy.deepcopy(row["prompt"]),
+            label=row["label"],
+            metadata=copy.deepcopy(row["metadata"]),
+            status=Status.PENDING,
+        )
+        for i in range(n)
+    ]
+
+
 class DataSource:
     """Prompt buffer with deterministic, resumable order.
 
@@ -119,19 +134,7 @@ class DataSource:
             self.offset += 1
             gi = self.next_group_index
             self.next_group_index += 1
-            groups.append(
-                [
-                    Sample(
-                        group_index=gi,
-                        index=i,
-                        prompt=copy.deepcopy(row["prompt"]),
-                        label=row["label"],
-                        metadata=copy.deepcopy(row["metadata"]),
-                        status=Status.PENDING,
-                    )
-                    for i in range(self.n)
-                ]
-            )
+            groups.append(new_group(row, gi, self.n))
         return groups
 
     def add_groups(self, groups: list[list[Sample]]) -> None:

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from vime_core.arguments import sampling_params_from_args
-from vime_core.data.source import DataSource, read_rows
+from vime_core.data.source import DataSource, new_group, read_rows
 from vime_core.evaluation import dump_eval_samples, eval_metrics, eval_sampling_params, parse_eval_prompt_data
 from vime_core.plugins import get_plugins
 from vime_core.rollout.context import RolloutContext, set_rollout_context
@@ -246,19 +246,7 @@ class RolloutManager:
         n = self.args.n_samples_per_eval_prompt
         metrics: dict[str, float] = {"eval/weight_version": float(version)}
         for eval_set, rows in self.eval_sets:
-            groups = [
-                [
-                    Sample(
-                        group_index=i,
-                        index=j,
-                        prompt=copy.deepcopy(row["prompt"]),
-                        label=row["label"],
-                        metadata=copy.deepcopy(row["metadata"]),
-                    )
-                    for j in range(n)
-                ]
-                for i, row in enumerate(rows)
-            ]
+            groups = [new_group(row, i, n) for i, row in enumerate(rows)]
             coro = _run_groups(self, groups, step, params=params, reward_fn=self.eval_reward_fn, train=False)
             if self.producer is not None:  # fully-async: the manager's loop runs in the producer thread
                 asyncio.run_coroutine_threadsafe(coro, self.loop).result()
