@@ -163,3 +163,39 @@ def test_vime_eval_of_final_hf_reproduces_the_last_evaluation(eval_run, data, tm
     )
     assert (dest / "tensorboard").is_dir() and (dest / "logs" / "router.log").is_file()
     assert not (dest / "checkpoints").exists()  # nothing trained
+
+
+QUICKSTART = Path(__file__).resolve().parents[2] / "examples" / "quickstart"
+
+
+def test_vime_eval_of_the_prepared_quickstart_model(tmp_path):
+    """``vime eval`` on the prepared SmolLM2-135M-Instruct (by its known name) with the quickstart's eval set and
+    reward, greedy, 4 prompts: the model answers in the few-shot format and every reward is reasoning-gym's score
+    of the dumped response."""
+    from vime_core.models import is_prepared
+    from vime_core.models.prepare import default_cache_dir
+    from vime_core.rewards.reasoning_gym import reasoning_gym_reward
+    from vime_core.types import Sample
+
+    if not is_prepared(default_cache_dir() / "smollm2-135m-instruct"):
+        pytest.skip("run `vime model prepare smollm2-135m-instruct` first (CI does)")
+    rows = (QUICKSTART / "data" / "eval.jsonl").read_text().splitlines()[:4]
+    (tmp_path / "eval4.jsonl").write_text("\n".join(rows) + "\n")
+    out = tmp_path / "out"
+    proc = _vime(
+        "eval",
+        *("--model", "smollm2-135m-instruct", "--output-dir", str(out), "--reward", "reasoning_gym"),
+        *("--eval-prompt-data", "arith", str(tmp_path / "eval4.jsonl"), "--eval-temperature", "0"),
+        *("--eval-max-response-len", "16", "--save-eval-samples", "--vllm-max-model-len", "512"),
+    )
+    assert "[vime] eval step 0 (weight version 0) | arith reward" in proc.stdout
+    (record,) = _records(out)
+    dumped = [json.loads(x) for x in (out / "eval_samples" / "arith" / "step_000000.jsonl").read_text().splitlines()]
+    assert [x["prompt_index"] for x in dumped] == [0, 1, 2, 3] and record["eval/arith/num_samples"] == 4.0
+    for x, row in zip(dumped, rows, strict=True):
+        row = json.loads(row)
+        assert x["response"].startswith("Answer: ") and x["label"] == row["label"]
+        sample = Sample(prompt=x["prompt"], response=x["response"], label=x["label"], metadata=row["metadata"])
+        assert x["reward"] == asyncio.run(reasoning_gym_reward(None, sample))
+    assert record["eval/arith/reward_mean"] == pytest.approx(sum(x["reward"] for x in dumped) / 4, abs=1e-12)
+    assert record["eval/arith/pass@1"] == pytest.approx(sum(x["reward"] >= 1.0 for x in dumped) / 4, abs=1e-12)
