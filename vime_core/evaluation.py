@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from vime_core.data.source import read_rows
 from vime_core.types import Sample, Status
 
 
@@ -61,6 +62,18 @@ def parse_eval_prompt_data(values: Sequence[str] | None) -> list[EvalSet]:
             raise EvalArgumentError(f"--eval-prompt-data: set name {name!r} given twice")
         sets.append(EvalSet(name, Path(path)))
     return sets
+
+
+def load_eval_sets(args: argparse.Namespace) -> list[tuple[EvalSet, list[dict[str, Any]]]]:
+    """Every ``--eval-prompt-data`` set with its rows (read like ``--prompt-data``, with ``--input-key``,
+    ``--label-key``, ``--metadata-key``).
+
+    :raises DataError: naming ``--eval-prompt-data NAME``, the file and the line of a bad row.
+    """
+    return [
+        (s, read_rows(s.path, args.input_key, args.label_key, args.metadata_key, flag=f"--eval-prompt-data {s.name}"))
+        for s in parse_eval_prompt_data(getattr(args, "eval_prompt_data", None))
+    ]
 
 
 def eval_sampling_params(args: argparse.Namespace) -> dict[str, Any]:

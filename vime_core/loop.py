@@ -23,8 +23,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from vime_core.algorithms.batch import build_batch
 from vime_core.checkpoint import commit_checkpoint, latest_checkpoint, new_checkpoint_dir
-from vime_core.data.source import read_rows
-from vime_core.evaluation import eval_line, eval_steps, parse_eval_prompt_data
+from vime_core.evaluation import eval_line, eval_steps, load_eval_sets
 from vime_core.metrics import MetricsSink
 from vime_core.plugins import get_plugins
 from vime_core.types import Sample
@@ -79,7 +78,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         ("weight_sync", args.weight_sync),
     ):
         plugins.resolve(kind, name)
-    _check_eval_data(args)
+    load_eval_sets(args)  # a bad eval set fails before any engine starts
 
     t_setup = time.perf_counter()
     model_path = resolve_model(args.model)
@@ -186,7 +185,7 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
     plugins = get_plugins()
     plugins.resolve("generate", args.generate)
     plugins.resolve("reward", args.eval_reward or args.reward)
-    _check_eval_data(args)
+    load_eval_sets(args)  # a bad eval set fails before any engine starts
     model_path = resolve_model(args.model)
     console.print(f"[vime] model: {model_path}")
     manager = RolloutManager(args, model_path)
@@ -205,12 +204,6 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     console.print("[vime] summary: " + json.dumps(summary))
     return summary
-
-
-def _check_eval_data(args: argparse.Namespace) -> None:
-    """Read every eval set once so a bad path or row fails before any engine starts (:class:`DataError`)."""
-    for s in parse_eval_prompt_data(args.eval_prompt_data):
-        read_rows(s.path, args.input_key, args.label_key, args.metadata_key, flag=f"--eval-prompt-data {s.name}")
 
 
 def _evaluate(rollout: Any, sink: MetricsSink, step: int, out_console: Console = console) -> dict[str, float]:

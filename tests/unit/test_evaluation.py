@@ -23,6 +23,7 @@ from vime_core.evaluation import (
     eval_metrics,
     eval_sampling_params,
     eval_steps,
+    load_eval_sets,
     parse_eval_prompt_data,
     pass_at_k,
     pass_at_k_values,
@@ -261,11 +262,9 @@ def test_vime_eval_arguments(tmp_path):
 
 
 def test_missing_eval_set_fails_before_any_engine(tmp_path):
-    from vime_core.loop import _check_eval_data
-
     args = parse_run_args(BASE + ["--eval-prompt-data", "arith", str(tmp_path / "nope.jsonl")])
     with pytest.raises(DataError, match=rf"--eval-prompt-data arith {tmp_path}/nope.jsonl: file not found"):
-        _check_eval_data(args)
+        load_eval_sets(args)
 
 
 # -- RolloutManager.evaluate with a scripted generate function --------------------------------------------------------

@@ -18,7 +18,7 @@ from typing import Any
 
 from vime_core.arguments import sampling_params_from_args
 from vime_core.data.source import DataSource, new_group, read_rows
-from vime_core.evaluation import dump_eval_samples, eval_metrics, eval_sampling_params, parse_eval_prompt_data
+from vime_core.evaluation import dump_eval_samples, eval_metrics, eval_sampling_params, load_eval_sets
 from vime_core.plugins import get_plugins
 from vime_core.rollout.context import RolloutContext, set_rollout_context
 from vime_core.types import Sample, Status
@@ -56,15 +56,7 @@ class RolloutManager:
                 seed=args.seed,
             )
         # held-out eval sets (--eval-prompt-data): read once, never part of the training buffer
-        self.eval_sets = [
-            (
-                s,
-                read_rows(
-                    s.path, args.input_key, args.label_key, args.metadata_key, flag=f"--eval-prompt-data {s.name}"
-                ),
-            )
-            for s in parse_eval_prompt_data(getattr(args, "eval_prompt_data", None))
-        ]
+        self.eval_sets = load_eval_sets(args)
         self.eval_reward_fn = plugins.resolve("reward", getattr(args, "eval_reward", None) or args.reward)
         self.engines: list[Any] = []
         self.router: Any = None
