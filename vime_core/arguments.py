@@ -392,6 +392,7 @@ def parse_run_args(argv: list[str] | None = None, command: str = "run") -> argpa
     argv = list(sys.argv[1:] if argv is None else argv)
     cli_argv = list(argv)
     parser = build_parser()
+    parser.prog = f"vime {command}"
     pre = argparse.ArgumentParser(add_help=False)
     pre.add_argument("--config", type=Path)
     known, _ = pre.parse_known_args(argv)
