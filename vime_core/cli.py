@@ -1,4 +1,4 @@
-"""The ``vime`` command: ``run``, ``report``, ``model``, ``data reasoning-gym``, ``plugins``, ``args``,
+"""The ``vime`` command: ``run``, ``eval``, ``report``, ``model``, ``data reasoning-gym``, ``plugins``, ``args``,
 ``sandbox cleanup``, ``agent prepare``."""
 
 from __future__ import annotations
@@ -48,6 +48,14 @@ def _cmd_report(argv: list[str]) -> int:
     except ReportError as e:
         print(f"vime report: error: {e}", file=sys.stderr)
         return 2
+    return 0
+
+
+def _cmd_eval(argv: list[str]) -> int:
+    from vime_core.arguments import parse_run_args
+    from vime_core.loop import evaluate
+
+    evaluate(parse_run_args(argv, command="eval"))
     return 0
 
 
@@ -250,6 +258,7 @@ def _cmd_agent(argv: list[str]) -> int:
 COMMANDS = {
     "run": _cmd_run,
     "report": _cmd_report,
+    "eval": _cmd_eval,
     "agent": _cmd_agent,
     "model": _cmd_model,
     "data": _cmd_data,

@@ -4,7 +4,11 @@ Per step it prints one progress line (rollout / train / sync seconds, mean rewar
 also a live bar with the current phase, see :mod:`vime_core.progress`), writes metrics to ``metrics.jsonl``,
 TensorBoard and (``--use-wandb``) W&B, and every ``--save-interval`` steps (and at the end) a checkpoint that a
 resume continues from without repeating or skipping prompts. At the end it writes ``OUTPUT_DIR/report.html``
-(:mod:`vime_core.report`; ``--no-report`` to skip).
+(:mod:`vime_core.report`; ``--no-report`` to skip). With
+``--eval-prompt-data`` it evaluates before training, every ``--eval-interval`` steps and after the last step
+(:func:`vime_core.evaluation.eval_steps`); an evaluation is its own ``metrics.jsonl`` record whose ``step`` is the
+number of finished training steps. ``vime eval`` (:func:`evaluate`) runs one such evaluation of a model without
+training.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from rich.console import Console
 
 from vime_core.algorithms.batch import build_batch
 from vime_core.checkpoint import commit_checkpoint, latest_checkpoint, new_checkpoint_dir
+from vime_core.evaluation import eval_line, eval_steps, load_eval_sets
 from vime_core.metrics import MetricsSink, staleness_histogram, wandb_config_from_args
 from vime_core.orchestration import call
 from vime_core.plugins import get_plugins
@@ -73,10 +78,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     for kind, name in (
         ("generate", args.generate),
         ("reward", args.reward),
+        ("reward", args.eval_reward or args.reward),
         ("trainer", args.trainer),
         ("weight_sync", args.weight_sync),
     ):
         plugins.resolve(kind, name)
+    load_eval_sets(args)  # a bad eval set fails before any engine starts
 
     t_setup = time.perf_counter()
     model_path = resolve_model(args.model)
@@ -100,6 +107,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     trainer = None if args.debug_rollout_only else TrainerGroup(args, model_path, plan, pg)
     sink = MetricsSink(out, args.use_tensorboard, wandb_config_from_args(args))
     history: list[dict[str, float]] = []
+    evals: list[dict[str, float]] = []
     start_step, version = 0, 0
     try:
         ckpt = latest_checkpoint(out) if args.resume else None
@@ -130,6 +138,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         (out / "placement.json").write_text(json.dumps(placed, indent=1))  # where every actor landed
         console.print(f"[vime] setup {time.perf_counter() - t_setup:.1f} s")
 
+        eval_at: set[int] = set()
+        if rollout is not None and args.eval_prompt_data:
+            eval_at = set(
+                eval_steps(args.num_rollout, args.eval_interval, start_step, not args.skip_eval_before_train)
+            )
+        if 0 in eval_at:  # before training, at weight version 0 (before the async producer competes for the engines)
+            evals.append(_evaluate(rollout, sink, 0))
         if rollout is not None and args.loop == "fully-async":
             ray.get(rollout.start_async.remote())
         with StepProgress(console, args.num_rollout, start_step) as progress:
@@ -140,10 +155,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 sink.log(step, metrics)
                 plugins.pm.hook.vime_on_train_step_end(args=args, step=step, metrics=metrics)
                 progress.step_done(step, metrics)
+                if step + 1 in eval_at:  # after the weight update: the engines serve version step + 1
+                    evals.append(_evaluate(rollout, sink, step + 1, progress.console))
                 last = step + 1 == args.num_rollout
                 if trainer is not None and (last or (args.save_interval and (step + 1) % args.save_interval == 0)):
                     _save_checkpoint(out, step + 1, version, trainer, rollout)
         summary = _summary(args, out, history, start_step)
+        if evals:
+            summary["eval_first"], summary["eval_last"] = evals[0], evals[-1]
         summary["ray_node_ip"] = ray.util.get_node_ip_address()
         if trainer is not None and args.save_hf:
             trainer.save_hf(str(out / "final_hf"))
@@ -161,6 +180,56 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             except Exception:  # noqa: BLE001
                 logger.exception("rollout shutdown")
         ray.shutdown()
+
+
+def evaluate(args: argparse.Namespace) -> dict[str, Any]:
+    """``vime eval``: start the engines and router for ``--model``, evaluate every ``--eval-prompt-data`` set once
+    (the code path of evaluations during ``vime run``: :meth:`RolloutManager.evaluate`), write the metrics as step 0
+    of ``OUTPUT_DIR/metrics.jsonl`` (and TensorBoard) and ``OUTPUT_DIR/summary.json``, stop everything.
+
+    The manager runs in this process (no Ray: there is no trainer to place).
+
+    :param args: from :func:`vime_core.arguments.parse_run_args` with ``command="eval"``.
+    :return: the ``eval/*`` metrics plus ``model`` and ``output_dir``.
+    :raises DataError: an unreadable eval set (before any engine starts).
+    """
+    from vime_core.models import resolve_model
+    from vime_core.rollout.manager import RolloutManager
+
+    out = Path(args.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "args.json").write_text(json.dumps(vars(args), indent=1, default=str))
+    plugins = get_plugins()
+    plugins.resolve("generate", args.generate)
+    plugins.resolve("reward", args.eval_reward or args.reward)
+    load_eval_sets(args)  # a bad eval set fails before any engine starts
+    model_path = resolve_model(args.model)
+    console.print(f"[vime] model: {model_path}")
+    manager = RolloutManager(args, model_path)
+    sink = MetricsSink(out, args.use_tensorboard, wandb_config_from_args(args))
+    try:
+        info = manager.start()
+        console.print(
+            f"[vime] router {info['router_url']} → engines {info['engine_urls']} "
+            f"(ready in {info['startup_seconds']:.1f} s)"
+        )
+        metrics = _evaluate(manager, sink, 0)
+    finally:
+        sink.close()
+        manager.shutdown()
+    summary = {"model": str(model_path), "output_dir": str(out), **metrics}
+    (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    console.print("[vime] summary: " + json.dumps(summary))
+    return summary
+
+
+def _evaluate(rollout: Any, sink: MetricsSink, step: int, out_console: Console = console) -> dict[str, float]:
+    """Evaluate at ``step`` finished training steps (a Ray actor handle or a plain :class:`RolloutManager`), log
+    the metrics as their own record with that ``step``, print one line."""
+    metrics = call(rollout, "evaluate", step)
+    sink.log(step, metrics)
+    out_console.print(eval_line(step, metrics))
+    return metrics
 
 
 class _GroupSource:

@@ -9,28 +9,15 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
+from vime_core.testing.cli import run_vime as _vime
+
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
-
-
-def _vime(*argv: str, timeout: float = 900) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    proc = subprocess.run(
-        [sys.executable, "-m", "vime_core.cli", *argv], capture_output=True, text=True, timeout=timeout, env=env
-    )
-    if proc.returncode != 0:
-        raise AssertionError(
-            f"vime {' '.join(argv)} exited {proc.returncode}\n{proc.stdout[-4000:]}\n{proc.stderr[-6000:]}"
-        )
-    return proc
 
 
 @pytest.fixture(scope="module")

@@ -21,8 +21,12 @@ class DataError(ValueError):
     """Bad prompt data; the message names the file, the line/row and what was expected."""
 
 
-def read_rows(path: Path, input_key: str, label_key: str | None, metadata_key: str | None) -> list[dict[str, Any]]:
+def read_rows(
+    path: Path, input_key: str, label_key: str | None, metadata_key: str | None, flag: str = "--prompt-data"
+) -> list[dict[str, Any]]:
     """Read and check prompt rows.
+
+    :param flag: the flag the file came from, named in errors (``--eval-prompt-data NAME`` for an eval set).
 
     :return: dicts with keys ``prompt``, ``label``, ``metadata``.
     :raises DataError: unreadable file, unsupported suffix, bad JSON, or a row without ``input_key`` (naming the
@@ -30,7 +34,7 @@ def read_rows(path: Path, input_key: str, label_key: str | None, metadata_key: s
     """
     path = Path(path)
     if not path.exists():
-        raise DataError(f"--prompt-data {path}: file not found")
+        raise DataError(f"{flag} {path}: file not found")
     raw: list[tuple[int, Any]] = []
     if path.suffix == ".jsonl":
         with path.open() as f:
@@ -46,7 +50,7 @@ def read_rows(path: Path, input_key: str, label_key: str | None, metadata_key: s
 
         raw = list(enumerate(pq.read_table(path).to_pylist(), 1))
     else:
-        raise DataError(f"--prompt-data {path}: expected a .jsonl or .parquet file")
+        raise DataError(f"{flag} {path}: expected a .jsonl or .parquet file")
     rows = []
     where = "line" if path.suffix == ".jsonl" else "row"
     for lineno, obj in raw:
@@ -67,8 +71,23 @@ def read_rows(path: Path, input_key: str, label_key: str | None, metadata_key: s
             raise DataError(f"{path}:{where} {lineno}: {metadata_key!r} must be an object")
         rows.append({"prompt": prompt, "label": obj.get(label_key) if label_key else None, "metadata": metadata or {}})
     if not rows:
-        raise DataError(f"--prompt-data {path}: no rows")
+        raise DataError(f"{flag} {path}: no rows")
     return rows
+
+
+def new_group(row: dict[str, Any], group_index: int, n: int) -> list[Sample]:
+    """``n`` fresh pending samples of one :func:`read_rows` row (prompt and metadata deep-copied per sample)."""
+    return [
+        Sample(
+            group_index=group_index,
+            index=i,
+            prompt=copy.deepcopy(row["prompt"]),
+            label=row["label"],
+            metadata=copy.deepcopy(row["metadata"]),
+            status=Status.PENDING,
+        )
+        for i in range(n)
+    ]
 
 
 class DataSource:
@@ -115,19 +134,7 @@ class DataSource:
             self.offset += 1
             gi = self.next_group_index
             self.next_group_index += 1
-            groups.append(
-                [
-                    Sample(
-                        group_index=gi,
-                        index=i,
-                        prompt=copy.deepcopy(row["prompt"]),
-                        label=row["label"],
-                        metadata=copy.deepcopy(row["metadata"]),
-                        status=Status.PENDING,
-                    )
-                    for i in range(self.n)
-                ]
-            )
+            groups.append(new_group(row, gi, self.n))
         return groups
 
     def add_groups(self, groups: list[list[Sample]]) -> None:

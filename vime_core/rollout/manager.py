@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from vime_core.arguments import sampling_params_from_args
-from vime_core.data.source import DataSource, read_rows
+from vime_core.data.source import DataSource, new_group, read_rows
+from vime_core.evaluation import dump_eval_samples, eval_metrics, eval_sampling_params, load_eval_sets
 from vime_core.failures import classify_failure, failure_metrics, mark_failed
 from vime_core.plugins import get_plugins
 from vime_core.progress import Throttle
@@ -61,12 +62,17 @@ class RolloutManager:
         name = getattr(args, "dynamic_sampling_filter", None)
         self.dynamic_filter = plugins.resolve("dynamic_filter", name) if name else None
         self.tokenizer = AutoTokenizer.from_pretrained(str(self.model_path))
-        self.data_source = DataSource(
-            read_rows(args.prompt_data, args.input_key, args.label_key, args.metadata_key),
-            args.n_samples_per_prompt,
-            shuffle=args.rollout_shuffle,
-            seed=args.seed,
-        )
+        self.data_source = None  # `vime eval` has no training data
+        if args.prompt_data is not None:
+            self.data_source = DataSource(
+                read_rows(args.prompt_data, args.input_key, args.label_key, args.metadata_key),
+                args.n_samples_per_prompt,
+                shuffle=args.rollout_shuffle,
+                seed=args.seed,
+            )
+        # held-out eval sets (--eval-prompt-data): read once, never part of the training buffer
+        self.eval_sets = load_eval_sets(args)
+        self.eval_reward_fn = plugins.resolve("reward", getattr(args, "eval_reward", None) or args.reward)
         self.engines: list[Any] = []
         self.router: Any = None
         self.client: Any = None
@@ -270,6 +276,44 @@ class RolloutManager:
         self.hook.vime_on_rollout_end(args=self.args, step=step, samples=samples, metrics=metrics)
         return groups, metrics
 
+    # -- evaluation ------------------------------------------------------------------------------------------------
+    def evaluate(self, step: int) -> dict[str, float]:
+        """Generate and score every ``--eval-prompt-data`` set at the engines' current weight version.
+
+        Each prompt gets ``--n-samples-per-eval-prompt`` samples with the ``--eval-*`` sampling parameters, through
+        the training generate function and ``--eval-reward`` (default ``--reward``). Eval samples never enter the
+        training buffer, and the ``vime_on_sample`` / ``vime_on_rollout_end`` hooks are not called for them. With
+        ``--save-eval-samples`` they are written to ``OUTPUT_DIR/eval_samples/<name>/step_<step>.jsonl``.
+
+        :param step: finished training steps (the metric step and the dump's file name).
+        :return: ``eval/<name>/*`` metrics of every set (:func:`vime_core.evaluation.eval_metrics`) plus
+            ``eval/weight_version`` and ``perf/eval_time`` (seconds).
+        :raises RuntimeError: if every sample of a set failed (the first error is included).
+        """
+        t0 = time.perf_counter()
+        version = self.weight_version
+        params = eval_sampling_params(self.args)
+        n = self.args.n_samples_per_eval_prompt
+        metrics: dict[str, float] = {"eval/weight_version": float(version)}
+        for eval_set, rows in self.eval_sets:
+            groups = [new_group(row, i, n) for i, row in enumerate(rows)]
+            coro = _run_groups(self, groups, step, params=params, reward_fn=self.eval_reward_fn, train=False)
+            if self.producer is not None:  # fully-async: the manager's loop runs in the producer thread
+                asyncio.run_coroutine_threadsafe(coro, self.loop).result()
+            else:
+                self.loop.run_until_complete(coro)
+            samples = [s for g in groups for s in g]
+            failed = [s for s in samples if s.status == Status.FAILED]
+            if failed and len(failed) == len(samples):
+                raise RuntimeError(
+                    f"eval set {eval_set.name!r}: every sample failed; first error: {failed[0].metadata.get('error')}"
+                )
+            metrics.update(eval_metrics(eval_set.name, groups, self.args.reward_key, self.args.eval_pass_threshold))
+            if self.args.save_eval_samples:
+                dump_eval_samples(self.args.output_dir, eval_set.name, step, version, groups, self.args.reward_key)
+        metrics["perf/eval_time"] = time.perf_counter() - t0
+        return metrics
+
     # -- weights ---------------------------------------------------------------------------------------------------
     def update_weights(self, update: WeightUpdate) -> dict[str, float]:
         """Pause every engine, apply ``update``, reset prefix caches, resume; then bump the weight version (and, in
@@ -363,7 +407,14 @@ class RolloutManager:
 
 
 async def _run_groups(
-    self: RolloutManager, groups: list[list[Sample]], step: int, sem: asyncio.Semaphore | None = None
+    self: RolloutManager,
+    groups: list[list[Sample]],
+    step: int,
+    sem: asyncio.Semaphore | None = None,
+    *,
+    params: dict[str, Any] | None = None,
+    reward_fn: Any = None,
+    train: bool = True,
 ) -> None:
     """Generate and score every sample of ``groups`` concurrently (module-level: a class with async methods
     would become an *async* Ray actor, whose methods cannot drive their own event loop). ``sem`` bounds the
@@ -371,16 +422,20 @@ async def _run_groups(
 
     Each sample is scored by ``--reward`` as soon as it is generated; with ``--group-reward`` a group is scored at
     once when all its samples have finished. Whatever fails marks the sample ``failed`` with its cause
-    (:func:`vime_core.failures.classify_failure`; reward errors, timeouts and non-finite values included)."""
+    (:func:`vime_core.failures.classify_failure`; reward errors, timeouts and non-finite values included).
+
+    ``params`` / ``reward_fn`` default to the training rollout's sampling parameters and ``--reward``; with
+    ``train=False`` (evaluation) the sample reward ``reward_fn`` is used even with ``--group-reward``, the teacher
+    does not score, the rollout progress is not advanced and ``vime_on_sample`` is not called."""
     from vime_core.rollout.oversample import needs_generation, prepare_resume
 
     sem = sem or asyncio.Semaphore(self.args.rollout_concurrency)
     mask_offpolicy = getattr(self.args, "mask_offpolicy_in_partial_rollout", False)
-    params = sampling_params_from_args(self.args)
+    params = sampling_params_from_args(self.args) if params is None else params
+    reward_fn = reward_fn or self.reward_fn
     reward_timeout = getattr(self.args, "reward_timeout", None)
-    group_reward_fn = getattr(self, "group_reward_fn", None)
+    group_reward_fn = getattr(self, "group_reward_fn", None) if train else None
     fanned: dict[int, list[Sample]] = {}  # id(sample) -> the segments a fan-out generate function returned
-
     seed = getattr(self.args, "seed", None)
 
     async def one(sample: Sample) -> list[Sample] | None:
@@ -414,11 +469,12 @@ async def _run_groups(
                 scored = [s for s in outs if s.status in (Status.COMPLETED, Status.TRUNCATED)]
                 if scored and group_reward_fn is None:
                     stage = "reward"
-                    _set_reward(
-                        self.args, outs, await call_reward(self.reward_fn, self.args, scored[0], reward_timeout)
-                    )
+                    reward = await call_reward(reward_fn, self.args, scored[0], reward_timeout)
+                    _set_reward(self.args, outs, reward, overlong=train)
                     stage = "teacher"
-                    if self.teacher is not None:  # on-policy distillation: the teacher scores the sampled tokens
+                    if (
+                        train and self.teacher is not None
+                    ):  # on-policy distillation: the teacher scores the sampled tokens
                         await self.teacher.score(scored)
                 if outs[0] is not sample:
                     fanned[id(sample)] = outs
@@ -434,7 +490,8 @@ async def _run_groups(
                 )
                 fanned.pop(id(sample), None)
                 outs = [mark_failed(sample, cause, e)]
-        self._report_progress(self.samples_done + 1, force=False)
+        if train:
+            self._report_progress(self.samples_done + 1, force=False)
         return outs
 
     async def group(g: list[Sample]) -> None:
@@ -442,7 +499,7 @@ async def _run_groups(
         ran = [outs for outs in results if outs is not None]
         if group_reward_fn is not None:
             await _score_group(self, group_reward_fn, g, [outs or [s] for s, outs in zip(g, results, strict=True)])
-        for outs in ran:
+        for outs in ran if train else ():
             for s in outs:
                 self.hook.vime_on_sample(args=self.args, sample=s, step=step)
 
@@ -452,15 +509,18 @@ async def _run_groups(
             g[:] = [x for s in g for x in fanned.get(id(s), [s])]
 
 
-def _set_reward(args: argparse.Namespace, outs: list[Sample], reward: float | dict[str, float]) -> None:
+def _set_reward(
+    args: argparse.Namespace, outs: list[Sample], reward: float | dict[str, float], overlong: bool = True
+) -> None:
     """Give every scorable sample of one rollout (``outs``: the sample, or its fan-out segments) the reward, and the
     first one's metadata keys the others lack; then DAPO's overlong filter / soft punishment when enabled
-    (:func:`vime_core.rollout.overlong.apply_overlong`)."""
+    (:func:`vime_core.rollout.overlong.apply_overlong`; not for evaluation, ``overlong=False``)."""
     scored = [s for s in outs if s.status in (Status.COMPLETED, Status.TRUNCATED)]
     for s in scored:
         s.reward = copy.deepcopy(reward)
         s.metadata.update({k: v for k, v in scored[0].metadata.items() if k not in s.metadata})
-        apply_overlong(args, s)
+        if overlong:
+            apply_overlong(args, s)
 
 
 async def _score_group(self: RolloutManager, fn: Any, group: list[Sample], rollouts: list[list[Sample]]) -> None:
