@@ -22,8 +22,9 @@ C. The ~1B Llama-shaped model (bench/megatron_step.py's) trained with each ``--l
         --layouts tp2,tp1 --baseline /tmp/x1/megatron_x1.json
 
    One H200, megatron-core 0.16.1, SDPA, no TE, the one-GPU TP=1 baseline: 0.278 s per 16 × 1024-token step, 336
-   TFLOP/s (6·N·tokens), MFU 0.42 of a measured 797 TFLOP/s peak. Two H200s (2026-12-01): TP=2 0.212 s, MFU 0.281 per GPU (0.67 of one GPU's);
-   DP=2 0.169 s, MFU 0.361 per GPU (0.86); that session's one-GPU baseline 0.277 s, MFU 0.434.
+   TFLOP/s (6·N·tokens), MFU 0.42 of a measured 797 TFLOP/s peak. Two H200s (2026-12-01): TP=2 0.212 s,
+   MFU 0.281 per GPU (0.67 of one GPU's); DP=2 0.169 s, MFU 0.361 per GPU (0.86); that session's one-GPU
+   baseline 0.277 s, MFU 0.434.
 """
 
 from __future__ import annotations
