@@ -6,7 +6,9 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
+from pathlib import PurePath
 
 from vime_core.arguments import HelpFormatter
 from vime_core.version import __version__
@@ -167,7 +169,8 @@ def _cmd_args(argv: list[str]) -> int:
         owner = "vime" if group.title in FRAMEWORK_GROUPS else "plugin"
         print(f"\n{group.title} (framework flags):" if owner == "vime" else f"\n{group.title} (plugin flags):")
         for a in actions:
-            print(f"  {', '.join(a.option_strings):45s} owner={owner} default={a.default!r}")
+            default = str(a.default) if isinstance(a.default, PurePath) else repr(a.default)
+            print(f"  {', '.join(a.option_strings):45s} owner={owner} default={default}")
             if a.help:
                 print(f"      {a.help.replace('%(default)s', str(a.default))}")
     from vime_core.arguments import VIME_OWNED_ROUTER_FLAGS, VIME_OWNED_VLLM_FLAGS
@@ -266,13 +269,27 @@ COMMANDS = {
     "args": _cmd_args,
     "sandbox": _cmd_sandbox,
 }
+# one line per command for `vime --help`
+SUMMARIES = {
+    "run": "train: RL post-training from a YAML config and/or flags (`vime run --help`, `vime args`)",
+    "report": "plot a run's metrics.jsonl into one HTML page (docs/report.md)",
+    "eval": "evaluate a model or a run's final_hf/ on --eval-prompt-data sets, without training",
+    "agent": "prepare the agent CLIs (Claude Code, Codex) that --generate coding_agent runs",
+    "model": "list or prepare the known models (e.g. smollm2-135m-instruct)",
+    "data": "export prompt data (reasoning-gym tasks, HumanEval) as jsonl",
+    "plugins": "the installed plugins and what each provides",
+    "args": "every `vime run` flag, grouped, with default and help",
+    "sandbox": "clean up sandboxes a killed run left behind",
+}
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``vime`` console script; returns the exit code."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
-        print(f"vime {__version__}\nusage: vime {{{','.join(COMMANDS)}}} ...")
+        print(f"vime {__version__}\nusage: vime {{{','.join(COMMANDS)}}} ...\n\ncommands:")
+        for name in COMMANDS:
+            print(f"  {name:9s} {SUMMARIES.get(name, '')}")
         return 0 if argv else 2
     if argv[0] == "--version":
         print(__version__)
@@ -292,6 +309,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ArgumentError, DataError, PlacementError, RegistryError) as e:
         print(f"vime: error: {e}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # `vime args | head`: the reader left; not an error of ours
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error when Python flushes
+        return 0
 
 
 if __name__ == "__main__":

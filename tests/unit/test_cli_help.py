@@ -137,3 +137,21 @@ def test_every_subcommand_flag_has_help(command, monkeypatch):
         assert flags_without_help(p) == [], p.prog
         positional = [a.dest for a in p._actions if not a.option_strings and not a.help and a.nargs != "A..."]
         assert positional == [], p.prog
+
+
+def test_vime_help_lists_every_command_with_a_line(capsys):
+    from vime_core.cli import COMMANDS, SUMMARIES, main
+
+    assert main(["--help"]) == 0
+    out = capsys.readouterr().out
+    assert set(SUMMARIES) == set(COMMANDS)
+    for name in COMMANDS:
+        assert f"  {name:9s} {SUMMARIES[name]}\n" in out
+
+
+def test_vime_args_prints_paths_plainly(capsys):
+    from vime_core.cli import main
+
+    assert main(["args"]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.strip().startswith("--output-dir "))
+    assert line.split()[1:] == ["owner=vime", "default=outputs/run"]
