@@ -332,6 +332,7 @@ class _Sink:
 
 # ---------------------------------------------------------------------------------------------------------------
 
+
 def _python_dirs_under_tmp() -> list[str]:
     """This interpreter's environment and vime's source tree when they live under ``/tmp`` (e.g. a checkout and its
     ``.venv`` there): the sandbox gets a private ``/tmp``, so these are bound back in, read-only, so that commands in
@@ -343,6 +344,7 @@ def _python_dirs_under_tmp() -> list[str]:
         if (d + "/").startswith("/tmp/") and os.path.isdir(d):
             out.append(d)
     return [d for d in sorted(out) if not any(d != o and d.startswith(o + "/") for o in out)]
+
 
 class LocalSandbox(Sandbox):
     """Subprocesses in a fresh directory on this machine (see the module docstring for the two modes).
@@ -475,15 +477,21 @@ class LocalSandbox(Sandbox):
         self._meta.update(holder_pid=self._holder.pid, holder_start=process_start_time(self._holder.pid))
         self._write_meta()
         assert self._holder.stdout is not None and self._holder.stderr is not None
+        timed_out = False
         try:
             line = await asyncio.wait_for(self._holder.stdout.readline(), timeout=30)
         except asyncio.TimeoutError:
-            line = b""
+            line, timed_out = b"", True
         if line.strip() != b"ready":
             err = b""
             with contextlib.suppress(asyncio.TimeoutError):
                 err = await asyncio.wait_for(self._holder.stderr.read(4096), timeout=1)
-            raise SandboxInfraError(f"local sandbox init did not start: {err.decode(errors='replace').strip()}")
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._holder.wait(), timeout=1)
+            how = "no 'ready' within 30 s" if timed_out else f"init exited with code {self._holder.returncode}"
+            raise SandboxInfraError(
+                f"local sandbox init did not start ({how}): {err.decode(errors='replace').strip()}"
+            )
         init_pid = self._find_child(self._holder.pid)
         self._meta.update(init_pid=init_pid, init_start=process_start_time(init_pid))
         self._write_meta()
