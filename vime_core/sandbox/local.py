@@ -401,6 +401,18 @@ class LocalSandbox(Sandbox):
                 os.close(fd)
 
     def _make_cgroups(self) -> list[str]:
+        """Create this sandbox's cgroups and set their limits; retried when a directory vanishes in between (a
+        concurrent cleanup of another sandbox's cgroups can remove a freshly made one: ENOENT on its limit file)."""
+        for attempt in range(3):
+            try:
+                return self._make_cgroups_once()
+            except FileNotFoundError:
+                if attempt == 2:
+                    raise
+                time.sleep(0.05)
+        raise AssertionError("unreachable")
+
+    def _make_cgroups_once(self) -> list[str]:
         kind = self._host["cgroup"]
         dirs = _cgroup_dirs(self.sandbox_id, kind)
         lim = self.limits
