@@ -136,10 +136,10 @@ def pass_at_k_values(n: int) -> list[int]:
 
 def rollouts(group: list[Sample]) -> list[Sample]:
     """One sample per rollout of a group: the segments a fan-out generate function returned for one rollout share a
-    ``rollout_id`` and are counted once (their last segment stands for the rollout; all carry the same reward)."""
+    ``episode_id`` and are counted once (their last segment stands for the rollout; all carry the same reward)."""
     last: dict[Any, Sample] = {}
     for s in group:
-        last[s.rollout_id if s.rollout_id is not None else id(s)] = s
+        last[s.episode_id if s.episode_id is not None else id(s)] = s
     return list(last.values())
 
 

@@ -53,7 +53,10 @@ class Sample:
     label: Any = None
     status: Status = Status.PENDING
     metadata: dict[str, Any] = field(default_factory=dict)
-    rollout_id: str | None = None  # fan-out samples of one rollout share it; the loss counts the rollout once
+    # one episode (one call of the generate function) that fanned out into several samples (agent trajectory
+    # segments, multi-agent roles) gives them all this id; the loss counts the episode once. Not slime's
+    # ``rollout_id``, which is the step index (``{rollout_id}`` in --save-debug-rollout-data paths).
+    episode_id: str | None = None
     remove_sample: bool = False
     # on-policy distillation (--distill-teacher): the teacher's log-prob of each response token given its prefix
     teacher_log_probs: list[float] | None = None
@@ -145,8 +148,16 @@ class Sample:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Sample:
-        """Inverse of :meth:`to_dict`."""
+        """Inverse of :meth:`to_dict`. Also reads dicts written before ``episode_id`` was named ``rollout_id``
+        (debug rollout dumps, data-source checkpoints).
+
+        :raises ValueError: if ``d`` holds both ``episode_id`` and the old ``rollout_id``.
+        """
         d = dict(d)
+        if "rollout_id" in d:
+            if "episode_id" in d:
+                raise ValueError("a sample dict holds both 'episode_id' and its old name 'rollout_id'")
+            d["episode_id"] = d.pop("rollout_id")
         d["status"] = Status(d.get("status", "pending"))
         return cls(**d)
 
@@ -156,7 +167,7 @@ class RolloutBatch:
     """What a trainer backend consumes for one step: trainable samples flattened, with per-sample advantages.
 
     ``advantages[i]`` has ``samples[i].response_length`` float entries (the per-token advantage; GRPO broadcasts
-    one value per sample). ``rollout_ids`` identify samples that belong to the same rollout.
+    one value per sample). Samples with the same ``episode_id`` are segments of one episode.
     """
 
     samples: list[Sample]

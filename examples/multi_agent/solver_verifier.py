@@ -12,7 +12,7 @@ Per prompt (one rollout):
 Each role's turn is one :class:`~vime_core.types.Sample` (its own prompt, its own response tokens, mask 1 on them,
 the engine's log-probs and weight versions), produced by the built-in ``default`` generate function against the real
 engine. The function returns the segments as a list — a *fan-out*: the rollout manager gives them one
-``rollout_id`` and scores the rollout once, so every role is trained on the same **team reward**
+``episode_id`` and scores the rollout once, so every role is trained on the same **team reward**
 (:func:`team_reward`: reasoning-gym's verifier on the *final* answer — the revision if there was one). A verifier
 that wrongly rejects a right answer (and talks the solver out of it) lowers the reward of all the rollout's tokens;
 one that catches a wrong answer that the revision fixes raises it.

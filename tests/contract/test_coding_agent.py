@@ -163,7 +163,7 @@ def test_scripted_episode_reward_one_and_token_exact(context, he0):
     assert isinstance(out, list) and len(out) == 1  # history="model": one segment, no drift
     (s,) = out
     s.validate()
-    assert s.status is Status.COMPLETED and s.rollout_id
+    assert s.status is Status.COMPLETED and s.episode_id
     assert len(backend.calls) == 2
     # tokens: exactly the last engine prompt + its output; trained tokens: exactly the two scripted turns
     assert s.tokens == backend.calls[1].prompt_ids + backend.calls[1].output.token_ids
@@ -221,7 +221,7 @@ def test_through_the_rollout_manager(context, he0):
     group = [_sample(he0, 0), _sample(he0, 1)]
     asyncio.run(_run_groups(mgr, [group], 0))
     assert [(s.index, s.status, s.reward) for s in group] == [(0, Status.COMPLETED, 1.0), (1, Status.COMPLETED, 4 / 7)]
-    assert group[0].rollout_id != group[1].rollout_id
+    assert group[0].episode_id != group[1].episode_id
     assert len(backend.calls) == 4
 
 

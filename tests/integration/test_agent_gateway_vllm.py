@@ -69,7 +69,7 @@ def close_and_check(gw, sid, n_turns):
     samples = gw.close_session(sid, Sample(prompt="episode"), reward=1.0)
     assert len(turns) == n_turns and samples
     check_token_exact(samples, turns)  # every trained token was sampled by the engine, in exactly that context
-    assert len({s.rollout_id for s in samples}) == 1
+    assert len({s.episode_id for s in samples}) == 1
     last = turns[-1]
     assert samples[-1].tokens[: len(last.prompt_ids) + len(last.output_ids)] == last.prompt_ids + last.output_ids
     return samples, turns

@@ -94,7 +94,7 @@ def test_scripted_cli_episode_reward_one_token_exact(tok, agent, sandbox):
         turns = [c.output for c in backend.calls]
         trained = [t for s in samples for t, m in zip(s.tokens[s.prompt_length :], s.loss_mask, strict=True) if m]
         assert trained == [t for o in turns for t in o.token_ids]
-        assert all(s.status is Status.COMPLETED for s in samples) and len({s.rollout_id for s in samples}) == 1
+        assert all(s.status is Status.COMPLETED for s in samples) and len({s.episode_id for s in samples}) == 1
         for s in samples:  # each segment is the last engine call it holds, exactly
             last = next(c for c in reversed(backend.calls) if s.tokens[: len(c.prompt_ids)] == c.prompt_ids)
             assert s.tokens == last.prompt_ids + last.output.token_ids

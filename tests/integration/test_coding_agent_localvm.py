@@ -45,8 +45,9 @@ def test_vime_run_coding_agent_localvm(tmp_path):
         "--sandbox", "localvm", "--output-dir", str(out), "--num-rollout", "1", "--save-debug-rollout-data",
         str(dump), "--no-resume",
     ]  # fmt: skip
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=1500, env=dict(os.environ,
-                                                                                       PYTHONUNBUFFERED="1"))
+    proc = subprocess.run(
+        argv, capture_output=True, text=True, timeout=1500, env=dict(os.environ, PYTHONUNBUFFERED="1")
+    )
     assert proc.returncode == 0, f"vime run exited {proc.returncode}\n{proc.stdout[-4000:]}\n{proc.stderr[-6000:]}"
     check_run(out, Path(str(dump).format(rollout_id=0)), harness)
 
@@ -61,8 +62,8 @@ def check_run(out: Path, dump: Path, harness) -> None:
     samples = [s for g in torch.load(str(dump), weights_only=False)["groups"] for s in g]
     failed = [s for s in samples if s["status"] == "failed"]
     scored = [s for s in samples if s["status"] in ("completed", "truncated")]
-    assert len({s["rollout_id"] for s in scored}) + len(failed) == 2  # one task, two episodes
-    assert m["coding_agent/episodes"] == len({s["rollout_id"] for s in scored}) >= 1
+    assert len({s["episode_id"] for s in scored}) + len(failed) == 2  # one task, two episodes
+    assert m["coding_agent/episodes"] == len({s["episode_id"] for s in scored}) >= 1
     for s in failed:
         assert s["reward"] is None and ("error" in s["metadata"] or "excluded" in s["metadata"])
     exe = f"{SANDBOX_AGENTS_DIR}/claude-code/{harness.version}/{harness.EXECUTABLE}"
@@ -80,6 +81,6 @@ def check_run(out: Path, dump: Path, harness) -> None:
         assert {s["weight_versions"][i] for i in trained} <= {0}
     by_rollout: dict[str, set] = {}
     for s in scored:
-        by_rollout.setdefault(s["rollout_id"], set()).add(s["reward"])
+        by_rollout.setdefault(s["episode_id"], set()).add(s["reward"])
     assert all(len(r) == 1 for r in by_rollout.values())
     assert (out / "summary.json").exists()

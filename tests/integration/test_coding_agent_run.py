@@ -73,8 +73,8 @@ def test_vime_run_coding_agent_docker(tmp_path, agent):
     samples = [s for g in groups for s in g]
     failed = [s for s in samples if s["status"] == "failed"]
     scored = [s for s in samples if s["status"] in ("completed", "truncated")]
-    assert len({s["rollout_id"] for s in scored}) + len(failed) == 2  # one task, two episodes
-    assert m["coding_agent/episodes"] == len({s["rollout_id"] for s in scored})
+    assert len({s["episode_id"] for s in scored}) + len(failed) == 2  # one task, two episodes
+    assert m["coding_agent/episodes"] == len({s["episode_id"] for s in scored})
     assert m["rollout/failed_frac"] == len(failed) / len(samples) < 1.0
     for s in failed:  # excluded placeholders: no reward, nothing trained
         assert s["reward"] is None and ("error" in s["metadata"] or "excluded" in s["metadata"])
@@ -100,7 +100,7 @@ def test_vime_run_coding_agent_docker(tmp_path, agent):
         assert all(s["metadata"]["agent"]["name"] == "codex" for s in scored)
     by_rollout: dict[str, set] = {}
     for s in scored:
-        by_rollout.setdefault(s["rollout_id"], set()).add(s["reward"])
+        by_rollout.setdefault(s["episode_id"], set()).add(s["reward"])
     assert all(len(r) == 1 for r in by_rollout.values())
     assert (out / "summary.json").exists()
 
@@ -114,7 +114,7 @@ def _assert_samples_are_the_engine_calls(scored: list[dict]) -> None:
 
     episodes: dict[str, list[dict]] = {}
     for s in scored:
-        episodes.setdefault(s["rollout_id"], []).append(s)
+        episodes.setdefault(s["episode_id"], []).append(s)
     for segments in episodes.values():
         for s in segments:
             s.setdefault("prompt_length", len(s["tokens"]) - s["response_length"])

@@ -177,7 +177,7 @@ def test_the_three_apis_give_identical_samples(gateway):
     ref = samples["sk-chat"]
     for s in samples.values():
         assert (s.tokens, s.loss_mask, s.prompt_length) == (ref.tokens, ref.loss_mask, ref.prompt_length)
-    assert len({s.rollout_id for s in samples.values()}) == 3
+    assert len({s.episode_id for s in samples.values()}) == 3
     assert ref.tokens == backend.calls[1].prompt_ids + backend.calls[1].output.token_ids
 
 
@@ -273,7 +273,7 @@ def test_drift_dropped_thinking_forks(gateway):
     assert s0.tokens == c1.prompt_ids + c1.output.token_ids and s0.loss_mask == [1] * len(c1.output.token_ids)
     assert s1.tokens == c3.prompt_ids + c3.output.token_ids and s1.prompt_length == len(c2.prompt_ids)
     assert s1.loss_mask == chain_mask([c2, c3])
-    assert s0.rollout_id == s1.rollout_id and s0.reward == s1.reward == 1.0
+    assert s0.episode_id == s1.episode_id and s0.reward == s1.reward == 1.0
     assert [s.metadata["trajectory"]["turns"] for s in (s0, s1)] == [[0], [1, 2]]
     check_token_exact([s0, s1], [_turn(c) for c in backend.calls])
 

@@ -44,13 +44,13 @@ def test_clean_extension_masks_context_and_trains_outputs():
     assert t.record(t1).kind is Drift.NEW
     p = t.record(t2)
     assert (p.kind, p.segment, p.common_prefix, p.dropped_trainable, p.context_tokens) == (Drift.CLEAN, 0, 6, 0, 2)
-    (s,) = t.to_samples(base(), reward=1.0, rollout_id="ep-1")
+    (s,) = t.to_samples(base(), reward=1.0, episode_id="ep-1")
     assert s.tokens == [1, 2, 3, 10, 11, EOS, 5, 6, 12, EOS]
     assert s.prompt_length == 3 and s.response_length == 7
     assert s.loss_mask == [1, 1, 1, 0, 0, 1, 1]
     assert s.rollout_log_probs == [-0.25, -0.25, -0.25, 0.0, 0.0, -0.75, -0.75]
     assert s.weight_versions == [3, 3, 3, 4, 4, 4, 4]  # context carries the version of the call that read it
-    assert (s.status, s.reward, s.rollout_id, s.remove_sample) == (Status.COMPLETED, 1.0, "ep-1", False)
+    assert (s.status, s.reward, s.episode_id, s.remove_sample) == (Status.COMPLETED, 1.0, "ep-1", False)
     assert (s.group_index, s.index, s.prompt, s.label, s.metadata["task"]) == (4, 1, "task", "42", "t")
     assert s.metadata["trajectory"] == {
         "segment": 0,
@@ -93,7 +93,7 @@ def test_divergence_losing_more_than_the_bound_forks():
     s0, s1 = t.to_samples(base(), reward=0.5)
     assert (s0.tokens, s0.prompt_length, s0.loss_mask) == ([1, 2, 3, 10, 11, 12, EOS], 3, [1, 1, 1, 1])
     assert (s1.tokens, s1.prompt_length, s1.loss_mask) == ([1, 2, 3, 10, 11, 99, 5, 6, 20, EOS], 8, [1, 1])
-    assert s0.rollout_id == s1.rollout_id and s0.rollout_id  # one episode: the loss counts it once
+    assert s0.episode_id == s1.episode_id and s0.episode_id  # one episode: the loss counts it once
     assert s0.reward == s1.reward == 0.5
     assert [s.metadata["trajectory"]["segment"] for s in (s0, s1)] == [0, 1]
     assert s1.metadata["trajectory"]["drift"] == {"new": 0, "clean": 0, "realign": 0, "fork": 1}
@@ -177,12 +177,12 @@ def test_no_turns_no_samples_and_validation():
         Trajectory(max_realign_tokens=-1)
 
 
-def test_base_rollout_id_is_kept():
+def test_base_episode_id_is_kept():
     t = Trajectory()
     t.record(turn([1], [2]))
     b = base()
-    b.rollout_id = "group-4/1"
-    assert t.to_samples(b)[0].rollout_id == "group-4/1"
+    b.episode_id = "group-4/1"
+    assert t.to_samples(b)[0].episode_id == "group-4/1"
 
 
 # -- incremental prompt building ------------------------------------------------------------------------------------

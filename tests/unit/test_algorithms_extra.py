@@ -33,8 +33,8 @@ def _ns(**kw):
     return argparse.Namespace(**{**DEFAULTS, **kw})
 
 
-def _sample(reward, mask=(1, 1), rollout_id=None, status=Status.COMPLETED, index=0):
-    s = Sample(index=index, tokens=[1, 2], status=status, reward=reward, rollout_id=rollout_id)
+def _sample(reward, mask=(1, 1), episode_id=None, status=Status.COMPLETED, index=0):
+    s = Sample(index=index, tokens=[1, 2], status=status, reward=reward, episode_id=episode_id)
     s.append_response_tokens([5] * len(mask), trainable=True, log_probs=[-0.1] * len(mask), weight_version=0)
     s.loss_mask = list(mask)
     return s
@@ -122,18 +122,18 @@ def test_fan_out_counts_each_rollout_once():
     # slime PR #2300's example: rollout "a" (reward 1) fans out into 3 samples, rollout "b" (reward 0) into 1.
     # Dr.GRPO over the two rollouts: mean 0.5 → [0.5, 0.5, 0.5, -0.5] (not a baseline of 0.75).
     group = [
-        _sample(1.0, rollout_id="a"),
-        _sample(1.0, rollout_id="a"),
-        _sample(1.0, rollout_id="a"),
-        _sample(0.0, rollout_id="b"),
+        _sample(1.0, episode_id="a"),
+        _sample(1.0, episode_id="a"),
+        _sample(1.0, episode_id="a"),
+        _sample(0.0, episode_id="b"),
     ]
     adv = est.grpo(_ns(disable_grpo_std_normalization=True), group)
     assert [a[0] for a in adv] == [0.5, 0.5, 0.5, -0.5]
     std = math.sqrt(0.5)  # unbiased std of [1, 0]
     assert est.grpo(_ns(), group)[0][0] == pytest.approx(0.5 / (std + 1e-6), rel=1e-12)
     assert [a[0] for a in est.rloo(_ns(), group)] == [1.0, 1.0, 1.0, -1.0]
-    with pytest.raises(ValueError, match="rollout 'a': its segments have different rewards 1.0 and 0.0"):
-        est.grpo(_ns(), [_sample(1.0, rollout_id="a"), _sample(0.0, rollout_id="a")])
+    with pytest.raises(ValueError, match="episode 'a': its segments have different rewards 1.0 and 0.0"):
+        est.grpo(_ns(), [_sample(1.0, episode_id="a"), _sample(0.0, episode_id="a")])
 
 
 def test_reinforce_plus_plus_discounted_outcome_return():

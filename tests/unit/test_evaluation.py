@@ -85,8 +85,8 @@ def test_pass_at_k_values_are_powers_of_two_and_n():
 
 
 # -- metrics ---------------------------------------------------------------------------------------------------------
-def _s(gi: int, i: int, reward, status=Status.COMPLETED, length: int = 10, rollout_id=None) -> Sample:
-    return Sample(group_index=gi, index=i, reward=reward, status=status, response_length=length, rollout_id=rollout_id)
+def _s(gi: int, i: int, reward, status=Status.COMPLETED, length: int = 10, episode_id=None) -> Sample:
+    return Sample(group_index=gi, index=i, reward=reward, status=status, response_length=length, episode_id=episode_id)
 
 
 def test_eval_metrics_exact():
@@ -119,9 +119,9 @@ def test_eval_metrics_exact():
 def test_eval_metrics_dict_reward_key_and_fanned_out_rollouts():
     # prompt 0: rollout "a" was fanned out into 2 segments (counted once), rollout "b" one segment
     g = [
-        _s(0, 0, {"acc": 1.0, "fmt": 0.0}, rollout_id="a", length=3),
-        _s(0, 0, {"acc": 1.0, "fmt": 0.0}, rollout_id="a", length=7),
-        _s(0, 1, {"acc": 0.0, "fmt": 1.0}, rollout_id="b", length=5),
+        _s(0, 0, {"acc": 1.0, "fmt": 0.0}, episode_id="a", length=3),
+        _s(0, 0, {"acc": 1.0, "fmt": 0.0}, episode_id="a", length=7),
+        _s(0, 1, {"acc": 0.0, "fmt": 1.0}, episode_id="b", length=5),
     ]
     m = eval_metrics("x", [g], reward_key="acc")
     assert m["eval/x/num_samples"] == 2.0 and m["eval/x/reward_mean"] == 0.5

@@ -280,7 +280,7 @@ def test_dynamic_sampling_filter_refills_until_enough_groups_pass(tiny_model_dir
 
 def test_fan_out_generate_scores_each_rollout_once(tiny_model_dir, tmp_path):
     """A generate function returning a list (segments of one rollout, e.g. ``coding_agent``): the reward function
-    is called once per rollout, every segment gets that reward and one shared rollout_id, the segments replace the
+    is called once per rollout, every segment gets that reward and one shared episode_id, the segments replace the
     sample in its group (in order), and ``vime_on_sample`` sees each segment; a failing rollout stays one failed
     placeholder."""
     calls = []
@@ -322,9 +322,14 @@ def test_fan_out_generate_scores_each_rollout_once(tiny_model_dir, tmp_path):
         [(0, "completed", 1.0, [1, 2, 3]), (1, "failed", None, [])],
     ]
     g0 = groups[0]
-    assert g0[1].rollout_id == g0[2].rollout_id and g0[0].rollout_id not in (None, g0[1].rollout_id)
+    assert g0[1].episode_id == g0[2].episode_id and g0[0].episode_id not in (None, g0[1].episode_id)
     assert g0[2].metadata["scored"] is True  # what the reward wrote on the first segment reaches the others
     assert groups[1][1].metadata["error"] == "RuntimeError: sandbox died"
-    assert sorted(seen) == [(0, 0, "completed"), (0, 1, "completed"), (0, 1, "completed"), (1, 0, "completed"),
-                            (1, 1, "failed")]
+    assert sorted(seen) == [
+        (0, 0, "completed"),
+        (0, 1, "completed"),
+        (0, 1, "completed"),
+        (1, 0, "completed"),
+        (1, 1, "failed"),
+    ]
     assert metrics["rollout/failed_frac"] == 1 / 5

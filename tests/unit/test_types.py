@@ -65,3 +65,13 @@ def test_round_trip_dict():
         group_index=2, index=1, prompt=[{"role": "user", "content": "hi"}], tokens=[1, 2], status=Status.TRUNCATED
     )
     assert Sample.from_dict(s.to_dict()) == s
+
+
+def test_from_dict_reads_the_old_rollout_id_name():
+    """Dumps and checkpoints written before the rename carry ``rollout_id``; it is read into ``episode_id``."""
+    d = Sample(tokens=[1, 2], episode_id="ep-3").to_dict()
+    assert d["episode_id"] == "ep-3" and "rollout_id" not in d
+    old = {k: v for k, v in d.items() if k != "episode_id"} | {"rollout_id": "ep-3"}
+    assert Sample.from_dict(old) == Sample(tokens=[1, 2], episode_id="ep-3")
+    with pytest.raises(ValueError, match="^a sample dict holds both 'episode_id' and its old name 'rollout_id'$"):
+        Sample.from_dict(d | {"rollout_id": "ep-3"})

@@ -248,7 +248,7 @@ class AgentGateway:
         timeout_s: float = 60.0,
     ) -> list[Sample]:
         """End the episode of ``sid`` and return its Samples (one per trajectory segment, sharing a
-        ``rollout_id``; see :meth:`vime_core.agent.trajectory.Trajectory.to_samples`).
+        ``episode_id``; see :meth:`vime_core.agent.trajectory.Trajectory.to_samples`).
 
         Waits up to ``timeout_s`` seconds for the session's in-flight requests; later ones get a 401.
 

@@ -45,7 +45,7 @@ kept — no re-tokenisation drift. :meth:`Trajectory.record` with that plan comp
 prefix. What stays proportional to the prompt length per turn is C-level copying and comparing (``str.startswith``,
 list slices), which the HTTP APIs require anyway since every request carries the whole history.
 
-All segments of one episode share one ``rollout_id`` so the loss counts the episode once.
+All segments of one episode share one ``episode_id`` so the loss counts the episode once.
 """
 
 from __future__ import annotations
@@ -438,20 +438,20 @@ class Trajectory:
         reward: float | dict[str, float] | None = None,
         *,
         extra_metadata: dict[str, Any] | None = None,
-        rollout_id: str | None = None,
+        episode_id: str | None = None,
     ) -> list[Sample]:
         """One Sample per segment, in creation order (``[]`` if no turn was recorded).
 
         Each copies ``group_index``, ``index``, ``prompt``, ``label`` and ``metadata`` from ``base_sample``; gets the
         episode ``reward`` (the same on every segment: the loss counts the episode once through the shared
-        ``rollout_id``) and ``metadata["trajectory"]`` (segment index, turns, drift counts, flagged turns, realign
+        ``episode_id``) and ``metadata["trajectory"]`` (segment index, turns, drift counts, flagged turns, realign
         losses). ``tokens`` = the segment's first prompt + response; ``loss_mask``/``rollout_log_probs``/
         ``weight_versions`` cover the response. Status: ``truncated`` if the segment's last turn hit the length
         limit, else ``completed``; ``remove_sample`` when no token is trained.
 
-        :param rollout_id: shared id; default ``base_sample.rollout_id`` or a fresh uuid.
+        :param episode_id: shared id; default ``base_sample.episode_id`` or a fresh uuid.
         """
-        rid = rollout_id or base_sample.rollout_id or uuid.uuid4().hex
+        rid = episode_id or base_sample.episode_id or uuid.uuid4().hex
         out: list[Sample] = []
         for i, seg in enumerate(self.segments):
             meta = copy.deepcopy(base_sample.metadata)
@@ -481,7 +481,7 @@ class Trajectory:
                 label=copy.deepcopy(base_sample.label),
                 status=Status.TRUNCATED if seg.last_finish == "length" else Status.COMPLETED,
                 metadata=meta,
-                rollout_id=rid,
+                episode_id=rid,
             )
             if not any(seg.loss_mask):
                 s.remove_sample = True

@@ -3,9 +3,9 @@
 Every estimator is ``fn(args, group: list[Sample]) -> list[list[float]]`` over the trainable members of one
 prompt group (see :func:`vime_core.algorithms.batch.build_batch`) and returns one advantage per response token.
 
-Fan-out: samples that share a ``rollout_id`` are segments of one rollout; group statistics count each rollout once
+Fan-out: samples that share an ``episode_id`` are segments of one rollout; group statistics count each rollout once
 (its segments must carry the same reward) and its advantage is broadcast to every segment (slime issue #1414,
-PR #2062). Samples without a ``rollout_id`` are rollouts of their own.
+PR #2062). Samples without an ``episode_id`` are rollouts of their own.
 
 The REINFORCE++ estimators return the group-level part only; the batch-level part (KL shaping with ``--kl-coef``
 and whitening over the batch) is :func:`vime_core.algorithms.batch.postprocess_advantages`, run by the trainer.
@@ -35,16 +35,16 @@ def rollout_rewards(args: argparse.Namespace, group: list[Sample]) -> tuple[list
     seen: dict[str, int] = {}
     for s in group:
         r = s.reward_value(opt(args, "reward_key"))
-        if s.rollout_id is None:
+        if s.episode_id is None:
             which.append(len(rewards))
             rewards.append(r)
-        elif s.rollout_id in seen:
-            j = seen[s.rollout_id]
+        elif s.episode_id in seen:
+            j = seen[s.episode_id]
             if rewards[j] != r:
-                raise ValueError(f"rollout {s.rollout_id!r}: its segments have different rewards {rewards[j]} and {r}")
+                raise ValueError(f"episode {s.episode_id!r}: its segments have different rewards {rewards[j]} and {r}")
             which.append(j)
         else:
-            seen[s.rollout_id] = len(rewards)
+            seen[s.episode_id] = len(rewards)
             which.append(len(rewards))
             rewards.append(r)
     return rewards, which

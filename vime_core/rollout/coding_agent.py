@@ -21,7 +21,7 @@ Per sample (a workspace-task row, :mod:`vime_core.data.workspace_task`; the prom
    ``--agent-max-file-bytes`` files are listed in ``skipped``), and ``git diff --binary`` against the base commit
    gives ``diff``. Both go to ``metadata["agent_result"]`` (:class:`~vime_core.data.workspace_task.AgentResult`),
    with the agent's status, exit code and wall time; ``metadata["agent"]`` has the harness's report.
-5. The session is closed into Samples — one per trajectory segment, sharing a ``rollout_id``, every trained token
+5. The session is closed into Samples — one per trajectory segment, sharing an ``episode_id``, every trained token
    exactly as the engine sampled it (:meth:`~vime_core.agent.gateway.AgentGateway.close_session`). The rollout
    manager scores the rollout once and gives every segment that reward.
 
@@ -262,7 +262,7 @@ def _failed(sample: Sample, why: str, cause: FailureCause, error: BaseException 
 async def generate(args: argparse.Namespace, sample: Sample, sampling_params: dict[str, Any]) -> Sample | list[Sample]:
     """Run one agent episode (see the module docstring).
 
-    :return: the episode's Samples (one per trajectory segment, shared ``rollout_id``), or the input sample as a
+    :return: the episode's Samples (one per trajectory segment, shared ``episode_id``), or the input sample as a
         ``failed`` placeholder.
     :raises ValueError: ``--agent`` missing, a sandbox backend that cannot expose host ports, a malformed row.
     """
@@ -365,8 +365,8 @@ def rollout_metrics(samples: list[Sample]) -> dict[str, float]:
     for s in samples:
         if s.status == Status.FAILED:
             failed += 1
-        elif s.rollout_id is not None:
-            episodes.setdefault(s.rollout_id, s)
+        elif s.episode_id is not None:
+            episodes.setdefault(s.episode_id, s)
     n = max(len(episodes) + failed, 1)
     statuses = [(s.metadata.get("agent") or {}).get("status") for s in episodes.values()]
     segs = sum(1 for s in samples if s.status != Status.FAILED)

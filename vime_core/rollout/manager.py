@@ -463,9 +463,9 @@ async def _run_groups(
                 if isinstance(out, list):  # fan-out: segments of one rollout, scored once, same reward on each
                     if not out:
                         raise ValueError("the generate function returned an empty list of samples")
-                    rid = next((s.rollout_id for s in out if s.rollout_id), None) or uuid.uuid4().hex
+                    rid = next((s.episode_id for s in out if s.episode_id), None) or uuid.uuid4().hex
                     for s in out:
-                        s.rollout_id = rid
+                        s.episode_id = rid
                     outs = list(out)
                 elif out is not sample:
                     sample.__dict__.update(out.__dict__)

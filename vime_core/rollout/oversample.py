@@ -85,7 +85,7 @@ def _return_to_buffer(group: list[Sample], step: int) -> list[Sample]:
         by_pos.setdefault((s.group_index, s.index), []).append(s)
     out: list[Sample] = []
     for segs in by_pos.values():
-        fanned = len(segs) > 1 or segs[0].rollout_id is not None
+        fanned = len(segs) > 1 or segs[0].episode_id is not None
         if fanned and any(s.status not in FINISHED_STATUSES for s in segs):
             out.extend(fresh_copy(segs))
             continue

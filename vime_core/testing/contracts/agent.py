@@ -114,7 +114,7 @@ class AgentHarnessContract(_Contract):
         lps = [s.rollout_log_probs[i] for s in samples for i, m in enumerate(s.loss_mask) if m == 1]
         assert lps == [-0.5] * len(expected)
         assert all(set(s.loss_mask) <= {0, 1} and len(s.loss_mask) == s.response_length for s in samples)
-        assert len({s.rollout_id for s in samples}) == 1 and samples[0].rollout_id
+        assert len({s.episode_id for s in samples}) == 1 and samples[0].episode_id
         assert all(s.status == Status.COMPLETED and not s.remove_sample for s in samples)
         check_token_exact(samples, ep["turns"])
 
