@@ -4,7 +4,7 @@ HumanEval with SmolLM2-135M-Instruct (examples/coding_agent/config.yaml; Codex i
 sandboxes and the tests reward.
 
 SmolLM2 does not solve HumanEval; what is checked is the bookkeeping of what it did, exactly: every scored sample's
-reward is its ``passed / total`` hidden tests, segments of one episode share their rollout id and reward, the
+reward is its ``passed / total`` hidden tests, segments of one episode share their episode id and reward, the
 gateway's record of every engine call (``--agent-record-turns``: prompt ids, output ids, log-probs, versions) is
 exactly what the samples hold — every turn the gateway trains on appears in a segment as ``prompt + output`` with
 mask 1 and the engine's log-probs, every other token is masked, nothing trained comes from elsewhere
