@@ -1,5 +1,5 @@
 """The trajectory manager (vime_core/agent/trajectory.py) on hand-written token ids: CLEAN / REALIGN / FORK, the
-truncated/ill-formed rule, segment choice, shared rollout ids, incremental prompt building — exact values."""
+truncated/ill-formed rule, segment choice, shared episode ids, incremental prompt building — exact values."""
 
 from __future__ import annotations
 
