@@ -5,6 +5,10 @@ back from them), :func:`write_report` saves each as a PNG under ``<out stem>_fil
 (base64) in the HTML, so the page opens on its own. A panel whose metrics no run has is left out and listed under
 "not shown". ``--compare`` overlays other runs on every panel (their label is the directory name).
 
+Every curve and the time-split bars are plotted against the number of finished training steps
+(:func:`finished_steps`): training step ``r`` at ``r + 1``, an evaluation at the step count it ran after (0 =
+before training).
+
 Panels (metric keys as written by :mod:`vime_core.loop` and :mod:`vime_core.metrics`):
 
 * reward: ``rollout/reward_mean``; eval reward ``eval/<set>/reward_mean``; eval ``eval/<set>/pass@<k>``;
@@ -59,10 +63,25 @@ class Run:
         return {k for r in self.records for k in r if k != "step"}
 
     def series(self, key: str) -> tuple[list[float], list[float]]:
-        """``(steps, values)`` of the records holding ``key``, in file order."""
-        xs = [float(r["step"]) for r in self.records if key in r]
+        """``(x, values)`` of the records holding ``key``, in file order; ``x`` counts finished training steps
+        (:func:`finished_steps`), the x of every curve of the report."""
+        xs = [float(finished_steps(r["step"], key)) for r in self.records if key in r]
         ys = [float(r[key]) for r in self.records if key in r]
         return xs, ys
+
+
+#: the x axis of every report panel but the staleness histogram
+X_LABEL = "finished training steps"
+
+
+def finished_steps(step: int, key: str) -> int:
+    """The report's x of metric ``key`` logged with ``step``: the number of finished training steps.
+
+    A training record's ``step`` is slime's rollout id (0 .. N-1), logged when that step has finished, so it is
+    plotted at ``step + 1``; an evaluation record's ``step`` (``eval/*`` keys) already counts finished steps
+    (0 = before training, :mod:`vime_core.loop`), so eval and training curves share one x axis.
+    """
+    return step if key.startswith("eval/") else step + 1
 
 
 def load_run(path: Path, name: str | None = None) -> Run:
@@ -183,7 +202,7 @@ def _line_figure(panel: Panel, runs: list[Run]) -> Figure | None:
             n += 1
     if n == 0:
         return None
-    ax.set(title=panel.title, xlabel="step", ylabel=panel.ylabel)
+    ax.set(title=panel.title, xlabel=X_LABEL, ylabel=panel.ylabel)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="best")
@@ -199,14 +218,14 @@ def _time_split_figure(runs: list[Run]) -> Figure | None:
     for i, run in enumerate(have):
         # one bar per step record that has any time key (the step's own record)
         recs = [r for r in run.records if any(k in r for k, _ in TIME_KEYS)]
-        xs, width = _grouped_x([r["step"] for r in recs], i, len(have))
+        xs, width = _grouped_x([finished_steps(r["step"], TIME_KEYS[0][0]) for r in recs], i, len(have))
         bottom = [0.0] * len(recs)
         for j, (key, name) in enumerate(TIME_KEYS):
             ys = [float(r.get(key, 0.0)) for r in recs]
             label = f"{run.name} · {name}" if len(have) > 1 else name
             ax.bar(xs, ys, width=width, bottom=bottom, color=f"C{j}", alpha=1.0 - 0.35 * i, label=label, gid=key)
             bottom = [b + y for b, y in zip(bottom, ys, strict=True)]
-    ax.set(title="Time per step (stacked)", xlabel="step", ylabel="seconds")
+    ax.set(title="Time per step (stacked)", xlabel=X_LABEL, ylabel="seconds")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.grid(alpha=0.3, axis="y")
     fig.legend(fontsize=8, loc="outside right upper")  # beside the bars, never over them

@@ -60,7 +60,9 @@ def test_line_panels_plot_exactly_the_metrics(figs_async):
         lines = _lines(figs_async[pid])
         assert sorted(lines) == keys, pid
         for key in keys:
-            assert lines[key] == ([0.0, 1.0, 2.0], [r[key] for r in recs]), (pid, key)
+            # x = finished training steps: the step with rollout id r has finished r + 1 steps
+            assert lines[key] == ([1.0, 2.0, 3.0], [r[key] for r in recs]), (pid, key)
+        assert figs_async[pid].axes[0].get_xlabel() == "finished training steps", pid
     # bytes are plotted in MiB
     xs, ys = _lines(figs_async["weight_sync_bytes"])["weight_sync/bytes"]
     assert ys == [r["weight_sync/bytes"] / (1 << 20) for r in recs]
@@ -77,7 +79,7 @@ def test_time_split_is_a_stacked_bar_of_rollout_train_sync(figs_async):
         rects = bars[name].patches
         assert [r.get_height() for r in rects] == pytest.approx([r[f"perf/{name}_time"] for r in recs])
         assert [r.get_y() for r in rects] == pytest.approx(bottom)
-        assert [r.get_x() + r.get_width() / 2 for r in rects] == pytest.approx([0, 1, 2])
+        assert [r.get_x() + r.get_width() / 2 for r in rects] == pytest.approx([1, 2, 3])
         bottom = [b + r[f"perf/{name}_time"] for b, r in zip(bottom, recs, strict=True)]
 
 
@@ -117,9 +119,12 @@ def test_eval_metrics_are_plotted_when_present(tmp_path):
     }
     assert _lines(figs["response_len"])["eval/arith/response_len_mean"] == ([0.0, 3.0], [30.5, 28.0])
     assert _lines(figs["truncated"])["eval/arith/truncated_frac"] == ([0.0, 3.0], [0.125, 0.0])
-    # the training curve is unchanged by the extra lines (eval lines hold no rollout/* key)
+    # the training curve is unchanged by the extra lines (eval lines hold no rollout/* key); both share one x:
+    # finished training steps (the eval at 3 ran after the third step, whose training point is at 3 too)
     train = [r["rollout/response_len_mean"] for r in _records(ASYNC)]
-    assert _lines(figs["response_len"])["rollout/response_len_mean"] == ([0.0, 1.0, 2.0], train)
+    assert _lines(figs["response_len"])["rollout/response_len_mean"] == ([1.0, 2.0, 3.0], train)
+    for pid in ("eval_reward", "eval_pass_at_k", "response_len", "truncated"):
+        assert figs[pid].axes[0].get_xlabel() == "finished training steps", pid
 
 
 def test_compare_overlays_runs_with_their_names():
@@ -129,7 +134,7 @@ def test_compare_overlays_runs_with_their_names():
     for run in (ASYNC, SYNC):
         recs = _records(run)
         assert lines[f"{run.name} · rollout/reward_mean"] == (
-            [float(r["step"]) for r in recs],
+            [float(r["step"] + 1) for r in recs],
             [r["rollout/reward_mean"] for r in recs],
         )
     labels = [c.get_label() for c in figs["time_split"].axes[0].containers]
