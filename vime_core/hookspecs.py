@@ -6,6 +6,10 @@ Plugins implement these with ``@vime_core.hookimpl`` in a module named by an ent
 
 The ``vime_register_*`` hooks receive a ``register(name, obj)`` callback rather than returning values, so the
 registry knows which plugin provided each name and can fail loudly on duplicates (see :mod:`vime_core.registry`).
+What ``obj`` must be is typed: the :mod:`vime_core.protocols` of the callable kinds (the registry checks their
+parameter names and ``async``), the base classes of the class kinds (a class registers under its own ``NAME``).
+
+Which process calls which hook is in ``docs/architecture.md`` ("Which hooks run where").
 """
 
 from __future__ import annotations
@@ -16,23 +20,40 @@ from typing import TYPE_CHECKING, Any
 
 import pluggy
 
+from vime_core.protocols import AdvantageEstimator, DynamicFilter, GenerateFn, GroupRewardFn, RewardFn
+
 if TYPE_CHECKING:
+    from vime_core.agent.harness import AgentHarness
+    from vime_core.sandbox.base import Sandbox
+    from vime_core.trainer.base import TrainerBackend
     from vime_core.types import Sample
+    from vime_core.weight_sync.base import WeightSyncStrategy
 
 hookspec = pluggy.HookspecMarker("vime")
 hookimpl = pluggy.HookimplMarker("vime")
 
+#: the ``register(name, obj)`` callback of a ``vime_register_*`` hook (the typed aliases below say what ``obj`` is)
 Register = Callable[[str, Any], None]
+RegisterGenerate = Callable[[str, GenerateFn], None]
+RegisterReward = Callable[[str, RewardFn], None]
+RegisterGroupReward = Callable[[str, GroupRewardFn], None]
+RegisterAdvantage = Callable[[str, AdvantageEstimator], None]
+RegisterDynamicFilter = Callable[[str, DynamicFilter], None]
+RegisterSandbox = Callable[[str, "type[Sandbox]"], None]
+RegisterAgent = Callable[[str, "type[AgentHarness]"], None]
+RegisterWeightSync = Callable[[str, "type[WeightSyncStrategy]"], None]
+RegisterTrainer = Callable[[str, "type[TrainerBackend]"], None]
 
 # --------------------------------------------------------------------------------------------------------------
 # Registration hooks (called once when the plugin manager is built)
 
 
 @hookspec
-def vime_register_generate_functions(register: Register) -> None:
+def vime_register_generate_functions(register: RegisterGenerate) -> None:
     """Register generate functions by name (``--generate NAME``).
 
-    A generate function is ``async def generate(args, sample, sampling_params) -> Sample | list[Sample]``: it fills
+    A generate function is ``async def generate(args, sample, sampling_params) -> Sample | list[Sample]``
+    (:class:`vime_core.protocols.GenerateFn`): it fills
     ``tokens``/``response``/``loss_mask``/``rollout_log_probs``/``weight_versions``/``status`` of ``sample``.
 
     :param register: call ``register("name", fn)`` once per function.
@@ -42,10 +63,11 @@ def vime_register_generate_functions(register: Register) -> None:
 
 
 @hookspec
-def vime_register_reward_functions(register: Register) -> None:
+def vime_register_reward_functions(register: RegisterReward) -> None:
     """Register reward functions by name (``--reward NAME``).
 
-    A reward function is ``async def reward(args, sample) -> float | dict[str, float]``. A reward that raises,
+    A reward function is ``async def reward(args, sample) -> float | dict[str, float]``
+    (:class:`vime_core.protocols.RewardFn`). A reward that raises,
     exceeds ``--reward-timeout`` or returns NaN/±inf/a non-number marks the sample ``failed`` with that cause
     (:mod:`vime_core.failures`): excluded, never scored 0.
 
@@ -56,10 +78,11 @@ def vime_register_reward_functions(register: Register) -> None:
 
 
 @hookspec
-def vime_register_group_reward_functions(register: Register) -> None:
+def vime_register_group_reward_functions(register: RegisterGroupReward) -> None:
     """Register group reward functions by name (``--group-reward NAME``).
 
-    A group reward function is ``async def reward(args, group: list[Sample]) -> list[float | dict[str, float]]``:
+    A group reward function is ``async def reward(args, group: list[Sample]) -> list[float | dict[str, float]]``
+    (:class:`vime_core.protocols.GroupRewardFn`):
     one score per sample of a prompt's group, in order (pairwise preference, rank-based rewards). It replaces
     ``--reward`` and gets the group's completed/truncated samples once all of them have finished generating.
 
@@ -70,10 +93,11 @@ def vime_register_group_reward_functions(register: Register) -> None:
 
 
 @hookspec
-def vime_register_advantage_estimators(register: Register) -> None:
+def vime_register_advantage_estimators(register: RegisterAdvantage) -> None:
     """Register advantage estimators by name (``--advantage-estimator NAME``).
 
-    An estimator is ``fn(args, group: list[Sample]) -> list[list[float]]`` (per-token advantages per sample).
+    An estimator is ``fn(args, group: list[Sample]) -> list[list[float]]`` (per-token advantages per sample;
+    :class:`vime_core.protocols.AdvantageEstimator`).
 
     :param register: call ``register("name", fn)``.
 
@@ -82,11 +106,12 @@ def vime_register_advantage_estimators(register: Register) -> None:
 
 
 @hookspec
-def vime_register_dynamic_sampling_filters(register: Register) -> None:
+def vime_register_dynamic_sampling_filters(register: RegisterDynamicFilter) -> None:
     """Register dynamic sampling filters by name (``--dynamic-sampling-filter NAME``; DAPO, arXiv:2503.14476).
 
-    A filter is ``fn(args, group: list[Sample]) -> bool``: True keeps the scored group for training, False drops it
-    (the rollout manager samples more prompts to refill the batch). Built-in: ``check_reward_nonzero_std``.
+    A filter is ``fn(args, group: list[Sample]) -> bool`` (:class:`vime_core.protocols.DynamicFilter`): True keeps
+    the scored group for training, False drops it (the rollout manager samples more prompts to refill the batch).
+    Built-in: ``check_reward_nonzero_std``.
 
     :param register: call ``register("name", fn)``.
 
@@ -95,44 +120,49 @@ def vime_register_dynamic_sampling_filters(register: Register) -> None:
 
 
 @hookspec
-def vime_register_sandbox_backends(register: Register) -> None:
+def vime_register_sandbox_backends(register: RegisterSandbox) -> None:
     """Register sandbox backend classes by name (``--sandbox NAME``).
 
-    :param register: call ``register("name", SandboxClass)``.
+    A backend is a :class:`vime_core.sandbox.base.Sandbox` subclass whose ``NAME`` is the registered name.
+
+    :param register: call ``register(SandboxClass.NAME, SandboxClass)``.
 
     .. versionadded:: 0.1
     """
 
 
 @hookspec
-def vime_register_agent_harnesses(register: Register) -> None:
+def vime_register_agent_harnesses(register: RegisterAgent) -> None:
     """Register agent harness classes by name (``--agent NAME``).
 
-    :param register: call ``register("name", HarnessClass)``.
+    A harness is a :class:`vime_core.agent.harness.AgentHarness` subclass whose ``NAME`` is the registered name.
+
+    :param register: call ``register(HarnessClass.NAME, HarnessClass)``.
 
     .. versionadded:: 0.1
     """
 
 
 @hookspec
-def vime_register_weight_sync_strategies(register: Register) -> None:
+def vime_register_weight_sync_strategies(register: RegisterWeightSync) -> None:
     """Register weight-sync strategy classes by name (``--weight-sync NAME``).
 
-    A strategy is a :class:`vime_core.weight_sync.base.WeightSyncStrategy` subclass.
+    A strategy is a :class:`vime_core.weight_sync.base.WeightSyncStrategy` subclass whose ``NAME`` is the
+    registered name.
 
-    :param register: call ``register("name", StrategyClass)``.
+    :param register: call ``register(StrategyClass.NAME, StrategyClass)``.
 
     .. versionadded:: 0.1
     """
 
 
 @hookspec
-def vime_register_trainer_backends(register: Register) -> None:
+def vime_register_trainer_backends(register: RegisterTrainer) -> None:
     """Register trainer backend classes by name (``--trainer NAME``).
 
-    A backend is a :class:`vime_core.trainer.base.TrainerBackend` subclass.
+    A backend is a :class:`vime_core.trainer.base.TrainerBackend` subclass whose ``NAME`` is the registered name.
 
-    :param register: call ``register("name", BackendClass)``.
+    :param register: call ``register(BackendClass.NAME, BackendClass)``.
 
     .. versionadded:: 0.1
     """
@@ -142,6 +172,8 @@ def vime_register_trainer_backends(register: Register) -> None:
 def vime_add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add a plugin's own command-line flags, under the plugin's prefix (e.g. ``--sandbox-docker-image``).
 
+    Called in the driver process when the ``vime run`` / ``vime eval`` / ``vime args`` parser is built.
+
     :param parser: the ``vime run`` parser; add an argument group named after the plugin.
 
     .. versionadded:: 0.1
@@ -149,14 +181,18 @@ def vime_add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 # --------------------------------------------------------------------------------------------------------------
-# Observation hooks (called during a run)
+# Observation hooks (called during a run). ``args`` is the run's full Namespace; ``step`` is the training step
+# (slime's rollout id, 0 .. --num-rollout - 1).
 
 
 @hookspec
 def vime_on_sample(args: argparse.Namespace, sample: Sample, step: int) -> None:
     """Called for every sample after generation and reward, before advantages are computed.
 
-    May edit the sample in place (e.g. set ``remove_sample``); the return value is ignored.
+    Runs in the **rollout actor** (the Ray actor holding the :class:`~vime_core.rollout.manager.RolloutManager`),
+    on its event loop: keep it fast and non-blocking. With ``--loop fully-async`` samples are generated in the
+    background before it is known which step will train them, so ``step`` is **-1** there. Not called for
+    evaluation samples. May edit the sample in place (e.g. set ``remove_sample``); the return value is ignored.
 
     .. versionadded:: 0.1
     """
@@ -166,6 +202,9 @@ def vime_on_sample(args: argparse.Namespace, sample: Sample, step: int) -> None:
 def vime_on_rollout_end(args: argparse.Namespace, step: int, samples: list[Sample], metrics: dict[str, float]) -> None:
     """Called once per step after the rollout; may add entries to ``metrics`` (they are logged).
 
+    Runs in the **rollout actor**, with the step's samples (in ``--loop fully-async`` when a batch is handed to
+    the trainer, with that batch's real ``step``). Not called for evaluations.
+
     .. versionadded:: 0.1
     """
 
@@ -173,6 +212,9 @@ def vime_on_rollout_end(args: argparse.Namespace, step: int, samples: list[Sampl
 @hookspec
 def vime_on_train_step_end(args: argparse.Namespace, step: int, metrics: dict[str, float]) -> None:
     """Called once per step after training and weight sync, with the step's metrics (read-only by convention).
+
+    Runs in the **driver process** (the ``vime run`` process, :mod:`vime_core.loop`), after the step's metrics
+    are logged; every loop mode calls it with the real ``step``.
 
     .. versionadded:: 0.1
     """

@@ -18,7 +18,8 @@ from typing import Any
 import pluggy
 
 from vime_core import hookspecs
-from vime_core.registry import Registry, RegistryError, check_callable_signature, check_subclass
+from vime_core.protocols import AdvantageEstimator, DynamicFilter, GenerateFn, GroupRewardFn, RewardFn
+from vime_core.registry import Registry, RegistryError, check_protocol, check_subclass
 from vime_core.version import __version__
 
 logger = logging.getLogger("vime.plugins")
@@ -53,6 +54,7 @@ class Plugins:
     """
 
     def __init__(self) -> None:
+        from vime_core.agent.harness import AgentHarness
         from vime_core.sandbox.base import Sandbox
         from vime_core.trainer.base import TrainerBackend
         from vime_core.weight_sync.base import WeightSyncStrategy
@@ -61,22 +63,22 @@ class Plugins:
         self.pm.add_hookspecs(hookspecs)
         self.info: dict[str, PluginInfo] = {}
         self.failed: list[PluginInfo] = []
-        self.registries: dict[str, Registry] = {
-            "generate": Registry(
-                "generate", "--generate", check_callable_signature("args", "sample", "sampling_params", is_async=True)
+        self.registries: dict[str, Registry[Any]] = {
+            "generate": Registry[GenerateFn]("generate", "--generate", check_protocol(GenerateFn)),
+            "reward": Registry[RewardFn]("reward", "--reward", check_protocol(RewardFn)),
+            "group_reward": Registry[GroupRewardFn]("group_reward", "--group-reward", check_protocol(GroupRewardFn)),
+            "advantage": Registry[AdvantageEstimator](
+                "advantage", "--advantage-estimator", check_protocol(AdvantageEstimator)
             ),
-            "reward": Registry("reward", "--reward", check_callable_signature("args", "sample", is_async=True)),
-            "group_reward": Registry(
-                "group_reward", "--group-reward", check_callable_signature("args", "group", is_async=True)
+            "dynamic_filter": Registry[DynamicFilter](
+                "dynamic_filter", "--dynamic-sampling-filter", check_protocol(DynamicFilter)
             ),
-            "advantage": Registry("advantage", "--advantage-estimator", check_callable_signature("args", "group")),
-            "dynamic_filter": Registry(
-                "dynamic_filter", "--dynamic-sampling-filter", check_callable_signature("args", "group")
+            "sandbox": Registry[type[Sandbox]]("sandbox", "--sandbox", check_subclass(Sandbox)),
+            "agent": Registry[type[AgentHarness]]("agent", "--agent", check_subclass(AgentHarness)),
+            "weight_sync": Registry[type[WeightSyncStrategy]](
+                "weight_sync", "--weight-sync", check_subclass(WeightSyncStrategy)
             ),
-            "sandbox": Registry("sandbox", "--sandbox", check_subclass(Sandbox)),
-            "agent": Registry("agent", "--agent"),
-            "weight_sync": Registry("weight_sync", "--weight-sync", check_subclass(WeightSyncStrategy)),
-            "trainer": Registry("trainer", "--trainer", check_subclass(TrainerBackend)),
+            "trainer": Registry[type[TrainerBackend]]("trainer", "--trainer", check_subclass(TrainerBackend)),
         }
 
     # -- loading ---------------------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ import importlib
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 # Which distribution provides a name that is not built in (for the "pip install" hint).
 KNOWN_PROVIDERS: dict[tuple[str, str], str] = {
@@ -23,6 +23,10 @@ KNOWN_PROVIDERS: dict[tuple[str, str], str] = {
     ("agent", "codex"): "vime-agent-codex",
     ("reward", "tests"): "vime-reward-tests",
 }
+
+
+#: what one registry holds: a :mod:`vime_core.protocols` callable or a ``type`` of a base class
+T = TypeVar("T")
 
 
 class RegistryError(ValueError):
@@ -39,12 +43,14 @@ class Entry:
     distribution: str  # "vime 0.1.0", "vime-sandbox-docker 0.1.0", or "dotted path"
 
 
-class Registry:
-    """Names of one plugin kind (``generate``, ``reward``, ``sandbox``, …).
+class Registry(Generic[T]):
+    """Names of one plugin kind (``generate``, ``reward``, ``sandbox``, …), each resolving to a ``T``.
 
     :param kind: the kind, used in messages and the ``pip install`` hint.
     :param flag: the command-line flag that selects a name (for messages).
-    :param check: optional ``check(name, obj)`` raising :class:`RegistryError` if ``obj`` does not fit the kind.
+    :param check: optional ``check(name, obj)`` raising :class:`RegistryError` if ``obj`` does not fit the kind
+        (:func:`check_protocol`, :func:`check_subclass`); the registry prefixes its message with who registered
+        what (or which flag named the dotted path). A registered class with a ``NAME`` must be registered under it.
     """
 
     def __init__(self, kind: str, flag: str, check: Callable[[str, Any], None] | None = None) -> None:
@@ -53,10 +59,11 @@ class Registry:
         self._check = check
         self._entries: dict[str, Entry] = {}
 
-    def add(self, name: str, obj: Any, provider: str, distribution: str) -> None:
+    def add(self, name: str, obj: T, provider: str, distribution: str) -> None:
         """Register ``obj`` under ``name``.
 
-        :raises RegistryError: if ``name`` is already taken (naming both providers) or ``obj`` fails the check.
+        :raises RegistryError: if ``name`` is already taken (naming both providers), ``obj`` fails the check, or
+            ``obj`` is a class whose ``NAME`` is not ``name``.
         """
         if not isinstance(name, str) or not name:
             raise RegistryError(f"{self.kind} registered by {provider} ({distribution}) has an invalid name {name!r}")
@@ -66,8 +73,17 @@ class Registry:
                 f"duplicate {self.kind} name {name!r}: provided by plugin {old.provider!r} ({old.distribution}) "
                 f"and by plugin {provider!r} ({distribution}); uninstall one or block it with VIME_DISABLE_PLUGINS"
             )
+        where = f"plugin {provider!r} ({distribution}) registers {self.kind} {name!r} = {describe(obj)}"
         if self._check is not None:
-            self._check(name, obj)
+            try:
+                self._check(name, obj)
+            except RegistryError as e:
+                raise RegistryError(f"{where}: {e}") from None
+        if isinstance(obj, type) and hasattr(obj, "NAME") and obj.NAME != name:
+            raise RegistryError(
+                f"{where}: its NAME is {obj.NAME!r}; a class registers under its own NAME "
+                f"(register({obj.__name__}.NAME, {obj.__name__}), or set NAME = {name!r})"
+            )
         self._entries[name] = Entry(name, obj, provider, distribution)
 
     def names(self) -> list[str]:
@@ -78,7 +94,7 @@ class Registry:
         """Registered entries, sorted by name."""
         return [self._entries[n] for n in self.names()]
 
-    def get(self, name: str) -> Any:
+    def get(self, name: str) -> T:
         """Resolve a registered name or a dotted ``pkg.mod:obj`` / ``pkg.mod.obj`` path.
 
         :raises RegistryError: unknown name (listing the available ones), or a dotted path that does not import.
@@ -88,7 +104,10 @@ class Registry:
         if ":" in name or "." in name:
             obj = _load_dotted(name, self.flag)
             if self._check is not None:
-                self._check(name, obj)
+                try:
+                    self._check(name, obj)
+                except RegistryError as e:
+                    raise RegistryError(f"{self.flag} {name!r} = {describe(obj)}: {e}") from None
             return obj
         hint = KNOWN_PROVIDERS.get((self.kind, name))
         msg = f"unknown {self.kind} {name!r} for {self.flag}; available: {', '.join(self.names()) or '(none)'}"
@@ -111,24 +130,55 @@ def _load_dotted(path: str, flag: str) -> Any:
         raise RegistryError(f"{flag} {path!r}: module {mod_name!r} has no attribute {attr!r}") from e
 
 
+def describe(obj: Any) -> str:
+    """``module.qualname`` of a function or class (what error messages call it), else its ``repr``."""
+    module, qualname = getattr(obj, "__module__", None), getattr(obj, "__qualname__", None)
+    return f"{module}.{qualname}" if module and qualname else repr(obj)
+
+
+def _signature_text(sig: inspect.Signature, is_async: bool) -> str:
+    """``async def (args, sample)``: a signature with annotations dropped, as the messages print it."""
+    bare = sig.replace(
+        parameters=[p.replace(annotation=p.empty) for p in sig.parameters.values()], return_annotation=sig.empty
+    )
+    return f"{'async def' if is_async else 'def'} {bare}"
+
+
 def check_callable_signature(*params: str, is_async: bool | None = None) -> Callable[[str, Any], None]:
-    """A registry check: ``obj`` is callable, its first positional parameters are ``params``, and (optionally) it
-    is (or is not) a coroutine function."""
+    """A registry check: ``obj`` is callable, its first positional parameters are named ``params`` (in order), any
+    further parameter has a default, and (optionally) it is (or is not) a coroutine function.
+
+    The check raises :class:`RegistryError` with ``expected <signature>, found <signature>``; the registry adds
+    which plugin registered what under which name.
+    """
+    expected = f"{'async def' if is_async else 'def'} ({', '.join(params)})"
 
     def check(name: str, obj: Any) -> None:
         if not callable(obj):
-            raise RegistryError(f"{name!r} must be callable, got {type(obj).__name__}")
+            raise RegistryError(f"expected a callable {expected}, found a {type(obj).__name__} object")
         try:
             sig = inspect.signature(obj)
         except (TypeError, ValueError):
-            return
-        got = [p.name for p in sig.parameters.values() if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-        if len(got) < len(params):
-            raise RegistryError(f"{name!r} must take parameters ({', '.join(params)}); it takes ({', '.join(got)})")
-        if is_async is not None and inspect.iscoroutinefunction(obj) != is_async:
-            raise RegistryError(f"{name!r} must {'be' if is_async else 'not be'} an async function")
+            return  # a builtin without introspectable signature: nothing to check
+        found_async = inspect.iscoroutinefunction(obj)
+        ps = list(sig.parameters.values())
+        positional = [p.name for p in ps if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        extra_required = [
+            p for p in ps[len(params) :] if p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+        ]
+        wrong_async = is_async is not None and found_async != is_async
+        if tuple(positional[: len(params)]) != params or extra_required or wrong_async:
+            raise RegistryError(f"expected {expected}, found {_signature_text(sig, found_async)}")
 
     return check
+
+
+def check_protocol(protocol: type) -> Callable[[str, Any], None]:
+    """A registry check against a :mod:`vime_core.protocols` class: the parameter names of its ``__call__``
+    (after ``self``) and whether it is ``async`` (see :func:`check_callable_signature`)."""
+    call = protocol.__call__
+    params = list(inspect.signature(call).parameters)[1:]
+    return check_callable_signature(*params, is_async=inspect.iscoroutinefunction(call))
 
 
 def check_subclass(base: type) -> Callable[[str, Any], None]:
@@ -136,6 +186,6 @@ def check_subclass(base: type) -> Callable[[str, Any], None]:
 
     def check(name: str, obj: Any) -> None:
         if not (isinstance(obj, type) and issubclass(obj, base)):
-            raise RegistryError(f"{name!r} must be a subclass of {base.__module__}.{base.__qualname__}, got {obj!r}")
+            raise RegistryError(f"expected a subclass of {base.__module__}.{base.__qualname__}, found {describe(obj)}")
 
     return check
