@@ -6,7 +6,7 @@ with ``--copy``, ``install`` in a VM booted without the share (the 245 MB execut
     .venv/bin/python bench/localvm_agent_cli.py [--agent claude-code] [--copy] [--memory-mb 2048]
 
 Needs the base image (``vime-sandbox-localvm build-image``, format ≥ 2) and ``vime agent prepare <agent>``; boots one
-VM (two with ``--copy``): run it through the machine's heavy-work semaphore.
+VM (two with ``--copy``): run it when no other heavy job runs on the machine.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ ratio to sync. Throughput is measured in steady state: the loop's wall time is t
 (each step = wait for groups + train + weight sync; the driver runs steps one after the other), over the steps
 after the first (the first includes the cold start of generation in every mode).
 
-    /tmp/heavy.sh --all .venv/bin/python bench/loop_modes.py [--steps 6] [--modes sync fully-async] [-- extra flags]
+    .venv/bin/python bench/loop_modes.py [--steps 6] [--modes sync fully-async] [-- extra flags]
 
 Extra flags after ``--`` go to every ``vime run`` (e.g. ``-- --rollout-batch-size 8``). Each figure is printed as
 soon as its run ends; a summary JSON line closes the output.

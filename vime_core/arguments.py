@@ -1,6 +1,6 @@
 """``vime run`` arguments: framework flags, ``--vllm-*`` / ``--router-*`` pass-through, YAML config files.
 
-Namespaces (see ``shared/design.md`` §3):
+Namespaces:
 
 1. framework flags (plain names, defined here and by plugins through ``vime_add_arguments``);
 2. Megatron flags under Megatron-LM's names (``--tensor-model-parallel-size``, ...), added by the ``megatron``

@@ -34,6 +34,19 @@ DEFAULT_PLUGINS: tuple[str, ...] = (
     "vime_core.builtins.sandboxes",
 )
 
+#: registry kind → the ``vime_register_*`` hook that fills it
+REGISTER_HOOKS: dict[str, str] = {
+    "generate": "vime_register_generate_functions",
+    "reward": "vime_register_reward_functions",
+    "group_reward": "vime_register_group_reward_functions",
+    "advantage": "vime_register_advantage_estimators",
+    "dynamic_filter": "vime_register_dynamic_sampling_filters",
+    "sandbox": "vime_register_sandbox_backends",
+    "agent": "vime_register_agent_harnesses",
+    "weight_sync": "vime_register_weight_sync_strategies",
+    "trainer": "vime_register_trainer_backends",
+}
+
 
 @dataclass
 class PluginInfo:
@@ -117,18 +130,7 @@ class Plugins:
         return self
 
     def _fill_registries(self) -> None:
-        hooks = {
-            "generate": "vime_register_generate_functions",
-            "reward": "vime_register_reward_functions",
-            "group_reward": "vime_register_group_reward_functions",
-            "advantage": "vime_register_advantage_estimators",
-            "dynamic_filter": "vime_register_dynamic_sampling_filters",
-            "sandbox": "vime_register_sandbox_backends",
-            "agent": "vime_register_agent_harnesses",
-            "weight_sync": "vime_register_weight_sync_strategies",
-            "trainer": "vime_register_trainer_backends",
-        }
-        for kind, hook_name in hooks.items():
+        for kind, hook_name in REGISTER_HOOKS.items():
             registry = self.registries[kind]
             for impl in getattr(self.pm.hook, hook_name).get_hookimpls():
                 info = self.info.get(impl.plugin_name)

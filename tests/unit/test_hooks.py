@@ -79,10 +79,14 @@ def test_hook_vime_register_group_reward_functions():
 
     _registration_case("vime_register_group_reward_functions", "group_reward", by_group)
 
-    with pytest.raises(RegistryError, match=r"must take parameters \(args, group\)"):
+    where = "plugin 'test-plugin' (?) registers group_reward 'from-test' = "
+    lam = f"{__name__}.test_hook_vime_register_group_reward_functions.<locals>.<lambda>"
+    with pytest.raises(RegistryError) as e:
         _registration_case("vime_register_group_reward_functions", "group_reward", lambda args: None)
-    with pytest.raises(RegistryError, match="must be an async function"):
+    assert str(e.value) == f"{where}{lam}: expected async def (args, group), found def (args)"
+    with pytest.raises(RegistryError) as e:
         _registration_case("vime_register_group_reward_functions", "group_reward", lambda args, group: None)
+    assert str(e.value) == f"{where}{lam}: expected async def (args, group), found def (args, group)"
 
 
 def test_hook_vime_register_advantage_estimators():
@@ -105,11 +109,36 @@ def test_hook_vime_register_dynamic_sampling_filters():
 def test_hook_vime_register_sandbox_backends():
     from vime_core.sandbox.local import LocalSandbox
 
-    _registration_case("vime_register_sandbox_backends", "sandbox", type("FromTest", (LocalSandbox,), {}))
+    _registration_case(
+        "vime_register_sandbox_backends", "sandbox", type("FromTest", (LocalSandbox,), {"NAME": "from-test"})
+    )
+    with pytest.raises(RegistryError) as e:  # registered under another name than its NAME
+        _registration_case("vime_register_sandbox_backends", "sandbox", type("FromTest", (LocalSandbox,), {}))
+    assert str(e.value).endswith(
+        "its NAME is 'local'; a class registers under its own NAME (register(FromTest.NAME, FromTest), or set "
+        "NAME = 'from-test')"
+    )
 
 
 def test_hook_vime_register_agent_harnesses():
-    _registration_case("vime_register_agent_harnesses", "agent", _Obj)
+    from vime_core.agent.harness import AgentHarness
+
+    class Harness(AgentHarness):
+        NAME = "from-test"
+
+        async def install(self, sandbox):
+            pass
+
+        async def run(self, sandbox, *, prompt, endpoint, budget, cwd=None):
+            raise NotImplementedError
+
+    _registration_case("vime_register_agent_harnesses", "agent", Harness)
+    with pytest.raises(RegistryError) as e:  # checked like every other kind
+        _registration_case("vime_register_agent_harnesses", "agent", _Obj)
+    assert str(e.value) == (
+        f"plugin 'test-plugin' (?) registers agent 'from-test' = {__name__}._Obj: "
+        f"expected a subclass of vime_core.agent.harness.AgentHarness, found {__name__}._Obj"
+    )
 
 
 def test_hook_vime_register_weight_sync_strategies():

@@ -10,8 +10,7 @@ logp_rollout)``:
   ringtech.notion.site; slime ``icepop_function``): ``w`` inside ``[low, high]``, ``0`` outside (the token is
   masked out of the gradient).
 
-The drift budget turns the mean ``|Δlogp|`` into a stop condition (``shared/reference/peer-frameworks.md``,
-gap 10: no framework gates a run on it).
+The drift budget turns the mean ``|Δlogp|`` into a stop condition.
 """
 
 from __future__ import annotations

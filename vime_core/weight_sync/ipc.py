@@ -6,7 +6,7 @@ metadata; the engine side (:func:`open_shared_weights`) maps each bucket and yie
 ``reload_weights``. The trainer must keep the returned buffers alive until every receiver is done.
 
 The registered strategy is :class:`IpcWeightSync` (``--weight-sync ipc``). Tested between two processes on one H200
-(``bench/ipc_weight_sync.py``, ``tests/gpu/test_ipc_weight_sync.py``); its engine side
+(``bench/ipc_weight_sync.py``, ``tests/gpu/test_weight_sync_gpu.py``); its engine side
 (``VimeWorkerExtension.vime_receive_ipc``) needs a vLLM on a GPU, which none of our machines has.
 """
 
