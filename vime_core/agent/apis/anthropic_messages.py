@@ -36,7 +36,7 @@ from vime_core.agent.apis.common import (
     request_tools,
     serve,
     sse,
-    wait_with_pings,
+    turn_stream,
 )
 from vime_core.agent.chat import ChatMessage, text_of
 from vime_core.agent.session import Session
@@ -220,15 +220,15 @@ async def _stream(
 ) -> AsyncIterator[bytes]:
     msg_id = new_id("msg_")
     yield sse(anthropic_start_event(req, msg_id, len(plan.prompt_ids)))
-    async for ping in wait_with_pings(task, sse({"type": "ping"}), ping_s):
-        yield ping
-    try:
-        res = task.result()
-    except APIError as e:
-        yield sse(anthropic_error(e))
-        return
-    for ev in anthropic_events(res):
-        yield sse(ev)
+    body = turn_stream(
+        task,
+        sse({"type": "ping"}),
+        ping_s,
+        lambda e: sse(anthropic_error(e)),
+        lambda res: [sse(ev) for ev in anthropic_events(res)],
+    )
+    async for chunk in body:
+        yield chunk
 
 
 @router.post("/v1/messages")

@@ -326,6 +326,26 @@ async def wait_with_pings(task: asyncio.Task, ping: bytes | None, interval_s: fl
             yield ping
 
 
+async def turn_stream(
+    task: asyncio.Task,
+    ping: bytes | None,
+    ping_s: float,
+    error_chunk: Callable[[APIError], bytes],
+    result_chunks: Callable[[ChatResult], list[bytes]],
+) -> AsyncIterator[bytes]:
+    """The body of a streamed turn after its opening events: ``ping`` every ``ping_s`` seconds while ``task``
+    generates, then the result's chunks, or the error chunk if the turn failed with an :class:`APIError`."""
+    async for p in wait_with_pings(task, ping, ping_s):
+        yield p
+    try:
+        res = task.result()
+    except APIError as e:
+        yield error_chunk(e)
+        return
+    for chunk in result_chunks(res):
+        yield chunk
+
+
 async def serve(
     request: Request,
     *,

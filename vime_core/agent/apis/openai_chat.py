@@ -32,7 +32,7 @@ from vime_core.agent.apis.common import (
     pair_tool_results,
     request_tools,
     serve,
-    wait_with_pings,
+    turn_stream,
 )
 from vime_core.agent.chat import ChatMessage, text_of
 from vime_core.agent.session import Session
@@ -189,16 +189,12 @@ async def _stream(
     req: ChatRequest, plan: Any, task: asyncio.Task, session: Session, ping_s: float
 ) -> AsyncIterator[bytes]:
     cid = new_id("chatcmpl-")
-    async for ping in wait_with_pings(task, b": ping\n\n", ping_s):
-        yield ping
-    try:
-        res = task.result()
-    except APIError as e:
-        yield data(openai_error(e))
-        return
-    for chunk in chat_chunks(req, res, cid):
-        yield data(chunk)
-    yield b"data: [DONE]\n\n"
+
+    def chunks(res: ChatResult) -> list[bytes]:
+        return [*(data(c) for c in chat_chunks(req, res, cid)), b"data: [DONE]\n\n"]
+
+    async for chunk in turn_stream(task, b": ping\n\n", ping_s, lambda e: data(openai_error(e)), chunks):
+        yield chunk
 
 
 @router.post("/v1/chat/completions")

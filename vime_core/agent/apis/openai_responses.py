@@ -36,7 +36,7 @@ from vime_core.agent.apis.common import (
     request_tools,
     serve,
     sse,
-    wait_with_pings,
+    turn_stream,
 )
 from vime_core.agent.chat import ChatMessage, text_of
 from vime_core.agent.session import Session
@@ -328,16 +328,16 @@ async def _stream(
     pending = responses_object(req, rid, created, status="in_progress", output=[], res=None)
     yield ev({"type": "response.created", "response": pending})
     yield ev({"type": "response.in_progress", "response": pending})
-    async for ping in wait_with_pings(task, b": ping\n\n", ping_s):
-        yield ping
-    try:
-        res = task.result()
-    except APIError as e:
-        yield ev({"type": "response.failed", "response": responses_failed(req, rid, created, e)})
-        return
-    remember(session, rid, req, res)
-    for e in responses_events(req, rid, created, res, responses_output(res)):
-        yield ev(e)
+
+    def failed(e: APIError) -> bytes:
+        return ev({"type": "response.failed", "response": responses_failed(req, rid, created, e)})
+
+    def completed(res: ChatResult) -> list[bytes]:
+        remember(session, rid, req, res)
+        return [ev(e) for e in responses_events(req, rid, created, res, responses_output(res))]
+
+    async for chunk in turn_stream(task, b": ping\n\n", ping_s, failed, completed):
+        yield chunk
 
 
 async def _failed_stream(req: ChatRequest, e: APIError) -> AsyncIterator[bytes]:
