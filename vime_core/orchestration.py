@@ -26,6 +26,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from vime_core.net import find_free_port, node_ip
 from vime_core.placement import (
     NodeResources,
     PlacementError,
@@ -35,20 +36,12 @@ from vime_core.placement import (
     plan_placement,
 )
 from vime_core.plugins import get_plugins  # importing vime_core set Ray's loopback environment (see __init__)
-from vime_core.rollout.engine import find_free_port
 from vime_core.weight_sync.base import WeightUpdate
 
 logger = logging.getLogger("vime.orchestration")
 
 #: seconds to wait for Ray to place a plan's bundles (the plan already fits the cluster's totals)
 PLACEMENT_TIMEOUT_S = 120.0
-
-
-def node_ip() -> str:
-    """This process's Ray node address (127.0.0.1 outside Ray and on the default loopback cluster)."""
-    import ray
-
-    return ray.util.get_node_ip_address() if ray.is_initialized() else "127.0.0.1"
 
 
 class TrainerWorker:
