@@ -12,7 +12,7 @@
   rank 0 picks the rendezvous (its node's address and a free port there) and every rank gets torchrun's variables
   (``MASTER_ADDR``, ``MASTER_PORT``, ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``) before the
   backend starts, so a backend that initialises ``torch.distributed`` from the environment (Megatron's
-  :func:`~vime_core.trainer.megatron_backend.init_distributed`) joins the group. A one-rank group leaves
+  :func:`~vime_core.trainer.megatron_model.init_distributed`) joins the group. A one-rank group leaves
   ``torch.distributed`` alone: the torch backend runs exactly as a plain process.
 * Actors without a GPU take ``num_cpus=0``: on a 2-core machine the vLLM engines and the trainer share the cores
   anyway, and Ray's CPU accounting would only deadlock them.
