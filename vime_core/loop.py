@@ -260,20 +260,12 @@ class _GroupSource:
             groups = load_debug_rollout(args.load_debug_rollout_data, step)
             return groups, rollout_metrics([s for g in groups for s in g], args.reward_key)
         if args.loop == "fully-async":
-            return self._call("get_async_groups", step, version)
+            return call(self.rollout, "get_async_groups", step, version, wait=self.wait)
         if args.loop == "one-step-off":
             ref = self.prefetched if self.prefetched is not None else self.rollout.generate.remote(step)
             self.prefetched = self.rollout.generate.remote(step + 1) if step + 1 < args.num_rollout else None
             return self.wait(ref)
-        return self._call("generate", step)
-
-    def _call(self, method: str, *a: Any) -> Any:
-        """The rollout manager's ``method(*a)``: through :attr:`wait` for a Ray actor, directly in-process."""
-        from ray.actor import ActorHandle
-
-        if isinstance(self.rollout, ActorHandle):
-            return self.wait(getattr(self.rollout, method).remote(*a))
-        return call(self.rollout, method, *a)
+        return call(self.rollout, "generate", step, wait=self.wait)
 
 
 def _wait_rollout(ref: Any, progress: StepProgress, board: Any) -> Any:

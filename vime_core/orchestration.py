@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -412,9 +413,10 @@ def driver_node_id() -> str:
     return ray.get_runtime_context().get_node_id()
 
 
-def call(actor: Any, method: str, *args: Any) -> Any:
-    """``actor.method(*args)``'s result: a Ray actor handle is called remotely and waited for (``ray.get``); any
-    other object — the same classes used in-process (tests, notebooks) — is called directly.
+def call(actor: Any, method: str, *args: Any, wait: Callable[[Any], Any] | None = None) -> Any:
+    """``actor.method(*args)``'s result: a Ray actor handle is called remotely and waited for (``wait``, default
+    ``ray.get``: the loop passes one that updates the progress bar meanwhile); any other object — the same classes
+    used in-process (tests, notebooks) — is called directly.
 
     :raises Exception: whatever the method raised (a Ray task error wraps it).
     """
@@ -422,5 +424,5 @@ def call(actor: Any, method: str, *args: Any) -> Any:
     from ray.actor import ActorHandle
 
     if isinstance(actor, ActorHandle):
-        return ray.get(getattr(actor, method).remote(*args))
+        return (wait or ray.get)(getattr(actor, method).remote(*args))
     return getattr(actor, method)(*args)
