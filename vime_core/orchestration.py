@@ -27,6 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from vime_core.arguments import parse_cpu_list
 from vime_core.net import find_free_port, node_ip
 from vime_core.placement import (
     NodeResources,
@@ -64,8 +65,6 @@ class TrainerWorker:
         dist_env: dict[str, str] | None = None,
     ) -> None:
         if getattr(args, "train_cpus", None):  # before the backend starts torch's thread pool (threads inherit it)
-            from vime_core.arguments import parse_cpu_list
-
             os.sched_setaffinity(0, parse_cpu_list(args.train_cpus))
         self.rank, self.world_size = rank, world_size
         plugins = get_plugins()

@@ -19,10 +19,15 @@ from vime_core.evaluation import dump_eval_samples, eval_metrics, eval_sampling_
 from vime_core.failures import failure_metrics
 from vime_core.plugins import get_plugins
 from vime_core.rollout.async_producer import AsyncRolloutProducer
+from vime_core.rollout.client import RouterClient, eos_token_ids
 from vime_core.rollout.context import RolloutContext, get_rollout_context, set_rollout_context
+from vime_core.rollout.engine import VLLMServer
+from vime_core.rollout.engine_actor import RemoteEngine, check_nonce, engine_failures, start_engine_actors
 from vime_core.rollout.overlong import overlong_metrics
 from vime_core.rollout.oversample import collect_groups
+from vime_core.rollout.router import VLLMRouter, router_policy
 from vime_core.rollout.runner import GroupRunner
+from vime_core.rollout.teacher import TeacherEngines
 from vime_core.types import Sample, Status
 from vime_core.weight_sync.base import WeightUpdate
 
@@ -103,10 +108,6 @@ class RolloutManager:
             actors ``"engines"``: each one's node, Ray GPU ids, ``CUDA_VISIBLE_DEVICES`` and launch command).
         :raises RuntimeError: an engine or the router did not become ready (with its log tail).
         """
-        from vime_core.rollout.client import RouterClient, eos_token_ids
-        from vime_core.rollout.engine import VLLMServer
-        from vime_core.rollout.router import VLLMRouter, router_policy
-
         t0 = time.perf_counter()
         log_dir = Path(self.args.output_dir) / "logs"
         log_dir.mkdir(parents=True, exist_ok=True)
@@ -127,15 +128,11 @@ class RolloutManager:
             for i in range(self.args.rollout_num_engines)
         ]
         if self.placement is not None:  # engine actors on their placement bundles (vime run)
-            from vime_core.rollout.engine_actor import start_engine_actors
-
             plan, pg = self.placement
             self.engines = start_engine_actors(server_kwargs, plan, pg, self.args.weight_sync_timeout)
         else:
             self.engines = [VLLMServer(**kw) for kw in server_kwargs]
         if getattr(self.args, "distill_teacher", None):  # the teacher engine group starts alongside
-            from vime_core.rollout.teacher import TeacherEngines
-
             self.teacher = TeacherEngines(self.args, self.tokenizer, log_dir)  # checks the tokenizer first
             self.runner.teacher = self.teacher
         for engine in self.engines:
@@ -366,8 +363,6 @@ class RolloutManager:
 
         :raises RuntimeError: with each dead engine's address, exit code and log tail.
         """
-        from vime_core.rollout.engine_actor import engine_failures
-
         dead = engine_failures(self.engines)
         if dead:
             raise RuntimeError("vLLM engine died: " + "\n".join(dead))
@@ -379,8 +374,6 @@ class RolloutManager:
         :return: one reason per engine that cannot (empty: all can).
         """
         import ray
-
-        from vime_core.rollout.engine_actor import RemoteEngine, check_nonce
 
         problems = []
         for i, e in enumerate(self.engines):

@@ -61,6 +61,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from vime_core.models import resolve_model
 from vime_core.weight_sync.base import WeightSyncStrategy, WeightUpdate, call_with_timeout
 from vime_core.weight_sync.tensor_io import checksum, dtype_name, safetensors_files, tensor_bytes, tensor_from_bytes
 
@@ -486,8 +487,6 @@ class DiskDeltaWeightSync(WeightSyncStrategy):
             return Path(base)
         model = getattr(self.args, "model", None)
         if model:
-            from vime_core.models import resolve_model
-
             return resolve_model(model)
         return None
 
