@@ -51,6 +51,7 @@ from vime_core.sandbox.base import (
     process_start_time,
 )
 from vime_core.sandbox.cancel import wait_for
+from vime_core.sandbox.forward import UnixToTcpForwarder, socket_name, start_sandbox_forwarder
 from vime_core.sandbox.pid1 import REAPER_SOURCE
 
 ENV_ID = "VIME_SANDBOX_ID"
@@ -538,8 +539,6 @@ class LocalSandbox(Sandbox):
         :return: ``"127.0.0.1:PORT"`` (or ``"HOST:PORT"`` with a shared network).
         :raises SandboxInfraError: the forward could not be set up.
         """
-        from vime_core.sandbox.forward import UnixToTcpForwarder, socket_name, start_sandbox_forwarder
-
         self._check_usable()
         if self.network or self.mode != "namespaces":
             return f"{host}:{int(port)}"
