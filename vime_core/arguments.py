@@ -515,7 +515,28 @@ def build_parser(add_plugin_arguments: bool = True) -> argparse.ArgumentParser:
     g.add_argument("--weight-sync-timeout", type=float, default=300.0, help="seconds per engine")
 
     g = p.add_argument_group("checkpoint and logging")
-    g.add_argument("--save-interval", type=int, default=None, help="steps between checkpoints (and at the end)")
+    g.add_argument(
+        "--save-interval",
+        type=int,
+        default=None,
+        help="steps between checkpoints under OUTPUT_DIR/checkpoints (default: none; a checkpoint is always written "
+        "after the last step); combines with --save-interval-minutes (whichever comes first)",
+    )
+    g.add_argument(
+        "--save-interval-minutes",
+        type=float,
+        default=None,
+        help="minutes of wall time after which the next finished step is checkpointed (default: off); counted from "
+        "the start and from each checkpoint, so combined with --save-interval a step-count checkpoint restarts it",
+    )
+    g.add_argument(
+        "--max-checkpoints",
+        type=int,
+        default=None,
+        help="keep only the newest N complete checkpoints (default: keep all); older ones are deleted after a new "
+        "one is complete, so a crash never leaves fewer than one; applies to --save-interval and "
+        "--save-interval-minutes checkpoints alike",
+    )
     g.add_argument(
         "--resume",
         action=argparse.BooleanOptionalAction,
@@ -785,6 +806,12 @@ def _check(args: argparse.Namespace, command: str = "run") -> None:
             raise ArgumentError(f"--{name.replace('_', '-')} must be > 0 seconds, got {value}")
     if args.rm_max_retries < 0:
         raise ArgumentError(f"--rm-max-retries must be >= 0, got {args.rm_max_retries}")
+    for name in ("save_interval", "max_checkpoints"):
+        value = getattr(args, name, None)
+        if value is not None and value < 1:
+            raise ArgumentError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
+    if getattr(args, "save_interval_minutes", None) is not None and not args.save_interval_minutes > 0:
+        raise ArgumentError(f"--save-interval-minutes must be > 0 minutes, got {args.save_interval_minutes}")
     _check_sandbox_outlives_agent(args)
     check_off_policy_correction(args)
     if args.debug_rollout_only and args.debug_train_only:

@@ -115,6 +115,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             meta = json.loads((ckpt / "meta.json").read_text())
             start_step, version = meta["step"], meta["weight_version"]
             console.print(f"[vime] resuming from {ckpt} (step {start_step}, weight version {version})")
+            roll_back_records(out, start_step)  # steps after the checkpoint are trained again
             if trainer is not None:
                 trainer.load_checkpoint(str(ckpt / "trainer"))
             if rollout is not None:
@@ -147,19 +148,21 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             evals.append(_evaluate(rollout, sink, 0))
         if rollout is not None and args.loop == "fully-async":
             ray.get(rollout.start_async.remote())
+        last_save = time.monotonic()
         with StepProgress(console, args.num_rollout, start_step) as progress:
             source = _GroupSource(args, rollout, lambda ref: _wait_rollout(ref, progress, board))
             for step in range(start_step, args.num_rollout):
                 metrics, version = _one_step(args, step, source, rollout, trainer, estimator, version, progress)
                 history.append(metrics)
                 sink.log(step, metrics)
+                _append_jsonl(out / TRAINED_PROMPTS_FILE, {"step": step, **source.last_taken})
                 plugins.pm.hook.vime_on_train_step_end(args=args, step=step, metrics=metrics)
                 progress.step_done(step, metrics)
                 if step + 1 in eval_at:  # after the weight update: the engines serve version step + 1
                     evals.append(_evaluate(rollout, sink, step + 1, progress.console))
-                last = step + 1 == args.num_rollout
-                if trainer is not None and (last or (args.save_interval and (step + 1) % args.save_interval == 0)):
-                    _save_checkpoint(out, step + 1, version, trainer, rollout)
+                if trainer is not None and should_save(args, step + 1, time.monotonic() - last_save):
+                    _save_checkpoint(args, out, step + 1, version, trainer, rollout, source.unconsumed())
+                    last_save = time.monotonic()
         summary = _summary(args, out, history, start_step)
         if evals:
             summary["eval_first"], summary["eval_last"] = evals[0], evals[-1]
@@ -250,9 +253,28 @@ class _GroupSource:
         self.rollout = rollout
         self.prefetched: Any = None
         self.wait = wait or ray.get  # ObjectRef -> result (the loop passes one that updates the progress bar)
+        self.last_taken: dict[str, list] = {}  # the prompts of the groups the last get() returned
+
+    def unconsumed(self) -> list[list[Sample]]:
+        """Groups taken from the data buffer but not handed to a step yet: with ``one-step-off``, the next step's
+        groups (generated while this step trained); a checkpoint saves them, so a resume trains them next instead of
+        skipping their prompts."""
+        if self.prefetched is None:
+            return []
+        groups, _ = self.wait(self.prefetched)
+        return groups
 
     def get(self, step: int, version: int) -> tuple[list[list[Sample]], dict[str, float]]:
+        """The groups (and rollout metrics) of ``step`` at weight version ``version``; records their prompts in
+        :attr:`last_taken` (``{"prompt_index": [...], "group_index": [...]}``, one entry per group)."""
+        groups, metrics = self._get(step, version)
+        self.last_taken = {
+            "prompt_index": [g[0].prompt_index if g else None for g in groups],
+            "group_index": [g[0].group_index if g else None for g in groups],
+        }
+        return groups, metrics
 
+    def _get(self, step: int, version: int) -> tuple[list[list[Sample]], dict[str, float]]:
         args = self.args
         if args.load_debug_rollout_data:
             from vime_core.rollout.manager import rollout_metrics
@@ -337,13 +359,60 @@ def _one_step(
     return metrics, update.version
 
 
-def _save_checkpoint(out: Path, step: int, version: int, trainer, rollout) -> Path:
+def should_save(args: argparse.Namespace, steps_done: int, seconds_since_save: float) -> bool:
+    """Whether to checkpoint after ``steps_done`` finished steps: after the last step, every ``--save-interval``
+    steps, and once ``--save-interval-minutes`` have passed since the last checkpoint (or the start)."""
+    if steps_done == args.num_rollout:
+        return True
+    if args.save_interval and steps_done % args.save_interval == 0:
+        return True
+    minutes = getattr(args, "save_interval_minutes", None)
+    return bool(minutes) and seconds_since_save >= minutes * 60
+
+
+def _save_checkpoint(
+    args: argparse.Namespace, out: Path, step: int, version: int, trainer, rollout, unconsumed: list[list[Sample]]
+) -> Path:
+    """Checkpoint after ``step`` finished steps (:mod:`vime_core.checkpoint`); ``unconsumed`` groups (taken from
+    the buffer, not yet trained) are saved with the buffer so a resume trains them next."""
     import ray
 
     tmp = new_checkpoint_dir(out, step)
     trainer.save_checkpoint(str(tmp / "trainer"))
-    data_state = ray.get(rollout.data_state.remote()) if rollout is not None else None
-    return commit_checkpoint(tmp, {"step": step, "weight_version": version}, data_state)
+    data_state = ray.get(rollout.data_state.remote(unconsumed)) if rollout is not None else None
+    meta = {"step": step, "weight_version": version}
+    return commit_checkpoint(tmp, meta, data_state, getattr(args, "max_checkpoints", None))
+
+
+TRAINED_PROMPTS_FILE = "trained_prompts.jsonl"
+
+
+def _append_jsonl(path: Path, record: dict[str, Any]) -> None:
+    with path.open("a") as f:
+        f.write(json.dumps(record) + "\n")
+
+
+def roll_back_records(out: Path, start_step: int) -> None:
+    """On a resume from a checkpoint after ``start_step`` steps: drop the records of the steps after it (a run
+    killed after the checkpoint trained them, and trains them again now) from ``metrics.jsonl`` and
+    ``trained_prompts.jsonl`` — training records with ``step >= start_step`` and evaluation records (``eval/*``
+    keys) with ``step > start_step``. Torn last lines (a kill mid-write) are dropped too."""
+    for name in ("metrics.jsonl", TRAINED_PROMPTS_FILE):
+        path = out / name
+        if not path.exists():
+            continue
+        kept = []
+        for line in path.read_text().splitlines():
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            is_eval = any(k.startswith("eval/") for k in rec)
+            if rec.get("step", 0) < start_step or (is_eval and rec["step"] == start_step):
+                kept.append(line + "\n")
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text("".join(kept))
+        tmp.replace(path)
 
 
 def _summary(args, out: Path, history: list[dict[str, float]], start_step: int) -> dict[str, Any]:

@@ -75,8 +75,9 @@ def read_rows(
     return rows
 
 
-def new_group(row: dict[str, Any], group_index: int, n: int) -> list[Sample]:
-    """``n`` fresh pending samples of one :func:`read_rows` row (prompt and metadata deep-copied per sample)."""
+def new_group(row: dict[str, Any], group_index: int, n: int, prompt_index: int | None = None) -> list[Sample]:
+    """``n`` fresh pending samples of one :func:`read_rows` row (prompt and metadata deep-copied per sample);
+    ``prompt_index`` is the row's position in the prompt data (:attr:`Sample.prompt_index`)."""
     return [
         Sample(
             group_index=group_index,
@@ -85,6 +86,7 @@ def new_group(row: dict[str, Any], group_index: int, n: int) -> list[Sample]:
             label=row["label"],
             metadata=copy.deepcopy(row["metadata"]),
             status=Status.PENDING,
+            prompt_index=prompt_index,
         )
         for i in range(n)
     ]
@@ -130,11 +132,11 @@ class DataSource:
                 self.epoch += 1
                 self.offset = 0
                 self._order = self._permutation(self.epoch)
-            row = self.rows[self._order[self.offset]]
+            row_index = self._order[self.offset]
             self.offset += 1
             gi = self.next_group_index
             self.next_group_index += 1
-            groups.append(new_group(row, gi, self.n))
+            groups.append(new_group(self.rows[row_index], gi, self.n, row_index))
         return groups
 
     def add_groups(self, groups: list[list[Sample]]) -> None:

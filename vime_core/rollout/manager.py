@@ -400,11 +400,15 @@ class RolloutManager:
         return problems
 
     # -- state -----------------------------------------------------------------------------------------------------
-    def data_state(self) -> dict[str, Any]:
-        """The buffer state to save with a checkpoint (in-flight async groups count as not yet handed out)."""
-        if self.producer is not None:
-            return self.producer.buffer_state()
-        return self.data_source.state_dict()
+    def data_state(self, unconsumed: list[list[Sample]] | None = None) -> dict[str, Any]:
+        """The buffer state to save with a checkpoint: what was trained counts as consumed; in-flight and finished
+        but untaken ``fully-async`` groups go back as fresh prompts, and ``unconsumed`` groups (``one-step-off``:
+        the next step's groups, generated but not trained) go back as they are, first in line, so a resume trains
+        them next without generating them again."""
+        state = self.producer.buffer_state() if self.producer is not None else self.data_source.state_dict()
+        if unconsumed:
+            state["returned"] = [[s.to_dict() for s in g] for g in unconsumed] + state["returned"]
+        return state
 
     def load_data_state(self, state: dict[str, Any]) -> None:
         """Restore the buffer state of a checkpoint."""
