@@ -172,6 +172,22 @@ def build_parser(add_plugin_arguments: bool = True) -> argparse.ArgumentParser:
     g.add_argument("--rollout-top-k", type=int, default=-1, help="sample among the k likeliest tokens (-1: off)")
     g.add_argument("--rollout-max-response-len", type=int, default=128, help="tokens")
     g.add_argument("--rollout-max-context-len", type=int, default=None, help="prompt + response tokens")
+    g.add_argument(
+        "--rollout-max-prompt-len",
+        type=int,
+        default=None,
+        help="longest prompt in tokens (after the chat template, see --apply-chat-template); longer --prompt-data "
+        "prompts are left out of the buffer before training and counted as data/overlong_prompts_filtered, or are "
+        "an error with --no-filter-overlong-prompts (default: no limit; the engine's --vllm-max-model-len still "
+        "fails a longer prompt's samples)",
+    )
+    g.add_argument(
+        "--filter-overlong-prompts",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="with --rollout-max-prompt-len: leave longer prompts out and count them (default); "
+        "--no-filter-overlong-prompts makes the first one an error naming its file and line",
+    )
     g.add_argument("--rollout-stop", nargs="*", default=None, help="stop strings ending a response (default: none)")
     g.add_argument(
         "--rollout-stop-token-ids",
@@ -806,7 +822,7 @@ def _check(args: argparse.Namespace, command: str = "run") -> None:
             raise ArgumentError(f"--{name.replace('_', '-')} must be > 0 seconds, got {value}")
     if args.rm_max_retries < 0:
         raise ArgumentError(f"--rm-max-retries must be >= 0, got {args.rm_max_retries}")
-    for name in ("save_interval", "max_checkpoints"):
+    for name in ("save_interval", "max_checkpoints", "rollout_max_prompt_len"):
         value = getattr(args, name, None)
         if value is not None and value < 1:
             raise ArgumentError(f"--{name.replace('_', '-')} must be >= 1, got {value}")

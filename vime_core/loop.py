@@ -25,6 +25,8 @@ from rich.console import Console
 
 from vime_core.algorithms.batch import build_batch
 from vime_core.checkpoint import commit_checkpoint, latest_checkpoint, new_checkpoint_dir
+from vime_core.data.prompts import check_prompts
+from vime_core.data.source import read_rows
 from vime_core.evaluation import eval_line, eval_steps, load_eval_sets
 from vime_core.metrics import MetricsSink, staleness_histogram, wandb_config_from_args
 from vime_core.orchestration import call
@@ -84,10 +86,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     ):
         plugins.resolve(kind, name)
     load_eval_sets(args)  # a bad eval set fails before any engine starts
+    rows = (
+        None
+        if args.debug_train_only
+        else read_rows(args.prompt_data, args.input_key, args.label_key, args.metadata_key)
+    )
 
     t_setup = time.perf_counter()
     model_path = resolve_model(args.model)
     console.print(f"[vime] model: {model_path}")
+    # no tokenizer, no chat template, an over-long prompt: fails here, before any engine starts
+    overlong = 0 if rows is None else check_prompts(args, model_path, rows)
     init_ray(address=getattr(args, "ray_address", None))
     try:
         plan, pg = place(args)  # an impossible plan fails here, naming the flag
@@ -153,6 +162,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             source = _GroupSource(args, rollout, lambda ref: _wait_rollout(ref, progress, board))
             for step in range(start_step, args.num_rollout):
                 metrics, version = _one_step(args, step, source, rollout, trainer, estimator, version, progress)
+                if args.rollout_max_prompt_len:
+                    metrics["data/overlong_prompts_filtered"] = float(overlong)
                 history.append(metrics)
                 sink.log(step, metrics)
                 _append_jsonl(out / TRAINED_PROMPTS_FILE, {"step": step, **source.last_taken})

@@ -28,7 +28,8 @@ def read_rows(
 
     :param flag: the flag the file came from, named in errors (``--eval-prompt-data NAME`` for an eval set).
 
-    :return: dicts with keys ``prompt``, ``label``, ``metadata``.
+    :return: dicts with keys ``prompt``, ``label``, ``metadata`` and ``where`` (``FILE:line N`` / ``FILE:row N``,
+        for error messages).
     :raises DataError: unreadable file (missing, a directory, no permission, not UTF-8), unsupported suffix, bad
         JSON, a row without ``input_key`` (naming the line), a prompt that is neither a string nor a list of
         ``{"role", "content"}`` messages, or an empty prompt (``""``, only whitespace, or no messages).
@@ -62,7 +63,14 @@ def read_rows(
         metadata = obj.get(metadata_key) if metadata_key else None
         if metadata is not None and not isinstance(metadata, dict):
             raise DataError(f"{path}:{where} {lineno}: {metadata_key!r} must be an object")
-        rows.append({"prompt": prompt, "label": obj.get(label_key) if label_key else None, "metadata": metadata or {}})
+        rows.append(
+            {
+                "prompt": prompt,
+                "label": obj.get(label_key) if label_key else None,
+                "metadata": metadata or {},
+                "where": f"{path}:{where} {lineno}",
+            }
+        )
     if not rows:
         raise DataError(f"{flag} {path}: no rows")
     return rows

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from vime_core.arguments import sampling_params_from_args
+from vime_core.data.prompts import filter_overlong_prompts
 from vime_core.data.source import DataSource, new_group, read_rows
 from vime_core.evaluation import dump_eval_samples, eval_metrics, eval_sampling_params, load_eval_sets
 from vime_core.failures import classify_failure, failure_metrics, mark_failed
@@ -64,8 +65,9 @@ class RolloutManager:
         self.tokenizer = AutoTokenizer.from_pretrained(str(self.model_path))
         self.data_source = None  # `vime eval` has no training data
         if args.prompt_data is not None:
+            rows = read_rows(args.prompt_data, args.input_key, args.label_key, args.metadata_key)
             self.data_source = DataSource(
-                read_rows(args.prompt_data, args.input_key, args.label_key, args.metadata_key),
+                filter_overlong_prompts(rows, self.tokenizer, args)[0],  # --rollout-max-prompt-len
                 args.n_samples_per_prompt,
                 shuffle=args.rollout_shuffle,
                 seed=args.seed,
