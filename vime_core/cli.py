@@ -303,10 +303,11 @@ def main(argv: list[str] | None = None) -> int:
     from vime_core.data.source import DataError
     from vime_core.placement import PlacementError
     from vime_core.registry import RegistryError
+    from vime_core.weight_sync.base import WeightWriteError
 
     try:
         return cmd(argv[1:])
-    except (ArgumentError, DataError, PlacementError, RegistryError) as e:
+    except (ArgumentError, DataError, PlacementError, RegistryError, WeightWriteError) as e:
         print(f"vime: error: {e}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # `vime args | head`: the reader left; not an error of ours

@@ -34,6 +34,7 @@ from vime_core.plugins import get_plugins
 from vime_core.progress import RolloutProgress, StepProgress, rollout_phase
 from vime_core.report import write_report
 from vime_core.types import Sample
+from vime_core.weight_sync.base import WeightWriteError
 
 logger = logging.getLogger("vime.loop")
 console = Console(stderr=False, highlight=False, markup=False, soft_wrap=True)  # no wrap at 80 cols in logs
@@ -161,7 +162,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         with StepProgress(console, args.num_rollout, start_step) as progress:
             source = _GroupSource(args, rollout, lambda ref: _wait_rollout(ref, progress, board))
             for step in range(start_step, args.num_rollout):
-                metrics, version = _one_step(args, step, source, rollout, trainer, estimator, version, progress)
+                try:
+                    metrics, version = _one_step(args, step, source, rollout, trainer, estimator, version, progress)
+                except WeightWriteError as e:  # trained, but the weights could not be written for the engines
+                    raise _save_after_failed_write(args, out, step, version, trainer, rollout, source, e) from None
                 if args.rollout_max_prompt_len:
                     metrics["data/overlong_prompts_filtered"] = float(overlong)
                 history.append(metrics)
@@ -393,6 +397,26 @@ def _save_checkpoint(
     data_state = ray.get(rollout.data_state.remote(unconsumed)) if rollout is not None else None
     meta = {"step": step, "weight_version": version}
     return commit_checkpoint(tmp, meta, data_state, getattr(args, "max_checkpoints", None))
+
+
+def _save_after_failed_write(
+    args: argparse.Namespace, out: Path, step: int, version: int, trainer, rollout, source: _GroupSource, error
+) -> WeightWriteError:
+    """Step ``step`` trained but its weights could not be written for the engines (full or read-only
+    ``--update-weight-disk-dir``; the engines keep version ``version``): checkpoint the trained step (weight version
+    ``version + 1``; a resume pushes it to the engines in full) so nothing trained is lost, when the checkpoint
+    directory can be written.
+
+    :return: the error to raise: the write error's message (without Ray's traceback) and what was saved.
+    """
+    message = str(getattr(error, "cause", None) or error)
+    _append_jsonl(out / TRAINED_PROMPTS_FILE, {"step": step, **source.last_taken})
+    try:
+        saved = _save_checkpoint(args, out, step + 1, version + 1, trainer, rollout, source.unconsumed())
+    except Exception as e:  # noqa: BLE001 - the write error is the one to report
+        logger.exception("checkpoint after the failed weight write")
+        return WeightWriteError(f"step {step + 1}: {message}; its training could not be checkpointed either ({e})")
+    return WeightWriteError(f"step {step + 1}: {message}; the trained step is saved in {saved} (a re-run resumes it)")
 
 
 TRAINED_PROMPTS_FILE = "trained_prompts.jsonl"
