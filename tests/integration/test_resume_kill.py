@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.integration.test_vime_run import _common
 from vime_core.loop import TRAINED_PROMPTS_FILE
 from vime_core.testing.cli import run_vime
 
@@ -33,31 +34,15 @@ NOT_COMPARED = ("perf/", "_seconds", "_time")
 def _argv(tiny_model_dir: Path, prompts: Path, out: Path) -> list[str]:
     return [
         "run",
-        "--model",
-        str(tiny_model_dir),
-        "--prompt-data",
-        str(prompts),
-        "--output-dir",
-        str(out),
-        "--rollout-batch-size",
-        "2",
-        "--n-samples-per-prompt",
-        "4",
-        "--rollout-max-response-len",
-        "12",
+        *_common(tiny_model_dir, prompts, out),  # tiny model, 2 groups of 4, 12 tokens, digit_fraction, lr 1e-3
         "--num-rollout",
         str(STEPS),
         "--save-interval",
         "1",
         "--max-checkpoints",
         "2",
-        "--reward",
-        "digit_fraction",
-        "--lr",
-        "1e-3",
         "--seed",
         "7",
-        "--no-apply-chat-template",
         "--no-save-hf",
         "--no-report",
         "--no-use-tensorboard",
