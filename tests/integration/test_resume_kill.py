@@ -31,9 +31,13 @@ STEPS = 6
 NOT_COMPARED = ("perf/", "_seconds", "_time")
 
 
-def _argv(tiny_model_dir: Path, prompts: Path, out: Path) -> list[str]:
+def _argv(tiny_model_dir: Path, prompts: Path, out: Path, loop: str = "sync") -> list[str]:
     return [
         "run",
+        "--loop",
+        loop,
+        "--max-staleness",  # fully-async: with 1, each step takes the oldest 2 groups (admission order = data order)
+        "1",
         *_common(tiny_model_dir, prompts, out),  # tiny model, 2 groups of 4, 12 tokens, digit_fraction, lr 1e-3
         "--num-rollout",
         str(STEPS),
@@ -57,17 +61,18 @@ def _compared(record: dict) -> dict:
     return {k: v for k, v in record.items() if not any(x in k for x in NOT_COMPARED)}
 
 
-def test_kill_9_after_step_3_then_rerun_trains_each_prompt_once(tiny_model_dir, tmp_path):
+def _write_prompts(tmp_path: Path) -> Path:
     prompts = tmp_path / "train.jsonl"
     rows = [{"prompt": f"Count from {i}: {i} {i + 1}", "label": str(i + 2)} for i in range(NUM_PROMPTS)]
     prompts.write_text("".join(json.dumps(row) + "\n" for row in rows))
-    ref, out = tmp_path / "ref", tmp_path / "killed"
-    t0 = time.monotonic()
-    run_vime(*_argv(tiny_model_dir, prompts, ref))
-    t_ref = time.monotonic() - t0
+    return prompts
 
+
+def _kill_after_step_3_and_rerun(argv: list[str], out: Path) -> None:
+    """Run ``vime ARGV`` in its own process group, ``kill -9`` the group once step 3's checkpoint is complete, then
+    run the same command again to the end."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "vime_core.cli", *_argv(tiny_model_dir, prompts, out)],
+        [sys.executable, "-m", "vime_core.cli", *argv],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         start_new_session=True,  # its own process group: Ray, the router and the engines included
@@ -82,21 +87,41 @@ def test_kill_9_after_step_3_then_rerun_trains_each_prompt_once(tiny_model_dir, 
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
-    steps_before_kill = [r["step"] for r in _records(out, TRAINED_PROMPTS_FILE)]
-    assert steps_before_kill[:3] == [0, 1, 2]
-
-    resumed = run_vime(*_argv(tiny_model_dir, prompts, out))
+    assert [r["step"] for r in _records(out, TRAINED_PROMPTS_FILE)][:3] == [0, 1, 2]
+    resumed = run_vime(*argv)
     assert f"resuming from {out / 'checkpoints' / 'step_000003'} (step 3, weight version 3)" in resumed.stdout
     assert json.loads((out / "summary.json").read_text())["first_step"] == 3
-
-    want, got = _records(ref, TRAINED_PROMPTS_FILE), _records(out, TRAINED_PROMPTS_FILE)
+    got = _records(out, TRAINED_PROMPTS_FILE)
     assert [r["step"] for r in got] == list(range(STEPS))  # the steps after the checkpoint were rolled back
     assert sorted(p for r in got for p in r["prompt_index"]) == list(range(NUM_PROMPTS))  # no repeat, no skip
+    assert sorted(g for r in got for g in r["group_index"]) == list(range(NUM_PROMPTS))
+    assert [r["step"] for r in _records(out, "metrics.jsonl")] == list(range(STEPS))
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["latest", "step_000005", "step_000006"]
+
+
+def test_kill_9_after_step_3_then_rerun_trains_each_prompt_once(tiny_model_dir, tmp_path):
+    """sync: also the same prompts per step and the same metrics as the uninterrupted run."""
+    prompts = _write_prompts(tmp_path)
+    ref, out = tmp_path / "ref", tmp_path / "killed"
+    t0 = time.monotonic()
+    run_vime(*_argv(tiny_model_dir, prompts, ref))
+    t_ref = time.monotonic() - t0
+    _kill_after_step_3_and_rerun(_argv(tiny_model_dir, prompts, out), out)
+
+    want, got = _records(ref, TRAINED_PROMPTS_FILE), _records(out, TRAINED_PROMPTS_FILE)
     assert got == want  # the same prompts in the same steps
     m_ref, m = _records(ref, "metrics.jsonl"), _records(out, "metrics.jsonl")
-    assert [r["step"] for r in m] == list(range(STEPS))
     # the first step after the resume: same samples, rewards, advantages, loss, gradient norm and weight version
     assert _compared(m[3]) == _compared(m_ref[3])
     assert m[3]["rollout/reward_std"] > 0 and m[3]["train/grad_norm"] > 0  # a step that really trained
-    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["latest", "step_000005", "step_000006"]
     print(f"fault-free run {t_ref:.0f} s, killed + resumed {time.monotonic() - t0 - t_ref:.0f} s")
+
+
+@pytest.mark.parametrize("loop", ["one-step-off", "fully-async"])
+def test_kill_9_after_step_3_then_rerun_off_policy_loops(tiny_model_dir, tmp_path, loop):
+    """one-step-off (step 4's groups were generated before the kill: saved with the checkpoint) and fully-async
+    (groups in flight at the checkpoint go back as prompts): each prompt of the epoch is trained exactly once."""
+    out = tmp_path / "killed"
+    t0 = time.monotonic()
+    _kill_after_step_3_and_rerun(_argv(tiny_model_dir, _write_prompts(tmp_path), out, loop), out)
+    print(f"{loop}: killed + resumed {time.monotonic() - t0:.0f} s")
