@@ -308,7 +308,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return cmd(argv[1:])
     except (ArgumentError, DataError, PlacementError, RegistryError, WeightWriteError) as e:
-        print(f"vime: error: {e}", file=sys.stderr)
+        # raised in a Ray actor: its message without Ray's traceback (`cause` is the actor's exception)
+        print(f"vime: error: {getattr(e, 'cause', None) or e}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # `vime args | head`: the reader left; not an error of ours
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error when Python flushes

@@ -131,3 +131,30 @@ def test_the_step_fails_the_engines_keep_their_version_and_the_training_is_check
     ]
     state = torch.load(ckpt / "trainer" / "trainer_state.pt", weights_only=False)
     assert state["steps_done"] == 1  # the checkpoint holds the trained step, not what the engines serve
+
+
+def test_a_read_only_weight_dir_fails_the_startup_check_naming_it(broken_dir):
+    make, _ = broken_dir
+    d = make("read-only")
+    with pytest.raises(WeightWriteError, match=rf"^--update-weight-disk-dir {d}: cannot write there \(Read-only file"):
+        TrainerWorker.write_nonce(None, str(d), "0123")
+
+
+def test_the_cli_prints_the_actor_error_without_ray_traceback(monkeypatch, capsys):
+    """A WeightWriteError raised in a Ray actor reaches the driver as Ray's task error (an instance of both): the
+    CLI prints the actor's message, not Ray's traceback, and exits with 2."""
+    from ray.exceptions import RayTaskError
+
+    from vime_core import cli
+
+    cause = WeightWriteError("--update-weight-disk-dir /w: cannot write there (Read-only file system)")
+    remote = RayTaskError("TrainerWorker.write_nonce", "Traceback (most recent call last): ...", cause)
+    remote = remote.as_instanceof_cause()
+    assert isinstance(remote, WeightWriteError) and str(remote) != str(cause)  # Ray's text, not the message
+
+    def run(argv):
+        raise remote
+
+    monkeypatch.setitem(cli.COMMANDS, "run", run)
+    assert cli.main(["run"]) == 2
+    assert capsys.readouterr().err == f"vime: error: {cause}\n"
