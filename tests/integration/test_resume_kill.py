@@ -32,10 +32,12 @@ NOT_COMPARED = ("perf/", "_seconds", "_time")
 
 
 def _argv(tiny_model_dir: Path, prompts: Path, out: Path, loop: str = "sync") -> list[str]:
+    off_policy = ["--use-tis"] if loop != "sync" else []  # the off-policy loops need a correction
     return [
         "run",
         "--loop",
         loop,
+        *off_policy,
         "--max-staleness",  # fully-async: with 1, each step takes the oldest 2 groups (admission order = data order)
         "1",
         *_common(tiny_model_dir, prompts, out),  # tiny model, 2 groups of 4, 12 tokens, digit_fraction, lr 1e-3
@@ -71,21 +73,26 @@ def _write_prompts(tmp_path: Path) -> Path:
 def _kill_after_step_3_and_rerun(argv: list[str], out: Path) -> None:
     """Run ``vime ARGV`` in its own process group, ``kill -9`` the group once step 3's checkpoint is complete, then
     run the same command again to the end."""
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "vime_core.cli", *argv],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,  # its own process group: Ray, the router and the engines included
-        env=dict(os.environ, PYTHONUNBUFFERED="1"),
-    )
+    log = out.with_name(out.name + ".killed.log")
+    with log.open("w") as f:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "vime_core.cli", *argv],
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # its own process group: Ray, the router and the engines included
+            env=dict(os.environ, PYTHONUNBUFFERED="1"),
+        )
     try:
         deadline = time.monotonic() + 900
         while not (out / "checkpoints" / "step_000003" / "meta.json").exists():
-            assert proc.poll() is None, f"the run exited with {proc.returncode} before step 3 checkpointed"
+            assert proc.poll() is None, (
+                f"the run exited with {proc.returncode} before step 3 checkpointed:\n" + (log.read_text()[-4000:])
+            )
             assert time.monotonic() < deadline, "no step-3 checkpoint within 900 s"
             time.sleep(0.2)
     finally:
-        os.killpg(proc.pid, signal.SIGKILL)
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
     assert [r["step"] for r in _records(out, TRAINED_PROMPTS_FILE)][:3] == [0, 1, 2]
     resumed = run_vime(*argv)
