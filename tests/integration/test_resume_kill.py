@@ -91,8 +91,10 @@ def _kill_after_step_3_and_rerun(argv: list[str], out: Path) -> None:
             assert time.monotonic() < deadline, "no step-3 checkpoint within 900 s"
             time.sleep(0.2)
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)  # the whole group, also when the driver already exited
+        except ProcessLookupError:
+            pass
         proc.wait()
     assert [r["step"] for r in _records(out, TRAINED_PROMPTS_FILE)][:3] == [0, 1, 2]
     resumed = run_vime(*argv)
