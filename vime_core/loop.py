@@ -31,6 +31,7 @@ from vime_core.orchestration import call
 from vime_core.plugins import get_plugins
 from vime_core.progress import RolloutProgress, StepProgress, rollout_phase
 from vime_core.report import write_report
+from vime_core.rollout.health import engines_lost
 from vime_core.types import Sample
 
 logger = logging.getLogger("vime.loop")
@@ -150,7 +151,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         with StepProgress(console, args.num_rollout, start_step) as progress:
             source = _GroupSource(args, rollout, lambda ref: _wait_rollout(ref, progress, board))
             for step in range(start_step, args.num_rollout):
-                metrics, version = _one_step(args, step, source, rollout, trainer, estimator, version, progress)
+                try:
+                    metrics, version = _one_step(args, step, source, rollout, trainer, estimator, version, progress)
+                except Exception as e:
+                    if trainer is not None and engines_lost(e):  # nothing left to generate with: keep what trained
+                        saved = _save_checkpoint(out, step, version, trainer, rollout)
+                        console.print(f"[vime] every rollout engine is lost; checkpoint saved: {saved}")
+                    raise
                 history.append(metrics)
                 sink.log(step, metrics)
                 plugins.pm.hook.vime_on_train_step_end(args=args, step=step, metrics=metrics)
