@@ -7,13 +7,16 @@ variable ``VIME_FAULT_PLAN``::
      "raise_reward_step": 3, "kill_router_step": 4}
 
 * :func:`generate` (``--generate``): in the rollout of ``kill_engine_rollout_step`` the last sample of the batch
-  first SIGKILLs the process group of engine 0 (the vLLM API server and its engine core), while the batch's other
-  requests are in flight; in the rollout of ``kill_router_step`` it SIGKILLs the router the same way. Then it
-  generates with vime's default generate function.
+  (the step's last generate call) first SIGKILLs the process group of the engine with the lowest port (the vLLM
+  API server and its engine core) while the batch's other requests are in flight there: the first generate call of
+  that step pauses the engine (``/pause?mode=keep``), so the requests routed to it wait in it until the kill, 1 s
+  after the last request was sent. In the rollout of
+  ``kill_router_step`` it SIGKILLs the router's process group. Then it generates with vime's default generate
+  function.
 * :class:`FaultyDiskDeltaWeightSync` (``--weight-sync``): ``disk-delta``, except that while applying version
   ``kill_engine_sync_version`` (the engines paused) it SIGKILLs the engine with the highest port just before
   loading into it. Its replacement then needs the full current version, after which the deltas resume.
-* :func:`reward` (``--reward``): ``digit_fraction``, except that sample 1 of group 0 in ``raise_reward_step``
+* :func:`reward` (``--reward``): ``digit_fraction``, except that the second reward call of ``raise_reward_step``
   raises.
 
 In the rollouts of ``wait_all_step`` (before the sync kill) and ``kill_router_step`` the last sample first waits
@@ -39,6 +42,8 @@ from vime_core.rollout.context import get_rollout_context
 from vime_core.weight_sync.disk_delta import DiskDeltaWeightSync
 
 _done: set[str] = set()
+_calls: dict[tuple[str, int], int] = {}
+_victim: dict[str, int] = {}
 
 
 def plan() -> dict[str, Any]:
@@ -64,6 +69,26 @@ def _pids(*needles: str) -> list[tuple[int, str]]:
         if all(n in cmd for n in needles):
             found.append((int(entry.name), cmd))
     return found
+
+
+def _listener_pid(port: int) -> int:
+    """The pid of the process listening on TCP ``port`` (from ``/proc/net/tcp*`` and ``/proc/<pid>/fd``; the router
+    renames its process title, so its command line cannot be matched)."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            cols = line.split()
+            if int(cols[1].rsplit(":", 1)[1], 16) == port and cols[3] == "0A":  # 0A: LISTEN
+                inodes.add(f"socket:[{cols[9]}]")
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if any(os.readlink(fd) in inodes for fd in (entry / "fd").iterdir()):
+                return int(entry.name)
+        except OSError:
+            continue
+    raise AssertionError(f"no process listens on port {port}")
 
 
 def _engine_pid(port: int) -> int:
@@ -99,19 +124,27 @@ def _engine_ports() -> list[int]:
     return sorted(ports)
 
 
-def _last_sample(args: Any, sample: Any) -> bool:
-    return sample.group_index == args.rollout_batch_size - 1 and sample.index == args.n_samples_per_prompt - 1
+def _call(what: str, step: int) -> int:
+    """How many times ``what`` was called in ``step`` so far, this call included."""
+    _calls[(what, step)] = _calls.get((what, step), 0) + 1
+    return _calls[(what, step)]
 
 
 async def generate(args: Any, sample: Any, params: dict[str, Any]) -> Any:
     """vime's default generate function, with the rollout faults of the plan (see the module docstring)."""
     p = plan()
     step = get_rollout_context().weight_version  # sync loop: step k generates with weight version k
-    if _last_sample(args, sample):
+    call = _call("generate", step)
+    if step == p["kill_engine_rollout_step"] and call == 1:  # requests routed to the victim wait there from now
+        port = _engine_ports()[0]
+        httpx.post(f"http://127.0.0.1:{port}/pause", params={"mode": "keep"}, timeout=30, trust_env=False)
+        _victim["port"] = port
+    if call == args.rollout_batch_size * args.n_samples_per_prompt:  # the step's last sample
         router_url = get_rollout_context().client.base_url
         if step == p["kill_engine_rollout_step"] and "engine_rollout" not in _done:
             _done.add("engine_rollout")
-            port = _engine_ports()[0]
+            await asyncio.sleep(1.0)  # the batch's other requests reach the engines
+            port = _victim["port"]
             pid = _engine_pid(port)
             _kill_group(pid)
             _log("engine_kill_rollout", pid=pid, url=f"http://127.0.0.1:{port}", step=step)
@@ -119,19 +152,17 @@ async def generate(args: Any, sample: Any, params: dict[str, Any]) -> Any:
             await _wait_all_workers(router_url, 2)
         if step == p["kill_router_step"] and "router" not in _done:
             _done.add("router")
-            port = int(router_url.rsplit(":", 1)[1])
-            hits = _pids("vllm-router", f"--port {port} ")
-            assert len(hits) == 1, f"expected one vllm-router on port {port}, found {hits}"
-            _kill_group(hits[0][0])
-            _log("router_kill", pid=hits[0][0], url=router_url, step=step)
+            pid = _listener_pid(int(router_url.rsplit(":", 1)[1]))
+            _kill_group(os.getpgid(pid))  # the router runs in its own session
+            _log("router_kill", pid=pid, url=router_url, step=step)
     default = get_plugins().resolve("generate", "default")
     return await default(args, sample, params)
 
 
 async def reward(args: Any, sample: Any) -> Any:
-    """``digit_fraction``, raising once for sample 1 of group 0 in the plan's ``raise_reward_step``."""
+    """``digit_fraction``, raising for the second reward call of the plan's ``raise_reward_step``."""
     step = get_rollout_context().weight_version
-    if step == plan()["raise_reward_step"] and sample.group_index == 0 and sample.index == 1:
+    if _call("reward", step) == 2 and step == plan()["raise_reward_step"]:
         _log("reward_raise", step=step)
         raise RuntimeError("injected reward failure")
     return await get_plugins().resolve("reward", "digit_fraction")(args, sample)

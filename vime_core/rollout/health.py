@@ -322,6 +322,8 @@ class EngineMonitor:
                         self.counts["engine_restarts"] += 1
                         self.totals["engine_restarts"] += 1
             except Exception as e:  # noqa: BLE001 - the next attempt (or the loss) follows
+                if self._stop.is_set():  # shutting down: the manager stops the engines under the replacement
+                    return
                 slot.last_exit = f"restart {slot.restarts} failed: {e}"
                 logger.error("restarting engine %d (%s) failed: %s", slot.index, slot.engine.url, e)
                 self._event("engine_restart_failed", engine=slot.index, url=slot.engine.url, error=str(e)[:2000])
