@@ -312,3 +312,12 @@ def test_other_strategies_cannot_recover_past_version_zero():
     assert not recovery.supported
     with pytest.raises(RuntimeError, match=r"--weight-sync nccl: no host-side copy of weight version 4"):
         recovery.full_weights()
+
+
+def test_engines_lost_is_recognised_through_a_ray_actor_error():
+    from ray.exceptions import RayTaskError
+
+    lost = EnginesLostError("every vLLM engine is gone")
+    assert engines_lost(RayTaskError("generate", "traceback", lost).as_instanceof_cause())
+    assert engines_lost(RayTaskError("generate", "traceback", lost))
+    assert not engines_lost(RayTaskError("generate", "traceback", RuntimeError("other")))
