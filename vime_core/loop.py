@@ -31,7 +31,7 @@ from vime_core.orchestration import call
 from vime_core.plugins import get_plugins
 from vime_core.progress import RolloutProgress, StepProgress, rollout_phase
 from vime_core.report import write_report
-from vime_core.rollout.health import engines_lost
+from vime_core.rollout.health import EnginesLostError, engines_lost
 from vime_core.types import Sample
 
 logger = logging.getLogger("vime.loop")
@@ -154,10 +154,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 try:
                     metrics, version = _one_step(args, step, source, rollout, trainer, estimator, version, progress)
                 except Exception as e:
-                    if trainer is not None and engines_lost(e):  # nothing left to generate with: keep what trained
-                        saved = _save_checkpoint(out, step, version, trainer, rollout)
-                        console.print(f"[vime] every rollout engine is lost; checkpoint saved: {saved}")
-                    raise
+                    if not engines_lost(e):
+                        raise
+                    # nothing left to generate with: keep what trained, stop with the monitor's report
+                    saved = _save_checkpoint(out, step, version, trainer, rollout) if trainer is not None else None
+                    where = f"checkpoint of {step} finished step(s) saved: {saved}" if saved else "no trainer to save"
+                    raise EnginesLostError(f"{getattr(e, 'cause', None) or e}\n{where}") from None
                 history.append(metrics)
                 sink.log(step, metrics)
                 plugins.pm.hook.vime_on_train_step_end(args=args, step=step, metrics=metrics)

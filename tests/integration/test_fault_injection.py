@@ -14,12 +14,18 @@ fault-free run's" means: a fault-free run of this setup trains every sample, 6 Ã
 and the 48th, whose reward raised, is excluded and counted as ``rollout/failed/reward_error`` â€” no sample is lost
 to an engine or router fault (every other failure count is 0). The test prints the figures for the closing note
 (faults injected/survived, samples lost, seconds from each kill to the replacement being back in the router).
+
+A second, short run (one engine, ``--rollout-max-engine-restarts 0``, the engine killed in step 1) must stop with
+exit code 1, the monitor's report (engine URL, exit code, log file) and a checkpoint of the finished step.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -40,14 +46,23 @@ def _jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
+def _fault_env(out: Path, model: Path, plan: dict) -> dict[str, str]:
+    """The environment of a `vime run` with the fault plugin: its plan file and this checkout on PYTHONPATH (the
+    Ray actors inherit the driver's environment)."""
+    plan_path = out.parent / f"{out.name}-plan.json"
+    plan_path.write_text(
+        json.dumps({**plan, "model": str(model), "log": str(out.parent / f"{out.name}-faults.jsonl")})
+    )
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
+    return {"VIME_FAULT_PLAN": str(plan_path), "PYTHONPATH": path}
+
+
 @pytest.fixture(scope="module")
 def fault_run(tiny_model_dir, prompt_file, tmp_path_factory):  # noqa: F811
     out = tmp_path_factory.mktemp("faults")
-    plan_path = out.parent / f"{out.name}-plan.json"
-    plan_path.write_text(json.dumps({**PLAN, "model": str(tiny_model_dir), "log": str(out.parent / "faults.jsonl")}))
-    saved = {k: os.environ.get(k) for k in ("VIME_FAULT_PLAN", "PYTHONPATH")}
-    os.environ["VIME_FAULT_PLAN"] = str(plan_path)  # the Ray actors inherit the driver's environment
-    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), saved["PYTHONPATH"]) if p)
+    env = _fault_env(out, tiny_model_dir, PLAN)
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
     t0 = time.monotonic()
     try:
         proc = _vime(
@@ -77,7 +92,7 @@ def fault_run(tiny_model_dir, prompt_file, tmp_path_factory):  # noqa: F811
             else:
                 os.environ[k] = v
     seconds = time.monotonic() - t0
-    faults = _jsonl(out.parent / "faults.jsonl")
+    faults = _jsonl(out.parent / f"{out.name}-faults.jsonl")
     events = _jsonl(out / "logs" / "health_events.jsonl")
     return out, proc, faults, events, seconds
 
@@ -160,3 +175,33 @@ def test_figures(fault_run):
         f"run {seconds:.0f} s"
     )
     assert lost == 0 and all(r > 0 for r in recover) and router_s > 0
+
+
+def test_every_engine_lost_stops_the_run_with_a_checkpoint_and_the_culprits(tiny_model_dir, prompt_file, tmp_path):  # noqa: F811
+    """One engine, no restart allowed, killed in step 1: the run stops (no hang) naming the engine, its exit code and
+    log, after saving a checkpoint of the finished step."""
+    out = tmp_path / "run"
+    never = {k: -1 for k in PLAN}
+    env = _fault_env(out, tiny_model_dir, {**never, "kill_engine_rollout_step": 1})
+    argv = [*_common(tiny_model_dir, prompt_file, out), "--num-rollout", "3", "--no-save-hf"]
+    argv += ["--generate", f"{PLUGIN}:generate", "--rollout-max-engine-restarts", "0"]
+    argv += ["--rollout-health-check-interval", "1"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "vime_core.cli", "run", *argv],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env={**os.environ, **env, "PYTHONUNBUFFERED": "1"},
+    )
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    url = _jsonl(out.parent / "run-faults.jsonl")[0]["url"]
+    ckpt = out / "checkpoints" / "step_000001"
+    expected = (
+        "vime: error: every vLLM engine is gone and no restart is left:\n"
+        f"engine 0 ({url}): exited with code -9, restarted 0 time(s); log: {out / 'logs' / 'vllm_engine_0.log'}\n"
+        f"checkpoint of 1 finished step(s) saved: {ckpt}\n"
+    )
+    assert expected in proc.stderr, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr.split("vime: error:")[-1]
+    assert json.loads((ckpt / "meta.json").read_text())["step"] == 1
+    assert re.search(r"\[vime\] step 1/3 ", proc.stdout) and "step 2/3" not in proc.stdout
