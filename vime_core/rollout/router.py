@@ -15,7 +15,7 @@ from typing import Any
 
 import httpx
 
-from vime_core.rollout.engine import find_free_port
+from vime_core.net import find_free_port
 from vime_core.rollout.process import ManagedServer
 
 logger = logging.getLogger("vime.rollout")

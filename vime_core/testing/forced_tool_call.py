@@ -17,6 +17,7 @@ import argparse
 import json
 from typing import Any
 
+from vime_core.rollout.multi_turn import generate as multi_turn
 from vime_core.types import Sample
 
 FORCED_COMMAND = "python3 -c 'print(6*7)'"
@@ -35,8 +36,6 @@ async def generate(args: argparse.Namespace, sample: Sample, sampling_params: di
 
     :raises ValueError: ``--multi-turn-sandbox-tool`` is not set.
     """
-    from vime_core.rollout.multi_turn import generate as multi_turn
-
     tool = getattr(args, "multi_turn_sandbox_tool", None)
     if not tool:
         raise ValueError("vime_core.testing.forced_tool_call needs --multi-turn-sandbox-tool NAME")

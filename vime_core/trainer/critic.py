@@ -25,6 +25,7 @@ from safetensors.torch import load_file, save_file
 
 from vime_core.algorithms.gae import value_loss
 from vime_core.algorithms.options import opt
+from vime_core.models import resolve_model
 from vime_core.trainer.lr_schedule import critic_lr_schedule, set_lr
 from vime_core.trainer.padding import left_padded_batch, response_slices
 from vime_core.types import Sample
@@ -43,7 +44,6 @@ def resolve_critic_path(path: str | Path) -> Path:
     path = Path(path)
     if (path / "config.json").is_file():
         return path
-    from vime_core.models import resolve_model
 
     try:
         return resolve_model(str(path))

@@ -21,7 +21,9 @@ from safetensors.torch import save_file
 
 from vime_core.algorithms.logprobs import token_log_probs, token_log_probs_and_entropy
 from vime_core.algorithms.options import check_algorithm_args, kl_enabled, opt, uses_critic
+from vime_core.models import resolve_model
 from vime_core.trainer.base import TrainerBackend
+from vime_core.trainer.critic import Critic, clip_and_step
 from vime_core.trainer.padding import left_padded_batch, response_slices
 from vime_core.trainer.rl_step import rl_train_step
 from vime_core.types import RolloutBatch, Sample
@@ -73,8 +75,6 @@ class ReferenceModel:
 
         path = Path(opt(args, "ref_load") or model_path)
         if not (path / "config.json").is_file():
-            from vime_core.models import resolve_model
-
             path = resolve_model(str(opt(args, "ref_load")))
         self.path = path
         self.device = device
@@ -132,8 +132,6 @@ class TorchTrainer(TrainerBackend):
         self.ref_model = ReferenceModel(args, self.model_path, self.device, dtype) if kl_enabled(args) else None
         self.critic = None
         if uses_critic(args):
-            from vime_core.trainer.critic import Critic
-
             self.critic = Critic(args, self.model_path, self.device, dtype)
         self.steps_done = 0
 
@@ -157,8 +155,6 @@ class TorchTrainer(TrainerBackend):
 
         :raises FloatingPointError: on a non-finite gradient norm (no update is made).
         """
-        from vime_core.trainer.critic import clip_and_step
-
         return clip_and_step(
             self.model.parameters(), self.optimizer, self.args.clip_grad, f"grad norm at train step {self.steps_done}:"
         )
