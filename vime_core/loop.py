@@ -25,7 +25,6 @@ from rich.console import Console
 
 from vime_core.algorithms.batch import build_batch
 from vime_core.checkpoint import commit_checkpoint, latest_checkpoint, new_checkpoint_dir
-from vime_core.data.prompts import check_prompts
 from vime_core.data.source import read_rows
 from vime_core.evaluation import eval_line, eval_steps, load_eval_sets
 from vime_core.metrics import MetricsSink, staleness_histogram, wandb_config_from_args
@@ -36,6 +35,7 @@ from vime_core.progress import RolloutProgress, StepProgress, rollout_phase
 from vime_core.report import write_report
 from vime_core.rollout.health import EnginesLostError, engines_lost
 from vime_core.rollout.manager import RolloutManager, rollout_metrics
+from vime_core.rollout.prompt_checks import check_prompts
 from vime_core.types import Sample
 from vime_core.weight_sync.base import WeightWriteError
 

@@ -14,7 +14,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-from vime_core.data.prompts import filter_overlong_prompts
 from vime_core.data.source import DataSource, new_group, read_rows
 from vime_core.evaluation import dump_eval_samples, eval_metrics, eval_sampling_params, load_eval_sets
 from vime_core.failures import failure_metrics
@@ -27,6 +26,7 @@ from vime_core.rollout.engine_actor import RemoteEngine, check_nonce, engine_fai
 from vime_core.rollout.health import EngineMonitor, MonitorConfig
 from vime_core.rollout.overlong import overlong_metrics
 from vime_core.rollout.oversample import collect_groups
+from vime_core.rollout.prompt_checks import filter_overlong_prompts
 from vime_core.rollout.router import VLLMRouter, router_policy
 from vime_core.rollout.runner import GroupRunner
 from vime_core.rollout.teacher import TeacherEngines
