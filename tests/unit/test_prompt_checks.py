@@ -1,8 +1,7 @@
 """Prompt checks that need the tokenizer (:mod:`vime_core.rollout.prompt_checks`): a model directory without a
-tokenizer, a
-missing chat template while ``--apply-chat-template`` is on, prompts longer than ``--rollout-max-prompt-len``
-(left out and counted, or an error naming the file and line); and the rollout manager's buffer holds only the
-prompts that fit."""
+tokenizer, a missing chat template while ``--apply-chat-template`` is on, prompts longer than
+``--rollout-max-prompt-len`` (left out and counted, or an error naming the file and line); and the rollout
+manager's buffer holds only the prompts that fit."""
 
 from __future__ import annotations
 
