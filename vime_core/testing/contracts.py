@@ -855,7 +855,8 @@ class SandboxBackendContract(_Contract):
         )
         print(f"\n{type(self).__name__} cancellation: {report.summary()}")
         assert report.points >= 3, report.summary()  # at least one in each of start, exec and close
-        assert all(r.cancelled > 0 for r in report.rounds), report.summary()
+        # a point a concurrent life may pass without suspending (the shared reap already done) cancels no one
+        assert sum(r.cancelled > 0 for r in report.rounds) >= 3, report.summary()
         assert not report.problems, report.summary()
 
     def test_infrastructure_failure_raises_infra_error(self, sandbox_factory: Any, sabotage: Any) -> None:
