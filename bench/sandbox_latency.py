@@ -4,7 +4,7 @@ milliseconds. Backends that cannot run here (no dockerd, no VM image) are report
     .venv/bin/python bench/sandbox_latency.py [--n 10] [--backends local,docker,localvm] [--concurrency 1]
         [--warmup 1]
 
-``e2b`` without ``E2B_API_KEY`` runs against the local fake E2B service (:mod:`vime_sandbox_e2b.fake`) and is
+``e2b`` without ``E2B_API_KEY`` runs against the local fake E2B service (:mod:`vime_sandbox_e2b.testing`) and is
 printed as ``e2b-fake``: that is the SDK's and the plugin's overhead (HTTP + Connect RPC on 127.0.0.1) on top of a
 ``local`` sandbox, not E2B's latency.
 """
@@ -71,7 +71,7 @@ def main() -> None:
         fake = None
         try:
             if name == "e2b" and not os.environ.get("E2B_API_KEY"):
-                from vime_sandbox_e2b.fake import FakeE2B
+                from vime_sandbox_e2b.testing import FakeE2B
 
                 fake = FakeE2B().__enter__()
                 os.environ.update(fake.env())

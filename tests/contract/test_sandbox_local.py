@@ -8,7 +8,7 @@ import signal
 import pytest
 
 from vime_core.plugins import get_plugins
-from vime_core.sandbox.local import LocalSandbox, _pids_with_env, host_capabilities, host_mode
+from vime_core.sandbox.local import LocalSandbox, _pids_with_env, host_capabilities, host_mode, leftover_counts
 from vime_core.testing import SandboxBackendContract
 
 pytestmark = pytest.mark.contract
@@ -39,6 +39,10 @@ class TestLocalSandbox(SandboxBackendContract):
             return sb.directory.exists() or bool(_pids_with_env({sb.sandbox_id}))
 
         return exists
+
+    @pytest.fixture
+    def sandbox_leftovers(self):
+        return lambda ids: leftover_counts(ids=ids)  # processes (by environment), directories, cgroups
 
     @pytest.fixture
     def sabotage(self):

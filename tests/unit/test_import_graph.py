@@ -47,6 +47,7 @@ LAYERS: list[tuple[str, list[str]]] = [
         [
             "vime_core.sandbox.base",
             "vime_core.agent.harness",
+            "vime_core.sandbox.cancel",
             "vime_core.trainer.base",
             "vime_core.weight_sync.base",
             "vime_core.rollout.client",

@@ -24,12 +24,15 @@ from __future__ import annotations
 import abc
 import asyncio
 import atexit
+import concurrent.futures
 import io
 import logging
+import math
 import os
 import shlex
 import socket
 import tarfile
+import threading
 import time
 import uuid
 import weakref
@@ -37,6 +40,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
+
+from vime_core.sandbox.cancel import finish_then_raise
 
 logger = logging.getLogger("vime.sandbox")
 
@@ -248,6 +253,22 @@ def sandbox_kwargs_from_args(args: Any) -> dict[str, Any]:
     return out
 
 
+def backend_kwargs_from_args(args: Any, flags: Mapping[str, str]) -> dict[str, Any]:
+    """A backend's own ``--sandbox-NAME-*`` flags as constructor keywords: ``flags`` maps the ``args`` attribute to
+    the keyword; flags left unset (``None``, empty) are left out, so the constructor's defaults apply."""
+    if args is None:
+        return {}
+    return {kw: getattr(args, attr) for attr, kw in flags.items() if getattr(args, attr, None)}
+
+
+def remote_lifetime_s(limits: SandboxLimits, grace_s: int, max_s: int) -> int:
+    """Seconds of life to ask a hosted sandbox service for (E2B ``timeout``, Modal ``timeout``): the wall time
+    rounded up plus ``grace_s`` (vime enforces the wall time itself; the service's own limit is the backstop when
+    vime is killed), at most ``max_s`` (the service's longest lifetime), ``max_s`` without a wall time."""
+    wall = limits.wall_time_s
+    return max_s if wall is None else min(max_s, math.ceil(wall) + grace_s)
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Owner tokens: which process created a resource, and is it still alive?
 
@@ -292,6 +313,47 @@ def owner_alive(token: str) -> bool:
 
 # ---------------------------------------------------------------------------------------------------------------
 _LIVE: weakref.WeakSet[Sandbox] = weakref.WeakSet()
+# backend class -> its reaper run in this process (once, at the first start; every later start waits for it, so
+# that no sandbox is created while the reaper looks at what exists)
+_REAPS: dict[type, concurrent.futures.Future] = {}
+_REAPS_LOCK = threading.Lock()
+
+
+def forget_reaps() -> None:
+    """Forget which backends this process has reaped: the next start of each runs its reaper again (for tests)."""
+    with _REAPS_LOCK:
+        _REAPS.clear()
+
+
+def _reap(cls: type[Sandbox], done: concurrent.futures.Future) -> None:
+    try:
+        report = cls.cleanup()
+        if report.removed:
+            logger.warning(
+                "%s sandboxes: removed %d leftovers of dead vime processes: %s",
+                cls.NAME,
+                len(report.removed),
+                ", ".join(report.removed[:5]),
+            )
+    except Exception as e:  # noqa: BLE001 - reaping is best effort; creation decides success
+        logger.warning("%s sandboxes: leftover cleanup failed: %s", cls.NAME, e)
+    finally:
+        done.set_result(None)
+
+
+async def _reap_once(cls: type[Sandbox]) -> None:
+    """Run ``cls.cleanup()`` once per process (in a daemon thread: a cancelled start does not stop it, and an
+    interpreter exit does not wait for it); every start waits until it has finished. ``VIME_SANDBOX_NO_REAP=1``
+    skips it."""
+    if os.environ.get("VIME_SANDBOX_NO_REAP") == "1":
+        return
+    with _REAPS_LOCK:
+        done = _REAPS.get(cls)
+        if done is None:
+            done = _REAPS[cls] = concurrent.futures.Future()
+            threading.Thread(target=_reap, args=(cls, done), daemon=True, name=f"vime-reap-{cls.NAME}").start()
+    if not done.done():
+        await asyncio.shield(asyncio.wrap_future(done))
 
 
 @atexit.register
@@ -321,7 +383,8 @@ class Sandbox(abc.ABC):
     NAME: ClassVar[str] = ""
     capabilities: ClassVar[frozenset[str]] = frozenset()
     control_dir: ClassVar[str] = CONTROL_DIR
-    _reaped_classes: ClassVar[set[type]] = set()
+    #: the backend's own ``vime run`` flags read by :meth:`from_args`: ``args`` attribute → constructor keyword
+    FLAG_KWARGS: ClassVar[Mapping[str, str]] = {}
 
     def __init__(
         self,
@@ -345,11 +408,12 @@ class Sandbox(abc.ABC):
     @classmethod
     def from_args(cls, args: Any, **kwargs: Any) -> Sandbox:
         """Build a sandbox from ``vime run`` arguments: the generic ``--sandbox-*`` flags
-        (:func:`sandbox_kwargs_from_args`); backends add their own ``--sandbox-NAME-*`` flags. Keywords win.
+        (:func:`sandbox_kwargs_from_args`) and the backend's own ``--sandbox-NAME-*`` flags (:attr:`FLAG_KWARGS`,
+        :func:`backend_kwargs_from_args`). Keywords win.
 
         :param args: the parsed ``vime run`` namespace, or ``None`` for the defaults.
         """
-        return cls(**{**sandbox_kwargs_from_args(args), **kwargs})
+        return cls(**{**sandbox_kwargs_from_args(args), **backend_kwargs_from_args(args, cls.FLAG_KWARGS), **kwargs})
 
     # -- lifecycle -----------------------------------------------------------------------------------------------
     async def __aenter__(self) -> Sandbox:
@@ -367,20 +431,7 @@ class Sandbox(abc.ABC):
         """
         if self._state != "new":
             raise SandboxError(f"sandbox {self.sandbox_id} is {self._state}; a sandbox starts once")
-        cls = type(self)
-        if cls not in Sandbox._reaped_classes and os.environ.get("VIME_SANDBOX_NO_REAP") != "1":
-            Sandbox._reaped_classes.add(cls)
-            try:
-                report = await asyncio.to_thread(cls.cleanup)
-                if report.removed:
-                    logger.warning(
-                        "%s sandboxes: removed %d leftovers of dead vime processes: %s",
-                        cls.NAME,
-                        len(report.removed),
-                        ", ".join(report.removed[:5]),
-                    )
-            except Exception as e:  # noqa: BLE001 - reaping is best effort; creation decides success
-                logger.warning("%s sandboxes: leftover cleanup failed: %s", cls.NAME, e)
+        await _reap_once(type(self))
         self._state = "started"
         _LIVE.add(self)
         try:
@@ -404,14 +455,8 @@ class Sandbox(abc.ABC):
         if self._close_task is None:
             self._state = "closed"
             self._close_task = asyncio.ensure_future(self._destroy_logged())
-        cancelled = False
-        while not self._close_task.done():
-            try:
-                await asyncio.shield(self._close_task)
-            except asyncio.CancelledError:
-                cancelled = True
-        if cancelled:
-            raise asyncio.CancelledError
+        if not self._close_task.done():
+            await finish_then_raise(self._close_task)
 
     async def _destroy_logged(self) -> None:
         try:

@@ -50,7 +50,9 @@ from vime_core.sandbox.base import (
     owner_token,
     process_start_time,
 )
+from vime_core.sandbox.cancel import wait_for
 from vime_core.sandbox.forward import UnixToTcpForwarder, socket_name, start_sandbox_forwarder
+from vime_core.sandbox.pid1 import REAPER_SOURCE
 
 ENV_ID = "VIME_SANDBOX_ID"
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -83,7 +85,9 @@ def _die_with_parent() -> None:
 
 # The init of a namespaced sandbox: pid 1 of its pid namespace. Sets up loopback and the read-only mounts, says
 # "ready", then reaps orphans until the wall-time limit or SIGTERM; when it exits the kernel kills the namespace.
-_INIT = r"""
+_INIT = (
+    REAPER_SOURCE
+    + r"""
 import ctypes, fcntl, json, os, signal, socket, struct, sys, time
 cfg = json.loads(sys.argv[1])
 libc = ctypes.CDLL(None, use_errno=True)
@@ -130,24 +134,10 @@ try:
 except Exception as e:
     sys.stderr.write("vime init: %s\n" % e)
     sys.exit(1)
-deadline = None if cfg["wall_time_s"] is None else time.monotonic() + cfg["wall_time_s"]
-sigs = {signal.SIGCHLD, signal.SIGTERM, signal.SIGINT}
-signal.pthread_sigmask(signal.SIG_BLOCK, sigs)
-while True:
-    left = None if deadline is None else deadline - time.monotonic()
-    if left is not None and left <= 0:
-        sys.exit(0)
-    info = signal.sigtimedwait(sigs, 3600 if left is None else left)
-    if info is not None and info.si_signo != signal.SIGCHLD:
-        sys.exit(0)
-    while True:
-        try:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            break
-        if pid == 0:
-            break
+vime_reap(None if cfg["wall_time_s"] is None else time.monotonic() + cfg["wall_time_s"])
+sys.exit(0)
 """
+)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -243,26 +233,48 @@ def _pids_with_env(sandbox_ids: set[str]) -> dict[int, str]:
     return found
 
 
-def leftover_counts(prefix: str = "vime-local-") -> dict[str, int]:
+def _cgroup_names() -> dict[str, str]:
+    """Local-sandbox cgroups on this host: name → ``"v1"``/``"v2"`` (v1: found under any controller)."""
+    found: dict[str, str] = {}
+    bases = [(Path(f"/sys/fs/cgroup/{c}/vime"), "v1") for c in _CGROUP_CONTROLLERS]
+    for base, kind in [*bases, (Path("/sys/fs/cgroup/vime"), "v2")]:
+        with contextlib.suppress(OSError):
+            for cg in base.iterdir():
+                if cg.name.startswith("vime-local-") and cg.is_dir():
+                    found[cg.name] = kind
+    return found
+
+
+def leftover_counts(prefix: str = "vime-local-", ids: set[str] | None = None) -> dict[str, int]:
     """Count local-sandbox leftovers on this host: processes (by environment), sandbox directories, cgroups.
 
     :param prefix: sandbox-id prefix to count.
+    :param ids: count only these sandbox ids (``prefix`` is then ignored).
     """
+
+    def ours(name: str) -> bool:
+        return name in ids if ids is not None else name.startswith(prefix)
+
     root = sandbox_root()
-    dirs = [p for p in root.glob(f"{prefix}*") if p.is_dir()] if root.exists() else []
+    dirs = [p for p in root.glob("vime-local-*") if p.is_dir() and ours(p.name)] if root.exists() else []
+    needle = ENV_ID.encode() + b"="
     procs = 0
     for entry in os.scandir("/proc"):
         if entry.name.isdigit():
             try:
                 with open(f"/proc/{entry.name}/environ", "rb") as f:
-                    if f"{ENV_ID}={prefix}".encode() in f.read():
-                        procs += 1
+                    env = f.read()
             except OSError:
-                pass
+                continue
+            procs += any(
+                v.startswith(needle) and ours(v[len(needle) :].decode(errors="replace")) for v in env.split(b"\0")
+            )
     cgroups = 0
-    for base in (Path("/sys/fs/cgroup/pids/vime"), Path("/sys/fs/cgroup/vime")):
-        if base.exists():
-            cgroups += sum(1 for p in base.glob(f"{prefix}*"))
+    for c in _CGROUP_CONTROLLERS:
+        with contextlib.suppress(OSError):
+            cgroups += sum(1 for p in Path(f"/sys/fs/cgroup/{c}/vime").iterdir() if ours(p.name))
+    with contextlib.suppress(OSError):
+        cgroups += sum(1 for p in Path("/sys/fs/cgroup/vime").iterdir() if ours(p.name))
     return {"processes": procs, "directories": len(dirs), "cgroups": cgroups}
 
 
@@ -402,18 +414,7 @@ class LocalSandbox(Sandbox):
                 os.close(fd)
 
     def _make_cgroups(self) -> list[str]:
-        """Create this sandbox's cgroups and set their limits; retried when a directory vanishes in between (a
-        concurrent cleanup of another sandbox's cgroups can remove a freshly made one: ENOENT on its limit file)."""
-        for attempt in range(3):
-            try:
-                return self._make_cgroups_once()
-            except FileNotFoundError:
-                if attempt == 2:
-                    raise
-                time.sleep(0.05)
-        raise AssertionError("unreachable")
-
-    def _make_cgroups_once(self) -> list[str]:
+        """Create this sandbox's cgroups and set their limits."""
         kind = self._host["cgroup"]
         dirs = _cgroup_dirs(self.sandbox_id, kind)
         lim = self.limits
@@ -492,15 +493,15 @@ class LocalSandbox(Sandbox):
         assert self._holder.stdout is not None and self._holder.stderr is not None
         timed_out = False
         try:
-            line = await asyncio.wait_for(self._holder.stdout.readline(), timeout=30)
+            line = await wait_for(self._holder.stdout.readline(), timeout=30)
         except asyncio.TimeoutError:
             line, timed_out = b"", True
         if line.strip() != b"ready":
             err = b""
             with contextlib.suppress(asyncio.TimeoutError):
-                err = await asyncio.wait_for(self._holder.stderr.read(4096), timeout=1)
+                err = await wait_for(self._holder.stderr.read(4096), timeout=1)
             with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._holder.wait(), timeout=1)
+                await wait_for(self._holder.wait(), timeout=1)
             how = "no 'ready' within 30 s" if timed_out else f"init exited with code {self._holder.returncode}"
             raise SandboxInfraError(
                 f"local sandbox init did not start ({how}): {err.decode(errors='replace').strip()}"
@@ -678,7 +679,7 @@ class LocalSandbox(Sandbox):
         timed_out = False
         try:
             try:
-                await asyncio.wait_for(proc.wait(), timeout)
+                await wait_for(proc.wait(), timeout)
             except asyncio.TimeoutError:
                 timed_out = True
                 self._killpg(proc)
@@ -755,16 +756,13 @@ class LocalSandbox(Sandbox):
                     report.removed.append(d.name)
                 except Exception as e:  # noqa: BLE001
                     report.errors.append(f"{d.name}: {e}")
-        # cgroups without a directory (their sandbox was removed by hand)
-        for base in (Path("/sys/fs/cgroup/pids/vime"), Path("/sys/fs/cgroup/vime")):
-            if not base.exists():
+        # cgroups without a directory (their sandbox was removed by hand). A sandbox starting meanwhile made its
+        # directory before its cgroups, so one whose directory exists now is not an orphan (the directory scan above
+        # may have missed it): tearing it down would remove a live sandbox's fresh cgroups (ENOENT on its limits).
+        for name, kind in _cgroup_names().items():
+            if name in seen or (root / name).exists():
                 continue
-            for cg in base.iterdir():
-                if cg.is_dir() and cg.name.startswith("vime-local-") and cg.name not in seen:
-                    kind = "v2" if base == Path("/sys/fs/cgroup/vime") else "v1"
-                    report.found.append(f"cgroup {cg.name}")
-                    _teardown_state(
-                        cg.name, root / cg.name, {"cgroups": [str(p) for p in _cgroup_dirs(cg.name, kind)]}
-                    )
-                    report.removed.append(f"cgroup {cg.name}")
+            report.found.append(f"cgroup {name}")
+            _teardown_state(name, root / name, {"cgroups": [str(p) for p in _cgroup_dirs(name, kind)]})
+            report.removed.append(f"cgroup {name}")
         return report

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from vime_sandbox_docker.sandbox import DockerSandbox, docker_client
+from vime_sandbox_docker.sandbox import DockerSandbox, docker_client, leftover_counts
 
 from vime_core.plugins import get_plugins
 from vime_core.testing import SandboxBackendContract
@@ -68,6 +68,10 @@ class TestDockerSandbox(SandboxBackendContract):
             return bool(client.containers.list(all=True, filters=flt) or client.volumes.list(filters=flt))
 
         return exists
+
+    @pytest.fixture
+    def sandbox_leftovers(self):
+        return lambda ids: leftover_counts(ids=ids)  # containers and volumes by label, host-port directories
 
     @pytest.fixture
     def sabotage(self):

@@ -1,4 +1,4 @@
-"""The fake E2B service (REST API + envd on 127.0.0.1, :mod:`vime_sandbox_e2b.fake`), one per test session, and
+"""The fake E2B service (REST API + envd on 127.0.0.1, :mod:`vime_sandbox_e2b.testing`), one per test session, and
 the SDK environment pointing at it (set per test, so that nothing else sees the fake's key)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import pytest
 
 @pytest.fixture(scope="session")
 def fake_e2b():
-    from vime_sandbox_e2b.fake import FakeE2B
+    from vime_sandbox_e2b.testing import FakeE2B
 
     with FakeE2B() as fake:
         yield fake

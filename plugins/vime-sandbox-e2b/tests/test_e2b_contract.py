@@ -1,4 +1,4 @@
-"""vime-sandbox-e2b: the real ``e2b`` SDK against the fake E2B service on 127.0.0.1 (:mod:`vime_sandbox_e2b.fake`),
+"""vime-sandbox-e2b: the real ``e2b`` SDK against the fake E2B service on 127.0.0.1 (:mod:`vime_sandbox_e2b.testing`),
 through vime's sandbox contract kit; plus discovery, flags and the exact requests the plugin makes."""
 
 from __future__ import annotations
@@ -118,6 +118,14 @@ class TestE2BSandbox(SandboxBackendContract):
             return fake_sb is not None and not fake_sb.local.closed
 
         return exists
+
+    @pytest.fixture
+    def sandbox_leftovers(self, e2b_env):
+        def left(ids: set[str]) -> dict[str, int]:  # the fake service's registry, and the local sandboxes behind it
+            boxes = [sb for sb in list(e2b_env.sandboxes.values()) if sb.metadata.get("vime.sandbox") in ids]
+            return {"sandboxes": len(boxes), "running": sum(not sb.local.closed for sb in boxes)}
+
+        return left
 
     @pytest.fixture
     def sabotage(self, e2b_env):

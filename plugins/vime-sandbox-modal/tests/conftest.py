@@ -1,5 +1,5 @@
 """The fake Modal service (control plane + task command router over gRPC on 127.0.0.1,
-:mod:`vime_sandbox_modal.fake`), one per test session, and the SDK environment pointing at it (set per test)."""
+:mod:`vime_sandbox_modal.testing`), one per test session, and the SDK environment pointing at it (set per test)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 
 @pytest.fixture(scope="session")
 def fake_modal():
-    from vime_sandbox_modal.fake import FakeModal
+    from vime_sandbox_modal.testing import FakeModal
 
     with FakeModal() as fake:
         yield fake

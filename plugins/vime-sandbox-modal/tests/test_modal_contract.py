@@ -1,5 +1,5 @@
 """vime-sandbox-modal: the real ``modal`` SDK against the fake Modal service on 127.0.0.1
-(:mod:`vime_sandbox_modal.fake`, gRPC), through vime's sandbox contract kit; plus discovery, flags and the exact
+(:mod:`vime_sandbox_modal.testing`, gRPC), through vime's sandbox contract kit; plus discovery, flags and the exact
 creation request the plugin makes."""
 
 from __future__ import annotations
@@ -144,6 +144,16 @@ class TestModalSandbox(SandboxBackendContract):
             return fake_sb is not None and fake_sb.result is None and not fake_sb.local.closed
 
         return exists
+
+    @pytest.fixture
+    def sandbox_leftovers(self, modal_env):
+        def left(ids: set[str]) -> dict[str, int]:  # the fake service's registry, and the local sandboxes behind it
+            boxes = [sb for sb in list(modal_env.sandboxes.values()) if sb.tags.get("vime.sandbox") in ids]
+            # Modal lists a terminated sandbox (with its result) for a while: only those not terminated count
+            live = sum(sb.result is None for sb in boxes)
+            return {"sandboxes": live, "running": sum(not sb.local.closed for sb in boxes)}
+
+        return left
 
     @pytest.fixture
     def sabotage(self, modal_env):

@@ -24,6 +24,11 @@ class SandboxBackendContract(_Contract):
     Optional fixture ``sabotage``: ``async fn(sandbox)`` that destroys the sandbox behind vime's back (kills its
     VM, removes its container); without it the infrastructure-error test is skipped.
 
+    Optional fixture ``sandbox_leftovers``: ``fn(sandbox_ids) -> {"containers": n, ...}``, what the backend's own
+    listing (its service, ``/proc``, the filesystem) still holds of those sandboxes; with it the kit cancels
+    :attr:`cancel_concurrency` concurrent lives at every await point of ``start``/``exec``/``close`` in turn
+    (:mod:`vime_core.testing.sandbox_cancel`) and requires every count to be 0 after each round.
+
     Capabilities (see :data:`vime_core.sandbox.CAPABILITIES`): ``network_isolation``, ``resource_limits``,
     ``filesystem_isolation``, ``user``, ``detached``, ``wall_time``, ``reaper``, ``host_port``. The sandbox image
     must have ``/bin/sh``, coreutils, ``tar`` and ``python3``.
@@ -32,6 +37,8 @@ class SandboxBackendContract(_Contract):
     #: interfaces in ``/proc/net/dev`` of a sandbox without network; ``None`` skips that check (a VM keeps a
     #: restricted NIC for its SSH port forward). The outbound-connection check runs regardless.
     isolated_interfaces: ClassVar[set[str] | None] = {"lo"}
+    #: sandboxes cancelled at once at each await point by the cancellation test
+    cancel_concurrency: ClassVar[int] = 10
 
     @staticmethod
     def _run(coro: Any) -> Any:
@@ -39,6 +46,10 @@ class SandboxBackendContract(_Contract):
 
     @pytest.fixture
     def sabotage(self) -> Any:
+        return None
+
+    @pytest.fixture
+    def sandbox_leftovers(self) -> Any:
         return None
 
     # -- registration and exec -----------------------------------------------------------------------------------
@@ -394,6 +405,27 @@ class SandboxBackendContract(_Contract):
             assert not sandbox_exists(sb), f"{sb.sandbox_id} survived cancellation"
             with pytest.raises(SandboxExpiredError):
                 asyncio.run(sb.exec("true"))
+
+    def test_cancellation_at_every_await_point_leaves_nothing(
+        self, sandbox_factory: Any, sandbox_leftovers: Any
+    ) -> None:
+        """Cancelled at each await point of start/exec/close in turn (``cancel_concurrency`` sandboxes at once): the
+        cancellation propagates (never swallowed, never stuck) and nothing of those sandboxes is left."""
+        if sandbox_leftovers is None:
+            pytest.skip(f"{type(self).__name__} supplies no `sandbox_leftovers` fixture")
+        from vime_core.sandbox.base import forget_reaps
+        from vime_core.testing.sandbox_cancel import cancel_at_every_await_point
+
+        report = self._run(
+            cancel_at_every_await_point(
+                sandbox_factory, sandbox_leftovers, concurrency=self.cancel_concurrency, before_round=forget_reaps
+            )
+        )
+        print(f"\n{type(self).__name__} cancellation: {report.summary()}")
+        assert report.points >= 3, report.summary()  # at least one in each of start, exec and close
+        # a point a concurrent life may pass without suspending (the shared reap already done) cancels no one
+        assert sum(r.cancelled > 0 for r in report.rounds) >= 3, report.summary()
+        assert not report.problems, report.summary()
 
     def test_infrastructure_failure_raises_infra_error(self, sandbox_factory: Any, sabotage: Any) -> None:
         if sabotage is None:

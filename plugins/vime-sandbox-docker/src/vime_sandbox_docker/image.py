@@ -14,19 +14,15 @@ from __future__ import annotations
 import argparse
 import hashlib
 import os
-import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+from vime_core.sandbox.rootfs import DEFAULT_MIRROR, debootstrap, prune
 from vime_sandbox_docker.sandbox import DEFAULT_IMAGE, docker_client
 
 DEFAULT_PACKAGES = ("python3", "git", "ca-certificates", "procps")
-DEFAULT_MIRROR = "http://deb.debian.org/debian"
-# dropped from the image: package caches and lists, docs, man pages, translations (about 170 MB)
-_PRUNE = ("var/cache/apt/archives", "var/lib/apt/lists", "usr/share/doc", "usr/share/man", "usr/share/locale",
-          "usr/share/info")
 
 
 def default_cache_dir() -> Path:
@@ -56,33 +52,9 @@ def build_rootfs(suite: str, mirror: str, packages: tuple[str, ...], cache_dir: 
     key = hashlib.sha256(f"{suite} {mirror} {','.join(sorted(packages))}".encode()).hexdigest()[:12]
     base = cache_dir / f"{suite}-{key}"
     rootfs, done = base / "rootfs", base / "complete"
-    if done.exists():
-        log(f"rootfs: cached at {rootfs}")
-        return rootfs
-    debootstrap = shutil.which("debootstrap") or "/usr/sbin/debootstrap"
-    if not os.path.exists(debootstrap):
-        raise RuntimeError("debootstrap not found: apt-get install -y debootstrap")
-    if base.exists():
-        shutil.rmtree(base)
-    base.mkdir(parents=True)
-    t0 = time.monotonic()
-    cmd = [debootstrap, "--variant=minbase", f"--include={','.join(packages)}", suite, str(rootfs), mirror]
-    log(f"rootfs: {' '.join(cmd)}")
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    if proc.returncode != 0:
-        tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-20:])
-        raise RuntimeError(f"debootstrap failed ({proc.returncode}):\n{tail}")
-    for rel in _PRUNE:
-        p = rootfs / rel
-        if p.is_dir():
-            for child in p.iterdir():
-                if child.is_dir() and not child.is_symlink():
-                    shutil.rmtree(child)
-                else:
-                    child.unlink()
-    (rootfs / "workspace").mkdir(exist_ok=True)
-    done.write_text(f"{suite} {','.join(packages)}\n")
-    log(f"rootfs: built in {time.monotonic() - t0:.0f} s")
+    if debootstrap(rootfs, done, suite=suite, mirror=mirror, packages=packages, log=log):
+        prune(rootfs)
+        (rootfs / "workspace").mkdir(exist_ok=True)
     return rootfs
 
 

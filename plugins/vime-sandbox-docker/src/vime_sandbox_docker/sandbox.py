@@ -54,6 +54,7 @@ from vime_core.sandbox.base import (
     sandbox_kwargs_from_args,
     wrap_argv,
 )
+from vime_core.sandbox.cancel import finish_then_raise, wait_for
 
 DEFAULT_IMAGE = "vime-sandbox:bookworm"
 HOST_SOCKET_DIR = "/run/vime-host"  # in the container: read-only bind mount holding the host-port unix sockets
@@ -265,7 +266,9 @@ class DockerSandbox(Sandbox):
         return mounts
 
     async def _create(self) -> None:
-        await _call(self._create_sync)
+        # docker-py blocks in a worker thread that a cancellation cannot stop: wait for it, so that close() sees the
+        # container it made (recorded on self) instead of racing it and leaving it behind
+        await finish_then_raise(_call(self._create_sync))
 
     async def expose_host_port(self, port: int, host: str = "127.0.0.1") -> str:
         """Make the host's ``host:port`` reachable inside the container at ``127.0.0.1:port`` (a unix socket in the
@@ -382,7 +385,7 @@ class DockerSandbox(Sandbox):
         fut = _in_thread(pump)
         try:
             # the in-container `timeout` ends the command; the host deadline only guards against a stuck stream
-            await asyncio.wait_for(asyncio.shield(fut), timeout + 10.0)
+            await wait_for(asyncio.shield(fut), timeout + 10.0)
         except asyncio.TimeoutError:
             await _call(self._kill_exec, pid_file)
             close_sock()
@@ -474,12 +477,23 @@ class DockerSandbox(Sandbox):
         return report
 
 
-def leftover_counts(base_url: str | None = None) -> dict[str, int]:
-    """Containers and volumes carrying the vime label on the daemon (running or not), and host-port directories."""
+def leftover_counts(base_url: str | None = None, ids: set[str] | None = None) -> dict[str, int]:
+    """Containers and volumes carrying the vime label on the daemon (running or not), and host-port directories.
+
+    :param ids: count only those of these sandbox ids.
+    """
     client = docker_client(base_url)
     root = host_dirs_root()
+
+    def ours(sid: str | None) -> bool:
+        return sid is not None and (ids is None or sid in ids)
+
+    containers = client.containers.list(all=True, filters={"label": LABEL})
+    volumes = client.volumes.list(filters={"label": LABEL})
     return {
-        "containers": len(client.containers.list(all=True, filters={"label": LABEL})),
-        "volumes": len(client.volumes.list(filters={"label": LABEL})),
-        "host_dirs": sum(1 for d in root.iterdir() if d.name.startswith("vime-")) if root.is_dir() else 0,
+        "containers": sum(ours(c.labels.get(LABEL)) for c in containers),
+        "volumes": sum(ours((v.attrs.get("Labels") or {}).get(LABEL)) for v in volumes),
+        "host_dirs": sum(1 for d in root.iterdir() if d.name.startswith("vime-") and ours(d.name))
+        if root.is_dir()
+        else 0,
     }

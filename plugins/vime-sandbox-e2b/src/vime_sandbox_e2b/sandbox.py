@@ -30,7 +30,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import io
-import math
 import os
 import shlex
 import tarfile
@@ -54,8 +53,10 @@ from vime_core.sandbox.base import (
     extract_tar_safely,
     owner_alive,
     owner_token,
+    remote_lifetime_s,
     wrap_argv,
 )
+from vime_core.sandbox.cancel import finish_then_raise
 
 DEFAULT_TEMPLATE = "base"
 WALL_TIME_GRACE_S = 30  # E2B's own timeout is the wall time plus this (vime enforces the wall time itself)
@@ -101,6 +102,7 @@ class E2BSandbox(Sandbox):
 
     NAME = "e2b"
     capabilities = frozenset({"network_isolation", "detached", "wall_time", "reaper"})
+    FLAG_KWARGS = {"sandbox_e2b_template": "template"}
 
     def __init__(
         self,
@@ -121,18 +123,9 @@ class E2BSandbox(Sandbox):
         self._sbx: Any = None
         self.e2b_sandbox_id: str | None = None
 
-    @classmethod
-    def from_args(cls, args: Any, **kwargs: Any) -> E2BSandbox:
-        """Adds ``--sandbox-e2b-template`` to the generic ``--sandbox-*`` flags."""
-        own: dict[str, Any] = {}
-        if args is not None and getattr(args, "sandbox_e2b_template", None):
-            own["template"] = args.sandbox_e2b_template
-        return super().from_args(args, **{**own, **kwargs})  # type: ignore[return-value]
-
     # -- lifecycle -----------------------------------------------------------------------------------------------
     def _e2b_timeout(self) -> int:
-        wall = self.limits.wall_time_s
-        return MAX_E2B_TIMEOUT_S if wall is None else min(MAX_E2B_TIMEOUT_S, math.ceil(wall) + WALL_TIME_GRACE_S)
+        return remote_lifetime_s(self.limits, WALL_TIME_GRACE_S, MAX_E2B_TIMEOUT_S)
 
     async def _create(self) -> None:
         from e2b import AsyncSandbox
@@ -140,14 +133,20 @@ class E2BSandbox(Sandbox):
         opts = _connection_opts(self.api_key, self.http_version)
         if not (opts.get("api_key") or os.environ.get("E2B_API_KEY")):
             raise SandboxInfraError("e2b sandbox: no API key (set E2B_API_KEY or pass api_key=)")
-        self._sbx = await AsyncSandbox.create(
-            template=self.template,
-            timeout=self._e2b_timeout(),
-            metadata={LABEL: self.sandbox_id, OWNER_LABEL: owner_token(), BACKEND_LABEL: self.NAME},
-            envs=self.env or None,
-            allow_internet_access=self.network,
-            **opts,
-        )
+
+        async def create() -> None:  # recorded on self, so that a teardown after a cancelled start finds it
+            self._sbx = await AsyncSandbox.create(
+                template=self.template,
+                timeout=self._e2b_timeout(),
+                metadata={LABEL: self.sandbox_id, OWNER_LABEL: owner_token(), BACKEND_LABEL: self.NAME},
+                envs=self.env or None,
+                allow_internet_access=self.network,
+                **opts,
+            )
+
+        # a create request in flight is answered before a cancellation goes on: the sandbox it made is then known
+        # and destroyed by close(), instead of living on at E2B until its timeout
+        await finish_then_raise(create())
         self.e2b_sandbox_id = self._sbx.sandbox_id
         # envd's working directory (the default user's home) is the workspace; /tmp/.vime holds exec pid files
         probe = await self._sbx.commands.run(f"mkdir -p {shlex.quote(self.control_dir)} && pwd", timeout=60)

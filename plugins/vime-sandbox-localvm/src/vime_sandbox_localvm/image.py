@@ -18,10 +18,12 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
+
+from vime_core.sandbox.pid1 import REAPER_SOURCE
+from vime_core.sandbox.rootfs import DEFAULT_MIRROR, debootstrap, prune, run_checked
 
 #: Version of what the build writes into the root filesystem (vime-init, the agents mount point). An image with an
 #: older ``format`` in its ``manifest.json`` is rebuilt by :func:`build_vm_image` (the debootstrapped root filesystem
@@ -31,8 +33,6 @@ IMAGE_FORMAT = 2
 #: 9p mount tag of the read-only share of the host's prepared agent CLIs (``vime agent prepare``).
 AGENTS_TAG = "vimeagents"
 PACKAGES = ("linux-image-amd64", "openssh-server", "python3", "git", "iproute2", "procps", "ca-certificates")
-DEFAULT_MIRROR = "http://deb.debian.org/debian"
-_PRUNE = ("var/cache/apt/archives", "var/lib/apt/lists", "usr/share/doc", "usr/share/man", "usr/share/locale")
 
 VIME_INIT = r"""#!/bin/sh
 # vime-init: PID 1 of a vime sandbox VM (see vime_sandbox_localvm.image).
@@ -75,24 +75,10 @@ sh -c 'echo $$ > /sys/fs/cgroup/sandbox/cgroup.procs; exec /usr/sbin/sshd -D -e'
 mount -o remount,ro /sys/fs/cgroup
 mount -o remount,ro /sys
 echo "vime-init: ready" > /dev/console
-exec python3 -I -S -c '
-import os, signal, sys, time
+exec python3 -I -S -c '""" + REAPER_SOURCE + r"""
+import os, sys, time
 wall = float(sys.argv[1])
-deadline = time.monotonic() + wall if wall > 0 else None
-sigs = {signal.SIGCHLD, signal.SIGTERM, signal.SIGINT}
-signal.pthread_sigmask(signal.SIG_BLOCK, sigs)
-while deadline is None or time.monotonic() < deadline:
-    left = 3600 if deadline is None else max(0.01, deadline - time.monotonic())
-    info = signal.sigtimedwait(sigs, left)
-    if info is not None and info.si_signo != signal.SIGCHLD:
-        break
-    while True:
-        try:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            break
-        if pid == 0:
-            break
+vime_reap(time.monotonic() + wall if wall > 0 else None)
 os.sync()
 ' "$WALL"
 """
@@ -112,14 +98,6 @@ PidFile /run/sshd.pid
 
 def default_image_dir(suite: str = "bookworm") -> Path:
     return Path(os.environ.get("VIME_CACHE_DIR", Path.home() / ".cache" / "vime")) / "localvm" / suite
-
-
-def _run(cmd: list[str], **kw) -> str:
-    proc = subprocess.run(cmd, capture_output=True, text=True, **kw)
-    if proc.returncode != 0:
-        tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-20:])
-        raise RuntimeError(f"{' '.join(cmd[:3])} ... failed ({proc.returncode}):\n{tail}")
-    return proc.stdout
 
 
 def image_format(out: Path) -> int:
@@ -162,13 +140,8 @@ def build_vm_image(
     out.mkdir(parents=True, exist_ok=True)
     rootfs = out / "rootfs"
     t0 = time.monotonic()
-    if not (rootfs / ".vime-debootstrap-complete").exists():
-        if rootfs.exists():
-            shutil.rmtree(rootfs)
-        log(f"vm image: debootstrap {suite} with {', '.join(PACKAGES)}")
-        _run(["debootstrap", "--variant=minbase", f"--include={','.join(PACKAGES)}", suite, str(rootfs), mirror])
-        (rootfs / ".vime-debootstrap-complete").write_text("ok\n")
-        log(f"vm image: debootstrap took {time.monotonic() - t0:.0f} s")
+    debootstrap(rootfs, rootfs / ".vime-debootstrap-complete", suite=suite, mirror=mirror, packages=PACKAGES,
+                log=lambda m: log(f"vm image: {m}"))
     # a small initramfs: only what a virtio disk boot needs
     conf = rootfs / "etc/initramfs-tools"
     (conf / "initramfs.conf").write_text("MODULES=list\nBUSYBOX=auto\nCOMPRESS=gzip\n")
@@ -178,7 +151,7 @@ def build_vm_image(
         raise RuntimeError("no kernel in the root filesystem (linux-image-amd64 missing?)")
     kver = kernels[-1]
     mode = "-u" if (rootfs / f"boot/initrd.img-{kver}").exists() else "-c"
-    _run(["chroot", str(rootfs), "update-initramfs", mode, "-k", kver])
+    run_checked(["chroot", str(rootfs), "update-initramfs", mode, "-k", kver])
     shutil.copy(rootfs / f"boot/vmlinuz-{kver}", out / "vmlinuz")
     shutil.copy(rootfs / f"boot/initrd.img-{kver}", out / "initrd.img")
     # guest configuration
@@ -197,33 +170,27 @@ def build_vm_image(
     resolv.symlink_to("/run/resolv.conf")
     for key in (rootfs / "etc/ssh").glob("ssh_host_*"):
         key.unlink()
-    _run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "vime-vm-host", "-f",
+    run_checked(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "vime-vm-host", "-f",
           str(rootfs / "etc/ssh/ssh_host_ed25519_key")])
     if force or not ((out / "id_ed25519").exists() and (out / "id_ed25519.pub").exists()):
         # a rebuild keeps the login key: VMs booting from the old base.qcow2 meanwhile still accept it
         for f in ("id_ed25519", "id_ed25519.pub"):
             (out / f).unlink(missing_ok=True)
-        _run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "vime-localvm", "-f", str(out / "id_ed25519")])
+        run_checked(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "vime-localvm", "-f",
+                     str(out / "id_ed25519")])
     passwd = rootfs / "etc/passwd"  # sshd runs commands through root's shell: dash starts faster than bash
     passwd.write_text(passwd.read_text().replace("root:x:0:0:root:/root:/bin/bash", "root:x:0:0:root:/root:/bin/sh"))
     ssh_dir = rootfs / "root/.ssh"
     ssh_dir.mkdir(mode=0o700, exist_ok=True)
     (ssh_dir / "authorized_keys").write_text((out / "id_ed25519.pub").read_text())
     (ssh_dir / "authorized_keys").chmod(0o600)
-    for rel in _PRUNE:
-        p = rootfs / rel
-        if p.is_dir():
-            for child in p.iterdir():
-                if child.is_dir() and not child.is_symlink():
-                    shutil.rmtree(child)
-                else:
-                    child.unlink()
+    prune(rootfs)
     # root filesystem → ext4 (no loop device, no mount) → qcow2
     raw = out / "root.img"
     raw.unlink(missing_ok=True)
-    _run(["mkfs.ext4", "-q", "-F", "-L", "vimeroot", "-E", "root_owner=0:0", "-d", str(rootfs), str(raw),
+    run_checked(["mkfs.ext4", "-q", "-F", "-L", "vimeroot", "-E", "root_owner=0:0", "-d", str(rootfs), str(raw),
           f"{size_mb}M"])
-    _run(["qemu-img", "convert", "-O", "qcow2", str(raw), str(out / "base.qcow2.tmp")])
+    run_checked(["qemu-img", "convert", "-O", "qcow2", str(raw), str(out / "base.qcow2.tmp")])
     (out / "base.qcow2.tmp").replace(out / "base.qcow2")
     raw.unlink()
     (out / "manifest.json").write_text(json.dumps(

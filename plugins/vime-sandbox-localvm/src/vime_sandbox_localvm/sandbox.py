@@ -44,8 +44,8 @@ from vime_core.sandbox.base import (
     owner_alive,
     owner_token,
     process_start_time,
-    sandbox_kwargs_from_args,
 )
+from vime_core.sandbox.cancel import finish_then_raise, wait_for
 from vime_sandbox_localvm.image import AGENTS_TAG, IMAGE_FORMAT, default_image_dir, image_format, image_ready
 
 ENV_ID = "VIME_SANDBOX_ID"
@@ -183,6 +183,8 @@ class LocalVMSandbox(Sandbox):
             "host_port",
         }
     )
+    FLAG_KWARGS = {"sandbox_localvm_image_dir": "image_dir", "sandbox_localvm_accel": "accel",
+                   "sandbox_localvm_ssh": "ssh", "sandbox_localvm_ssh_key": "ssh_key"}
 
     def __init__(
         self,
@@ -220,19 +222,6 @@ class LocalVMSandbox(Sandbox):
         self._wall_timer: asyncio.TimerHandle | None = None
         self.port: int | None = None
         self._forwards: dict[tuple[str, int], tuple[Any, str]] = {}  # (host, port) -> (asyncssh listener, address)
-
-    @classmethod
-    def from_args(cls, args: Any, **kwargs: Any) -> LocalVMSandbox:
-        """The generic ``--sandbox-*`` flags plus ``--sandbox-localvm-image-dir``, ``--sandbox-localvm-accel``,
-        ``--sandbox-localvm-ssh`` and ``--sandbox-localvm-ssh-key`` (keywords win)."""
-        opts: dict[str, Any] = sandbox_kwargs_from_args(args)
-        if args is not None:
-            for flag, key in (("sandbox_localvm_image_dir", "image_dir"), ("sandbox_localvm_accel", "accel"),
-                              ("sandbox_localvm_ssh", "ssh"), ("sandbox_localvm_ssh_key", "ssh_key")):
-                if getattr(args, flag, None):
-                    opts[key] = getattr(args, flag)
-        opts.update(kwargs)
-        return cls(**opts)
 
     # -- lifecycle -----------------------------------------------------------------------------------------------
     def _write_meta(self) -> None:
@@ -302,7 +291,7 @@ class LocalVMSandbox(Sandbox):
             "qemu-img", "create", "-q", "-f", "qcow2", "-F", "qcow2", "-b", str(self.image_dir / "base.qcow2"),
             str(self.directory / "overlay.qcow2"), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
         )
-        out, _ = await proc.communicate()
+        out, _ = await finish_then_raise(proc.communicate())  # not cancelled halfway: it writes into self.directory
         if proc.returncode != 0:
             raise SandboxInfraError(f"qemu-img create failed: {out.decode(errors='replace')}")
         accel = self._accel()
@@ -436,7 +425,7 @@ class LocalVMSandbox(Sandbox):
         if self.workspace.endswith(f"/vime-workspaces/{self.sandbox_id}"):  # only what _attach created
             script += f"; rm -rf {shlex.quote(self.workspace)} {shlex.quote(self.control_dir)}"
         with contextlib.suppress(Exception):
-            await asyncio.wait_for(self._conn.run(script), 60)
+            await wait_for(self._conn.run(script), 60)
         self._conn.close()
         self._conn = None
 
@@ -486,8 +475,8 @@ class LocalVMSandbox(Sandbox):
             if stdin:
                 proc.stdin.write(stdin)
             proc.stdin.write_eof()
-            await asyncio.wait_for(proc.wait(), timeout + 10.0)
-            await asyncio.wait_for(asyncio.gather(*readers), 5.0)
+            await wait_for(proc.wait(), timeout + 10.0)
+            await wait_for(asyncio.gather(*readers), 5.0)
         except asyncio.TimeoutError:
             proc.close()
             await self._kill_exec(pid_file)
@@ -526,7 +515,7 @@ class LocalVMSandbox(Sandbox):
         if self._conn is None:
             return
         with contextlib.suppress(Exception):
-            await asyncio.wait_for(self._conn.run(f"kill -9 -$(cat {pid_file}) 2>/dev/null; true"), 30)
+            await wait_for(self._conn.run(f"kill -9 -$(cat {pid_file}) 2>/dev/null; true"), 30)
 
     # -- reaper --------------------------------------------------------------------------------------------------
     @classmethod
@@ -614,8 +603,15 @@ def _is_zombie(pid: int) -> bool:
         return True
 
 
-def leftover_counts() -> dict[str, int]:
-    """QEMU processes of vime sandboxes and their state directories on this host."""
+def leftover_counts(ids: set[str] | None = None) -> dict[str, int]:
+    """QEMU processes of vime sandboxes and their state directories on this host.
+
+    :param ids: count only those of these sandbox ids.
+    """
     root = state_root()
     dirs = [d for d in root.glob("vime-localvm-*") if d.is_dir()] if root.exists() else []
-    return {"vms": len([p for p in _qemu_pids() if not _is_zombie(p)]), "directories": len(dirs)}
+    vms = [p for p in _qemu_pids() if not _is_zombie(p)]
+    if ids is not None:
+        dirs = [d for d in dirs if d.name in ids]
+        vms = [p for p in vms if _env_of(p).get(ENV_ID) in ids]
+    return {"vms": len(vms), "directories": len(dirs)}

@@ -46,8 +46,10 @@ from vime_core.sandbox.base import (
     SandboxLimits,
     owner_alive,
     owner_token,
+    remote_lifetime_s,
     wrap_argv,
 )
+from vime_core.sandbox.cancel import finish_then_raise
 
 DEFAULT_IMAGE = "python:3.12-slim"
 DEFAULT_APP = "vime-sandboxes"
@@ -93,6 +95,7 @@ class ModalSandbox(Sandbox):
 
     NAME = "modal"
     capabilities = frozenset({"network_isolation", "detached", "wall_time", "reaper"})
+    FLAG_KWARGS = {"sandbox_modal_image": "image", "sandbox_modal_app": "app_name"}
 
     def __init__(
         self,
@@ -116,41 +119,36 @@ class ModalSandbox(Sandbox):
         self._sb: Any = None
         self.modal_sandbox_id: str | None = None
 
-    @classmethod
-    def from_args(cls, args: Any, **kwargs: Any) -> ModalSandbox:
-        """Adds ``--sandbox-modal-image`` and ``--sandbox-modal-app`` to the generic ``--sandbox-*`` flags."""
-        own: dict[str, Any] = {}
-        if args is not None and getattr(args, "sandbox_modal_image", None):
-            own["image"] = args.sandbox_modal_image
-        if args is not None and getattr(args, "sandbox_modal_app", None):
-            own["app_name"] = args.sandbox_modal_app
-        return super().from_args(args, **{**own, **kwargs})  # type: ignore[return-value]
-
     def _modal_timeout(self) -> int:
-        wall = self.limits.wall_time_s
-        return MAX_MODAL_TIMEOUT_S if wall is None else min(MAX_MODAL_TIMEOUT_S, math.ceil(wall) + WALL_TIME_GRACE_S)
+        return remote_lifetime_s(self.limits, WALL_TIME_GRACE_S, MAX_MODAL_TIMEOUT_S)
 
     # -- lifecycle -----------------------------------------------------------------------------------------------
     async def _create(self) -> None:
         import modal
 
         tid, secret = _credentials(self.token_id, self.token_secret)
-        self._client = await modal.Client.from_credentials.aio(tid, secret)
-        app = await modal.App.lookup.aio(self.app_name, create_if_missing=True, client=self._client)
         lim = self.limits
-        self._sb = await modal.Sandbox.create.aio(
-            "sleep",
-            "infinity",
-            app=app,
-            image=modal.Image.from_registry(self.image),
-            timeout=self._modal_timeout(),
-            workdir=self.workspace,
-            cpu=lim.cpus,
-            memory=None if lim.memory_bytes is None else max(1, lim.memory_bytes >> 20),
-            block_network=not self.network,
-            tags={LABEL: self.sandbox_id, OWNER_LABEL: owner_token(), BACKEND_LABEL: self.NAME},
-            client=self._client,
-        )
+
+        async def create() -> None:  # recorded on self, so that a teardown after a cancelled start finds them
+            self._client = await modal.Client.from_credentials.aio(tid, secret)
+            app = await modal.App.lookup.aio(self.app_name, create_if_missing=True, client=self._client)
+            self._sb = await modal.Sandbox.create.aio(
+                "sleep",
+                "infinity",
+                app=app,
+                image=modal.Image.from_registry(self.image),
+                timeout=self._modal_timeout(),
+                workdir=self.workspace,
+                cpu=lim.cpus,
+                memory=None if lim.memory_bytes is None else max(1, lim.memory_bytes >> 20),
+                block_network=not self.network,
+                tags={LABEL: self.sandbox_id, OWNER_LABEL: owner_token(), BACKEND_LABEL: self.NAME},
+                client=self._client,
+            )
+
+        # requests in flight are answered before a cancellation goes on: the sandbox they made is then known and
+        # terminated by close(), instead of living on at Modal until its timeout
+        await finish_then_raise(create())
         self.modal_sandbox_id = self._sb.object_id
         probe = await self._exec_raw(
             ["/bin/sh", "-c", f'mkdir -p "$PWD" {shlex.quote(self.control_dir)} && pwd'],

@@ -1,6 +1,10 @@
 """A local stand-in for Modal's services, for tests: the control-plane API (``modal.api.ModalClient``) and a task
 command router (``modal.task_command_router.TaskCommandRouter``), both gRPC over grpclib on one 127.0.0.1 port.
 
+Published on purpose (as pytest ships ``pytester``), so that code built on this plugin can be tested offline too;
+install it with the ``testing`` extra: ``pip install 'vime-sandbox-modal[testing]'`` (vime's own test kit; grpclib
+and ``modal_proto`` come with the ``modal`` SDK). The plugin itself never imports this module.
+
 Not a mock of the SDK: the real ``modal`` client code (its grpclib channels, retries, resolver, sandbox and exec
 implementations) talks gRPC to this server, which implements the SDK's generated service bases
 (``modal_proto.api_grpc.ModalClientBase``, ``modal_proto.task_command_router_grpc.TaskCommandRouterBase``) with the

@@ -1,5 +1,9 @@
 """A local stand-in for E2B's services, for tests: the REST API and envd on one 127.0.0.1 port.
 
+Published on purpose (as pytest ships ``pytester``), so that code built on this plugin can be tested offline too;
+it needs the ``testing`` extra: ``pip install 'vime-sandbox-e2b[testing]'`` (uvicorn, and vime's own test kit).
+The plugin itself never imports this module.
+
 Not a mock of the SDK: the real ``e2b`` client code (its REST client, its Connect-RPC process client, its files
 client over the same pyqwest transports) talks HTTP to this server, which answers in the wire shapes of E2B's
 OpenAPI spec and envd's ``process.proto`` (served by the SDK's own generated ``ProcessASGIApplication`` on the
