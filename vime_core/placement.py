@@ -28,6 +28,8 @@ import argparse
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from vime_core.config import ClusterConfig
+
 #: GPU share of a bundle each side takes in a colocated plan (trainer rank and engine share one GPU).
 COLOCATED_SHARE = 0.5
 
@@ -67,17 +69,21 @@ class ResourceFlags:
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> ResourceFlags:
-        """Read the flags from parsed ``vime run`` arguments (missing ones take the defaults above)."""
-        d = cls()
+        """Read the flags from parsed ``vime run`` arguments (through :class:`~vime_core.config.ClusterConfig`)."""
+        return cls.from_config(ClusterConfig.from_args(args))
+
+    @classmethod
+    def from_config(cls, cfg: ClusterConfig) -> ResourceFlags:
+        """The flags of the run's cluster section."""
         return cls(
-            actor_num_nodes=int(getattr(args, "actor_num_nodes", d.actor_num_nodes)),
-            actor_num_gpus_per_node=int(getattr(args, "actor_num_gpus_per_node", d.actor_num_gpus_per_node)),
-            rollout_num_gpus=int(getattr(args, "rollout_num_gpus", None) or 0),
-            rollout_num_gpus_per_engine=int(getattr(args, "rollout_num_gpus_per_engine", 1)),
-            rollout_num_engines=int(getattr(args, "rollout_num_engines", 1)),
-            colocate=bool(getattr(args, "colocate", False)),
-            train=not getattr(args, "debug_rollout_only", False),
-            rollout=not getattr(args, "debug_train_only", False),
+            actor_num_nodes=int(cfg.actor_num_nodes),
+            actor_num_gpus_per_node=int(cfg.actor_num_gpus_per_node),
+            rollout_num_gpus=int(cfg.rollout_num_gpus or 0),
+            rollout_num_gpus_per_engine=int(cfg.rollout_num_gpus_per_engine),
+            rollout_num_engines=int(cfg.rollout_num_engines),
+            colocate=bool(cfg.colocate),
+            train=not cfg.debug_rollout_only,
+            rollout=not cfg.debug_train_only,
         )
 
 

@@ -1,6 +1,7 @@
 """Built-in generate functions (``default``: one engine call; ``multi_turn``: a tool loop; ``coding_agent``: an agent
 CLI in a sandbox behind the agent gateway) and their flags."""
 
+from vime_core.config import RolloutConfig
 from vime_core.hookspecs import hookimpl
 
 
@@ -26,11 +27,12 @@ def vime_add_arguments(parser):
 
 @hookimpl
 def vime_on_rollout_end(args, samples, metrics):
-    if getattr(args, "generate", None) == "multi_turn":
+    generate = RolloutConfig.from_args(args).generate
+    if generate == "multi_turn":
         from vime_core.rollout.multi_turn import rollout_metrics
 
         metrics.update(rollout_metrics(samples))
-    elif getattr(args, "generate", None) == "coding_agent":
+    elif generate == "coding_agent":
         from vime_core.rollout.coding_agent import rollout_metrics
 
         metrics.update(rollout_metrics(samples))
