@@ -609,6 +609,12 @@ def default_args(**overrides: Any) -> argparse.Namespace:
     return argparse.Namespace(**(copy.deepcopy(defaults) | overrides))
 
 
+def complete_args(args: argparse.Namespace) -> argparse.Namespace:
+    """A copy of ``args`` with every flag it lacks at its parser default (its own attributes, known flags or not,
+    are kept): what the contract kit gives a plugin whose test fixture supplies only the flags it reads."""
+    return argparse.Namespace(**(copy.deepcopy(_parser_defaults()) | vars(args)))
+
+
 def _yaml_key_lines(text: str) -> dict[str, int]:
     """Top-level key → 1-based line of a YAML mapping (for error messages)."""
     node = yaml.compose(text)

@@ -32,7 +32,8 @@ from typing import Any, ClassVar
 import pytest
 import torch
 
-from vime_core.arguments import flags_without_help
+from vime_core.arguments import complete_args, default_args, flags_without_help
+from vime_core.config import RolloutConfig
 from vime_core.rewards.call import validate_reward
 from vime_core.types import RolloutBatch, Sample, Status
 
@@ -102,14 +103,15 @@ class RewardFunctionContract(_Contract):
     """Contract of ``vime_register_reward_functions`` providers.
 
     Fixtures to supply: ``reward_fn`` (the async function) and ``cases``: a list of ``(Sample, expected)`` with
-    exact expected values (float, or dict for dict rewards). Optional fixtures: ``reward_args`` (a Namespace) and
+    exact expected values (float, or dict for dict rewards). Optional fixtures: ``reward_args`` (a Namespace; the flags
+    it lacks take their defaults, :func:`vime_core.arguments.complete_args`) and
     ``error_cases``: samples the reward must refuse by raising (a missing label, a malformed row); the rollout
     manager then marks them failed (``reward_error``) instead of scoring them.
     """
 
     @pytest.fixture
     def reward_args(self) -> argparse.Namespace:
-        return argparse.Namespace()
+        return default_args()
 
     @pytest.fixture
     def error_cases(self) -> list[Sample]:
@@ -123,7 +125,7 @@ class RewardFunctionContract(_Contract):
     def test_exact_values(self, reward_fn: Any, cases: list[tuple[Sample, Any]], reward_args) -> None:
         assert cases, "supply at least one (sample, expected) case"
         for sample, expected in cases:
-            got = asyncio.run(reward_fn(reward_args, sample))
+            got = asyncio.run(reward_fn(complete_args(reward_args), sample))
             assert isinstance(got, (float, int, dict)), f"reward must be a float or dict, got {type(got).__name__}"
             validate_reward(got)  # finite, as the rollout manager requires (else the sample would fail)
             assert got == pytest.approx(expected), f"{sample.response!r}: expected {expected}, got {got}"
@@ -133,7 +135,7 @@ class RewardFunctionContract(_Contract):
             pytest.skip(f"{type(self).__name__} supplies no error_cases")
         for sample in error_cases:
             with pytest.raises(Exception):  # noqa: B017 - any exception: the manager classifies it
-                asyncio.run(reward_fn(reward_args, sample))
+                asyncio.run(reward_fn(complete_args(reward_args), sample))
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -147,7 +149,7 @@ class GroupRewardFunctionContract(_Contract):
 
     @pytest.fixture
     def reward_args(self) -> argparse.Namespace:
-        return argparse.Namespace()
+        return default_args()
 
     def test_is_async_with_args_group(self, group_reward_fn: Any) -> None:
         assert inspect.iscoroutinefunction(group_reward_fn), "a group reward must be `async def fn(args, group)`"
@@ -157,14 +159,14 @@ class GroupRewardFunctionContract(_Contract):
     def test_exact_values(self, group_reward_fn: Any, group_cases: list[tuple[list[Sample], list[Any]]], reward_args):
         assert group_cases, "supply at least one (group, expected) case"
         for group, expected in group_cases:
-            got = asyncio.run(group_reward_fn(reward_args, list(group)))
+            got = asyncio.run(group_reward_fn(complete_args(reward_args), list(group)))
             assert isinstance(got, (list, tuple)) and len(got) == len(group), f"one score per sample, got {got!r}"
             assert list(got) == pytest.approx(list(expected)), f"expected {expected}, got {got}"
 
     def test_scores_follow_their_samples(self, group_reward_fn: Any, group_cases, reward_args) -> None:
         """Reversing the group reverses the scores: a score belongs to its sample, not to a position."""
         for group, expected in group_cases:
-            got = asyncio.run(group_reward_fn(reward_args, list(reversed(group))))
+            got = asyncio.run(group_reward_fn(complete_args(reward_args), list(reversed(group))))
             assert list(got) == pytest.approx(list(reversed(expected)))
 
 
@@ -407,13 +409,14 @@ class TrainerBackendContract(_Contract):
 class GenerateFunctionContract(_Contract):
     """Contract of ``vime_register_generate_functions`` providers (needs a running rollout context).
 
-    Fixtures to supply: ``generate_fn``, ``generate_args`` (a Namespace with what the function reads),
+    Fixtures to supply: ``generate_fn``, ``generate_args`` (a Namespace with what the function reads; the flags it
+    lacks take their defaults, :func:`vime_core.arguments.complete_args`),
     ``prompt_sample`` (a fresh :class:`Sample`) and ``rollout_context`` (an installed
     :class:`vime_core.rollout.context.RolloutContext`, e.g. a real router client + tokenizer).
     """
 
     def _run(self, generate_fn, generate_args, sample, params) -> list[Sample]:
-        out = asyncio.run(generate_fn(generate_args, sample, params))
+        out = asyncio.run(generate_fn(complete_args(generate_args), sample, params))
         return out if isinstance(out, list) else [out]
 
     def test_signature(self, generate_fn: Any) -> None:
@@ -435,9 +438,8 @@ class GenerateFunctionContract(_Contract):
     def test_tokens_are_prompt_plus_response(self, generate_fn, generate_args, prompt_sample, rollout_context):
         from vime_core.rollout.generate import encode_prompt
 
-        prompt_ids = encode_prompt(
-            rollout_context.tokenizer, prompt_sample.prompt, getattr(generate_args, "apply_chat_template", True)
-        )
+        apply_chat_template = RolloutConfig.from_args(complete_args(generate_args)).apply_chat_template
+        prompt_ids = encode_prompt(rollout_context.tokenizer, prompt_sample.prompt, apply_chat_template)
         for s in self._run(generate_fn, generate_args, prompt_sample, {"temperature": 1.0, "max_tokens": 4}):
             assert s.tokens[: s.prompt_length] == prompt_ids
 
