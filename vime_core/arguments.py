@@ -32,6 +32,7 @@ from vime_core.config import PASSTHROUGH_DESTS, AlgorithmConfig, RolloutConfig, 
 from vime_core.evaluation import EvalArgumentError, parse_eval_prompt_data
 from vime_core.passthrough import PassthroughError, split_passthrough
 from vime_core.placement import PlacementError, ResourceFlags, check_resource_flags
+from vime_core.plugins import get_plugins
 from vime_core.rollout.overlong import add_arguments as add_overlong_arguments
 from vime_core.rollout.overlong import check_overlong_config
 from vime_core.trainer.lr_schedule import add_arguments as add_lr_schedule_arguments
@@ -580,8 +581,6 @@ def build_parser(add_plugin_arguments: bool = True) -> argparse.ArgumentParser:
     )
 
     if add_plugin_arguments:
-        from vime_core.plugins import get_plugins
-
         get_plugins().pm.hook.vime_add_arguments(parser=p)
     return p
 

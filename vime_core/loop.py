@@ -27,10 +27,12 @@ from vime_core.algorithms.batch import build_batch
 from vime_core.checkpoint import commit_checkpoint, latest_checkpoint, new_checkpoint_dir
 from vime_core.evaluation import eval_line, eval_steps, load_eval_sets
 from vime_core.metrics import MetricsSink, staleness_histogram, wandb_config_from_args
-from vime_core.orchestration import call
+from vime_core.models import resolve_model
+from vime_core.orchestration import TrainerGroup, call, driver_node_id, init_ray, place, remote_actor
 from vime_core.plugins import get_plugins
 from vime_core.progress import RolloutProgress, StepProgress, rollout_phase
 from vime_core.report import write_report
+from vime_core.rollout.manager import RolloutManager, rollout_metrics
 from vime_core.types import Sample
 
 logger = logging.getLogger("vime.loop")
@@ -63,10 +65,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     :return: the summary also written to ``OUTPUT_DIR/summary.json``.
     """
     import ray
-
-    from vime_core.models import resolve_model
-    from vime_core.orchestration import TrainerGroup, driver_node_id, init_ray, place, remote_actor
-    from vime_core.rollout.manager import RolloutManager
 
     out = Path(args.output_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -193,9 +191,6 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
     :return: the ``eval/*`` metrics plus ``model`` and ``output_dir``.
     :raises DataError: an unreadable eval set (before any engine starts).
     """
-    from vime_core.models import resolve_model
-    from vime_core.rollout.manager import RolloutManager
-
     out = Path(args.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "args.json").write_text(json.dumps(vars(args), indent=1, default=str))
@@ -255,25 +250,15 @@ class _GroupSource:
 
         args = self.args
         if args.load_debug_rollout_data:
-            from vime_core.rollout.manager import rollout_metrics
-
             groups = load_debug_rollout(args.load_debug_rollout_data, step)
             return groups, rollout_metrics([s for g in groups for s in g], args.reward_key)
         if args.loop == "fully-async":
-            return self._call("get_async_groups", step, version)
+            return call(self.rollout, "get_async_groups", step, version, wait=self.wait)
         if args.loop == "one-step-off":
             ref = self.prefetched if self.prefetched is not None else self.rollout.generate.remote(step)
             self.prefetched = self.rollout.generate.remote(step + 1) if step + 1 < args.num_rollout else None
             return self.wait(ref)
-        return self._call("generate", step)
-
-    def _call(self, method: str, *a: Any) -> Any:
-        """The rollout manager's ``method(*a)``: through :attr:`wait` for a Ray actor, directly in-process."""
-        from ray.actor import ActorHandle
-
-        if isinstance(self.rollout, ActorHandle):
-            return self.wait(getattr(self.rollout, method).remote(*a))
-        return call(self.rollout, method, *a)
+        return call(self.rollout, "generate", step, wait=self.wait)
 
 
 def _wait_rollout(ref: Any, progress: StepProgress, board: Any) -> Any:

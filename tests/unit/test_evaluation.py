@@ -310,7 +310,7 @@ def test_rollout_manager_evaluate(tiny_model_dir, tmp_path):
     m = manager.evaluate(3)
     # 3 prompts × 4 samples, each with the eval sampling parameters
     # (and each its own engine seed, derived from --seed as training samples' are: sample_seed)
-    from vime_core.rollout.manager import sample_seed
+    from vime_core.rollout.runner import sample_seed
 
     assert sorted(c.pop("seed") for c in CALLS) == sorted(
         sample_seed(1234, 3, g, i) for g in range(3) for i in range(4)

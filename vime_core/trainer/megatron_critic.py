@@ -28,7 +28,10 @@ from safetensors.torch import load_file, save_file
 from vime_core.algorithms.options import opt
 from vime_core.trainer.critic import VALUE_HEAD_FILE, CriticBase, resolve_critic_path
 from vime_core.trainer.lr_schedule import critic_lr_schedule
+from vime_core.trainer.megatron_convert import megatron_to_hf
+from vime_core.trainer.megatron_optim import inner_optimizers, load_optimizer, megatron_step, save_optimizer
 from vime_core.types import Sample
+from vime_core.weight_sync.tensor_io import safetensors_files
 
 if TYPE_CHECKING:
     from vime_core.trainer.megatron_backend import MegatronTrainer
@@ -60,8 +63,6 @@ class ValueHead(torch.nn.Linear):
 def _backbone_hf(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor] | None]:
     """HF causal-LM names of a critic directory's backbone (or of an HF causal LM's, ``lm_head`` dropped) and the
     value head tensors (None for a plain HF model)."""
-    from vime_core.rollout.worker_extension import safetensors_files
-
     tensors: dict[str, torch.Tensor] = {}
     for f in safetensors_files(path):
         if f.name != VALUE_HEAD_FILE:
@@ -117,7 +118,7 @@ class MegatronCritic(CriticBase):
     # -- CriticBase ------------------------------------------------------------------------------------------------
     def response_values(self, samples: list[Sample]) -> list[torch.Tensor]:
         """Per sample ``[response_length]`` float32 values (graph attached), on the GPU."""
-        ids, pos = self.trainer._batch(samples)
+        ids, pos = self.trainer.token_batch(samples)
         out = self.ddp(ids, pos, None)  # [b, s, 1]
         values = out[:, :-1, 0].float()  # [b, s - 1]: the value before each next token
         return self.trainer.response_slices(samples, values)
@@ -127,8 +128,6 @@ class MegatronCritic(CriticBase):
         self.optimizer.zero_grad()
 
     def optimizer_step(self) -> float:
-        from vime_core.trainer.megatron_backend import megatron_step
-
         return megatron_step(self.ddp, self.optimizer, "critic grad norm")
 
     # -- checkpoints -----------------------------------------------------------------------------------------------
@@ -136,9 +135,6 @@ class MegatronCritic(CriticBase):
         """The critic directory (backbone in ``AutoModel`` layout, ``config.json``, ``value_head.safetensors``) plus
         the Megatron optimizer state. Collective: every rank calls it, rank 0 writes the weights."""
         import torch.distributed as dist
-
-        from vime_core.trainer.megatron_backend import save_optimizer
-        from vime_core.trainer.megatron_convert import megatron_to_hf
 
         t = self.trainer
         path = Path(path)
@@ -161,8 +157,6 @@ class MegatronCritic(CriticBase):
         dist.barrier()
 
     def _stepped(self) -> bool:
-        from vime_core.trainer.megatron_backend import inner_optimizers
-
         return any(o.state for o in inner_optimizers(self.optimizer))
 
     def load(self, path: Path) -> None:
@@ -170,8 +164,6 @@ class MegatronCritic(CriticBase):
 
         :raises FileNotFoundError: if the checkpoint has no critic (it was written without ``ppo``).
         """
-        from vime_core.trainer.megatron_backend import load_optimizer
-
         path = Path(path)
         if not (path / VALUE_HEAD_FILE).is_file():
             raise FileNotFoundError(

@@ -61,7 +61,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from vime_core.models import resolve_model
 from vime_core.weight_sync.base import WeightSyncStrategy, WeightUpdate, call_with_timeout
+from vime_core.weight_sync.tensor_io import checksum, dtype_name, safetensors_files, tensor_bytes, tensor_from_bytes
 
 logger = logging.getLogger("vime.weight_sync")
 
@@ -105,30 +107,6 @@ class DeltaChecksumError(DeltaSyncError):
 
 
 # ------------------------------------------------------------------------------------------------- byte codecs
-def checksum(buf: np.ndarray | bytes) -> str:
-    """xxh3-128 hex digest (32 characters) of a byte buffer."""
-    import xxhash
-
-    return xxhash.xxh3_128_hexdigest(memoryview(np.ascontiguousarray(buf)) if isinstance(buf, np.ndarray) else buf)
-
-
-def tensor_bytes(t: torch.Tensor) -> np.ndarray:
-    """The raw bytes of ``t`` as a 1-D ``uint8`` numpy array (a copy: safe to keep while ``t`` changes)."""
-    flat = t.detach().to("cpu").contiguous().reshape(-1)
-    return flat.view(torch.uint8).numpy().copy()
-
-
-def dtype_name(dtype: torch.dtype) -> str:
-    """``torch.bfloat16`` → ``"bfloat16"``."""
-    return str(dtype).removeprefix("torch.")
-
-
-def tensor_from_bytes(buf: np.ndarray, dtype: str, shape: list[int]) -> torch.Tensor:
-    """Inverse of :func:`tensor_bytes`: a tensor of ``dtype``/``shape`` over a copy of ``buf``."""
-    t = torch.from_numpy(np.array(buf, dtype=np.uint8, copy=True))
-    return t.view(getattr(torch, dtype)).reshape(shape)
-
-
 def _shuffle(buf: np.ndarray, itemsize: int) -> np.ndarray:
     """Byte-shuffle ``buf`` (length a multiple of ``itemsize``): byte 0 of every element, then byte 1, ..."""
     if itemsize <= 1 or buf.size % itemsize:
@@ -255,8 +233,6 @@ class BaseDirReader:
             self._index = {}
             if self.path is not None:
                 from safetensors import safe_open
-
-                from vime_core.rollout.worker_extension import safetensors_files
 
                 for f in safetensors_files(self.path):
                     with safe_open(str(f), framework="pt", device="cpu") as st:
@@ -511,8 +487,6 @@ class DiskDeltaWeightSync(WeightSyncStrategy):
             return Path(base)
         model = getattr(self.args, "model", None)
         if model:
-            from vime_core.models import resolve_model
-
             return resolve_model(model)
         return None
 

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from vime_core.weight_sync.base import WeightSyncStrategy, WeightUpdate, call_with_timeout
-from vime_core.weight_sync.nccl import DEFAULT_BUCKET_BYTES, buckets
+from vime_core.weight_sync.tensor_io import DEFAULT_BUCKET_BYTES, buckets
 
 
 def share_weights(

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import types
 
 import pytest
 from reward_tests_cases import PARTIAL, STUB, TESTS, task_sample
@@ -156,7 +155,7 @@ class BrokenSandbox(LocalSandbox):
 
 @pytest.mark.contract
 def test_sandbox_failure_excludes_the_sample_instead_of_scoring_zero():
-    from vime_core.rollout.manager import _run_groups
+    from vime_core.rollout.runner import GroupRunner
 
     spec = f"{__name__}:BrokenSandbox"
     with pytest.raises(SandboxInfraError, match="sandbox service unreachable"):
@@ -182,19 +181,11 @@ def test_sandbox_failure_excludes_the_sample_instead_of_scoring_zero():
         rollout_stop=None,
         rollout_stop_token_ids=None,
     )
-    mgr = types.SimpleNamespace(
-        args=args,
-        generate_fn=gen,
-        reward_fn=get_plugins().resolve("reward", "tests"),
-        hook=get_plugins().pm.hook,
-        teacher=None,
-        aborting=False,
-        weight_version=0,
-        samples_done=0,
-        _report_progress=lambda done, wanted=None, force=True: None,  # no progress bar here
+    runner = GroupRunner(
+        args, generate_fn=gen, reward_fn=get_plugins().resolve("reward", "tests"), hook=get_plugins().pm.hook
     )
     group = [task_sample({"solution.py": "def add(a, b):\n    return a + b\n"})]
-    asyncio.run(_run_groups(mgr, [group], 0))
+    asyncio.run(runner.run([group], 0))
     (s,) = group
     assert (s.status, s.reward, s.is_trainable()) == (Status.FAILED, None, False)
     assert s.metadata["error"].startswith("SandboxInfraError: ")
