@@ -264,6 +264,7 @@ class MegatronConfig(_Section):
 class WeightSyncConfig(_Section):
     """Weight sync from the trainer to the engines: the strategy and its flags."""
 
+    model: str
     weight_sync: str
     update_weight_disk_dir: Path | None
     keep_weight_updates: bool
