@@ -116,6 +116,8 @@ class EngineConfig(_Section):
     """The vLLM engines and the router vime starts (or joins), and the teacher engines of on-policy distillation."""
 
     model: str
+    output_dir: Path
+    generate: str
     seed: int
     train_dtype: str
     rollout_num_engines: int
@@ -166,6 +168,9 @@ class EvalConfig(_Section):
     eval_reward: str | None
     eval_pass_threshold: float
     save_eval_samples: bool
+    output_dir: Path
+    reward: str
+    reward_key: str | None
     input_key: str
     label_key: str
     metadata_key: str
