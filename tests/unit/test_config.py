@@ -5,6 +5,7 @@ import argparse
 import ast
 import dataclasses
 import importlib
+import pickle
 from pathlib import Path
 
 import pytest
@@ -69,6 +70,7 @@ def test_run_config_from_parsed_flags_is_typed_and_frozen():
     with pytest.raises(dataclasses.FrozenInstanceError):
         cfg.rollout.rollout_batch_size = 8  # type: ignore[misc]
     assert not hasattr(cfg.rollout, "__dict__")  # slots: no stray attribute can be added
+    assert pickle.loads(pickle.dumps(cfg)) == cfg  # crosses Ray actor boundaries
 
 
 def test_defaults_come_from_the_flag_definitions():
