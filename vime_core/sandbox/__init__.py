@@ -58,8 +58,7 @@ def open_sandbox(args: Any = None, name: str | None = None, **kwargs: Any) -> Sa
 
     :raises vime_core.registry.RegistryError: unknown backend name.
     """
-    if name is None:
-        name = SandboxConfig.from_args(args).sandbox if args is not None else "local"
+    name = name or (SandboxConfig.from_args(args).sandbox if args is not None else None) or "local"
     cls = get_plugins().resolve("sandbox", name)
     return cls.from_args(args, **kwargs)
 
