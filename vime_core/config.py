@@ -49,7 +49,7 @@ class _Section:
         names = [f.name for f in fields(cls)]  # type: ignore[arg-type]
         missing = [n for n in names if not hasattr(args, n)]
         if missing:
-            flags = ", ".join("--" + n.replace("_", "-") for n in missing)
+            flags = ", ".join(n if n in PASSTHROUGH_DESTS else "--" + n.replace("_", "-") for n in missing)
             raise ConfigError(
                 f"{cls.__name__} needs the flags {flags}, which the arguments lack; build the Namespace with "
                 "vime_core.arguments.default_args(**overrides) (every flag at its default) or parse_run_args(argv)"
