@@ -128,8 +128,8 @@ def phase_a(work: Path, res: dict):
 
 
 def phase_b(trainer, work: Path, res: dict) -> None:
-    from vime_core.weight_sync.disk_delta import checksum, tensor_bytes
     from vime_core.weight_sync.nccl import broadcast_weights, receive_weights
+    from vime_core.weight_sync.tensor_io import checksum, tensor_bytes
 
     tensors = dict(trainer.named_hf_tensors())  # collective: both ranks hold the full HF tensors
     if dist.get_rank() == 0:

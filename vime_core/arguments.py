@@ -28,10 +28,11 @@ from typing import Any
 import yaml
 
 from vime_core.algorithms.options import check_algorithm_config
-from vime_core.config import PASSTHROUGH_DESTS, AlgorithmConfig, RolloutConfig, TrainerConfig
+from vime_core.config import PASSTHROUGH_DESTS, AlgorithmConfig, ClusterConfig, RolloutConfig, TrainerConfig
 from vime_core.evaluation import EvalArgumentError, parse_eval_prompt_data
 from vime_core.passthrough import PassthroughError, split_passthrough
 from vime_core.placement import PlacementError, ResourceFlags, check_resource_flags
+from vime_core.plugins import get_plugins
 from vime_core.rollout.overlong import add_arguments as add_overlong_arguments
 from vime_core.rollout.overlong import check_overlong_config
 from vime_core.trainer.lr_schedule import add_arguments as add_lr_schedule_arguments
@@ -580,8 +581,6 @@ def build_parser(add_plugin_arguments: bool = True) -> argparse.ArgumentParser:
     )
 
     if add_plugin_arguments:
-        from vime_core.plugins import get_plugins
-
         get_plugins().pm.hook.vime_add_arguments(parser=p)
     return p
 
@@ -854,7 +853,7 @@ def _check(args: argparse.Namespace, command: str = "run") -> None:
     if args.colocate and args.loop != "sync":
         raise ArgumentError(f"--colocate needs --loop sync: with --loop {args.loop} generation overlaps training")
     try:
-        engines = check_resource_flags(ResourceFlags.from_args(args))
+        engines = check_resource_flags(ResourceFlags.from_config(ClusterConfig.from_args(args)))
     except PlacementError as e:
         raise ArgumentError(str(e)) from None
     if args.rollout_num_gpus and engines:  # engines = --rollout-num-gpus / --rollout-num-gpus-per-engine (slime)
@@ -936,7 +935,7 @@ def parse_cpu_list(spec: str) -> set[int]:
     return cpus
 
 
-def sampling_params_from_args(cfg: RolloutConfig) -> dict[str, Any]:
+def rollout_sampling_params(cfg: RolloutConfig) -> dict[str, Any]:
     """The engine sampling parameters of a training rollout."""
     params: dict[str, Any] = {
         "temperature": cfg.rollout_temperature,

@@ -1,5 +1,9 @@
 """The ``vime`` command: ``run``, ``eval``, ``report``, ``model``, ``data reasoning-gym``, ``plugins``, ``args``,
-``sandbox cleanup``, ``agent prepare``."""
+``sandbox cleanup``, ``agent prepare``.
+
+Each command imports what it runs inside its function, so ``vime --help`` and the light commands never import
+torch, Ray or vLLM.
+"""
 
 from __future__ import annotations
 

@@ -49,7 +49,7 @@ class _Section:
         names = [f.name for f in fields(cls)]  # type: ignore[arg-type]
         missing = [n for n in names if not hasattr(args, n)]
         if missing:
-            flags = ", ".join("--" + n.replace("_", "-") for n in missing)
+            flags = ", ".join(n if n in PASSTHROUGH_DESTS else "--" + n.replace("_", "-") for n in missing)
             raise ConfigError(
                 f"{cls.__name__} needs the flags {flags}, which the arguments lack; build the Namespace with "
                 "vime_core.arguments.default_args(**overrides) (every flag at its default) or parse_run_args(argv)"
@@ -116,6 +116,8 @@ class EngineConfig(_Section):
     """The vLLM engines and the router vime starts (or joins), and the teacher engines of on-policy distillation."""
 
     model: str
+    output_dir: Path
+    generate: str
     seed: int
     train_dtype: str
     rollout_num_engines: int
@@ -166,6 +168,9 @@ class EvalConfig(_Section):
     eval_reward: str | None
     eval_pass_threshold: float
     save_eval_samples: bool
+    output_dir: Path
+    reward: str
+    reward_key: str | None
     input_key: str
     label_key: str
     metadata_key: str
@@ -264,6 +269,7 @@ class MegatronConfig(_Section):
 class WeightSyncConfig(_Section):
     """Weight sync from the trainer to the engines: the strategy and its flags."""
 
+    model: str
     weight_sync: str
     update_weight_disk_dir: Path | None
     keep_weight_updates: bool

@@ -25,12 +25,15 @@ from rich.console import Console
 
 from vime_core.algorithms.batch import build_batch
 from vime_core.checkpoint import commit_checkpoint, latest_checkpoint, new_checkpoint_dir
+from vime_core.config import ClusterConfig, RolloutConfig, RunConfig
 from vime_core.evaluation import eval_line, eval_steps, load_eval_sets
 from vime_core.metrics import MetricsSink, staleness_histogram, wandb_config_from_args
-from vime_core.orchestration import call
+from vime_core.models import resolve_model
+from vime_core.orchestration import TrainerGroup, call, driver_node_id, init_ray, place, remote_actor
 from vime_core.plugins import get_plugins
 from vime_core.progress import RolloutProgress, StepProgress, rollout_phase
 from vime_core.report import write_report
+from vime_core.rollout.manager import RolloutManager, rollout_metrics
 from vime_core.types import Sample
 
 logger = logging.getLogger("vime.loop")
@@ -64,33 +67,31 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     """
     import ray
 
-    from vime_core.models import resolve_model
-    from vime_core.orchestration import TrainerGroup, driver_node_id, init_ray, place, remote_actor
-    from vime_core.rollout.manager import RolloutManager
-
-    out = Path(args.output_dir)
+    cfg = RunConfig.from_args(args)
+    log = cfg.logging
+    out = Path(log.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     plugins = get_plugins()
     (out / "plugins.json").write_text(json.dumps(plugins.describe(), indent=1))
     (out / "args.json").write_text(json.dumps(vars(args), indent=1, default=str))  # paths as strings
-    estimator = plugins.resolve("advantage", args.advantage_estimator)
+    estimator = plugins.resolve("advantage", cfg.algorithm.advantage_estimator)
     # resolve every named part before starting anything expensive, so a typo fails in a second
     for kind, name in (
-        ("generate", args.generate),
-        ("reward", args.reward),
-        ("reward", args.eval_reward or args.reward),
-        ("trainer", args.trainer),
-        ("weight_sync", args.weight_sync),
+        ("generate", cfg.rollout.generate),
+        ("reward", cfg.rollout.reward),
+        ("reward", cfg.eval.eval_reward or cfg.eval.reward),
+        ("trainer", cfg.trainer.trainer),
+        ("weight_sync", cfg.weight_sync.weight_sync),
     ):
         plugins.resolve(kind, name)
-    load_eval_sets(args)  # a bad eval set fails before any engine starts
+    load_eval_sets(cfg.eval)  # a bad eval set fails before any engine starts
 
     t_setup = time.perf_counter()
-    model_path = resolve_model(args.model)
+    model_path = resolve_model(log.model)
     console.print(f"[vime] model: {model_path}")
-    init_ray(address=getattr(args, "ray_address", None))
+    init_ray(address=cfg.cluster.ray_address)
     try:
-        plan, pg = place(args)  # an impossible plan fails here, naming the flag
+        plan, pg = place(cfg.cluster)  # an impossible plan fails here, naming the flag
     except BaseException:
         ray.shutdown()
         raise
@@ -98,19 +99,19 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     (out / "plan.json").write_text(json.dumps(plan.to_dict(), indent=1))
     placement = (plan, pg)
     # the rollout manager (and with it the router) runs on the driver's node; engines and ranks on their bundles
-    board = None if args.debug_train_only else remote_actor(RolloutProgress, node_id=driver_node_id())
+    board = None if log.debug_train_only else remote_actor(RolloutProgress, node_id=driver_node_id())
     rollout = (
         None
-        if args.debug_train_only
+        if log.debug_train_only
         else remote_actor(RolloutManager, args, str(model_path), placement, board, node_id=driver_node_id())
     )
-    trainer = None if args.debug_rollout_only else TrainerGroup(args, model_path, plan, pg)
-    sink = MetricsSink(out, args.use_tensorboard, wandb_config_from_args(args))
+    trainer = None if log.debug_rollout_only else TrainerGroup(args, model_path, plan, pg)
+    sink = MetricsSink(out, log.use_tensorboard, wandb_config_from_args(args))
     history: list[dict[str, float]] = []
     evals: list[dict[str, float]] = []
     start_step, version = 0, 0
     try:
-        ckpt = latest_checkpoint(out) if args.resume else None
+        ckpt = latest_checkpoint(out) if log.resume else None
         if ckpt is not None:
             meta = json.loads((ckpt / "meta.json").read_text())
             start_step, version = meta["step"], meta["weight_version"]
@@ -126,9 +127,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 f"(ready in {info['startup_seconds']:.1f} s)"
             )
             if "teacher_router_url" in info:
-                console.print(f"[vime] teacher {args.distill_teacher}: router {info['teacher_router_url']}")
-            if trainer is not None and args.weight_sync in ("disk", "disk-delta"):
-                trainer.check_shared_dir(str(args.update_weight_disk_dir), rollout)
+                console.print(f"[vime] teacher {cfg.engine.distill_teacher}: router {info['teacher_router_url']}")
+            if trainer is not None and cfg.weight_sync.weight_sync in ("disk", "disk-delta"):
+                trainer.check_shared_dir(str(cfg.weight_sync.update_weight_disk_dir), rollout)
             if ckpt is not None and trainer is not None:
                 ray.get(rollout.update_weights.remote(trainer.push_weights(version)))
         placed = {
@@ -139,17 +140,19 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         console.print(f"[vime] setup {time.perf_counter() - t_setup:.1f} s")
 
         eval_at: set[int] = set()
-        if rollout is not None and args.eval_prompt_data:
+        if rollout is not None and cfg.eval.eval_prompt_data:
             eval_at = set(
-                eval_steps(args.num_rollout, args.eval_interval, start_step, not args.skip_eval_before_train)
+                eval_steps(
+                    cfg.rollout.num_rollout, cfg.eval.eval_interval, start_step, not cfg.eval.skip_eval_before_train
+                )
             )
         if 0 in eval_at:  # before training, at weight version 0 (before the async producer competes for the engines)
             evals.append(_evaluate(rollout, sink, 0))
-        if rollout is not None and args.loop == "fully-async":
+        if rollout is not None and cfg.rollout.loop == "fully-async":
             ray.get(rollout.start_async.remote())
-        with StepProgress(console, args.num_rollout, start_step) as progress:
-            source = _GroupSource(args, rollout, lambda ref: _wait_rollout(ref, progress, board))
-            for step in range(start_step, args.num_rollout):
+        with StepProgress(console, cfg.rollout.num_rollout, start_step) as progress:
+            source = _GroupSource(cfg.rollout, rollout, lambda ref: _wait_rollout(ref, progress, board))
+            for step in range(start_step, cfg.rollout.num_rollout):
                 metrics, version = _one_step(args, step, source, rollout, trainer, estimator, version, progress)
                 history.append(metrics)
                 sink.log(step, metrics)
@@ -157,19 +160,19 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 progress.step_done(step, metrics)
                 if step + 1 in eval_at:  # after the weight update: the engines serve version step + 1
                     evals.append(_evaluate(rollout, sink, step + 1, progress.console))
-                last = step + 1 == args.num_rollout
-                if trainer is not None and (last or (args.save_interval and (step + 1) % args.save_interval == 0)):
+                last = step + 1 == cfg.rollout.num_rollout
+                if trainer is not None and (last or (log.save_interval and (step + 1) % log.save_interval == 0)):
                     _save_checkpoint(out, step + 1, version, trainer, rollout)
-        summary = _summary(args, out, history, start_step)
+        summary = _summary(out, history, start_step)
         if evals:
             summary["eval_first"], summary["eval_last"] = evals[0], evals[-1]
         summary["ray_node_ip"] = ray.util.get_node_ip_address()
-        if trainer is not None and args.save_hf:
+        if trainer is not None and log.save_hf:
             trainer.save_hf(str(out / "final_hf"))
             summary["final_hf"] = str(out / "final_hf")
         (out / "summary.json").write_text(json.dumps(summary, indent=1))
         console.print("[vime] summary: " + json.dumps(summary))
-        if args.report:
+        if log.report:
             console.print(f"[vime] report: {write_report(out)}")
         return summary
     finally:
@@ -193,20 +196,18 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
     :return: the ``eval/*`` metrics plus ``model`` and ``output_dir``.
     :raises DataError: an unreadable eval set (before any engine starts).
     """
-    from vime_core.models import resolve_model
-    from vime_core.rollout.manager import RolloutManager
-
-    out = Path(args.output_dir)
+    cfg = RunConfig.from_args(args)
+    out = Path(cfg.logging.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "args.json").write_text(json.dumps(vars(args), indent=1, default=str))
     plugins = get_plugins()
-    plugins.resolve("generate", args.generate)
-    plugins.resolve("reward", args.eval_reward or args.reward)
-    load_eval_sets(args)  # a bad eval set fails before any engine starts
-    model_path = resolve_model(args.model)
+    plugins.resolve("generate", cfg.rollout.generate)
+    plugins.resolve("reward", cfg.eval.eval_reward or cfg.eval.reward)
+    load_eval_sets(cfg.eval)  # a bad eval set fails before any engine starts
+    model_path = resolve_model(cfg.logging.model)
     console.print(f"[vime] model: {model_path}")
     manager = RolloutManager(args, model_path)
-    sink = MetricsSink(out, args.use_tensorboard, wandb_config_from_args(args))
+    sink = MetricsSink(out, cfg.logging.use_tensorboard, wandb_config_from_args(args))
     try:
         info = manager.start()
         console.print(
@@ -243,37 +244,27 @@ class _GroupSource:
     * replay: ``--load-debug-rollout-data``.
     """
 
-    def __init__(self, args: argparse.Namespace, rollout: Any, wait: Any = None) -> None:
+    def __init__(self, cfg: RolloutConfig, rollout: Any, wait: Any = None) -> None:
         import ray
 
-        self.args = args
+        self.config = cfg
         self.rollout = rollout
         self.prefetched: Any = None
         self.wait = wait or ray.get  # ObjectRef -> result (the loop passes one that updates the progress bar)
 
     def get(self, step: int, version: int) -> tuple[list[list[Sample]], dict[str, float]]:
 
-        args = self.args
-        if args.load_debug_rollout_data:
-            from vime_core.rollout.manager import rollout_metrics
-
-            groups = load_debug_rollout(args.load_debug_rollout_data, step)
-            return groups, rollout_metrics([s for g in groups for s in g], args.reward_key)
-        if args.loop == "fully-async":
-            return self._call("get_async_groups", step, version)
-        if args.loop == "one-step-off":
+        cfg = self.config
+        if cfg.load_debug_rollout_data:
+            groups = load_debug_rollout(cfg.load_debug_rollout_data, step)
+            return groups, rollout_metrics([s for g in groups for s in g], cfg.reward_key)
+        if cfg.loop == "fully-async":
+            return call(self.rollout, "get_async_groups", step, version, wait=self.wait)
+        if cfg.loop == "one-step-off":
             ref = self.prefetched if self.prefetched is not None else self.rollout.generate.remote(step)
-            self.prefetched = self.rollout.generate.remote(step + 1) if step + 1 < args.num_rollout else None
+            self.prefetched = self.rollout.generate.remote(step + 1) if step + 1 < cfg.num_rollout else None
             return self.wait(ref)
-        return self._call("generate", step)
-
-    def _call(self, method: str, *a: Any) -> Any:
-        """The rollout manager's ``method(*a)``: through :attr:`wait` for a Ray actor, directly in-process."""
-        from ray.actor import ActorHandle
-
-        if isinstance(self.rollout, ActorHandle):
-            return self.wait(getattr(self.rollout, method).remote(*a))
-        return call(self.rollout, method, *a)
+        return call(self.rollout, "generate", step, wait=self.wait)
 
 
 def _wait_rollout(ref: Any, progress: StepProgress, board: Any) -> Any:
@@ -294,17 +285,19 @@ def _one_step(
     """One step at weight version ``version``: take the groups, train, push the weights as ``version + 1``.
 
     A step with no trainable sample trains nothing and pushes nothing, so the version stays (the next step's
-    groups are judged against the version the engines really serve).
+    groups are judged against the version the engines really serve). ``args`` goes to the advantage estimator
+    (:func:`~vime_core.algorithms.batch.build_batch`); the loop's own flags are read from its config sections.
 
     :return: ``(metrics, the weight version after the step)``.
     """
+    rollout_cfg = RolloutConfig.from_args(args)
     metrics: dict[str, float] = {}
     t0 = time.perf_counter()
     groups, m = source.get(step, version)
     metrics.update(m)
     metrics["perf/rollout_time"] = time.perf_counter() - t0
-    if args.save_debug_rollout_data:
-        save_debug_rollout(args.save_debug_rollout_data, step, groups)
+    if rollout_cfg.save_debug_rollout_data:
+        save_debug_rollout(rollout_cfg.save_debug_rollout_data, step, groups)
     versions = [v for g in groups for s in g for v in s.trained_weight_versions()]
     if versions:
         metrics["rollout/staleness_max"] = float(version - min(versions))
@@ -316,7 +309,7 @@ def _one_step(
     if not batch.samples:
         logger.warning("step %d: no trainable sample (all failed/aborted); skipping the update", step)
         return metrics, version
-    colocated = rollout is not None and getattr(args, "colocate", False)
+    colocated = rollout is not None and ClusterConfig.from_args(args).colocate
     if colocated:  # the engines free the GPUs they share with the trainer (vLLM sleep mode)
         call(rollout, "sleep_engines")
     t1 = time.perf_counter()
@@ -346,7 +339,7 @@ def _save_checkpoint(out: Path, step: int, version: int, trainer, rollout) -> Pa
     return commit_checkpoint(tmp, {"step": step, "weight_version": version}, data_state)
 
 
-def _summary(args, out: Path, history: list[dict[str, float]], start_step: int) -> dict[str, Any]:
+def _summary(out: Path, history: list[dict[str, float]], start_step: int) -> dict[str, Any]:
     rewards = [m["rollout/reward_mean"] for m in history if "rollout/reward_mean" in m]
     times = [m.get("perf/step_time", m.get("perf/rollout_time", 0.0)) for m in history]
     return {

@@ -12,7 +12,7 @@
   rank 0 picks the rendezvous (its node's address and a free port there) and every rank gets torchrun's variables
   (``MASTER_ADDR``, ``MASTER_PORT``, ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``) before the
   backend starts, so a backend that initialises ``torch.distributed`` from the environment (Megatron's
-  :func:`~vime_core.trainer.megatron_backend.init_distributed`) joins the group. A one-rank group leaves
+  :func:`~vime_core.trainer.megatron_model.init_distributed`) joins the group. A one-rank group leaves
   ``torch.distributed`` alone: the torch backend runs exactly as a plain process.
 * Actors without a GPU take ``num_cpus=0``: on a 2-core machine the vLLM engines and the trainer share the cores
   anyway, and Ray's CPU accounting would only deadlock them.
@@ -23,9 +23,13 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from vime_core.arguments import parse_cpu_list
+from vime_core.config import ClusterConfig
+from vime_core.net import find_free_port, node_ip
 from vime_core.placement import (
     NodeResources,
     PlacementError,
@@ -35,20 +39,12 @@ from vime_core.placement import (
     plan_placement,
 )
 from vime_core.plugins import get_plugins  # importing vime_core set Ray's loopback environment (see __init__)
-from vime_core.rollout.engine import find_free_port
 from vime_core.weight_sync.base import WeightUpdate
 
 logger = logging.getLogger("vime.orchestration")
 
 #: seconds to wait for Ray to place a plan's bundles (the plan already fits the cluster's totals)
 PLACEMENT_TIMEOUT_S = 120.0
-
-
-def node_ip() -> str:
-    """This process's Ray node address (127.0.0.1 outside Ray and on the default loopback cluster)."""
-    import ray
-
-    return ray.util.get_node_ip_address() if ray.is_initialized() else "127.0.0.1"
 
 
 class TrainerWorker:
@@ -69,23 +65,22 @@ class TrainerWorker:
         world_size: int = 1,
         dist_env: dict[str, str] | None = None,
     ) -> None:
-        if getattr(args, "train_cpus", None):  # before the backend starts torch's thread pool (threads inherit it)
-            from vime_core.arguments import parse_cpu_list
-
-            os.sched_setaffinity(0, parse_cpu_list(args.train_cpus))
+        cluster = ClusterConfig.from_args(args)
+        if cluster.train_cpus:  # before the backend starts torch's thread pool (threads inherit it)
+            os.sched_setaffinity(0, parse_cpu_list(cluster.train_cpus))
         self.rank, self.world_size = rank, world_size
         plugins = get_plugins()
-        backend_cls = plugins.resolve("trainer", args.trainer)
+        backend_cls = plugins.resolve("trainer", cluster.trainer)
         if world_size > 1:
             if not getattr(backend_cls, "DISTRIBUTED", False):
                 raise ValueError(
-                    f"--trainer {args.trainer} runs as one rank, but --actor-num-nodes × --actor-num-gpus-per-node "
+                    f"--trainer {cluster.trainer} runs as one rank, but --actor-num-nodes × --actor-num-gpus-per-node "
                     f"asks for {world_size}: use a distributed backend (--trainer megatron) or one trainer GPU"
                 )
             os.environ.update(group_env(rank, world_size, dist_env or {}))
             init_process_group_from_env()
         self.backend = backend_cls(args, Path(model_path))
-        self.weight_sync = plugins.resolve("weight_sync", args.weight_sync)(args)
+        self.weight_sync = plugins.resolve("weight_sync", cluster.weight_sync)(args)
 
     def placement(self) -> dict[str, Any]:
         """Where this rank runs (:func:`actor_placement`), with ``rank``/``world_size`` and the torchrun variables."""
@@ -396,15 +391,15 @@ def remote_actor(cls: type, *args: Any, node_id: str | None = None) -> Any:
     return ray.remote(cls).options(**options).remote(*args)
 
 
-def place(args: argparse.Namespace) -> tuple[PlacementPlan, Any]:
-    """Plan the run on the connected cluster and reserve the plan's placement group.
+def place(cfg: ClusterConfig) -> tuple[PlacementPlan, Any]:
+    """Plan the run (its cluster flags) on the connected cluster and reserve the plan's placement group.
 
     Fills each bundle's ``gpu_ids`` (Ray's, read by probes; :func:`bundle_gpu_ids`).
 
     :return: ``(plan, placement_group)`` (``None`` for a plan without bundles).
     :raises PlacementError: an impossible plan (names the flag) or one Ray cannot place.
     """
-    plan = plan_placement(ResourceFlags.from_args(args), cluster_nodes())
+    plan = plan_placement(ResourceFlags.from_config(cfg), cluster_nodes())
     pg = create_placement_group(plan)
     if pg is not None:
         for b, ids in zip(plan.bundles, bundle_gpu_ids(plan, pg), strict=True):
@@ -419,9 +414,10 @@ def driver_node_id() -> str:
     return ray.get_runtime_context().get_node_id()
 
 
-def call(actor: Any, method: str, *args: Any) -> Any:
-    """``actor.method(*args)``'s result: a Ray actor handle is called remotely and waited for (``ray.get``); any
-    other object — the same classes used in-process (tests, notebooks) — is called directly.
+def call(actor: Any, method: str, *args: Any, wait: Callable[[Any], Any] | None = None) -> Any:
+    """``actor.method(*args)``'s result: a Ray actor handle is called remotely and waited for (``wait``, default
+    ``ray.get``: the loop passes one that updates the progress bar meanwhile); any other object — the same classes
+    used in-process (tests, notebooks) — is called directly.
 
     :raises Exception: whatever the method raised (a Ray task error wraps it).
     """
@@ -429,5 +425,5 @@ def call(actor: Any, method: str, *args: Any) -> Any:
     from ray.actor import ActorHandle
 
     if isinstance(actor, ActorHandle):
-        return ray.get(getattr(actor, method).remote(*args))
+        return (wait or ray.get)(getattr(actor, method).remote(*args))
     return getattr(actor, method)(*args)

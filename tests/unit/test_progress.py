@@ -81,8 +81,8 @@ def test_rollout_manager_reports_finished_samples(tiny_model_dir, tmp_path):
         board.set(done, total)
 
     mgr = _manager_with_hooks(tiny_model_dir, tmp_path)
-    mgr.progress = SimpleNamespace(set=SimpleNamespace(remote=record))  # an actor handle's .set.remote
-    mgr.progress_throttle.interval_s = 0.0  # report every sample
+    mgr.runner.progress = SimpleNamespace(set=SimpleNamespace(remote=record))  # an actor handle's .set.remote
+    mgr.runner.progress_throttle.interval_s = 0.0  # report every sample
     groups, _ = mgr.generate(0)
     n = sum(len(g) for g in groups)
     assert n == 4  # 2 prompts x 2 samples
@@ -90,6 +90,6 @@ def test_rollout_manager_reports_finished_samples(tiny_model_dir, tmp_path):
     assert board.get() == (4, 4)
     # throttled: only the first sample's report and the forced ones at the start and the end
     seen.clear()
-    mgr.progress_throttle.interval_s = 3600.0
+    mgr.runner.progress_throttle.interval_s = 3600.0
     mgr.generate(1)
     assert seen == [(0, 4), (4, 4)]

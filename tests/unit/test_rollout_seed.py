@@ -8,7 +8,7 @@ import hashlib
 import pytest
 
 from tests.unit.test_hooks import _manager_with_hooks
-from vime_core.rollout.manager import sample_seed
+from vime_core.rollout.runner import sample_seed
 
 pytestmark = pytest.mark.unit
 

@@ -7,13 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from vime_core.rollout.worker_extension import (
-    WeightLoadRefused,
-    plan_load,
-    safetensors_files,
-    safetensors_shapes,
-    vllm_layer,
-)
+from vime_core.rollout.worker_extension import WeightLoadRefused, plan_load, vllm_layer
+from vime_core.weight_sync.tensor_io import safetensors_files, safetensors_shapes
 
 pytestmark = pytest.mark.unit
 

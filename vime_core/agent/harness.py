@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
+from vime_core.sandbox.base import SANDBOX_AGENTS_DIR, agents_cache_dir
+
 if TYPE_CHECKING:
     from vime_core.sandbox.base import Sandbox
 
@@ -183,8 +185,6 @@ class NpmAgentHarness(AgentHarness):
     # -- host side -------------------------------------------------------------------------------------------
     def prepared_dir(self) -> Path:
         """``agents_cache_dir()/NAME/<version>`` (the npm prefix holding ``node_modules/``)."""
-        from vime_core.sandbox.base import agents_cache_dir
-
         return agents_cache_dir() / self.NAME / self.version
 
     def is_prepared(self) -> bool:
@@ -245,8 +245,6 @@ class NpmAgentHarness(AgentHarness):
         :raises AgentHarnessError: not prepared on the host (run ``vime agent prepare NAME``), or it cannot be
             run inside the sandbox.
         """
-        from vime_core.sandbox.base import SANDBOX_AGENTS_DIR
-
         if sandbox.sandbox_id in self._exe:
             return
         if not self.is_prepared():

@@ -1,61 +1,18 @@
-"""Algorithm options: their defaults, lookup on a (possibly partial) Namespace, and the checks of their combination.
+"""Algorithm options: what the flags of an :class:`~vime_core.config.AlgorithmConfig` imply, and the checks of
+their combination.
 
-The flags themselves are defined in :mod:`vime_core.arguments` (group "algorithm"); :data:`DEFAULTS` repeats their
-defaults so that code given a partial Namespace (tests, the contract kit, third-party callers) behaves as the
-command line would. ``tests/unit/test_algorithms_extra.py`` checks that the two agree. This module imports no
+The flags and their defaults are defined in :mod:`vime_core.arguments` (group "algorithm"). This module imports no
 torch (the argument parser imports it).
 """
 
 from __future__ import annotations
 
-import argparse
 import math
-from typing import Any
 
 from vime_core.config import AlgorithmConfig
 
 # the estimators of vime_core.algorithms.kl.approx_kl, named here so that this module needs no torch
 KL_TYPES = ("k1", "k2", "k3", "low_var_kl")
-DEFAULTS: dict[str, Any] = {
-    # estimators
-    "advantage_estimator": "grpo",
-    "disable_grpo_std_normalization": False,
-    "reward_key": None,
-    "normalize_advantages": False,
-    "gamma": 1.0,
-    "lambd": 1.0,
-    "value_clip": 0.2,
-    # PPO critic (--advantage-estimator ppo)
-    "critic_load": None,
-    "critic_lr": None,
-    "critic_lr_warmup_iters": 0,
-    "num_critic_only_steps": 0,
-    # on-policy distillation
-    "distill_teacher": None,
-    "distill_coef": 1.0,
-    "distill_num_engines": 1,
-    # policy loss
-    "eps_clip": 0.2,
-    "eps_clip_high": None,
-    "eps_clip_c": None,
-    "calculate_per_token_loss": False,
-    "entropy_coef": 0.0,
-    # KL to the reference model
-    "use_kl_loss": False,
-    "kl_loss_coef": 0.0,
-    "kl_loss_type": "k1",
-    "kl_coef": 0.0,
-    "ref_load": None,
-    # train/inference mismatch
-    "use_rollout_logprobs": False,
-    "use_tis": False,
-    "use_mis": False,
-    "tis_clip_low": 0.0,
-    "tis_clip": 2.0,
-    "max_train_rollout_logprob_diff": None,
-    # dynamic sampling (DAPO)
-    "dynamic_sampling_filter": None,
-}
 
 # Estimators whose advantages are returns of per-token rewards, so that --kl-coef can shape those rewards.
 KL_SHAPING_ESTIMATORS = ("reinforce_plus_plus", "reinforce_plus_plus_baseline", "ppo")
@@ -64,14 +21,6 @@ BATCH_WHITENED_ESTIMATORS = ("reinforce_plus_plus", "reinforce_plus_plus_baselin
 # Estimators trained with a critic (value model) by the trainer backend.
 CRITIC_ESTIMATORS = ("ppo",)
 DISTILL_ESTIMATOR = "on_policy_distill"
-
-
-def opt(args: argparse.Namespace, name: str) -> Any:
-    """``args.<name>``, or its default from :data:`DEFAULTS` when ``args`` lacks it.
-
-    :raises KeyError: if ``name`` is not an algorithm option.
-    """
-    return getattr(args, name, DEFAULTS[name])
 
 
 def kl_enabled(cfg: AlgorithmConfig) -> bool:
@@ -157,6 +106,3 @@ def check_algorithm_config(cfg: AlgorithmConfig) -> None:
         if not math.isfinite(getattr(cfg, name)):
             raise ValueError(f"--{name.replace('_', '-')} must be finite, got {getattr(cfg, name)}")
 
-
-# Until the megatron backend reads its AlgorithmConfig (it is being split by another change); removed with DEFAULTS.
-check_algorithm_args = check_algorithm_config

@@ -1,16 +1,16 @@
 """Built-in reward functions (per sample) and group reward functions (see docs/rewards.md)."""
 
 from vime_core.hookspecs import hookimpl
+from vime_core.rewards.dapo import dapo_math
+from vime_core.rewards.group import rank_reward
+from vime_core.rewards.math_answer import math_reward
+from vime_core.rewards.reasoning_gym import reasoning_gym_reward
+from vime_core.rewards.remote import remote_reward
+from vime_core.rewards.simple import exact_match, f1
 
 
 @hookimpl
 def vime_register_reward_functions(register):
-    from vime_core.rewards.dapo import dapo_math
-    from vime_core.rewards.math_answer import math_reward
-    from vime_core.rewards.reasoning_gym import reasoning_gym_reward
-    from vime_core.rewards.remote import remote_reward
-    from vime_core.rewards.simple import exact_match, f1
-
     register("reasoning_gym", reasoning_gym_reward)
     register("exact_match", exact_match)
     register("f1", f1)
@@ -21,6 +21,4 @@ def vime_register_reward_functions(register):
 
 @hookimpl
 def vime_register_group_reward_functions(register):
-    from vime_core.rewards.group import rank_reward
-
     register("rank", rank_reward)

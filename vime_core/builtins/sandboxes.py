@@ -2,12 +2,11 @@
 every backend reads through :meth:`vime_core.sandbox.Sandbox.from_args`."""
 
 from vime_core.hookspecs import hookimpl
+from vime_core.sandbox.local import LocalSandbox
 
 
 @hookimpl
 def vime_register_sandbox_backends(register):
-    from vime_core.sandbox.local import LocalSandbox
-
     register(LocalSandbox.NAME, LocalSandbox)
 
 
@@ -21,6 +20,7 @@ def vime_add_arguments(parser):
     g.add_argument("--sandbox-disk-mb", type=int, default=1024, help="disk (or largest file) per sandbox, MiB")
     g.add_argument("--sandbox-pids", type=int, default=512, help="processes per sandbox")
     g.add_argument("--sandbox-wall-time", type=float, default=3600.0, help="lifetime of a sandbox, seconds")
-    g.add_argument("--sandbox-max-output-bytes", type=int, default=1 << 20,
-                   help="bytes kept of each of stdout/stderr per command")
+    g.add_argument(
+        "--sandbox-max-output-bytes", type=int, default=1 << 20, help="bytes kept of each of stdout/stderr per command"
+    )
     g.add_argument("--sandbox-exec-timeout", type=float, default=300.0, help="default command timeout, seconds")

@@ -13,6 +13,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from vime_core.rewards.reasoning_gym import score
+
 logger = logging.getLogger("vime.data")
 
 #: System prompt for small instruct models (measured on SmolLM2-135M-Instruct, see examples/quickstart/README.md):
@@ -83,8 +85,6 @@ def export_reasoning_gym(
     """
     import reasoning_gym
     from reasoning_gym.factory import DATASETS
-
-    from vime_core.rewards.reasoning_gym import score
 
     if size < 1:
         raise ValueError(f"size must be >= 1, got {size}")

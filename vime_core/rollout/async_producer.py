@@ -149,11 +149,9 @@ class AsyncRolloutProducer:
                 self.cond.notify_all()
 
     async def _produce(self) -> None:
-        from vime_core.rollout.manager import _run_groups
-
-        self._sem = asyncio.Semaphore(self.manager.args.rollout_concurrency)  # one bound for every group
+        self._sem = asyncio.Semaphore(self.manager.config.rollout_concurrency)  # one bound for every group
         self._wake = asyncio.Event()
-        self._admit(_run_groups)
+        self._admit()
         self._started.set()
         while not self._stop.is_set():
             if not self._tasks:
@@ -173,12 +171,12 @@ class AsyncRolloutProducer:
                         self.budget.accepted += 1
                         self.cond.notify_all()
             self._wake.clear()
-            self._admit(_run_groups)
+            self._admit()
         for t in self._tasks:
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
-    def _admit(self, run_groups: Any) -> int:
+    def _admit(self) -> int:
         """Admit as many groups as the budget allows at the engines' current version (producer thread).
 
         :return: the number admitted.
@@ -196,12 +194,12 @@ class AsyncRolloutProducer:
                 self._seq += 1
                 self.budget.running += 1
                 self.admitted_by_version[version] = self.admitted_by_version.get(version, 0) + 1
-                self._tasks.add(asyncio.ensure_future(self._generate(group, run_groups)))
+                self._tasks.add(asyncio.ensure_future(self._generate(group)))
                 n += 1
         return n
 
-    async def _generate(self, group: list[Sample], run_groups: Any) -> list[Sample]:
-        await run_groups(self.manager, [group], -1, self._sem)
+    async def _generate(self, group: list[Sample]) -> list[Sample]:
+        await self.manager.runner.run([group], -1, self._sem)
         return group
 
     def admit_now(self, timeout_s: float = 60.0) -> int:
@@ -211,13 +209,11 @@ class AsyncRolloutProducer:
         :return: the number admitted.
         :raises RuntimeError: if the producer died or did not answer within ``timeout_s``.
         """
-        from vime_core.rollout.manager import _run_groups
-
         if self._error is not None:
             raise RuntimeError(f"async rollout producer failed: {self._error!r}") from self._error
 
         async def admit() -> int:
-            return self._admit(_run_groups)
+            return self._admit()
 
         return asyncio.run_coroutine_threadsafe(admit(), self.manager.loop).result(timeout_s)
 

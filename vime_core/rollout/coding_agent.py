@@ -46,10 +46,15 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from vime_core.agent.backends import RouterBackend
+from vime_core.agent.harness import AgentBudget, AgentEndpoint, AgentHarnessError
 from vime_core.config import CodingAgentConfig
 from vime_core.data.workspace_task import AgentResult, WorkspaceTask
 from vime_core.failures import FailureCause, mark_failed
+from vime_core.plugins import get_plugins
+from vime_core.rollout.client import RouterClient
 from vime_core.rollout.context import RolloutContext, get_rollout_context
+from vime_core.sandbox.base import SandboxError, SandboxInfraError
 from vime_core.types import Sample, Status
 
 logger = logging.getLogger("vime.rollout.coding_agent")
@@ -107,9 +112,7 @@ def gateway_for(ctx: RolloutContext, cfg: CodingAgentConfig) -> Any:
     gw = ctx.extras.get("agent_gateway")
     if gw is not None:
         return gw
-    from vime_core.agent.backends import RouterBackend
-    from vime_core.agent.gateway import AgentGateway
-    from vime_core.rollout.client import RouterClient
+    from vime_core.agent.gateway import AgentGateway  # FastAPI: imported only by a process that runs the gateway
 
     client = ctx.client
     backend = RouterBackend.from_client(client) if isinstance(client, RouterClient) else client
@@ -143,8 +146,6 @@ def harness_for(ctx: RolloutContext, args: argparse.Namespace) -> Any:
         raise ValueError("--generate coding_agent needs --agent NAME (e.g. claude-code, codex; see `vime plugins`)")
     cache = ctx.extras.setdefault("agent_harnesses", {})
     if name not in cache:
-        from vime_core.plugins import get_plugins
-
         cache[name] = get_plugins().resolve("agent", name).from_args(args)
     return cache[name]
 
@@ -167,8 +168,6 @@ async def layout_workspace(sb: Any, files: dict[str, str]) -> str:
     :return: the base commit id.
     :raises SandboxInfraError: unpacking or git failed (git missing in the image included: infrastructure).
     """
-    from vime_core.sandbox.base import SandboxInfraError
-
     ws = sb.workspace
     script = (
         'set -e; mkdir -p -- "$1"; cd "$1"; tar -x -f -; git init -q . ; git add -A; '
@@ -211,8 +210,6 @@ async def _read_workspace(sb: Any, ws: str, max_file_bytes: int) -> tuple[dict[s
     :raises SandboxInfraError: the sandbox could not archive its workspace.
     """
     import tempfile
-
-    from vime_core.sandbox.base import SandboxInfraError
 
     files: dict[str, str] = {}
     skipped: dict[str, str] = {}
@@ -263,10 +260,6 @@ async def generate(args: argparse.Namespace, sample: Sample, sampling_params: di
         ``failed`` placeholder.
     :raises ValueError: ``--agent`` missing, a sandbox backend that cannot expose host ports, a malformed row.
     """
-    from vime_core.agent.harness import AgentBudget, AgentEndpoint, AgentHarnessError
-    from vime_core.plugins import get_plugins
-    from vime_core.sandbox.base import SandboxError
-
     cfg = CodingAgentConfig.from_args(args)
     ctx = get_rollout_context()
     task = WorkspaceTask.from_metadata(sample.metadata)

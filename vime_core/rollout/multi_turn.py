@@ -47,6 +47,7 @@ from vime_core.agent.backends import engine_versions
 from vime_core.agent.chat import ChatMessage, ChatRenderer, ModelTurn
 from vime_core.agent.tool_parsers import ToolCall
 from vime_core.config import MultiTurnConfig
+from vime_core.plugins import get_plugins
 from vime_core.rollout.context import get_rollout_context
 from vime_core.rollout.generate import FINISH_TO_STATUS, encode_prompt
 from vime_core.rollout.tools import Tool, load_tools
@@ -230,7 +231,6 @@ async def _episode_sandbox(args: argparse.Namespace):  # type: ignore[no-untyped
     backend = cfg.sandbox
     if not backend:
         raise ValueError("--multi-turn-sandbox-tool needs a sandbox backend (--sandbox NAME)")
-    from vime_core.plugins import get_plugins
 
     cls = get_plugins().resolve("sandbox", backend)
     async with cls.from_args(args) as sb:

@@ -17,7 +17,8 @@ from typing import Any
 
 import httpx
 
-from vime_core.rollout.engine import die_with_parent, find_free_port, stop_process_group, tail_file
+from vime_core.net import find_free_port
+from vime_core.rollout.engine import die_with_parent, stop_process_group, tail_file
 
 logger = logging.getLogger("vime.rollout")
 

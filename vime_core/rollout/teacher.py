@@ -20,6 +20,10 @@ from pathlib import Path
 from typing import Any
 
 from vime_core.config import EngineConfig
+from vime_core.models import resolve_model
+from vime_core.rollout.client import RouterClient
+from vime_core.rollout.engine import VLLMServer
+from vime_core.rollout.router import VLLMRouter
 from vime_core.types import Sample
 
 logger = logging.getLogger("vime.rollout")
@@ -32,8 +36,6 @@ def resolve_teacher(name_or_path: str) -> Path:
 
     :raises ValueError: naming ``--distill-teacher`` if it is neither.
     """
-    from vime_core.models import resolve_model
-
     try:
         return resolve_model(name_or_path)
     except Exception as e:  # noqa: BLE001 - re-raised with the flag named
@@ -69,8 +71,6 @@ class TeacherEngines:
     """
 
     def __init__(self, cfg: EngineConfig, policy_tokenizer: Any, log_dir: Path) -> None:
-        from vime_core.rollout.engine import VLLMServer
-
         self.config = cfg
         self.path = resolve_teacher(cfg.distill_teacher)
         check_same_tokenizer(self.path, policy_tokenizer)
@@ -106,9 +106,6 @@ class TeacherEngines:
         :return: the teacher router's URL.
         :raises RuntimeError / TimeoutError: a server or the router did not become ready (with its log tail).
         """
-        from vime_core.rollout.client import RouterClient
-        from vime_core.rollout.router import VLLMRouter
-
         for engine in self.engines:
             engine.wait_ready(timeout_s=timeout_s)
         self.router = VLLMRouter(

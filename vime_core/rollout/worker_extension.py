@@ -17,45 +17,22 @@ alone, so they must all be there), read from the worker's record of what it serv
 IPC update) such a file is refused.
 
 Imports of vLLM happen inside the methods: this module is imported by name inside the worker process, and must stay
-importable (e.g. by tests or linters) where vLLM is not installed.
+importable (e.g. by tests or linters) where vLLM is not installed. The tensor file helpers it uses are shared with the
+trainers and the weight-sync strategies in :mod:`vime_core.weight_sync.tensor_io`.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
+from vime_core.weight_sync.disk_delta import DeltaReceiver
+from vime_core.weight_sync.ipc import decode_payload, open_shared_weights
+from vime_core.weight_sync.nccl import receive_weights, stateless_group
+from vime_core.weight_sync.tensor_io import iter_safetensors, safetensors_files, safetensors_shapes
+
 logger = logging.getLogger("vime.rollout")
-
-
-def safetensors_files(path: str | Path) -> list[Path]:
-    """The ``*.safetensors`` files of a directory (sorted), or ``[path]`` if it is a file.
-
-    :raises FileNotFoundError: if ``path`` does not exist or a directory holds no ``*.safetensors`` file.
-    """
-    p = Path(path)
-    if p.is_file():
-        return [p]
-    if not p.is_dir():
-        raise FileNotFoundError(f"weights path {p} does not exist")
-    files = sorted(p.glob("*.safetensors"))
-    if not files:
-        raise FileNotFoundError(f"no *.safetensors files in {p}")
-    return files
-
-
-def safetensors_shapes(files: list[Path]) -> dict[str, list[int]]:
-    """``{name: shape}`` of every tensor in ``files``, from the file headers (no tensor data is read)."""
-    from safetensors import safe_open
-
-    shapes: dict[str, list[int]] = {}
-    for f in files:
-        with safe_open(str(f), framework="pt", device="cpu") as st:
-            for name in st.keys():
-                shapes[name] = list(st.get_slice(name).get_shape())
-    return shapes
 
 
 class WeightLoadRefused(ValueError):
@@ -109,17 +86,6 @@ def plan_load(
     touched = {vllm_layer(n, packed) for n in shapes if n not in ignored}
     missing = {layer: sorted(n for n in layers[layer] if n not in shapes) for layer in sorted(touched)}
     return {layer: names for layer, names in missing.items() if names}
-
-
-def iter_safetensors(files: list[Path], counter: list[int]) -> Iterator[tuple[str, Any]]:
-    """Yield ``(name, tensor)`` from each file, one tensor at a time (CPU tensors), counting them in ``counter[0]``."""
-    from safetensors import safe_open
-
-    for f in files:
-        with safe_open(str(f), framework="pt", device="cpu") as st:
-            for name in st.keys():
-                counter[0] += 1
-                yield name, st.get_tensor(name)
 
 
 def refresh_cpu_embeddings(model: Any) -> int:
@@ -255,8 +221,6 @@ class VimeWorkerExtension:
         directory the engine was started from as version 0."""
         receiver = getattr(self, "_vime_receiver", None)
         if receiver is None:
-            from vime_core.weight_sync.disk_delta import DeltaReceiver
-
             receiver = DeltaReceiver(self.model_runner.model_config.model, 0)  # type: ignore[attr-defined]
             self._vime_receiver = receiver
         return receiver
@@ -341,8 +305,6 @@ class VimeWorkerExtension:
         """
         import time
 
-        from vime_core.weight_sync.nccl import receive_weights, stateless_group
-
         t0 = time.perf_counter()
         key = (host, int(port))
         if init or getattr(self, "_vime_broadcast_key", None) != key:
@@ -375,8 +337,6 @@ class VimeWorkerExtension:
         :param handles: :func:`vime_core.weight_sync.ipc.encode_payload` of the buckets.
         :return: ``{"version", "loaded"}``.
         """
-        from vime_core.weight_sync.ipc import decode_payload, open_shared_weights
-
         counter = [0]
 
         def counted() -> Iterator[tuple[str, Any]]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from vime_core.config import SandboxConfig
+from vime_core.plugins import get_plugins
 from vime_core.sandbox.base import (
     BACKEND_LABEL,
     CAPABILITIES,
@@ -57,10 +58,7 @@ def open_sandbox(args: Any = None, name: str | None = None, **kwargs: Any) -> Sa
 
     :raises vime_core.registry.RegistryError: unknown backend name.
     """
-    from vime_core.plugins import get_plugins
-
-    if name is None:
-        name = SandboxConfig.from_args(args).sandbox if args is not None else "local"
+    name = name or (SandboxConfig.from_args(args).sandbox if args is not None else None) or "local"
     cls = get_plugins().resolve("sandbox", name)
     return cls.from_args(args, **kwargs)
 
@@ -71,8 +69,6 @@ def cleanup_all(*, backend: str | None = None, everything: bool = False) -> list
     :param everything: remove all vime sandboxes, including those of running processes.
     :returns: one report per backend; a backend whose reaper raised reports the error instead.
     """
-    from vime_core.plugins import get_plugins
-
     reg = get_plugins().registries["sandbox"]
     reports = []
     for entry in reg.entries():

@@ -23,6 +23,8 @@ import socket
 import threading
 from pathlib import Path
 
+from vime_core.sandbox.base import SandboxInfraError
+
 logger = logging.getLogger("vime.sandbox")
 
 #: In-sandbox half: ``python3 -c SANDBOX_FORWARDER_PY <listen_port> <unix socket path> <ready file>``.
@@ -163,8 +165,6 @@ async def start_sandbox_forwarder(sandbox, port: int, socket_path: str, *, pytho
     import asyncio
     import shlex
     import time
-
-    from vime_core.sandbox.base import SandboxInfraError
 
     ready = f"{sandbox.control_dir}/fwd-{int(port)}.ready"
     cmd = (

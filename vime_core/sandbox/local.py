@@ -50,6 +50,7 @@ from vime_core.sandbox.base import (
     owner_token,
     process_start_time,
 )
+from vime_core.sandbox.forward import UnixToTcpForwarder, socket_name, start_sandbox_forwarder
 
 ENV_ID = "VIME_SANDBOX_ID"
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -537,8 +538,6 @@ class LocalSandbox(Sandbox):
         :return: ``"127.0.0.1:PORT"`` (or ``"HOST:PORT"`` with a shared network).
         :raises SandboxInfraError: the forward could not be set up.
         """
-        from vime_core.sandbox.forward import UnixToTcpForwarder, socket_name, start_sandbox_forwarder
-
         self._check_usable()
         if self.network or self.mode != "namespaces":
             return f"{host}:{int(port)}"

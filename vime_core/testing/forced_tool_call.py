@@ -18,6 +18,7 @@ import json
 from typing import Any
 
 from vime_core.config import MultiTurnConfig
+from vime_core.rollout.multi_turn import generate as multi_turn
 from vime_core.types import Sample
 
 FORCED_COMMAND = "python3 -c 'print(6*7)'"
@@ -36,8 +37,6 @@ async def generate(args: argparse.Namespace, sample: Sample, sampling_params: di
 
     :raises ValueError: ``--multi-turn-sandbox-tool`` is not set.
     """
-    from vime_core.rollout.multi_turn import generate as multi_turn
-
     tool = MultiTurnConfig.from_args(args).multi_turn_sandbox_tool
     if not tool:
         raise ValueError("vime_core.testing.forced_tool_call needs --multi-turn-sandbox-tool NAME")

@@ -17,6 +17,7 @@ import sys
 import time
 
 from vime_core.plugins import get_plugins
+from vime_core.sandbox import SandboxLimits
 
 
 def spawn_and_kill(backend: str, n: int = 20, *, timeout_s: float = 600.0, env: dict[str, str] | None = None,
@@ -67,8 +68,6 @@ def run_once(backend: str, *, timeout_s: float = 600.0, env: dict[str, str] | No
 
 
 async def _hold(backend: str, n: int, memory_mb: int | None) -> None:
-    from vime_core.sandbox import SandboxLimits
-
     cls = get_plugins().resolve("sandbox", backend)
     kwargs = {"limits": SandboxLimits(memory_bytes=memory_mb << 20)} if memory_mb else {}
     boxes = [cls.from_args(None, **kwargs) for _ in range(n)]

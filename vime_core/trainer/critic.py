@@ -24,6 +24,7 @@ from safetensors.torch import load_file, save_file
 
 from vime_core.algorithms.gae import value_loss
 from vime_core.config import AlgorithmConfig, TrainerConfig
+from vime_core.models import resolve_model
 from vime_core.trainer.lr_schedule import critic_lr_schedule, set_lr
 from vime_core.types import Sample
 
@@ -41,7 +42,6 @@ def resolve_critic_path(path: str | Path) -> Path:
     path = Path(path)
     if (path / "config.json").is_file():
         return path
-    from vime_core.models import resolve_model
 
     try:
         return resolve_model(str(path))

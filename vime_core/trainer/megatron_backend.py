@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import logging
 import math
-import os
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -34,6 +33,8 @@ from typing import Any
 
 import torch
 
+from vime_core.algorithms.options import check_algorithm_config, kl_enabled, uses_critic
+from vime_core.config import MegatronConfig
 from vime_core.trainer.base import TrainerBackend
 from vime_core.trainer.lr_schedule import policy_lr_schedule, set_lr
 from vime_core.trainer.megatron_convert import (
@@ -45,148 +46,41 @@ from vime_core.trainer.megatron_convert import (
     unpad_vocab,
     unshard,
 )
+from vime_core.trainer.megatron_critic import MegatronCritic
+from vime_core.trainer.megatron_model import SDPACoreAttention, have_transformer_engine, init_distributed, layer_spec
+from vime_core.trainer.megatron_optim import inner_optimizers, load_optimizer, megatron_step, save_optimizer
+from vime_core.trainer.megatron_reference import MegatronReferenceModel, vocab_parallel_entropy
 from vime_core.trainer.rl_step import rl_train_step
 from vime_core.types import RolloutBatch, Sample
+from vime_core.weight_sync.tensor_io import safetensors_files
+
+# the backend's public names, importable from here as before the split into megatron_{model,optim,reference}.py
+__all__ = [
+    "MegatronReferenceModel",
+    "MegatronTrainer",
+    "SDPACoreAttention",
+    "have_transformer_engine",
+    "init_distributed",
+    "inner_optimizers",
+    "layer_spec",
+    "load_optimizer",
+    "megatron_step",
+    "save_optimizer",
+    "vocab_parallel_entropy",
+]
 
 logger = logging.getLogger("vime.trainer")
-
-
-def have_transformer_engine() -> bool:
-    """Whether ``transformer_engine.pytorch`` imports."""
-    try:
-        import transformer_engine.pytorch  # noqa: F401
-    except Exception:  # noqa: BLE001 - any import failure means "no TE"
-        return False
-    return True
-
-
-def init_distributed(timeout_minutes: int = 30) -> tuple[int, int, int]:
-    """Initialise ``torch.distributed`` (NCCL) if needed: torchrun's environment, or a one-process group.
-
-    :return: ``(rank, world_size, local_rank)``; the current CUDA device is set to ``local_rank``.
-    :raises RuntimeError: without CUDA.
-    """
-    import datetime
-
-    import torch.distributed as dist
-
-    if not torch.cuda.is_available():
-        raise RuntimeError(
-            "the megatron trainer needs a CUDA GPU: megatron-core's model code calls torch.cuda "
-            "unconditionally (use --trainer torch on CPU)"
-        )
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    torch.cuda.set_device(local_rank)
-    if not dist.is_initialized():
-        if "RANK" not in os.environ:
-            from vime_core.rollout.engine import find_free_port
-
-            os.environ.update(
-                RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(find_free_port())
-            )
-        dist.init_process_group(
-            "nccl", timeout=datetime.timedelta(minutes=timeout_minutes), device_id=torch.device("cuda", local_rank)
-        )
-    return dist.get_rank(), dist.get_world_size(), local_rank
-
-
-class SDPACoreAttention(torch.nn.Module):
-    """Megatron core-attention module (the ``core_attention`` submodule of ``SelfAttention``) computed with
-    ``torch.nn.functional.scaled_dot_product_attention``.
-
-    Same interface as ``megatron.core.transformer.dot_product_attention.DotProductAttention``: ``query``
-    ``[sq, b, np, hn]``, ``key``/``value`` ``[sk, b, ng, hn]`` (bf16), returns ``[sq, b, np * hn]``. Causal masks
-    are implicit (``is_causal``); an explicit Megatron mask (``True`` = masked out) is inverted for SDPA. Context
-    parallelism and packed sequences are not supported.
-    """
-
-    def __init__(
-        self,
-        config: Any,
-        layer_number: int,
-        attn_mask_type: Any,
-        attention_type: str,
-        attention_dropout: float | None = None,
-        softmax_scale: float | None = None,
-        cp_comm_type: str | None = None,
-        pg_collection: Any = None,
-        **_: Any,
-    ) -> None:
-        super().__init__()
-        from megatron.core.transformer.enums import AttnMaskType
-
-        if getattr(config, "context_parallel_size", 1) != 1:
-            raise ValueError("SDPACoreAttention does not support context parallelism")
-        self.config = config
-        self.causal = attn_mask_type == AttnMaskType.causal
-        self.dropout = config.attention_dropout if attention_dropout is None else attention_dropout
-        self.scale = softmax_scale
-
-    def forward(
-        self,
-        query: torch.Tensor,
-        key: torch.Tensor,
-        value: torch.Tensor,
-        attention_mask: Any,
-        attn_mask_type: Any = None,
-        attention_bias: Any = None,
-        packed_seq_params: Any = None,
-        **_: Any,
-    ) -> torch.Tensor:
-        import torch.nn.functional as F
-
-        if packed_seq_params is not None:
-            raise ValueError("SDPACoreAttention does not support packed sequences")
-        sq, b, heads, hn = query.shape
-        if key.shape[2] != heads:  # GQA: expand key/value groups (flash kernels want equal head counts)
-            rep = heads // key.shape[2]
-            key = key.repeat_interleave(rep, dim=2)
-            value = value.repeat_interleave(rep, dim=2)
-        q, k, v = (x.permute(1, 2, 0, 3) for x in (query, key, value))  # [b, h, s, d]
-        mask = None if (self.causal or attention_mask is None) else ~attention_mask
-        out = F.scaled_dot_product_attention(
-            q,
-            k,
-            v,
-            attn_mask=mask,
-            dropout_p=self.dropout if self.training else 0.0,
-            is_causal=self.causal and mask is None,
-            scale=self.scale,
-        )
-        return out.permute(2, 0, 1, 3).reshape(sq, b, heads * hn)
-
-
-def layer_spec(attention: str, te: bool) -> Any:
-    """The transformer-layer ``ModuleSpec``: TE's (``attention == "te"``), or the local spec with SDPA (``"sdpa"``)
-    or Megatron's own unfused attention (``"local"``).
-
-    :raises ValueError: on an unknown ``attention`` or ``"te"`` without Transformer Engine.
-    """
-    from megatron.core.models.gpt import gpt_layer_specs as specs
-
-    if attention == "te":
-        if not te:
-            raise ValueError("--megatron-attention te needs transformer_engine, which does not import here")
-        return specs.get_gpt_layer_with_transformer_engine_spec()
-    if attention not in ("sdpa", "local"):
-        raise ValueError(f"--megatron-attention must be te, sdpa or local, got {attention!r}")
-    spec = specs.get_gpt_layer_local_spec(normalization="RMSNorm")
-    if attention == "sdpa":
-        spec.submodules.self_attention.submodules.core_attention = SDPACoreAttention
-    return spec
 
 
 class MegatronTrainer(TrainerBackend):
     """megatron-core GPTModel + Megatron's distributed optimizer; one optimizer step per ``--global-batch-size``
     samples (default: the whole rollout), gradient accumulation over ``--micro-batch-size`` micro-batches.
 
-    Arguments read from ``args`` (defaults in brackets): ``seed``, ``lr``, ``adam_beta1``, ``adam_beta2``,
-    ``adam_eps``, ``weight_decay``, ``clip_grad``, ``global_batch_size`` [None], ``micro_batch_size``,
-    ``use_rollout_logprobs``, ``calculate_per_token_loss``, ``eps_clip``, ``eps_clip_high``, and Megatron's own
-    ``tensor_model_parallel_size`` [1], ``pipeline_model_parallel_size`` [1], ``context_parallel_size`` [1],
-    ``sequence_parallel`` [False], ``recompute_granularity`` [None], ``recompute_method`` [None],
-    ``recompute_num_layers`` [None], ``use_distributed_optimizer`` [True], ``megatron_attention`` [te if TE
-    imports, else sdpa].
+    Flags: the trainer's and the algorithm's (``trainer_config``, ``algorithm_config``: ``--seed``, ``--lr``, Adam,
+    ``--weight-decay``, ``--clip-grad``, batch sizes, loss options) and Megatron's own (``megatron_config``, a
+    :class:`~vime_core.config.MegatronConfig`: ``--tensor-model-parallel-size``, ``--pipeline-model-parallel-size``,
+    ``--context-parallel-size``, ``--sequence-parallel``, ``--recompute-*``, ``--use-distributed-optimizer``,
+    ``--megatron-attention``, default te if TE imports, else sdpa).
 
     :raises RuntimeError: without CUDA. :raises NotImplementedError: for pipeline or context parallelism.
     :raises vime_core.trainer.megatron_convert.ConversionError: if the checkpoint is not a supported architecture.
@@ -204,18 +98,18 @@ class MegatronTrainer(TrainerBackend):
         from megatron.core.transformer.module import Float16Module
         from transformers import AutoConfig
 
-        from vime_core.algorithms.options import check_algorithm_args, kl_enabled, uses_critic
-
-        check_algorithm_args(args)  # before any GPU/distributed setup, so a bad flag is reported at once
+        mcfg = self.megatron_config = MegatronConfig.from_args(args)
+        # before any GPU/distributed setup, so a bad flag is reported at once
+        check_algorithm_config(self.algorithm_config)
         self.rank, self.world, _ = init_distributed()
-        self.tp = int(getattr(args, "tensor_model_parallel_size", 1) or 1)
-        pp = int(getattr(args, "pipeline_model_parallel_size", 1) or 1)
-        cp = int(getattr(args, "context_parallel_size", 1) or 1)
+        self.tp = int(mcfg.tensor_model_parallel_size or 1)
+        pp = int(mcfg.pipeline_model_parallel_size or 1)
+        cp = int(mcfg.context_parallel_size or 1)
         if pp != 1 or cp != 1:
             raise NotImplementedError(
                 f"the megatron backend supports tensor and data parallelism only (got pipeline {pp}, context {cp})"
             )
-        if getattr(args, "sequence_parallel", False) and self.tp > 1 and not have_transformer_engine():
+        if mcfg.sequence_parallel and self.tp > 1 and not have_transformer_engine():
             raise ValueError(
                 "--sequence-parallel needs Transformer Engine: megatron-core's torch norms (local spec) "
                 "do not support sequence parallelism"
@@ -227,13 +121,13 @@ class MegatronTrainer(TrainerBackend):
         self.dp_rank = mpu.get_data_parallel_rank()
         self.dp_size = mpu.get_data_parallel_world_size()
         self.dp_group = mpu.get_data_parallel_group()
-        tensor_parallel.model_parallel_cuda_manual_seed(int(getattr(args, "seed", 0)))
-        torch.manual_seed(int(getattr(args, "seed", 0)))
+        tensor_parallel.model_parallel_cuda_manual_seed(int(self.trainer_config.seed))
+        torch.manual_seed(int(self.trainer_config.seed))
 
         self.hf_config = AutoConfig.from_pretrained(str(model_path))
         self.arch = ArchConfig.from_hf(self.hf_config)
         self.te = have_transformer_engine()
-        self.attention = getattr(args, "megatron_attention", None) or ("te" if self.te else "sdpa")
+        self.attention = mcfg.megatron_attention or ("te" if self.te else "sdpa")
         self.padded_vocab = math.ceil(self.arch.vocab_size / self.tp) * self.tp
         a = self.arch
         self.config = TransformerConfig(
@@ -255,10 +149,10 @@ class MegatronTrainer(TrainerBackend):
             params_dtype=torch.bfloat16,
             pipeline_dtype=torch.bfloat16,
             tensor_model_parallel_size=self.tp,
-            sequence_parallel=bool(getattr(args, "sequence_parallel", False)) and self.tp > 1,
-            recompute_granularity=getattr(args, "recompute_granularity", None),
-            recompute_method=getattr(args, "recompute_method", None),
-            recompute_num_layers=getattr(args, "recompute_num_layers", None),
+            sequence_parallel=bool(mcfg.sequence_parallel) and self.tp > 1,
+            recompute_granularity=mcfg.recompute_granularity,
+            recompute_method=mcfg.recompute_method,
+            recompute_num_layers=mcfg.recompute_num_layers,
             masked_softmax_fusion=False,
             bias_activation_fusion=False,
             apply_rope_fusion=False,
@@ -270,14 +164,12 @@ class MegatronTrainer(TrainerBackend):
         self.gpt = gpt
         self.load_hf_weights(model_path)
         self.module = Float16Module(self.config, gpt)
-        self.ddp, self.optimizer = self.wrap_for_training(self.module, policy_lr_schedule(args).max_lr)
+        self.ddp, self.optimizer = self.wrap_for_training(self.module, policy_lr_schedule(self.trainer_config).max_lr)
         self.steps_done = 0
         self.model = _HFStyleForward(self)  # the contract kit's view: model(input_ids=...).logits
-        self.ref_model = MegatronReferenceModel(self) if kl_enabled(args) else None
+        self.ref_model = MegatronReferenceModel(self) if kl_enabled(self.algorithm_config) else None
         self.critic = None
-        if uses_critic(args):
-            from vime_core.trainer.megatron_critic import MegatronCritic
-
+        if uses_critic(self.algorithm_config):
             self.critic = MegatronCritic(self)
 
     # -- model construction (shared with the reference model and the critic) -----------------------------------------
@@ -313,8 +205,8 @@ class MegatronTrainer(TrainerBackend):
         from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
         from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
-        args = self.args
-        use_dist_opt = bool(getattr(args, "use_distributed_optimizer", True))
+        cfg = self.trainer_config
+        use_dist_opt = bool(self.megatron_config.use_distributed_optimizer)
         ddp_config = DistributedDataParallelConfig(
             grad_reduce_in_fp32=True, overlap_grad_reduce=False, use_distributed_optimizer=use_dist_opt
         )
@@ -322,11 +214,11 @@ class MegatronTrainer(TrainerBackend):
         opt_config = OptimizerConfig(
             optimizer="adam",
             lr=lr,
-            weight_decay=args.weight_decay,
-            adam_beta1=args.adam_beta1,
-            adam_beta2=args.adam_beta2,
-            adam_eps=args.adam_eps,
-            clip_grad=args.clip_grad,
+            weight_decay=cfg.weight_decay,
+            adam_beta1=cfg.adam_beta1,
+            adam_beta2=cfg.adam_beta2,
+            adam_eps=cfg.adam_eps,
+            clip_grad=cfg.clip_grad,
             bf16=True,
             params_dtype=torch.bfloat16,
             use_distributed_optimizer=use_dist_opt,
@@ -336,10 +228,9 @@ class MegatronTrainer(TrainerBackend):
         return ddp, optimizer
 
     # -- weights -----------------------------------------------------------------------------------------------------
-    def _read_hf(self, path: Path) -> dict[str, torch.Tensor]:
+    def read_hf(self, path: Path) -> dict[str, torch.Tensor]:
+        """Every tensor of an HF checkpoint directory's ``*.safetensors`` files, ``{HF name: CPU tensor}``."""
         from safetensors.torch import load_file
-
-        from vime_core.rollout.worker_extension import safetensors_files
 
         out: dict[str, torch.Tensor] = {}
         for f in safetensors_files(path):
@@ -375,7 +266,7 @@ class MegatronTrainer(TrainerBackend):
     def load_hf_weights(self, path: Path) -> None:
         """Load an HF checkpoint directory into the model (call :meth:`reload_optimizer_params` afterwards once the
         optimizer exists)."""
-        self.load_hf_tensors(self._read_hf(Path(path)))
+        self.load_hf_tensors(self.read_hf(Path(path)))
 
     @torch.no_grad()
     def megatron_tensors(self, gpt: Any = None, skip: tuple = ()) -> dict[str, torch.Tensor]:
@@ -402,7 +293,9 @@ class MegatronTrainer(TrainerBackend):
             yield name, t.contiguous().to("cpu")
 
     # -- forward -----------------------------------------------------------------------------------------------------
-    def _batch(self, samples: list[Sample]) -> tuple[torch.Tensor, torch.Tensor]:
+    def token_batch(self, samples: list[Sample]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Right-padded ``[b, s]`` int64 token ids of ``samples`` (padded with 0 to the longest; to a multiple of the
+        TP size under sequence parallelism) and their ``[b, s]`` positions, on the current GPU."""
         max_len = max(len(s.tokens) for s in samples)
         if self.config.sequence_parallel:
             max_len = math.ceil(max_len / self.tp) * self.tp
@@ -431,13 +324,11 @@ class MegatronTrainer(TrainerBackend):
         only when ``--entropy-coef`` is non-zero, otherwise computed without a graph to save memory)."""
         from megatron.core import tensor_parallel
 
-        from vime_core.algorithms.options import opt
-
         logits = self._vocab_parallel_logits(ids, pos, module)[:, :-1].contiguous()
         ent = None
         if with_entropy:  # before the cross entropy, which overwrites ``logits`` in place (with the softmax)
             group = self.tp_group if self.tp > 1 else None
-            if torch.is_grad_enabled() and opt(self.args, "entropy_coef"):
+            if torch.is_grad_enabled() and self.algorithm_config.entropy_coef:
                 ent = vocab_parallel_entropy(logits, group)  # saves only tensors it creates
             else:
                 with torch.no_grad():
@@ -458,7 +349,7 @@ class MegatronTrainer(TrainerBackend):
         self, samples: list[Sample], with_entropy: bool
     ) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
         """Per sample ``[response_length]`` float32 log-probs (and entropies) of the response, graph attached."""
-        ids, pos = self._batch(samples)
+        ids, pos = self.token_batch(samples)
         lp, ent = self.token_log_probs(ids, pos, with_entropy=with_entropy)
         return self.response_slices(samples, lp), None if ent is None else self.response_slices(samples, ent)
 
@@ -557,125 +448,6 @@ class MegatronTrainer(TrainerBackend):
             self.critic.steps_done = ts.get("critic_steps_done", self.steps_done)  # older checkpoints: the policy's
         torch.set_rng_state(ts["rng"])
         torch.cuda.set_rng_state(ts["cuda_rng"])
-
-
-def megatron_step(ddp: Any, optimizer: Any, label: str) -> float:
-    """Finalize a Megatron DDP model's gradients (DP reduce-scatter, SP layernorm grads across TP), clip and step its
-    optimizer; the gradient norm before clipping.
-
-    :param label: names the norm in the error, e.g. ``"grad norm"`` or ``"critic grad norm"``.
-    :raises FloatingPointError: ``non-finite <label> <norm>`` on a non-finite gradient norm (Megatron skips the
-        update).
-    """
-    from megatron.core.distributed import finalize_model_grads
-
-    finalize_model_grads([ddp])
-    ok, grad_norm, _ = optimizer.step()
-    grad_norm = float(grad_norm) if grad_norm is not None else float("nan")
-    if not ok or not math.isfinite(grad_norm):
-        raise FloatingPointError(f"non-finite {label} {grad_norm}")
-    return grad_norm
-
-
-def save_optimizer(optimizer: Any, path: Path, rank: int) -> None:
-    """A Megatron optimizer's state: ``optimizer.pt`` (rank 0) and ``optimizer_param_state.pt`` (collective)."""
-    if rank == 0:
-        torch.save(optimizer.state_dict(), path / "optimizer.pt")
-    optimizer.save_parameter_state(str(path / "optimizer_param_state.pt"))
-
-
-def inner_optimizers(optimizer: Any) -> list[Any]:
-    """The torch optimizers inside a Megatron (chained) optimizer."""
-    return [o.optimizer for o in getattr(optimizer, "chained_optimizers", [optimizer]) if hasattr(o, "optimizer")]
-
-
-def load_optimizer(optimizer: Any, path: Path) -> None:
-    """Restore what :func:`save_optimizer` wrote, after the model weights were loaded (the fp32 main parameters are
-    re-read from them); without ``optimizer.pt`` (saved before the first step) the optimizer starts fresh."""
-    optimizer.reload_model_params()  # fp32 main params <- the loaded bf16 weights
-    inner = inner_optimizers(optimizer)
-    if (path / "optimizer.pt").exists():
-        optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=False))
-        # megatron-core 0.19.2 with torch's AdamW (no apex / TE): load_state_dict puts the common "step" into
-        # every parameter state, which load_parameter_state then looks for in the file (KeyError 'step');
-        # set it aside around that call
-        steps = [(st, st.pop("step")) for o in inner for st in getattr(o, "state", {}).values() if "step" in st]
-        try:
-            optimizer.load_parameter_state(str(path / "optimizer_param_state.pt"))
-        finally:
-            for st, step in steps:
-                st["step"] = step
-    else:
-        for o in inner:
-            o.state.clear()  # torch optimizers re-create per-parameter state on their next step
-
-
-def vocab_parallel_entropy(logits: torch.Tensor, tp_group: Any = None) -> torch.Tensor:
-    """Entropy ``H = log Z - sum_v p_v z_v`` (nats) of softmax over a vocabulary split across tensor-parallel ranks.
-
-    :param logits: ``[..., vocab / tp]`` float32 logits of this rank's vocabulary shard (``-inf`` columns allowed:
-        padding).
-    :param tp_group: the tensor-parallel group; None without TP.
-    :return: ``[...]`` float32 entropies, differentiable (Megatron's reduce-from-TP-region: all-reduce forward,
-        identity backward, so every rank's gradient is its shard's).
-    """
-    import torch.distributed as dist
-
-    m = logits.detach().amax(dim=-1, keepdim=True)
-    if tp_group is not None:
-        dist.all_reduce(m, op=dist.ReduceOp.MAX, group=tp_group)
-    # padding columns (-inf) become -1e4 below the max: exp underflows to exactly 0 and 0 * -1e4 = 0 (no NaN), and
-    # their gradient is 0; a real logit that far below the max has probability exp(-1e4) = 0 in float32 anyway
-    z = (logits - m).clamp_min(-1e4)
-    e = torch.exp(z)
-    sum_e, sum_ez = e.sum(-1), torch.linalg.vecdot(e, z)  # vecdot: no [..., vocab] temporary
-    if tp_group is not None:
-        from megatron.core.tensor_parallel.mappings import reduce_from_tensor_model_parallel_region
-
-        sum_e = reduce_from_tensor_model_parallel_region(sum_e, tp_group)
-        sum_ez = reduce_from_tensor_model_parallel_region(sum_ez, tp_group)
-    return torch.log(sum_e) - sum_ez / sum_e
-
-
-class MegatronReferenceModel:
-    """The frozen reference policy for KL on the megatron backend: a second ``GPTModel`` (bf16, same parallel
-    layout, no gradients) loaded from ``--ref-load`` (an HF directory or known model name; default: the initial
-    policy).
-
-    :param trainer: the policy trainer (architecture, layout, HF loading).
-    """
-
-    def __init__(self, trainer: MegatronTrainer) -> None:
-        from megatron.core.transformer.module import Float16Module
-
-        from vime_core.algorithms.options import opt
-
-        self.trainer = trainer
-        ref = opt(trainer.args, "ref_load")
-        path = Path(ref or trainer.model_path)
-        if ref and not (path / "config.json").is_file():
-            from vime_core.models import resolve_model
-
-            path = resolve_model(str(ref))
-        self.path = path
-        gpt = trainer.new_gpt()
-        trainer.load_hf_tensors(trainer._read_hf(path), gpt=gpt)
-        gpt.requires_grad_(False)
-        self.module = Float16Module(trainer.config, gpt)
-        self.module.eval()
-
-    @torch.no_grad()
-    def log_probs(self, samples: list[Sample], micro_batch_size: int) -> dict[int, torch.Tensor]:
-        """Reference log-probs of every sample's response, keyed by ``id(sample)`` (float32, CPU, no grad)."""
-        t = self.trainer
-        out: dict[int, torch.Tensor] = {}
-        for i in range(0, len(samples), micro_batch_size):
-            mb = samples[i : i + micro_batch_size]
-            ids, pos = t._batch(mb)
-            lp, _ = t.token_log_probs(ids, pos, module=self.module)
-            for s, x in zip(mb, t.response_slices(mb, lp), strict=True):
-                out[id(s)] = x.float().cpu()
-        return out
 
 
 class _HFStyleForward:

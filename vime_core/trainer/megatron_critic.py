@@ -25,10 +25,12 @@ from typing import TYPE_CHECKING, Any
 import torch
 from safetensors.torch import load_file, save_file
 
-from vime_core.algorithms.options import opt
 from vime_core.trainer.critic import VALUE_HEAD_FILE, CriticBase, resolve_critic_path
 from vime_core.trainer.lr_schedule import critic_lr_schedule
+from vime_core.trainer.megatron_convert import megatron_to_hf
+from vime_core.trainer.megatron_optim import inner_optimizers, load_optimizer, megatron_step, save_optimizer
 from vime_core.types import Sample
+from vime_core.weight_sync.tensor_io import safetensors_files
 
 if TYPE_CHECKING:
     from vime_core.trainer.megatron_backend import MegatronTrainer
@@ -60,8 +62,6 @@ class ValueHead(torch.nn.Linear):
 def _backbone_hf(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor] | None]:
     """HF causal-LM names of a critic directory's backbone (or of an HF causal LM's, ``lm_head`` dropped) and the
     value head tensors (None for a plain HF model)."""
-    from vime_core.rollout.worker_extension import safetensors_files
-
     tensors: dict[str, torch.Tensor] = {}
     for f in safetensors_files(path):
         if f.name != VALUE_HEAD_FILE:
@@ -83,15 +83,16 @@ class MegatronCritic(CriticBase):
         from megatron.core.transformer.module import Float16Module
 
         self.trainer = trainer
-        self.args = trainer.args
-        self.path = path = resolve_critic_path(opt(self.args, "critic_load") or trainer.model_path)
+        self.trainer_config = trainer.trainer_config
+        self.algorithm_config = trainer.algorithm_config
+        self.path = path = resolve_critic_path(self.algorithm_config.critic_load or trainer.model_path)
         self.arch = dataclasses.replace(trainer.arch, tie_word_embeddings=True)  # no LM head to map
         gpt = trainer.new_gpt(tied=False)
         gpt.output_layer = ValueHead(trainer.arch.hidden_size, trainer.config.sequence_parallel).cuda()
         self.gpt = gpt
         self._load_weights(path, fresh_head=True)
         self.module = Float16Module(trainer.config, gpt)
-        schedule = critic_lr_schedule(self.args)
+        schedule = critic_lr_schedule(self.trainer_config)
         self.lr = schedule.lr_at(0)
         self.ddp, self.optimizer = trainer.wrap_for_training(self.module, schedule.max_lr)
 
@@ -105,7 +106,7 @@ class MegatronCritic(CriticBase):
                 raise FileNotFoundError(f"{path}: no {VALUE_HEAD_FILE}")
             # OpenRLHF's initialisation, as the torch critic: weight N(0, 1/(hidden+1)), bias 0; the same on every
             # rank (a generator seeded with --seed), so the replicated head starts identical under TP
-            g = torch.Generator().manual_seed(int(getattr(self.args, "seed", 0)))
+            g = torch.Generator().manual_seed(int(self.trainer_config.seed))
             hidden = layer.weight.shape[1]
             w = torch.randn(layer.weight.shape, generator=g) * (1.0 / (hidden + 1))
             layer.weight.copy_(w.to(layer.weight))
@@ -117,7 +118,7 @@ class MegatronCritic(CriticBase):
     # -- CriticBase ------------------------------------------------------------------------------------------------
     def response_values(self, samples: list[Sample]) -> list[torch.Tensor]:
         """Per sample ``[response_length]`` float32 values (graph attached), on the GPU."""
-        ids, pos = self.trainer._batch(samples)
+        ids, pos = self.trainer.token_batch(samples)
         out = self.ddp(ids, pos, None)  # [b, s, 1]
         values = out[:, :-1, 0].float()  # [b, s - 1]: the value before each next token
         return self.trainer.response_slices(samples, values)
@@ -127,8 +128,6 @@ class MegatronCritic(CriticBase):
         self.optimizer.zero_grad()
 
     def optimizer_step(self) -> float:
-        from vime_core.trainer.megatron_backend import megatron_step
-
         return megatron_step(self.ddp, self.optimizer, "critic grad norm")
 
     # -- checkpoints -----------------------------------------------------------------------------------------------
@@ -136,9 +135,6 @@ class MegatronCritic(CriticBase):
         """The critic directory (backbone in ``AutoModel`` layout, ``config.json``, ``value_head.safetensors``) plus
         the Megatron optimizer state. Collective: every rank calls it, rank 0 writes the weights."""
         import torch.distributed as dist
-
-        from vime_core.trainer.megatron_backend import save_optimizer
-        from vime_core.trainer.megatron_convert import megatron_to_hf
 
         t = self.trainer
         path = Path(path)
@@ -161,8 +157,6 @@ class MegatronCritic(CriticBase):
         dist.barrier()
 
     def _stepped(self) -> bool:
-        from vime_core.trainer.megatron_backend import inner_optimizers
-
         return any(o.state for o in inner_optimizers(self.optimizer))
 
     def load(self, path: Path) -> None:
@@ -170,8 +164,6 @@ class MegatronCritic(CriticBase):
 
         :raises FileNotFoundError: if the checkpoint has no critic (it was written without ``ppo``).
         """
-        from vime_core.trainer.megatron_backend import load_optimizer
-
         path = Path(path)
         if not (path / VALUE_HEAD_FILE).is_file():
             raise FileNotFoundError(

@@ -21,7 +21,9 @@ from safetensors.torch import save_file
 
 from vime_core.algorithms.logprobs import token_log_probs, token_log_probs_and_entropy
 from vime_core.algorithms.options import check_algorithm_config, kl_enabled, uses_critic
+from vime_core.models import resolve_model
 from vime_core.trainer.base import TrainerBackend
+from vime_core.trainer.critic import Critic, clip_and_step
 from vime_core.trainer.rl_step import rl_train_step
 from vime_core.types import RolloutBatch, Sample
 
@@ -78,8 +80,6 @@ class ReferenceModel:
 
         path = Path(ref_load or model_path)
         if not (path / "config.json").is_file():
-            from vime_core.models import resolve_model
-
             path = resolve_model(str(ref_load))
         self.path = path
         self.device = device
@@ -140,8 +140,6 @@ class TorchTrainer(TrainerBackend):
         )
         self.critic = None
         if uses_critic(algo):
-            from vime_core.trainer.critic import Critic
-
             self.critic = Critic(cfg, algo, self.model_path, self.device, dtype)
         self.steps_done = 0
 
@@ -165,8 +163,6 @@ class TorchTrainer(TrainerBackend):
 
         :raises FloatingPointError: on a non-finite gradient norm (no update is made).
         """
-        from vime_core.trainer.critic import clip_and_step
-
         return clip_and_step(
             self.model.parameters(),
             self.optimizer,

@@ -61,7 +61,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from vime_core.models import resolve_model
 from vime_core.weight_sync.base import WeightSyncStrategy, WeightUpdate, call_with_timeout
+from vime_core.weight_sync.tensor_io import checksum, dtype_name, safetensors_files, tensor_bytes, tensor_from_bytes
 
 logger = logging.getLogger("vime.weight_sync")
 
@@ -105,30 +107,6 @@ class DeltaChecksumError(DeltaSyncError):
 
 
 # ------------------------------------------------------------------------------------------------- byte codecs
-def checksum(buf: np.ndarray | bytes) -> str:
-    """xxh3-128 hex digest (32 characters) of a byte buffer."""
-    import xxhash
-
-    return xxhash.xxh3_128_hexdigest(memoryview(np.ascontiguousarray(buf)) if isinstance(buf, np.ndarray) else buf)
-
-
-def tensor_bytes(t: torch.Tensor) -> np.ndarray:
-    """The raw bytes of ``t`` as a 1-D ``uint8`` numpy array (a copy: safe to keep while ``t`` changes)."""
-    flat = t.detach().to("cpu").contiguous().reshape(-1)
-    return flat.view(torch.uint8).numpy().copy()
-
-
-def dtype_name(dtype: torch.dtype) -> str:
-    """``torch.bfloat16`` → ``"bfloat16"``."""
-    return str(dtype).removeprefix("torch.")
-
-
-def tensor_from_bytes(buf: np.ndarray, dtype: str, shape: list[int]) -> torch.Tensor:
-    """Inverse of :func:`tensor_bytes`: a tensor of ``dtype``/``shape`` over a copy of ``buf``."""
-    t = torch.from_numpy(np.array(buf, dtype=np.uint8, copy=True))
-    return t.view(getattr(torch, dtype)).reshape(shape)
-
-
 def _shuffle(buf: np.ndarray, itemsize: int) -> np.ndarray:
     """Byte-shuffle ``buf`` (length a multiple of ``itemsize``): byte 0 of every element, then byte 1, ..."""
     if itemsize <= 1 or buf.size % itemsize:
@@ -255,8 +233,6 @@ class BaseDirReader:
             self._index = {}
             if self.path is not None:
                 from safetensors import safe_open
-
-                from vime_core.rollout.worker_extension import safetensors_files
 
                 for f in safetensors_files(self.path):
                     with safe_open(str(f), framework="pt", device="cpu") as st:
@@ -484,10 +460,10 @@ class DiskDeltaWeightSync(WeightSyncStrategy):
     """Trainer side writes ``weight_v{N:06d}/delta.safetensors`` (see the module docstring); each engine applies it
     through ``/collective_rpc vime_apply_delta`` (decode + verify everything, then reload the touched layers).
 
-    Arguments read from ``args``: ``update_weight_disk_dir`` (where versions are written), ``keep_weight_updates``,
-    ``update_weight_delta_encoding`` (``sub``, default, ``xor`` or ``overwrite``), ``update_weight_delta_zstd_level``
-    (default 1), ``update_weight_delta_base`` (seed directory; default the ``--model`` directory; none: the first
-    version carries every tensor in full).
+    Flags (its :class:`~vime_core.config.WeightSyncConfig`): ``--update-weight-disk-dir`` (where versions are
+    written), ``--keep-weight-updates``, ``--update-weight-delta-encoding`` (``sub``, ``xor`` or ``overwrite``),
+    ``--update-weight-delta-zstd-level``, ``--update-weight-delta-base`` (seed directory; default the ``--model``
+    directory; none: the first version carries every tensor in full).
 
     :ivar version: the version the trainer-side snapshot holds (the engines' version once an update is applied).
     """
@@ -496,23 +472,21 @@ class DiskDeltaWeightSync(WeightSyncStrategy):
 
     def __init__(self, args: Any) -> None:
         super().__init__(args)
-        self.encoding = getattr(args, "update_weight_delta_encoding", None) or "sub"
+        self.encoding = self.config.update_weight_delta_encoding
         if self.encoding not in ENCODINGS:
             raise ValueError(f"--update-weight-delta-encoding must be one of {ENCODINGS}, got {self.encoding!r}")
-        self.level = int(getattr(args, "update_weight_delta_zstd_level", None) or 1)
+        self.level = int(self.config.update_weight_delta_zstd_level)
         self._base = BaseDirReader(self._base_dir())
         self.snapshot: dict[str, np.ndarray] = {}
         self.version = 0
         self._reader: DeltaReceiver | None = None  # for read(): the engine side without an engine
 
     def _base_dir(self) -> Path | None:
-        base = getattr(self.args, "update_weight_delta_base", None)
+        base = self.config.update_weight_delta_base
         if base:
             return Path(base)
-        model = getattr(self.args, "model", None)
+        model = self.config.model
         if model:
-            from vime_core.models import resolve_model
-
             return resolve_model(model)
         return None
 
@@ -523,7 +497,7 @@ class DiskDeltaWeightSync(WeightSyncStrategy):
         self.version = version
 
     def _dir(self, version: int) -> Path:
-        return Path(self.args.update_weight_disk_dir) / f"weight_v{version:06d}"
+        return Path(self.config.update_weight_disk_dir) / f"weight_v{version:06d}"
 
     def push(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> WeightUpdate:
         """Diff ``named_tensors`` against the snapshot, write the delta of ``self.version → version``.
@@ -633,5 +607,5 @@ class DiskDeltaWeightSync(WeightSyncStrategy):
 
     def cleanup(self, update: WeightUpdate) -> None:
         """Remove the version's directory unless ``--keep-weight-updates``."""
-        if not getattr(self.args, "keep_weight_updates", False):
+        if not self.config.keep_weight_updates:
             shutil.rmtree(update.payload["path"], ignore_errors=True)

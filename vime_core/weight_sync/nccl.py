@@ -20,9 +20,9 @@ from typing import Any
 
 import torch
 
+from vime_core.net import find_free_port, node_ip
 from vime_core.weight_sync.base import WeightSyncStrategy, WeightUpdate, call_with_timeout
-
-DEFAULT_BUCKET_BYTES = 512 * 2**20  # slime's --update-weight-buffer-size
+from vime_core.weight_sync.tensor_io import DEFAULT_BUCKET_BYTES, buckets, checksum, tensor_bytes
 
 
 @dataclass
@@ -34,28 +34,6 @@ class BroadcastStats:
     num_tensors: int = 0
     num_buckets: int = 0
     seconds: float = 0.0
-
-
-def buckets(
-    named_tensors: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int
-) -> Iterator[list[tuple[str, torch.Tensor]]]:
-    """Group tensors in order into lists of at most ``bucket_bytes`` bytes (a larger tensor gets a bucket alone).
-
-    :raises ValueError: if ``bucket_bytes`` < 1.
-    """
-    if bucket_bytes < 1:
-        raise ValueError(f"bucket_bytes must be positive, got {bucket_bytes}")
-    bucket: list[tuple[str, torch.Tensor]] = []
-    size = 0
-    for name, t in named_tensors:
-        n = t.numel() * t.element_size()
-        if bucket and size + n > bucket_bytes:
-            yield bucket
-            bucket, size = [], 0
-        bucket.append((name, t))
-        size += n
-    if bucket:
-        yield bucket
 
 
 def stateless_group(host: str, port: int, rank: int, world_size: int, backend: str, timeout_s: float = 600.0) -> Any:
@@ -166,8 +144,6 @@ def broadcast_weights(
         host copy per tensor).
     :return: bytes, tensors, buckets and seconds moved.
     """
-    from vime_core.weight_sync.disk_delta import checksum, tensor_bytes
-
     t0 = time.perf_counter()
     group = _group_of(group)
     dev = _device(group)
@@ -205,8 +181,6 @@ def receive_weights(*, src: int = 0, group: Any = None) -> Iterator[tuple[str, t
 
     :raises ChecksumMismatch: when the sender attached digests and a tensor's bytes differ.
     """
-    from vime_core.weight_sync.disk_delta import checksum, tensor_bytes
-
     group = _group_of(group)
     dev = _device(group)
     while True:
@@ -252,11 +226,12 @@ class NcclWeightSync(WeightSyncStrategy):
 
     def __init__(self, args: argparse.Namespace) -> None:
         super().__init__(args)
-        self.bucket_bytes = int(getattr(args, "update_weight_buffer_size", None) or DEFAULT_BUCKET_BYTES)
-        self.checksums = bool(getattr(args, "update_weight_checksums", False))
-        self.timeout_s = float(getattr(args, "weight_sync_timeout", None) or 300.0)
-        self.tp = int(getattr(args, "rollout_num_gpus_per_engine", None) or 1)
-        self.world_size = 1 + int(getattr(args, "rollout_num_engines", None) or 1) * self.tp
+        cfg = self.config
+        self.bucket_bytes = int(cfg.update_weight_buffer_size or DEFAULT_BUCKET_BYTES)
+        self.checksums = bool(cfg.update_weight_checksums)
+        self.timeout_s = float(cfg.weight_sync_timeout)
+        self.tp = int(cfg.rollout_num_gpus_per_engine)
+        self.world_size = 1 + int(cfg.rollout_num_engines) * self.tp
         self._group: Any = None
         self._port: int | None = None
         self._host = "127.0.0.1"
@@ -282,9 +257,6 @@ class NcclWeightSync(WeightSyncStrategy):
 
         :raises TimeoutError / RuntimeError: if the previous version's broadcast hung or failed.
         """
-        from vime_core.orchestration import node_ip
-        from vime_core.rollout.engine import find_free_port
-
         self._wait_sender()
         t0 = time.perf_counter()
         tensors = [(n, t.detach().clone()) for n, t in named_tensors]  # training may go on while bytes move

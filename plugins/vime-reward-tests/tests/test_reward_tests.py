@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import types
 
 import pytest
 from reward_tests_cases import PARTIAL, STUB, TESTS, task_sample
 from vime_reward_tests.reward import RewardInfraError, RunOutcome, read_records, record_line, score
 from vime_reward_tests.reward import tests_reward as reward_of
 
+from vime_core.arguments import default_args
 from vime_core.data.workspace_task import AgentResult, TaskError, WorkspaceTask, is_guarded, result_files
 from vime_core.sandbox.base import SandboxInfraError
 from vime_core.sandbox.local import LocalSandbox
@@ -156,7 +156,7 @@ class BrokenSandbox(LocalSandbox):
 
 @pytest.mark.contract
 def test_sandbox_failure_excludes_the_sample_instead_of_scoring_zero():
-    from vime_core.rollout.manager import _run_groups
+    from vime_core.rollout.runner import GroupRunner
 
     spec = f"{__name__}:BrokenSandbox"
     with pytest.raises(SandboxInfraError, match="sandbox service unreachable"):
@@ -171,7 +171,7 @@ def test_sandbox_failure_excludes_the_sample_instead_of_scoring_zero():
 
     from vime_core.plugins import get_plugins
 
-    args = argparse.Namespace(
+    args = default_args(
         sandbox="local",
         reward_tests_sandbox=spec,
         rollout_concurrency=2,
@@ -182,19 +182,11 @@ def test_sandbox_failure_excludes_the_sample_instead_of_scoring_zero():
         rollout_stop=None,
         rollout_stop_token_ids=None,
     )
-    mgr = types.SimpleNamespace(
-        args=args,
-        generate_fn=gen,
-        reward_fn=get_plugins().resolve("reward", "tests"),
-        hook=get_plugins().pm.hook,
-        teacher=None,
-        aborting=False,
-        weight_version=0,
-        samples_done=0,
-        _report_progress=lambda done, wanted=None, force=True: None,  # no progress bar here
+    runner = GroupRunner(
+        args, generate_fn=gen, reward_fn=get_plugins().resolve("reward", "tests"), hook=get_plugins().pm.hook
     )
     group = [task_sample({"solution.py": "def add(a, b):\n    return a + b\n"})]
-    asyncio.run(_run_groups(mgr, [group], 0))
+    asyncio.run(runner.run([group], 0))
     (s,) = group
     assert (s.status, s.reward, s.is_trainable()) == (Status.FAILED, None, False)
     assert s.metadata["error"].startswith("SandboxInfraError: ")

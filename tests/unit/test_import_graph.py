@@ -1,0 +1,250 @@
+"""The import structure of vime_core (and of each plugin's package) stays acyclic and layered.
+
+Every module is parsed with :mod:`ast` (nothing is imported); its imports of vime_core / plugin modules are
+collected — top-level ones and those inside functions alike, ``if TYPE_CHECKING:`` blocks left out — and
+
+* the module graph must have no cycle (each cycle found is printed, with the import lines that close it);
+* no module may import a module of a higher layer of :data:`LAYERS` (docs/architecture.md, "Layers", mirrors
+  the list; this test reads nothing from the docs).
+
+An import of ``a.b.c`` counts as an edge to ``a.b.c`` only (not to the packages ``a`` and ``a.b`` Python also
+initialises on the way).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.unit
+
+ROOT = Path(__file__).resolve().parents[2]
+
+#: vime_core's layers, bottom first: a module may import modules of its own layer and of the layers below, never
+#: of one above. Each entry is a module or a package (a package covers its submodules); the longest entry that
+#: covers a module gives its layer. ``vime_core`` alone means the root package's ``__init__`` only.
+LAYERS: list[tuple[str, list[str]]] = [
+    (
+        "foundation",
+        [
+            "vime_core",
+            "vime_core.types",
+            "vime_core.version",
+            "vime_core.registry",
+            "vime_core.hookspecs",
+            "vime_core.net",
+            "vime_core.progress",
+            "vime_core.config",
+            "vime_core.placement",
+            "vime_core.passthrough",
+            "vime_core.models",
+        ],
+    ),
+    (
+        "interfaces",
+        [
+            "vime_core.sandbox.base",
+            "vime_core.trainer.base",
+            "vime_core.weight_sync.base",
+            "vime_core.rollout.client",
+            "vime_core.rollout.context",
+        ],
+    ),
+    ("plugins", ["vime_core.plugins", "vime_core.failures"]),
+    (
+        "components",
+        [
+            "vime_core.algorithms",
+            "vime_core.rewards",
+            "vime_core.data",
+            "vime_core.evaluation",
+            "vime_core.sandbox",
+            "vime_core.weight_sync",
+            "vime_core.agent",
+            "vime_core.rollout.overlong",
+            "vime_core.trainer.lr_schedule",
+        ],
+    ),
+    ("arguments", ["vime_core.arguments"]),
+    ("orchestration", ["vime_core.orchestration"]),
+    ("rollout and trainer", ["vime_core.rollout", "vime_core.trainer"]),
+    ("built-ins and kit", ["vime_core.builtins", "vime_core.testing"]),
+    ("driver", ["vime_core.loop", "vime_core.checkpoint", "vime_core.metrics", "vime_core.report", "vime_core.cli"]),
+]
+
+
+def _packages() -> list[Path]:
+    """vime_core and every plugin's top-level package (``plugins/*/src/<pkg>``; the template excluded)."""
+    pkgs = [ROOT / "vime_core"]
+    for src in sorted((ROOT / "plugins").glob("*/src")):
+        if not src.parent.name.startswith("_"):
+            pkgs += sorted(p for p in src.iterdir() if (p / "__init__.py").is_file())
+    return pkgs
+
+
+def _modules() -> dict[str, tuple[Path, bool]]:
+    """``{dotted name: (file, is_package)}`` of every module of :func:`_packages`."""
+    mods = {}
+    for pkg in _packages():
+        for f in sorted(pkg.rglob("*.py")):
+            parts = list(f.relative_to(pkg.parent).with_suffix("").parts)
+            is_pkg = parts[-1] == "__init__"
+            mods[".".join(parts[:-1] if is_pkg else parts)] = (f, is_pkg)
+    return mods
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    t = node.test
+    return (isinstance(t, ast.Name) and t.id == "TYPE_CHECKING") or (
+        isinstance(t, ast.Attribute) and t.attr == "TYPE_CHECKING"
+    )
+
+
+def _imports(tree: ast.AST) -> list[ast.Import | ast.ImportFrom]:
+    """Every import statement of ``tree``, at any depth, outside ``if TYPE_CHECKING:`` bodies."""
+    out: list[ast.Import | ast.ImportFrom] = []
+    todo: list[ast.AST] = list(ast.iter_child_nodes(tree))
+    while todo:
+        node = todo.pop()
+        if isinstance(node, ast.If) and _is_type_checking(node):
+            todo.extend(node.orelse)  # the `else:` of `if TYPE_CHECKING:` runs
+            continue
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            out.append(node)
+        todo.extend(ast.iter_child_nodes(node))
+    return out
+
+
+def import_graph() -> dict[str, dict[str, list[str]]]:
+    """``{module: {imported module: ["file:line", ...]}}`` over the modules of :func:`_modules`."""
+    mods = _modules()
+    graph: dict[str, dict[str, list[str]]] = {m: {} for m in mods}
+    for name, (path, is_pkg) in mods.items():
+        for node in _imports(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            else:
+                base = node.module or ""
+                if node.level:  # relative: from the module's package, one level up per extra dot
+                    pkg = name.split(".") if is_pkg else name.split(".")[:-1]
+                    pkg = pkg[: len(pkg) - (node.level - 1)]
+                    base = ".".join(pkg + ([node.module] if node.module else []))
+                # `from pkg import sub` imports the submodule pkg.sub when there is one
+                targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in mods else base for a in node.names]
+            for target in targets:
+                while target and target not in mods:  # `import a.b.c` of a symbol-less path: its module
+                    target = target.rpartition(".")[0]
+                if target and target != name:
+                    where = f"{path.relative_to(ROOT)}:{node.lineno}"
+                    graph[name].setdefault(target, []).append(where)
+    return graph
+
+
+def find_cycles(graph: dict[str, dict[str, list[str]]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan), each as a sorted list."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph.get(v, {}):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                found.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def layer_of(module: str) -> int | None:
+    """The index in :data:`LAYERS` of ``module``'s layer (its longest covering entry), or None if none covers it."""
+    best: tuple[int, int] | None = None  # (entry length, layer)
+    for i, (_, entries) in enumerate(LAYERS):
+        for entry in entries:
+            covers = module == entry or (entry != "vime_core" and module.startswith(entry + "."))
+            if covers and (best is None or len(entry) > best[0]):
+                best = (len(entry), i)
+    return None if best is None else best[1]
+
+
+def test_the_graph_sees_local_imports_and_skips_type_checking(tmp_path):
+    """The parser counts a function-local import and ignores an ``if TYPE_CHECKING:`` one (the rule's premise)."""
+    tree = ast.parse(
+        "from typing import TYPE_CHECKING\n"
+        "import vime_core.types\n"
+        "if TYPE_CHECKING:\n"
+        "    from vime_core.rollout.manager import RolloutManager\n"
+        "else:\n"
+        "    from vime_core import net\n"
+        "def f():\n"
+        "    from vime_core.registry import Registry\n"
+    )
+    assert [(type(n).__name__, n.lineno) for n in sorted(_imports(tree), key=lambda n: n.lineno)] == [
+        ("ImportFrom", 1),
+        ("Import", 2),
+        ("ImportFrom", 6),
+        ("ImportFrom", 8),
+    ]
+    assert find_cycles({"a": {"b": []}, "b": {"c": []}, "c": {"a": []}, "d": {"a": []}}) == [["a", "b", "c"]]
+
+
+def test_no_import_cycles():
+    graph = import_graph()
+    assert "vime_core.rollout.runner" in graph and len(graph) > 100  # the walk found the tree
+    problems = []
+    for comp in find_cycles(graph):
+        edges = [
+            f"    {a} -> {b}  ({', '.join(graph[a][b])})" for a in comp for b in sorted(graph[a]) if b in set(comp)
+        ]
+        problems.append(f"import cycle among {', '.join(comp)}:\n" + "\n".join(edges))
+    assert not problems, "\n".join(problems)
+
+
+def test_every_vime_core_module_has_a_layer():
+    missing = sorted(m for m in _modules() if m.split(".")[0] == "vime_core" and layer_of(m) is None)
+    assert not missing, f"modules in no layer of LAYERS (add them where they belong): {missing}"
+
+
+def test_no_module_imports_a_higher_layer():
+    graph = import_graph()
+    problems = []
+    for module, targets in sorted(graph.items()):
+        if module.split(".")[0] != "vime_core":
+            continue
+        mine = layer_of(module)
+        for target, where in sorted(targets.items()):
+            theirs = layer_of(target)
+            if mine is not None and theirs is not None and theirs > mine:
+                problems.append(
+                    f"{module} (layer {LAYERS[mine][0]!r}) imports {target} (layer {LAYERS[theirs][0]!r}) "
+                    f"at {', '.join(where)}"
+                )
+    assert not problems, "lower layer imports a higher one:\n" + "\n".join(problems)
+
+
+def test_vime_core_imports_no_plugin():
+    graph = import_graph()
+    core = {m: ts for m, ts in graph.items() if m.split(".")[0] == "vime_core"}
+    bad = sorted((m, t) for m, ts in core.items() for t in ts if t.split(".")[0] != "vime_core")
+    assert not bad, f"vime_core imports plugin packages: {bad}"

@@ -1,0 +1,283 @@
+"""Running groups: generate and score every sample of a list of groups concurrently.
+
+:class:`GroupRunner` holds exactly what that needs — the generate and reward functions, the hooks, the teacher
+(on-policy distillation), the engines' current weight version, the abort flag raised by
+:func:`vime_core.rollout.oversample.collect_groups`, and the rollout progress counter. The rollout manager owns one
+and hands it to the over-sampling loop (:mod:`vime_core.rollout.oversample`) and the fully-async producer
+(:mod:`vime_core.rollout.async_producer`); this module imports neither of them nor the manager.
+
+It also holds the per-sample primitives of a run: the engine sampling seed of a sample (:func:`sample_seed`) and
+how a sample of a group returned by partial rollout resumes (:func:`needs_generation`, :func:`prepare_resume`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import copy
+import hashlib
+import logging
+import uuid
+from typing import Any
+
+from vime_core.arguments import rollout_sampling_params
+from vime_core.config import RolloutConfig
+from vime_core.failures import classify_failure, mark_failed
+from vime_core.progress import Throttle
+from vime_core.rewards.call import call_group_reward, call_reward
+from vime_core.rollout.overlong import apply_overlong
+from vime_core.types import Sample, Status
+
+logger = logging.getLogger("vime.rollout")
+
+FINISHED_STATUSES = frozenset({Status.COMPLETED, Status.TRUNCATED, Status.FAILED})
+
+
+class GroupRunner:
+    """Generates and scores groups of samples (see the module doc); a plain object with async methods driven by
+    its owner's event loop (the rollout manager is a *sync* Ray actor, whose methods drive their own loop).
+
+    :param args: parsed ``vime run`` arguments (``--rollout-concurrency``, sampling parameters, ``--seed``,
+        ``--reward-timeout``, ``--mask-offpolicy-in-partial-rollout``, DAPO's overlong flags), also passed to the
+        generate and reward functions; the framework's flags are read through its
+        :class:`~vime_core.config.RolloutConfig` (``config``).
+    :param generate_fn: the ``--generate`` function ``async (args, sample, sampling_params) -> Sample | list``.
+    :param reward_fn: the ``--reward`` function.
+    :param hook: the plugin manager's hook relay (``vime_on_sample`` is called for every training sample).
+    :param group_reward_fn: the ``--group-reward`` function, or ``None``.
+    :param progress: a :class:`vime_core.progress.RolloutProgress` actor told how many samples finished, or ``None``.
+    :ivar teacher: the :class:`~vime_core.rollout.teacher.TeacherEngines` scoring training samples, or ``None``.
+    :ivar weight_version: the weight version the engines serve (a resumed sample's off-policy prefix is older).
+    :ivar aborting: set while the requests in flight are being aborted; a sample still waiting is not sent.
+    :ivar samples_done: samples of the current step finished; ``samples_wanted``: of how many (0: fully-async).
+    """
+
+    def __init__(
+        self,
+        args: argparse.Namespace,
+        generate_fn: Any,
+        reward_fn: Any,
+        hook: Any,
+        group_reward_fn: Any = None,
+        progress: Any = None,
+    ) -> None:
+        self.args = args  # passed to the plugin functions; the framework's flags: config
+        self.config = RolloutConfig.from_args(args)
+        self.generate_fn = generate_fn
+        self.reward_fn = reward_fn
+        self.group_reward_fn = group_reward_fn
+        self.hook = hook
+        self.teacher: Any = None
+        self.weight_version = 0
+        self.aborting = False
+        self.progress = progress
+        self.progress_throttle = Throttle()
+        self.samples_done, self.samples_wanted = 0, 0
+
+    def report_progress(self, done: int, wanted: int | None = None, force: bool = True) -> None:
+        """Tell the progress actor ``done`` of ``wanted`` samples finished (throttled unless ``force``)."""
+        self.samples_done = done
+        if wanted is not None:
+            self.samples_wanted = wanted
+        if self.progress is not None and (force or self.progress_throttle()):
+            self.progress.set.remote(self.samples_done, self.samples_wanted)
+
+    async def run(
+        self,
+        groups: list[list[Sample]],
+        step: int,
+        sem: asyncio.Semaphore | None = None,
+        *,
+        params: dict[str, Any] | None = None,
+        reward_fn: Any = None,
+        train: bool = True,
+    ) -> None:
+        """Generate and score every sample of ``groups`` concurrently. ``sem`` bounds the generate calls in flight
+        when several calls share it (default: ``--rollout-concurrency`` for this call).
+
+        Each sample is scored by ``--reward`` as soon as it is generated; with ``--group-reward`` a group is scored
+        at once when all its samples have finished. Whatever fails marks the sample ``failed`` with its cause
+        (:func:`vime_core.failures.classify_failure`; reward errors, timeouts and non-finite values included).
+        A fan-out generate function's segments replace their sample in its group list, in place.
+
+        ``params`` / ``reward_fn`` default to the training rollout's sampling parameters and ``--reward``; with
+        ``train=False`` (evaluation) the sample reward ``reward_fn`` is used even with ``--group-reward``, the
+        teacher does not score, the rollout progress is not advanced and ``vime_on_sample`` is not called."""
+        args, cfg = self.args, self.config
+        sem = sem or asyncio.Semaphore(cfg.rollout_concurrency)
+        mask_offpolicy = cfg.mask_offpolicy_in_partial_rollout
+        params = rollout_sampling_params(cfg) if params is None else params
+        reward_fn = reward_fn or self.reward_fn
+        reward_timeout = cfg.reward_timeout
+        group_reward_fn = self.group_reward_fn if train else None
+        fanned: dict[int, list[Sample]] = {}  # id(sample) -> the segments a fan-out generate function returned
+        seed = cfg.seed
+
+        async def one(sample: Sample) -> list[Sample] | None:
+            """Generate (and, without a group reward, score) one sample; its output samples, or None if skipped."""
+            if not needs_generation(sample):  # finished in an earlier step (a group returned by partial rollout)
+                return None
+            sample_params = dict(params)
+            if seed is not None:  # reproducible sampling: one engine seed per sample, distinct within the group
+                sample_params["seed"] = sample_seed(seed, step, sample.group_index, sample.index)
+            outs = [sample]
+            async with sem:
+                if self.aborting:  # the batch filled while this sample waited: never sent
+                    sample.status = Status.ABORTED
+                    return None
+                if sample.status == Status.ABORTED:  # partial rollout: continue from prompt + partial response
+                    prepare_resume(sample, self.weight_version, mask_offpolicy)
+                stage = "generate"
+                try:
+                    out = await self.generate_fn(args, sample, sample_params)
+                    if isinstance(out, list):  # fan-out: segments of one rollout, scored once, same reward on each
+                        if not out:
+                            raise ValueError("the generate function returned an empty list of samples")
+                        rid = next((s.rollout_id for s in out if s.rollout_id), None) or uuid.uuid4().hex
+                        for s in out:
+                            s.rollout_id = rid
+                        outs = list(out)
+                    elif out is not sample:
+                        sample.__dict__.update(out.__dict__)
+                    for s in outs:
+                        s.validate()
+                    scored = [s for s in outs if s.status in (Status.COMPLETED, Status.TRUNCATED)]
+                    if scored and group_reward_fn is None:
+                        stage = "reward"
+                        reward = await call_reward(reward_fn, args, scored[0], reward_timeout)
+                        _set_reward(cfg, outs, reward, overlong=train)
+                        stage = "teacher"
+                        if (
+                            train and self.teacher is not None
+                        ):  # on-policy distillation: the teacher scores the sampled tokens
+                            await self.teacher.score(scored)
+                    if outs[0] is not sample:
+                        fanned[id(sample)] = outs
+                except Exception as e:  # noqa: BLE001 - recorded on the sample, excluded, counted in metrics
+                    cause = classify_failure(e, stage)
+                    logger.warning(
+                        "sample %d/%d failed (%s): %s: %s",
+                        sample.group_index,
+                        sample.index,
+                        cause.value,
+                        type(e).__name__,
+                        e,
+                    )
+                    fanned.pop(id(sample), None)
+                    outs = [mark_failed(sample, cause, e)]
+            if train:
+                self.report_progress(self.samples_done + 1, force=False)
+            return outs
+
+        async def group(g: list[Sample]) -> None:
+            results = await asyncio.gather(*(one(s) for s in g))
+            ran = [outs for outs in results if outs is not None]
+            if group_reward_fn is not None:
+                await self._score_group(group_reward_fn, g, [outs or [s] for s, outs in zip(g, results, strict=True)])
+            for outs in ran if train else ():
+                for s in outs:
+                    self.hook.vime_on_sample(args=args, sample=s, step=step)
+
+        await asyncio.gather(*(group(g) for g in groups))
+        for g in groups:  # replace fanned-out samples by their segments, in place (callers hold these lists)
+            if any(id(s) in fanned for s in g):
+                g[:] = [x for s in g for x in fanned.get(id(s), [s])]
+
+    async def _score_group(self, fn: Any, group: list[Sample], rollouts: list[list[Sample]]) -> None:
+        """``--group-reward``: once no sample of ``group`` is left to generate (none aborted or pending), score the
+        rollouts that finished, one representative sample each (``rollouts[i][0]``), and give each rollout its
+        score; a failure fails the rollouts it concerns, with its cause."""
+        if any(s.status in (Status.ABORTED, Status.PENDING) for s in group):
+            return  # partial rollout: the group returns to the buffer and is scored when it completes
+        todo = [outs for outs in rollouts if outs[0].status in (Status.COMPLETED, Status.TRUNCATED)]
+        if not todo:
+            return
+        timeout = self.config.reward_timeout
+        try:
+            rewards: list[Any] = await call_group_reward(fn, self.args, [outs[0] for outs in todo], timeout)
+        except Exception as e:  # noqa: BLE001 - every rollout of the group fails with the cause
+            rewards = [e] * len(todo)
+        for outs, reward in zip(todo, rewards, strict=True):
+            if isinstance(reward, Exception):
+                cause = classify_failure(reward, "reward")
+                logger.warning(
+                    "group %d: sample %d failed (%s): %s", outs[0].group_index, outs[0].index, cause.value, reward
+                )
+                for s in outs:
+                    mark_failed(s, cause, reward)
+            else:
+                _set_reward(self.config, outs, reward)
+        if self.teacher is not None:
+            scored = [s for outs in todo for s in outs if s.status in (Status.COMPLETED, Status.TRUNCATED)]
+            try:
+                await self.teacher.score(scored)
+            except Exception as e:  # noqa: BLE001
+                cause = classify_failure(e, "teacher")
+                for s in scored:
+                    mark_failed(s, cause, e)
+
+
+def _set_reward(
+    cfg: RolloutConfig, outs: list[Sample], reward: float | dict[str, float], overlong: bool = True
+) -> None:
+    """Give every scorable sample of one rollout (``outs``: the sample, or its fan-out segments) the reward, and the
+    first one's metadata keys the others lack; then DAPO's overlong filter / soft punishment when enabled
+    (:func:`vime_core.rollout.overlong.apply_overlong`; not for evaluation, ``overlong=False``)."""
+    scored = [s for s in outs if s.status in (Status.COMPLETED, Status.TRUNCATED)]
+    for s in scored:
+        s.reward = copy.deepcopy(reward)
+        s.metadata.update({k: v for k, v in scored[0].metadata.items() if k not in s.metadata})
+        if overlong:
+            apply_overlong(cfg, s)
+
+
+def sample_seed(seed: int, step: int, group_index: int, sample_index: int) -> int:
+    """The engine sampling seed of one sample (vLLM's per-request ``seed``), so that a run's sampling is reproducible
+    from ``--seed`` while the samples of a group (same prompt, different ``sample_index``) differ.
+
+    The first 8 bytes of BLAKE2b over ``"vime-rollout-seed:{seed}:{step}:{group_index}:{sample_index}"`` as a
+    little-endian integer, top bit cleared (a non-negative int64, what vLLM and ``torch.Generator`` accept).
+
+    :param seed: ``--seed``.
+    :param step: the rollout step generating the sample (``-1`` in ``--loop fully-async``'s producer); a sample
+        resumed by partial rollout in a later step gets a new seed.
+    :param group_index: the group's run-wide index (:class:`~vime_core.data.source.DataSource` numbers groups).
+    :param sample_index: the sample's index in its group.
+    :return: an int in ``[0, 2**63)``.
+    """
+    key = f"vime-rollout-seed:{seed}:{step}:{group_index}:{sample_index}".encode()
+    return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little") & (2**63 - 1)
+
+
+def prepare_resume(sample: Sample, current_version: int, mask_offpolicy: bool) -> int:
+    """Make an aborted sample ready to continue generating (status ``pending``, response kept).
+
+    Records ``metadata["partial_rollout"] = {"resumes": k, "resumed_at_tokens": [...], "masked_tokens": m}``
+    (``resumed_at_tokens``: the response length at each resume) when the sample has a partial response.
+
+    :param sample: an ``aborted`` sample whose ``tokens`` = prompt + partial response.
+    :param current_version: the weight version the engines serve now (the continuation's version).
+    :param mask_offpolicy: set ``loss_mask`` to 0 on the response tokens whose weight version is older than
+        ``current_version`` (``--mask-offpolicy-in-partial-rollout``).
+    :return: how many tokens were newly masked.
+    """
+    masked = 0
+    if mask_offpolicy:
+        for i, (m, v) in enumerate(zip(sample.loss_mask, sample.weight_versions, strict=True)):
+            if m and v < current_version:
+                sample.loss_mask[i] = 0
+                masked += 1
+    if sample.response_length:
+        meta = sample.metadata.setdefault(
+            "partial_rollout", {"resumes": 0, "resumed_at_tokens": [], "masked_tokens": 0}
+        )
+        meta["resumes"] += 1
+        meta["resumed_at_tokens"].append(sample.response_length)
+        meta["masked_tokens"] += masked
+    sample.status = Status.PENDING
+    return masked
+
+
+def needs_generation(sample: Sample) -> bool:
+    """False for a sample of a returned group that already finished (completed, truncated or failed)."""
+    return sample.status not in FINISHED_STATUSES
