@@ -2,7 +2,7 @@
 
 Runs one real ``coding_agent`` episode on HumanEval/0 — the real Codex CLI (``vime agent prepare codex``) in a
 sandbox of ``--sandbox`` (``local`` or ``docker``), through the real :class:`AgentGateway` — with a
-:class:`ScriptedBackend` as the engine (one answer: ``Done.``), captures the Responses API body Codex sent first, and
+:class:`ScriptedResponder` as the engine (one answer: ``Done.``), captures the Responses API body Codex sent first, and
 prints the rendered prompt's token count (the gateway's chat template and SmolLM2-135M-Instruct's tokenizer by
 default) split into its parts:
 
@@ -28,9 +28,8 @@ import json
 import sys
 from pathlib import Path
 
-from vime_core.agent import apis
-from vime_core.agent import gateway as gateway_mod
-from vime_core.agent.backends import ScriptedBackend
+from vime_core.agent.apis import openai_responses
+from vime_core.agent.responders import ScriptedResponder
 from vime_core.arguments import default_args
 from vime_core.data.humaneval_export import load_problems, problem_to_row
 from vime_core.plugins import get_plugins
@@ -55,13 +54,13 @@ def main() -> None:
         model = Path.home() / ".cache" / "vime" / "models" / a.model
     tok = AutoTokenizer.from_pretrained(str(model))
     bodies: list[dict] = []
-    orig = apis.parse_responses
+    orig = openai_responses.parse_responses
 
     def capture(body, history=None):
         bodies.append(body)
         return orig(body, history)
 
-    gateway_mod.parse_responses = capture
+    openai_responses.parse_responses = capture  # the name the /v1/responses route calls
     get_plugins().resolve("agent", "codex")().prepare(log=lambda *x: None)
     extra = {}
     if a.sandbox == "docker":
@@ -75,7 +74,7 @@ def main() -> None:
         **extra,
     )  # fmt: skip
     row = problem_to_row(load_problems()[0])
-    backend = ScriptedBackend(tok, ["Done."])
+    backend = ScriptedResponder(tok, ["Done."])
     ctx = RolloutContext(client=backend, tokenizer=tok, weight_version=0)
     set_rollout_context(ctx)
     try:

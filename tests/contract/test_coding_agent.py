@@ -1,7 +1,7 @@
 """``coding_agent`` end to end without an engine: a real ``local`` sandbox, the real agent gateway (HTTP on
 127.0.0.1, reached from inside the sandbox through ``expose_host_port``), a real OpenAI-API client (the ``openai``
 SDK in a script run inside the sandbox, applying the model's ``write_file`` tool calls) and the real ``tests`` reward
-in a fresh sandbox. The engine is a :class:`ScriptedBackend`: the scripted turns write HumanEval/0's canonical
+in a fresh sandbox. The engine is a :class:`ScriptedResponder`: the scripted turns write HumanEval/0's canonical
 solution (and try to overwrite the hidden tests), so the reward must be exactly 1.0 and the Samples' trained tokens
 exactly the scripted turns' tokens. Failed episodes must come back as excluded placeholders."""
 
@@ -15,8 +15,8 @@ import time
 
 import pytest
 
-from vime_core.agent.backends import ScriptedBackend
 from vime_core.agent.harness import AgentHarness, AgentHarnessError, AgentRunResult
+from vime_core.agent.responders import ScriptedResponder
 from vime_core.arguments import default_args
 from vime_core.data.humaneval_export import load_problems, problem_to_row
 from vime_core.plugins import get_plugins
@@ -113,7 +113,7 @@ def context(tok):
     made: list[RolloutContext] = []
 
     def make(script):
-        backend = ScriptedBackend(tok, script)
+        backend = ScriptedResponder(tok, script)
         ctx = RolloutContext(client=backend, tokenizer=tok, weight_version=3)
         set_rollout_context(ctx)
         made.append(ctx)

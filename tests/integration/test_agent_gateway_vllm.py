@@ -15,8 +15,8 @@ import anthropic
 import openai
 import pytest
 
-from vime_core.agent.backends import RouterBackend
 from vime_core.agent.gateway import AgentGateway
+from vime_core.agent.responders import RouterResponder
 from vime_core.agent.trajectory import Drift, check_token_exact
 from vime_core.rollout.client import RouterClient
 from vime_core.types import Sample, Status
@@ -44,7 +44,7 @@ def tok(tiny_model_dir):
 def gateway(router, vllm_server, tok):
     gw = AgentGateway(
         tok,
-        RouterBackend(router.url, vllm_server.served_model_name, timeout_s=300),
+        RouterResponder(router.url, vllm_server.served_model_name, timeout_s=300),
         served_model_name=vllm_server.served_model_name,
         ping_interval_s=1.0,
     )

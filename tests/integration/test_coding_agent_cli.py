@@ -1,5 +1,5 @@
 """``coding_agent`` with the **real agent CLIs** (Claude Code, Codex; prepared from npm) in real sandboxes (docker,
-local), the real gateway and the real ``tests`` reward: the engine is a :class:`ScriptedBackend` whose turns make the
+local), the real gateway and the real ``tests`` reward: the engine is a :class:`ScriptedResponder` whose turns make the
 agent write HumanEval/0's canonical solution with its own shell tool, so the reward must be exactly 1.0 and the
 episode's trained tokens exactly the scripted turns' tokens. (The same with the real policy: test_coding_agent_run.py.)
 """
@@ -12,7 +12,7 @@ import shlex
 
 import pytest
 
-from vime_core.agent.backends import ScriptedBackend
+from vime_core.agent.responders import ScriptedResponder
 from vime_core.arguments import default_args
 from vime_core.data.humaneval_export import load_problems, problem_to_row
 from vime_core.plugins import get_plugins
@@ -72,7 +72,7 @@ def test_scripted_cli_episode_reward_one_token_exact(tok, agent, sandbox):
     problem = load_problems()[0]
     row = problem_to_row(problem, include_solution=True)
     script = _write_turns(agent, "solution.py", row["metadata"]["canonical_solution"])
-    backend = ScriptedBackend(tok, script)
+    backend = ScriptedResponder(tok, script)
     ctx = RolloutContext(client=backend, tokenizer=tok, weight_version=0)
     set_rollout_context(ctx)
     args = default_args(

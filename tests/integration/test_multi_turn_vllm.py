@@ -10,7 +10,7 @@ import re
 
 import pytest
 
-from vime_core.agent.backends import RouterBackend
+from vime_core.agent.responders import RouterResponder
 from vime_core.arguments import default_args
 from vime_core.plugins import get_plugins
 from vime_core.rollout.context import RolloutContext, set_rollout_context
@@ -39,7 +39,7 @@ def rollout_context(router, vllm_server, tok):
     if not numeric:
         vllm_server.set_weight_version(0)
     ctx = RolloutContext(
-        client=RouterBackend(router.url, vllm_server.served_model_name, timeout_s=300),
+        client=RouterResponder(router.url, vllm_server.served_model_name, timeout_s=300),
         tokenizer=tok,
         weight_version=int(version) if numeric else 0,
     )
@@ -116,10 +116,10 @@ def test_forced_tool_loop_is_exact(rollout_context, tok):
 def test_sandbox_shell_tool(tok):
     """``--multi-turn-sandbox-tool bash``: the model's shell calls run in a real ``local`` sandbox, one per episode
     (the engine is scripted here: only the sandbox is under test)."""
-    from vime_core.agent.backends import ScriptedBackend
+    from vime_core.agent.responders import ScriptedResponder
 
     call = '<tool_call>\n{"name": "bash", "arguments": {"command": "echo hi; echo oops >&2; exit 3"}}\n</tool_call>'
-    backend = ScriptedBackend(tok, [call, "done"])
+    backend = ScriptedResponder(tok, [call, "done"])
     set_rollout_context(RolloutContext(client=backend, tokenizer=tok, weight_version=0))
     try:
         args = default_args(

@@ -52,11 +52,11 @@ def test_multi_turn_shell_tool_runs_in_the_chosen_sandbox(backend):
 
 def _scripted_episode(tok, args, script: list[str]):
     """Run the real ``multi_turn`` generate function with a scripted engine: only the sandbox is under test."""
-    from vime_core.agent.backends import ScriptedBackend
+    from vime_core.agent.responders import ScriptedResponder
     from vime_core.rollout.context import RolloutContext, set_rollout_context
     from vime_core.types import Sample
 
-    backend = ScriptedBackend(tok, script)
+    backend = ScriptedResponder(tok, script)
     set_rollout_context(RolloutContext(client=backend, tokenizer=tok, weight_version=0))
     try:
         generate = get_plugins().resolve("generate", "multi_turn")

@@ -17,8 +17,8 @@ import anthropic
 import openai
 import pytest
 
-from vime_core.agent.backends import ScriptedBackend, ScriptedTurn
 from vime_core.agent.gateway import AgentGateway
+from vime_core.agent.responders import ScriptedResponder, ScriptedTurn
 from vime_core.agent.tool_parsers import HermesToolParser, tool_schema
 from vime_core.agent.trajectory import Drift, TurnRecord, check_token_exact
 from vime_core.testing.samples import chain_mask
@@ -187,7 +187,7 @@ def test_streaming_responses_match_non_streaming(gateway, tok):
     tools = [{"name": "get_weather", "description": "w", "input_schema": WEATHER["parameters"]}]
     for sid in ("s1", "s2", "s3"):
         gw.open_session(sid)
-        backend_script = gw.backend.script
+        backend_script = gw.responder.script
         backend_script[sid] = [CALL, FINAL]
     a = an(gw, "s1")
     with a.messages.stream(
@@ -566,7 +566,7 @@ def test_context_overflow_errors_are_the_ones_each_client_recognises(gateway):
     assert len(backend.calls) == 1  # no refused request reached the engine
 
 
-class _EngineRefusingLongPrompts(ScriptedBackend):
+class _EngineRefusingLongPrompts(ScriptedResponder):
     """Answers like vLLM behind the router for a prompt over its max_model_len (RouterClient's error text)."""
 
     async def generate(self, prompt_token_ids, sampling_params, session_id=None):

@@ -34,8 +34,8 @@ from dataclasses import dataclass, field
 import openai
 import pytest
 
-from vime_core.agent.backends import ScriptedBackend, ScriptedTurn
 from vime_core.agent.gateway import AgentGateway
+from vime_core.agent.responders import ScriptedResponder, ScriptedTurn
 from vime_core.agent.trajectory import Drift
 from vime_core.arguments import default_args
 from vime_core.plugins import get_plugins
@@ -281,7 +281,7 @@ def check_against_templates(tok, style: Style, calls, sample: Sample) -> None:
 def run_multi_turn(tok, style: Style, tmp_path) -> tuple[Sample, list]:
     path = tmp_path / "template.jinja"
     path.write_text(style.template)
-    backend = ScriptedBackend(tok, script(tok, style), weight_version=3)
+    backend = ScriptedResponder(tok, script(tok, style), weight_version=3)
     set_rollout_context(RolloutContext(client=backend, tokenizer=tok, weight_version=3))
     try:
         args = default_args(
@@ -303,7 +303,7 @@ def run_multi_turn(tok, style: Style, tmp_path) -> tuple[Sample, list]:
 
 
 def run_gateway(tok, style: Style) -> tuple[Sample, list, list]:
-    backend = ScriptedBackend(tok, script(tok, style))
+    backend = ScriptedResponder(tok, script(tok, style))
     with AgentGateway(tok, backend, chat_template=style.template, tool_parser=style.parser) as gw:
         gw.open_session("m")
         c = openai.OpenAI(base_url=f"{gw.url}/v1", api_key="m", max_retries=0, timeout=60)

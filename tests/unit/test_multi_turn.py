@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from vime_core.agent.backends import ScriptedBackend, ScriptedTurn
+from vime_core.agent.responders import ScriptedResponder, ScriptedTurn
 from vime_core.agent.tool_parsers import (
     HermesToolParser,
     OpenAIJsonToolParser,
@@ -38,7 +38,7 @@ def tok(tiny_model_dir):
 
 
 def run(tok, script, *, prompt="What is 6 * 7?", max_tokens=200, **flags):
-    backend = ScriptedBackend(tok, script, weight_version=5)
+    backend = ScriptedResponder(tok, script, weight_version=5)
     set_rollout_context(RolloutContext(client=backend, tokenizer=tok, weight_version=5))
     try:
         flags.setdefault("multi_turn_tools", ["vime_core.rollout.tools:calculator"])

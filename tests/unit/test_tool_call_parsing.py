@@ -14,7 +14,7 @@ import anthropic
 import openai
 import pytest
 
-from vime_core.agent.backends import ScriptedBackend
+from vime_core.agent.responders import ScriptedResponder
 from vime_core.agent.tool_parsers import HermesToolParser, OpenAIJsonToolParser, ParseResult, get_tool_parser
 from vime_core.arguments import default_args
 from vime_core.plugins import get_plugins
@@ -159,7 +159,7 @@ def tok(tiny_model_dir):
 
 
 def run_multi_turn(tok, script, max_tokens):
-    backend = ScriptedBackend(tok, script)
+    backend = ScriptedResponder(tok, script)
     set_rollout_context(RolloutContext(client=backend, tokenizer=tok, weight_version=0))
     try:
         args = default_args(apply_chat_template=True, multi_turn_tools=["write_file"])

@@ -6,6 +6,7 @@ import torch
 
 from vime_core.algorithms.logprobs import sequence_log_probs
 from vime_core.testing.trainer_args import trainer_args
+from vime_core.trainer.padding import left_padded_batch, response_slices
 from vime_core.trainer.torch_backend import TorchTrainer
 from vime_core.types import Sample, Status
 
@@ -30,3 +31,17 @@ def test_batched_response_log_probs_match_unpadded_forward(tiny_model_dir):
         ref = sequence_log_probs(trainer.model, s.tokens, s.prompt_length)
         assert lp.shape == (s.response_length,)
         torch.testing.assert_close(lp.detach(), ref, atol=1e-5, rtol=0)
+
+
+def test_left_padded_batch_exact_layout():
+    """The batch both the policy's log-probs and the critic's values are computed on: ids right-aligned, position
+    ids counting from each sample's first real token, ``keep`` = longest response + 1."""
+    a = Sample(tokens=[5, 6, 7, 8], response_length=2)
+    b = Sample(tokens=[9, 10], response_length=1)
+    batch = left_padded_batch([a, b])
+    assert batch.input_ids.tolist() == [[5, 6, 7, 8], [0, 0, 9, 10]]
+    assert batch.attention_mask.tolist() == [[1, 1, 1, 1], [0, 0, 1, 1]]
+    assert batch.position_ids.tolist() == [[0, 1, 2, 3], [0, 0, 0, 1]]
+    assert (batch.keep, batch.seq_len) == (3, 4)
+    x = torch.arange(6).reshape(2, 3)
+    assert [t.tolist() for t in response_slices(x, [a, b])] == [[1, 2], [5]]

@@ -4,12 +4,15 @@ An unmodified agent (Claude Code: ``ANTHROPIC_BASE_URL=<url>``, ``ANTHROPIC_AUTH
 OpenAI client: ``base_url=<url>/v1``, ``api_key=<session id>``) talks to the gateway as it would to the vendor's API.
 For each request the gateway renders the conversation with the policy's chat template (tools included), builds the
 prompt ids incrementally (:meth:`~vime_core.agent.trajectory.Trajectory.plan`: held ids reused, only new text
-tokenised), calls the backend with token ids (the router: :class:`~vime_core.agent.backends.RouterBackend`; or a
-:class:`~vime_core.agent.backends.ScriptedBackend`), parses tool calls, answers in the API's format (streamed or not)
-and records a :class:`~vime_core.agent.trajectory.TurnRecord` in the session's trajectory.
+tokenised), calls its responder with token ids (the router: :class:`~vime_core.agent.responders.RouterResponder`; or a
+:class:`~vime_core.agent.responders.ScriptedResponder`), parses tool calls, answers in the API's format (streamed or
+not) and records a :class:`~vime_core.agent.trajectory.TurnRecord` in the session's trajectory.
 
-Endpoints (``127.0.0.1`` by default): ``POST /v1/messages`` and ``/v1/messages/count_tokens`` (Anthropic),
-``POST /v1/chat/completions``, ``POST /v1/responses``, ``GET /v1/models``, ``GET /health``.
+Endpoints (``127.0.0.1`` by default), one router per API under :mod:`vime_core.agent.apis`: ``POST /v1/messages`` and
+``/v1/messages/count_tokens`` (Anthropic, :mod:`~vime_core.agent.apis.anthropic_messages`),
+``POST /v1/chat/completions`` (:mod:`~vime_core.agent.apis.openai_chat`), ``POST /v1/responses``
+(:mod:`~vime_core.agent.apis.openai_responses`); and here ``GET /v1/models``, ``GET /health``. This module holds the
+sessions (:class:`~vime_core.agent.session.Session`) and serves a turn whatever the API; the API modules convert.
 
 Sessions are keyed by the API key (``x-api-key``) or bearer token (``Authorization: Bearer``): call
 :meth:`AgentGateway.open_session` before an episode and :meth:`AgentGateway.close_session` after it to get the
@@ -30,117 +33,76 @@ Behaviour worth knowing:
 * **Turns cut by the token budget** come back as text with stop reason ``max_tokens`` / ``length`` and no tool calls
   (a call cut in the middle is never executed); they are recorded truncated (not trained).
 * **Tool results** must answer, by id, a call of the assistant message right before them (400 otherwise) and are
-  rendered in the order of the calls (:func:`~vime_core.agent.apis.pair_tool_results`).
+  rendered in the order of the calls (:func:`~vime_core.agent.apis.common.pair_tool_results`).
 * **Context overflow**: a prompt that leaves no room to generate within ``max_context_len``, or that the engine
   refuses as longer than its ``max_model_len``, gets the error each client acts on
-  (:func:`~vime_core.agent.apis.context_overflow_error`: Anthropic "prompt is too long: N tokens > M maximum", OpenAI
-  ``context_length_exceeded``, in a ``response.failed`` event for a streamed Responses request); it does not count
-  against ``max_turns``, and the samples record ``context_exhausted`` / ``context_overflows``.
+  (:func:`~vime_core.agent.apis.common.context_overflow_error`: Anthropic "prompt is too long: N tokens > M
+  maximum", OpenAI ``context_length_exceeded``, in a ``response.failed`` event for a streamed Responses request); it
+  does not count against ``max_turns``, and the samples record ``context_exhausted`` / ``context_overflows``.
 * **Streaming** sends ``message_start`` / ``response.created`` at once and pings while the engine works, then the
   whole turn (the engine call itself is not streamed).
 """
 
 from __future__ import annotations
 
-import asyncio
-import copy
-import json
 import logging
 import re
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
 from typing import Any
 
-from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi import APIRouter, FastAPI, Request
 
-from vime_core.agent.apis import (
-    CONTEXT_LENGTH_EXCEEDED,
-    APIError,
-    ChatRequest,
-    ChatResult,
-    anthropic_error,
-    anthropic_events,
-    anthropic_message,
-    anthropic_start_event,
-    chat_chunks,
-    chat_completion,
-    context_overflow_error,
-    openai_error,
-    parse_anthropic,
-    parse_chat,
-    parse_responses,
-    responses_events,
-    responses_object,
-    responses_output,
-)
-from vime_core.agent.backends import GatewayBackend, engine_versions
-from vime_core.agent.chat import ChatMessage, ChatRenderer, ModelTurn
+from vime_core.agent.apis import anthropic_messages, openai_chat, openai_responses
+from vime_core.agent.apis.common import APIError, ChatRequest, ChatResult, context_overflow_error, gateway_of
+from vime_core.agent.chat import ChatRenderer, ModelTurn
+from vime_core.agent.responders import Responder, engine_versions
+from vime_core.agent.session import Session, signature
 from vime_core.agent.tool_parsers import ToolCall, ToolParser
-from vime_core.agent.trajectory import DEFAULT_MAX_REALIGN_TOKENS, Placement, Trajectory, TurnRecord
+from vime_core.agent.trajectory import DEFAULT_MAX_REALIGN_TOKENS, Trajectory, TurnRecord
 from vime_core.types import Sample
 
 logger = logging.getLogger("vime.agent")
 
-#: Responses API: how many responses per session ``previous_response_id`` can refer to (the most recent ones).
-MAX_STORED_RESPONSES = 32
 #: vLLM's refusal of a prompt longer than the engine's context (``max_model_len``); group 1 is that length
 _ENGINE_CONTEXT_LIMIT = re.compile(r"maximum (?:context|model) length (?:is |of )?(\d+)")
 #: error message of a request beyond the session's ``max_turns`` (harnesses look for it to report ``max_turns``)
 TURN_BUDGET_MESSAGE = "vime agent gateway: the episode's turn budget is spent"
 
 
-def _signature(content: str, calls: list[ToolCall]) -> str:
-    """What identifies an assistant message when a client re-sends it: its text (surrounding whitespace ignored) and
-    its calls' names and arguments (ids differ between APIs)."""
-    return json.dumps([content.strip(), [[c.name, c.arguments] for c in calls]], sort_keys=True, ensure_ascii=False)
+#: the routes that are no API's: the model list and the health check
+_misc = APIRouter()
 
 
-@dataclass
-class Session:
-    """One agent episode's state (internal; use the gateway's methods).
+@_misc.get("/v1/models")
+async def models(request: Request) -> Any:
+    """The one served model, as an Anthropic model list (``anthropic-version`` header) or an OpenAI one."""
+    name = gateway_of(request).served_model_name
+    if request.headers.get("anthropic-version"):
+        return {
+            "data": [{"type": "model", "id": name, "display_name": name, "created_at": "1970-01-01T00:00:00Z"}],
+            "has_more": False,
+            "first_id": name,
+            "last_id": name,
+        }
+    return {"object": "list", "data": [{"id": name, "object": "model", "created": 0, "owned_by": "vime"}]}
 
-    :ivar sid: the API key / bearer token.
-    :ivar trajectory: the turns placed so far.
-    :ivar turns: every recorded turn, in arrival order.
-    :ivar sampling_params: engine parameters that override the request's.
-    :ivar max_context_len: prompt + output token limit (``None``: the gateway's).
-    :ivar max_turns: model calls allowed (``None``: no limit); later requests get a 400 with
-        :data:`TURN_BUDGET_MESSAGE` and are not recorded.
-    """
 
-    sid: str
-    trajectory: Trajectory
-    sampling_params: dict[str, Any] = field(default_factory=dict)
-    max_context_len: int | None = None
-    metadata: dict[str, Any] = field(default_factory=dict)
-    turns: list[TurnRecord] = field(default_factory=list)
-    placements: list[Placement] = field(default_factory=list)
-    responses: dict[str, list[ChatMessage]] = field(default_factory=dict)
-    generated: dict[str, ModelTurn] = field(default_factory=dict)  # history="model": signature → the model's output
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    idle: threading.Condition = field(init=False)
-    inflight: int = 0
-    closed: bool = False
-    errors: int = 0
-    max_turns: int | None = None
-    started_turns: int = 0
-    refused_turns: int = 0
-    context_overflows: int = 0
-
-    def __post_init__(self) -> None:
-        self.idle = threading.Condition(self.lock)
+@_misc.get("/health")
+async def health(request: Request) -> Any:
+    """``{"status": "ok", "sessions": <open sessions>}``."""
+    return {"status": "ok", "sessions": gateway_of(request).session_count}
 
 
 class AgentGateway:
     """Anthropic/OpenAI-compatible recording proxy (see the module docstring).
 
     :param tokenizer: the policy's Hugging Face tokenizer.
-    :param backend: a :class:`~vime_core.agent.backends.GatewayBackend` (router or scripted).
+    :param responder: what answers the engine calls, a :class:`~vime_core.agent.responders.Responder` (router or
+        scripted).
     :param host: bind address (127.0.0.1 by default; the gateway has no authentication beyond session keys).
     :param port: TCP port (0: a free one, see :attr:`url` after :meth:`start`).
     :param chat_template: template source overriding the tokenizer's.
@@ -165,7 +127,7 @@ class AgentGateway:
     def __init__(
         self,
         tokenizer: Any,
-        backend: GatewayBackend,
+        responder: Responder,
         *,
         host: str = "127.0.0.1",
         port: int = 0,
@@ -188,7 +150,7 @@ class AgentGateway:
         self.renderer = ChatRenderer(
             tokenizer, chat_template=chat_template, tool_parser=tool_parser, template_kwargs=template_kwargs
         )
-        self.backend = backend
+        self.responder = responder
         self.host, self.port = host, port
         self.served_model_name = served_model_name
         self.max_realign_tokens = max_realign_tokens
@@ -296,7 +258,16 @@ class AgentGateway:
         with session.lock:
             return list(session.turns)
 
-    def _session(self, sid: str | None) -> Session:
+    @property
+    def session_count(self) -> int:
+        """How many sessions are open."""
+        return len(self._sessions)
+
+    def lookup_session(self, sid: str | None) -> Session:
+        """The open session of API key ``sid`` (opened here when ``auto_open_sessions``).
+
+        :raises APIError: 401 for a missing key, or an unknown or closed session.
+        """
         if not sid:
             raise APIError(401, "authentication_error", "missing API key (x-api-key or Authorization: Bearer)")
         with self._lock:
@@ -361,7 +332,7 @@ class AgentGateway:
             generated = dict(session.generated)
         turns: dict[int, ModelTurn] = {}
         for i, m in enumerate(req.messages):
-            turn = generated.get(_signature(m.content, m.tool_calls)) if m.role == "assistant" else None
+            turn = generated.get(signature(m.content, m.tool_calls)) if m.role == "assistant" else None
             if turn is not None:
                 turns[i] = turn
         if not turns:
@@ -373,10 +344,14 @@ class AgentGateway:
 
     def _remember_output(self, session: Session, content: str, calls: list[ToolCall], ids: list[int]) -> None:
         """history="model": remember the raw output behind the message the client will re-send (session locked)."""
-        session.generated[_signature(content, calls)] = self.renderer.model_turn(ids)
+        session.generated[signature(content, calls)] = self.renderer.model_turn(ids)
 
-    def _prepare(self, session: Session, req: ChatRequest) -> tuple[Any, dict[str, Any]]:
-        """Render, plan the prompt ids, choose sampling parameters (no engine call)."""
+    def prepare_turn(self, session: Session, req: ChatRequest) -> tuple[Any, dict[str, Any]]:
+        """Render, plan the prompt ids, choose sampling parameters (no engine call).
+
+        :return: ``(prompt plan, engine sampling parameters)``.
+        :raises APIError: 400 for a template failure or a bad request; the context-overflow error of the API.
+        """
         try:
             text = self._render(session, req)
         except Exception as e:  # noqa: BLE001 - a template error is the request's fault
@@ -385,8 +360,12 @@ class AgentGateway:
             plan = session.trajectory.plan(text, self.renderer.encode, self.renderer.decode)
         return plan, self._sampling_params(session, req, len(plan.prompt_ids))
 
-    async def _generate(self, session: Session, req: ChatRequest, plan: Any, params: dict[str, Any]) -> ChatResult:
-        """:meth:`_turn`, with any unexpected failure turned into an API error (500) that the client can read."""
+    async def generate_turn(self, session: Session, req: ChatRequest, plan: Any, params: dict[str, Any]) -> ChatResult:
+        """Call the engine, parse, record the turn (for a turn :meth:`prepare_turn` planned), any unexpected failure
+        turned into an API error (500) that the client can read.
+
+        :raises APIError: engine failure or abort (529/503), the engine's refusal (400), a gateway error (500).
+        """
         try:
             return await self._turn(session, req, plan, params)
         except APIError:
@@ -398,7 +377,7 @@ class AgentGateway:
     async def _turn(self, session: Session, req: ChatRequest, plan: Any, params: dict[str, Any]) -> ChatResult:
         """Call the engine, parse, record the turn; the result for the API layer."""
         try:
-            out = await self.backend.generate(plan.prompt_ids, params, session_id=session.sid)
+            out = await self.responder.generate(plan.prompt_ids, params, session_id=session.sid)
         except APIError:
             raise
         except Exception as e:  # noqa: BLE001 - engine/router failure: a server error the agent may retry
@@ -486,15 +465,19 @@ class AgentGateway:
 
         :raises APIError: unknown session (401), bad request (400), engine failure or abort (529/503).
         """
-        session = self._session(sid)
-        self._enter(session)
+        session = self.lookup_session(sid)
+        self.begin_turn(session)
         try:
-            plan, params = self._prepare(session, req)
-            return await self._generate(session, req, plan, params)
+            plan, params = self.prepare_turn(session, req)
+            return await self.generate_turn(session, req, plan, params)
         finally:
-            self._leave(session)
+            self.end_turn(session)
 
-    def _enter(self, session: Session) -> None:
+    def begin_turn(self, session: Session) -> None:
+        """Count a model call against the session's ``max_turns`` and mark it in flight (pair with :meth:`end_turn`).
+
+        :raises APIError: 400 with :data:`TURN_BUDGET_MESSAGE` once the budget is spent (the call is not recorded).
+        """
         with session.lock:
             if session.max_turns is not None and session.started_turns >= session.max_turns:
                 session.refused_turns += 1
@@ -502,248 +485,27 @@ class AgentGateway:
             session.started_turns += 1
             session.inflight += 1
 
-    def _leave(self, session: Session) -> None:
+    def end_turn(self, session: Session) -> None:
+        """A call of :meth:`begin_turn` is over (answered, refused or failed): wake :meth:`close_session`."""
         with session.idle:
             session.inflight -= 1
             session.idle.notify_all()
 
     # -- HTTP ------------------------------------------------------------------------------------------------
-    def _build_app(self) -> Any:
+    def _build_app(self) -> FastAPI:
+        """The FastAPI app: one router per API and :data:`_misc`; the gateway is ``app.state.gateway``."""
+
         @asynccontextmanager
         async def lifespan(app: Any) -> AsyncIterator[None]:
             yield
-            close = getattr(self.backend, "aclose", None)
+            close = getattr(self.responder, "aclose", None)
             if close is not None:
                 await close()
 
         app = FastAPI(title="vime agent gateway", lifespan=lifespan)
-
-        def key_of(request: Request) -> str | None:
-            key = request.headers.get("x-api-key")
-            if key:
-                return key
-            auth = request.headers.get("authorization", "")
-            return auth[7:].strip() if auth.lower().startswith("bearer ") else None
-
-        def error(e: APIError, api: str) -> JSONResponse:
-            return JSONResponse(anthropic_error(e) if api == "anthropic" else openai_error(e), status_code=e.status)
-
-        async def body_of(request: Request, api: str) -> dict[str, Any]:
-            try:
-                body = await request.json()
-            except (json.JSONDecodeError, UnicodeDecodeError) as e:
-                raise APIError(400, "invalid_request_error", f"body is not JSON: {e}") from e
-            if not isinstance(body, dict):
-                raise APIError(400, "invalid_request_error", "body must be a JSON object")
-            return body
-
-        def sse(event: dict[str, Any]) -> bytes:
-            return f"event: {event['type']}\ndata: {json.dumps(event, ensure_ascii=False)}\n\n".encode()
-
-        def data(obj: dict[str, Any]) -> bytes:
-            return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n".encode()
-
-        async def serve(
-            request: Request,
-            api: str,
-            parse: Callable[[dict[str, Any], Session], ChatRequest],
-            respond: Callable[[ChatRequest, ChatResult, Any], dict[str, Any]],
-            stream: Callable[[ChatRequest, Any, asyncio.Task, Session], AsyncIterator[bytes]],
-        ) -> Any:
-            try:
-                session = self._session(key_of(request))
-                req = parse(await body_of(request, api), session)
-                self._enter(session)
-            except APIError as e:
-                return error(e, api)
-            try:
-                plan, params = self._prepare(session, req)
-            except APIError as e:
-                self._leave(session)
-                if req.stream and api == "responses" and e.code == CONTEXT_LENGTH_EXCEEDED:
-                    # OpenAI reports it in the stream: Codex reads the code only from a response.failed event
-                    return StreamingResponse(
-                        responses_failed_stream(req, e),
-                        media_type="text/event-stream",
-                        headers={"cache-control": "no-cache"},
-                    )
-                return error(e, api)
-            task = asyncio.ensure_future(self._generate(session, req, plan, params))
-            task.add_done_callback(lambda _t: self._leave(session))
-            if req.stream:
-                return StreamingResponse(
-                    stream(req, plan, task, session),
-                    media_type="text/event-stream",
-                    headers={"cache-control": "no-cache"},
-                )
-            try:
-                res = await asyncio.shield(task)  # a client that hangs up does not cancel the turn (it is recorded)
-            except APIError as e:
-                return error(e, api)
-            return JSONResponse(respond(req, res, session))
-
-        async def wait_with_pings(task: asyncio.Task, ping: bytes | None) -> AsyncIterator[bytes]:
-            while not task.done():
-                done, _ = await asyncio.wait({task}, timeout=self.ping_interval_s)
-                if not done and ping is not None:
-                    yield ping
-
-        # Anthropic ------------------------------------------------------------------------------------------
-        async def anthropic_stream(
-            req: ChatRequest, plan: Any, task: asyncio.Task, session: Session
-        ) -> AsyncIterator[bytes]:
-            msg_id = "msg_" + uuid.uuid4().hex[:24]
-            yield sse(anthropic_start_event(req, msg_id, len(plan.prompt_ids)))
-            async for ping in wait_with_pings(task, sse({"type": "ping"})):
-                yield ping
-            try:
-                res = task.result()
-            except APIError as e:
-                yield sse(anthropic_error(e))
-                return
-            for ev in anthropic_events(res):
-                yield sse(ev)
-
-        @app.post("/v1/messages")
-        async def messages(request: Request) -> Any:
-            return await serve(
-                request,
-                "anthropic",
-                lambda b, s: parse_anthropic(b),
-                lambda req, res, s: anthropic_message(req, res, "msg_" + uuid.uuid4().hex[:24]),
-                anthropic_stream,
-            )
-
-        @app.post("/v1/messages/count_tokens")
-        async def count_tokens(request: Request) -> Any:
-            try:
-                self._session(key_of(request))
-                body = await body_of(request, "anthropic")
-                req = parse_anthropic({"max_tokens": 1, **body})
-                text = self.renderer.render(req.messages, req.tools or None)
-            except APIError as e:
-                return error(e, "anthropic")
-            return JSONResponse({"input_tokens": len(self.renderer.encode(text))})
-
-        # OpenAI Chat Completions ----------------------------------------------------------------------------
-        async def chat_stream(
-            req: ChatRequest, plan: Any, task: asyncio.Task, session: Session
-        ) -> AsyncIterator[bytes]:
-            cid = "chatcmpl-" + uuid.uuid4().hex[:24]
-            async for ping in wait_with_pings(task, b": ping\n\n"):
-                yield ping
-            try:
-                res = task.result()
-            except APIError as e:
-                yield data(openai_error(e))
-                return
-            for chunk in chat_chunks(req, res, cid):
-                yield data(chunk)
-            yield b"data: [DONE]\n\n"
-
-        @app.post("/v1/chat/completions")
-        async def chat_completions(request: Request) -> Any:
-            return await serve(
-                request,
-                "chat",
-                lambda b, s: parse_chat(b),
-                lambda req, res, s: chat_completion(req, res, "chatcmpl-" + uuid.uuid4().hex[:24]),
-                chat_stream,
-            )
-
-        # OpenAI Responses -----------------------------------------------------------------------------------
-        def parse_resp(body: dict[str, Any], session: Session) -> ChatRequest:
-            prev = body.get("previous_response_id")
-            history = None
-            if prev:
-                with session.lock:
-                    history = session.responses.get(prev)
-                if history is None:
-                    raise APIError(400, "invalid_request_error", f"previous_response_id {prev!r} not found")
-            return parse_responses(body, history)
-
-        def remember(session: Session, rid: str, req: ChatRequest, res: ChatResult) -> None:
-            convo = copy.deepcopy(req.messages)
-            convo.append(ChatMessage("assistant", res.content, list(res.tool_calls)))
-            with session.lock:
-                session.responses[rid] = convo
-                while len(session.responses) > MAX_STORED_RESPONSES:  # oldest first (dicts keep insertion order)
-                    session.responses.pop(next(iter(session.responses)))
-
-        def respond_resp(req: ChatRequest, res: ChatResult, session: Session) -> dict[str, Any]:
-            rid = "resp_" + uuid.uuid4().hex[:24]
-            remember(session, rid, req, res)
-            return responses_object(req, rid, time.time(), status="completed", output=responses_output(res), res=res)
-
-        async def responses_stream(
-            req: ChatRequest, plan: Any, task: asyncio.Task, session: Session
-        ) -> AsyncIterator[bytes]:
-            rid, created = "resp_" + uuid.uuid4().hex[:24], time.time()
-            seq = 0
-
-            def ev(e: dict[str, Any]) -> bytes:
-                nonlocal seq
-                e["sequence_number"] = seq
-                seq += 1
-                return sse(e)
-
-            pending = responses_object(req, rid, created, status="in_progress", output=[], res=None)
-            yield ev({"type": "response.created", "response": pending})
-            yield ev({"type": "response.in_progress", "response": pending})
-            async for ping in wait_with_pings(task, b": ping\n\n"):
-                yield ping
-            try:
-                res = task.result()
-            except APIError as e:
-                yield ev({"type": "response.failed", "response": responses_failed(req, rid, created, e)})
-                return
-            remember(session, rid, req, res)
-            for e in responses_events(req, rid, created, res, responses_output(res)):
-                yield ev(e)
-
-        def responses_failed(req: ChatRequest, rid: str, created: float, e: APIError) -> dict[str, Any]:
-            failed = responses_object(req, rid, created, status="failed", output=[], res=None)
-            failed["error"] = {"code": e.code or "server_error", "message": e.message}
-            return failed
-
-        async def responses_failed_stream(req: ChatRequest, e: APIError) -> AsyncIterator[bytes]:
-            """A streamed Responses request refused before generation: ``response.created``, ``response.failed``."""
-            rid, created = "resp_" + uuid.uuid4().hex[:24], time.time()
-            pending = responses_object(req, rid, created, status="in_progress", output=[], res=None)
-            yield sse({"type": "response.created", "response": pending, "sequence_number": 0})
-            failed = responses_failed(req, rid, created, e)
-            yield sse({"type": "response.failed", "response": failed, "sequence_number": 1})
-
-        @app.post("/v1/responses")
-        async def responses(request: Request) -> Any:
-            return await serve(request, "responses", parse_resp, respond_resp, responses_stream)
-
-        # misc -----------------------------------------------------------------------------------------------
-        @app.get("/v1/models")
-        async def models(request: Request) -> Any:
-            if request.headers.get("anthropic-version"):
-                return {
-                    "data": [
-                        {
-                            "type": "model",
-                            "id": self.served_model_name,
-                            "display_name": self.served_model_name,
-                            "created_at": "1970-01-01T00:00:00Z",
-                        }
-                    ],
-                    "has_more": False,
-                    "first_id": self.served_model_name,
-                    "last_id": self.served_model_name,
-                }
-            return {
-                "object": "list",
-                "data": [{"id": self.served_model_name, "object": "model", "created": 0, "owned_by": "vime"}],
-            }
-
-        @app.get("/health")
-        async def health() -> Any:
-            return {"status": "ok", "sessions": len(self._sessions)}
-
+        app.state.gateway = self
+        for router in (anthropic_messages.router, openai_chat.router, openai_responses.router, _misc):
+            app.include_router(router)
         return app
 
     # -- server lifecycle ------------------------------------------------------------------------------------

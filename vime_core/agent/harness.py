@@ -25,7 +25,9 @@ from __future__ import annotations
 
 import abc
 import argparse
+import json
 import os
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
@@ -33,7 +35,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 from vime_core.sandbox.base import SANDBOX_AGENTS_DIR, agents_cache_dir
 
 if TYPE_CHECKING:
-    from vime_core.sandbox.base import Sandbox
+    from vime_core.sandbox.base import ExecResult, Sandbox
 
 AgentApi = Literal["anthropic", "openai-chat", "openai-responses"]
 AgentEndStatus = Literal["completed", "max_turns", "timeout", "error"]
@@ -92,6 +94,23 @@ class AgentRunResult:
     stdout: str = ""
     stderr: str = ""
     metadata: dict[str, Any] = field(default_factory=dict)
+
+
+def json_lines(text: str) -> list[dict[str, Any]]:
+    """The JSON objects in ``text``, one per line, in order (an agent CLI's JSON Lines events or ``--output-format
+    json`` result on stdout). Lines that are not a JSON object (log lines, a line cut by the sandbox's output limit,
+    a JSON array or scalar) are skipped."""
+    out = []
+    for line in text.splitlines():
+        line = line.strip()
+        if line.startswith("{"):
+            try:
+                obj = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(obj, dict):
+                out.append(obj)
+    return out
 
 
 class AgentHarness(abc.ABC):
@@ -272,6 +291,21 @@ class NpmAgentHarness(AgentHarness):
         if r.exit_code != 0:
             raise AgentHarnessError(f"{self.NAME} does not run in the {sandbox.NAME} sandbox: {r.stderr[-500:]}")
         self._exe[sandbox.sandbox_id] = path
+
+    def run_home(self) -> str:
+        """A fresh per-run directory path in the sandbox for the CLI's home and configuration,
+        ``/tmp/.vime-agent/<NAME>-<12 hex digits>`` (under ``/tmp``, so nothing of the agent's lands in the
+        workspace); not created here."""
+        return f"/tmp/.vime-agent/{self.NAME}-{uuid.uuid4().hex[:12]}"
+
+    def raise_if_not_started(self, r: ExecResult) -> None:
+        """For a run that produced no output the harness understands.
+
+        :raises AgentHarnessError: the exit code (127) or the end of stderr (``not found``) says the CLI did not
+            start; otherwise returns (the agent started and failed: status ``error``).
+        """
+        if r.exit_code == 127 or "not found" in r.stderr[-300:]:
+            raise AgentHarnessError(f"{self.NAME} did not start (exit {r.exit_code}): {r.stderr[-500:]}")
 
     def executable(self, sandbox: Sandbox) -> str:
         """The executable's path inside ``sandbox`` (after :meth:`install`)."""

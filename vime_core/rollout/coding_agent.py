@@ -8,11 +8,11 @@ Per sample (a workspace-task row, :mod:`vime_core.data.workspace_task`; the prom
    becomes a git repository with one commit (the base the result is diffed against). The hidden tests
    (``metadata.tests``) never enter this sandbox.
 2. A gateway session is opened. The gateway (:class:`vime_core.agent.gateway.AgentGateway`) is one per rollout
-   process, started lazily on ``127.0.0.1`` in front of the router (:class:`~vime_core.agent.backends.RouterBackend`;
-   or the rollout context's client itself when that is already a backend, e.g. a
-   :class:`~vime_core.agent.backends.ScriptedBackend` in tests). The session id is the episode's API key; the
-   session forces the rollout's sampling parameters and ``--agent-max-tokens`` per call (and ``--agent-max-turns``
-   calls where the gateway enforces turn budgets).
+   process, started lazily on ``127.0.0.1`` in front of the router
+   (:class:`~vime_core.agent.responders.RouterResponder`; or the rollout context's client itself when that is already
+   a responder, e.g. a :class:`~vime_core.agent.responders.ScriptedResponder` in tests). The session id is the
+   episode's API key; the session forces the rollout's sampling parameters and ``--agent-max-tokens`` per call (and
+   ``--agent-max-turns`` calls where the gateway enforces turn budgets).
 3. :meth:`~vime_core.sandbox.base.Sandbox.expose_host_port` makes the gateway reachable inside the sandbox (the
    sandbox keeps no other network); the harness of ``--agent`` (``get_plugins().resolve("agent", name)``) installs
    the CLI and runs it on the prompt with an :class:`~vime_core.agent.harness.AgentBudget`.
@@ -46,8 +46,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from vime_core.agent.backends import RouterBackend
 from vime_core.agent.harness import AgentBudget, AgentEndpoint, AgentHarnessError
+from vime_core.agent.responders import RouterResponder
 from vime_core.config import CodingAgentConfig
 from vime_core.data.workspace_task import AgentResult, WorkspaceTask
 from vime_core.failures import FailureCause, mark_failed
@@ -115,7 +115,7 @@ def gateway_for(ctx: RolloutContext, cfg: CodingAgentConfig) -> Any:
     from vime_core.agent.gateway import AgentGateway  # FastAPI: imported only by a process that runs the gateway
 
     client = ctx.client
-    backend = RouterBackend.from_client(client) if isinstance(client, RouterClient) else client
+    backend = RouterResponder.from_client(client) if isinstance(client, RouterClient) else client
     if backend is None or not hasattr(backend, "generate"):
         raise RuntimeError("coding_agent: the rollout context has no router client (it runs inside vime's rollout)")
     template = cfg.agent_chat_template

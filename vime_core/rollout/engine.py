@@ -9,21 +9,18 @@ the last one calling :meth:`vime_core.rollout.worker_extension.VimeWorkerExtensi
 
 from __future__ import annotations
 
-import atexit
 import importlib.metadata
 import logging
 import os
-import signal
-import subprocess
 import sys
 import time
-from collections import deque
 from pathlib import Path
 from typing import Any
 
 import httpx
 
 from vime_core.net import find_free_port
+from vime_core.rollout.process import ManagedServer
 
 logger = logging.getLogger("vime.rollout")
 
@@ -57,59 +54,9 @@ class VLLMServerError(RuntimeError):
     """The vLLM server failed to start, died, or answered a control request with an error."""
 
 
-def tail_file(path: Path, n: int = 40) -> str:
-    """The last ``n`` lines of a text file ("" if it does not exist)."""
-    try:
-        with open(path, errors="replace") as f:
-            return "".join(deque(f, maxlen=n))
-    except FileNotFoundError:
-        return ""
-
-
-def die_with_parent() -> None:
-    """``preexec_fn`` for subprocesses: on Linux, SIGTERM the child when the thread that started it dies.
-
-    A last resort against orphaned servers when the owner is killed without running :meth:`VLLMServer.stop`
-    (``atexit`` covers normal interpreter exit). No-op elsewhere.
-    """
-    if not sys.platform.startswith("linux"):
-        return
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG = 1
-    except OSError:
-        pass
-
-
-def stop_process_group(proc: subprocess.Popen | None, grace_s: float = 20.0) -> None:
-    """SIGTERM the process group led by ``proc`` (started with ``start_new_session=True``), SIGKILL after ``grace_s``.
-
-    The group is killed even if the leader already exited, so no child (EngineCore, workers) is left behind.
-    """
-    if proc is None:
-        return
-    pgid = proc.pid  # session leader: pgid == pid
-    try:
-        os.killpg(pgid, signal.SIGTERM)
-    except ProcessLookupError:
-        pass
-    try:
-        proc.wait(timeout=grace_s)
-    except subprocess.TimeoutExpired:
-        pass
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    try:
-        proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        logger.warning("process %d did not exit after SIGKILL", proc.pid)
-
-
-class VLLMServer:
-    """A real vLLM OpenAI-compatible server on 127.0.0.1, run as a subprocess in its own session.
+class VLLMServer(ManagedServer):
+    """A real vLLM OpenAI-compatible server on 127.0.0.1, run as a subprocess in its own session (start, readiness,
+    log file, stop and context manager: :class:`vime_core.rollout.process.ManagedServer`).
 
     :param model: model directory (HF layout) to serve.
     :param port: TCP port; ``None`` picks a free one.
@@ -128,6 +75,10 @@ class VLLMServer:
     :param host: address the server binds and is reached at (default 127.0.0.1; an engine actor on another Ray node
         passes its node's address, see :mod:`vime_core.rollout.engine_actor`).
     """
+
+    error_cls = VLLMServerError
+    display_name = log_name = "vLLM server"
+    default_grace_s = 20.0
 
     def __init__(
         self,
@@ -161,8 +112,8 @@ class VLLMServer:
         )
         self.extra_env = dict(env or {})
         self.request_timeout_s = request_timeout_s
-        self.proc: subprocess.Popen | None = None
-        self._log_file: Any = None
+        self.proc = None
+        self._log_file = None
         # Connection: close: after an error the server may drop a kept-alive connection, and the next control
         # request (e.g. /resume after a failed load) would fail on the stale socket
         self._http = httpx.Client(
@@ -209,38 +160,6 @@ class VLLMServer:
 
     # ---------------------------------------------------------------- lifecycle
 
-    def start(self) -> VLLMServer:
-        """Start the subprocess (returns at once; call :meth:`wait_ready`).
-
-        :raises VLLMServerError: if it is already running.
-        """
-        if self.proc is not None and self.proc.poll() is None:
-            raise VLLMServerError(f"vLLM server on {self.url} is already running (pid {self.proc.pid})")
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        self._log_file = open(self.log_path, "wb")  # a fresh log per start: error tails show this run only
-        logger.info("starting vLLM server on %s (log: %s): %s", self.url, self.log_path, " ".join(self.command()))
-        self.proc = subprocess.Popen(
-            self.command(),
-            env=self.environment(),
-            stdin=subprocess.DEVNULL,
-            stdout=self._log_file,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            preexec_fn=die_with_parent,
-        )
-        atexit.register(self.stop)
-        return self
-
-    def _check_alive(self, what: str) -> None:
-        if self.proc is None:
-            raise VLLMServerError(f"vLLM server on {self.url} was not started")
-        rc = self.proc.poll()
-        if rc is not None:
-            raise VLLMServerError(
-                f"vLLM server on {self.url} exited with code {rc} {what}; last lines of {self.log_path}:\n"
-                f"{tail_file(self.log_path)}"
-            )
-
     def wait_ready(self, timeout_s: float = 300.0) -> float:
         """Wait until ``/health`` answers 200 and a 1-token smoke completion succeeds.
 
@@ -255,19 +174,7 @@ class VLLMServer:
         """
         t0 = time.monotonic()
         deadline = t0 + timeout_s
-        while True:
-            self._check_alive("while starting")
-            try:
-                if self._http.get("/health", timeout=5).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise TimeoutError(
-                    f"vLLM server on {self.url} not healthy after {timeout_s:.0f} s; last lines of {self.log_path}:\n"
-                    f"{tail_file(self.log_path)}"
-                )
-            time.sleep(0.5)
+        self._wait_http("/health", t0=t0, timeout_s=timeout_s, poll_s=0.5, state="healthy")
         body = {"model": self.served_model_name, "prompt": [1, 2, 3], "max_tokens": 1, "temperature": 0.0}
         try:
             resp = self._http.post("/v1/completions", json=body, timeout=max(10.0, deadline - time.monotonic()))
@@ -280,39 +187,6 @@ class VLLMServer:
         elapsed = time.monotonic() - t0
         logger.info("vLLM server on %s ready after %.1f s", self.url, elapsed)
         return elapsed
-
-    def is_running(self) -> bool:
-        """Whether the server process is alive."""
-        return self.proc is not None and self.proc.poll() is None
-
-    def stop(self, grace_s: float = 20.0) -> None:
-        """Terminate the server's whole process group (SIGTERM, then SIGKILL after ``grace_s`` seconds). Idempotent."""
-        if self.proc is not None:
-            logger.info("stopping vLLM server on %s (pid %d)", self.url, self.proc.pid)
-            stop_process_group(self.proc, grace_s)
-            self.proc = None
-            atexit.unregister(self.stop)
-        if self._log_file is not None:
-            self._log_file.close()
-            self._log_file = None
-
-    def close(self) -> None:
-        """Stop the server and close the control-plane HTTP client."""
-        self.stop()
-        self._http.close()
-
-    def __enter__(self) -> VLLMServer:
-        if not self.is_running():
-            self.start()
-            try:
-                self.wait_ready()
-            except BaseException:
-                self.close()
-                raise
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     # ------------------------------------------------------------ control plane
 

@@ -25,7 +25,8 @@ from typing import Any
 
 from vime_core.orchestration import actor_placement, slot_options
 from vime_core.placement import PlacementPlan
-from vime_core.rollout.engine import VLLMServer, VLLMServerError, tail_file
+from vime_core.rollout.engine import VLLMServer, VLLMServerError
+from vime_core.rollout.process import tail_file
 
 logger = logging.getLogger("vime.rollout")
 

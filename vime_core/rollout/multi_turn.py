@@ -43,8 +43,8 @@ from pathlib import Path
 from typing import Any
 
 from vime_core.agent.apis import parse_chat
-from vime_core.agent.backends import engine_versions
 from vime_core.agent.chat import ChatMessage, ChatRenderer, ModelTurn
+from vime_core.agent.responders import engine_versions
 from vime_core.agent.tool_parsers import ToolCall
 from vime_core.config import MultiTurnConfig
 from vime_core.plugins import get_plugins

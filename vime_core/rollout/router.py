@@ -5,11 +5,9 @@ Both its HTTP port and its Prometheus port listen on 127.0.0.1 only.
 
 from __future__ import annotations
 
-import atexit
 import logging
 import os
 import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -18,7 +16,7 @@ from typing import Any
 import httpx
 
 from vime_core.net import find_free_port
-from vime_core.rollout.engine import die_with_parent, stop_process_group, tail_file
+from vime_core.rollout.process import ManagedServer
 
 logger = logging.getLogger("vime.rollout")
 
@@ -72,8 +70,9 @@ def router_executable() -> str:
     raise FileNotFoundError(f"vllm-router not found next to {sys.executable} nor on PATH: pip install vllm-router")
 
 
-class VLLMRouter:
-    """A real vllm-router on 127.0.0.1 in front of vLLM servers.
+class VLLMRouter(ManagedServer):
+    """A real vllm-router on 127.0.0.1 in front of vLLM servers, run as a subprocess in its own session (start,
+    readiness, log file, stop and context manager: :class:`vime_core.rollout.process.ManagedServer`).
 
     :param worker_urls: base URLs of the vLLM servers (e.g. ``["http://127.0.0.1:8001"]``); may be empty and filled
         later with :meth:`add_worker`.
@@ -85,6 +84,11 @@ class VLLMRouter:
     :param log_path: file receiving the router's stdout and stderr (default: a file in the temp dir).
     :param request_timeout_s: HTTP timeout in seconds for admin requests.
     """
+
+    error_cls = VLLMRouterError
+    display_name = "router"
+    log_name = "vllm-router"
+    default_grace_s = 10.0
 
     def __init__(
         self,
@@ -104,8 +108,8 @@ class VLLMRouter:
         self.prometheus_port = prometheus_port or find_free_port()
         tmp = Path(os.environ.get("TMPDIR", "/tmp"))
         self.log_path = Path(log_path) if log_path else tmp / f"vllm-router-{self.port}.log"
-        self.proc: subprocess.Popen | None = None
-        self._log_file: Any = None
+        self.proc = None
+        self._log_file = None
         self._attached_url: str | None = None
         self._http = httpx.Client(base_url=self.url, timeout=request_timeout_s, trust_env=False)
 
@@ -149,36 +153,16 @@ class VLLMRouter:
         """
         if self._attached_url is not None:
             raise VLLMRouterError(f"router on {self.url} is attached, not managed: it cannot be started")
-        if self.proc is not None and self.proc.poll() is None:
-            raise VLLMRouterError(f"router on {self.url} is already running (pid {self.proc.pid})")
-        cmd = self.command()
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        self._log_file = open(self.log_path, "wb")
-        logger.info("starting vllm-router on %s (log: %s): %s", self.url, self.log_path, " ".join(cmd))
-        env = dict(os.environ, NO_COLOR="1")
-        self.proc = subprocess.Popen(
-            cmd,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=self._log_file,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            preexec_fn=die_with_parent,
-        )
-        atexit.register(self.stop)
-        return self
+        return super().start()
+
+    def environment(self) -> dict[str, str]:
+        """The environment of the router process (``NO_COLOR=1``: plain log lines)."""
+        return dict(os.environ, NO_COLOR="1")
 
     def _check_alive(self, what: str) -> None:
         if self._attached_url is not None:
             return
-        if self.proc is None:
-            raise VLLMRouterError(f"router on {self.url} was not started")
-        rc = self.proc.poll()
-        if rc is not None:
-            raise VLLMRouterError(
-                f"router on {self.url} exited with code {rc} {what}; last lines of {self.log_path}:\n"
-                f"{tail_file(self.log_path)}"
-            )
+        super()._check_alive(what)
 
     def wait_ready(self, timeout_s: float = 120.0, require_workers: bool | None = None) -> float:
         """Wait until the router answers ``/liveness``, and ``/readiness`` (≥ 1 healthy worker) if required.
@@ -193,19 +177,7 @@ class VLLMRouter:
             require_workers = bool(self.worker_urls)
         path = "/readiness" if require_workers else "/liveness"
         t0 = time.monotonic()
-        while True:
-            self._check_alive("while starting")
-            try:
-                if self._http.get(path, timeout=5).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() - t0 > timeout_s:
-                raise TimeoutError(
-                    f"router on {self.url} not ready ({path}) after {timeout_s:.0f} s; last lines of {self.log_path}:"
-                    f"\n{tail_file(self.log_path)}"
-                )
-            time.sleep(0.2)
+        self._wait_http(path, t0=t0, timeout_s=timeout_s, poll_s=0.2, state=f"ready ({path})")
         elapsed = time.monotonic() - t0
         logger.info("vllm-router on %s ready after %.1f s", self.url, elapsed)
         return elapsed
@@ -217,36 +189,7 @@ class VLLMRouter:
                 return self._http.get("/liveness", timeout=5).status_code == 200
             except httpx.HTTPError:
                 return False
-        return self.proc is not None and self.proc.poll() is None
-
-    def stop(self, grace_s: float = 10.0) -> None:
-        """Terminate the router's process group (SIGTERM, SIGKILL after ``grace_s`` seconds). Idempotent."""
-        if self.proc is not None:
-            logger.info("stopping vllm-router on %s (pid %d)", self.url, self.proc.pid)
-            stop_process_group(self.proc, grace_s)
-            self.proc = None
-            atexit.unregister(self.stop)
-        if self._log_file is not None:
-            self._log_file.close()
-            self._log_file = None
-
-    def close(self) -> None:
-        """Stop the router and close the admin HTTP client."""
-        self.stop()
-        self._http.close()
-
-    def __enter__(self) -> VLLMRouter:
-        if not self.is_running():
-            self.start()
-            try:
-                self.wait_ready()
-            except BaseException:
-                self.close()
-                raise
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+        return super().is_running()
 
     # ---------------------------------------------------------------- admin API
 

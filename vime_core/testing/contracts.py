@@ -859,8 +859,8 @@ class AgentHarnessContract(_Contract):
     """Contract of ``vime_register_agent_harnesses`` providers (:class:`vime_core.agent.harness.AgentHarness`).
 
     The kit runs the harness **for real**: a real :class:`~vime_core.agent.gateway.AgentGateway` on 127.0.0.1 backed
-    by a :class:`~vime_core.agent.backends.ScriptedBackend` (the kit's tiny model tokenizer; the fixed assistant turns
-    come from the plugin), a real sandbox from the plugin's factory with the gateway exposed inside
+    by a :class:`~vime_core.agent.responders.ScriptedResponder` (the kit's tiny model tokenizer; the fixed assistant
+    turns come from the plugin), a real sandbox from the plugin's factory with the gateway exposed inside
     (:meth:`~vime_core.sandbox.base.Sandbox.expose_host_port`), the agent CLI run through :meth:`AgentHarness.run`.
 
     Fixtures to supply:
@@ -902,11 +902,11 @@ class AgentHarnessContract(_Contract):
         """One real episode; returns the run result, the file read back, the backend, turns and samples."""
         import uuid
 
-        from vime_core.agent.backends import ScriptedBackend
         from vime_core.agent.gateway import AgentGateway
         from vime_core.agent.harness import AgentEndpoint
+        from vime_core.agent.responders import ScriptedResponder
 
-        backend = ScriptedBackend(tok, list(turns))
+        backend = ScriptedResponder(tok, list(turns))
         gw = AgentGateway(tok, backend, served_model_name=self.MODEL).start()
         sid = f"sk-vime-kit-{uuid.uuid4().hex[:12]}"
         out: dict[str, Any] = {"backend": backend}

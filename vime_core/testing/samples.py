@@ -25,7 +25,7 @@ def chain_mask(calls: list[Any]) -> list[int]:
     output: 1 on every output token, 0 on everything between them.
 
     :param calls: engine calls with ``prompt_ids`` and ``output.token_ids``
-        (:class:`~vime_core.agent.backends.EngineCall`), in order.
+        (:class:`~vime_core.agent.responders.EngineCall`), in order.
     """
     mask: list[int] = []
     held = len(calls[0].prompt_ids)

@@ -26,6 +26,7 @@ from vime_core.algorithms.gae import value_loss
 from vime_core.config import AlgorithmConfig, TrainerConfig
 from vime_core.models import resolve_model
 from vime_core.trainer.lr_schedule import critic_lr_schedule, set_lr
+from vime_core.trainer.padding import left_padded_batch, response_slices
 from vime_core.types import Sample
 
 logger = logging.getLogger("vime.trainer")
@@ -122,20 +123,14 @@ class ValueModel(torch.nn.Module):
         :param device: where the model lives.
         :return: one ``[response_length]`` float32 tensor per sample (graph attached when grad is enabled).
         """
-        max_len = max(len(s.tokens) for s in samples)
-        ids = torch.zeros((len(samples), max_len), dtype=torch.long)
-        attn = torch.zeros((len(samples), max_len), dtype=torch.long)
-        for i, s in enumerate(samples):
-            ids[i, max_len - len(s.tokens) :] = torch.tensor(s.tokens, dtype=torch.long)
-            attn[i, max_len - len(s.tokens) :] = 1
-        pos = (attn.cumsum(-1) - 1).clamp(min=0)
-        keep = max(s.response_length for s in samples) + 1
+        batch = left_padded_batch(samples, device)
         hidden = self.backbone(
-            input_ids=ids.to(device), attention_mask=attn.to(device), position_ids=pos.to(device)
+            input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids
         ).last_hidden_state  # [B, S, H]
-        states = hidden[:, max_len - keep : max_len - 1]  # [B, keep-1, H]: the states before the last keep-1 tokens
+        # [B, keep-1, H]: the states before the last keep-1 tokens
+        states = hidden[:, batch.seq_len - batch.keep : batch.seq_len - 1]
         values = self.value_head(states).squeeze(-1).float()  # [B, keep-1]
-        return [values[i, values.shape[1] - s.response_length :] for i, s in enumerate(samples)]
+        return response_slices(values, samples)
 
 
 class CriticBase:

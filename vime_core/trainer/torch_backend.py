@@ -24,6 +24,7 @@ from vime_core.algorithms.options import check_algorithm_config, kl_enabled, use
 from vime_core.models import resolve_model
 from vime_core.trainer.base import TrainerBackend
 from vime_core.trainer.critic import Critic, clip_and_step
+from vime_core.trainer.padding import left_padded_batch, response_slices
 from vime_core.trainer.rl_step import rl_train_step
 from vime_core.types import RolloutBatch, Sample
 
@@ -48,26 +49,20 @@ def response_log_probs(
     :return: ``(log_probs, entropies)``: one ``[response_length]`` float32 tensor per sample each (graph attached
         when grad is enabled; on ``device``); ``entropies`` is None unless ``with_entropy``.
     """
-    max_len = max(len(s.tokens) for s in samples)
-    ids = torch.zeros((len(samples), max_len), dtype=torch.long)
-    attn = torch.zeros((len(samples), max_len), dtype=torch.long)
-    for i, s in enumerate(samples):
-        ids[i, max_len - len(s.tokens) :] = torch.tensor(s.tokens, dtype=torch.long)
-        attn[i, max_len - len(s.tokens) :] = 1
-    pos = (attn.cumsum(-1) - 1).clamp(min=0)
-    keep = max(s.response_length for s in samples) + 1
-    ids, attn, pos = ids.to(device), attn.to(device), pos.to(device)
-    logits = model(input_ids=ids, attention_mask=attn, position_ids=pos, logits_to_keep=keep).logits
-    tail = ids[:, max_len - keep :]  # the tokens at the last keep positions
+    batch = left_padded_batch(samples, device)
+    keep = batch.keep
+    logits = model(
+        input_ids=batch.input_ids,
+        attention_mask=batch.attention_mask,
+        position_ids=batch.position_ids,
+        logits_to_keep=keep,
+    ).logits
+    tail = batch.input_ids[:, batch.seq_len - keep :]  # the tokens at the last keep positions
     if with_entropy:
         lp, ent = token_log_probs_and_entropy(logits, tail)  # [B, keep - 1] each
     else:
         lp, ent = token_log_probs(logits, tail), None
-
-    def responses(x: torch.Tensor) -> list[torch.Tensor]:
-        return [x[i, x.shape[1] - s.response_length :] for i, s in enumerate(samples)]
-
-    return responses(lp), None if ent is None else responses(ent)
+    return response_slices(lp, samples), None if ent is None else response_slices(ent, samples)
 
 
 class ReferenceModel:

@@ -133,8 +133,8 @@ def test_requested_tools_reach_the_gateway(prepared, tiny_tokenizer, tools):
     import asyncio
     import uuid
 
-    from vime_core.agent.backends import ScriptedBackend
     from vime_core.agent.gateway import AgentGateway
+    from vime_core.agent.responders import ScriptedResponder
 
     tok = tiny_tokenizer
     harness = ClaudeCodeHarness(tools=tools, version=prepared.version)
@@ -154,7 +154,7 @@ def test_requested_tools_reach_the_gateway(prepared, tiny_tokenizer, tools):
             if "Write" in tools:
                 out["file"] = await sb.read_file("sol.py")
 
-    backend = ScriptedBackend(tok, [])
+    backend = ScriptedResponder(tok, [])
     with AgentGateway(tok, backend, served_model_name="vime-policy") as gw:
         sid = f"sk-tools-{uuid.uuid4().hex[:8]}"
         gw.open_session(sid, sampling_params={"max_tokens": 512}, max_turns=3)
@@ -180,8 +180,8 @@ def test_prompt_too_long_is_recognised_by_claude_code(prepared, tiny_tokenizer):
     import asyncio
     import uuid
 
-    from vime_core.agent.backends import ScriptedBackend
     from vime_core.agent.gateway import AgentGateway
+    from vime_core.agent.responders import ScriptedResponder
 
     harness = ClaudeCodeHarness(tools=["Bash", "Read"], version=prepared.version)
     out: dict = {}
@@ -192,7 +192,7 @@ def test_prompt_too_long_is_recognised_by_claude_code(prepared, tiny_tokenizer):
             out["result"] = await harness.run(sb, prompt="Say hi.", budget=AgentBudget(3, 256, 120),
                                               endpoint=AgentEndpoint(f"http://{addr}", sid, "vime-policy"))
 
-    backend = ScriptedBackend(tiny_tokenizer, ["Done."])
+    backend = ScriptedResponder(tiny_tokenizer, ["Done."])
     with AgentGateway(tiny_tokenizer, backend, served_model_name="vime-policy") as gw:
         sid = f"sk-ctx-{uuid.uuid4().hex[:8]}"
         gw.open_session(sid, max_context_len=300)

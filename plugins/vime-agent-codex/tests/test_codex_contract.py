@@ -179,24 +179,22 @@ def test_compact_first_request_real_cli(prepared, tmp_path):
     from transformers import AutoTokenizer
     from vime_agent_codex.harness import COMPACT_INSTRUCTIONS
 
-    from vime_core.agent import apis
-    from vime_core.agent.backends import ScriptedBackend
+    from vime_core.agent.apis import openai_responses
     from vime_core.agent.gateway import AgentGateway
+    from vime_core.agent.responders import ScriptedResponder
     from vime_core.testing.tiny_model import build_tiny_model
 
     tok = AutoTokenizer.from_pretrained(str(build_tiny_model(tmp_path / "tiny")))
-    backend = ScriptedBackend(tok, ["Done."])
+    backend = ScriptedResponder(tok, ["Done."])
     bodies: list[dict] = []
-    orig = apis.parse_responses
+    orig = openai_responses.parse_responses
     gw = AgentGateway(tok, backend).start()
-    import vime_core.agent.gateway as gateway_mod
-
-    gateway_mod.parse_responses = lambda body, history=None: bodies.append(body) or orig(body, history)
+    openai_responses.parse_responses = lambda body, history=None: bodies.append(body) or orig(body, history)
     try:
         gw.open_session("sk-c", max_turns=2)
         result = asyncio.run(run_compact_codex(gw, "sk-c"))
     finally:
-        gateway_mod.parse_responses = orig
+        openai_responses.parse_responses = orig
         gw.stop()
     assert result.status == "completed" and len(backend.calls) == 1 == len(bodies)
     body = bodies[0]
@@ -217,12 +215,12 @@ def test_context_window_exceeded_is_recognised_by_codex(prepared, tmp_path):
 
     from transformers import AutoTokenizer
 
-    from vime_core.agent.backends import ScriptedBackend
     from vime_core.agent.gateway import AgentGateway
+    from vime_core.agent.responders import ScriptedResponder
     from vime_core.testing.tiny_model import build_tiny_model
 
     tok = AutoTokenizer.from_pretrained(str(build_tiny_model(tmp_path / "tiny")))
-    backend = ScriptedBackend(tok, ["Done."])
+    backend = ScriptedResponder(tok, ["Done."])
     with AgentGateway(tok, backend) as gw:
         gw.open_session("sk-x", max_context_len=300)
         result = asyncio.run(run_compact_codex(gw, "sk-x"))

@@ -109,7 +109,7 @@ def test_multi_turn_generate_runs_code_in_the_vm(session_vm, vm_image, tmp_path)
 
     from transformers import AutoTokenizer
 
-    from vime_core.agent.backends import ScriptedBackend
+    from vime_core.agent.responders import ScriptedResponder
     from vime_core.arguments import build_parser
     from vime_core.plugins import get_plugins
     from vime_core.rollout.context import RolloutContext, set_rollout_context
@@ -128,7 +128,7 @@ def test_multi_turn_generate_runs_code_in_the_vm(session_vm, vm_image, tmp_path)
 
     count = "find /var/tmp/vime-workspaces /tmp/vime-workspaces -mindepth 1 -maxdepth 1 2>/dev/null | wc -l"
     before = session_vm.run(session_vm.sandbox.exec(count, timeout=120)).stdout
-    backend = ScriptedBackend(tok, [call("python3 -c 'print(6*7)' > out.txt; cat out.txt"),
+    backend = ScriptedResponder(tok, [call("python3 -c 'print(6*7)' > out.txt; cat out.txt"),
                                     call("echo partial; sleep 60"), "done"])
     set_rollout_context(RolloutContext(client=backend, tokenizer=tok, weight_version=0))
     try:

@@ -28,14 +28,19 @@ killed at ``wall_time_s`` → ``timeout``.
 from __future__ import annotations
 
 import argparse
-import json
 import shlex
 import time
-import uuid
 from typing import Any
 
 from vime_core.agent.gateway import TURN_BUDGET_MESSAGE
-from vime_core.agent.harness import AgentBudget, AgentEndpoint, AgentHarnessError, AgentRunResult, NpmAgentHarness
+from vime_core.agent.harness import (
+    AgentBudget,
+    AgentEndpoint,
+    AgentHarnessError,
+    AgentRunResult,
+    NpmAgentHarness,
+    json_lines,
+)
 from vime_core.sandbox.base import Sandbox
 
 DEFAULT_VERSION = "2.1.197"  # what npm picks on Node 20; native executable, pinned for reproducible runs
@@ -111,8 +116,17 @@ class ClaudeCodeHarness(NpmAgentHarness):
 
     def command(self, exe: str, prompt: str, endpoint: AgentEndpoint, budget: AgentBudget) -> list[str]:
         """The argv of one run."""
-        argv = [exe, "-p", prompt, "--output-format", "json", "--model", endpoint.model,
-                "--dangerously-skip-permissions", "--no-session-persistence"]
+        argv = [
+            exe,
+            "-p",
+            prompt,
+            "--output-format",
+            "json",
+            "--model",
+            endpoint.model,
+            "--dangerously-skip-permissions",
+            "--no-session-persistence",
+        ]
         if budget.max_turns is not None:
             argv += ["--max-turns", str(int(budget.max_turns))]
         if self.bare:
@@ -155,25 +169,29 @@ class ClaudeCodeHarness(NpmAgentHarness):
         :raises AgentHarnessError: the CLI is not installed in the sandbox or could not start.
         """
         await self.install(sandbox)
-        home = f"/tmp/.vime-agent/claude-code-{uuid.uuid4().hex[:12]}"
+        home = self.run_home()
         mk = await sandbox.exec(["mkdir", "-p", f"{home}/claude"], timeout=60)
         if mk.exit_code != 0:
             raise AgentHarnessError(f"cannot create {home} in the sandbox: {mk.stderr[-300:]}")
         argv = self.command(self.executable(sandbox), prompt, endpoint, budget)
         t0 = time.monotonic()
-        r = await sandbox.exec(argv, timeout=budget.wall_time_s, env=self.environment(endpoint, budget, home),
-                               cwd=cwd)
+        r = await sandbox.exec(argv, timeout=budget.wall_time_s, env=self.environment(endpoint, budget, home), cwd=cwd)
         duration = time.monotonic() - t0
-        result = _last_json(r.stdout)
+        objects = json_lines(r.stdout)  # --output-format json prints one result object
+        result = objects[-1] if objects else None
         meta: dict[str, Any] = {"command": shlex.join(argv[:1] + ["-p", "<prompt>"] + argv[3:])}
         if result is not None:
-            meta.update({k: result.get(k) for k in ("subtype", "num_turns", "is_error", "stop_reason",
-                                                     "api_error_status", "session_id") if k in result})
+            meta.update(
+                {
+                    k: result.get(k)
+                    for k in ("subtype", "num_turns", "is_error", "stop_reason", "api_error_status", "session_id")
+                    if k in result
+                }
+            )
         if r.timed_out:
             status = "timeout"
         elif result is None:
-            if r.exit_code == 127 or "not found" in r.stderr[-300:]:
-                raise AgentHarnessError(f"claude-code did not start (exit {r.exit_code}): {r.stderr[-500:]}")
+            self.raise_if_not_started(r)
             status = "error"
         elif result.get("subtype") == "error_max_turns" or TURN_BUDGET_MESSAGE in str(result.get("result", "")):
             status = "max_turns"
@@ -183,17 +201,3 @@ class ClaudeCodeHarness(NpmAgentHarness):
             status = "completed"
         final = str(result.get("result", "")) if result else ""
         return AgentRunResult(status, r.exit_code, duration, final, r.stdout, r.stderr, meta)
-
-
-def _last_json(stdout: str) -> dict[str, Any] | None:
-    """The last JSON object line of ``stdout`` (``--output-format json`` prints one)."""
-    for line in reversed(stdout.strip().splitlines()):
-        line = line.strip()
-        if line.startswith("{"):
-            try:
-                obj = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(obj, dict):
-                return obj
-    return None

@@ -45,12 +45,18 @@ from __future__ import annotations
 import argparse
 import json
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
 from vime_core.agent.gateway import TURN_BUDGET_MESSAGE
-from vime_core.agent.harness import AgentBudget, AgentEndpoint, AgentHarnessError, AgentRunResult, NpmAgentHarness
+from vime_core.agent.harness import (
+    AgentBudget,
+    AgentEndpoint,
+    AgentHarnessError,
+    AgentRunResult,
+    NpmAgentHarness,
+    json_lines,
+)
 from vime_core.sandbox.base import Sandbox
 
 DEFAULT_VERSION = "0.171.0"  # native (Rust, musl) executable, pinned for reproducible runs
@@ -209,7 +215,7 @@ class CodexHarness(NpmAgentHarness):
         :raises AgentHarnessError: the CLI is not installed in the sandbox or could not start.
         """
         await self.install(sandbox)
-        home = f"/tmp/.vime-agent/codex-{uuid.uuid4().hex[:12]}"
+        home = self.run_home()
         try:
             for path, text in self.home_files(endpoint, home).items():
                 await sandbox.write_file(path, text)
@@ -222,7 +228,7 @@ class CodexHarness(NpmAgentHarness):
         t0 = time.monotonic()
         r = await sandbox.exec(argv, timeout=budget.wall_time_s, env=env, cwd=workdir)
         duration = time.monotonic() - t0
-        events = _events(r.stdout)
+        events = json_lines(r.stdout)  # the JSONL events of codex exec --json
         types = [e.get("type") for e in events]
         final = next(
             (
@@ -247,8 +253,7 @@ class CodexHarness(NpmAgentHarness):
         if r.timed_out:
             status = "timeout"
         elif not events:
-            if r.exit_code == 127 or "not found" in r.stderr[-300:]:
-                raise AgentHarnessError(f"codex did not start (exit {r.exit_code}): {r.stderr[-500:]}")
+            self.raise_if_not_started(r)
             status = "error"
         elif TURN_BUDGET_MESSAGE in r.stdout or TURN_BUDGET_MESSAGE in r.stderr:
             status = "max_turns"
@@ -257,18 +262,3 @@ class CodexHarness(NpmAgentHarness):
         else:
             status = "error"
         return AgentRunResult(status, r.exit_code, duration, final, r.stdout, r.stderr, meta)
-
-
-def _events(stdout: str) -> list[dict[str, Any]]:
-    """The JSONL events of ``codex exec --json``."""
-    out = []
-    for line in stdout.splitlines():
-        line = line.strip()
-        if line.startswith("{"):
-            try:
-                obj = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(obj, dict):
-                out.append(obj)
-    return out

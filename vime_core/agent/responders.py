@@ -1,16 +1,16 @@
-"""What answers the gateway's engine calls: the policy behind vime's router, or a scripted responder.
+"""Responders: what answers the gateway's engine calls — the policy behind vime's router, or a script.
 
-A backend is anything with ``async generate(prompt_ids, sampling_params, session_id) ->``
+A responder is anything with ``async generate(prompt_ids, sampling_params, session_id) ->``
 :class:`~vime_core.rollout.client.GenerateOutput` (and optionally ``async aclose()``) — the same call as
 :meth:`vime_core.rollout.client.RouterClient.generate`, so the gateway, the ``multi_turn`` generate function and tests
 can swap one for the other.
 
-* :class:`RouterBackend` — the real policy: one :class:`~vime_core.rollout.client.RouterClient` per event loop that
+* :class:`RouterResponder` — the real policy: one :class:`~vime_core.rollout.client.RouterClient` per event loop that
   uses it, created lazily (an ``httpx.AsyncClient`` must not cross event loops; the gateway runs its own, and
   ``asyncio.run`` callers get a fresh one each time). It can also serve as a rollout context's ``client``.
-* :class:`ScriptedBackend` — a fixed sequence of assistant turns (text or token ids), for deterministic agent tests:
+* :class:`ScriptedResponder` — a fixed sequence of assistant turns (text or token ids), for deterministic agent tests:
   tokenised with the policy's tokenizer, end-of-turn token appended, ``max_tokens`` honoured (cut → ``"length"``),
-  every call recorded in :attr:`ScriptedBackend.calls` (what "the engine" saw).
+  every call recorded in :attr:`ScriptedResponder.calls` (what "the engine" saw).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from vime_core.rollout.client import GenerateOutput, RouterClient
 
 
 @runtime_checkable
-class GatewayBackend(Protocol):
+class Responder(Protocol):
     """The engine call the gateway makes (see the module docstring)."""
 
     async def generate(
@@ -35,7 +35,7 @@ class GatewayBackend(Protocol):
         ...
 
 
-class RouterBackend:
+class RouterResponder:
     """The policy behind vllm-router (or one vLLM server).
 
     :param base_url: router URL, e.g. ``http://127.0.0.1:30000``.
@@ -60,8 +60,8 @@ class RouterBackend:
         self._clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, RouterClient] = weakref.WeakKeyDictionary()
 
     @classmethod
-    def from_client(cls, client: RouterClient) -> RouterBackend:
-        """A backend with the same router, model and API as ``client`` (which it does not use itself)."""
+    def from_client(cls, client: RouterClient) -> RouterResponder:
+        """A responder with the same router, model and API as ``client`` (which it does not use itself)."""
         return cls(client.base_url, client.model, api=client.api, eos_token_ids=client.eos_token_ids)
 
     def _client(self) -> RouterClient:
@@ -111,7 +111,7 @@ class ScriptedTurn:
 
 @dataclass
 class EngineCall:
-    """One call a :class:`ScriptedBackend` answered: what it was given and what it returned."""
+    """One call a :class:`ScriptedResponder` answered: what it was given and what it returned."""
 
     session_id: str | None
     prompt_ids: list[int]
@@ -120,7 +120,7 @@ class EngineCall:
 
 
 @dataclass
-class ScriptedBackend:
+class ScriptedResponder:
     """Answers with a fixed sequence of turns, per session or shared.
 
     :param tokenizer: the policy tokenizer (to tokenise texts and find the end-of-turn id).
@@ -166,7 +166,7 @@ class ScriptedBackend:
         i = self._pos.get(key, 0)
         if i >= len(turns):
             raise RuntimeError(
-                f"scripted backend: the script of {key or 'all sessions'!r} has only {len(turns)} turns"
+                f"scripted responder: the script of {key or 'all sessions'!r} has only {len(turns)} turns"
             )
         self._pos[key] = i + 1
         turn = turns[i]

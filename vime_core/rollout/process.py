@@ -1,0 +1,205 @@
+"""The lifecycle of a server run as a managed subprocess: start with its output in a log file, wait until an HTTP
+route answers 200, terminate its whole process group, and use it as a context manager.
+
+:class:`vime_core.rollout.engine.VLLMServer` (a vLLM OpenAI-compatible server) and
+:class:`vime_core.rollout.router.VLLMRouter` (the vllm-router) are both a :class:`ManagedServer`.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any, ClassVar, TypeVar
+
+import httpx
+
+logger = logging.getLogger("vime.rollout")
+
+_S = TypeVar("_S", bound="ManagedServer")
+
+
+def tail_file(path: Path, n: int = 40) -> str:
+    """The last ``n`` lines of a text file ("" if it does not exist)."""
+    try:
+        with open(path, errors="replace") as f:
+            return "".join(deque(f, maxlen=n))
+    except FileNotFoundError:
+        return ""
+
+
+def die_with_parent() -> None:
+    """``preexec_fn`` for subprocesses: on Linux, SIGTERM the child when the thread that started it dies.
+
+    A last resort against orphaned servers when the owner is killed without running :meth:`ManagedServer.stop`
+    (``atexit`` covers normal interpreter exit). No-op elsewhere.
+    """
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG = 1
+    except OSError:
+        pass
+
+
+def stop_process_group(proc: subprocess.Popen | None, grace_s: float = 20.0) -> None:
+    """SIGTERM the process group led by ``proc`` (started with ``start_new_session=True``), SIGKILL after ``grace_s``.
+
+    The group is killed even if the leader already exited, so no child (EngineCore, workers) is left behind.
+    """
+    if proc is None:
+        return
+    pgid = proc.pid  # session leader: pgid == pid
+    try:
+        os.killpg(pgid, signal.SIGTERM)
+    except ProcessLookupError:
+        pass
+    try:
+        proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        pass
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        logger.warning("process %d did not exit after SIGKILL", proc.pid)
+
+
+class ManagedServer:
+    """An HTTP server run as a subprocess in its own session, its stdout and stderr in :attr:`log_path`.
+
+    A subclass sets :attr:`error_cls`, :attr:`display_name` (used in error messages: ``"<display_name> on <url>
+    exited ..."``) and :attr:`log_name` (used in log lines), implements :meth:`command` and :meth:`wait_ready`
+    (usually with :meth:`_wait_http`), and in ``__init__`` sets ``url``, ``log_path``, ``proc = None``,
+    ``_log_file = None`` and ``_http`` (an :class:`httpx.Client` on ``url``).
+
+    :meth:`start` registers :meth:`stop` with ``atexit``; the child also gets SIGTERM when the starting thread dies
+    (:func:`die_with_parent`).
+    """
+
+    error_cls: ClassVar[type[Exception]] = RuntimeError
+    display_name: ClassVar[str] = "server"
+    log_name: ClassVar[str] = "server"
+    default_grace_s: ClassVar[float] = 20.0
+
+    url: str
+    log_path: Path
+    proc: subprocess.Popen | None
+    _log_file: Any
+    _http: httpx.Client
+
+    def command(self) -> list[str]:
+        """The argv used to start the server."""
+        raise NotImplementedError
+
+    def environment(self) -> dict[str, str]:
+        """The environment of the server process (default: this process's)."""
+        return dict(os.environ)
+
+    def wait_ready(self, timeout_s: float = 120.0) -> float:
+        """Wait until the server serves; return the seconds spent waiting."""
+        raise NotImplementedError
+
+    # ---------------------------------------------------------------- lifecycle
+
+    def start(self: _S) -> _S:
+        """Start the subprocess (returns at once; call :meth:`wait_ready`). A fresh log file per start, so error
+        tails show this run only.
+
+        :raises error_cls: if it is already running.
+        """
+        if self.proc is not None and self.proc.poll() is None:
+            raise self.error_cls(f"{self.display_name} on {self.url} is already running (pid {self.proc.pid})")
+        cmd = self.command()
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log_file = open(self.log_path, "wb")
+        logger.info("starting %s on %s (log: %s): %s", self.log_name, self.url, self.log_path, " ".join(cmd))
+        self.proc = subprocess.Popen(
+            cmd,
+            env=self.environment(),
+            stdin=subprocess.DEVNULL,
+            stdout=self._log_file,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=die_with_parent,
+        )
+        atexit.register(self.stop)
+        return self
+
+    def _check_alive(self, what: str) -> None:
+        """:raises error_cls: if the server was not started or has exited (with the last 40 lines of its log)."""
+        if self.proc is None:
+            raise self.error_cls(f"{self.display_name} on {self.url} was not started")
+        rc = self.proc.poll()
+        if rc is not None:
+            raise self.error_cls(
+                f"{self.display_name} on {self.url} exited with code {rc} {what}; last lines of {self.log_path}:\n"
+                f"{tail_file(self.log_path)}"
+            )
+
+    def _wait_http(self, path: str, *, t0: float, timeout_s: float, poll_s: float, state: str) -> None:
+        """Poll ``GET path`` every ``poll_s`` seconds until it answers 200, checking the process between polls.
+
+        :param t0: ``time.monotonic()`` when waiting began; ``timeout_s`` counts from there.
+        :param state: what is awaited, for the timeout message (``"... not <state> after N s"``).
+        :raises error_cls: if the process dies.
+        :raises TimeoutError: if not answered within ``timeout_s`` (with the last 40 log lines).
+        """
+        while True:
+            self._check_alive("while starting")
+            try:
+                if self._http.get(path, timeout=5).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() - t0 > timeout_s:
+                raise TimeoutError(
+                    f"{self.display_name} on {self.url} not {state} after {timeout_s:.0f} s; last lines of "
+                    f"{self.log_path}:\n{tail_file(self.log_path)}"
+                )
+            time.sleep(poll_s)
+
+    def is_running(self) -> bool:
+        """Whether the server process is alive."""
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self, grace_s: float | None = None) -> None:
+        """Terminate the server's whole process group (SIGTERM, then SIGKILL after ``grace_s`` seconds, default
+        :attr:`default_grace_s`). Idempotent."""
+        if self.proc is not None:
+            logger.info("stopping %s on %s (pid %d)", self.log_name, self.url, self.proc.pid)
+            stop_process_group(self.proc, self.default_grace_s if grace_s is None else grace_s)
+            self.proc = None
+            atexit.unregister(self.stop)
+        if self._log_file is not None:
+            self._log_file.close()
+            self._log_file = None
+
+    def close(self) -> None:
+        """Stop the server and close its HTTP client."""
+        self.stop()
+        self._http.close()
+
+    def __enter__(self: _S) -> _S:
+        if not self.is_running():
+            self.start()
+            try:
+                self.wait_ready()
+            except BaseException:
+                self.close()
+                raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
