@@ -38,7 +38,9 @@ logger = logging.getLogger("vime.rollout")
 class RolloutManager:
     """Engines + router + buffer; produces scored groups and applies weight updates.
 
-    :param args: parsed ``vime run`` arguments.
+    :param args: parsed ``vime run`` arguments, passed to the plugin functions and hooks; the manager reads its own
+        flags through ``config`` (:class:`~vime_core.config.RolloutConfig`), ``engine_config``, ``eval_config`` and
+        the :class:`~vime_core.config.DataConfig`.
     :param model_path: HF directory the engines serve (and whose tokenizer prompts are encoded with).
     :param placement: ``(plan, placement_group)`` from :mod:`vime_core.orchestration`: each engine
         is then started by an engine actor on its bundle (:mod:`vime_core.rollout.engine_actor`); ``None``: engines
