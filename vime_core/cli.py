@@ -307,12 +307,18 @@ def main(argv: list[str] | None = None) -> int:
     from vime_core.data.source import DataError
     from vime_core.placement import PlacementError
     from vime_core.registry import RegistryError
+    from vime_core.rollout.health import EnginesLostError
+    from vime_core.weight_sync.base import WeightWriteError
 
     try:
         return cmd(argv[1:])
-    except (ArgumentError, DataError, PlacementError, RegistryError) as e:
-        print(f"vime: error: {e}", file=sys.stderr)
+    except (ArgumentError, DataError, PlacementError, RegistryError, WeightWriteError) as e:
+        # raised in a Ray actor: its message without Ray's traceback (`cause` is the actor's exception)
+        print(f"vime: error: {getattr(e, 'cause', None) or e}", file=sys.stderr)
         return 2
+    except EnginesLostError as e:  # every rollout engine died and no restart is left (the run saved a checkpoint)
+        print(f"vime: error: {e}", file=sys.stderr)
+        return 1
     except BrokenPipeError:  # `vime args | head`: the reader left; not an error of ours
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error when Python flushes
         return 0

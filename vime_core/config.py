@@ -68,6 +68,9 @@ class DataConfig(_Section):
     apply_chat_template: bool
     rollout_shuffle: bool
     seed: int
+    generate: str  # the default generate function applies the chat template: the prompt checks need to know
+    rollout_max_prompt_len: int | None
+    filter_overlong_prompts: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,6 +129,12 @@ class EngineConfig(_Section):
     rollout_cpu_bind: list[str] | None
     rollout_kv_cache_gib: int
     rollout_engine_startup_timeout: float
+    rollout_max_engine_restarts: int
+    rollout_engine_restart_backoff: float
+    rollout_health_check_interval: float
+    rollout_engine_hang_timeout: float
+    rollout_max_request_retries: int
+    update_weight_disk_dir: Path | None  # a replacement engine's full load is written there (rollout/health.py)
     vllm_router_ip: str | None
     vllm_router_port: int | None
     vllm_args: list[str]
@@ -322,7 +331,10 @@ class LoggingConfig(_Section):
 
     model: str
     output_dir: Path
+    num_rollout: int
     save_interval: int | None
+    save_interval_minutes: float | None
+    max_checkpoints: int | None
     resume: bool
     save_hf: bool
     use_tensorboard: bool

@@ -25,7 +25,8 @@ from rich.console import Console
 
 from vime_core.algorithms.batch import build_batch
 from vime_core.checkpoint import commit_checkpoint, latest_checkpoint, new_checkpoint_dir
-from vime_core.config import ClusterConfig, RolloutConfig, RunConfig
+from vime_core.config import ClusterConfig, LoggingConfig, RolloutConfig, RunConfig
+from vime_core.data.source import read_rows
 from vime_core.evaluation import eval_line, eval_steps, load_eval_sets
 from vime_core.metrics import MetricsSink, staleness_histogram, wandb_config_from_args
 from vime_core.models import resolve_model
@@ -33,8 +34,11 @@ from vime_core.orchestration import TrainerGroup, call, driver_node_id, init_ray
 from vime_core.plugins import get_plugins
 from vime_core.progress import RolloutProgress, StepProgress, rollout_phase
 from vime_core.report import write_report
+from vime_core.rollout.health import EnginesLostError, engines_lost
 from vime_core.rollout.manager import RolloutManager, rollout_metrics
+from vime_core.rollout.prompt_checks import check_prompts
 from vime_core.types import Sample
+from vime_core.weight_sync.base import WeightWriteError
 
 logger = logging.getLogger("vime.loop")
 console = Console(stderr=False, highlight=False, markup=False, soft_wrap=True)  # no wrap at 80 cols in logs
@@ -85,10 +89,18 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     ):
         plugins.resolve(kind, name)
     load_eval_sets(cfg.eval)  # a bad eval set fails before any engine starts
+    data = cfg.data
+    rows = (
+        None
+        if log.debug_train_only
+        else read_rows(data.prompt_data, data.input_key, data.label_key, data.metadata_key)
+    )
 
     t_setup = time.perf_counter()
     model_path = resolve_model(log.model)
     console.print(f"[vime] model: {model_path}")
+    # no tokenizer, no chat template, an over-long prompt: fails here, before any engine starts
+    overlong = 0 if rows is None else check_prompts(data, model_path, rows)
     init_ray(address=cfg.cluster.ray_address)
     try:
         plan, pg = place(cfg.cluster)  # an impossible plan fails here, naming the flag
@@ -116,6 +128,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             meta = json.loads((ckpt / "meta.json").read_text())
             start_step, version = meta["step"], meta["weight_version"]
             console.print(f"[vime] resuming from {ckpt} (step {start_step}, weight version {version})")
+            roll_back_records(out, start_step)  # steps after the checkpoint are trained again
             if trainer is not None:
                 trainer.load_checkpoint(str(ckpt / "trainer"))
             if rollout is not None:
@@ -150,19 +163,35 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             evals.append(_evaluate(rollout, sink, 0))
         if rollout is not None and cfg.rollout.loop == "fully-async":
             ray.get(rollout.start_async.remote())
+        last_save = time.monotonic()
         with StepProgress(console, cfg.rollout.num_rollout, start_step) as progress:
             source = _GroupSource(cfg.rollout, rollout, lambda ref: _wait_rollout(ref, progress, board))
             for step in range(start_step, cfg.rollout.num_rollout):
-                metrics, version = _one_step(args, step, source, rollout, trainer, estimator, version, progress)
+                try:
+                    metrics, version = _one_step(args, step, source, rollout, trainer, estimator, version, progress)
+                except WeightWriteError as e:  # trained, but the weights could not be written for the engines
+                    raise _save_after_failed_write(log, out, step, version, trainer, rollout, source, e) from None
+                except Exception as e:
+                    if not engines_lost(e):
+                        raise
+                    # nothing left to generate with: keep what trained, stop with the monitor's report
+                    saved = None
+                    if trainer is not None:
+                        saved = _save_checkpoint(log, out, step, version, trainer, rollout, [])
+                    where = f"checkpoint of {step} finished step(s) saved: {saved}" if saved else "no trainer to save"
+                    raise EnginesLostError(f"{getattr(e, 'cause', None) or e}\n{where}") from None
+                if data.rollout_max_prompt_len:
+                    metrics["data/overlong_prompts_filtered"] = float(overlong)
                 history.append(metrics)
                 sink.log(step, metrics)
+                _append_jsonl(out / TRAINED_PROMPTS_FILE, {"step": step, **source.last_taken})
                 plugins.pm.hook.vime_on_train_step_end(args=args, step=step, metrics=metrics)
                 progress.step_done(step, metrics)
                 if step + 1 in eval_at:  # after the weight update: the engines serve version step + 1
                     evals.append(_evaluate(rollout, sink, step + 1, progress.console))
-                last = step + 1 == cfg.rollout.num_rollout
-                if trainer is not None and (last or (log.save_interval and (step + 1) % log.save_interval == 0)):
-                    _save_checkpoint(out, step + 1, version, trainer, rollout)
+                if trainer is not None and should_save(log, step + 1, time.monotonic() - last_save):
+                    _save_checkpoint(log, out, step + 1, version, trainer, rollout, source.unconsumed())
+                    last_save = time.monotonic()
         summary = _summary(out, history, start_step)
         if evals:
             summary["eval_first"], summary["eval_last"] = evals[0], evals[-1]
@@ -251,9 +280,28 @@ class _GroupSource:
         self.rollout = rollout
         self.prefetched: Any = None
         self.wait = wait or ray.get  # ObjectRef -> result (the loop passes one that updates the progress bar)
+        self.last_taken: dict[str, list] = {}  # the prompts of the groups the last get() returned
+
+    def unconsumed(self) -> list[list[Sample]]:
+        """Groups taken from the data buffer but not handed to a step yet: with ``one-step-off``, the next step's
+        groups (generated while this step trained); a checkpoint saves them, so a resume trains them next instead of
+        skipping their prompts."""
+        if self.prefetched is None:
+            return []
+        groups, _ = self.wait(self.prefetched)
+        return groups
 
     def get(self, step: int, version: int) -> tuple[list[list[Sample]], dict[str, float]]:
+        """The groups (and rollout metrics) of ``step`` at weight version ``version``; records their prompts in
+        :attr:`last_taken` (``{"prompt_index": [...], "group_index": [...]}``, one entry per group)."""
+        groups, metrics = self._get(step, version)
+        self.last_taken = {
+            "prompt_index": [g[0].prompt_index if g else None for g in groups],
+            "group_index": [g[0].group_index if g else None for g in groups],
+        }
+        return groups, metrics
 
+    def _get(self, step: int, version: int) -> tuple[list[list[Sample]], dict[str, float]]:
         cfg = self.config
         if cfg.load_debug_rollout_data:
             groups = load_debug_rollout(cfg.load_debug_rollout_data, step)
@@ -330,13 +378,80 @@ def _one_step(
     return metrics, update.version
 
 
-def _save_checkpoint(out: Path, step: int, version: int, trainer, rollout) -> Path:
+def should_save(log: LoggingConfig, steps_done: int, seconds_since_save: float) -> bool:
+    """Whether to checkpoint after ``steps_done`` finished steps: after the last step, every ``--save-interval``
+    steps, and once ``--save-interval-minutes`` have passed since the last checkpoint (or the start)."""
+    if steps_done == log.num_rollout:
+        return True
+    if log.save_interval and steps_done % log.save_interval == 0:
+        return True
+    minutes = log.save_interval_minutes
+    return bool(minutes) and seconds_since_save >= minutes * 60
+
+
+def _save_checkpoint(
+    log: LoggingConfig, out: Path, step: int, version: int, trainer, rollout, unconsumed: list[list[Sample]]
+) -> Path:
+    """Checkpoint after ``step`` finished steps (:mod:`vime_core.checkpoint`); ``unconsumed`` groups (taken from
+    the buffer, not yet trained) are saved with the buffer so a resume trains them next."""
     import ray
 
     tmp = new_checkpoint_dir(out, step)
     trainer.save_checkpoint(str(tmp / "trainer"))
-    data_state = ray.get(rollout.data_state.remote()) if rollout is not None else None
-    return commit_checkpoint(tmp, {"step": step, "weight_version": version}, data_state)
+    data_state = ray.get(rollout.data_state.remote(unconsumed)) if rollout is not None else None
+    meta = {"step": step, "weight_version": version}
+    return commit_checkpoint(tmp, meta, data_state, log.max_checkpoints)
+
+
+def _save_after_failed_write(
+    log: LoggingConfig, out: Path, step: int, version: int, trainer, rollout, source: _GroupSource, error
+) -> WeightWriteError:
+    """Step ``step`` trained but its weights could not be written for the engines (full or read-only
+    ``--update-weight-disk-dir``; the engines keep version ``version``): checkpoint the trained step (weight version
+    ``version + 1``; a resume pushes it to the engines in full) so nothing trained is lost, when the checkpoint
+    directory can be written.
+
+    :return: the error to raise: the write error's message (without Ray's traceback) and what was saved.
+    """
+    message = str(getattr(error, "cause", None) or error)
+    _append_jsonl(out / TRAINED_PROMPTS_FILE, {"step": step, **source.last_taken})
+    try:
+        saved = _save_checkpoint(log, out, step + 1, version + 1, trainer, rollout, source.unconsumed())
+    except Exception as e:  # noqa: BLE001 - the write error is the one to report
+        logger.exception("checkpoint after the failed weight write")
+        return WeightWriteError(f"step {step + 1}: {message}; its training could not be checkpointed either ({e})")
+    return WeightWriteError(f"step {step + 1}: {message}; the trained step is saved in {saved} (a re-run resumes it)")
+
+
+TRAINED_PROMPTS_FILE = "trained_prompts.jsonl"
+
+
+def _append_jsonl(path: Path, record: dict[str, Any]) -> None:
+    with path.open("a") as f:
+        f.write(json.dumps(record) + "\n")
+
+
+def roll_back_records(out: Path, start_step: int) -> None:
+    """On a resume from a checkpoint after ``start_step`` steps: drop the records of the steps after it (a run
+    killed after the checkpoint trained them, and trains them again now) from ``metrics.jsonl`` and
+    ``trained_prompts.jsonl`` — training records with ``step >= start_step`` and evaluation records (``eval/*``
+    keys) with ``step > start_step``. Torn last lines (a kill mid-write) are dropped too."""
+    for name in ("metrics.jsonl", TRAINED_PROMPTS_FILE):
+        path = out / name
+        if not path.exists():
+            continue
+        kept = []
+        for line in path.read_text().splitlines():
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            is_eval = any(k.startswith("eval/") for k in rec)
+            if rec.get("step", 0) < start_step or (is_eval and rec["step"] == start_step):
+                kept.append(line + "\n")
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text("".join(kept))
+        tmp.replace(path)
 
 
 def _summary(out: Path, history: list[dict[str, float]], start_step: int) -> dict[str, Any]:

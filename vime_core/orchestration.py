@@ -39,7 +39,7 @@ from vime_core.placement import (
     plan_placement,
 )
 from vime_core.plugins import get_plugins  # importing vime_core set Ray's loopback environment (see __init__)
-from vime_core.weight_sync.base import WeightUpdate
+from vime_core.weight_sync.base import WeightUpdate, WeightWriteError
 
 logger = logging.getLogger("vime.orchestration")
 
@@ -116,10 +116,20 @@ class TrainerWorker:
 
     def write_nonce(self, directory: str, nonce: str) -> str:
         """Write ``nonce`` to ``directory/.vime-nonce-<nonce>`` (the shared-filesystem check of ``disk`` weight
-        sync) and return the file's path."""
+        sync) and return the file's path.
+
+        :raises WeightWriteError: naming ``--update-weight-disk-dir`` when the directory cannot be written
+            (read-only, full, no permission).
+        """
         path = Path(directory) / f".vime-nonce-{nonce}"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(nonce)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(nonce)
+        except OSError as e:
+            raise WeightWriteError(
+                f"--update-weight-disk-dir {directory}: cannot write there ({e.strerror or e}); disk weight sync "
+                "writes every weight version there"
+            ) from None
         return str(path)
 
     def remove_file(self, path: str) -> None:

@@ -57,6 +57,8 @@ class Sample:
     remove_sample: bool = False
     # on-policy distillation (--distill-teacher): the teacher's log-prob of each response token given its prefix
     teacher_log_probs: list[float] | None = None
+    # the --prompt-data row (0-based, in file order) the prompt came from; None for samples not from the data buffer
+    prompt_index: int | None = None
 
     @property
     def prompt_length(self) -> int:

@@ -1,6 +1,9 @@
 """The data buffer: clear errors on bad input, deterministic order, exact resume."""
 
 import json
+import os
+import re
+from pathlib import Path
 
 import pytest
 
@@ -82,3 +85,44 @@ def test_resume_refuses_changed_data():
     a = DataSource(_rows(5), 2, shuffle=False, seed=0)
     with pytest.raises(DataError, match="saved with 5 prompt rows"):
         DataSource(_rows(6), 2, shuffle=False, seed=0).load_state_dict(a.state_dict())
+
+
+def test_unreadable_and_empty_prompt_data_name_the_file_and_line(tmp_path, monkeypatch):
+    (tmp_path / "d").mkdir()
+    with pytest.raises(DataError, match=rf"^--prompt-data {tmp_path}/d: expected a .jsonl or .parquet file$"):
+        read_rows(tmp_path / "d", "prompt", None, None)
+    (tmp_path / "dir.jsonl").mkdir()
+    with pytest.raises(
+        DataError, match=rf"^--prompt-data {tmp_path}/dir.jsonl: cannot read the file \(Is a directory\)$"
+    ):
+        read_rows(tmp_path / "dir.jsonl", "prompt", None, None)
+    p = _write(tmp_path, ['{"prompt": "a"}'])
+    p.chmod(0)
+    if os.access(p, os.R_OK):  # root reads any file: the permission error is injected at the open call instead
+
+        def denied(self, *a, **k):
+            raise PermissionError(13, "Permission denied", str(self))
+
+        monkeypatch.setattr(Path, "open", denied)
+    with pytest.raises(DataError, match=rf"^--prompt-data {p}: cannot read the file \(Permission denied\)$"):
+        read_rows(p, "prompt", None, None)
+
+
+def test_unreadable_bytes_and_parquet_name_the_file(tmp_path):
+    p = tmp_path / "d.jsonl"
+    p.write_bytes(b'{"prompt": "a"}\n{"prompt": "\xff"}\n')
+    with pytest.raises(DataError, match=r"d\.jsonl:2: not UTF-8 text \(invalid start byte at byte 13\)$"):
+        read_rows(p, "prompt", None, None)
+    q = tmp_path / "d.parquet"
+    q.write_text("not parquet")
+    with pytest.raises(DataError, match=r"d\.parquet: not a readable parquet file \(ArrowInvalid: "):
+        read_rows(q, "prompt", None, None)
+
+
+@pytest.mark.parametrize("prompt", ["", "  \n", []])
+def test_an_empty_prompt_names_its_line(tmp_path, prompt):
+    p = _write(tmp_path, ['{"prompt": "a"}', "", json.dumps({"prompt": prompt})])
+    with pytest.raises(
+        DataError, match=rf"d\.jsonl:line 3: empty prompt in 'prompt' \(got {re.escape(repr(prompt))}\)"
+    ):
+        read_rows(p, "prompt", None, None)

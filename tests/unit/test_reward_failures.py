@@ -4,6 +4,7 @@ group rewards score whole groups. Exact statuses, causes, rewards and metrics.""
 
 import argparse
 import asyncio
+import json
 import math
 
 import httpx
@@ -382,3 +383,35 @@ def test_reward_flags_defaults_and_checks():
         parse_run_args(RUN + ["--rm-concurrency", "0"])
     with pytest.raises(ArgumentError, match=r"--rm-max-retries must be >= 0, got -1"):
         parse_run_args(RUN + ["--rm-max-retries", "-1"])
+
+
+def test_a_label_the_math_reward_cannot_parse_fails_its_sample_not_scored_0(tiny_model_dir, tmp_path):
+    """p0's label is empty (nothing math-verify can parse): the sample fails as reward_error with the label in the
+    error, is excluded (never a 0 reward), and the other samples are scored as usual."""
+    data = tmp_path / "labels.jsonl"
+    data.write_text(
+        "".join(json.dumps({"prompt": f"p{i}", "label": lab}) + "\n" for i, lab in enumerate(["", "2", "2"]))
+    )
+    m = _manager_with_hooks(
+        tiny_model_dir,
+        tmp_path,
+        generate=_text_generate(["\\boxed{1}", "\\boxed{2}", "\\boxed{3}"]),
+        num_prompts=3,
+        prompt_data=data,
+        reward="math",
+        rollout_batch_size=3,
+        n_samples_per_prompt=1,
+    )
+    groups, metrics = m.generate(0)
+    got = [(s.prompt, s.status.value, s.reward, s.metadata.get("failure")) for g in groups for s in g]
+    assert got == [
+        ("p0", "failed", None, "reward_error"),
+        ("p1", "completed", 1.0, None),
+        ("p2", "completed", 0.0, None),
+    ]
+    assert groups[0][0].metadata["error"] == (
+        "ValueError: math reward: the label '' is not a mathematical answer math-verify can parse"
+    )
+    assert groups[0][0].prompt_index == 0 and not groups[0][0].is_trainable()
+    assert _failure_part(metrics) == ZERO | {"rollout/failed/reward_error": 1.0}
+    assert metrics["rollout/reward_mean"] == 0.5  # over the two scored samples only

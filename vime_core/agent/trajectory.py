@@ -482,6 +482,7 @@ class Trajectory:
                 status=Status.TRUNCATED if seg.last_finish == "length" else Status.COMPLETED,
                 metadata=meta,
                 rollout_id=rid,
+                prompt_index=base_sample.prompt_index,
             )
             if not any(seg.loss_mask):
                 s.remove_sample = True

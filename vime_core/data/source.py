@@ -28,29 +28,21 @@ def read_rows(
 
     :param flag: the flag the file came from, named in errors (``--eval-prompt-data NAME`` for an eval set).
 
-    :return: dicts with keys ``prompt``, ``label``, ``metadata``.
-    :raises DataError: unreadable file, unsupported suffix, bad JSON, or a row without ``input_key`` (naming the
-        line), or a prompt that is neither a string nor a list of ``{"role", "content"}`` messages.
+    :return: dicts with keys ``prompt``, ``label``, ``metadata`` and ``where`` (``FILE:line N`` / ``FILE:row N``,
+        for error messages).
+    :raises DataError: unreadable file (missing, a directory, no permission, not UTF-8), unsupported suffix, bad
+        JSON, a row without ``input_key`` (naming the line), a prompt that is neither a string nor a list of
+        ``{"role", "content"}`` messages, or an empty prompt (``""``, only whitespace, or no messages).
     """
     path = Path(path)
     if not path.exists():
         raise DataError(f"{flag} {path}: file not found")
-    raw: list[tuple[int, Any]] = []
-    if path.suffix == ".jsonl":
-        with path.open() as f:
-            for lineno, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    raw.append((lineno, json.loads(line)))
-                except json.JSONDecodeError as e:
-                    raise DataError(f"{path}:{lineno}: invalid JSON ({e.msg} at column {e.colno})") from None
-    elif path.suffix == ".parquet":
-        import pyarrow.parquet as pq
-
-        raw = list(enumerate(pq.read_table(path).to_pylist(), 1))
-    else:
+    if path.suffix not in (".jsonl", ".parquet"):
         raise DataError(f"{flag} {path}: expected a .jsonl or .parquet file")
+    try:
+        raw = _read_raw(path)
+    except OSError as e:  # a directory, no read permission, an I/O error
+        raise DataError(f"{flag} {path}: cannot read the file ({e.strerror or e})") from None
     rows = []
     where = "line" if path.suffix == ".jsonl" else "row"
     for lineno, obj in raw:
@@ -64,19 +56,61 @@ def read_rows(
             raise DataError(
                 f"{path}:{where} {lineno}: {input_key!r} must be a string or a list of {{'role', 'content'}} messages"
             )
+        if not prompt or (isinstance(prompt, str) and not prompt.strip()):
+            raise DataError(f"{path}:{where} {lineno}: empty prompt in {input_key!r} (got {prompt!r})")
         if label_key and label_key not in obj:
             raise DataError(f"{path}:{where} {lineno}: missing --label-key {label_key!r}")
         metadata = obj.get(metadata_key) if metadata_key else None
         if metadata is not None and not isinstance(metadata, dict):
             raise DataError(f"{path}:{where} {lineno}: {metadata_key!r} must be an object")
-        rows.append({"prompt": prompt, "label": obj.get(label_key) if label_key else None, "metadata": metadata or {}})
+        rows.append(
+            {
+                "prompt": prompt,
+                "label": obj.get(label_key) if label_key else None,
+                "metadata": metadata or {},
+                "where": f"{path}:{where} {lineno}",
+            }
+        )
     if not rows:
         raise DataError(f"{flag} {path}: no rows")
     return rows
 
 
-def new_group(row: dict[str, Any], group_index: int, n: int) -> list[Sample]:
-    """``n`` fresh pending samples of one :func:`read_rows` row (prompt and metadata deep-copied per sample)."""
+def _read_raw(path: Path) -> list[tuple[int, Any]]:
+    """``(line or row number, parsed object)`` of every non-blank line of a ``.jsonl`` or row of a ``.parquet``.
+
+    :raises DataError: a line that is not UTF-8 or not valid JSON (naming the file and the line).
+    :raises OSError: the file cannot be read.
+    """
+    if path.suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        try:
+            table = pq.read_table(path)
+        except OSError:
+            raise
+        except Exception as e:  # noqa: BLE001 - pyarrow's errors for a file that is not parquet
+            raise DataError(f"{path}: not a readable parquet file ({type(e).__name__}: {e})") from None
+        return list(enumerate(table.to_pylist(), 1))
+    raw: list[tuple[int, Any]] = []
+    with path.open("rb") as f:
+        for lineno, data in enumerate(f, 1):
+            try:
+                line = data.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise DataError(f"{path}:{lineno}: not UTF-8 text ({e.reason} at byte {e.start + 1})") from None
+            if not line.strip():
+                continue
+            try:
+                raw.append((lineno, json.loads(line)))
+            except json.JSONDecodeError as e:
+                raise DataError(f"{path}:{lineno}: invalid JSON ({e.msg} at column {e.colno})") from None
+    return raw
+
+
+def new_group(row: dict[str, Any], group_index: int, n: int, prompt_index: int | None = None) -> list[Sample]:
+    """``n`` fresh pending samples of one :func:`read_rows` row (prompt and metadata deep-copied per sample);
+    ``prompt_index`` is the row's position in the prompt data (:attr:`Sample.prompt_index`)."""
     return [
         Sample(
             group_index=group_index,
@@ -85,6 +119,7 @@ def new_group(row: dict[str, Any], group_index: int, n: int) -> list[Sample]:
             label=row["label"],
             metadata=copy.deepcopy(row["metadata"]),
             status=Status.PENDING,
+            prompt_index=prompt_index,
         )
         for i in range(n)
     ]
@@ -130,11 +165,11 @@ class DataSource:
                 self.epoch += 1
                 self.offset = 0
                 self._order = self._permutation(self.epoch)
-            row = self.rows[self._order[self.offset]]
+            row_index = self._order[self.offset]
             self.offset += 1
             gi = self.next_group_index
             self.next_group_index += 1
-            groups.append(new_group(row, gi, self.n))
+            groups.append(new_group(self.rows[row_index], gi, self.n, row_index))
         return groups
 
     def add_groups(self, groups: list[list[Sample]]) -> None:

@@ -52,7 +52,16 @@ def fresh_copy(group: list[Sample]) -> list[Sample]:
             continue
         seen.add((s.group_index, s.index))
         meta = {k: v for k, v in s.metadata.items() if k not in ("error", "trajectory")}
-        out.append(Sample(group_index=s.group_index, index=s.index, prompt=s.prompt, label=s.label, metadata=meta))
+        out.append(
+            Sample(
+                group_index=s.group_index,
+                index=s.index,
+                prompt=s.prompt,
+                label=s.label,
+                metadata=meta,
+                prompt_index=s.prompt_index,
+            )
+        )
     return out
 
 
@@ -304,10 +313,13 @@ class AsyncRolloutProducer:
 
     def buffer_state(self) -> dict[str, Any]:
         """The data-buffer state with every in-flight, finished-but-not-taken or re-queued group returned as fresh
-        prompts, so a resume generates them again instead of skipping them."""
+        prompts, so a resume generates them again instead of skipping them (in admission order, then the
+        re-queued ones: the order in which the producer would have handed them out)."""
         with self.cond:
             state = self.manager.data_source.state_dict()
-            pending = list(self.inflight.values()) + list(self.ready.values()) + list(self.requeue.queue)
+            admitted = {**self.inflight, **self.ready}
+            pending = [admitted[k] for k in sorted(admitted, key=lambda k: self.admitted[k][0])]
+            pending += list(self.requeue.queue)
         state["returned"] = state["returned"] + [[s.to_dict() for s in fresh_copy(g)] for g in pending]
         return state
 

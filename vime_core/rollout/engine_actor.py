@@ -26,6 +26,7 @@ from typing import Any
 from vime_core.orchestration import actor_placement, slot_options
 from vime_core.placement import PlacementPlan
 from vime_core.rollout.engine import VLLMServer, VLLMServerError
+from vime_core.rollout.health import keep_log
 from vime_core.rollout.process import tail_file
 
 logger = logging.getLogger("vime.rollout")
@@ -73,6 +74,7 @@ class EngineActor:
             "env": env,
             "url": self.server.url,
             "port": self.server.port,
+            "log_path": str(self.server.log_path),
             **self.where,
             "devices": self.devices,
         }
@@ -81,6 +83,16 @@ class EngineActor:
         """Start the server (returns at once) and return :meth:`launch_spec` plus its ``pid``."""
         self.server.start()
         return {**self.launch_spec(), "pid": self.server.proc.pid}
+
+    def restart(self) -> int:
+        """Stop what is left of the server, keep its log as ``<log>.exit<N>.log``, start it again on the same port
+        (returns at once; call :meth:`wait_ready`). :return: the new server's pid."""
+        self.server.stop()
+        self.restarts = getattr(self, "restarts", 0) + 1
+        keep_log(self.server.log_path, self.restarts)
+        self._stopped.clear()
+        self.server.start()
+        return self.server.proc.pid
 
     def wait_ready(self, timeout_s: float) -> float:
         """:meth:`VLLMServer.wait_ready` here. :raises VLLMServerError / TimeoutError: with the log tail."""
@@ -139,7 +151,27 @@ class RemoteEngine(VLLMServer):
             request_timeout_s=timeout_s,
         )
         self.actor, self.spec, self.index = actor, spec, index
+        if spec.get("log_path"):
+            self.log_path = Path(spec["log_path"])
         self.exit_ref = actor.wait_exit.remote()
+
+    def restart(self) -> None:
+        """Have the actor restart the server on its node (same port; see :meth:`EngineActor.restart`)."""
+        import ray
+
+        ray.get(self.actor.restart.remote())
+        self.exit_ref = self.actor.wait_exit.remote()
+
+    def exit_code(self) -> int | None:
+        """The server's exit code once its actor reported the exit (``None`` while it runs, or if the actor died)."""
+        import ray
+
+        if not ray.wait([self.exit_ref], timeout=0)[0]:
+            return None
+        try:
+            return ray.get(self.exit_ref)["returncode"]
+        except ray.exceptions.RayError:
+            return None
 
     def start(self) -> RemoteEngine:  # started by the actor
         return self

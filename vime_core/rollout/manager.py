@@ -24,11 +24,14 @@ from vime_core.rollout.client import RouterClient, eos_token_ids
 from vime_core.rollout.context import RolloutContext, get_rollout_context, set_rollout_context
 from vime_core.rollout.engine import VLLMServer
 from vime_core.rollout.engine_actor import RemoteEngine, check_nonce, engine_failures, start_engine_actors
+from vime_core.rollout.health import EngineMonitor, MonitorConfig
 from vime_core.rollout.overlong import overlong_metrics
 from vime_core.rollout.oversample import collect_groups
+from vime_core.rollout.prompt_checks import filter_overlong_prompts
 from vime_core.rollout.router import VLLMRouter, router_policy
 from vime_core.rollout.runner import GroupRunner
 from vime_core.rollout.teacher import TeacherEngines
+from vime_core.rollout.weight_recovery import WeightRecovery
 from vime_core.types import Sample, Status
 from vime_core.weight_sync.base import WeightUpdate
 
@@ -79,8 +82,9 @@ class RolloutManager:
         self.tokenizer = AutoTokenizer.from_pretrained(str(self.model_path))
         self.data_source = None  # `vime eval` has no training data
         if data.prompt_data is not None:
+            rows = read_rows(data.prompt_data, data.input_key, data.label_key, data.metadata_key)
             self.data_source = DataSource(
-                read_rows(data.prompt_data, data.input_key, data.label_key, data.metadata_key),
+                filter_overlong_prompts(rows, self.tokenizer, data)[0],  # --rollout-max-prompt-len
                 cfg.n_samples_per_prompt,
                 shuffle=data.rollout_shuffle,
                 seed=data.seed,
@@ -90,6 +94,7 @@ class RolloutManager:
         self.eval_reward_fn = plugins.resolve("reward", eval_cfg.eval_reward or eval_cfg.reward)
         self.engines: list[Any] = []
         self.router: Any = None
+        self.monitor: EngineMonitor | None = None  # replaces dead engines and a dead router (rollout/health.py)
         self.client: Any = None
         self.loop = asyncio.new_event_loop()
         self.producer: Any = None  # AsyncRolloutProducer in --loop fully-async
@@ -173,6 +178,16 @@ class RolloutManager:
         set_rollout_context(
             RolloutContext(client=self.client, tokenizer=self.tokenizer, weight_version=self.weight_version)
         )
+        recovery = WeightRecovery(self.weight_sync, self.engine_config.update_weight_disk_dir)
+        self.monitor = EngineMonitor(
+            self.engines,
+            self.router,
+            recovery,
+            MonitorConfig.from_config(self.engine_config),
+            manage_router=not self.engine_config.vllm_router_ip,
+            log_dir=log_dir,
+        ).start()
+        self.runner.monitor = self.monitor
         info: dict[str, Any] = {"router_url": router_url, "engine_urls": urls}
         if self.placement is not None:  # where each engine actor landed and the devices Ray gave it
             keys = ("url", "node_ip", "node_id", "gpu_ids", "devices", "command")
@@ -186,6 +201,9 @@ class RolloutManager:
 
     def shutdown(self) -> None:
         """Stop the async producer, the router (or deregister from an external one) and every engine; never raises."""
+        if self.monitor is not None:
+            self.monitor.stop()
+            self.monitor.recovery.close()
         if self.producer is not None:
             try:
                 self.producer.stop()
@@ -248,6 +266,8 @@ class RolloutManager:
         metrics = rollout_metrics([s for g in groups for s in g], self.config.reward_key)
         metrics.update(overlong_metrics(self.config, [s for g in groups for s in g]))
         metrics.update(extra)
+        if self.monitor is not None:
+            metrics.update(self.monitor.take_metrics())
         metrics["perf/rollout_time"] = time.perf_counter() - t0
         self.hook.vime_on_rollout_end(
             args=self.args, step=step, samples=[s for g in groups for s in g], metrics=metrics
@@ -275,6 +295,8 @@ class RolloutManager:
         metrics = rollout_metrics(samples, self.config.reward_key)
         metrics.update(overlong_metrics(self.config, samples))
         metrics.update(extra)
+        if self.monitor is not None:
+            metrics.update(self.monitor.take_metrics())
         metrics["perf/rollout_wait_time"] = time.perf_counter() - t0
         self.hook.vime_on_rollout_end(args=self.args, step=step, samples=samples, metrics=metrics)
         return groups, metrics
@@ -333,22 +355,30 @@ class RolloutManager:
         self.check_engines()
         # fully-async: freeze in-flight requests (they continue on the new weights); else let them finish first
         mode = "keep" if self.producer is not None else "wait"
-        for engine in self.engines:
-            engine.pause(mode)
-        try:
-            self.weight_sync.apply_all(self.engines, update, timeout_s=self.engine_config.weight_sync_timeout)
+        extra: dict[str, float] = {}
+        done = [update]
+        if self.monitor is not None:  # engines that die meanwhile are replaced and load this version
+            timeout = self.engine_config.weight_sync_timeout
+            extra, done = self.monitor.sync_weights(self.weight_sync, update, mode, timeout)
+        else:
             for engine in self.engines:
-                engine.reset_prefix_cache()
-                engine.set_weight_version(update.version)  # the engine tags every later token with it
-        finally:
-            for engine in self.engines:
-                engine.resume()
+                engine.pause(mode)
+            try:
+                self.weight_sync.apply_all(self.engines, update, timeout_s=self.engine_config.weight_sync_timeout)
+                for engine in self.engines:
+                    engine.reset_prefix_cache()
+                    engine.set_weight_version(update.version)  # the engine tags every later token with it
+            finally:
+                for engine in self.engines:
+                    engine.resume()
         self.weight_version = update.version
         get_rollout_context().weight_version = update.version
-        self.weight_sync.cleanup(update)
+        for applied in done:
+            self.weight_sync.cleanup(applied)
         if self.producer is not None:
             self.producer.admit_now()
         return {
+            **extra,
             "weight_sync/engine_seconds": time.perf_counter() - t0,
             "weight_sync/trainer_seconds": update.seconds,
             "weight_sync/bytes": float(update.num_bytes),
@@ -369,8 +399,14 @@ class RolloutManager:
         """Raise if an engine actor reported that its vLLM server exited (see
         :func:`vime_core.rollout.engine_actor.engine_failures`).
 
+        With the health monitor a dead engine is replaced instead; this raises only when every engine is lost.
+
         :raises RuntimeError: with each dead engine's address, exit code and log tail.
+        :raises EnginesLostError: (monitor) every engine is gone and no restart is left.
         """
+        if self.monitor is not None:
+            self.monitor.raise_if_lost()
+            return
         dead = engine_failures(self.engines)
         if dead:
             raise RuntimeError("vLLM engine died: " + "\n".join(dead))
@@ -395,11 +431,15 @@ class RolloutManager:
         return problems
 
     # -- state -----------------------------------------------------------------------------------------------------
-    def data_state(self) -> dict[str, Any]:
-        """The buffer state to save with a checkpoint (in-flight async groups count as not yet handed out)."""
-        if self.producer is not None:
-            return self.producer.buffer_state()
-        return self.data_source.state_dict()
+    def data_state(self, unconsumed: list[list[Sample]] | None = None) -> dict[str, Any]:
+        """The buffer state to save with a checkpoint: what was trained counts as consumed; in-flight and finished
+        but untaken ``fully-async`` groups go back as fresh prompts, and ``unconsumed`` groups (``one-step-off``:
+        the next step's groups, generated but not trained) go back as they are, first in line, so a resume trains
+        them next without generating them again."""
+        state = self.producer.buffer_state() if self.producer is not None else self.data_source.state_dict()
+        if unconsumed:
+            state["returned"] = [[s.to_dict() for s in g] for g in unconsumed] + state["returned"]
+        return state
 
     def load_data_state(self, state: dict[str, Any]) -> None:
         """Restore the buffer state of a checkpoint."""

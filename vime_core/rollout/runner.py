@@ -25,6 +25,7 @@ from vime_core.config import RolloutConfig
 from vime_core.failures import classify_failure, mark_failed
 from vime_core.progress import Throttle
 from vime_core.rewards.call import call_group_reward, call_reward
+from vime_core.rollout.health import EngineMonitor, generate_with_retries
 from vime_core.rollout.overlong import apply_overlong
 from vime_core.types import Sample, Status
 
@@ -46,6 +47,8 @@ class GroupRunner:
     :param hook: the plugin manager's hook relay (``vime_on_sample`` is called for every training sample).
     :param group_reward_fn: the ``--group-reward`` function, or ``None``.
     :param progress: a :class:`vime_core.progress.RolloutProgress` actor told how many samples finished, or ``None``.
+    :ivar monitor: the engine health monitor; a sample whose engine or router failed under it is regenerated
+        (:func:`vime_core.rollout.health.generate_with_retries`); ``None``: one attempt.
     :ivar teacher: the :class:`~vime_core.rollout.teacher.TeacherEngines` scoring training samples, or ``None``.
     :ivar weight_version: the weight version the engines serve (a resumed sample's off-policy prefix is older).
     :ivar aborting: set while the requests in flight are being aborted; a sample still waiting is not sent.
@@ -68,6 +71,7 @@ class GroupRunner:
         self.group_reward_fn = group_reward_fn
         self.hook = hook
         self.teacher: Any = None
+        self.monitor: EngineMonitor | None = None
         self.weight_version = 0
         self.aborting = False
         self.progress = progress
@@ -129,7 +133,7 @@ class GroupRunner:
                     prepare_resume(sample, self.weight_version, mask_offpolicy)
                 stage = "generate"
                 try:
-                    out = await self.generate_fn(args, sample, sample_params)
+                    out = await generate_with_retries(self.monitor, self.generate_fn, args, sample, sample_params)
                     if isinstance(out, list):  # fan-out: segments of one rollout, scored once, same reward on each
                         if not out:
                             raise ValueError("the generate function returned an empty list of samples")

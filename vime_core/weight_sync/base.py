@@ -3,17 +3,49 @@
 from __future__ import annotations
 
 import argparse
+import shutil
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, TypeVar
 
 import torch
+from safetensors import SafetensorError
 
 from vime_core.config import WeightSyncConfig
 
 T = TypeVar("T")
+
+
+class WeightWriteError(RuntimeError):
+    """A weight version could not be written (full or read-only filesystem, ...): the message names the directory;
+    no engine got anything, so every engine keeps serving the version it had."""
+
+
+def write_version_dir(out: Path, write: Callable[[Path], None]) -> None:
+    """Write one weight version into the directory ``out`` atomically: ``write(tmp)`` fills ``out.tmp``, which is
+    then renamed to ``out`` (an engine never sees a half-written version). On failure the partial ``out.tmp`` is
+    removed (it would only hold disk space) and an existing ``out`` is left as it was.
+
+    :raises WeightWriteError: naming ``--update-weight-disk-dir``, the version directory and the OS error (e.g.
+        ``No space left on device``, ``Read-only file system``).
+    """
+    tmp = out.with_name(out.name + ".tmp")
+    try:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        write(tmp)
+        shutil.rmtree(out, ignore_errors=True)
+        tmp.rename(out)
+    except (OSError, SafetensorError) as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        reason = f"{e.strerror} ({e.filename})" if isinstance(e, OSError) and e.strerror else str(e)
+        raise WeightWriteError(
+            f"--update-weight-disk-dir {out.parent}: cannot write weight version directory {out.name}: {reason}; "
+            "the engines keep their current weights"
+        ) from None
 
 
 def call_with_timeout(fn: Callable[[], T], timeout_s: float, what: str) -> T:

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
-from vime_core.weight_sync.base import WeightSyncStrategy, WeightUpdate, call_with_timeout
+from vime_core.weight_sync.base import WeightSyncStrategy, WeightUpdate, call_with_timeout, write_version_dir
 
 
 class DiskWeightSync(WeightSyncStrategy):
@@ -26,15 +26,19 @@ class DiskWeightSync(WeightSyncStrategy):
         return Path(self.config.update_weight_disk_dir) / f"weight_v{version:06d}"
 
     def push(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> WeightUpdate:
+        """Write ``weight_v{version}/model.safetensors``.
+
+        :raises WeightWriteError: the directory cannot be written (full, read-only), naming it.
+        """
         t0 = time.perf_counter()
         out = self._dir(version)
-        tmp = out.with_name(out.name + ".tmp")
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
         tensors = {name: t.contiguous() for name, t in named_tensors}
-        save_file(tensors, str(tmp / "model.safetensors"), metadata={"vime_weight_version": str(version)})
-        shutil.rmtree(out, ignore_errors=True)
-        tmp.rename(out)  # atomic: an engine never sees a half-written version
+        write_version_dir(  # atomic: an engine never sees a half-written version
+            out,
+            lambda tmp: save_file(
+                tensors, str(tmp / "model.safetensors"), metadata={"vime_weight_version": str(version)}
+            ),
+        )
         nbytes = sum(t.numel() * t.element_size() for t in tensors.values())
         return WeightUpdate(version, {"path": str(out)}, num_bytes=nbytes, seconds=time.perf_counter() - t0)
 

@@ -62,7 +62,7 @@ import numpy as np
 import torch
 
 from vime_core.models import resolve_model
-from vime_core.weight_sync.base import WeightSyncStrategy, WeightUpdate, call_with_timeout
+from vime_core.weight_sync.base import WeightSyncStrategy, WeightUpdate, call_with_timeout, write_version_dir
 from vime_core.weight_sync.tensor_io import checksum, dtype_name, safetensors_files, tensor_bytes, tensor_from_bytes
 
 logger = logging.getLogger("vime.weight_sync")
@@ -505,6 +505,8 @@ class DiskDeltaWeightSync(WeightSyncStrategy):
         :return: update with ``num_bytes`` = bytes written, ``seconds`` = encode + write time, and ``payload``
             ``{"path", "base_version", "version", "full_bytes", "changed_bytes", "changed_tensors", "tensors"}``.
         :raises ValueError: if ``version`` is not above the snapshot's version.
+        :raises WeightWriteError: the directory cannot be written (full, read-only), naming it; the snapshot stays
+            at the engines' version.
         """
         from safetensors.numpy import save_file
 
@@ -545,12 +547,9 @@ class DiskDeltaWeightSync(WeightSyncStrategy):
             full_bytes += int(new.size)
             changed_bytes += changed
         out = self._dir(version)
-        tmp = out.with_name(out.name + ".tmp")
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-        save_file(payloads, str(tmp / DELTA_FILE), metadata={MANIFEST_KEY: json.dumps(manifest)})
-        shutil.rmtree(out, ignore_errors=True)
-        tmp.rename(out)  # atomic: an engine never sees a half-written version
+        write_version_dir(  # atomic: an engine never sees a half-written version; on failure the snapshot stays
+            out, lambda tmp: save_file(payloads, str(tmp / DELTA_FILE), metadata={MANIFEST_KEY: json.dumps(manifest)})
+        )
         base_version = self.version
         self.snapshot.update(new_snapshot)  # the engines' version once they apply it
         self.version = version

@@ -1,0 +1,325 @@
+"""The engine health monitor's bookkeeping (:mod:`vime_core.rollout.health`) and the weight recovery of a replacement
+(:mod:`vime_core.rollout.weight_recovery`), with exact states, counters, texts and tensors.
+
+The engines and the router here are stand-ins that record calls (their ``/health`` is a real HTTP server on
+127.0.0.1); the real vLLM engines and vllm-router meet the monitor in ``tests/integration/test_fault_injection.py``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import re
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import httpx
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from vime_core.rollout.health import (
+    EngineMonitor,
+    EnginesLostError,
+    MonitorConfig,
+    engines_lost,
+    generate_with_retries,
+)
+from vime_core.rollout.weight_recovery import WeightRecovery
+from vime_core.types import Sample
+from vime_core.weight_sync.disk import DiskWeightSync
+from vime_core.weight_sync.disk_delta import DiskDeltaWeightSync
+
+pytestmark = pytest.mark.unit
+
+FAST = MonitorConfig(
+    max_restarts=2, backoff_s=0.0, interval_s=0.05, hang_timeout_s=0.3, startup_timeout_s=5.0, max_request_retries=3
+)
+
+
+class _Health(BaseHTTPRequestHandler):
+    def do_GET(self) -> None:  # noqa: N802
+        self.send_response(200 if self.path == "/health" else 404)
+        self.end_headers()
+
+    def log_message(self, *a) -> None:
+        pass
+
+
+@pytest.fixture(scope="module")
+def health_url():
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Health)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+
+
+class Engine:
+    """Records the calls the monitor makes; ``alive`` is its process, ``url`` answers /health when alive."""
+
+    def __init__(self, url: str, log_path: Path, fail_restarts: int = 0) -> None:
+        self.url, self.log_path, self.alive = url, log_path, True
+        self.calls: list[tuple] = []
+        self.fail_restarts = fail_restarts
+
+    def is_running(self) -> bool:
+        return self.alive
+
+    def exit_code(self) -> int | None:
+        return None if self.alive else -9
+
+    def restart(self) -> None:
+        self.calls.append(("restart",))
+        if self.fail_restarts:
+            self.fail_restarts -= 1
+            raise RuntimeError("no memory left")
+        self.alive = True
+
+    def wait_ready(self, timeout_s: float) -> float:
+        return 0.0
+
+    def stop(self) -> None:
+        self.calls.append(("stop",))
+
+    def collective_rpc(self, method: str, args: list) -> list:
+        self.calls.append((method, *args))
+        return [1]
+
+    def __getattr__(self, name: str):  # pause, resume, reset_prefix_cache, set_weight_version
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return lambda *a: self.calls.append((name, *a))
+
+
+class Router:
+    def __init__(self, urls: list[str]) -> None:
+        self.url, self.log_path, self.worker_urls = "http://127.0.0.1:1", Path("router.log"), list(urls)
+        self.calls: list[tuple] = []
+        self.alive = True
+        self.proc = None
+
+    def is_running(self) -> bool:
+        return self.alive
+
+    def remove_worker(self, url: str) -> None:
+        self.calls.append(("remove", url))
+
+    def add_worker(self, url: str) -> None:
+        self.calls.append(("add", url))
+
+    def stop(self) -> None:
+        self.calls.append(("stop",))
+
+    def start(self) -> None:
+        self.calls.append(("start", tuple(self.worker_urls)))
+        self.alive = True
+
+    def wait_ready(self, timeout_s: float, require_workers: bool) -> float:
+        return 0.0
+
+
+def _disk_recovery(tmp_path: Path) -> tuple[WeightRecovery, DiskWeightSync]:
+    ws = DiskWeightSync(argparse.Namespace(update_weight_disk_dir=tmp_path / "weights", keep_weight_updates=False))
+    return WeightRecovery(ws, tmp_path / "weights"), ws
+
+
+def _wait(cond, timeout_s: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        assert time.monotonic() < deadline, "condition not reached"
+        time.sleep(0.02)
+
+
+def test_dead_engine_is_removed_replaced_at_the_current_version_and_re_added(tmp_path, health_url):
+    recovery, ws = _disk_recovery(tmp_path)
+    update = ws.push([("w", torch.ones(2))], 3)
+    assert recovery.applied(update) == []  # kept for recoveries
+    engines = [Engine(health_url, tmp_path / "e0.log"), Engine(health_url, tmp_path / "e1.log")]
+    router = Router([health_url, health_url])
+    monitor = EngineMonitor(engines, router, recovery, FAST, log_dir=tmp_path)
+    engines[1].alive = False
+    monitor.check_once()
+    assert [s.state for s in monitor.slots] == ["up", "down"]
+    assert monitor.serving() == [engines[0]]
+    _wait(lambda: monitor.slots[1].state == "up")
+    path = str(Path(update.payload["path"]).resolve())
+    assert engines[1].calls == [
+        ("restart",),
+        ("vime_load_weights", path, 3),
+        ("reset_prefix_cache",),
+        ("set_weight_version", 3),
+    ]
+    assert router.calls == [("remove", health_url), ("add", health_url)]
+    m = monitor.take_metrics()
+    assert {k: v for k, v in m.items() if k != "rollout/engine_recovery_seconds"} == {
+        "rollout/engine_restarts": 1.0,
+        "rollout/router_restarts": 0.0,
+        "rollout/requests_retried": 0.0,
+        "rollout/engines_down": 0.0,
+    }
+    assert m["rollout/engine_recovery_seconds"] > 0
+    assert monitor.take_metrics()["rollout/engine_restarts"] == 0.0  # per step
+    events = [json.loads(line) for line in (tmp_path / "health_events.jsonl").read_text().splitlines()]
+    assert [e["event"] for e in events] == ["engine_down", "engine_up"]
+    assert events[0]["reason"] == "exited with code -9" and events[1]["weight_version"] == 3
+    monitor.stop()
+
+
+def test_restarts_spent_on_every_engine_stop_the_run_with_urls_exit_codes_and_logs(tmp_path, health_url):
+    recovery, _ = _disk_recovery(tmp_path)
+    engine = Engine(health_url, tmp_path / "e0.log", fail_restarts=5)
+    monitor = EngineMonitor([engine], Router([health_url]), recovery, FAST, log_dir=tmp_path)
+    engine.alive = False
+    monitor.check_once()
+    _wait(lambda: monitor.fatal is not None)
+    assert monitor.slots[0].state == "lost" and monitor.slots[0].restarts == 2
+    assert monitor.fatal == (
+        "every vLLM engine is gone and no restart is left:\n"
+        f"engine 0 ({health_url}): restart 2 failed: no memory left, restarted 2 time(s); log: {tmp_path / 'e0.log'}"
+    )
+    with pytest.raises(EnginesLostError) as err:
+        monitor.raise_if_lost()
+    assert engines_lost(err.value)
+    monitor.stop()
+
+
+def test_hung_engine_is_taken_down_after_the_hang_timeout(tmp_path):
+    recovery, _ = _disk_recovery(tmp_path)
+    engine = Engine("http://127.0.0.1:9", tmp_path / "e0.log")  # nothing listens: /health fails, process runs
+    monitor = EngineMonitor([engine], Router([engine.url]), recovery, FAST)
+    monitor.check_once()
+    assert monitor.slots[0].state == "up"  # failing, not yet for 0.3 s
+    time.sleep(0.35)
+    monitor.slots[0].restarts = FAST.max_restarts  # keep it down to read its reason
+    monitor.check_once()
+    _wait(lambda: monitor.slots[0].state == "lost")
+    assert re.fullmatch(r"hung: GET /health failing for \d+ s", monitor.slots[0].last_exit), monitor.slots[0].last_exit
+    monitor.stop()
+
+
+def test_dead_router_restarts_with_the_engines_that_are_up(tmp_path, health_url):
+    recovery, _ = _disk_recovery(tmp_path)
+    engines = [Engine(health_url, tmp_path / "e0.log"), Engine("http://127.0.0.1:9", tmp_path / "e1.log")]
+    router = Router([e.url for e in engines])
+    monitor = EngineMonitor(engines, router, recovery, FAST)
+    monitor.slots[1].state = "down"
+    router.alive = False
+    monitor.check_once()
+    assert router.calls == [("stop",), ("start", (health_url,))]
+    assert monitor.take_metrics()["rollout/router_restarts"] == 1.0
+    monitor.stop()
+
+
+def test_weight_sync_skips_an_engine_that_died_during_it_and_raises_for_a_living_one(tmp_path, health_url):
+    recovery, ws = _disk_recovery(tmp_path)
+    engines = [Engine(health_url, tmp_path / "e0.log"), Engine(health_url, tmp_path / "e1.log")]
+    monitor = EngineMonitor(engines, Router([health_url] * 2), recovery, FAST)
+    monitor.slots[1].restarts = FAST.max_restarts  # no replacement: keep the bookkeeping simple
+
+    class Dies(DiskWeightSync):
+        def apply(self, engine, update, timeout_s):
+            if engine is engines[1]:
+                engine.alive = False
+                raise httpx.ConnectError("connection refused")
+            engine.calls.append(("apply", update.version))
+
+    dies = Dies(ws.args)
+    metrics, cleanup = monitor.sync_weights(dies, ws.push([("w", torch.ones(2))], 1), "wait", 5.0)
+    assert metrics == {"weight_sync/engines_synced": 1.0} and cleanup == []
+    assert engines[0].calls == [
+        ("pause", "wait"),
+        ("apply", 1),
+        ("reset_prefix_cache",),
+        ("set_weight_version", 1),
+        ("resume",),
+    ]
+    assert engines[1].calls == [("pause", "wait")]  # died in the update: not resumed, not labelled
+    _wait(lambda: monitor.slots[1].state == "lost")
+    assert monitor.slots[0].state == "up" and monitor.fatal is None
+    assert recovery.version == 1
+
+    class Refuses(DiskWeightSync):
+        def apply(self, engine, update, timeout_s):
+            raise RuntimeError("checksum mismatch")
+
+    with pytest.raises(RuntimeError, match="checksum mismatch"):  # engine 0 answers /health: a real error
+        monitor.sync_weights(Refuses(ws.args), ws.push([("w", torch.zeros(2))], 2), "wait", 5.0)
+    assert monitor.slots[0].state == "up"
+    monitor.stop()
+
+
+def test_a_retried_sample_keeps_nothing_of_the_failed_attempt(tmp_path, health_url):
+    recovery, _ = _disk_recovery(tmp_path)
+    monitor = EngineMonitor([Engine(health_url, tmp_path / "e0.log")], Router([health_url]), recovery, FAST)
+    monitor.start()
+    attempts = []
+
+    async def generate(args, sample, params):
+        attempts.append(list(sample.tokens))
+        if len(attempts) == 1:
+            sample.append_response_tokens([7, 8], trainable=True, log_probs=[-0.5, -0.25], weight_version=0)
+            raise httpx.ReadError("peer closed connection")
+        sample.append_response_tokens([9], trainable=True, log_probs=[-0.125], weight_version=1)
+        return sample
+
+    sample = Sample(prompt="p", tokens=[1, 2])
+    out = asyncio.run(generate_with_retries(monitor, generate, argparse.Namespace(), sample, {}))
+    assert attempts == [[1, 2], [1, 2]]
+    assert out.tokens == [1, 2, 9] and out.rollout_log_probs == [-0.125] and out.weight_versions == [1]
+    assert monitor.take_metrics()["rollout/requests_retried"] == 1.0
+
+    async def broken(args, sample, params):
+        raise ValueError("malformed row")
+
+    with pytest.raises(ValueError, match="malformed row"):  # not an engine failure: no retry
+        asyncio.run(generate_with_retries(monitor, broken, argparse.Namespace(), Sample(prompt="p"), {}))
+    assert monitor.take_metrics()["rollout/requests_retried"] == 0.0
+    monitor.stop()
+
+
+def test_disk_delta_recovery_writes_the_current_version_in_full(tmp_path):
+    base = tmp_path / "model"
+    base.mkdir()
+    w0 = {"a": torch.arange(6, dtype=torch.float32).reshape(2, 3), "b": torch.ones(4, dtype=torch.bfloat16)}
+    save_file(w0, str(base / "model.safetensors"))
+    args = argparse.Namespace(
+        update_weight_disk_dir=tmp_path / "weights", keep_weight_updates=False, update_weight_delta_base=str(base)
+    )
+    trainer, rollout = DiskDeltaWeightSync(args), DiskDeltaWeightSync(args)
+    recovery = WeightRecovery(rollout, args.update_weight_disk_dir)
+    assert recovery.full_weights() is None  # version 0: the model directory itself
+    w1 = {"a": w0["a"] + 0.5, "b": w0["b"]}
+    w2 = {"a": w1["a"], "b": w0["b"] * 3}
+    for version, w in ((1, w1), (2, w2)):
+        update = trainer.push(w.items(), version)
+        assert recovery.applied(update) == [update]  # deltas are removed as before
+        rollout.cleanup(update)
+    path = Path(recovery.full_weights())
+    assert path.name == "recovery_v000002"
+    got = load_file(str(path / "model.safetensors"))
+    assert set(got) == {"a", "b"}
+    assert torch.equal(got["a"], w2["a"]) and torch.equal(got["b"], w2["b"]) and got["b"].dtype == torch.bfloat16
+
+
+def test_other_strategies_cannot_recover_past_version_zero():
+    class Nccl(DiskWeightSync):
+        NAME = "nccl"
+
+    recovery = WeightRecovery(Nccl(argparse.Namespace()), None)
+    assert recovery.supported
+    recovery.version = 4
+    assert not recovery.supported
+    with pytest.raises(RuntimeError, match=r"--weight-sync nccl: no host-side copy of weight version 4"):
+        recovery.full_weights()
+
+
+def test_engines_lost_is_recognised_through_a_ray_actor_error():
+    from ray.exceptions import RayTaskError
+
+    lost = EnginesLostError("every vLLM engine is gone")
+    assert engines_lost(RayTaskError("generate", "traceback", lost).as_instanceof_cause())
+    assert engines_lost(RayTaskError("generate", "traceback", lost))
+    assert not engines_lost(RayTaskError("generate", "traceback", RuntimeError("other")))

@@ -1,0 +1,120 @@
+"""What a replacement vLLM engine needs to serve the rollout's current weight version.
+
+A replacement engine (:mod:`vime_core.rollout.health`) starts from the model directory, i.e. weight version 0. Before
+it takes requests it gets a *full* load of the version the other engines serve, through the worker extension's
+``vime_load_weights(path, version)`` (:mod:`vime_core.rollout.worker_extension`); that load also makes ``path`` the
+base of the engine's ``disk-delta`` receiver at that version, so the next delta (based on that version) applies to
+it like to every other engine: full load, then deltas resume.
+
+Where the full weights of the current version come from, per weight-sync strategy:
+
+* ``disk``: every version is a full ``model.safetensors``; the directory of the version last applied is kept
+  (its removal is deferred until the next version is applied) and loaded as is.
+* ``disk-delta``: every applied delta is also decoded here (:meth:`DiskDeltaWeightSync.read`, the engine-side
+  decoder, checksums verified), so this process tracks the engines' version; a recovery writes that version in
+  full to ``<--update-weight-disk-dir>/recovery_v{N:06d}/model.safetensors`` (kept: the replacement's delta receiver
+  reads unchanged tensors from it lazily) and loads it.
+* other strategies (``nccl``, ``ipc``, plugins): no host-side copy of the weights exists here, so an engine can be
+  replaced only while the version is still 0 (:attr:`WeightRecovery.supported`).
+
+Version 0 needs no load: a fresh engine serves the model directory.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+from safetensors.torch import save_file
+
+from vime_core.weight_sync.base import WeightSyncStrategy, WeightUpdate
+
+logger = logging.getLogger("vime.rollout")
+
+#: weight-sync strategies whose versions a replacement engine can be brought to
+RECOVERABLE = ("disk", "disk-delta")
+
+
+class WeightRecovery:
+    """Tracks the engines' weight version and loads it into a replacement engine.
+
+    :param weight_sync: the rollout side's weight-sync strategy object (its ``NAME`` decides how, see the module
+        docstring).
+    :param work_dir: where ``disk-delta`` recoveries write a full version (``--update-weight-disk-dir``).
+    """
+
+    def __init__(self, weight_sync: WeightSyncStrategy, work_dir: str | Path | None) -> None:
+        self.weight_sync = weight_sync
+        self.kind = getattr(weight_sync, "NAME", "")
+        self.work_dir = Path(work_dir) if work_dir else None
+        self.version = 0
+        self._kept: WeightUpdate | None = None  # disk: the full version last applied
+        self._names: list[str] = []  # disk-delta: every tensor name of the current version
+
+    @property
+    def supported(self) -> bool:
+        """Whether a replacement engine can be brought to the current version (always at version 0)."""
+        return self.version == 0 or self.kind in RECOVERABLE
+
+    def applied(self, update: WeightUpdate) -> list[WeightUpdate]:
+        """Record that every serving engine now holds ``update``.
+
+        :return: the updates whose files may be removed now (the strategy's ``cleanup``): for ``disk`` the version
+            before (this one is kept for recoveries), else ``update`` itself.
+        :raises DeltaSyncError: (``disk-delta``) if the delta cannot be decoded against the tracked version.
+        """
+        self.version = update.version
+        if self.kind == "disk":
+            previous, self._kept = self._kept, update
+            return [previous] if previous is not None else []
+        if self.kind == "disk-delta":
+            self._names = list(self.weight_sync.read(update))
+        return [update]
+
+    def full_weights(self) -> str | None:
+        """A directory holding the full current version, or ``None`` at version 0 (the model directory).
+
+        :raises RuntimeError: if the strategy keeps no host-side copy (see :attr:`supported`).
+        """
+        if self.version == 0:
+            return None
+        if self.kind == "disk" and self._kept is not None:
+            return self._kept.payload["path"]
+        if self.kind == "disk-delta" and self.work_dir is not None:
+            out = self.work_dir / f"recovery_v{self.version:06d}"
+            if not (out / "model.safetensors").is_file():
+                reader = self.weight_sync._reader  # the decoder DiskDeltaWeightSync.read keeps
+                tensors = {n: reader.current_tensor(n).contiguous() for n in self._names}
+                tmp = out.with_name(out.name + ".tmp")
+                shutil.rmtree(tmp, ignore_errors=True)
+                tmp.mkdir(parents=True)
+                save_file(tensors, str(tmp / "model.safetensors"), metadata={"vime_weight_version": str(self.version)})
+                tmp.rename(out)
+            return str(out)
+        raise RuntimeError(
+            f"--weight-sync {self.kind}: no host-side copy of weight version {self.version} to load into a "
+            f"replacement engine (engines can be replaced with {' or '.join(RECOVERABLE)})"
+        )
+
+    def load(self, engine: Any) -> float:
+        """Bring a fresh, ready ``engine`` to the current version: full load (unless version 0), label it.
+
+        :return: seconds the load took.
+        :raises RuntimeError / VLLMServerError: if the load fails.
+        """
+        t0 = time.monotonic()
+        path = self.full_weights()
+        if path is not None:
+            engine.collective_rpc("vime_load_weights", args=[str(Path(path).resolve()), self.version])
+            engine.reset_prefix_cache()
+        engine.set_weight_version(self.version)
+        return time.monotonic() - t0
+
+    def close(self) -> None:
+        """Remove the kept full version (``disk``) unless ``--keep-weight-updates`` keeps every version anyway."""
+        if self._kept is not None:
+            self.weight_sync.cleanup(self._kept)
+            self._kept = None
