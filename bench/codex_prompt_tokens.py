@@ -30,6 +30,7 @@ from pathlib import Path
 
 from vime_core.agent.apis import openai_responses
 from vime_core.agent.responders import ScriptedResponder
+from vime_core.arguments import default_args
 from vime_core.data.humaneval_export import load_problems, problem_to_row
 from vime_core.plugins import get_plugins
 from vime_core.rollout.context import RolloutContext, set_rollout_context
@@ -67,7 +68,7 @@ def main() -> None:
         from vime_sandbox_docker.sandbox import DEFAULT_IMAGE
 
         extra["sandbox_docker_image"] = build_image(DEFAULT_IMAGE)
-    args = argparse.Namespace(
+    args = default_args(
         agent="codex", sandbox=a.sandbox, agent_max_turns=2, agent_wall_time=120.0, agent_max_tokens=16,
         agent_codex_config=a.config, agent_codex_compact=a.compact, agent_codex_instructions_file=a.instructions_file,
         **extra,

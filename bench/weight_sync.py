@@ -19,6 +19,8 @@ from pathlib import Path
 
 import torch
 
+from vime_core.arguments import default_args
+
 
 def trainer_args(dtype: str, lr: float, threads: int | None) -> argparse.Namespace:
     from vime_core.testing.trainer_args import trainer_args as base
@@ -59,10 +61,10 @@ def run(dtype: str, a: argparse.Namespace, model_dir: Path) -> list[dict]:
     work = Path(tempfile.mkdtemp(prefix="vime-bench-ws-"))
     trainer = TorchTrainer(trainer_args(dtype, a.lr, a.threads), model_dir)
     vocab = int(trainer.model.config.vocab_size)
-    strategies = {"disk": DiskWeightSync(argparse.Namespace(update_weight_disk_dir=work / "disk"))}
+    strategies = {"disk": DiskWeightSync(default_args(update_weight_disk_dir=work / "disk"))}
     for enc in a.encodings.split(","):
         strategies[f"disk-delta/{enc}"] = DiskDeltaWeightSync(
-            argparse.Namespace(
+            default_args(
                 update_weight_disk_dir=work / enc, update_weight_delta_encoding=enc, update_weight_delta_base=model_dir
             )
         )

@@ -16,7 +16,9 @@ Namespaces:
 from __future__ import annotations
 
 import argparse
+import copy
 import difflib
+import functools
 import importlib.util
 import logging
 import sys
@@ -25,15 +27,16 @@ from typing import Any
 
 import yaml
 
-from vime_core.algorithms.options import check_algorithm_args
+from vime_core.algorithms.options import check_algorithm_config
+from vime_core.config import PASSTHROUGH_DESTS, AlgorithmConfig, ClusterConfig, RolloutConfig, TrainerConfig
 from vime_core.evaluation import EvalArgumentError, parse_eval_prompt_data
 from vime_core.passthrough import PassthroughError, split_passthrough
 from vime_core.placement import PlacementError, ResourceFlags, check_resource_flags
 from vime_core.plugins import get_plugins
 from vime_core.rollout.overlong import add_arguments as add_overlong_arguments
-from vime_core.rollout.overlong import check_overlong_args
+from vime_core.rollout.overlong import check_overlong_config
 from vime_core.trainer.lr_schedule import add_arguments as add_lr_schedule_arguments
-from vime_core.trainer.lr_schedule import check_lr_schedule_args
+from vime_core.trainer.lr_schedule import check_lr_schedule_config
 
 logger = logging.getLogger("vime.arguments")
 
@@ -655,6 +658,35 @@ def build_parser(add_plugin_arguments: bool = True) -> argparse.ArgumentParser:
     return p
 
 
+@functools.cache
+def _parser_defaults() -> dict[str, Any]:
+    parser = build_parser()
+    defaults = {a.dest: a.default for a in parser._actions if a.option_strings and a.default is not argparse.SUPPRESS}
+    defaults.pop("config", None)
+    return defaults | {dest: [] for dest in PASSTHROUGH_DESTS}
+
+
+def default_args(**overrides: Any) -> argparse.Namespace:
+    """A ``vime run`` Namespace without a command line: every flag (framework and installed plugins) at its
+    parser default — the one place defaults are defined — then ``overrides`` (flag dests, e.g.
+    ``default_args(model="m", advantage_estimator="ppo")``). No combination check runs (that is
+    :func:`parse_run_args`'s job), so tests can set exactly the flags they exercise.
+
+    :raises ArgumentError: naming an override that is not a flag.
+    """
+    defaults = _parser_defaults()
+    unknown = sorted(set(overrides) - set(defaults))
+    if unknown:
+        raise ArgumentError(f"default_args: {', '.join(unknown)} is not a vime run flag; see `vime args`")
+    return argparse.Namespace(**(copy.deepcopy(defaults) | overrides))
+
+
+def complete_args(args: argparse.Namespace) -> argparse.Namespace:
+    """A copy of ``args`` with every flag it lacks at its parser default (its own attributes, known flags or not,
+    are kept): what the contract kit gives a plugin whose test fixture supplies only the flags it reads."""
+    return argparse.Namespace(**(copy.deepcopy(_parser_defaults()) | vars(args)))
+
+
 def _yaml_key_lines(text: str) -> dict[str, int]:
     """Top-level key → 1-based line of a YAML mapping (for error messages)."""
     node = yaml.compose(text)
@@ -910,7 +942,7 @@ def _check(args: argparse.Namespace, command: str = "run") -> None:
     if args.colocate and args.loop != "sync":
         raise ArgumentError(f"--colocate needs --loop sync: with --loop {args.loop} generation overlaps training")
     try:
-        engines = check_resource_flags(ResourceFlags.from_args(args))
+        engines = check_resource_flags(ResourceFlags.from_config(ClusterConfig.from_args(args)))
     except PlacementError as e:
         raise ArgumentError(str(e)) from None
     if args.rollout_num_gpus and engines:  # engines = --rollout-num-gpus / --rollout-num-gpus-per-engine (slime)
@@ -918,9 +950,9 @@ def _check(args: argparse.Namespace, command: str = "run") -> None:
     if args.update_weight_disk_dir is None:
         args.update_weight_disk_dir = args.output_dir / "weights"
     try:
-        check_algorithm_args(args)
-        check_overlong_args(args)
-        check_lr_schedule_args(args)
+        check_algorithm_config(AlgorithmConfig.from_args(args))
+        check_overlong_config(RolloutConfig.from_args(args))
+        check_lr_schedule_config(TrainerConfig.from_args(args))
     except ValueError as e:
         raise ArgumentError(str(e)) from None
 
@@ -992,16 +1024,16 @@ def parse_cpu_list(spec: str) -> set[int]:
     return cpus
 
 
-def sampling_params_from_args(args: argparse.Namespace) -> dict[str, Any]:
+def rollout_sampling_params(cfg: RolloutConfig) -> dict[str, Any]:
     """The engine sampling parameters of a training rollout."""
     params: dict[str, Any] = {
-        "temperature": args.rollout_temperature,
-        "top_p": args.rollout_top_p,
-        "top_k": args.rollout_top_k,
-        "max_tokens": args.rollout_max_response_len,
+        "temperature": cfg.rollout_temperature,
+        "top_p": cfg.rollout_top_p,
+        "top_k": cfg.rollout_top_k,
+        "max_tokens": cfg.rollout_max_response_len,
     }
-    if args.rollout_stop:
-        params["stop"] = args.rollout_stop
-    if args.rollout_stop_token_ids:
-        params["stop_token_ids"] = args.rollout_stop_token_ids
+    if cfg.rollout_stop:
+        params["stop"] = cfg.rollout_stop
+    if cfg.rollout_stop_token_ids:
+        params["stop_token_ids"] = cfg.rollout_stop_token_ids
     return params

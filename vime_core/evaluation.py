@@ -9,7 +9,6 @@ the eval sampling parameters, when to evaluate, the metrics and the per-step sam
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 from collections.abc import Sequence
@@ -17,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from vime_core.config import EvalConfig
 from vime_core.data.source import read_rows
 from vime_core.types import Sample, Status
 
@@ -64,35 +64,34 @@ def parse_eval_prompt_data(values: Sequence[str] | None) -> list[EvalSet]:
     return sets
 
 
-def load_eval_sets(args: argparse.Namespace) -> list[tuple[EvalSet, list[dict[str, Any]]]]:
+def load_eval_sets(cfg: EvalConfig) -> list[tuple[EvalSet, list[dict[str, Any]]]]:
     """Every ``--eval-prompt-data`` set with its rows (read like ``--prompt-data``, with ``--input-key``,
     ``--label-key``, ``--metadata-key``).
 
     :raises DataError: naming ``--eval-prompt-data NAME``, the file and the line of a bad row.
     """
     return [
-        (s, read_rows(s.path, args.input_key, args.label_key, args.metadata_key, flag=f"--eval-prompt-data {s.name}"))
-        for s in parse_eval_prompt_data(getattr(args, "eval_prompt_data", None))
+        (s, read_rows(s.path, cfg.input_key, cfg.label_key, cfg.metadata_key, flag=f"--eval-prompt-data {s.name}"))
+        for s in parse_eval_prompt_data(cfg.eval_prompt_data)
     ]
 
 
-def eval_sampling_params(args: argparse.Namespace) -> dict[str, Any]:
+def eval_sampling_params(cfg: EvalConfig) -> dict[str, Any]:
     """The engine sampling parameters of an eval rollout: ``--eval-*`` where set, else the ``--rollout-*`` value."""
 
-    def pick(eval_name: str, rollout_name: str) -> Any:
-        value = getattr(args, eval_name, None)
-        return getattr(args, rollout_name) if value is None else value
+    def pick(value: Any, rollout_value: Any) -> Any:
+        return rollout_value if value is None else value
 
     params: dict[str, Any] = {
-        "temperature": pick("eval_temperature", "rollout_temperature"),
-        "top_p": pick("eval_top_p", "rollout_top_p"),
-        "top_k": pick("eval_top_k", "rollout_top_k"),
-        "max_tokens": pick("eval_max_response_len", "rollout_max_response_len"),
+        "temperature": pick(cfg.eval_temperature, cfg.rollout_temperature),
+        "top_p": pick(cfg.eval_top_p, cfg.rollout_top_p),
+        "top_k": pick(cfg.eval_top_k, cfg.rollout_top_k),
+        "max_tokens": pick(cfg.eval_max_response_len, cfg.rollout_max_response_len),
     }
-    if args.rollout_stop:
-        params["stop"] = args.rollout_stop
-    if args.rollout_stop_token_ids:
-        params["stop_token_ids"] = args.rollout_stop_token_ids
+    if cfg.rollout_stop:
+        params["stop"] = cfg.rollout_stop
+    if cfg.rollout_stop_token_ids:
+        params["stop_token_ids"] = cfg.rollout_stop_token_ids
     return params
 
 

@@ -25,6 +25,7 @@ from rich.console import Console
 
 from vime_core.algorithms.batch import build_batch
 from vime_core.checkpoint import commit_checkpoint, latest_checkpoint, new_checkpoint_dir
+from vime_core.config import ClusterConfig, LoggingConfig, RolloutConfig, RunConfig
 from vime_core.data.source import read_rows
 from vime_core.evaluation import eval_line, eval_steps, load_eval_sets
 from vime_core.metrics import MetricsSink, staleness_histogram, wandb_config_from_args
@@ -70,36 +71,39 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     """
     import ray
 
-    out = Path(args.output_dir)
+    cfg = RunConfig.from_args(args)
+    log = cfg.logging
+    out = Path(log.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     plugins = get_plugins()
     (out / "plugins.json").write_text(json.dumps(plugins.describe(), indent=1))
     (out / "args.json").write_text(json.dumps(vars(args), indent=1, default=str))  # paths as strings
-    estimator = plugins.resolve("advantage", args.advantage_estimator)
+    estimator = plugins.resolve("advantage", cfg.algorithm.advantage_estimator)
     # resolve every named part before starting anything expensive, so a typo fails in a second
     for kind, name in (
-        ("generate", args.generate),
-        ("reward", args.reward),
-        ("reward", args.eval_reward or args.reward),
-        ("trainer", args.trainer),
-        ("weight_sync", args.weight_sync),
+        ("generate", cfg.rollout.generate),
+        ("reward", cfg.rollout.reward),
+        ("reward", cfg.eval.eval_reward or cfg.eval.reward),
+        ("trainer", cfg.trainer.trainer),
+        ("weight_sync", cfg.weight_sync.weight_sync),
     ):
         plugins.resolve(kind, name)
-    load_eval_sets(args)  # a bad eval set fails before any engine starts
+    load_eval_sets(cfg.eval)  # a bad eval set fails before any engine starts
+    data = cfg.data
     rows = (
         None
-        if args.debug_train_only
-        else read_rows(args.prompt_data, args.input_key, args.label_key, args.metadata_key)
+        if log.debug_train_only
+        else read_rows(data.prompt_data, data.input_key, data.label_key, data.metadata_key)
     )
 
     t_setup = time.perf_counter()
-    model_path = resolve_model(args.model)
+    model_path = resolve_model(log.model)
     console.print(f"[vime] model: {model_path}")
     # no tokenizer, no chat template, an over-long prompt: fails here, before any engine starts
-    overlong = 0 if rows is None else check_prompts(args, model_path, rows)
-    init_ray(address=getattr(args, "ray_address", None))
+    overlong = 0 if rows is None else check_prompts(data, model_path, rows)
+    init_ray(address=cfg.cluster.ray_address)
     try:
-        plan, pg = place(args)  # an impossible plan fails here, naming the flag
+        plan, pg = place(cfg.cluster)  # an impossible plan fails here, naming the flag
     except BaseException:
         ray.shutdown()
         raise
@@ -107,19 +111,19 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     (out / "plan.json").write_text(json.dumps(plan.to_dict(), indent=1))
     placement = (plan, pg)
     # the rollout manager (and with it the router) runs on the driver's node; engines and ranks on their bundles
-    board = None if args.debug_train_only else remote_actor(RolloutProgress, node_id=driver_node_id())
+    board = None if log.debug_train_only else remote_actor(RolloutProgress, node_id=driver_node_id())
     rollout = (
         None
-        if args.debug_train_only
+        if log.debug_train_only
         else remote_actor(RolloutManager, args, str(model_path), placement, board, node_id=driver_node_id())
     )
-    trainer = None if args.debug_rollout_only else TrainerGroup(args, model_path, plan, pg)
-    sink = MetricsSink(out, args.use_tensorboard, wandb_config_from_args(args))
+    trainer = None if log.debug_rollout_only else TrainerGroup(args, model_path, plan, pg)
+    sink = MetricsSink(out, log.use_tensorboard, wandb_config_from_args(args))
     history: list[dict[str, float]] = []
     evals: list[dict[str, float]] = []
     start_step, version = 0, 0
     try:
-        ckpt = latest_checkpoint(out) if args.resume else None
+        ckpt = latest_checkpoint(out) if log.resume else None
         if ckpt is not None:
             meta = json.loads((ckpt / "meta.json").read_text())
             start_step, version = meta["step"], meta["weight_version"]
@@ -136,9 +140,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 f"(ready in {info['startup_seconds']:.1f} s)"
             )
             if "teacher_router_url" in info:
-                console.print(f"[vime] teacher {args.distill_teacher}: router {info['teacher_router_url']}")
-            if trainer is not None and args.weight_sync in ("disk", "disk-delta"):
-                trainer.check_shared_dir(str(args.update_weight_disk_dir), rollout)
+                console.print(f"[vime] teacher {cfg.engine.distill_teacher}: router {info['teacher_router_url']}")
+            if trainer is not None and cfg.weight_sync.weight_sync in ("disk", "disk-delta"):
+                trainer.check_shared_dir(str(cfg.weight_sync.update_weight_disk_dir), rollout)
             if ckpt is not None and trainer is not None:
                 ray.get(rollout.update_weights.remote(trainer.push_weights(version)))
         placed = {
@@ -149,32 +153,34 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         console.print(f"[vime] setup {time.perf_counter() - t_setup:.1f} s")
 
         eval_at: set[int] = set()
-        if rollout is not None and args.eval_prompt_data:
+        if rollout is not None and cfg.eval.eval_prompt_data:
             eval_at = set(
-                eval_steps(args.num_rollout, args.eval_interval, start_step, not args.skip_eval_before_train)
+                eval_steps(
+                    cfg.rollout.num_rollout, cfg.eval.eval_interval, start_step, not cfg.eval.skip_eval_before_train
+                )
             )
         if 0 in eval_at:  # before training, at weight version 0 (before the async producer competes for the engines)
             evals.append(_evaluate(rollout, sink, 0))
-        if rollout is not None and args.loop == "fully-async":
+        if rollout is not None and cfg.rollout.loop == "fully-async":
             ray.get(rollout.start_async.remote())
         last_save = time.monotonic()
-        with StepProgress(console, args.num_rollout, start_step) as progress:
-            source = _GroupSource(args, rollout, lambda ref: _wait_rollout(ref, progress, board))
-            for step in range(start_step, args.num_rollout):
+        with StepProgress(console, cfg.rollout.num_rollout, start_step) as progress:
+            source = _GroupSource(cfg.rollout, rollout, lambda ref: _wait_rollout(ref, progress, board))
+            for step in range(start_step, cfg.rollout.num_rollout):
                 try:
                     metrics, version = _one_step(args, step, source, rollout, trainer, estimator, version, progress)
                 except WeightWriteError as e:  # trained, but the weights could not be written for the engines
-                    raise _save_after_failed_write(args, out, step, version, trainer, rollout, source, e) from None
+                    raise _save_after_failed_write(log, out, step, version, trainer, rollout, source, e) from None
                 except Exception as e:
                     if not engines_lost(e):
                         raise
                     # nothing left to generate with: keep what trained, stop with the monitor's report
                     saved = None
                     if trainer is not None:
-                        saved = _save_checkpoint(args, out, step, version, trainer, rollout, [])
+                        saved = _save_checkpoint(log, out, step, version, trainer, rollout, [])
                     where = f"checkpoint of {step} finished step(s) saved: {saved}" if saved else "no trainer to save"
                     raise EnginesLostError(f"{getattr(e, 'cause', None) or e}\n{where}") from None
-                if args.rollout_max_prompt_len:
+                if data.rollout_max_prompt_len:
                     metrics["data/overlong_prompts_filtered"] = float(overlong)
                 history.append(metrics)
                 sink.log(step, metrics)
@@ -183,19 +189,19 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 progress.step_done(step, metrics)
                 if step + 1 in eval_at:  # after the weight update: the engines serve version step + 1
                     evals.append(_evaluate(rollout, sink, step + 1, progress.console))
-                if trainer is not None and should_save(args, step + 1, time.monotonic() - last_save):
-                    _save_checkpoint(args, out, step + 1, version, trainer, rollout, source.unconsumed())
+                if trainer is not None and should_save(log, step + 1, time.monotonic() - last_save):
+                    _save_checkpoint(log, out, step + 1, version, trainer, rollout, source.unconsumed())
                     last_save = time.monotonic()
-        summary = _summary(args, out, history, start_step)
+        summary = _summary(out, history, start_step)
         if evals:
             summary["eval_first"], summary["eval_last"] = evals[0], evals[-1]
         summary["ray_node_ip"] = ray.util.get_node_ip_address()
-        if trainer is not None and args.save_hf:
+        if trainer is not None and log.save_hf:
             trainer.save_hf(str(out / "final_hf"))
             summary["final_hf"] = str(out / "final_hf")
         (out / "summary.json").write_text(json.dumps(summary, indent=1))
         console.print("[vime] summary: " + json.dumps(summary))
-        if args.report:
+        if log.report:
             console.print(f"[vime] report: {write_report(out)}")
         return summary
     finally:
@@ -219,17 +225,18 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
     :return: the ``eval/*`` metrics plus ``model`` and ``output_dir``.
     :raises DataError: an unreadable eval set (before any engine starts).
     """
-    out = Path(args.output_dir)
+    cfg = RunConfig.from_args(args)
+    out = Path(cfg.logging.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "args.json").write_text(json.dumps(vars(args), indent=1, default=str))
     plugins = get_plugins()
-    plugins.resolve("generate", args.generate)
-    plugins.resolve("reward", args.eval_reward or args.reward)
-    load_eval_sets(args)  # a bad eval set fails before any engine starts
-    model_path = resolve_model(args.model)
+    plugins.resolve("generate", cfg.rollout.generate)
+    plugins.resolve("reward", cfg.eval.eval_reward or cfg.eval.reward)
+    load_eval_sets(cfg.eval)  # a bad eval set fails before any engine starts
+    model_path = resolve_model(cfg.logging.model)
     console.print(f"[vime] model: {model_path}")
     manager = RolloutManager(args, model_path)
-    sink = MetricsSink(out, args.use_tensorboard, wandb_config_from_args(args))
+    sink = MetricsSink(out, cfg.logging.use_tensorboard, wandb_config_from_args(args))
     try:
         info = manager.start()
         console.print(
@@ -266,10 +273,10 @@ class _GroupSource:
     * replay: ``--load-debug-rollout-data``.
     """
 
-    def __init__(self, args: argparse.Namespace, rollout: Any, wait: Any = None) -> None:
+    def __init__(self, cfg: RolloutConfig, rollout: Any, wait: Any = None) -> None:
         import ray
 
-        self.args = args
+        self.config = cfg
         self.rollout = rollout
         self.prefetched: Any = None
         self.wait = wait or ray.get  # ObjectRef -> result (the loop passes one that updates the progress bar)
@@ -295,15 +302,15 @@ class _GroupSource:
         return groups, metrics
 
     def _get(self, step: int, version: int) -> tuple[list[list[Sample]], dict[str, float]]:
-        args = self.args
-        if args.load_debug_rollout_data:
-            groups = load_debug_rollout(args.load_debug_rollout_data, step)
-            return groups, rollout_metrics([s for g in groups for s in g], args.reward_key)
-        if args.loop == "fully-async":
+        cfg = self.config
+        if cfg.load_debug_rollout_data:
+            groups = load_debug_rollout(cfg.load_debug_rollout_data, step)
+            return groups, rollout_metrics([s for g in groups for s in g], cfg.reward_key)
+        if cfg.loop == "fully-async":
             return call(self.rollout, "get_async_groups", step, version, wait=self.wait)
-        if args.loop == "one-step-off":
+        if cfg.loop == "one-step-off":
             ref = self.prefetched if self.prefetched is not None else self.rollout.generate.remote(step)
-            self.prefetched = self.rollout.generate.remote(step + 1) if step + 1 < args.num_rollout else None
+            self.prefetched = self.rollout.generate.remote(step + 1) if step + 1 < cfg.num_rollout else None
             return self.wait(ref)
         return call(self.rollout, "generate", step, wait=self.wait)
 
@@ -326,17 +333,19 @@ def _one_step(
     """One step at weight version ``version``: take the groups, train, push the weights as ``version + 1``.
 
     A step with no trainable sample trains nothing and pushes nothing, so the version stays (the next step's
-    groups are judged against the version the engines really serve).
+    groups are judged against the version the engines really serve). ``args`` goes to the advantage estimator
+    (:func:`~vime_core.algorithms.batch.build_batch`); the loop's own flags are read from its config sections.
 
     :return: ``(metrics, the weight version after the step)``.
     """
+    rollout_cfg = RolloutConfig.from_args(args)
     metrics: dict[str, float] = {}
     t0 = time.perf_counter()
     groups, m = source.get(step, version)
     metrics.update(m)
     metrics["perf/rollout_time"] = time.perf_counter() - t0
-    if args.save_debug_rollout_data:
-        save_debug_rollout(args.save_debug_rollout_data, step, groups)
+    if rollout_cfg.save_debug_rollout_data:
+        save_debug_rollout(rollout_cfg.save_debug_rollout_data, step, groups)
     versions = [v for g in groups for s in g for v in s.trained_weight_versions()]
     if versions:
         metrics["rollout/staleness_max"] = float(version - min(versions))
@@ -348,7 +357,7 @@ def _one_step(
     if not batch.samples:
         logger.warning("step %d: no trainable sample (all failed/aborted); skipping the update", step)
         return metrics, version
-    colocated = rollout is not None and getattr(args, "colocate", False)
+    colocated = rollout is not None and ClusterConfig.from_args(args).colocate
     if colocated:  # the engines free the GPUs they share with the trainer (vLLM sleep mode)
         call(rollout, "sleep_engines")
     t1 = time.perf_counter()
@@ -369,19 +378,19 @@ def _one_step(
     return metrics, update.version
 
 
-def should_save(args: argparse.Namespace, steps_done: int, seconds_since_save: float) -> bool:
+def should_save(log: LoggingConfig, steps_done: int, seconds_since_save: float) -> bool:
     """Whether to checkpoint after ``steps_done`` finished steps: after the last step, every ``--save-interval``
     steps, and once ``--save-interval-minutes`` have passed since the last checkpoint (or the start)."""
-    if steps_done == args.num_rollout:
+    if steps_done == log.num_rollout:
         return True
-    if args.save_interval and steps_done % args.save_interval == 0:
+    if log.save_interval and steps_done % log.save_interval == 0:
         return True
-    minutes = getattr(args, "save_interval_minutes", None)
+    minutes = log.save_interval_minutes
     return bool(minutes) and seconds_since_save >= minutes * 60
 
 
 def _save_checkpoint(
-    args: argparse.Namespace, out: Path, step: int, version: int, trainer, rollout, unconsumed: list[list[Sample]]
+    log: LoggingConfig, out: Path, step: int, version: int, trainer, rollout, unconsumed: list[list[Sample]]
 ) -> Path:
     """Checkpoint after ``step`` finished steps (:mod:`vime_core.checkpoint`); ``unconsumed`` groups (taken from
     the buffer, not yet trained) are saved with the buffer so a resume trains them next."""
@@ -391,11 +400,11 @@ def _save_checkpoint(
     trainer.save_checkpoint(str(tmp / "trainer"))
     data_state = ray.get(rollout.data_state.remote(unconsumed)) if rollout is not None else None
     meta = {"step": step, "weight_version": version}
-    return commit_checkpoint(tmp, meta, data_state, getattr(args, "max_checkpoints", None))
+    return commit_checkpoint(tmp, meta, data_state, log.max_checkpoints)
 
 
 def _save_after_failed_write(
-    args: argparse.Namespace, out: Path, step: int, version: int, trainer, rollout, source: _GroupSource, error
+    log: LoggingConfig, out: Path, step: int, version: int, trainer, rollout, source: _GroupSource, error
 ) -> WeightWriteError:
     """Step ``step`` trained but its weights could not be written for the engines (full or read-only
     ``--update-weight-disk-dir``; the engines keep version ``version``): checkpoint the trained step (weight version
@@ -407,7 +416,7 @@ def _save_after_failed_write(
     message = str(getattr(error, "cause", None) or error)
     _append_jsonl(out / TRAINED_PROMPTS_FILE, {"step": step, **source.last_taken})
     try:
-        saved = _save_checkpoint(args, out, step + 1, version + 1, trainer, rollout, source.unconsumed())
+        saved = _save_checkpoint(log, out, step + 1, version + 1, trainer, rollout, source.unconsumed())
     except Exception as e:  # noqa: BLE001 - the write error is the one to report
         logger.exception("checkpoint after the failed weight write")
         return WeightWriteError(f"step {step + 1}: {message}; its training could not be checkpointed either ({e})")
@@ -445,7 +454,7 @@ def roll_back_records(out: Path, start_step: int) -> None:
         tmp.replace(path)
 
 
-def _summary(args, out: Path, history: list[dict[str, float]], start_step: int) -> dict[str, Any]:
+def _summary(out: Path, history: list[dict[str, float]], start_step: int) -> dict[str, Any]:
     rewards = [m["rollout/reward_mean"] for m in history if "rollout/reward_mean" in m]
     times = [m.get("perf/step_time", m.get("perf/rollout_time", 0.0)) for m in history]
     return {

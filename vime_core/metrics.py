@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from vime_core.config import LoggingConfig
+
 STALENESS_TOKENS_PREFIX = "rollout/staleness_tokens/"
 
 
@@ -46,19 +48,21 @@ class WandbConfig:
 
 
 def wandb_config_from_args(args: argparse.Namespace) -> WandbConfig | None:
-    """The W&B settings of a ``vime run`` (``None`` without ``--use-wandb``); config = every resolved argument
-    (paths as strings)."""
-    if not getattr(args, "use_wandb", False):
+    """The W&B settings of a ``vime run`` (``None`` without ``--use-wandb``), from the ``--wandb-*`` flags of its
+    :class:`~vime_core.config.LoggingConfig`; the W&B run config is every resolved argument (paths as strings),
+    plugin flags included."""
+    cfg = LoggingConfig.from_args(args)
+    if not cfg.use_wandb:
         return None
     config = json.loads(json.dumps(vars(args), default=str))
     return WandbConfig(
-        project=args.wandb_project,
-        mode=args.wandb_mode,
-        directory=Path(args.wandb_dir) if args.wandb_dir else Path(args.output_dir),
-        group=args.wandb_group,
-        name=args.wandb_run_name or Path(args.output_dir).name,
-        entity=args.wandb_team,
-        run_id=args.wandb_run_id,
+        project=cfg.wandb_project,
+        mode=cfg.wandb_mode,
+        directory=Path(cfg.wandb_dir) if cfg.wandb_dir else Path(cfg.output_dir),
+        group=cfg.wandb_group,
+        name=cfg.wandb_run_name or Path(cfg.output_dir).name,
+        entity=cfg.wandb_team,
+        run_id=cfg.wandb_run_id,
         config=config,
     )
 

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from vime_core.arguments import parse_cpu_list
+from vime_core.config import ClusterConfig
 from vime_core.net import find_free_port, node_ip
 from vime_core.placement import (
     NodeResources,
@@ -64,21 +65,22 @@ class TrainerWorker:
         world_size: int = 1,
         dist_env: dict[str, str] | None = None,
     ) -> None:
-        if getattr(args, "train_cpus", None):  # before the backend starts torch's thread pool (threads inherit it)
-            os.sched_setaffinity(0, parse_cpu_list(args.train_cpus))
+        cluster = ClusterConfig.from_args(args)
+        if cluster.train_cpus:  # before the backend starts torch's thread pool (threads inherit it)
+            os.sched_setaffinity(0, parse_cpu_list(cluster.train_cpus))
         self.rank, self.world_size = rank, world_size
         plugins = get_plugins()
-        backend_cls = plugins.resolve("trainer", args.trainer)
+        backend_cls = plugins.resolve("trainer", cluster.trainer)
         if world_size > 1:
             if not getattr(backend_cls, "DISTRIBUTED", False):
                 raise ValueError(
-                    f"--trainer {args.trainer} runs as one rank, but --actor-num-nodes × --actor-num-gpus-per-node "
+                    f"--trainer {cluster.trainer} runs as one rank, but --actor-num-nodes × --actor-num-gpus-per-node "
                     f"asks for {world_size}: use a distributed backend (--trainer megatron) or one trainer GPU"
                 )
             os.environ.update(group_env(rank, world_size, dist_env or {}))
             init_process_group_from_env()
         self.backend = backend_cls(args, Path(model_path))
-        self.weight_sync = plugins.resolve("weight_sync", args.weight_sync)(args)
+        self.weight_sync = plugins.resolve("weight_sync", cluster.weight_sync)(args)
 
     def placement(self) -> dict[str, Any]:
         """Where this rank runs (:func:`actor_placement`), with ``rank``/``world_size`` and the torchrun variables."""
@@ -399,15 +401,15 @@ def remote_actor(cls: type, *args: Any, node_id: str | None = None) -> Any:
     return ray.remote(cls).options(**options).remote(*args)
 
 
-def place(args: argparse.Namespace) -> tuple[PlacementPlan, Any]:
-    """Plan the run on the connected cluster and reserve the plan's placement group.
+def place(cfg: ClusterConfig) -> tuple[PlacementPlan, Any]:
+    """Plan the run (its cluster flags) on the connected cluster and reserve the plan's placement group.
 
     Fills each bundle's ``gpu_ids`` (Ray's, read by probes; :func:`bundle_gpu_ids`).
 
     :return: ``(plan, placement_group)`` (``None`` for a plan without bundles).
     :raises PlacementError: an impossible plan (names the flag) or one Ray cannot place.
     """
-    plan = plan_placement(ResourceFlags.from_args(args), cluster_nodes())
+    plan = plan_placement(ResourceFlags.from_config(cfg), cluster_nodes())
     pg = create_placement_group(plan)
     if pg is not None:
         for b, ids in zip(plan.bundles, bundle_gpu_ids(plan, pg), strict=True):

@@ -24,9 +24,10 @@ Megatron number them; Megatron's own rank layout (TP fastest, then CP, DP, PP) i
 
 from __future__ import annotations
 
-import argparse
 from dataclasses import asdict, dataclass, field
 from typing import Any
+
+from vime_core.config import ClusterConfig
 
 #: GPU share of a bundle each side takes in a colocated plan (trainer rank and engine share one GPU).
 COLOCATED_SHARE = 0.5
@@ -54,7 +55,7 @@ class NodeResources:
 
 @dataclass(frozen=True)
 class ResourceFlags:
-    """The flags a plan depends on (slime's names); see :func:`ResourceFlags.from_args`."""
+    """The flags a plan depends on (slime's names); see :func:`ResourceFlags.from_config`."""
 
     actor_num_nodes: int = 1
     actor_num_gpus_per_node: int = 0
@@ -66,18 +67,17 @@ class ResourceFlags:
     rollout: bool = True  # False with --debug-train-only
 
     @classmethod
-    def from_args(cls, args: argparse.Namespace) -> ResourceFlags:
-        """Read the flags from parsed ``vime run`` arguments (missing ones take the defaults above)."""
-        d = cls()
+    def from_config(cls, cfg: ClusterConfig) -> ResourceFlags:
+        """The flags of the run's cluster section."""
         return cls(
-            actor_num_nodes=int(getattr(args, "actor_num_nodes", d.actor_num_nodes)),
-            actor_num_gpus_per_node=int(getattr(args, "actor_num_gpus_per_node", d.actor_num_gpus_per_node)),
-            rollout_num_gpus=int(getattr(args, "rollout_num_gpus", None) or 0),
-            rollout_num_gpus_per_engine=int(getattr(args, "rollout_num_gpus_per_engine", 1)),
-            rollout_num_engines=int(getattr(args, "rollout_num_engines", 1)),
-            colocate=bool(getattr(args, "colocate", False)),
-            train=not getattr(args, "debug_rollout_only", False),
-            rollout=not getattr(args, "debug_train_only", False),
+            actor_num_nodes=int(cfg.actor_num_nodes),
+            actor_num_gpus_per_node=int(cfg.actor_num_gpus_per_node),
+            rollout_num_gpus=int(cfg.rollout_num_gpus or 0),
+            rollout_num_gpus_per_engine=int(cfg.rollout_num_gpus_per_engine),
+            rollout_num_engines=int(cfg.rollout_num_engines),
+            colocate=bool(cfg.colocate),
+            train=not cfg.debug_rollout_only,
+            rollout=not cfg.debug_train_only,
         )
 
 

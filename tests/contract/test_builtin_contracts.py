@@ -4,6 +4,7 @@ import argparse
 
 import pytest
 
+from vime_core.arguments import default_args
 from vime_core.plugins import get_plugins
 from vime_core.testing import (
     GroupRewardFunctionContract,
@@ -214,7 +215,7 @@ class TestDiskWeightSync(WeightSyncContract):
     @pytest.fixture
     def strategy(self, tmp_path):
         cls = get_plugins().resolve("weight_sync", "disk")
-        return cls(argparse.Namespace(update_weight_disk_dir=tmp_path, keep_weight_updates=False))
+        return cls(default_args(update_weight_disk_dir=tmp_path, keep_weight_updates=False))
 
 
 class TestDiskDeltaWeightSyncXor(WeightSyncContract):
@@ -225,7 +226,7 @@ class TestDiskDeltaWeightSyncXor(WeightSyncContract):
     def strategy(self, tmp_path):
         cls = get_plugins().resolve("weight_sync", "disk-delta")
         return cls(
-            argparse.Namespace(
+            default_args(
                 update_weight_disk_dir=tmp_path, keep_weight_updates=False, update_weight_delta_encoding=self.encoding
             )
         )
@@ -248,7 +249,7 @@ class TestNcclWeightSync(WeightSyncContract):
     def strategy(self):
         cls = get_plugins().resolve("weight_sync", "nccl")
         return cls(
-            argparse.Namespace(
+            default_args(
                 rollout_num_engines=1,
                 rollout_num_gpus_per_engine=1,
                 weight_sync_timeout=20.0,

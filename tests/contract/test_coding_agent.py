@@ -17,6 +17,7 @@ import pytest
 
 from vime_core.agent.harness import AgentHarness, AgentHarnessError, AgentRunResult
 from vime_core.agent.responders import ScriptedResponder
+from vime_core.arguments import default_args
 from vime_core.data.humaneval_export import load_problems, problem_to_row
 from vime_core.plugins import get_plugins
 from vime_core.rollout.context import RolloutContext, set_rollout_context
@@ -143,7 +144,7 @@ def _args(agent: str = "ScriptedOpenAIAgent", **kw) -> argparse.Namespace:
         rollout_stop_token_ids=None,
     )
     base.update(kw)
-    return argparse.Namespace(**base)
+    return default_args(**base)
 
 
 def _sample(row, index=0) -> Sample:
@@ -241,6 +242,4 @@ def test_misconfiguration_raises(context, he0):
     context(["unused"])
     generate = get_plugins().resolve("generate", "coding_agent")
     with pytest.raises(ValueError, match="needs --agent NAME"):
-        asyncio.run(
-            generate(_args(agent="x", **{}) if False else argparse.Namespace(sandbox="local"), _sample(he0), {})
-        )
+        asyncio.run(generate(_args(agent="x", **{}) if False else default_args(sandbox="local"), _sample(he0), {}))

@@ -2,7 +2,6 @@
 started in its own process): exact scores, the exact request body, the concurrency limit, retries with backoff,
 timeouts, refusals, and a clear error when the service is down."""
 
-import argparse
 import asyncio
 import socket
 import subprocess
@@ -13,6 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from vime_core.arguments import default_args
 from vime_core.failures import FailureCause, SampleFailure
 from vime_core.plugins import get_plugins
 from vime_core.rewards.call import call_reward
@@ -58,7 +58,7 @@ def rm(rm_server):
 
 def _args(url, **kw):
     base = {"rm_url": f"{url}/score", "rm_concurrency": 8, "rm_timeout": 10.0, "rm_max_retries": 3}
-    return argparse.Namespace(**(base | kw))
+    return default_args(**(base | kw))
 
 
 def _score(args, sample):
@@ -147,7 +147,7 @@ def test_timeout(rm):
 def test_service_down_is_a_clear_error():
     url = f"http://127.0.0.1:{_free_port()}/score"  # nothing listens there
     with pytest.raises(SampleFailure) as e:
-        _score(argparse.Namespace(rm_url=url, rm_max_retries=0), Sample(response="a"))
+        _score(default_args(rm_url=url, rm_max_retries=0), Sample(response="a"))
     assert e.value.failure_cause is FailureCause.REWARD_ERROR
     assert str(e.value).startswith(f"reward model at {url} failed 1 attempt(s) (--rm-max-retries 0); last error: Conn")
     assert str(e.value).endswith("Is the service running and reachable from this machine?")
@@ -162,4 +162,4 @@ def test_a_non_number_answer_fails_the_sample(rm):
 
 def test_missing_url_is_a_clear_error():
     with pytest.raises(ValueError, match="--reward remote needs --rm-url"):
-        _score(argparse.Namespace(), Sample(response="a"))
+        _score(default_args(), Sample(response="a"))

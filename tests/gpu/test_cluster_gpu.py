@@ -37,6 +37,8 @@ if not torch.cuda.is_available() or torch.cuda.device_count() < 2:
     pytest.skip("needs two CUDA GPUs", allow_module_level=True)
 ray = pytest.importorskip("ray")
 
+from vime_core.arguments import default_args  # noqa: E402
+from vime_core.config import ClusterConfig  # noqa: E402
 from vime_core.orchestration import TrainerGroup, init_ray, place, slot_options  # noqa: E402
 from vime_core.testing import TrainerBackendContract  # noqa: E402
 from vime_core.testing.trainer_args import trainer_args  # noqa: E402
@@ -76,7 +78,7 @@ def _args(tmp: Path, gpus: int, trainer: str = "megatron", **kw) -> argparse.Nam
 
 
 def _step1(args: argparse.Namespace, model: Path) -> tuple[dict[str, float], list[dict]]:
-    plan, pg = place(args)
+    plan, pg = place(ClusterConfig.from_args(args))
     group = TrainerGroup(args, model, plan, pg)
     try:
         metrics = group.train_step(TrainerBackendContract.make_batch(1000, 1.0))
@@ -114,7 +116,7 @@ def test_megatron_group_of_two_matches_one_gpu(one_gpu, hf_dir, tmp_path, tp):
 
 def test_torch_backend_group_of_two_is_refused(ray_2gpu, tmp_path, tiny_model_dir):
     args = _args(tmp_path, 2, trainer="torch")
-    plan, pg = place(args)
+    plan, pg = place(ClusterConfig.from_args(args))
     group = TrainerGroup(args, tiny_model_dir, plan, pg)
     with pytest.raises(ray.exceptions.RayActorError, match="--trainer torch runs as one rank, but --actor-num-nodes"):
         group.placements()
@@ -125,10 +127,10 @@ def test_torch_backend_group_of_two_is_refused(ray_2gpu, tmp_path, tiny_model_di
 def test_tp2_engine_actor_launch_command_and_environment(ray_2gpu, tmp_path):
     from vime_core.rollout.engine_actor import EngineActor
 
-    args = argparse.Namespace(
+    args = default_args(
         actor_num_gpus_per_node=0, rollout_num_gpus=2, rollout_num_gpus_per_engine=2, debug_rollout_only=True
     )
-    plan, pg = place(args)
+    plan, pg = place(ClusterConfig.from_args(args))
     assert [(b.gpus, b.holds) for b in plan.bundles] == [(2, ["engine 0"])]
     actor = (
         ray.remote(EngineActor)

@@ -7,13 +7,13 @@
 
 from __future__ import annotations
 
-import argparse
 import io
 
 import pytest
 import torch
 import torch.multiprocessing as mp
 
+from vime_core.arguments import default_args
 from vime_core.plugins import get_plugins
 from vime_core.testing import WeightSyncContract
 
@@ -28,7 +28,7 @@ class TestIpcWeightSync(WeightSyncContract):
 
     @pytest.fixture
     def strategy(self):
-        return get_plugins().resolve("weight_sync", "ipc")(argparse.Namespace(update_weight_buffer_size=4096))
+        return get_plugins().resolve("weight_sync", "ipc")(default_args(update_weight_buffer_size=4096))
 
 
 def _receiver(port: int, versions: int, conn) -> None:
@@ -50,7 +50,7 @@ def _recv(conn) -> dict[str, torch.Tensor]:
 def test_nccl_strategy_broadcasts_bit_exactly_to_a_second_gpu():
     torch.cuda.set_device(0)
     strategy = get_plugins().resolve("weight_sync", "nccl")(
-        argparse.Namespace(
+        default_args(
             rollout_num_engines=1,
             rollout_num_gpus_per_engine=1,
             weight_sync_timeout=120.0,

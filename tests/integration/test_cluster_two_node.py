@@ -110,9 +110,11 @@ def test_impossible_plan_is_refused_naming_the_flags(cluster, tiny_model_dir, pr
 
 
 GROUP_AND_DEATH = r"""
-import argparse, json, sys, time
+import json, sys, time
 import vime_core
 import ray
+from vime_core.arguments import default_args
+from vime_core.config import ClusterConfig
 from vime_core.orchestration import TrainerGroup, init_ray, place
 from vime_core.rollout.engine_actor import RemoteEngine, EngineActor
 from vime_core.orchestration import slot_options
@@ -121,10 +123,10 @@ address, model, logdir = sys.argv[1:4]
 init_ray(address=address)
 out = {}
 # 1. a 2-rank Gloo trainer group: one fake GPU per node, rank 0 on the head
-args = argparse.Namespace(actor_num_nodes=2, actor_num_gpus_per_node=1, rollout_num_gpus=0, debug_train_only=True,
+args = default_args(actor_num_nodes=2, actor_num_gpus_per_node=1, rollout_num_gpus=0, debug_train_only=True,
                           trainer="tests.integration.cluster_probe:GroupProbeTrainer", weight_sync="disk",
                           train_cpus=None)
-plan, pg = place(args)
+plan, pg = place(ClusterConfig.from_args(args))
 group = TrainerGroup(args, model, plan, pg)
 out["group_train"] = group.train_step(None)
 out["group_where"] = group.placements()
@@ -133,8 +135,8 @@ out["rendezvous"] = group.rendezvous
 group.shutdown()
 ray.util.remove_placement_group(pg)
 # 2. an engine actor whose vLLM server exits (no such model): the actor reports it
-args = argparse.Namespace(actor_num_gpus_per_node=0, rollout_num_gpus=1, debug_rollout_only=True)
-plan, pg = place(args)
+args = default_args(actor_num_gpus_per_node=0, rollout_num_gpus=1, debug_rollout_only=True)
+plan, pg = place(ClusterConfig.from_args(args))
 actor = ray.remote(EngineActor).options(**slot_options(plan.engines[0], pg), max_concurrency=4).remote(
     {"model": "/nonexistent/model", "served_model_name": "policy", "log_path": logdir + "/dead.log"}, None, 1)
 engine = RemoteEngine(actor, ray.get(actor.start.remote()), 0, "policy", 30.0)

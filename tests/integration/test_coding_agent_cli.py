@@ -6,7 +6,6 @@ episode's trained tokens exactly the scripted turns' tokens. (The same with the 
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import shlex
@@ -14,6 +13,7 @@ import shlex
 import pytest
 
 from vime_core.agent.responders import ScriptedResponder
+from vime_core.arguments import default_args
 from vime_core.data.humaneval_export import load_problems, problem_to_row
 from vime_core.plugins import get_plugins
 from vime_core.rollout.context import RolloutContext, set_rollout_context
@@ -75,7 +75,7 @@ def test_scripted_cli_episode_reward_one_token_exact(tok, agent, sandbox):
     backend = ScriptedResponder(tok, script)
     ctx = RolloutContext(client=backend, tokenizer=tok, weight_version=0)
     set_rollout_context(ctx)
-    args = argparse.Namespace(
+    args = default_args(
         agent=agent,
         sandbox=sandbox,
         agent_max_turns=4,

@@ -8,7 +8,6 @@ by tests/integration/test_loop_modes.py.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import re
@@ -16,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from vime_core.arguments import default_args
 from vime_core.plugins import get_plugins
 from vime_core.rollout.client import RouterClient
 from vime_core.rollout.context import RolloutContext, set_rollout_context
@@ -56,7 +56,7 @@ def test_multi_agent_roles(ctx, monkeypatch):
 
     row = _row("quickstart")
     sample = Sample(group_index=3, index=1, prompt=row["prompt"], label=row["label"], metadata=row["metadata"])
-    args = argparse.Namespace(apply_chat_template=True)
+    args = default_args(apply_chat_template=True)
     # the tiny random model is steered by a regex so that both verdicts are reachable and parseable
     params = {
         "temperature": 1.0,
@@ -86,7 +86,7 @@ def test_tool_use_tools_in_the_multi_turn_loop(ctx, monkeypatch):
     loop, _ = ctx
     monkeypatch.syspath_prepend(str(EXAMPLES / "tool_use"))
     call = '<tool_call>\n{"name": "lcm", "arguments": {"a": 12, "b": 18}}\n</tool_call>'
-    args = argparse.Namespace(
+    args = default_args(
         apply_chat_template=True,
         multi_turn_tools=["number_tools", "vime_core.rollout.tools:calculator"],
         multi_turn_max_turns=2,

@@ -5,13 +5,13 @@ trained)."""
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import re
 
 import pytest
 
 from vime_core.agent.responders import RouterResponder
+from vime_core.arguments import default_args
 from vime_core.plugins import get_plugins
 from vime_core.rollout.context import RolloutContext, set_rollout_context
 from vime_core.testing import GenerateFunctionContract
@@ -59,7 +59,7 @@ class TestMultiTurnContract(GenerateFunctionContract):
     @pytest.fixture
     def generate_args(self):
         # the prompt data describes the tools itself (tool prompt "none"), so the prompt is encode_prompt's
-        return argparse.Namespace(
+        return default_args(
             apply_chat_template=True,
             multi_turn_tools=["vime_core.rollout.tools:calculator"],
             multi_turn_tool_prompt="none",
@@ -81,7 +81,7 @@ class TestDefaultGenerateContract(GenerateFunctionContract):
 
     @pytest.fixture
     def generate_args(self):
-        return argparse.Namespace(apply_chat_template=True)
+        return default_args(apply_chat_template=True)
 
     @pytest.fixture
     def prompt_sample(self):
@@ -89,7 +89,7 @@ class TestDefaultGenerateContract(GenerateFunctionContract):
 
 
 def test_forced_tool_loop_is_exact(rollout_context, tok):
-    args = argparse.Namespace(
+    args = default_args(
         apply_chat_template=True, multi_turn_tools=["vime_core.rollout.tools:calculator"], multi_turn_max_turns=3
     )
     params = {"temperature": 1.0, "max_tokens": 400, "seed": 0, "structured_outputs": {"regex": re.escape(CALL)}}
@@ -122,7 +122,7 @@ def test_sandbox_shell_tool(tok):
     backend = ScriptedResponder(tok, [call, "done"])
     set_rollout_context(RolloutContext(client=backend, tokenizer=tok, weight_version=0))
     try:
-        args = argparse.Namespace(
+        args = default_args(
             apply_chat_template=True, multi_turn_tools=[], multi_turn_sandbox_tool="bash", sandbox="local"
         )
         generate = get_plugins().resolve("generate", "multi_turn")

@@ -6,7 +6,6 @@ back (and the original version label) before it finishes, so other tests see the
 
 from __future__ import annotations
 
-import argparse
 import ast
 import asyncio
 from pathlib import Path
@@ -16,6 +15,7 @@ import pytest
 import torch
 
 from vime_core.algorithms.logprobs import sequence_log_probs
+from vime_core.arguments import default_args
 from vime_core.plugins import get_plugins
 from vime_core.rollout.client import RouterClient
 from vime_core.rollout.engine import VLLMServerError
@@ -32,7 +32,7 @@ STEPS = 3
 def _strategy(tmp_path: Path, base: Path, encoding: str = "xor"):
     cls = get_plugins().resolve("weight_sync", "disk-delta")
     return cls(
-        argparse.Namespace(
+        default_args(
             update_weight_disk_dir=tmp_path / "weights",
             keep_weight_updates=False,
             update_weight_delta_encoding=encoding,

@@ -6,8 +6,6 @@ vime_receive_broadcast`` (the engine-side receive code) — the path a GPU run t
 
 from __future__ import annotations
 
-import argparse
-
 import pytest
 
 from tests.integration.test_weight_sync_delta import (
@@ -19,6 +17,7 @@ from tests.integration.test_weight_sync_delta import (
     engine_at_v0,  # noqa: F401 - fixture
     prompt_ids,  # noqa: F401 - fixture
 )
+from vime_core.arguments import default_args
 from vime_core.plugins import get_plugins
 from vime_core.testing.trainer_args import trainer_args
 
@@ -49,7 +48,7 @@ def test_nccl_broadcast_keeps_the_engine_in_step_with_the_trainer(
     server, model = engine_at_v0, engine_at_v0.served_model_name
     trainer = TorchTrainer(trainer_args(), tiny_model_dir)
     strategy = get_plugins().resolve("weight_sync", "nccl")(
-        argparse.Namespace(
+        default_args(
             rollout_num_engines=1,
             rollout_num_gpus_per_engine=1,
             weight_sync_timeout=120.0,

@@ -1,6 +1,5 @@
 """Exact values for the GRPO advantage, the PPO-clip policy loss and batch building."""
 
-import argparse
 import math
 
 import pytest
@@ -9,6 +8,7 @@ import torch
 from vime_core.algorithms.advantages import grpo_advantages
 from vime_core.algorithms.batch import build_batch
 from vime_core.algorithms.policy_loss import policy_loss
+from vime_core.arguments import default_args
 from vime_core.builtins.advantages import grpo
 from vime_core.types import Sample, Status
 
@@ -94,7 +94,7 @@ def _sample(group, index, reward, status=Status.COMPLETED, n_resp=3, mask=None):
 
 
 def test_build_batch_excludes_failed_and_masked_and_computes_grpo_over_the_rest():
-    ns = argparse.Namespace(reward_key=None, disable_grpo_std_normalization=True, advantage_estimator="grpo")
+    ns = default_args(disable_grpo_std_normalization=True)
     g0 = [_sample(0, 0, 1.0), _sample(0, 1, 0.0), _sample(0, 2, None, status=Status.FAILED)]
     g1 = [_sample(1, 0, 1.0, mask=[0, 0, 0]), _sample(1, 1, 0.0, status=Status.ABORTED)]
     batch = build_batch(ns, [g0, g1], grpo)

@@ -1,6 +1,5 @@
 """Exact, hand-computed values for the algorithm menu: estimators, GAE, value loss, KL, loss terms, IS, drift."""
 
-import argparse
 import math
 
 import pytest
@@ -13,10 +12,11 @@ from vime_core.algorithms.gae import gae, value_loss
 from vime_core.algorithms.kl import approx_kl
 from vime_core.algorithms.logprobs import token_log_probs_and_entropy
 from vime_core.algorithms.mismatch import LogprobDriftError, check_logprob_drift, importance_weights
-from vime_core.algorithms.options import DEFAULTS, check_algorithm_args
+from vime_core.algorithms.options import check_algorithm_config
 from vime_core.algorithms.policy_loss import policy_loss, policy_loss_kwargs
-from vime_core.arguments import ArgumentError, parse_run_args
+from vime_core.arguments import ArgumentError, default_args, parse_run_args
 from vime_core.builtins import advantages as est
+from vime_core.config import AlgorithmConfig
 from vime_core.testing.trainer_args import trainer_args
 from vime_core.types import Sample, Status
 
@@ -30,7 +30,11 @@ def _t(x):
 
 
 def _ns(**kw):
-    return argparse.Namespace(**{**DEFAULTS, **kw})
+    return default_args(**kw)
+
+
+def _algo(**kw):
+    return AlgorithmConfig.from_args(default_args(**kw))
 
 
 def _sample(reward, mask=(1, 1), episode_id=None, status=Status.COMPLETED, index=0):
@@ -41,11 +45,6 @@ def _sample(reward, mask=(1, 1), episode_id=None, status=Status.COMPLETED, index
 
 
 # ---------------------------------------------------------------------------------------------------- options
-def test_defaults_table_matches_the_command_line():
-    args = parse_run_args(BASE)
-    assert {k: getattr(args, k) for k in DEFAULTS} == DEFAULTS
-
-
 def test_only_one_kl_may_be_non_zero():
     argv = BASE + ["--advantage-estimator", "reinforce_plus_plus", "--kl-coef", "0.1", "--use-kl-loss"]
     with pytest.raises(
@@ -60,24 +59,24 @@ def test_only_one_kl_may_be_non_zero():
 
 def test_kl_and_is_flag_errors_name_the_flags():
     with pytest.raises(ValueError, match="--kl-loss-coef 0.1 has no effect without --use-kl-loss"):
-        check_algorithm_args(_ns(kl_loss_coef=0.1))
+        check_algorithm_config(_algo(kl_loss_coef=0.1))
     with pytest.raises(ValueError, match="--advantage-estimator grpo does not have .* use --use-kl-loss"):
-        check_algorithm_args(_ns(kl_coef=0.1))
+        check_algorithm_config(_algo(kl_coef=0.1))
     with pytest.raises(ValueError, match="--use-tis .* and --use-mis .* exclude each other"):
-        check_algorithm_args(_ns(use_tis=True, use_mis=True))
+        check_algorithm_config(_algo(use_tis=True, use_mis=True))
     with pytest.raises(ValueError, match="--eps-clip-c must be > 1"):
-        check_algorithm_args(_ns(eps_clip_c=1.0))
+        check_algorithm_config(_algo(eps_clip_c=1.0))
     with pytest.raises(ValueError, match="--critic-lr has no effect without --advantage-estimator ppo"):
-        check_algorithm_args(_ns(critic_lr=1e-5))
+        check_algorithm_config(_algo(critic_lr=1e-5))
     with pytest.raises(ArgumentError, match="need 0 <= --tis-clip-low < --tis-clip, got 2.0 and 2.0"):
         parse_run_args(BASE + ["--tis-clip-low", "2"])
 
 
 def test_policy_loss_kwargs_from_flags():
-    kw = policy_loss_kwargs(_ns(advantage_estimator="gspo", use_mis=True, use_kl_loss=True, kl_loss_coef=0.5))
+    kw = policy_loss_kwargs(_algo(advantage_estimator="gspo", use_mis=True, use_kl_loss=True, kl_loss_coef=0.5))
     assert (kw["ratio_type"], kw["importance_sampling"], kw["kl_loss_coef"]) == ("sequence", "mis", 0.5)
-    # a partial Namespace (the contract kit's) gets plain PPO-clip
-    kw = policy_loss_kwargs(argparse.Namespace(eps_clip=0.1))
+    # the flags' defaults give plain PPO-clip
+    kw = policy_loss_kwargs(_algo(eps_clip=0.1))
     assert kw["eps_clip"] == 0.1 and kw["ratio_type"] == "token" and kw["importance_sampling"] is None
 
 
@@ -177,22 +176,24 @@ def test_batch_whitening_degenerate_batches_are_zeros_not_nan():
 def test_postprocess_whitens_reinforce_plus_plus_over_the_batch():
     samples = [_sample(2.0, mask=(1, 1, 0, 1)), _sample(-1.0, mask=(1,))]
     advs, metrics = postprocess_advantages(
-        _ns(advantage_estimator="reinforce_plus_plus"), samples, [_t([0.5, 1.0, 0.0, 2.0]), _t([-1.0])]
+        _algo(advantage_estimator="reinforce_plus_plus"), samples, [_t([0.5, 1.0, 0.0, 2.0]), _t([-1.0])]
     )
     assert advs[0].tolist() == pytest.approx([-0.1, 0.3, 0.0, 1.1], abs=1e-7)
     assert advs[1].tolist() == pytest.approx([-1.3], abs=1e-7)
     assert metrics["adv/mean"] == pytest.approx(0.0, abs=1e-7)
     # grpo is left alone unless --normalize-advantages
-    same, _ = postprocess_advantages(_ns(), samples, [_t([0.5, 1.0, 0.0, 2.0]), _t([-1.0])])
+    same, _ = postprocess_advantages(_algo(), samples, [_t([0.5, 1.0, 0.0, 2.0]), _t([-1.0])])
     assert same[0].tolist() == [0.5, 1.0, 0.0, 2.0]
-    normed, _ = postprocess_advantages(_ns(normalize_advantages=True), samples, [_t([0.5, 1.0, 0.0, 2.0]), _t([-1.0])])
+    normed, _ = postprocess_advantages(
+        _algo(normalize_advantages=True), samples, [_t([0.5, 1.0, 0.0, 2.0]), _t([-1.0])]
+    )
     assert normed[1].tolist() == pytest.approx([-1.3], abs=1e-7)
 
 
 def test_postprocess_kl_reward_shaping():
     # β = 0.5, γ = 1: KL [0.2, 0.4, 0.4] → penalties [-0.1, -0.2, -0.2] → returns [-0.5, -0.4, -0.2]
     samples = [_sample(1.0, mask=(1, 1, 1)), _sample(0.0, mask=(1, 1))]
-    ns = _ns(advantage_estimator="my_estimator", kl_coef=0.5)  # not whitened, so the shaping shows alone
+    ns = _algo(advantage_estimator="my_estimator", kl_coef=0.5)  # not whitened, so the shaping shows alone
     advs, metrics = postprocess_advantages(
         ns, samples, [_t([1.0, 1.0, 1.0]), _t([-1.0, -1.0])], kl=[_t([0.2, 0.4, 0.4]), _t([0.0, 0.0])]
     )
@@ -208,7 +209,7 @@ def test_build_batch_with_reinforce_plus_plus_all_masked_member_no_nan():
     batch = build_batch(_ns(advantage_estimator="reinforce_plus_plus"), [g], est.reinforce_plus_plus)
     assert batch.advantages == [[1.0, 1.0]]
     advs, _ = postprocess_advantages(
-        _ns(advantage_estimator="reinforce_plus_plus"), batch.samples, [_t(a) for a in batch.advantages]
+        _algo(advantage_estimator="reinforce_plus_plus"), batch.samples, [_t(a) for a in batch.advantages]
     )
     assert advs[0].tolist() == [0.0, 0.0]  # all-equal values whiten to 0, not NaN
 

@@ -1,16 +1,15 @@
 """PPO with a critic and on-policy distillation: exact values of the estimators and of the batch-level GAE step, the
 critic's value positions, that its loss falls on a fixed batch, and that a checkpoint restores it."""
 
-import argparse
-
 import pytest
 import torch
 
 from vime_core.algorithms.batch import build_batch, gae_advantages
 from vime_core.algorithms.distill import distill_advantages
-from vime_core.algorithms.options import DEFAULTS, check_algorithm_args
-from vime_core.arguments import ArgumentError, parse_run_args
+from vime_core.algorithms.options import check_algorithm_config
+from vime_core.arguments import ArgumentError, default_args, parse_run_args
 from vime_core.builtins import advantages as est
+from vime_core.config import AlgorithmConfig, TrainerConfig
 from vime_core.plugins import get_plugins
 from vime_core.testing.trainer_args import trainer_args
 from vime_core.types import Sample, Status
@@ -25,7 +24,11 @@ def _t(x):
 
 
 def _ns(**kw):
-    return argparse.Namespace(**{**DEFAULTS, **kw})
+    return default_args(**kw)
+
+
+def _algo(**kw):
+    return AlgorithmConfig.from_args(default_args(**kw))
 
 
 def _sample(reward, mask, *, rollout=None, teacher=None, index=0, prompt=(1, 2)):
@@ -48,15 +51,15 @@ def test_flags_and_their_errors():
     with pytest.raises(ArgumentError, match="--critic-lr has no effect without --advantage-estimator ppo"):
         parse_run_args(BASE + ["--critic-lr", "1e-5"])
     with pytest.raises(ValueError, match="--critic-load has no effect without --advantage-estimator ppo"):
-        check_algorithm_args(_ns(critic_load="x"))
+        check_algorithm_config(_algo(critic_load="x"))
     with pytest.raises(ValueError, match="--num-critic-only-steps must be >= 0"):
-        check_algorithm_args(_ns(advantage_estimator="ppo", num_critic_only_steps=-1))
+        check_algorithm_config(_algo(advantage_estimator="ppo", num_critic_only_steps=-1))
     with pytest.raises(ArgumentError, match="on_policy_distill needs --distill-teacher PATH"):
         parse_run_args(BASE + ["--advantage-estimator", "on_policy_distill"])
     args = parse_run_args(BASE + ["--advantage-estimator", "on_policy_distill", "--distill-teacher", "t"])
     assert (args.distill_teacher, args.distill_coef, args.distill_num_engines) == ("t", 1.0, 1)
     # KL reward shaping is allowed for ppo (it shapes the per-token rewards before GAE)
-    check_algorithm_args(_ns(advantage_estimator="ppo", kl_coef=0.1))
+    check_algorithm_config(_algo(advantage_estimator="ppo", kl_coef=0.1))
     assert get_plugins().resolve("advantage", "ppo") is est.ppo
     assert get_plugins().resolve("advantage", "on_policy_distill") is est.on_policy_distill
 
@@ -77,8 +80,8 @@ def test_gae_advantages_hand_computed_with_masks_kl_and_whitening():
     samples = [_sample(1.0, [1, 0, 1]), _sample(-1.0, [1, 1])]
     rewards = [_t([0.0, 0.0, 1.0]), _t([0.0, -1.0])]
     values = [_t([0.5, 9.0, 0.7]), _t([0.2, -0.4])]
-    args = _ns(advantage_estimator="ppo", gamma=0.9, lambd=0.8)
-    adv, ret, m = gae_advantages(args, samples, rewards, values)
+    algo = _algo(advantage_estimator="ppo", gamma=0.9, lambd=0.8)
+    adv, ret, m = gae_advantages(algo, samples, rewards, values)
     assert adv[0].tolist() == pytest.approx([0.346, 0.0, 0.3], abs=1e-6)
     assert adv[1].tolist() == pytest.approx([-0.992, -0.6], abs=1e-6)
     assert ret[0].tolist() == pytest.approx([0.846, 0.0, 1.0], abs=1e-6)
@@ -89,16 +92,16 @@ def test_gae_advantages_hand_computed_with_masks_kl_and_whitening():
     #   A1 = -1.2 + 0.4 = -0.8; A0 = (-0.1 - 0.36 - 0.2) + 0.72·-0.8 = -0.66 - 0.576 = -1.236
     kl = [_t([0.0, 123.0, 0.0]), _t([0.2, 0.4])]  # the masked token's KL never matters
     adv, _, m = gae_advantages(
-        _ns(advantage_estimator="ppo", gamma=0.9, lambd=0.8, kl_coef=0.5), samples, rewards, values, kl=kl
+        _algo(advantage_estimator="ppo", gamma=0.9, lambd=0.8, kl_coef=0.5), samples, rewards, values, kl=kl
     )
     assert adv[1].tolist() == pytest.approx([-1.236, -0.8], abs=1e-6)
     assert adv[0].tolist() == pytest.approx([0.346, 0.0, 0.3], abs=1e-6)
     assert m["adv/kl_shaping_mean"] == pytest.approx(0.5 * 0.6 / 4, abs=1e-6)
     with pytest.raises(ValueError, match="--kl-coef is non-zero but no per-token KL"):
-        gae_advantages(_ns(advantage_estimator="ppo", kl_coef=0.5), samples, rewards, values)
+        gae_advantages(_algo(advantage_estimator="ppo", kl_coef=0.5), samples, rewards, values)
     # --normalize-advantages whitens over the trained tokens; returns stay unwhitened
     adv, ret, _ = gae_advantages(
-        _ns(advantage_estimator="ppo", gamma=0.9, lambd=0.8, normalize_advantages=True), samples, rewards, values
+        _algo(advantage_estimator="ppo", gamma=0.9, lambd=0.8, normalize_advantages=True), samples, rewards, values
     )
     picked = torch.tensor([0.346, 0.3, -0.992, -0.6], dtype=torch.float64)
     expected = ((picked - picked.mean()) / torch.sqrt(picked.var(unbiased=True) + 1e-8)).tolist()
@@ -108,7 +111,7 @@ def test_gae_advantages_hand_computed_with_masks_kl_and_whitening():
 
 def test_all_masked_response_gives_zeros_not_nan():
     s = _sample(1.0, [0, 0])
-    adv, ret, _ = gae_advantages(_ns(advantage_estimator="ppo"), [s], [_t([0.0, 0.0])], [_t([float("nan")] * 2)])
+    adv, ret, _ = gae_advantages(_algo(advantage_estimator="ppo"), [s], [_t([0.0, 0.0])], [_t([float("nan")] * 2)])
     assert adv[0].tolist() == [0.0, 0.0] and ret[0].tolist() == [0.0, 0.0]
 
 
@@ -178,7 +181,14 @@ def _random_samples(seed=0):
 def test_critic_values_batched_equal_unpadded_forward(tiny_model_dir):
     from vime_core.trainer.critic import Critic
 
-    critic = Critic(trainer_args(advantage_estimator="ppo"), tiny_model_dir, torch.device("cpu"), torch.float32)
+    args = trainer_args(advantage_estimator="ppo")
+    critic = Critic(
+        TrainerConfig.from_args(args),
+        AlgorithmConfig.from_args(args),
+        tiny_model_dir,
+        torch.device("cpu"),
+        torch.float32,
+    )
     samples = _random_samples()
     batched = critic.model.response_values(samples, torch.device("cpu"))
     with torch.no_grad():
@@ -243,7 +253,9 @@ def test_ppo_updates_policy_with_gae_advantages(tiny_model_dir):
     samples = _random_samples()
     values = trainer.critic.values(samples, 8)
     batch = build_batch(args, [samples], est.ppo)
-    expected, _, _ = gae_advantages(args, samples, [_t(a) for a in batch.advantages], [values[id(s)] for s in samples])
+    expected, _, _ = gae_advantages(
+        trainer.algorithm_config, samples, [_t(a) for a in batch.advantages], [values[id(s)] for s in samples]
+    )
     m = trainer.train_step(batch)
     assert m["train/critic_only"] == 0.0 and "train/pg_loss" in m and "train/value_loss" in m
     picked = torch.cat(expected)[torch.cat([_t(s.loss_mask) for s in samples]).bool()].double()

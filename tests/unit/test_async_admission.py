@@ -15,6 +15,7 @@ import pytest
 
 from tests.unit.test_hooks import _manager_with_hooks
 from vime_core.arguments import parse_run_args
+from vime_core.config import RolloutConfig
 from vime_core.loop import _GroupSource, _one_step, load_debug_rollout
 from vime_core.orchestration import TrainerWorker
 from vime_core.plugins import get_plugins
@@ -127,7 +128,7 @@ def test_slow_prompts_get_a_fair_share_over_20_steps(tiny_model_dir, tmp_path):
     m, box = _manager(tiny_model_dir, tmp_path, _sleeping_generate, overrides)
     trainer = _trainer(args, tiny_model_dir)
     estimator = get_plugins().resolve("advantage", args.advantage_estimator)
-    source = _GroupSource(args, m)
+    source = _GroupSource(RolloutConfig.from_args(args), m)
     m.start_async()
     trained: list[str] = []
     version, history = 0, []
@@ -166,7 +167,7 @@ def test_a_skipped_step_does_not_advance_the_weight_version(tiny_model_dir, tmp_
     m, _ = _manager(tiny_model_dir, tmp_path, lambda box: _sleeping_generate(box, fail_once=fail), overrides)
     trainer = _trainer(args, tiny_model_dir)
     estimator = get_plugins().resolve("advantage", args.advantage_estimator)
-    source = _GroupSource(args, m)
+    source = _GroupSource(RolloutConfig.from_args(args), m)
     pushed: list[int] = []
     push = trainer.push_weights
     trainer.push_weights = lambda v: pushed.append(v) or push(v)

@@ -27,7 +27,6 @@ with the families' special tokens added.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 from dataclasses import dataclass, field
@@ -38,6 +37,7 @@ import pytest
 from vime_core.agent.gateway import AgentGateway
 from vime_core.agent.responders import ScriptedResponder, ScriptedTurn
 from vime_core.agent.trajectory import Drift
+from vime_core.arguments import default_args
 from vime_core.plugins import get_plugins
 from vime_core.rollout.context import RolloutContext, set_rollout_context
 from vime_core.rollout.tools import register_tool, tool_from_callable
@@ -284,7 +284,7 @@ def run_multi_turn(tok, style: Style, tmp_path) -> tuple[Sample, list]:
     backend = ScriptedResponder(tok, script(tok, style), weight_version=3)
     set_rollout_context(RolloutContext(client=backend, tokenizer=tok, weight_version=3))
     try:
-        args = argparse.Namespace(
+        args = default_args(
             apply_chat_template=True,
             multi_turn_tools=["get_weather"],
             multi_turn_chat_template=path,

@@ -14,6 +14,7 @@ import threading
 import pytest
 import torch
 
+from vime_core.config import AlgorithmConfig, TrainerConfig
 from vime_core.testing.trainer_args import trainer_args
 from vime_core.trainer.rl_step import dp_shard, rl_train_step
 from vime_core.types import RolloutBatch, Sample, Status
@@ -69,8 +70,9 @@ class TablePolicy:
     def __init__(self, args, dp_rank: int = 0, dp_size: int = 1, group: ThreadGroup | None = None) -> None:
         g = torch.Generator().manual_seed(0)
         self.table = torch.nn.Parameter(torch.randn(VOCAB, VOCAB, generator=g, dtype=torch.float64))
-        self.args = args
-        self.optimizer = torch.optim.SGD([self.table], lr=args.lr)
+        self.trainer_config = TrainerConfig.from_args(args)
+        self.algorithm_config = AlgorithmConfig.from_args(args)
+        self.optimizer = torch.optim.SGD([self.table], lr=self.trainer_config.lr)
         self.steps_done = 0
         self.ref_model = None
         self.critic = None

@@ -35,7 +35,9 @@ from vime_core.weight_sync.disk_delta import DiskDeltaWeightSync
 
 pytestmark = pytest.mark.unit
 
-FAST = MonitorConfig(max_restarts=2, backoff_s=0.0, interval_s=0.05, hang_timeout_s=0.3, startup_timeout_s=5.0)
+FAST = MonitorConfig(
+    max_restarts=2, backoff_s=0.0, interval_s=0.05, hang_timeout_s=0.3, startup_timeout_s=5.0, max_request_retries=3
+)
 
 
 class _Health(BaseHTTPRequestHandler):

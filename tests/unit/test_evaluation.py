@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from vime_core.arguments import ArgumentError, parse_run_args
+from vime_core.config import EvalConfig
 from vime_core.data.source import DataError
 from vime_core.evaluation import (
     EvalArgumentError,
@@ -196,7 +197,12 @@ def test_eval_flag_defaults():
     assert args.eval_pass_threshold == 1.0 and args.save_eval_samples is False and args.skip_eval_before_train is False
     # sampling falls back to the rollout flags
     args = parse_run_args(BASE + ["--rollout-temperature", "0.7", "--rollout-max-response-len", "33"])
-    assert eval_sampling_params(args) == {"temperature": 0.7, "top_p": 1.0, "top_k": -1, "max_tokens": 33}
+    assert eval_sampling_params(EvalConfig.from_args(args)) == {
+        "temperature": 0.7,
+        "top_p": 1.0,
+        "top_k": -1,
+        "max_tokens": 33,
+    }
 
 
 def test_eval_flags_override():
@@ -208,7 +214,7 @@ def test_eval_flags_override():
     )
     assert args.eval_prompt_data == ["a", "a.jsonl", "b", "b.jsonl"] and args.eval_interval == 5
     assert args.n_samples_per_eval_prompt == 8 and args.eval_reward == "math"
-    assert eval_sampling_params(args) == {
+    assert eval_sampling_params(EvalConfig.from_args(args)) == {
         "temperature": 0.0,
         "top_p": 0.9,
         "top_k": 3,
@@ -264,7 +270,7 @@ def test_vime_eval_arguments(tmp_path):
 def test_missing_eval_set_fails_before_any_engine(tmp_path):
     args = parse_run_args(BASE + ["--eval-prompt-data", "arith", str(tmp_path / "nope.jsonl")])
     with pytest.raises(DataError, match=rf"--eval-prompt-data arith {tmp_path}/nope.jsonl: file not found"):
-        load_eval_sets(args)
+        load_eval_sets(EvalConfig.from_args(args))
 
 
 # -- RolloutManager.evaluate with a scripted generate function --------------------------------------------------------

@@ -208,15 +208,17 @@ def test_soft_overlong_punishment_exact_rewards(tiny_model_dir, tmp_path):
 
 
 def test_overlong_penalty_on_a_dict_reward_goes_to_the_reward_key():
-    from argparse import Namespace
-
+    from vime_core.arguments import default_args
+    from vime_core.config import RolloutConfig
     from vime_core.rollout.overlong import apply_overlong
 
-    args = Namespace(overlong_buffer_len=4, overlong_penalty_factor=2.0, rollout_max_response_len=8, reward_key="acc")
+    args = default_args(
+        overlong_buffer_len=4, overlong_penalty_factor=2.0, rollout_max_response_len=8, reward_key="acc"
+    )
     s = Sample(tokens=[1], reward={"acc": 1.0, "fmt": 1.0}, status=Status.COMPLETED)
     s.append_response_tokens([3] * 6, trainable=True, log_probs=[-0.1] * 6, weight_version=0)
-    apply_overlong(args, s)
+    apply_overlong(RolloutConfig.from_args(args), s)
     assert s.reward == {"acc": 0.0, "fmt": 1.0}  # 1.0 + min(-(6 - 4) / 4 * 2, 0)
     args.reward_key = None
     with pytest.raises(ValueError, match="the reward is a dict \\['acc', 'fmt'\\] without --reward-key"):
-        apply_overlong(args, s)
+        apply_overlong(RolloutConfig.from_args(args), s)

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from vime_core import hookimpl, hookspecs
-from vime_core.arguments import build_parser
+from vime_core.arguments import build_parser, default_args
 from vime_core.plugins import Plugins
 from vime_core.registry import RegistryError
 from vime_core.types import Sample, Status
@@ -201,7 +201,7 @@ def _manager_with_hooks(tiny_model_dir, tmp_path, plugin=None, generate=_echo, n
     if plugin is not None:
         p.pm.register(plugin, name="test-plugin")
     p.load()
-    args = argparse.Namespace(
+    args = default_args(
         generate="echo",
         reward="exact_match",
         weight_sync="disk",

@@ -37,6 +37,7 @@ LAYERS: list[tuple[str, list[str]]] = [
             "vime_core.hookspecs",
             "vime_core.net",
             "vime_core.progress",
+            "vime_core.config",
             "vime_core.placement",
             "vime_core.passthrough",
             "vime_core.models",

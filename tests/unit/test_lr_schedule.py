@@ -9,6 +9,7 @@ import math
 import pytest
 
 from vime_core.arguments import ArgumentError, parse_run_args
+from vime_core.config import TrainerConfig
 from vime_core.testing.trainer_args import trainer_args
 from vime_core.trainer.lr_schedule import (
     LRSchedule,
@@ -55,7 +56,9 @@ def test_flags_defaults_and_schedules_from_args():
         None,
         0.0,
     )
-    assert policy_lr_schedule(args) == LRSchedule(max_lr=1e-6, decay_iters=10)  # 10 rollouts × 1 step
+    assert policy_lr_schedule(TrainerConfig.from_args(args)) == LRSchedule(
+        max_lr=1e-6, decay_iters=10
+    )  # 10 rollouts × 1 step
     args = parse_run_args(
         BASE
         + ["--lr", "2e-6", "--lr-warmup-iters", "3", "--lr-decay-style", "cosine", "--min-lr", "1e-7"]
@@ -71,9 +74,9 @@ def test_flags_defaults_and_schedules_from_args():
         ]
         + ["--advantage-estimator", "ppo", "--critic-lr", "1e-5", "--critic-lr-warmup-iters", "7"]
     )
-    assert total_optimizer_steps(args) == 20  # 5 rollouts × 8 samples / 2 per step
-    assert policy_lr_schedule(args) == LRSchedule(2e-6, 1e-7, 3, 20, "cosine", 0.0)
-    assert critic_lr_schedule(args) == LRSchedule(1e-5, 1e-7, 7, 20, "cosine", 0.0)
+    assert total_optimizer_steps(TrainerConfig.from_args(args)) == 20  # 5 rollouts × 8 samples / 2 per step
+    assert policy_lr_schedule(TrainerConfig.from_args(args)) == LRSchedule(2e-6, 1e-7, 3, 20, "cosine", 0.0)
+    assert critic_lr_schedule(TrainerConfig.from_args(args)) == LRSchedule(1e-5, 1e-7, 7, 20, "cosine", 0.0)
 
 
 def test_bad_schedule_flags_are_named(capsys):

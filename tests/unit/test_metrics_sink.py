@@ -1,12 +1,12 @@
 """The metrics sink: metrics.jsonl, the staleness histogram metric, and a real W&B run in offline mode (no network)
 whose run file is read back record by record (:mod:`vime_core.testing.wandb_offline`)."""
 
-import argparse
 import json
 from pathlib import Path
 
 import pytest
 
+from vime_core.arguments import default_args
 from vime_core.metrics import MetricsSink, WandbConfig, staleness_histogram, wandb_config_from_args
 
 pytestmark = pytest.mark.unit
@@ -22,7 +22,7 @@ def test_staleness_histogram_counts_tokens_per_version_lag():
 
 
 def test_wandb_config_from_args():
-    args = argparse.Namespace(
+    args = default_args(
         use_wandb=True,
         wandb_project="p",
         wandb_mode="offline",

@@ -3,7 +3,6 @@ calculator and the tool-call parsers. Against the real vLLM server: tests/integr
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 from pathlib import Path
 
@@ -17,6 +16,7 @@ from vime_core.agent.tool_parsers import (
     get_tool_parser,
     register_tool_parser,
 )
+from vime_core.arguments import default_args
 from vime_core.plugins import get_plugins
 from vime_core.rollout.context import RolloutContext, set_rollout_context
 from vime_core.rollout.tools import calculator, load_tools, register_tool, registered_tools, tool_from_callable
@@ -42,7 +42,7 @@ def run(tok, script, *, prompt="What is 6 * 7?", max_tokens=200, **flags):
     set_rollout_context(RolloutContext(client=backend, tokenizer=tok, weight_version=5))
     try:
         flags.setdefault("multi_turn_tools", ["vime_core.rollout.tools:calculator"])
-        args = argparse.Namespace(apply_chat_template=True, **flags)
+        args = default_args(apply_chat_template=True, **flags)
         msgs = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
         s = asyncio.run(
             get_plugins().resolve("generate", "multi_turn")(
@@ -180,7 +180,7 @@ def test_abort_and_no_tools(tok):
 
 def test_sandbox_tool_needs_a_sandbox(tok):
     with pytest.raises(ValueError, match="--sandbox"):
-        run(tok, ["x"], multi_turn_sandbox_tool="bash")
+        run(tok, ["x"], multi_turn_sandbox_tool="bash", sandbox="")  # --sandbox given empty
 
 
 # -- tools ------------------------------------------------------------------------------------------------------
@@ -271,7 +271,7 @@ def test_rollout_metrics_through_the_hook(tok):
     s3, _ = run(tok, [CALC % "1"] * 2, multi_turn_max_turns=2)
     metrics: dict[str, float] = {}
     get_plugins().pm.hook.vime_on_rollout_end(
-        args=argparse.Namespace(generate="multi_turn"), step=0, samples=[s1, s2, s3], metrics=metrics
+        args=default_args(generate="multi_turn"), step=0, samples=[s1, s2, s3], metrics=metrics
     )
     expected = {
         "multi_turn/turns_mean": 5 / 3,
@@ -283,7 +283,7 @@ def test_rollout_metrics_through_the_hook(tok):
     assert {k: metrics[k] for k in expected} == pytest.approx(expected)
     other: dict[str, float] = {}
     get_plugins().pm.hook.vime_on_rollout_end(
-        args=argparse.Namespace(generate="default"), step=0, samples=[s1], metrics=other
+        args=default_args(generate="default"), step=0, samples=[s1], metrics=other
     )
     assert not any(k.startswith("multi_turn/") for k in other)
 

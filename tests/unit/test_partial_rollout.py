@@ -6,13 +6,12 @@ across a weight update) is tested against the real server in tests/integration/t
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 
 import pytest
 
 from tests.unit.test_hooks import _manager_with_hooks
-from vime_core.arguments import ArgumentError, parse_run_args
+from vime_core.arguments import ArgumentError, default_args, parse_run_args
 from vime_core.rollout.client import GenerateOutput
 from vime_core.rollout.context import RolloutContext, set_rollout_context
 from vime_core.rollout.generate import generate as default_generate
@@ -73,7 +72,7 @@ def test_default_generate_continues_from_the_partial_response():
         s = _aborted()
         s.response = "ab"
         prepare_resume(s, current_version=1, mask_offpolicy=True)
-        args = argparse.Namespace(apply_chat_template=False, rollout_max_context_len=None)
+        args = default_args(apply_chat_template=False, rollout_max_context_len=None)
         out = asyncio.run(default_generate(args, s, {"max_tokens": 8, "temperature": 1.0}))
     finally:
         set_rollout_context(None)
@@ -93,7 +92,7 @@ def test_default_generate_with_no_budget_left_is_truncated_without_a_call():
     try:
         s = _aborted()
         prepare_resume(s, current_version=0, mask_offpolicy=False)
-        args = argparse.Namespace(apply_chat_template=False)
+        args = default_args(apply_chat_template=False)
         out = asyncio.run(default_generate(args, s, {"max_tokens": 3}))
     finally:
         set_rollout_context(None)

@@ -14,7 +14,8 @@ import torch
 from vime_core.algorithms.advantages import discounted_returns, masked_whiten
 from vime_core.algorithms.distill import distill_advantages, teacher_and_student_log_probs
 from vime_core.algorithms.gae import gae
-from vime_core.algorithms.options import BATCH_WHITENED_ESTIMATORS, DISTILL_ESTIMATOR, distill_enabled, opt
+from vime_core.algorithms.options import BATCH_WHITENED_ESTIMATORS, DISTILL_ESTIMATOR, distill_enabled
+from vime_core.config import AlgorithmConfig
 from vime_core.types import RolloutBatch, Sample
 
 AdvantageFn = Callable[[argparse.Namespace, list[Sample]], list[list[float]]]
@@ -33,11 +34,14 @@ def build_batch(
     advantage ``logπ_T - logπ_s`` is added to the estimator's output (slime's ``--use-opd``); for ``ppo`` that
     output is the per-token reward, so the term is reward shaping before GAE.
 
+    :param args: the ``vime run`` arguments, passed on to ``estimator`` (a plugin hook); the algorithm flags are
+        read through :class:`~vime_core.config.AlgorithmConfig`.
     :return: the batch; ``metrics`` has ``rollout/num_trained_samples`` and ``rollout/num_excluded_samples``, and
         with a teacher ``rollout/distill_reverse_kl`` (mean ``logπ_s - logπ_T`` over the trained tokens, nats).
     :raises ValueError: if a trainable sample has no reward (from :meth:`Sample.reward_value`), or, with a
         teacher, no teacher log-probs.
     """
+    cfg = AlgorithmConfig.from_args(args)
     samples: list[Sample] = []
     advantages: list[list[float]] = []
     excluded = 0
@@ -48,15 +52,15 @@ def build_batch(
             continue
         adv = estimator(args, members)
         if len(adv) != len(members) or any(len(a) != s.response_length for a, s in zip(adv, members, strict=True)):
-            raise ValueError(f"advantage estimator {args.advantage_estimator!r} returned wrongly shaped advantages")
-        if distill_enabled(args) and opt(args, "advantage_estimator") != DISTILL_ESTIMATOR:
-            coef = opt(args, "distill_coef")
+            raise ValueError(f"advantage estimator {cfg.advantage_estimator!r} returned wrongly shaped advantages")
+        if distill_enabled(cfg) and cfg.advantage_estimator != DISTILL_ESTIMATOR:
+            coef = cfg.distill_coef
             terms = [distill_advantages(*teacher_and_student_log_probs(s), s.loss_mask, coef) for s in members]
             adv = [[a + d for a, d in zip(row, term, strict=True)] for row, term in zip(adv, terms, strict=True)]
         samples.extend(members)
         advantages.extend(adv)
     metrics = {"rollout/num_trained_samples": float(len(samples)), "rollout/num_excluded_samples": float(excluded)}
-    if distill_enabled(args) and samples:
+    if distill_enabled(cfg) and samples:
         gaps = [
             s - t
             for smp in samples
@@ -68,7 +72,7 @@ def build_batch(
 
 
 def postprocess_advantages(
-    args: argparse.Namespace,
+    cfg: AlgorithmConfig,
     samples: list[Sample],
     advantages: list[torch.Tensor],
     *,
@@ -96,7 +100,7 @@ def postprocess_advantages(
     masks = [torch.tensor(s.loss_mask, dtype=torch.float32) for s in samples]
     out = [a.float() for a in advantages]
     metrics: dict[str, float] = {}
-    beta, gamma = opt(args, "kl_coef"), opt(args, "gamma")
+    beta, gamma = cfg.kl_coef, cfg.gamma
     if beta != 0.0:
         if kl is None:
             raise ValueError("--kl-coef is non-zero but no per-token KL was given to postprocess_advantages")
@@ -107,7 +111,7 @@ def postprocess_advantages(
         out = shaped
         penalties = (beta * torch.cat(kl).double())[torch.cat(masks).bool()]
         metrics["adv/kl_shaping_mean"] = float(penalties.mean()) if penalties.numel() else 0.0
-    if opt(args, "advantage_estimator") in BATCH_WHITENED_ESTIMATORS or opt(args, "normalize_advantages"):
+    if cfg.advantage_estimator in BATCH_WHITENED_ESTIMATORS or cfg.normalize_advantages:
         out = masked_whiten(out, masks)
     if out:
         picked = torch.cat(out)[torch.cat(masks).bool()].double()
@@ -118,7 +122,7 @@ def postprocess_advantages(
 
 
 def gae_advantages(
-    args: argparse.Namespace,
+    cfg: AlgorithmConfig,
     samples: list[Sample],
     token_rewards: list[torch.Tensor],
     values: list[torch.Tensor],
@@ -144,7 +148,7 @@ def gae_advantages(
         shaping ``adv/kl_shaping_mean``.
     :raises ValueError: if ``--kl-coef`` is non-zero and ``kl`` is missing, or on a length mismatch.
     """
-    beta, gamma, lambd = opt(args, "kl_coef"), opt(args, "gamma"), opt(args, "lambd")
+    beta, gamma, lambd = cfg.kl_coef, cfg.gamma, cfg.lambd
     if beta != 0.0 and kl is None:
         raise ValueError("--kl-coef is non-zero but no per-token KL was given to gae_advantages")
     masks = [torch.tensor(s.loss_mask, dtype=torch.float32) for s in samples]
@@ -160,7 +164,7 @@ def gae_advantages(
     if beta != 0.0 and samples:
         penalties = (beta * torch.cat(kl).double())[torch.cat(masks).bool()]
         metrics["adv/kl_shaping_mean"] = float(penalties.mean()) if penalties.numel() else 0.0
-    if opt(args, "normalize_advantages"):
+    if cfg.normalize_advantages:
         advs = masked_whiten(advs, masks)
     if samples:
         keep = torch.cat(masks).bool()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 
+from vime_core.config import RewardConfig
 from vime_core.types import Sample
 
 
@@ -21,10 +22,11 @@ def check_reward_nonzero_std(args: argparse.Namespace, group: list[Sample]) -> b
     with ``--reward-key`` picking a dict reward's entry. A group with fewer than two trainable members has no
     spread and is dropped.
 
-    :param args: reads ``reward_key``.
+    :param args: the ``vime run`` arguments (``--reward-key`` is read through
+        :class:`~vime_core.config.RewardConfig`).
     :param group: the samples of one prompt.
     :return: True to keep the group.
     :raises ValueError: if a trainable member has no reward or a NaN one (from :meth:`Sample.reward_value`).
     """
-    rewards = [s.reward_value(getattr(args, "reward_key", None)) for s in group if s.is_trainable()]
+    rewards = [s.reward_value(RewardConfig.from_args(args).reward_key) for s in group if s.is_trainable()]
     return len(rewards) >= 2 and max(rewards) > min(rewards)

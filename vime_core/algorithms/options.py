@@ -1,59 +1,18 @@
-"""Algorithm options: their defaults, lookup on a (possibly partial) Namespace, and the checks of their combination.
+"""Algorithm options: what the flags of an :class:`~vime_core.config.AlgorithmConfig` imply, and the checks of
+their combination.
 
-The flags themselves are defined in :mod:`vime_core.arguments` (group "algorithm"); :data:`DEFAULTS` repeats their
-defaults so that code given a partial Namespace (tests, the contract kit, third-party callers) behaves as the
-command line would. ``tests/unit/test_algorithms_extra.py`` checks that the two agree. This module imports no
+The flags and their defaults are defined in :mod:`vime_core.arguments` (group "algorithm"). This module imports no
 torch (the argument parser imports it).
 """
 
 from __future__ import annotations
 
-import argparse
 import math
-from typing import Any
+
+from vime_core.config import AlgorithmConfig
 
 # the estimators of vime_core.algorithms.kl.approx_kl, named here so that this module needs no torch
 KL_TYPES = ("k1", "k2", "k3", "low_var_kl")
-DEFAULTS: dict[str, Any] = {
-    # estimators
-    "advantage_estimator": "grpo",
-    "disable_grpo_std_normalization": False,
-    "reward_key": None,
-    "normalize_advantages": False,
-    "gamma": 1.0,
-    "lambd": 1.0,
-    "value_clip": 0.2,
-    # PPO critic (--advantage-estimator ppo)
-    "critic_load": None,
-    "critic_lr": None,
-    "critic_lr_warmup_iters": 0,
-    "num_critic_only_steps": 0,
-    # on-policy distillation
-    "distill_teacher": None,
-    "distill_coef": 1.0,
-    "distill_num_engines": 1,
-    # policy loss
-    "eps_clip": 0.2,
-    "eps_clip_high": None,
-    "eps_clip_c": None,
-    "calculate_per_token_loss": False,
-    "entropy_coef": 0.0,
-    # KL to the reference model
-    "use_kl_loss": False,
-    "kl_loss_coef": 0.0,
-    "kl_loss_type": "k1",
-    "kl_coef": 0.0,
-    "ref_load": None,
-    # train/inference mismatch
-    "use_rollout_logprobs": False,
-    "use_tis": False,
-    "use_mis": False,
-    "tis_clip_low": 0.0,
-    "tis_clip": 2.0,
-    "max_train_rollout_logprob_diff": None,
-    # dynamic sampling (DAPO)
-    "dynamic_sampling_filter": None,
-}
 
 # Estimators whose advantages are returns of per-token rewards, so that --kl-coef can shape those rewards.
 KL_SHAPING_ESTIMATORS = ("reinforce_plus_plus", "reinforce_plus_plus_baseline", "ppo")
@@ -64,31 +23,23 @@ CRITIC_ESTIMATORS = ("ppo",)
 DISTILL_ESTIMATOR = "on_policy_distill"
 
 
-def opt(args: argparse.Namespace, name: str) -> Any:
-    """``args.<name>``, or its default from :data:`DEFAULTS` when ``args`` lacks it.
-
-    :raises KeyError: if ``name`` is not an algorithm option.
-    """
-    return getattr(args, name, DEFAULTS[name])
-
-
-def kl_enabled(args: argparse.Namespace) -> bool:
+def kl_enabled(cfg: AlgorithmConfig) -> bool:
     """Whether the run needs reference-model log-probs (``--use-kl-loss``, even at coefficient 0 for the metric,
     or a non-zero ``--kl-coef``)."""
-    return bool(opt(args, "use_kl_loss")) or opt(args, "kl_coef") != 0.0
+    return bool(cfg.use_kl_loss) or cfg.kl_coef != 0.0
 
 
-def uses_critic(args: argparse.Namespace) -> bool:
+def uses_critic(cfg: AlgorithmConfig) -> bool:
     """Whether the trainer must train a value model next to the policy (``--advantage-estimator ppo``)."""
-    return opt(args, "advantage_estimator") in CRITIC_ESTIMATORS
+    return cfg.advantage_estimator in CRITIC_ESTIMATORS
 
 
-def distill_enabled(args: argparse.Namespace) -> bool:
+def distill_enabled(cfg: AlgorithmConfig) -> bool:
     """Whether a teacher engine group scores every response (``--distill-teacher``)."""
-    return opt(args, "distill_teacher") is not None
+    return cfg.distill_teacher is not None
 
 
-def check_algorithm_args(args: argparse.Namespace) -> None:
+def check_algorithm_config(cfg: AlgorithmConfig) -> None:
     """Check the algorithm flags and their combination.
 
     :raises ValueError: naming the flag(s) and the accepted values, for: KL both as a loss term and as reward
@@ -96,17 +47,17 @@ def check_algorithm_args(args: argparse.Namespace) -> None:
         rewards to shape; ``--use-tis`` with ``--use-mis``; bounds out of range; critic flags without
         ``--advantage-estimator ppo``; ``--advantage-estimator on_policy_distill`` without ``--distill-teacher``.
     """
-    kl_loss_coef, kl_coef = opt(args, "kl_loss_coef"), opt(args, "kl_coef")
-    estimator = opt(args, "advantage_estimator")
-    if opt(args, "use_kl_loss") and kl_loss_coef != 0.0 and kl_coef != 0.0:
+    kl_loss_coef, kl_coef = cfg.kl_loss_coef, cfg.kl_coef
+    estimator = cfg.advantage_estimator
+    if cfg.use_kl_loss and kl_loss_coef != 0.0 and kl_coef != 0.0:
         raise ValueError(
             f"--kl-coef {kl_coef} (KL as reward shaping) and --use-kl-loss --kl-loss-coef {kl_loss_coef} (KL as a "
             "loss term) are both non-zero; use only one of the two"
         )
-    if kl_loss_coef != 0.0 and not opt(args, "use_kl_loss"):
+    if kl_loss_coef != 0.0 and not cfg.use_kl_loss:
         raise ValueError(f"--kl-loss-coef {kl_loss_coef} has no effect without --use-kl-loss")
-    if opt(args, "kl_loss_type") not in KL_TYPES:
-        raise ValueError(f"--kl-loss-type must be one of {', '.join(KL_TYPES)}, got {opt(args, 'kl_loss_type')!r}")
+    if cfg.kl_loss_type not in KL_TYPES:
+        raise ValueError(f"--kl-loss-type must be one of {', '.join(KL_TYPES)}, got {cfg.kl_loss_type!r}")
     if kl_coef != 0.0 and estimator not in KL_SHAPING_ESTIMATORS:
         raise ValueError(
             f"--kl-coef shapes per-token rewards, which --advantage-estimator {estimator} does not have (supported: "
@@ -114,43 +65,44 @@ def check_algorithm_args(args: argparse.Namespace) -> None:
         )
     if estimator not in CRITIC_ESTIMATORS:
         for name in ("critic_load", "critic_lr"):
-            if opt(args, name) is not None:
+            if getattr(cfg, name) is not None:
                 raise ValueError(f"--{name.replace('_', '-')} has no effect without --advantage-estimator ppo")
         for name in ("num_critic_only_steps", "critic_lr_warmup_iters"):
-            if opt(args, name):
+            if getattr(cfg, name):
                 raise ValueError(f"--{name.replace('_', '-')} has no effect without --advantage-estimator ppo")
-    if opt(args, "num_critic_only_steps") < 0:
-        raise ValueError(f"--num-critic-only-steps must be >= 0, got {opt(args, 'num_critic_only_steps')}")
-    critic_lr = opt(args, "critic_lr")
+    if cfg.num_critic_only_steps < 0:
+        raise ValueError(f"--num-critic-only-steps must be >= 0, got {cfg.num_critic_only_steps}")
+    critic_lr = cfg.critic_lr
     if critic_lr is not None and not (critic_lr > 0.0 and math.isfinite(critic_lr)):
         raise ValueError(f"--critic-lr must be a finite number > 0, got {critic_lr}")
-    if estimator == DISTILL_ESTIMATOR and not distill_enabled(args):
+    if estimator == DISTILL_ESTIMATOR and not distill_enabled(cfg):
         raise ValueError(
             "--advantage-estimator on_policy_distill needs --distill-teacher PATH (an HF model directory or a known "
             "model name sharing the policy's tokenizer)"
         )
-    if not math.isfinite(opt(args, "distill_coef")):
-        raise ValueError(f"--distill-coef must be finite, got {opt(args, 'distill_coef')}")
-    if opt(args, "distill_num_engines") < 1:
-        raise ValueError(f"--distill-num-engines must be >= 1, got {opt(args, 'distill_num_engines')}")
-    if opt(args, "use_tis") and opt(args, "use_mis"):
+    if not math.isfinite(cfg.distill_coef):
+        raise ValueError(f"--distill-coef must be finite, got {cfg.distill_coef}")
+    if cfg.distill_num_engines < 1:
+        raise ValueError(f"--distill-num-engines must be >= 1, got {cfg.distill_num_engines}")
+    if cfg.use_tis and cfg.use_mis:
         raise ValueError(
             "--use-tis (truncate the IS weight) and --use-mis (mask tokens outside the band) exclude each other"
         )
-    low, high = opt(args, "tis_clip_low"), opt(args, "tis_clip")
+    low, high = cfg.tis_clip_low, cfg.tis_clip
     if not 0.0 <= low < high:
         raise ValueError(f"need 0 <= --tis-clip-low < --tis-clip, got {low} and {high}")
-    c = opt(args, "eps_clip_c")
+    c = cfg.eps_clip_c
     if c is not None and not c > 1.0:
         raise ValueError(f"--eps-clip-c must be > 1 (dual-clip PPO caps the loss of A < 0 at -c·A), got {c}")
     for name in ("gamma", "lambd"):
-        if not 0.0 <= opt(args, name) <= 1.0:
-            raise ValueError(f"--{name} must be in [0, 1], got {opt(args, name)}")
-    if not opt(args, "value_clip") > 0.0:
-        raise ValueError(f"--value-clip must be > 0, got {opt(args, 'value_clip')}")
-    bound = opt(args, "max_train_rollout_logprob_diff")
+        if not 0.0 <= getattr(cfg, name) <= 1.0:
+            raise ValueError(f"--{name} must be in [0, 1], got {getattr(cfg, name)}")
+    if not cfg.value_clip > 0.0:
+        raise ValueError(f"--value-clip must be > 0, got {cfg.value_clip}")
+    bound = cfg.max_train_rollout_logprob_diff
     if bound is not None and not (bound >= 0.0 and math.isfinite(bound)):
         raise ValueError(f"--max-train-rollout-logprob-diff must be a finite number >= 0, got {bound}")
     for name in ("entropy_coef", "kl_loss_coef", "kl_coef"):
-        if not math.isfinite(opt(args, name)):
-            raise ValueError(f"--{name.replace('_', '-')} must be finite, got {opt(args, name)}")
+        if not math.isfinite(getattr(cfg, name)):
+            raise ValueError(f"--{name.replace('_', '-')} must be finite, got {getattr(cfg, name)}")
+

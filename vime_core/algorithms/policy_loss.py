@@ -20,7 +20,6 @@ NaN/inf, and an empty mask gives 0, so the loss is never NaN for finite trained-
 
 from __future__ import annotations
 
-import argparse
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,7 +27,7 @@ import torch
 
 from vime_core.algorithms.kl import approx_kl
 from vime_core.algorithms.mismatch import importance_weights
-from vime_core.algorithms.options import opt
+from vime_core.config import AlgorithmConfig
 
 # |log ratio| is clamped before exp (as verl's compute_policy_loss does) so that a wild token gives a large finite
 # loss instead of inf; inside the clamp the value and gradient are exact.
@@ -276,23 +275,22 @@ def policy_loss(
     return PolicyLossOutput(loss=loss, metrics=metrics)
 
 
-def policy_loss_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+def policy_loss_kwargs(cfg: AlgorithmConfig) -> dict[str, Any]:
     """The :func:`policy_loss` keyword options selected by the run's flags (every backend calls this).
 
-    Flags missing from ``args`` take their defaults (:data:`vime_core.algorithms.options.DEFAULTS`), so a partial
-    Namespace (tests, third-party callers) gets the plain PPO-clip loss.
+    :param cfg: the algorithm flags (clip ranges, importance sampling, entropy and KL terms).
     """
-    mode = "tis" if opt(args, "use_tis") else "mis" if opt(args, "use_mis") else None
+    mode = "tis" if cfg.use_tis else "mis" if cfg.use_mis else None
     return {
-        "eps_clip": opt(args, "eps_clip"),
-        "eps_clip_high": opt(args, "eps_clip_high"),
-        "eps_clip_c": opt(args, "eps_clip_c"),
-        "per_token": opt(args, "calculate_per_token_loss"),
-        "ratio_type": "sequence" if opt(args, "advantage_estimator") == "gspo" else "token",
+        "eps_clip": cfg.eps_clip,
+        "eps_clip_high": cfg.eps_clip_high,
+        "eps_clip_c": cfg.eps_clip_c,
+        "per_token": cfg.calculate_per_token_loss,
+        "ratio_type": "sequence" if cfg.advantage_estimator == "gspo" else "token",
         "importance_sampling": mode,
-        "is_low": opt(args, "tis_clip_low"),
-        "is_high": opt(args, "tis_clip"),
-        "entropy_coef": opt(args, "entropy_coef"),
-        "kl_loss_coef": opt(args, "kl_loss_coef") if opt(args, "use_kl_loss") else 0.0,
-        "kl_loss_type": opt(args, "kl_loss_type"),
+        "is_low": cfg.tis_clip_low,
+        "is_high": cfg.tis_clip,
+        "entropy_coef": cfg.entropy_coef,
+        "kl_loss_coef": cfg.kl_loss_coef if cfg.use_kl_loss else 0.0,
+        "kl_loss_type": cfg.kl_loss_type,
     }

@@ -9,23 +9,25 @@ PR #2062). Samples without an ``episode_id`` are rollouts of their own.
 
 The REINFORCE++ estimators return the group-level part only; the batch-level part (KL shaping with ``--kl-coef``
 and whitening over the batch) is :func:`vime_core.algorithms.batch.postprocess_advantages`, run by the trainer.
+
+Estimators keep the hook signature ``(args, group)`` and read the algorithm flags through
+:class:`vime_core.config.AlgorithmConfig`.
 """
 
 from __future__ import annotations
 
-import argparse
-
 from vime_core.algorithms.advantages import grpo_advantages, outcome_returns, rloo_advantages
 from vime_core.algorithms.distill import distill_advantages, teacher_and_student_log_probs
 from vime_core.algorithms.filters import check_reward_nonzero_std
-from vime_core.algorithms.options import opt
+from vime_core.config import AlgorithmConfig
 from vime_core.hookspecs import hookimpl
 from vime_core.types import Sample
 
 
-def rollout_rewards(args: argparse.Namespace, group: list[Sample]) -> tuple[list[float], list[int]]:
+def rollout_rewards(reward_key: str | None, group: list[Sample]) -> tuple[list[float], list[int]]:
     """One reward per rollout of ``group`` and, per sample, the index of its rollout.
 
+    :param reward_key: ``--reward-key``, the entry of a dict reward to use (None: the reward is a number).
     :return: ``(rewards, which)`` with ``rewards[which[i]]`` the reward of ``group[i]``'s rollout.
     :raises ValueError: if a reward is missing or NaN (:meth:`Sample.reward_value`), or if the segments of one
         rollout carry different rewards.
@@ -34,7 +36,7 @@ def rollout_rewards(args: argparse.Namespace, group: list[Sample]) -> tuple[list
     which: list[int] = []
     seen: dict[str, int] = {}
     for s in group:
-        r = s.reward_value(opt(args, "reward_key"))
+        r = s.reward_value(reward_key)
         if s.episode_id is None:
             which.append(len(rewards))
             rewards.append(r)
@@ -58,8 +60,9 @@ def grpo(args, group):
     """GRPO (Shao et al. 2024, arXiv:2402.03300): ``(r - mean) / (std + 1e-6)`` over the group's rollouts, broadcast
     to every response token; Dr.GRPO (Liu et al. 2025, arXiv:2503.20783) with ``--disable-grpo-std-normalization``:
     ``r - mean``."""
-    rewards, which = rollout_rewards(args, group)
-    adv = grpo_advantages(rewards, normalize_std=not opt(args, "disable_grpo_std_normalization"))
+    cfg = AlgorithmConfig.from_args(args)
+    rewards, which = rollout_rewards(cfg.reward_key, group)
+    adv = grpo_advantages(rewards, normalize_std=not cfg.disable_grpo_std_normalization)
     return _broadcast(adv, which, group)
 
 
@@ -73,7 +76,8 @@ def gspo(args, group):
 def rloo(args, group):
     """RLOO (Ahmadian et al. 2024, arXiv:2402.14740): ``r_i - mean_{j != i} r_j`` over the group's rollouts,
     broadcast to every response token. A group of one rollout gets 0."""
-    rewards, which = rollout_rewards(args, group)
+    cfg = AlgorithmConfig.from_args(args)
+    rewards, which = rollout_rewards(cfg.reward_key, group)
     return _broadcast(rloo_advantages(rewards), which, group)
 
 
@@ -86,8 +90,9 @@ def reinforce_plus_plus(args, group):
 
     :raises ValueError: on a missing/NaN reward.
     """
-    rewards, which = rollout_rewards(args, group)
-    return [outcome_returns(rewards[j], s.loss_mask, opt(args, "gamma")) for j, s in zip(which, group, strict=True)]
+    cfg = AlgorithmConfig.from_args(args)
+    rewards, which = rollout_rewards(cfg.reward_key, group)
+    return [outcome_returns(rewards[j], s.loss_mask, cfg.gamma) for j, s in zip(which, group, strict=True)]
 
 
 def reinforce_plus_plus_baseline(args, group):
@@ -97,9 +102,10 @@ def reinforce_plus_plus_baseline(args, group):
 
     Differs from slime, which adds ``-β·KL_t`` per token instead of its discounted sum (equal only when ``β = 0``).
     """
-    rewards, which = rollout_rewards(args, group)
+    cfg = AlgorithmConfig.from_args(args)
+    rewards, which = rollout_rewards(cfg.reward_key, group)
     centered = grpo_advantages(rewards, normalize_std=False)
-    return [outcome_returns(centered[j], s.loss_mask, opt(args, "gamma")) for j, s in zip(which, group, strict=True)]
+    return [outcome_returns(centered[j], s.loss_mask, cfg.gamma) for j, s in zip(which, group, strict=True)]
 
 
 def ppo(args, group):
@@ -110,7 +116,8 @@ def ppo(args, group):
 
     :raises ValueError: on a missing/NaN reward.
     """
-    rewards, which = rollout_rewards(args, group)
+    cfg = AlgorithmConfig.from_args(args)
+    rewards, which = rollout_rewards(cfg.reward_key, group)
     out = []
     for j, s in zip(which, group, strict=True):
         row = [0.0] * s.response_length
@@ -129,7 +136,7 @@ def on_policy_distill(args, group):
 
     :raises ValueError: if a sample has no teacher log-probs (no ``--distill-teacher``).
     """
-    coef = opt(args, "distill_coef")
+    coef = AlgorithmConfig.from_args(args).distill_coef
     return [distill_advantages(*teacher_and_student_log_probs(s), s.loss_mask, coef) for s in group]
 
 

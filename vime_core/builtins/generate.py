@@ -1,6 +1,7 @@
 """Built-in generate functions (``default``: one engine call; ``multi_turn``: a tool loop; ``coding_agent``: an agent
 CLI in a sandbox behind the agent gateway) and their flags."""
 
+from vime_core.config import RolloutConfig
 from vime_core.hookspecs import hookimpl
 from vime_core.rollout import coding_agent, multi_turn
 from vime_core.rollout.generate import generate
@@ -21,7 +22,8 @@ def vime_add_arguments(parser):
 
 @hookimpl
 def vime_on_rollout_end(args, samples, metrics):
-    if getattr(args, "generate", None) == "multi_turn":
+    generate = RolloutConfig.from_args(args).generate
+    if generate == "multi_turn":
         metrics.update(multi_turn.rollout_metrics(samples))
-    elif getattr(args, "generate", None) == "coding_agent":
+    elif generate == "coding_agent":
         metrics.update(coding_agent.rollout_metrics(samples))

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 
+from vime_core.config import RewardConfig
 from vime_core.plugins import get_plugins
 from vime_core.rewards.call import call_reward
 from vime_core.types import Sample
@@ -33,10 +34,10 @@ async def rank_reward(args: argparse.Namespace, group: list[Sample]) -> list[flo
 
     :raises Exception: whatever the per-sample reward raises (the whole group then fails as ``reward_error``).
     """
-    fn = get_plugins().resolve("reward", args.reward)
-    timeout_s = getattr(args, "reward_timeout", None)
-    raw = await asyncio.gather(*(call_reward(fn, args, s, timeout_s) for s in group))
-    key = getattr(args, "reward_key", None)
+    cfg = RewardConfig.from_args(args)
+    fn = get_plugins().resolve("reward", cfg.reward)
+    raw = await asyncio.gather(*(call_reward(fn, args, s, cfg.reward_timeout) for s in group))
+    key = cfg.reward_key
     scores = []
     for s, r in zip(group, raw, strict=True):
         if isinstance(r, dict):

@@ -31,6 +31,7 @@ import threading
 
 import pebble
 
+from vime_core.config import RewardConfig
 from vime_core.failures import FailureCause, SampleFailure
 from vime_core.rewards.simple import strip_thinking
 from vime_core.types import Sample
@@ -147,17 +148,18 @@ async def math_reward(args: argparse.Namespace, sample: Sample) -> float:
     """1.0 if the last boxed answer of ``sample.response`` is equivalent to ``sample.label``, else 0.0 (the rule
     is in the module docstring).
 
-    Flags read from ``args``: ``math_verify_timeout`` (seconds, default 5), ``math_verify_workers`` (default 2),
-    ``math_last_number_fallback`` (default False).
+    Flags (read through :class:`~vime_core.config.RewardConfig`): ``--math-verify-timeout`` (seconds),
+    ``--math-verify-workers``, ``--math-last-number-fallback``.
 
     :raises ValueError: the sample has no label, or the label does not parse (the sample fails as ``reward_error``).
     :raises SampleFailure: ``reward_timeout`` when verification exceeds its limit.
     """
+    cfg = RewardConfig.from_args(args)
     if sample.label is None:
         raise ValueError(f"math reward: sample {sample.group_index}/{sample.index} has no label (--label-key)")
-    answer = extract_math_answer(sample.response or "", bool(getattr(args, "math_last_number_fallback", False)))
+    answer = extract_math_answer(sample.response or "", cfg.math_last_number_fallback)
     if answer is None or not answer.strip():
         return 0.0
-    timeout_s = float(getattr(args, "math_verify_timeout", None) or 5.0)
-    workers = int(getattr(args, "math_verify_workers", None) or 2)
-    return float(await verify_with_timeout(answer, str(sample.label), timeout_s, workers))
+    return float(
+        await verify_with_timeout(answer, str(sample.label), cfg.math_verify_timeout, cfg.math_verify_workers)
+    )

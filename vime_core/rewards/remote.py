@@ -25,6 +25,7 @@ from typing import Any
 
 import httpx
 
+from vime_core.config import RewardConfig
 from vime_core.failures import FailureCause, SampleFailure
 from vime_core.types import Sample
 
@@ -74,22 +75,21 @@ def _client(concurrency: int) -> tuple[httpx.AsyncClient, asyncio.Semaphore]:
 
 
 async def remote_reward(args: argparse.Namespace, sample: Sample) -> Any:
-    """POST ``sample`` to ``args.rm_url`` and return the service's reward (see the module docstring).
+    """POST ``sample`` to ``--rm-url`` and return the service's reward (see the module docstring).
 
-    Flags read from ``args``: ``rm_url`` (required), ``rm_concurrency`` (default 32), ``rm_timeout`` (seconds,
-    default 60), ``rm_max_retries`` (default 3).
+    Flags (read through :class:`~vime_core.config.RewardConfig`): ``--rm-url`` (required), ``--rm-concurrency``,
+    ``--rm-timeout`` (seconds), ``--rm-max-retries``.
 
     :raises ValueError: ``--rm-url`` is not set.
     :raises SampleFailure: the service is unreachable, keeps failing, refuses the request, or answers non-JSON.
     """
-    url = getattr(args, "rm_url", None)
+    cfg = RewardConfig.from_args(args)
+    url = cfg.rm_url
     if not url:
         raise ValueError(
             "--reward remote needs --rm-url (the reward-model service's URL, e.g. http://host:8000/score)"
         )
-    concurrency = int(getattr(args, "rm_concurrency", None) or 32)
-    timeout_s = float(getattr(args, "rm_timeout", None) or 60.0)
-    retries = int(getattr(args, "rm_max_retries", 3) or 0)
+    concurrency, timeout_s, retries = cfg.rm_concurrency, cfg.rm_timeout, cfg.rm_max_retries
     client, sem = _client(concurrency)
     body = request_body(sample)
     last: str = ""

@@ -158,7 +158,7 @@ class AsyncRolloutProducer:
                 self.cond.notify_all()
 
     async def _produce(self) -> None:
-        self._sem = asyncio.Semaphore(self.manager.args.rollout_concurrency)  # one bound for every group
+        self._sem = asyncio.Semaphore(self.manager.config.rollout_concurrency)  # one bound for every group
         self._wake = asyncio.Event()
         self._admit()
         self._started.set()

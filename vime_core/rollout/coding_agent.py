@@ -48,6 +48,7 @@ from typing import Any
 
 from vime_core.agent.harness import AgentBudget, AgentEndpoint, AgentHarnessError
 from vime_core.agent.responders import RouterResponder
+from vime_core.config import CodingAgentConfig
 from vime_core.data.workspace_task import AgentResult, WorkspaceTask
 from vime_core.failures import FailureCause, mark_failed
 from vime_core.plugins import get_plugins
@@ -105,13 +106,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _opt(args: argparse.Namespace, name: str, default: Any) -> Any:
-    v = getattr(args, name, None)
-    return default if v is None else v
-
-
 # -- per-process state -------------------------------------------------------------------------------------------
-def gateway_for(ctx: RolloutContext, args: argparse.Namespace) -> Any:
+def gateway_for(ctx: RolloutContext, cfg: CodingAgentConfig) -> Any:
     """The rollout process's agent gateway (``ctx.extras["agent_gateway"]``), started on first use."""
     gw = ctx.extras.get("agent_gateway")
     if gw is not None:
@@ -122,17 +118,17 @@ def gateway_for(ctx: RolloutContext, args: argparse.Namespace) -> Any:
     backend = RouterResponder.from_client(client) if isinstance(client, RouterClient) else client
     if backend is None or not hasattr(backend, "generate"):
         raise RuntimeError("coding_agent: the rollout context has no router client (it runs inside vime's rollout)")
-    template = _opt(args, "agent_chat_template", None)
+    template = cfg.agent_chat_template
     gw = AgentGateway(
         ctx.tokenizer,
         backend,
         host="127.0.0.1",
         chat_template=Path(template).read_text() if template else None,
-        tool_parser=_opt(args, "agent_tool_parser", "hermes"),
-        default_max_tokens=int(_opt(args, "agent_max_tokens", None) or _opt(args, "rollout_max_response_len", 1024)),
-        max_context_len=_opt(args, "rollout_max_context_len", None),
+        tool_parser=cfg.agent_tool_parser,
+        default_max_tokens=int(cfg.agent_max_tokens or cfg.rollout_max_response_len),
+        max_context_len=cfg.rollout_max_context_len,
         weight_version=ctx.weight_version,
-        history=_opt(args, "agent_history", "model"),
+        history=cfg.agent_history,
     ).start()
     atexit.register(gw.stop)
     ctx.extras["agent_gateway"] = gw
@@ -140,11 +136,12 @@ def gateway_for(ctx: RolloutContext, args: argparse.Namespace) -> Any:
 
 
 def harness_for(ctx: RolloutContext, args: argparse.Namespace) -> Any:
-    """The ``--agent`` harness (one instance per rollout process).
+    """The ``--agent`` harness (one instance per rollout process), built by its ``from_args`` from ``args`` (a
+    harness reads its own ``--agent-NAME-*`` flags).
 
     :raises ValueError: ``--agent`` is not set.
     """
-    name = _opt(args, "agent", None)
+    name = CodingAgentConfig.from_args(args).agent
     if not name:
         raise ValueError("--generate coding_agent needs --agent NAME (e.g. claude-code, codex; see `vime plugins`)")
     cache = ctx.extras.setdefault("agent_harnesses", {})
@@ -263,19 +260,18 @@ async def generate(args: argparse.Namespace, sample: Sample, sampling_params: di
         ``failed`` placeholder.
     :raises ValueError: ``--agent`` missing, a sandbox backend that cannot expose host ports, a malformed row.
     """
+    cfg = CodingAgentConfig.from_args(args)
     ctx = get_rollout_context()
     task = WorkspaceTask.from_metadata(sample.metadata)
     prompt = _task_prompt(sample)
     harness = harness_for(ctx, args)
-    gw = gateway_for(ctx, args)
+    gw = gateway_for(ctx, cfg)
     gw.weight_version = ctx.weight_version
-    backend = _opt(args, "sandbox", None) or "local"
+    backend = cfg.sandbox or "local"
     sandbox_cls = get_plugins().resolve("sandbox", backend)
-    max_tokens = int(_opt(args, "agent_max_tokens", None) or sampling_params.get("max_tokens") or 1024)
-    max_turns = int(_opt(args, "agent_max_turns", 8)) or None
-    budget = AgentBudget(
-        max_turns=max_turns, max_tokens=max_tokens, wall_time_s=float(_opt(args, "agent_wall_time", 600.0))
-    )
+    max_tokens = int(cfg.agent_max_tokens or sampling_params.get("max_tokens") or 1024)
+    max_turns = int(cfg.agent_max_turns) or None
+    budget = AgentBudget(max_turns=max_turns, max_tokens=max_tokens, wall_time_s=float(cfg.agent_wall_time))
     forced = {k: sampling_params[k] for k in ("temperature", "top_p", "top_k", "seed") if k in sampling_params}
     forced["max_tokens"] = max_tokens
     open_kw: dict[str, Any] = {"sampling_params": forced}
@@ -299,7 +295,7 @@ async def generate(args: argparse.Namespace, sample: Sample, sampling_params: di
             endpoint = AgentEndpoint(f"http://{hostport}", sid, gw.served_model_name)
             await harness.install(sb)
             run = await harness.run(sb, prompt=prompt, endpoint=endpoint, budget=budget, cwd=sb.workspace)
-            result = await collect_workspace(sb, task, base, int(_opt(args, "agent_max_file_bytes", 1 << 20)))
+            result = await collect_workspace(sb, task, base, int(cfg.agent_max_file_bytes))
     except (AgentHarnessError, SandboxError) as e:
         if opened:
             gw.drop_session(sid)
@@ -316,7 +312,7 @@ async def generate(args: argparse.Namespace, sample: Sample, sampling_params: di
         "policy_timeout": run.status == "timeout",
         "agent_result": result.to_dict(),
         "agent": {
-            "name": _opt(args, "agent", ""),
+            "name": cfg.agent if cfg.agent is not None else "",
             "status": run.status,
             "exit_code": run.exit_code,
             "duration_s": run.duration_s,
@@ -326,7 +322,7 @@ async def generate(args: argparse.Namespace, sample: Sample, sampling_params: di
             "metadata": run.metadata,
         },
     }
-    if _opt(args, "agent_record_turns", False):
+    if cfg.agent_record_turns:
         meta["agent_turns"] = [turn_record_dict(t) for t in gw.session_turns(sid)]
     samples = await asyncio.to_thread(gw.close_session, sid, sample, None, extra_metadata=meta)
     if not samples:

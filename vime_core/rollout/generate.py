@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from vime_core.config import RolloutConfig
 from vime_core.rollout.context import get_rollout_context
 from vime_core.types import Sample, Status
 
@@ -40,16 +41,17 @@ async def generate(args: argparse.Namespace, sample: Sample, sampling_params: di
     ``tokens`` = prompt + partial response; ``max_tokens`` counts the whole response, so the engine is asked for
     ``max_tokens - response_length`` more (none left: truncated without an engine call).
     """
+    cfg = RolloutConfig.from_args(args)
     ctx = get_rollout_context()
     if not sample.tokens:
-        sample.tokens = encode_prompt(ctx.tokenizer, sample.prompt, args.apply_chat_template)
+        sample.tokens = encode_prompt(ctx.tokenizer, sample.prompt, cfg.apply_chat_template)
     params = dict(sampling_params)
     if sample.response_length and params.get("max_tokens") is not None:
         params["max_tokens"] -= sample.response_length
         if params["max_tokens"] <= 0:
             sample.status = Status.TRUNCATED
             return sample
-    max_ctx = getattr(args, "rollout_max_context_len", None)
+    max_ctx = cfg.rollout_max_context_len
     if max_ctx:
         budget = max_ctx - len(sample.tokens)
         if budget <= 0:

@@ -53,6 +53,7 @@ from typing import Any
 
 import httpx
 
+from vime_core.config import EngineConfig
 from vime_core.failures import FailureCause, classify_failure
 from vime_core.rollout.weight_recovery import WeightRecovery
 from vime_core.weight_sync.base import WeightSyncStrategy, WeightUpdate
@@ -87,26 +88,25 @@ class MonitorConfig:
     :ivar max_request_retries: regenerations per sample after engine/connection errors.
     """
 
-    max_restarts: int = 3
-    backoff_s: float = 5.0
-    interval_s: float = 2.0
-    hang_timeout_s: float = 60.0
-    startup_timeout_s: float = 900.0
-    max_request_retries: int = 3
+    max_restarts: int
+    backoff_s: float
+    interval_s: float
+    hang_timeout_s: float
+    startup_timeout_s: float
+    max_request_retries: int
 
     @classmethod
-    def from_args(cls, args: argparse.Namespace) -> MonitorConfig:
-        """``--rollout-max-engine-restarts``, ``--rollout-engine-restart-backoff``,
-        ``--rollout-health-check-interval``, ``--rollout-engine-hang-timeout``, ``--rollout-engine-startup-timeout``,
-        ``--rollout-max-request-retries`` (missing ones take the defaults above)."""
-        d = cls()
+    def from_config(cls, engine: EngineConfig) -> MonitorConfig:
+        """From ``--rollout-max-engine-restarts``, ``--rollout-engine-restart-backoff``,
+        ``--rollout-health-check-interval``, ``--rollout-engine-hang-timeout``, ``--rollout-engine-startup-timeout``
+        and ``--rollout-max-request-retries`` (their defaults are the flags')."""
         return cls(
-            max_restarts=int(getattr(args, "rollout_max_engine_restarts", d.max_restarts)),
-            backoff_s=float(getattr(args, "rollout_engine_restart_backoff", d.backoff_s)),
-            interval_s=float(getattr(args, "rollout_health_check_interval", d.interval_s)),
-            hang_timeout_s=float(getattr(args, "rollout_engine_hang_timeout", d.hang_timeout_s)),
-            startup_timeout_s=float(getattr(args, "rollout_engine_startup_timeout", d.startup_timeout_s)),
-            max_request_retries=int(getattr(args, "rollout_max_request_retries", d.max_request_retries)),
+            max_restarts=engine.rollout_max_engine_restarts,
+            backoff_s=engine.rollout_engine_restart_backoff,
+            interval_s=engine.rollout_health_check_interval,
+            hang_timeout_s=engine.rollout_engine_hang_timeout,
+            startup_timeout_s=engine.rollout_engine_startup_timeout,
+            max_request_retries=engine.rollout_max_request_retries,
         )
 
 

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from vime_core.config import DataConfig, EngineConfig, EvalConfig, RolloutConfig
 from vime_core.data.source import DataSource, new_group, read_rows
 from vime_core.evaluation import dump_eval_samples, eval_metrics, eval_sampling_params, load_eval_sets
 from vime_core.failures import failure_metrics
@@ -40,7 +41,9 @@ logger = logging.getLogger("vime.rollout")
 class RolloutManager:
     """Engines + router + buffer; produces scored groups and applies weight updates.
 
-    :param args: parsed ``vime run`` arguments.
+    :param args: parsed ``vime run`` arguments, passed to the plugin functions and hooks; the manager reads its own
+        flags through ``config`` (:class:`~vime_core.config.RolloutConfig`), ``engine_config``, ``eval_config`` and
+        the :class:`~vime_core.config.DataConfig`.
     :param model_path: HF directory the engines serve (and whose tokenizer prompts are encoded with).
     :param placement: ``(plan, placement_group)`` from :mod:`vime_core.orchestration`: each engine
         is then started by an engine actor on its bundle (:mod:`vime_core.rollout.engine_actor`); ``None``: engines
@@ -54,37 +57,41 @@ class RolloutManager:
     ) -> None:
         from transformers import AutoTokenizer
 
-        self.args = args
+        self.args = args  # passed to the plugin functions and hooks; the framework's flags: the configs below
+        self.config = cfg = RolloutConfig.from_args(args)
+        self.engine_config = EngineConfig.from_args(args)
+        self.eval_config = eval_cfg = EvalConfig.from_args(args)
+        data = DataConfig.from_args(args)
         self.model_path = Path(model_path)
         self.placement = placement
         plugins = get_plugins()
-        group_reward = getattr(args, "group_reward", None)
+        group_reward = cfg.group_reward
         self.hook = plugins.pm.hook
         # generates and scores groups; over-sampling and the fully-async producer drive it too
         self.runner = GroupRunner(
             args,
-            generate_fn=plugins.resolve("generate", args.generate),
-            reward_fn=plugins.resolve("reward", args.reward),
+            generate_fn=plugins.resolve("generate", cfg.generate),
+            reward_fn=plugins.resolve("reward", cfg.reward),
             hook=self.hook,
             group_reward_fn=plugins.resolve("group_reward", group_reward) if group_reward else None,
             progress=progress,
         )
-        self.weight_sync = plugins.resolve("weight_sync", args.weight_sync)(args)
-        name = getattr(args, "dynamic_sampling_filter", None)
+        self.weight_sync = plugins.resolve("weight_sync", self.engine_config.weight_sync)(args)
+        name = cfg.dynamic_sampling_filter
         self.dynamic_filter = plugins.resolve("dynamic_filter", name) if name else None
         self.tokenizer = AutoTokenizer.from_pretrained(str(self.model_path))
         self.data_source = None  # `vime eval` has no training data
-        if args.prompt_data is not None:
-            rows = read_rows(args.prompt_data, args.input_key, args.label_key, args.metadata_key)
+        if data.prompt_data is not None:
+            rows = read_rows(data.prompt_data, data.input_key, data.label_key, data.metadata_key)
             self.data_source = DataSource(
-                filter_overlong_prompts(rows, self.tokenizer, args)[0],  # --rollout-max-prompt-len
-                args.n_samples_per_prompt,
-                shuffle=args.rollout_shuffle,
-                seed=args.seed,
+                filter_overlong_prompts(rows, self.tokenizer, data)[0],  # --rollout-max-prompt-len
+                cfg.n_samples_per_prompt,
+                shuffle=data.rollout_shuffle,
+                seed=data.seed,
             )
         # held-out eval sets (--eval-prompt-data): read once, never part of the training buffer
-        self.eval_sets = load_eval_sets(args)
-        self.eval_reward_fn = plugins.resolve("reward", getattr(args, "eval_reward", None) or args.reward)
+        self.eval_sets = load_eval_sets(eval_cfg)
+        self.eval_reward_fn = plugins.resolve("reward", eval_cfg.eval_reward or eval_cfg.reward)
         self.engines: list[Any] = []
         self.router: Any = None
         self.monitor: EngineMonitor | None = None  # replaces dead engines and a dead router (rollout/health.py)
@@ -114,53 +121,53 @@ class RolloutManager:
         :raises RuntimeError: an engine or the router did not become ready (with its log tail).
         """
         t0 = time.perf_counter()
-        log_dir = Path(self.args.output_dir) / "logs"
+        log_dir = Path(self.engine_config.output_dir) / "logs"
         log_dir.mkdir(parents=True, exist_ok=True)
-        vllm_args = list(self.args.vllm_args)
+        vllm_args = list(self.engine_config.vllm_args)
         if "--dtype" not in vllm_args:  # the engine computes in the trainer's dtype unless --vllm-dtype says otherwise
-            vllm_args += ["--dtype", self.args.train_dtype]
+            vllm_args += ["--dtype", self.engine_config.train_dtype]
         server_kwargs = [
             dict(
                 model=str(self.model_path),
                 served_model_name="policy",
-                enforce_eager=self.args.rollout_enforce_eager,
-                extra_args=vllm_args + ["--seed", str(self.args.seed + i)],
-                kv_cache_space_gib=self.args.rollout_kv_cache_gib,
-                omp_threads_bind=_engine_cpu_bind(self.args, i),
+                enforce_eager=self.engine_config.rollout_enforce_eager,
+                extra_args=vllm_args + ["--seed", str(self.engine_config.seed + i)],
+                kv_cache_space_gib=self.engine_config.rollout_kv_cache_gib,
+                omp_threads_bind=_engine_cpu_bind(self.engine_config, i),
                 log_path=log_dir / f"vllm_engine_{i}.log",
-                request_timeout_s=self.args.weight_sync_timeout,
+                request_timeout_s=self.engine_config.weight_sync_timeout,
             )
-            for i in range(self.args.rollout_num_engines)
+            for i in range(self.engine_config.rollout_num_engines)
         ]
         if self.placement is not None:  # engine actors on their placement bundles (vime run)
             plan, pg = self.placement
-            self.engines = start_engine_actors(server_kwargs, plan, pg, self.args.weight_sync_timeout)
+            self.engines = start_engine_actors(server_kwargs, plan, pg, self.engine_config.weight_sync_timeout)
         else:
             self.engines = [VLLMServer(**kw) for kw in server_kwargs]
-        if getattr(self.args, "distill_teacher", None):  # the teacher engine group starts alongside
-            self.teacher = TeacherEngines(self.args, self.tokenizer, log_dir)  # checks the tokenizer first
+        if self.engine_config.distill_teacher:  # the teacher engine group starts alongside
+            self.teacher = TeacherEngines(self.engine_config, self.tokenizer, log_dir)  # checks the tokenizer first
             self.runner.teacher = self.teacher
         for engine in self.engines:
             engine.start()
         if self.teacher is not None:
             self.teacher.start()
         for engine in self.engines:
-            engine.wait_ready(timeout_s=self.args.rollout_engine_startup_timeout)
+            engine.wait_ready(timeout_s=self.engine_config.rollout_engine_startup_timeout)
             engine.set_weight_version(self.weight_version)
         urls = [e.url for e in self.engines]
-        if self.args.vllm_router_ip:
-            router_url = f"http://{self.args.vllm_router_ip}:{self.args.vllm_router_port}"
+        if self.engine_config.vllm_router_ip:
+            router_url = f"http://{self.engine_config.vllm_router_ip}:{self.engine_config.vllm_router_port}"
             self.router = VLLMRouter.attach(router_url)
             for url in urls:
                 self.router.add_worker(url)
         else:
-            policy, router_args = router_policy(self.args.generate, list(self.args.router_args))
+            policy, router_args = router_policy(self.engine_config.generate, list(self.engine_config.router_args))
             self.router = VLLMRouter(urls, policy=policy, extra_args=router_args, log_path=log_dir / "router.log")
             self.router.start()
             self.router.wait_ready(timeout_s=120)
             router_url = self.router.url
         # partial rollout streams: an aborted non-streaming request comes back without its tokens
-        stream = bool(getattr(self.args, "partial_rollout", False))
+        stream = bool(self.config.partial_rollout)
         self.client = RouterClient(
             router_url,
             model=self.engines[0].served_model_name,
@@ -171,13 +178,13 @@ class RolloutManager:
         set_rollout_context(
             RolloutContext(client=self.client, tokenizer=self.tokenizer, weight_version=self.weight_version)
         )
-        recovery = WeightRecovery(self.weight_sync, self.args.update_weight_disk_dir)
+        recovery = WeightRecovery(self.weight_sync, self.engine_config.update_weight_disk_dir)
         self.monitor = EngineMonitor(
             self.engines,
             self.router,
             recovery,
-            MonitorConfig.from_args(self.args),
-            manage_router=not self.args.vllm_router_ip,
+            MonitorConfig.from_config(self.engine_config),
+            manage_router=not self.engine_config.vllm_router_ip,
             log_dir=log_dir,
         ).start()
         self.runner.monitor = self.monitor
@@ -189,7 +196,7 @@ class RolloutManager:
                 for e in self.engines
             ]
         if self.teacher is not None:
-            info["teacher_router_url"] = self.teacher.wait_ready(self.args.rollout_engine_startup_timeout)
+            info["teacher_router_url"] = self.teacher.wait_ready(self.engine_config.rollout_engine_startup_timeout)
         return {**info, "startup_seconds": time.perf_counter() - t0}
 
     def shutdown(self) -> None:
@@ -209,7 +216,7 @@ class RolloutManager:
                 logger.exception("closing the router client")
         if self.router is not None:
             try:
-                if self.args.vllm_router_ip:
+                if self.engine_config.vllm_router_ip:
                     for e in self.engines:
                         self.router.remove_worker(e.url)
                 else:
@@ -239,10 +246,10 @@ class RolloutManager:
         """
         t0 = time.perf_counter()
         self.check_engines()
-        want = self.args.rollout_batch_size
-        self.runner.report_progress(0, want * self.args.n_samples_per_prompt)
+        want = self.config.rollout_batch_size
+        self.runner.report_progress(0, want * self.config.n_samples_per_prompt)
         extra: dict[str, float] = {}
-        if self.dynamic_filter is None and (getattr(self.args, "over_sampling_batch_size", None) or 0) <= want:
+        if self.dynamic_filter is None and (self.config.over_sampling_batch_size or 0) <= want:
             groups = self.data_source.get_groups(want)
             self.loop.run_until_complete(self.runner.run(groups, step))
             samples = [s for g in groups for s in g]
@@ -253,11 +260,11 @@ class RolloutManager:
         if failed and len(failed) == len(samples):
             raise RuntimeError(
                 f"every sample of step {step} failed; first error: {failed[0].metadata.get('error')} "
-                f"(engine and router logs: {Path(self.args.output_dir) / 'logs'})"
+                f"(engine and router logs: {Path(self.config.output_dir) / 'logs'})"
             )
         self.runner.report_progress(self.runner.samples_done)  # the last count, which the throttle may have held back
-        metrics = rollout_metrics([s for g in groups for s in g], self.args.reward_key)
-        metrics.update(overlong_metrics(self.args, [s for g in groups for s in g]))
+        metrics = rollout_metrics([s for g in groups for s in g], self.config.reward_key)
+        metrics.update(overlong_metrics(self.config, [s for g in groups for s in g]))
         metrics.update(extra)
         if self.monitor is not None:
             metrics.update(self.monitor.take_metrics())
@@ -272,9 +279,9 @@ class RolloutManager:
         the first ``(--max-staleness + 1) × --rollout-batch-size`` groups are admitted before this returns."""
         self.producer = AsyncRolloutProducer(
             self,
-            batch_groups=self.args.rollout_batch_size,
-            max_staleness=self.args.max_staleness,
-            max_running=getattr(self.args, "rollout_inflight_groups", None),
+            batch_groups=self.config.rollout_batch_size,
+            max_staleness=self.config.max_staleness,
+            max_running=self.config.rollout_inflight_groups,
         )
         self.producer.start()
 
@@ -282,11 +289,11 @@ class RolloutManager:
         """``--loop fully-async``: the next batch of groups within ``--max-staleness`` of ``current_version``."""
         t0 = time.perf_counter()
         groups, extra = self.producer.get_groups(
-            self.args.rollout_batch_size, current_version, self.args.max_staleness, self.args.stale_policy
+            self.config.rollout_batch_size, current_version, self.config.max_staleness, self.config.stale_policy
         )
         samples = [s for g in groups for s in g]
-        metrics = rollout_metrics(samples, self.args.reward_key)
-        metrics.update(overlong_metrics(self.args, samples))
+        metrics = rollout_metrics(samples, self.config.reward_key)
+        metrics.update(overlong_metrics(self.config, samples))
         metrics.update(extra)
         if self.monitor is not None:
             metrics.update(self.monitor.take_metrics())
@@ -310,8 +317,9 @@ class RolloutManager:
         """
         t0 = time.perf_counter()
         version = self.weight_version
-        params = eval_sampling_params(self.args)
-        n = self.args.n_samples_per_eval_prompt
+        ecfg = self.eval_config
+        params = eval_sampling_params(ecfg)
+        n = ecfg.n_samples_per_eval_prompt
         metrics: dict[str, float] = {"eval/weight_version": float(version)}
         for eval_set, rows in self.eval_sets:
             groups = [new_group(row, i, n) for i, row in enumerate(rows)]
@@ -326,11 +334,11 @@ class RolloutManager:
                 self.check_engines()  # a dead engine is the likelier cause: report it, with its log tail
                 raise RuntimeError(
                     f"eval set {eval_set.name!r}: every sample failed; first error: {failed[0].metadata.get('error')}"
-                    f" (engine and router logs: {Path(self.args.output_dir) / 'logs'})"
+                    f" (engine and router logs: {Path(self.eval_config.output_dir) / 'logs'})"
                 )
-            metrics.update(eval_metrics(eval_set.name, groups, self.args.reward_key, self.args.eval_pass_threshold))
-            if self.args.save_eval_samples:
-                dump_eval_samples(self.args.output_dir, eval_set.name, step, version, groups, self.args.reward_key)
+            metrics.update(eval_metrics(eval_set.name, groups, ecfg.reward_key, ecfg.eval_pass_threshold))
+            if ecfg.save_eval_samples:
+                dump_eval_samples(ecfg.output_dir, eval_set.name, step, version, groups, ecfg.reward_key)
         metrics["perf/eval_time"] = time.perf_counter() - t0
         return metrics
 
@@ -350,12 +358,13 @@ class RolloutManager:
         extra: dict[str, float] = {}
         done = [update]
         if self.monitor is not None:  # engines that die meanwhile are replaced and load this version
-            extra, done = self.monitor.sync_weights(self.weight_sync, update, mode, self.args.weight_sync_timeout)
+            timeout = self.engine_config.weight_sync_timeout
+            extra, done = self.monitor.sync_weights(self.weight_sync, update, mode, timeout)
         else:
             for engine in self.engines:
                 engine.pause(mode)
             try:
-                self.weight_sync.apply_all(self.engines, update, timeout_s=self.args.weight_sync_timeout)
+                self.weight_sync.apply_all(self.engines, update, timeout_s=self.engine_config.weight_sync_timeout)
                 for engine in self.engines:
                     engine.reset_prefix_cache()
                     engine.set_weight_version(update.version)  # the engine tags every later token with it
@@ -437,10 +446,10 @@ class RolloutManager:
         self.data_source.load_state_dict(state)
 
 
-def _engine_cpu_bind(args: argparse.Namespace, index: int) -> str | None:
+def _engine_cpu_bind(cfg: EngineConfig, index: int) -> str | None:
     """``--rollout-cpu-bind``'s value for engine ``index``, else :func:`_cpu_bind`."""
-    binds = getattr(args, "rollout_cpu_bind", None)
-    return binds[index] if binds else _cpu_bind(index, args.rollout_num_engines)
+    binds = cfg.rollout_cpu_bind
+    return binds[index] if binds else _cpu_bind(index, cfg.rollout_num_engines)
 
 
 def _cpu_bind(index: int, count: int) -> str | None:

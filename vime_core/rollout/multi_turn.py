@@ -46,6 +46,7 @@ from vime_core.agent.apis import parse_chat
 from vime_core.agent.chat import ChatMessage, ChatRenderer, ModelTurn
 from vime_core.agent.responders import engine_versions
 from vime_core.agent.tool_parsers import ToolCall
+from vime_core.config import MultiTurnConfig
 from vime_core.plugins import get_plugins
 from vime_core.rollout.context import get_rollout_context
 from vime_core.rollout.generate import FINISH_TO_STATUS, encode_prompt
@@ -111,11 +112,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _opt(args: argparse.Namespace, name: str, default: Any) -> Any:
-    v = getattr(args, name, None)
-    return default if v is None else v
-
-
 @functools.lru_cache(maxsize=8)
 def _template_file(path: str) -> str:
     return Path(path).read_text()
@@ -124,9 +120,9 @@ def _template_file(path: str) -> str:
 _RENDERERS: dict[tuple[int, str | None, str], ChatRenderer] = {}
 
 
-def _renderer(tokenizer: Any, args: argparse.Namespace) -> ChatRenderer:
-    path = _opt(args, "multi_turn_chat_template", None)
-    parser = _opt(args, "multi_turn_tool_parser", "hermes")
+def _renderer(tokenizer: Any, cfg: MultiTurnConfig) -> ChatRenderer:
+    path = cfg.multi_turn_chat_template
+    parser = cfg.multi_turn_tool_parser
     key = (id(tokenizer), str(path) if path else None, parser)
     r = _RENDERERS.get(key)
     if r is None:
@@ -226,11 +222,13 @@ def _sandbox_tool(name: str, sandbox: Any, timeout_s: float) -> Tool:
 
 @contextlib.asynccontextmanager
 async def _episode_sandbox(args: argparse.Namespace):  # type: ignore[no-untyped-def]
-    """A sandbox for one episode when ``--multi-turn-sandbox-tool`` is set, else ``None``."""
-    if not _opt(args, "multi_turn_sandbox_tool", None):
+    """A sandbox for one episode when ``--multi-turn-sandbox-tool`` is set, else ``None`` (the backend is built
+    from ``args``: its ``from_args`` reads its own flags)."""
+    cfg = MultiTurnConfig.from_args(args)
+    if not cfg.multi_turn_sandbox_tool:
         yield None
         return
-    backend = getattr(args, "sandbox", None)
+    backend = cfg.sandbox
     if not backend:
         raise ValueError("--multi-turn-sandbox-tool needs a sandbox backend (--sandbox NAME)")
 
@@ -254,19 +252,20 @@ async def generate(args: argparse.Namespace, sample: Sample, sampling_params: di
     :raises ValueError: on a misconfiguration (sandbox tool without ``--sandbox``, a template that cannot be
         bridged, ``--multi-turn-max-turns`` < 1).
     """
+    cfg = MultiTurnConfig.from_args(args)
     ctx = get_rollout_context()
-    renderer = _renderer(ctx.tokenizer, args)
-    specs = _opt(args, "multi_turn_tools", None)
+    renderer = _renderer(ctx.tokenizer, cfg)
+    specs = cfg.multi_turn_tools
     base_tools = list(_tools_for(tuple(specs) if specs is not None else None))
     async with _episode_sandbox(args) as sb:
         tools = list(base_tools)
         if sb is not None:
-            tools.append(_sandbox_tool(args.multi_turn_sandbox_tool, sb, _opt(args, "multi_turn_tool_timeout", 30.0)))
-        return await _episode(args, sample, sampling_params, ctx, renderer, tools)
+            tools.append(_sandbox_tool(cfg.multi_turn_sandbox_tool, sb, cfg.multi_turn_tool_timeout))
+        return await _episode(cfg, sample, sampling_params, ctx, renderer, tools)
 
 
 async def _episode(
-    args: argparse.Namespace,
+    cfg: MultiTurnConfig,
     sample: Sample,
     sampling_params: dict[str, Any],
     ctx: Any,
@@ -275,7 +274,7 @@ async def _episode(
 ) -> Sample:
     by_name = {t.name: t for t in tools}
     schemas = [t.schema() for t in tools]
-    native_prompt = bool(schemas) and _opt(args, "multi_turn_tool_prompt", "auto") == "auto"
+    native_prompt = bool(schemas) and cfg.multi_turn_tool_prompt == "auto"
     prompt = sample.prompt
     chat = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
     # the conversation so far, in canonical form (OpenAI-style messages, tool calls included); the model's turns are
@@ -287,19 +286,19 @@ async def _episode(
         if native_prompt:
             sample.tokens = renderer.encode(renderer.render(conversation, schemas))
         else:
-            sample.tokens = encode_prompt(ctx.tokenizer, sample.prompt, getattr(args, "apply_chat_template", True))
+            sample.tokens = encode_prompt(ctx.tokenizer, sample.prompt, cfg.apply_chat_template)
     params = dict(sampling_params)
-    budget = int(params.pop("max_tokens", None) or getattr(args, "rollout_max_response_len", 1024))
-    max_ctx = getattr(args, "rollout_max_context_len", None)
+    budget = int(params.pop("max_tokens", None) or cfg.rollout_max_response_len)
+    max_ctx = cfg.rollout_max_context_len
     ctx_bound = bool(max_ctx) and max_ctx - len(sample.tokens) < budget  # the context window is the tighter limit
     if max_ctx:
         budget = min(budget, max_ctx - len(sample.tokens))
-    per_turn = _opt(args, "multi_turn_max_tokens_per_turn", None)
-    max_turns = int(_opt(args, "multi_turn_max_turns", 8))
+    per_turn = cfg.multi_turn_max_tokens_per_turn
+    max_turns = int(cfg.multi_turn_max_turns)
     if max_turns < 1:
         raise ValueError(f"--multi-turn-max-turns must be at least 1, got {max_turns}")
-    timeout_s = float(_opt(args, "multi_turn_tool_timeout", 30.0))
-    max_tool_tokens = int(_opt(args, "multi_turn_max_tool_output_tokens", 512))
+    timeout_s = float(cfg.multi_turn_tool_timeout)
+    max_tool_tokens = int(cfg.multi_turn_max_tool_output_tokens)
     session_id = sample.metadata.get("session_id") or uuid.uuid4().hex
     calls_log: list[dict[str, Any]] = sample.metadata.setdefault("tool_calls", [])
     ill_formed: list[int] = sample.metadata.setdefault("ill_formed_turns", [])

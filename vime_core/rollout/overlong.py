@@ -20,17 +20,12 @@ from __future__ import annotations
 
 import argparse
 import math
-from typing import Any
 
+from vime_core.config import RolloutConfig
 from vime_core.types import Sample, Status
 
-DEFAULTS: dict[str, Any] = {"overlong_filter": False, "overlong_buffer_len": None, "overlong_penalty_factor": 1.0}
 # multi_turn's stop reasons for a truncation that is not the token budget's (the turn cap)
 NOT_LENGTH_STOP_REASONS = frozenset({"max_turns"})
-
-
-def _opt(args: argparse.Namespace, name: str) -> Any:
-    return getattr(args, name, DEFAULTS[name])
 
 
 def add_arguments(group: argparse._ArgumentGroup) -> None:
@@ -53,25 +48,25 @@ def add_arguments(group: argparse._ArgumentGroup) -> None:
     group.add_argument(
         "--overlong-penalty-factor",
         type=float,
-        default=DEFAULTS["overlong_penalty_factor"],
+        default=1.0,
         help="with --overlong-buffer-len: the penalty at a response of --rollout-max-response-len tokens is "
         "-factor (reward units; default 1.0)",
     )
 
 
-def check_overlong_args(args: argparse.Namespace) -> None:
+def check_overlong_config(cfg: RolloutConfig) -> None:
     """Check the overlong flags.
 
     :raises ValueError: ``--overlong-buffer-len`` outside ``(0, --rollout-max-response-len]``, or a negative or
         non-finite ``--overlong-penalty-factor``.
     """
-    buffer_len = _opt(args, "overlong_buffer_len")
-    max_len = getattr(args, "rollout_max_response_len", None)
+    buffer_len = cfg.overlong_buffer_len
+    max_len = cfg.rollout_max_response_len
     if buffer_len is not None and not (0 < buffer_len and (max_len is None or buffer_len <= max_len)):
         raise ValueError(
             f"--overlong-buffer-len must be in (0, --rollout-max-response-len {max_len}], got {buffer_len}"
         )
-    factor = _opt(args, "overlong_penalty_factor")
+    factor = cfg.overlong_penalty_factor
     if not (factor >= 0.0 and math.isfinite(factor)):
         raise ValueError(f"--overlong-penalty-factor must be a finite number >= 0, got {factor}")
 
@@ -94,24 +89,24 @@ def overlong_penalty(length: int, max_len: int, buffer_len: int, factor: float) 
     return min(-(length - (max_len - buffer_len)) / buffer_len * factor, 0.0)
 
 
-def apply_overlong(args: argparse.Namespace, sample: Sample) -> None:
+def apply_overlong(cfg: RolloutConfig, sample: Sample) -> None:
     """Apply ``--overlong-filter`` and the soft overlong punishment to one scored sample (status completed or
     truncated, reward set), in place; records ``metadata["overlong_filtered"]`` and ``metadata["overlong_penalty"]``.
 
     :raises ValueError: if the penalty is on and the reward is a dict without ``--reward-key`` (naming the flags).
     """
-    if _opt(args, "overlong_filter") and is_length_truncated(sample):
+    if cfg.overlong_filter and is_length_truncated(sample):
         sample.loss_mask = [0] * sample.response_length
         sample.metadata["overlong_filtered"] = True
-    buffer_len = _opt(args, "overlong_buffer_len")
+    buffer_len = cfg.overlong_buffer_len
     if buffer_len is None:
         return
     penalty = overlong_penalty(
-        sample.response_length, args.rollout_max_response_len, buffer_len, _opt(args, "overlong_penalty_factor")
+        sample.response_length, cfg.rollout_max_response_len, buffer_len, cfg.overlong_penalty_factor
     )
     sample.metadata["overlong_penalty"] = penalty
     if isinstance(sample.reward, dict):
-        key = getattr(args, "reward_key", None)
+        key = cfg.reward_key
         if key is None or key not in sample.reward:
             raise ValueError(
                 f"--overlong-buffer-len adds a penalty to the reward, but the reward is a dict {sorted(sample.reward)}"
@@ -122,16 +117,16 @@ def apply_overlong(args: argparse.Namespace, sample: Sample) -> None:
         sample.reward = sample.reward_value() + penalty
 
 
-def overlong_metrics(args: argparse.Namespace, samples: list[Sample]) -> dict[str, float]:
+def overlong_metrics(cfg: RolloutConfig, samples: list[Sample]) -> dict[str, float]:
     """``rollout/overlong_filtered_frac`` (of all samples, with ``--overlong-filter``) and
     ``rollout/overlong_penalty_mean`` / ``rollout/overlong_penalized_frac`` (over the penalised, i.e. scored,
     samples, with ``--overlong-buffer-len``); empty when neither is on."""
     out: dict[str, float] = {}
-    if _opt(args, "overlong_filter"):
+    if cfg.overlong_filter:
         out["rollout/overlong_filtered_frac"] = sum(bool(s.metadata.get("overlong_filtered")) for s in samples) / max(
             len(samples), 1
         )
-    if _opt(args, "overlong_buffer_len") is not None:
+    if cfg.overlong_buffer_len is not None:
         penalties = [float(s.metadata["overlong_penalty"]) for s in samples if "overlong_penalty" in s.metadata]
         n = max(len(penalties), 1)
         out["rollout/overlong_penalty_mean"] = sum(penalties) / n

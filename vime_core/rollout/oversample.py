@@ -85,13 +85,13 @@ async def collect_groups(
         ``rollout/partial_masked_tokens``, ``perf/abort_time``.
     :raises Exception: whatever a group's generation raised outside the per-sample error handling.
     """
-    args = manager.args
+    cfg = manager.config
     runner = manager.runner
-    want = args.rollout_batch_size
-    chunk = max(args.over_sampling_batch_size or want, 1)
-    max_rounds = max(args.dynamic_sampling_max_rounds, 1)
+    want = cfg.rollout_batch_size
+    chunk = max(cfg.over_sampling_batch_size or want, 1)
+    max_rounds = max(cfg.dynamic_sampling_max_rounds, 1)
     keep = manager.dynamic_filter
-    sem = asyncio.Semaphore(args.rollout_concurrency)  # one bound for every group of the step
+    sem = asyncio.Semaphore(cfg.rollout_concurrency)  # one bound for every group of the step
     tasks: dict[asyncio.Future, tuple[int, list[Sample]]] = {}
     kept: list[list[Sample]] = []
     surplus_groups: list[list[Sample]] = []  # passed, but the batch was already full
@@ -112,7 +112,7 @@ async def collect_groups(
             _, g = tasks.pop(t)
             t.result()
             examined.extend(g)
-            if keep is not None and not keep(args, g):
+            if keep is not None and not keep(manager.args, g):
                 dropped += 1
             elif len(kept) < want:
                 kept.append(g)
@@ -136,7 +136,7 @@ async def collect_groups(
         finally:
             runner.aborting = False
     returned = 0
-    if getattr(args, "partial_rollout", False) and (inflight or surplus_groups):
+    if cfg.partial_rollout and (inflight or surplus_groups):
         back = surplus_groups + inflight
         manager.data_source.add_groups([_return_to_buffer(g, step) for g in back])
         returned = len(back)

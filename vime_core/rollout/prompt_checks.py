@@ -12,11 +12,11 @@ is left out of the buffer and counted (``data/overlong_prompts_filtered`` in eve
 
 from __future__ import annotations
 
-import argparse
 import logging
 from pathlib import Path
 from typing import Any
 
+from vime_core.config import DataConfig
 from vime_core.data.source import DataError
 from vime_core.rollout.generate import encode_prompt
 
@@ -67,7 +67,7 @@ def check_chat_template(tokenizer: Any, model_path: Path, rows: list[dict[str, A
 
 
 def filter_overlong_prompts(
-    rows: list[dict[str, Any]], tokenizer: Any, args: argparse.Namespace
+    rows: list[dict[str, Any]], tokenizer: Any, data: DataConfig
 ) -> tuple[list[dict[str, Any]], int]:
     """Leave out the prompts longer than ``--rollout-max-prompt-len`` tokens (as the engines get them: through the
     chat template when :func:`~vime_core.rollout.generate.encode_prompt` applies it); no limit: ``rows`` as is.
@@ -76,22 +76,22 @@ def filter_overlong_prompts(
     :raises DataError: with ``--no-filter-overlong-prompts``, naming the first over-long prompt's file and line,
         its length and the limit; also when every prompt is over-long.
     """
-    limit = getattr(args, "rollout_max_prompt_len", None)
+    limit = data.rollout_max_prompt_len
     if not limit:
         return rows, 0
     kept = []
     for row in rows:
-        n = len(encode_prompt(tokenizer, row["prompt"], args.apply_chat_template))
+        n = len(encode_prompt(tokenizer, row["prompt"], data.apply_chat_template))
         if n <= limit:
             kept.append(row)
-        elif not args.filter_overlong_prompts:
+        elif not data.filter_overlong_prompts:
             raise DataError(
                 f"{row.get('where', '--prompt-data')}: the prompt has {n} tokens, more than --rollout-max-prompt-len "
                 f"{limit} (--filter-overlong-prompts leaves such prompts out instead)"
             )
     if not kept:
         raise DataError(
-            f"--prompt-data {args.prompt_data}: every prompt has more than --rollout-max-prompt-len {limit} tokens"
+            f"--prompt-data {data.prompt_data}: every prompt has more than --rollout-max-prompt-len {limit} tokens"
         )
     if len(kept) < len(rows):
         logger.warning(
@@ -103,13 +103,13 @@ def filter_overlong_prompts(
     return kept, len(rows) - len(kept)
 
 
-def check_prompts(args: argparse.Namespace, model_path: Path, rows: list[dict[str, Any]]) -> int:
+def check_prompts(data: DataConfig, model_path: Path, rows: list[dict[str, Any]]) -> int:
     """Everything above for ``vime run``'s ``--prompt-data`` rows, on the driver before any engine starts.
 
     :return: the number of over-long prompts left out.
     :raises DataError: see :func:`load_tokenizer`, :func:`check_chat_template`, :func:`filter_overlong_prompts`.
     """
     tokenizer = load_tokenizer(model_path)
-    if args.generate == "default":  # other generate functions bring their own templates (e.g. multi_turn's)
-        check_chat_template(tokenizer, model_path, rows, args.apply_chat_template)
-    return filter_overlong_prompts(rows, tokenizer, args)[1]
+    if data.generate == "default":  # other generate functions bring their own templates (e.g. multi_turn's)
+        check_chat_template(tokenizer, model_path, rows, data.apply_chat_template)
+    return filter_overlong_prompts(rows, tokenizer, data)[1]

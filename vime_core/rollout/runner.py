@@ -20,7 +20,8 @@ import logging
 import uuid
 from typing import Any
 
-from vime_core.arguments import sampling_params_from_args
+from vime_core.arguments import rollout_sampling_params
+from vime_core.config import RolloutConfig
 from vime_core.failures import classify_failure, mark_failed
 from vime_core.progress import Throttle
 from vime_core.rewards.call import call_group_reward, call_reward
@@ -39,7 +40,8 @@ class GroupRunner:
 
     :param args: parsed ``vime run`` arguments (``--rollout-concurrency``, sampling parameters, ``--seed``,
         ``--reward-timeout``, ``--mask-offpolicy-in-partial-rollout``, DAPO's overlong flags), also passed to the
-        generate and reward functions.
+        generate and reward functions; the framework's flags are read through its
+        :class:`~vime_core.config.RolloutConfig` (``config``).
     :param generate_fn: the ``--generate`` function ``async (args, sample, sampling_params) -> Sample | list``.
     :param reward_fn: the ``--reward`` function.
     :param hook: the plugin manager's hook relay (``vime_on_sample`` is called for every training sample).
@@ -62,7 +64,8 @@ class GroupRunner:
         group_reward_fn: Any = None,
         progress: Any = None,
     ) -> None:
-        self.args = args
+        self.args = args  # passed to the plugin functions; the framework's flags: config
+        self.config = RolloutConfig.from_args(args)
         self.generate_fn = generate_fn
         self.reward_fn = reward_fn
         self.group_reward_fn = group_reward_fn
@@ -104,15 +107,15 @@ class GroupRunner:
         ``params`` / ``reward_fn`` default to the training rollout's sampling parameters and ``--reward``; with
         ``train=False`` (evaluation) the sample reward ``reward_fn`` is used even with ``--group-reward``, the
         teacher does not score, the rollout progress is not advanced and ``vime_on_sample`` is not called."""
-        args = self.args
-        sem = sem or asyncio.Semaphore(args.rollout_concurrency)
-        mask_offpolicy = getattr(args, "mask_offpolicy_in_partial_rollout", False)
-        params = sampling_params_from_args(args) if params is None else params
+        args, cfg = self.args, self.config
+        sem = sem or asyncio.Semaphore(cfg.rollout_concurrency)
+        mask_offpolicy = cfg.mask_offpolicy_in_partial_rollout
+        params = rollout_sampling_params(cfg) if params is None else params
         reward_fn = reward_fn or self.reward_fn
-        reward_timeout = getattr(args, "reward_timeout", None)
+        reward_timeout = cfg.reward_timeout
         group_reward_fn = self.group_reward_fn if train else None
         fanned: dict[int, list[Sample]] = {}  # id(sample) -> the segments a fan-out generate function returned
-        seed = getattr(args, "seed", None)
+        seed = cfg.seed
 
         async def one(sample: Sample) -> list[Sample] | None:
             """Generate (and, without a group reward, score) one sample; its output samples, or None if skipped."""
@@ -146,7 +149,7 @@ class GroupRunner:
                     if scored and group_reward_fn is None:
                         stage = "reward"
                         reward = await call_reward(reward_fn, args, scored[0], reward_timeout)
-                        _set_reward(args, outs, reward, overlong=train)
+                        _set_reward(cfg, outs, reward, overlong=train)
                         stage = "teacher"
                         if (
                             train and self.teacher is not None
@@ -193,7 +196,7 @@ class GroupRunner:
         todo = [outs for outs in rollouts if outs[0].status in (Status.COMPLETED, Status.TRUNCATED)]
         if not todo:
             return
-        timeout = getattr(self.args, "reward_timeout", None)
+        timeout = self.config.reward_timeout
         try:
             rewards: list[Any] = await call_group_reward(fn, self.args, [outs[0] for outs in todo], timeout)
         except Exception as e:  # noqa: BLE001 - every rollout of the group fails with the cause
@@ -207,7 +210,7 @@ class GroupRunner:
                 for s in outs:
                     mark_failed(s, cause, reward)
             else:
-                _set_reward(self.args, outs, reward)
+                _set_reward(self.config, outs, reward)
         if self.teacher is not None:
             scored = [s for outs in todo for s in outs if s.status in (Status.COMPLETED, Status.TRUNCATED)]
             try:
@@ -219,7 +222,7 @@ class GroupRunner:
 
 
 def _set_reward(
-    args: argparse.Namespace, outs: list[Sample], reward: float | dict[str, float], overlong: bool = True
+    cfg: RolloutConfig, outs: list[Sample], reward: float | dict[str, float], overlong: bool = True
 ) -> None:
     """Give every scorable sample of one rollout (``outs``: the sample, or its fan-out segments) the reward, and the
     first one's metadata keys the others lack; then DAPO's overlong filter / soft punishment when enabled
@@ -229,7 +232,7 @@ def _set_reward(
         s.reward = copy.deepcopy(reward)
         s.metadata.update({k: v for k, v in scored[0].metadata.items() if k not in s.metadata})
         if overlong:
-            apply_overlong(args, s)
+            apply_overlong(cfg, s)
 
 
 def sample_seed(seed: int, step: int, group_index: int, sample_index: int) -> int:

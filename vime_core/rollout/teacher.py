@@ -14,12 +14,12 @@ policy's tokenizer (token ids are sent as they are); this is checked at start.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import logging
 from pathlib import Path
 from typing import Any
 
+from vime_core.config import EngineConfig
 from vime_core.models import resolve_model
 from vime_core.rollout.client import RouterClient
 from vime_core.rollout.engine import VLLMServer
@@ -64,33 +64,33 @@ class TeacherEngines:
     ``--rollout-kv-cache-gib``), so the teacher fits the sequences the policy produces; ``--router-*`` flags are
     forwarded to its router too.
 
-    :param args: ``vime run`` arguments.
+    :param cfg: the engine flags (``--distill-teacher``, ``--distill-num-engines`` and the policy engines' flags).
     :param policy_tokenizer: the policy's tokenizer (the teacher's must equal it).
     :param log_dir: where ``vllm_teacher_{i}.log`` and ``teacher_router.log`` go.
     :raises ValueError: if ``--distill-teacher`` is not a model or its tokenizer differs.
     """
 
-    def __init__(self, args: argparse.Namespace, policy_tokenizer: Any, log_dir: Path) -> None:
-        self.args = args
-        self.path = resolve_teacher(args.distill_teacher)
+    def __init__(self, cfg: EngineConfig, policy_tokenizer: Any, log_dir: Path) -> None:
+        self.config = cfg
+        self.path = resolve_teacher(cfg.distill_teacher)
         check_same_tokenizer(self.path, policy_tokenizer)
         self.log_dir = Path(log_dir)
-        vllm_args = list(args.vllm_args)
+        vllm_args = list(cfg.vllm_args)
         if "--dtype" not in vllm_args:
-            vllm_args += ["--dtype", args.train_dtype]
+            vllm_args += ["--dtype", cfg.train_dtype]
         self.engines = [
             VLLMServer(
                 self.path,
                 served_model_name=TEACHER_MODEL_NAME,
-                enforce_eager=args.rollout_enforce_eager,
-                extra_args=vllm_args + ["--seed", str(args.seed + 1000 + i)],
-                kv_cache_space_gib=args.rollout_kv_cache_gib,
+                enforce_eager=cfg.rollout_enforce_eager,
+                extra_args=vllm_args + ["--seed", str(cfg.seed + 1000 + i)],
+                kv_cache_space_gib=cfg.rollout_kv_cache_gib,
                 # vLLM's default binding puts every server's worker on core 0, next to the policy's
                 omp_threads_bind="nobind",
                 log_path=self.log_dir / f"vllm_teacher_{i}.log",
-                request_timeout_s=args.weight_sync_timeout,
+                request_timeout_s=cfg.weight_sync_timeout,
             )
-            for i in range(args.distill_num_engines)
+            for i in range(cfg.distill_num_engines)
         ]
         self.router: Any = None
         self.client: Any = None
@@ -110,7 +110,7 @@ class TeacherEngines:
             engine.wait_ready(timeout_s=timeout_s)
         self.router = VLLMRouter(
             [e.url for e in self.engines],
-            extra_args=list(self.args.router_args),
+            extra_args=list(self.config.router_args),
             log_path=self.log_dir / "teacher_router.log",
         )
         self.router.start()

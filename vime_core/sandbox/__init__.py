@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from vime_core.config import SandboxConfig
 from vime_core.plugins import get_plugins
 from vime_core.sandbox.base import (
     BACKEND_LABEL,
@@ -52,12 +53,12 @@ __all__ = [
 
 
 def open_sandbox(args: Any = None, name: str | None = None, **kwargs: Any) -> Sandbox:
-    """A not-yet-started sandbox of backend ``name`` (default ``args.sandbox``, else ``local``), built from ``args``
-    by the backend's ``from_args``; use it as ``async with open_sandbox(args) as sb: ...``.
+    """A not-yet-started sandbox of backend ``name`` (default ``--sandbox`` of ``args``, else ``local``), built from
+    ``args`` by the backend's ``from_args``; use it as ``async with open_sandbox(args) as sb: ...``.
 
     :raises vime_core.registry.RegistryError: unknown backend name.
     """
-    name = name or getattr(args, "sandbox", None) or "local"
+    name = name or (SandboxConfig.from_args(args).sandbox if args is not None else None) or "local"
     cls = get_plugins().resolve("sandbox", name)
     return cls.from_args(args, **kwargs)
 

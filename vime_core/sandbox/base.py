@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
+from vime_core.config import SandboxConfig
 from vime_core.sandbox.cancel import finish_then_raise
 
 logger = logging.getLogger("vime.sandbox")
@@ -227,29 +228,34 @@ class CleanupReport:
 
 
 def sandbox_kwargs_from_args(args: Any) -> dict[str, Any]:
-    """``limits``, ``network`` and ``default_timeout_s`` from the generic flags ``--sandbox-cpus``,
-    ``--sandbox-memory-mb``, ``--sandbox-disk-mb``, ``--sandbox-pids``, ``--sandbox-wall-time``,
-    ``--sandbox-max-output-bytes``, ``--sandbox-network``, ``--sandbox-exec-timeout`` (0 = no limit); ``{}`` when
-    ``args`` is ``None`` or has none of them.
-    """
+    """:func:`sandbox_kwargs` of the :class:`~vime_core.config.SandboxConfig` of ``args``; ``{}`` when ``args`` is
+    ``None`` or has none of the sandbox flags (a caller outside ``vime run``: the backend's defaults apply)."""
     if args is None or not hasattr(args, "sandbox_cpus"):
         return {}
+    return sandbox_kwargs(SandboxConfig.from_args(args))
 
-    def opt(name: str, scale: float = 1.0) -> Any:
-        value = getattr(args, name, None)
+
+def sandbox_kwargs(cfg: SandboxConfig) -> dict[str, Any]:
+    """``limits``, ``network`` and ``default_timeout_s`` from the generic flags ``--sandbox-cpus``,
+    ``--sandbox-memory-mb``, ``--sandbox-disk-mb``, ``--sandbox-pids``, ``--sandbox-wall-time``,
+    ``--sandbox-max-output-bytes``, ``--sandbox-network``, ``--sandbox-exec-timeout`` (0 = no limit).
+    """
+
+    def limit(value: Any, scale: float = 1.0) -> Any:
+        """``None`` for 0 (no limit), else the value (times ``scale``, in the value's type)."""
         return None if not value else type(value)(value * scale) if scale != 1.0 else value
 
     limits = SandboxLimits(
-        cpus=opt("sandbox_cpus"),
-        memory_bytes=opt("sandbox_memory_mb", 1 << 20),
-        disk_bytes=opt("sandbox_disk_mb", 1 << 20),
-        pids=opt("sandbox_pids"),
-        wall_time_s=opt("sandbox_wall_time"),
-        max_output_bytes=opt("sandbox_max_output_bytes") or SandboxLimits.max_output_bytes,
+        cpus=limit(cfg.sandbox_cpus),
+        memory_bytes=limit(cfg.sandbox_memory_mb, 1 << 20),
+        disk_bytes=limit(cfg.sandbox_disk_mb, 1 << 20),
+        pids=limit(cfg.sandbox_pids),
+        wall_time_s=limit(cfg.sandbox_wall_time),
+        max_output_bytes=limit(cfg.sandbox_max_output_bytes) or SandboxLimits.max_output_bytes,
     )
-    out: dict[str, Any] = {"limits": limits, "network": bool(getattr(args, "sandbox_network", False))}
-    if getattr(args, "sandbox_exec_timeout", None):
-        out["default_timeout_s"] = float(args.sandbox_exec_timeout)
+    out: dict[str, Any] = {"limits": limits, "network": bool(cfg.sandbox_network)}
+    if cfg.sandbox_exec_timeout:
+        out["default_timeout_s"] = float(cfg.sandbox_exec_timeout)
     return out
 
 

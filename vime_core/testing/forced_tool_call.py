@@ -17,6 +17,7 @@ import argparse
 import json
 from typing import Any
 
+from vime_core.config import MultiTurnConfig
 from vime_core.rollout.multi_turn import generate as multi_turn
 from vime_core.types import Sample
 
@@ -36,7 +37,7 @@ async def generate(args: argparse.Namespace, sample: Sample, sampling_params: di
 
     :raises ValueError: ``--multi-turn-sandbox-tool`` is not set.
     """
-    tool = getattr(args, "multi_turn_sandbox_tool", None)
+    tool = MultiTurnConfig.from_args(args).multi_turn_sandbox_tool
     if not tool:
         raise ValueError("vime_core.testing.forced_tool_call needs --multi-turn-sandbox-tool NAME")
     constrained = {**sampling_params, "structured_outputs": {"regex": forced_call_regex(tool)}}

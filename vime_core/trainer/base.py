@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from vime_core.config import AlgorithmConfig, TrainerConfig
 from vime_core.types import RolloutBatch
 
 
@@ -18,6 +19,9 @@ class TrainerBackend(ABC):
 
     Members:
 
+    * ``args`` — the ``vime run`` arguments, for a plugin backend's own prefixed flags; the framework's flags are
+      read from ``trainer_config`` (:class:`~vime_core.config.TrainerConfig`) and ``algorithm_config``
+      (:class:`~vime_core.config.AlgorithmConfig`), built from them in ``__init__``.
     * ``NAME`` — the registered name (``--trainer``).
     * :meth:`train_step` — one RL step on a batch; returns float metrics (``train/*``).
     * :meth:`named_hf_tensors` — the current weights in Hugging Face names/shapes (what vLLM loads).
@@ -35,7 +39,9 @@ class TrainerBackend(ABC):
     dp_size: int = 1
 
     def __init__(self, args: argparse.Namespace, model_path: Path) -> None:
-        self.args = args
+        self.args = args  # the backend's own prefixed flags (plugins); framework flags: the two configs below
+        self.trainer_config = TrainerConfig.from_args(args)
+        self.algorithm_config = AlgorithmConfig.from_args(args)
         self.model_path = Path(model_path)
 
     def dp_all_gather(self, obj: Any) -> list[Any]:

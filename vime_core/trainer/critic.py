@@ -13,7 +13,6 @@ loadable with ``AutoModel``) plus ``value_head.safetensors`` (``weight [1, hidde
 
 from __future__ import annotations
 
-import argparse
 import logging
 import math
 from collections.abc import Iterable
@@ -24,7 +23,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from vime_core.algorithms.gae import value_loss
-from vime_core.algorithms.options import opt
+from vime_core.config import AlgorithmConfig, TrainerConfig
 from vime_core.models import resolve_model
 from vime_core.trainer.lr_schedule import critic_lr_schedule, set_lr
 from vime_core.trainer.padding import left_padded_batch, response_slices
@@ -139,13 +138,15 @@ class CriticBase:
     (:func:`vime_core.algorithms.gae.value_loss`). A backend supplies :meth:`response_values`, :meth:`zero_grad` and
     :meth:`optimizer_step` (the torch backend: :class:`Critic`; megatron: ``vime_core.trainer.megatron_critic``).
 
-    Attributes: ``args`` (``vime run`` arguments), ``optimizer`` (torch or Megatron; its learning rate is set before
+    Attributes: ``trainer_config`` and ``algorithm_config`` (the flags it reads: ``--clip-grad``, the critic's
+    learning-rate schedule, ``--value-clip``), ``optimizer`` (torch or Megatron; its learning rate is set before
     every step from :func:`~vime_core.trainer.lr_schedule.critic_lr_schedule`), ``steps_done`` (optimizer steps
     taken; saved with the trainer's checkpoint), ``lr`` (the learning rate of the last step, or of the next one
     before any step).
     """
 
-    args: argparse.Namespace
+    trainer_config: TrainerConfig
+    algorithm_config: AlgorithmConfig
     optimizer: Any
     lr: float
     steps_done: int = 0
@@ -211,14 +212,14 @@ class CriticBase:
                 [old_values[id(s)].to(dev) for s in mb],
                 [returns[id(s)].to(dev) for s in mb],
                 [torch.tensor(s.loss_mask, dtype=torch.float32, device=dev) for s in mb],
-                value_clip=opt(self.args, "value_clip"),
+                value_clip=self.algorithm_config.value_clip,
                 per_token=per_token,
             )
             (out.loss * (count / total)).backward()
             for k, v in out.metrics.items():
                 sums[k] = sums.get(k, 0.0) + float(v) * count
             counted += count
-        self.lr = critic_lr_schedule(self.args).lr_at(self.steps_done)
+        self.lr = critic_lr_schedule(self.trainer_config).lr_at(self.steps_done)
         set_lr(self.optimizer, self.lr)
         grad_norm = self.optimizer_step()
         self.steps_done += 1
@@ -232,25 +233,34 @@ class Critic(CriticBase):
     ``--lr``, on :func:`~vime_core.trainer.lr_schedule.critic_lr_schedule`; the other optimizer flags are the
     policy's), on the trainer's device and dtype.
 
-    :param args: ``vime run`` arguments (``--critic-load``, ``--critic-lr``, ``--value-clip``, optimizer flags).
+    :param trainer_config: the optimizer flags and the critic's learning-rate schedule (``--critic-lr``).
+    :param algorithm_config: ``--critic-load``, ``--value-clip``.
     :param model_path: the policy's initial HF directory (the backbone when ``--critic-load`` is not given).
     """
 
-    def __init__(self, args: argparse.Namespace, model_path: Path, device: torch.device, dtype: torch.dtype) -> None:
-        self.args = args
+    def __init__(
+        self,
+        trainer_config: TrainerConfig,
+        algorithm_config: AlgorithmConfig,
+        model_path: Path,
+        device: torch.device,
+        dtype: torch.dtype,
+    ) -> None:
+        cfg = self.trainer_config = trainer_config
+        self.algorithm_config = algorithm_config
         self.device = device
-        self.path = Path(opt(args, "critic_load") or model_path)
+        self.path = Path(algorithm_config.critic_load or model_path)
         self.model = ValueModel.from_pretrained(self.path, dtype=dtype).to(device)
         self.model.train()
-        if getattr(args, "gradient_checkpointing", False):
+        if cfg.gradient_checkpointing:
             self.model.backbone.gradient_checkpointing_enable()
-        self.lr = critic_lr_schedule(args).lr_at(0)
+        self.lr = critic_lr_schedule(cfg).lr_at(0)
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(),
             lr=self.lr,
-            betas=(args.adam_beta1, args.adam_beta2),
-            eps=args.adam_eps,
-            weight_decay=args.weight_decay,
+            betas=(cfg.adam_beta1, cfg.adam_beta2),
+            eps=cfg.adam_eps,
+            weight_decay=cfg.weight_decay,
         )
 
     def response_values(self, samples: list[Sample]) -> list[torch.Tensor]:
@@ -260,7 +270,9 @@ class Critic(CriticBase):
         self.optimizer.zero_grad(set_to_none=True)
 
     def optimizer_step(self) -> float:
-        return clip_and_step(self.model.parameters(), self.optimizer, self.args.clip_grad, "critic grad norm")
+        return clip_and_step(
+            self.model.parameters(), self.optimizer, self.trainer_config.clip_grad, "critic grad norm"
+        )
 
     def save(self, path: Path) -> None:
         """The critic directory (:meth:`ValueModel.save_pretrained`) plus ``optimizer.pt``."""

@@ -28,18 +28,9 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from vime_core.config import TrainerConfig
+
 DECAY_STYLES = ("constant", "linear", "cosine")
-DEFAULTS: dict[str, Any] = {
-    "lr_warmup_iters": 0,
-    "lr_warmup_init": 0.0,
-    "lr_decay_style": "constant",
-    "lr_decay_iters": None,
-    "min_lr": 0.0,
-}
-
-
-def _opt(args: argparse.Namespace, name: str) -> Any:
-    return getattr(args, name, DEFAULTS[name])
 
 
 @dataclass(frozen=True)
@@ -88,73 +79,71 @@ def add_arguments(group: argparse._ArgumentGroup) -> None:
     group.add_argument(
         "--lr-warmup-iters",
         type=int,
-        default=DEFAULTS["lr_warmup_iters"],
+        default=0,
         help="optimizer steps (one per --global-batch-size samples) of linear warm-up from --lr-warmup-init to "
         "--lr (Megatron's flag and formula; the critic has --critic-lr-warmup-iters). Default: 0 (none)",
     )
     group.add_argument(
         "--lr-warmup-init",
         type=float,
-        default=DEFAULTS["lr_warmup_init"],
+        default=0.0,
         help="learning rate of the first step of a --lr-warmup-iters warm-up (Megatron's flag). Default: 0.0",
     )
     group.add_argument(
         "--lr-decay-style",
         choices=DECAY_STYLES,
-        default=DEFAULTS["lr_decay_style"],
+        default="constant",
         help="after the warm-up: constant --lr, or a linear / cosine decay to --min-lr at --lr-decay-iters, for the "
         "policy and the critic (Megatron's formulas). Default: constant",
     )
     group.add_argument(
         "--lr-decay-iters",
         type=int,
-        default=DEFAULTS["lr_decay_iters"],
+        default=None,
         help="the optimizer step at which a linear/cosine decay reaches --min-lr. Default: every optimizer step of "
         "the run, --num-rollout × rollout-batch-size × n-samples-per-prompt / --global-batch-size",
     )
     group.add_argument(
         "--min-lr",
         type=float,
-        default=DEFAULTS["min_lr"],
+        default=0.0,
         help="the learning rate a linear/cosine --lr-decay-style ends at (policy and critic). Default: 0.0",
     )
 
 
-def total_optimizer_steps(args: argparse.Namespace) -> int:
+def total_optimizer_steps(cfg: TrainerConfig) -> int:
     """Optimizer steps of a whole run: ``--num-rollout`` × mini-batches per rollout (``rollout-batch-size ×
     n-samples-per-prompt / --global-batch-size``, 1 without ``--global-batch-size``). A rollout whose excluded
     samples leave fewer mini-batches takes fewer steps, so this is the most the run takes."""
-    total = getattr(args, "rollout_batch_size", 1) * getattr(args, "n_samples_per_prompt", 1)
-    gbs = getattr(args, "global_batch_size", None) or total
-    return max(1, getattr(args, "num_rollout", 1) * math.ceil(total / gbs))
+    total = cfg.rollout_batch_size * cfg.n_samples_per_prompt
+    gbs = cfg.global_batch_size or total
+    return max(1, cfg.num_rollout * math.ceil(total / gbs))
 
 
-def _schedule(args: argparse.Namespace, max_lr: float, warmup_iters: int) -> LRSchedule:
-    decay = _opt(args, "lr_decay_iters")
+def _schedule(cfg: TrainerConfig, max_lr: float, warmup_iters: int) -> LRSchedule:
+    decay = cfg.lr_decay_iters
     return LRSchedule(
         max_lr=float(max_lr),
-        min_lr=float(_opt(args, "min_lr")),
+        min_lr=float(cfg.min_lr),
         warmup_iters=int(warmup_iters),
-        decay_iters=int(decay) if decay is not None else total_optimizer_steps(args),
-        decay_style=_opt(args, "lr_decay_style"),
-        init_lr=float(_opt(args, "lr_warmup_init")),
+        decay_iters=int(decay) if decay is not None else total_optimizer_steps(cfg),
+        decay_style=cfg.lr_decay_style,
+        init_lr=float(cfg.lr_warmup_init),
     )
 
 
-def policy_lr_schedule(args: argparse.Namespace) -> LRSchedule:
+def policy_lr_schedule(cfg: TrainerConfig) -> LRSchedule:
     """The policy's schedule: peak ``--lr``, warm-up ``--lr-warmup-iters``."""
-    return _schedule(args, args.lr, _opt(args, "lr_warmup_iters"))
+    return _schedule(cfg, cfg.lr, cfg.lr_warmup_iters)
 
 
-def critic_lr_schedule(args: argparse.Namespace) -> LRSchedule:
+def critic_lr_schedule(cfg: TrainerConfig) -> LRSchedule:
     """The critic's schedule: peak ``--critic-lr`` (default ``--lr``), warm-up ``--critic-lr-warmup-iters`` (slime's
     flag, default 0); decay style, ``--lr-decay-iters`` and ``--min-lr`` as the policy's."""
-    return _schedule(
-        args, getattr(args, "critic_lr", None) or args.lr, getattr(args, "critic_lr_warmup_iters", 0) or 0
-    )
+    return _schedule(cfg, cfg.critic_lr or cfg.lr, cfg.critic_lr_warmup_iters or 0)
 
 
-def check_lr_schedule_args(args: argparse.Namespace) -> None:
+def check_lr_schedule_config(cfg: TrainerConfig) -> None:
     """Check the schedule flags (Megatron's assertions, as errors naming the flags).
 
     :raises ValueError: negative warm-up or ``--lr-decay-iters < 1``; ``--min-lr`` above ``--lr`` (or
@@ -162,12 +151,12 @@ def check_lr_schedule_args(args: argparse.Namespace) -> None:
         not above the warm-up.
     """
     for name in ("lr_warmup_iters", "critic_lr_warmup_iters"):
-        if (getattr(args, name, 0) or 0) < 0:
-            raise ValueError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")
-    decay = _opt(args, "lr_decay_iters")
+        if (getattr(cfg, name) or 0) < 0:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(cfg, name)}")
+    decay = cfg.lr_decay_iters
     if decay is not None and decay < 1:
         raise ValueError(f"--lr-decay-iters must be >= 1, got {decay}")
-    for label, schedule in (("--lr", policy_lr_schedule(args)), ("--critic-lr", critic_lr_schedule(args))):
+    for label, schedule in (("--lr", policy_lr_schedule(cfg)), ("--critic-lr", critic_lr_schedule(cfg))):
         if not 0.0 <= schedule.min_lr <= schedule.max_lr:
             raise ValueError(f"need 0 <= --min-lr <= {label}, got --min-lr {schedule.min_lr} and {schedule.max_lr}")
         if not 0.0 <= schedule.init_lr <= schedule.max_lr:

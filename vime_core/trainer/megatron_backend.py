@@ -33,7 +33,8 @@ from typing import Any
 
 import torch
 
-from vime_core.algorithms.options import check_algorithm_args, kl_enabled, opt, uses_critic
+from vime_core.algorithms.options import check_algorithm_config, kl_enabled, uses_critic
+from vime_core.config import MegatronConfig
 from vime_core.trainer.base import TrainerBackend
 from vime_core.trainer.lr_schedule import policy_lr_schedule, set_lr
 from vime_core.trainer.megatron_convert import (
@@ -75,13 +76,11 @@ class MegatronTrainer(TrainerBackend):
     """megatron-core GPTModel + Megatron's distributed optimizer; one optimizer step per ``--global-batch-size``
     samples (default: the whole rollout), gradient accumulation over ``--micro-batch-size`` micro-batches.
 
-    Arguments read from ``args`` (defaults in brackets): ``seed``, ``lr``, ``adam_beta1``, ``adam_beta2``,
-    ``adam_eps``, ``weight_decay``, ``clip_grad``, ``global_batch_size`` [None], ``micro_batch_size``,
-    ``use_rollout_logprobs``, ``calculate_per_token_loss``, ``eps_clip``, ``eps_clip_high``, and Megatron's own
-    ``tensor_model_parallel_size`` [1], ``pipeline_model_parallel_size`` [1], ``context_parallel_size`` [1],
-    ``sequence_parallel`` [False], ``recompute_granularity`` [None], ``recompute_method`` [None],
-    ``recompute_num_layers`` [None], ``use_distributed_optimizer`` [True], ``megatron_attention`` [te if TE
-    imports, else sdpa].
+    Flags: the trainer's and the algorithm's (``trainer_config``, ``algorithm_config``: ``--seed``, ``--lr``, Adam,
+    ``--weight-decay``, ``--clip-grad``, batch sizes, loss options) and Megatron's own (``megatron_config``, a
+    :class:`~vime_core.config.MegatronConfig`: ``--tensor-model-parallel-size``, ``--pipeline-model-parallel-size``,
+    ``--context-parallel-size``, ``--sequence-parallel``, ``--recompute-*``, ``--use-distributed-optimizer``,
+    ``--megatron-attention``, default te if TE imports, else sdpa).
 
     :raises RuntimeError: without CUDA. :raises NotImplementedError: for pipeline or context parallelism.
     :raises vime_core.trainer.megatron_convert.ConversionError: if the checkpoint is not a supported architecture.
@@ -99,16 +98,18 @@ class MegatronTrainer(TrainerBackend):
         from megatron.core.transformer.module import Float16Module
         from transformers import AutoConfig
 
-        check_algorithm_args(args)  # before any GPU/distributed setup, so a bad flag is reported at once
+        mcfg = self.megatron_config = MegatronConfig.from_args(args)
+        # before any GPU/distributed setup, so a bad flag is reported at once
+        check_algorithm_config(self.algorithm_config)
         self.rank, self.world, _ = init_distributed()
-        self.tp = int(getattr(args, "tensor_model_parallel_size", 1) or 1)
-        pp = int(getattr(args, "pipeline_model_parallel_size", 1) or 1)
-        cp = int(getattr(args, "context_parallel_size", 1) or 1)
+        self.tp = int(mcfg.tensor_model_parallel_size or 1)
+        pp = int(mcfg.pipeline_model_parallel_size or 1)
+        cp = int(mcfg.context_parallel_size or 1)
         if pp != 1 or cp != 1:
             raise NotImplementedError(
                 f"the megatron backend supports tensor and data parallelism only (got pipeline {pp}, context {cp})"
             )
-        if getattr(args, "sequence_parallel", False) and self.tp > 1 and not have_transformer_engine():
+        if mcfg.sequence_parallel and self.tp > 1 and not have_transformer_engine():
             raise ValueError(
                 "--sequence-parallel needs Transformer Engine: megatron-core's torch norms (local spec) "
                 "do not support sequence parallelism"
@@ -120,13 +121,13 @@ class MegatronTrainer(TrainerBackend):
         self.dp_rank = mpu.get_data_parallel_rank()
         self.dp_size = mpu.get_data_parallel_world_size()
         self.dp_group = mpu.get_data_parallel_group()
-        tensor_parallel.model_parallel_cuda_manual_seed(int(getattr(args, "seed", 0)))
-        torch.manual_seed(int(getattr(args, "seed", 0)))
+        tensor_parallel.model_parallel_cuda_manual_seed(int(self.trainer_config.seed))
+        torch.manual_seed(int(self.trainer_config.seed))
 
         self.hf_config = AutoConfig.from_pretrained(str(model_path))
         self.arch = ArchConfig.from_hf(self.hf_config)
         self.te = have_transformer_engine()
-        self.attention = getattr(args, "megatron_attention", None) or ("te" if self.te else "sdpa")
+        self.attention = mcfg.megatron_attention or ("te" if self.te else "sdpa")
         self.padded_vocab = math.ceil(self.arch.vocab_size / self.tp) * self.tp
         a = self.arch
         self.config = TransformerConfig(
@@ -148,10 +149,10 @@ class MegatronTrainer(TrainerBackend):
             params_dtype=torch.bfloat16,
             pipeline_dtype=torch.bfloat16,
             tensor_model_parallel_size=self.tp,
-            sequence_parallel=bool(getattr(args, "sequence_parallel", False)) and self.tp > 1,
-            recompute_granularity=getattr(args, "recompute_granularity", None),
-            recompute_method=getattr(args, "recompute_method", None),
-            recompute_num_layers=getattr(args, "recompute_num_layers", None),
+            sequence_parallel=bool(mcfg.sequence_parallel) and self.tp > 1,
+            recompute_granularity=mcfg.recompute_granularity,
+            recompute_method=mcfg.recompute_method,
+            recompute_num_layers=mcfg.recompute_num_layers,
             masked_softmax_fusion=False,
             bias_activation_fusion=False,
             apply_rope_fusion=False,
@@ -163,12 +164,12 @@ class MegatronTrainer(TrainerBackend):
         self.gpt = gpt
         self.load_hf_weights(model_path)
         self.module = Float16Module(self.config, gpt)
-        self.ddp, self.optimizer = self.wrap_for_training(self.module, policy_lr_schedule(args).max_lr)
+        self.ddp, self.optimizer = self.wrap_for_training(self.module, policy_lr_schedule(self.trainer_config).max_lr)
         self.steps_done = 0
         self.model = _HFStyleForward(self)  # the contract kit's view: model(input_ids=...).logits
-        self.ref_model = MegatronReferenceModel(self) if kl_enabled(args) else None
+        self.ref_model = MegatronReferenceModel(self) if kl_enabled(self.algorithm_config) else None
         self.critic = None
-        if uses_critic(args):
+        if uses_critic(self.algorithm_config):
             self.critic = MegatronCritic(self)
 
     # -- model construction (shared with the reference model and the critic) -----------------------------------------
@@ -204,8 +205,8 @@ class MegatronTrainer(TrainerBackend):
         from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
         from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
-        args = self.args
-        use_dist_opt = bool(getattr(args, "use_distributed_optimizer", True))
+        cfg = self.trainer_config
+        use_dist_opt = bool(self.megatron_config.use_distributed_optimizer)
         ddp_config = DistributedDataParallelConfig(
             grad_reduce_in_fp32=True, overlap_grad_reduce=False, use_distributed_optimizer=use_dist_opt
         )
@@ -213,11 +214,11 @@ class MegatronTrainer(TrainerBackend):
         opt_config = OptimizerConfig(
             optimizer="adam",
             lr=lr,
-            weight_decay=args.weight_decay,
-            adam_beta1=args.adam_beta1,
-            adam_beta2=args.adam_beta2,
-            adam_eps=args.adam_eps,
-            clip_grad=args.clip_grad,
+            weight_decay=cfg.weight_decay,
+            adam_beta1=cfg.adam_beta1,
+            adam_beta2=cfg.adam_beta2,
+            adam_eps=cfg.adam_eps,
+            clip_grad=cfg.clip_grad,
             bf16=True,
             params_dtype=torch.bfloat16,
             use_distributed_optimizer=use_dist_opt,
@@ -327,7 +328,7 @@ class MegatronTrainer(TrainerBackend):
         ent = None
         if with_entropy:  # before the cross entropy, which overwrites ``logits`` in place (with the softmax)
             group = self.tp_group if self.tp > 1 else None
-            if torch.is_grad_enabled() and opt(self.args, "entropy_coef"):
+            if torch.is_grad_enabled() and self.algorithm_config.entropy_coef:
                 ent = vocab_parallel_entropy(logits, group)  # saves only tensors it creates
             else:
                 with torch.no_grad():

@@ -25,7 +25,6 @@ from typing import TYPE_CHECKING, Any
 import torch
 from safetensors.torch import load_file, save_file
 
-from vime_core.algorithms.options import opt
 from vime_core.trainer.critic import VALUE_HEAD_FILE, CriticBase, resolve_critic_path
 from vime_core.trainer.lr_schedule import critic_lr_schedule
 from vime_core.trainer.megatron_convert import megatron_to_hf
@@ -84,15 +83,16 @@ class MegatronCritic(CriticBase):
         from megatron.core.transformer.module import Float16Module
 
         self.trainer = trainer
-        self.args = trainer.args
-        self.path = path = resolve_critic_path(opt(self.args, "critic_load") or trainer.model_path)
+        self.trainer_config = trainer.trainer_config
+        self.algorithm_config = trainer.algorithm_config
+        self.path = path = resolve_critic_path(self.algorithm_config.critic_load or trainer.model_path)
         self.arch = dataclasses.replace(trainer.arch, tie_word_embeddings=True)  # no LM head to map
         gpt = trainer.new_gpt(tied=False)
         gpt.output_layer = ValueHead(trainer.arch.hidden_size, trainer.config.sequence_parallel).cuda()
         self.gpt = gpt
         self._load_weights(path, fresh_head=True)
         self.module = Float16Module(trainer.config, gpt)
-        schedule = critic_lr_schedule(self.args)
+        schedule = critic_lr_schedule(self.trainer_config)
         self.lr = schedule.lr_at(0)
         self.ddp, self.optimizer = trainer.wrap_for_training(self.module, schedule.max_lr)
 
@@ -106,7 +106,7 @@ class MegatronCritic(CriticBase):
                 raise FileNotFoundError(f"{path}: no {VALUE_HEAD_FILE}")
             # OpenRLHF's initialisation, as the torch critic: weight N(0, 1/(hidden+1)), bias 0; the same on every
             # rank (a generator seeded with --seed), so the replicated head starts identical under TP
-            g = torch.Generator().manual_seed(int(getattr(self.args, "seed", 0)))
+            g = torch.Generator().manual_seed(int(self.trainer_config.seed))
             hidden = layer.weight.shape[1]
             w = torch.randn(layer.weight.shape, generator=g) * (1.0 / (hidden + 1))
             layer.weight.copy_(w.to(layer.weight))

@@ -10,7 +10,6 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from vime_core.algorithms.options import opt
 from vime_core.models import resolve_model
 from vime_core.types import Sample
 
@@ -57,7 +56,7 @@ class MegatronReferenceModel:
         from megatron.core.transformer.module import Float16Module
 
         self.trainer = trainer
-        ref = opt(trainer.args, "ref_load")
+        ref = trainer.algorithm_config.ref_load
         path = Path(ref or trainer.model_path)
         if ref and not (path / "config.json").is_file():
             path = resolve_model(str(ref))

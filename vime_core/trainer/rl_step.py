@@ -34,7 +34,6 @@ whole on every rank (correct, not faster).
 
 from __future__ import annotations
 
-import argparse
 import time
 from collections.abc import Iterator
 from typing import Any, Protocol
@@ -44,8 +43,8 @@ import torch
 from vime_core.algorithms.batch import gae_advantages, postprocess_advantages
 from vime_core.algorithms.kl import approx_kl
 from vime_core.algorithms.mismatch import check_logprob_drift
-from vime_core.algorithms.options import opt
 from vime_core.algorithms.policy_loss import policy_loss, policy_loss_kwargs
+from vime_core.config import AlgorithmConfig, TrainerConfig
 from vime_core.trainer.critic import CriticBase
 from vime_core.trainer.lr_schedule import policy_lr_schedule, set_lr
 from vime_core.types import RolloutBatch, Sample
@@ -61,7 +60,8 @@ class ReferenceOps(Protocol):
 class PolicyOps(Protocol):
     """What a backend supplies to :func:`rl_train_step`."""
 
-    args: argparse.Namespace
+    trainer_config: TrainerConfig
+    algorithm_config: AlgorithmConfig
     steps_done: int
     optimizer: Any  # a torch or Megatron optimizer; its param groups' "lr" is set before every step
     ref_model: ReferenceOps | None
@@ -131,7 +131,7 @@ def micro_batches(samples: list[Sample], micro_batch_size: int) -> Iterator[list
 def old_log_probs(backend: PolicyOps, samples: list[Sample]) -> dict[int, torch.Tensor]:
     """Current-policy log-probs of every sample before any update, ``id(sample) → [T]`` float32 on CPU."""
     out: dict[int, torch.Tensor] = {}
-    for mb in micro_batches(samples, backend.args.micro_batch_size):
+    for mb in micro_batches(samples, backend.trainer_config.micro_batch_size):
         for s, lp in zip(mb, backend.policy_log_probs(mb, False)[0], strict=True):
             out[id(s)] = lp.float().cpu()
     return out
@@ -154,17 +154,17 @@ def rl_train_step(backend: PolicyOps, batch: RolloutBatch) -> dict[str, float]:
     :raises FloatingPointError: on a non-finite gradient norm.
     """
     t0 = time.perf_counter()
-    args = backend.args
+    cfg, algo = backend.trainer_config, backend.algorithm_config
     dev = backend.loss_device
     samples = batch.samples
-    use_rollout = bool(opt(args, "use_rollout_logprobs"))
+    use_rollout = bool(algo.use_rollout_logprobs)
     rollout_of = {id(s): torch.tensor(s.rollout_log_probs, dtype=torch.float32) for s in samples}
     mask_of = {id(s): torch.tensor(s.loss_mask, dtype=torch.float32) for s in samples}
-    gbs = args.global_batch_size or len(samples)
+    gbs = cfg.global_batch_size or len(samples)
     minibatches = [samples[i : i + gbs] for i in range(0, len(samples), gbs)]
-    kl_coef = opt(args, "kl_coef")
+    kl_coef = algo.kl_coef
     critic = backend.critic
-    lr_schedule = policy_lr_schedule(args)
+    lr_schedule = policy_lr_schedule(cfg)
     lr_used: list[float] = []
 
     dp_rank, dp_size = backend.dp_rank, backend.dp_size
@@ -175,25 +175,25 @@ def rl_train_step(backend: PolicyOps, batch: RolloutBatch) -> dict[str, float]:
     ref_of = {}
     if backend.ref_model is not None:
         ref = backend.ref_model
-        ref_of = dp_log_probs(backend, samples, lambda part: ref.log_probs(part, args.micro_batch_size))
+        ref_of = dp_log_probs(backend, samples, lambda part: ref.log_probs(part, cfg.micro_batch_size))
     kl = None
     if kl_coef != 0.0:
         behaviour = rollout_of if use_rollout else old_of
-        kl = [approx_kl(behaviour[id(s)], ref_of[id(s)], opt(args, "kl_loss_type")) for s in samples]
+        kl = [approx_kl(behaviour[id(s)], ref_of[id(s)], algo.kl_loss_type) for s in samples]
     estimator_out = [torch.tensor(a, dtype=torch.float32) for a in batch.advantages]
     critic_only = False
     if critic is not None:  # ppo: the estimator gave per-token rewards; GAE with the critic's values
-        old_values = critic.values(samples, args.micro_batch_size)
+        old_values = critic.values(samples, cfg.micro_batch_size)
         advantages, returns, adv_metrics = gae_advantages(
-            args, samples, estimator_out, [old_values[id(s)] for s in samples], kl=kl
+            algo, samples, estimator_out, [old_values[id(s)] for s in samples], kl=kl
         )
         returns_of = {id(s): r for s, r in zip(samples, returns, strict=True)}
-        critic_only = batch.step < opt(args, "num_critic_only_steps")
+        critic_only = batch.step < algo.num_critic_only_steps
     else:
-        advantages, adv_metrics = postprocess_advantages(args, samples, estimator_out, kl=kl)
+        advantages, adv_metrics = postprocess_advantages(algo, samples, estimator_out, kl=kl)
     adv_of = {id(s): a for s, a in zip(samples, advantages, strict=True)}
-    loss_kwargs = policy_loss_kwargs(args)
-    use_kl_loss = bool(opt(args, "use_kl_loss"))
+    loss_kwargs = policy_loss_kwargs(algo)
+    use_kl_loss = bool(algo.use_kl_loss)
     per_token = loss_kwargs["per_token"]
 
     def weight(group: list[Sample]) -> int:  # the loss's denominator: trained tokens, or trained samples
@@ -210,7 +210,7 @@ def rl_train_step(backend: PolicyOps, batch: RolloutBatch) -> dict[str, float]:
     for minibatch in minibatches:
         if critic is not None:
             cm = critic.train_minibatch(
-                list(micro_batches(minibatch, args.micro_batch_size)), old_values, returns_of, per_token
+                list(micro_batches(minibatch, cfg.micro_batch_size)), old_values, returns_of, per_token
             )
             for k, v in cm.items():
                 critic_sums[k] = critic_sums.get(k, 0.0) + v / len(minibatches)
@@ -218,7 +218,7 @@ def rl_train_step(backend: PolicyOps, batch: RolloutBatch) -> dict[str, float]:
             continue
         total = weight(minibatch)  # global: every DP rank holds the whole mini-batch
         backend.zero_grad()
-        for mb in micro_batches(dp_shard(minibatch, dp_rank, dp_size), args.micro_batch_size):
+        for mb in micro_batches(dp_shard(minibatch, dp_rank, dp_size), cfg.micro_batch_size):
             lps, ents = backend.policy_log_probs(mb, True)
             lps = [lp.float() for lp in lps]
             for s, lp in zip(mb, lps, strict=True):
@@ -250,7 +250,7 @@ def rl_train_step(backend: PolicyOps, batch: RolloutBatch) -> dict[str, float]:
                 [old_of[id(s)] for s in samples],
                 [rollout_of[id(s)] for s in samples],
                 [mask_of[id(s)] for s in samples],
-                opt(args, "max_train_rollout_logprob_diff"),
+                algo.max_train_rollout_logprob_diff,
                 step=backend.steps_done,
             )
         lr_used.append(lr_schedule.lr_at(backend.steps_done))

@@ -20,7 +20,7 @@ import torch
 from safetensors.torch import save_file
 
 from vime_core.algorithms.logprobs import token_log_probs, token_log_probs_and_entropy
-from vime_core.algorithms.options import check_algorithm_args, kl_enabled, opt, uses_critic
+from vime_core.algorithms.options import check_algorithm_config, kl_enabled, uses_critic
 from vime_core.models import resolve_model
 from vime_core.trainer.base import TrainerBackend
 from vime_core.trainer.critic import Critic, clip_and_step
@@ -70,12 +70,12 @@ class ReferenceModel:
     initial policy), on the trainer's device and dtype. Loaded only when KL is enabled.
     """
 
-    def __init__(self, args: argparse.Namespace, model_path: Path, device: torch.device, dtype: torch.dtype) -> None:
+    def __init__(self, ref_load: str | None, model_path: Path, device: torch.device, dtype: torch.dtype) -> None:
         from transformers import AutoModelForCausalLM
 
-        path = Path(opt(args, "ref_load") or model_path)
+        path = Path(ref_load or model_path)
         if not (path / "config.json").is_file():
-            path = resolve_model(str(opt(args, "ref_load")))
+            path = resolve_model(str(ref_load))
         self.path = path
         self.device = device
         self.model = AutoModelForCausalLM.from_pretrained(str(path), torch_dtype=dtype).to(device)
@@ -110,29 +110,32 @@ class TorchTrainer(TrainerBackend):
         super().__init__(args, model_path)
         from transformers import AutoModelForCausalLM
 
-        check_algorithm_args(args)
+        cfg, algo = self.trainer_config, self.algorithm_config
+        check_algorithm_config(algo)
 
-        torch.manual_seed(args.seed)
+        torch.manual_seed(cfg.seed)
         # Ray starts actors with OMP_NUM_THREADS=1 (num_cpus=0 actors), which halves CPU training speed on 2 cores:
         # use every core this process may run on unless --train-num-threads says otherwise.
-        torch.set_num_threads(getattr(args, "train_num_threads", None) or len(os.sched_getaffinity(0)))
-        self.device = torch.device(args.train_device)
-        dtype = DTYPES[args.train_dtype]
+        torch.set_num_threads(cfg.train_num_threads or len(os.sched_getaffinity(0)))
+        self.device = torch.device(cfg.train_device)
+        dtype = DTYPES[cfg.train_dtype]
         self.model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=dtype).to(self.device)
         self.model.train()
-        if getattr(args, "gradient_checkpointing", False):
+        if cfg.gradient_checkpointing:
             self.model.gradient_checkpointing_enable()
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(),
-            lr=args.lr,
-            betas=(args.adam_beta1, args.adam_beta2),
-            eps=args.adam_eps,
-            weight_decay=args.weight_decay,
+            lr=cfg.lr,
+            betas=(cfg.adam_beta1, cfg.adam_beta2),
+            eps=cfg.adam_eps,
+            weight_decay=cfg.weight_decay,
         )
-        self.ref_model = ReferenceModel(args, self.model_path, self.device, dtype) if kl_enabled(args) else None
+        self.ref_model = (
+            ReferenceModel(algo.ref_load, self.model_path, self.device, dtype) if kl_enabled(algo) else None
+        )
         self.critic = None
-        if uses_critic(args):
-            self.critic = Critic(args, self.model_path, self.device, dtype)
+        if uses_critic(algo):
+            self.critic = Critic(cfg, algo, self.model_path, self.device, dtype)
         self.steps_done = 0
 
     # -- what the shared RL step needs (vime_core.trainer.rl_step.PolicyOps) ----------------------------------
@@ -156,7 +159,10 @@ class TorchTrainer(TrainerBackend):
         :raises FloatingPointError: on a non-finite gradient norm (no update is made).
         """
         return clip_and_step(
-            self.model.parameters(), self.optimizer, self.args.clip_grad, f"grad norm at train step {self.steps_done}:"
+            self.model.parameters(),
+            self.optimizer,
+            self.trainer_config.clip_grad,
+            f"grad norm at train step {self.steps_done}:",
         )
 
     def train_step(self, batch: RolloutBatch) -> dict[str, float]:

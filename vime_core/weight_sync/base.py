@@ -14,6 +14,8 @@ from typing import Any, TypeVar
 import torch
 from safetensors import SafetensorError
 
+from vime_core.config import WeightSyncConfig
+
 T = TypeVar("T")
 
 
@@ -97,7 +99,9 @@ class WeightUpdate:
 class WeightSyncStrategy(ABC):
     """Moves HF-layout weights from a trainer to vLLM engines.
 
-    Members: ``NAME``; :meth:`push` (trainer side, returns a :class:`WeightUpdate`); :meth:`apply` (engine side,
+    Members: ``NAME``; ``args`` (the ``vime run`` arguments, for a plugin strategy's own flags) and ``config``
+    (:class:`~vime_core.config.WeightSyncConfig`, the framework's weight-sync flags, built from them); :meth:`push`
+    (trainer side, returns a :class:`WeightUpdate`); :meth:`apply` (engine side,
     loads the update into one paused engine); :meth:`read` (engine-side decoding without an engine — the contract
     kit uses it to check a bit-exact round trip); :meth:`cleanup` (drop what an applied update left behind).
     The rollout manager pauses every engine, calls :meth:`apply` for each, resets prefix caches, resumes, and
@@ -108,6 +112,7 @@ class WeightSyncStrategy(ABC):
 
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
+        self.config = WeightSyncConfig.from_args(args)
 
     @abstractmethod
     def push(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> WeightUpdate:

@@ -23,7 +23,7 @@ class DiskWeightSync(WeightSyncStrategy):
     NAME = "disk"
 
     def _dir(self, version: int) -> Path:
-        return Path(self.args.update_weight_disk_dir) / f"weight_v{version:06d}"
+        return Path(self.config.update_weight_disk_dir) / f"weight_v{version:06d}"
 
     def push(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> WeightUpdate:
         """Write ``weight_v{version}/model.safetensors``.
@@ -57,5 +57,5 @@ class DiskWeightSync(WeightSyncStrategy):
         return load_file(str(Path(update.payload["path"]) / "model.safetensors"))
 
     def cleanup(self, update: WeightUpdate) -> None:
-        if not getattr(self.args, "keep_weight_updates", False):
+        if not self.config.keep_weight_updates:
             shutil.rmtree(update.payload["path"], ignore_errors=True)

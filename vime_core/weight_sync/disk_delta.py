@@ -460,10 +460,10 @@ class DiskDeltaWeightSync(WeightSyncStrategy):
     """Trainer side writes ``weight_v{N:06d}/delta.safetensors`` (see the module docstring); each engine applies it
     through ``/collective_rpc vime_apply_delta`` (decode + verify everything, then reload the touched layers).
 
-    Arguments read from ``args``: ``update_weight_disk_dir`` (where versions are written), ``keep_weight_updates``,
-    ``update_weight_delta_encoding`` (``sub``, default, ``xor`` or ``overwrite``), ``update_weight_delta_zstd_level``
-    (default 1), ``update_weight_delta_base`` (seed directory; default the ``--model`` directory; none: the first
-    version carries every tensor in full).
+    Flags (its :class:`~vime_core.config.WeightSyncConfig`): ``--update-weight-disk-dir`` (where versions are
+    written), ``--keep-weight-updates``, ``--update-weight-delta-encoding`` (``sub``, ``xor`` or ``overwrite``),
+    ``--update-weight-delta-zstd-level``, ``--update-weight-delta-base`` (seed directory; default the ``--model``
+    directory; none: the first version carries every tensor in full).
 
     :ivar version: the version the trainer-side snapshot holds (the engines' version once an update is applied).
     """
@@ -472,20 +472,20 @@ class DiskDeltaWeightSync(WeightSyncStrategy):
 
     def __init__(self, args: Any) -> None:
         super().__init__(args)
-        self.encoding = getattr(args, "update_weight_delta_encoding", None) or "sub"
+        self.encoding = self.config.update_weight_delta_encoding
         if self.encoding not in ENCODINGS:
             raise ValueError(f"--update-weight-delta-encoding must be one of {ENCODINGS}, got {self.encoding!r}")
-        self.level = int(getattr(args, "update_weight_delta_zstd_level", None) or 1)
+        self.level = int(self.config.update_weight_delta_zstd_level)
         self._base = BaseDirReader(self._base_dir())
         self.snapshot: dict[str, np.ndarray] = {}
         self.version = 0
         self._reader: DeltaReceiver | None = None  # for read(): the engine side without an engine
 
     def _base_dir(self) -> Path | None:
-        base = getattr(self.args, "update_weight_delta_base", None)
+        base = self.config.update_weight_delta_base
         if base:
             return Path(base)
-        model = getattr(self.args, "model", None)
+        model = self.config.model
         if model:
             return resolve_model(model)
         return None
@@ -497,7 +497,7 @@ class DiskDeltaWeightSync(WeightSyncStrategy):
         self.version = version
 
     def _dir(self, version: int) -> Path:
-        return Path(self.args.update_weight_disk_dir) / f"weight_v{version:06d}"
+        return Path(self.config.update_weight_disk_dir) / f"weight_v{version:06d}"
 
     def push(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> WeightUpdate:
         """Diff ``named_tensors`` against the snapshot, write the delta of ``self.version → version``.
@@ -606,5 +606,5 @@ class DiskDeltaWeightSync(WeightSyncStrategy):
 
     def cleanup(self, update: WeightUpdate) -> None:
         """Remove the version's directory unless ``--keep-weight-updates``."""
-        if not getattr(self.args, "keep_weight_updates", False):
+        if not self.config.keep_weight_updates:
             shutil.rmtree(update.payload["path"], ignore_errors=True)

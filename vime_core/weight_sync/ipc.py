@@ -111,7 +111,7 @@ class IpcWeightSync(WeightSyncStrategy):
 
     def __init__(self, args: Any) -> None:
         super().__init__(args)
-        self.bucket_bytes = int(getattr(args, "update_weight_buffer_size", None) or DEFAULT_BUCKET_BYTES)
+        self.bucket_bytes = int(self.config.update_weight_buffer_size or DEFAULT_BUCKET_BYTES)
         self._buffers: dict[int, list[torch.Tensor]] = {}
 
     def push(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> WeightUpdate:

@@ -226,11 +226,12 @@ class NcclWeightSync(WeightSyncStrategy):
 
     def __init__(self, args: argparse.Namespace) -> None:
         super().__init__(args)
-        self.bucket_bytes = int(getattr(args, "update_weight_buffer_size", None) or DEFAULT_BUCKET_BYTES)
-        self.checksums = bool(getattr(args, "update_weight_checksums", False))
-        self.timeout_s = float(getattr(args, "weight_sync_timeout", None) or 300.0)
-        self.tp = int(getattr(args, "rollout_num_gpus_per_engine", None) or 1)
-        self.world_size = 1 + int(getattr(args, "rollout_num_engines", None) or 1) * self.tp
+        cfg = self.config
+        self.bucket_bytes = int(cfg.update_weight_buffer_size or DEFAULT_BUCKET_BYTES)
+        self.checksums = bool(cfg.update_weight_checksums)
+        self.timeout_s = float(cfg.weight_sync_timeout)
+        self.tp = int(cfg.rollout_num_gpus_per_engine)
+        self.world_size = 1 + int(cfg.rollout_num_engines) * self.tp
         self._group: Any = None
         self._port: int | None = None
         self._host = "127.0.0.1"

@@ -12,6 +12,7 @@ from reward_tests_cases import PARTIAL, STUB, TESTS, task_sample
 from vime_reward_tests.reward import RewardInfraError, RunOutcome, read_records, record_line, score
 from vime_reward_tests.reward import tests_reward as reward_of
 
+from vime_core.arguments import default_args
 from vime_core.data.workspace_task import AgentResult, TaskError, WorkspaceTask, is_guarded, result_files
 from vime_core.sandbox.base import SandboxInfraError
 from vime_core.sandbox.local import LocalSandbox
@@ -170,7 +171,7 @@ def test_sandbox_failure_excludes_the_sample_instead_of_scoring_zero():
 
     from vime_core.plugins import get_plugins
 
-    args = argparse.Namespace(
+    args = default_args(
         sandbox="local",
         reward_tests_sandbox=spec,
         rollout_concurrency=2,

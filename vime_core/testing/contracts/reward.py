@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from vime_core.arguments import complete_args, default_args
 from vime_core.rewards.call import validate_reward
 from vime_core.testing.contracts.base import _Contract
 from vime_core.types import Sample
@@ -18,14 +19,15 @@ class RewardFunctionContract(_Contract):
     """Contract of ``vime_register_reward_functions`` providers.
 
     Fixtures to supply: ``reward_fn`` (the async function) and ``cases``: a list of ``(Sample, expected)`` with
-    exact expected values (float, or dict for dict rewards). Optional fixtures: ``reward_args`` (a Namespace) and
+    exact expected values (float, or dict for dict rewards). Optional fixtures: ``reward_args`` (a Namespace; the flags
+    it lacks take their defaults, :func:`vime_core.arguments.complete_args`) and
     ``error_cases``: samples the reward must refuse by raising (a missing label, a malformed row); the rollout
     manager then marks them failed (``reward_error``) instead of scoring them.
     """
 
     @pytest.fixture
     def reward_args(self) -> argparse.Namespace:
-        return argparse.Namespace()
+        return default_args()
 
     @pytest.fixture
     def error_cases(self) -> list[Sample]:
@@ -39,7 +41,7 @@ class RewardFunctionContract(_Contract):
     def test_exact_values(self, reward_fn: Any, cases: list[tuple[Sample, Any]], reward_args) -> None:
         assert cases, "supply at least one (sample, expected) case"
         for sample, expected in cases:
-            got = asyncio.run(reward_fn(reward_args, sample))
+            got = asyncio.run(reward_fn(complete_args(reward_args), sample))
             assert isinstance(got, (float, int, dict)), f"reward must be a float or dict, got {type(got).__name__}"
             validate_reward(got)  # finite, as the rollout manager requires (else the sample would fail)
             assert got == pytest.approx(expected), f"{sample.response!r}: expected {expected}, got {got}"
@@ -49,7 +51,7 @@ class RewardFunctionContract(_Contract):
             pytest.skip(f"{type(self).__name__} supplies no error_cases")
         for sample in error_cases:
             with pytest.raises(Exception):  # noqa: B017 - any exception: the manager classifies it
-                asyncio.run(reward_fn(reward_args, sample))
+                asyncio.run(reward_fn(complete_args(reward_args), sample))
 
 
 class GroupRewardFunctionContract(_Contract):
@@ -62,7 +64,7 @@ class GroupRewardFunctionContract(_Contract):
 
     @pytest.fixture
     def reward_args(self) -> argparse.Namespace:
-        return argparse.Namespace()
+        return default_args()
 
     def test_is_async_with_args_group(self, group_reward_fn: Any) -> None:
         assert inspect.iscoroutinefunction(group_reward_fn), "a group reward must be `async def fn(args, group)`"
@@ -72,12 +74,12 @@ class GroupRewardFunctionContract(_Contract):
     def test_exact_values(self, group_reward_fn: Any, group_cases: list[tuple[list[Sample], list[Any]]], reward_args):
         assert group_cases, "supply at least one (group, expected) case"
         for group, expected in group_cases:
-            got = asyncio.run(group_reward_fn(reward_args, list(group)))
+            got = asyncio.run(group_reward_fn(complete_args(reward_args), list(group)))
             assert isinstance(got, (list, tuple)) and len(got) == len(group), f"one score per sample, got {got!r}"
             assert list(got) == pytest.approx(list(expected)), f"expected {expected}, got {got}"
 
     def test_scores_follow_their_samples(self, group_reward_fn: Any, group_cases, reward_args) -> None:
         """Reversing the group reverses the scores: a score belongs to its sample, not to a position."""
         for group, expected in group_cases:
-            got = asyncio.run(group_reward_fn(reward_args, list(reversed(group))))
+            got = asyncio.run(group_reward_fn(complete_args(reward_args), list(reversed(group))))
             assert list(got) == pytest.approx(list(reversed(expected)))

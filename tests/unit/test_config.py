@@ -1,0 +1,152 @@
+"""The typed run configuration (vime_core/config.py): every field is a flag, every framework flag is in a section,
+defaults come from the parser alone, and no module reads the Namespace for framework flags directly."""
+
+import argparse
+import ast
+import dataclasses
+import importlib
+import pickle
+from pathlib import Path
+
+import pytest
+
+import vime_core
+from vime_core.arguments import ArgumentError, build_parser, complete_args, default_args, parse_run_args
+from vime_core.config import (
+    PASSTHROUGH_DESTS,
+    SECTIONS,
+    AlgorithmConfig,
+    ConfigError,
+    RolloutConfig,
+    RunConfig,
+    SandboxConfig,
+)
+from vime_core.plugins import DEFAULT_PLUGINS
+
+pytestmark = pytest.mark.unit
+
+BASE = ["--model", "m", "--prompt-data", "d.jsonl"]
+# Flags only the command line itself reads (arguments.py / cli.py): the config file, help, and the opt-out checked
+# once at parse time.
+CLI_ONLY = {"help", "config", "allow_off_policy_without_correction"}
+# The modules that may read the Namespace: the parser, the config builder and the command line.
+NAMESPACE_READERS = {"vime_core/arguments.py", "vime_core/config.py", "vime_core/cli.py"}
+
+
+def _framework_dests() -> set[str]:
+    """The dests of vime_core's own flags: the core parser and the built-in plugins' ``vime_add_arguments``."""
+    parser = build_parser(add_plugin_arguments=False)
+    for name in DEFAULT_PLUGINS:
+        hook = getattr(importlib.import_module(name), "vime_add_arguments", None)
+        if hook is not None:
+            hook(parser=parser)
+    return {a.dest for a in parser._actions} | set(PASSTHROUGH_DESTS)
+
+
+def _section_fields() -> dict[str, set[str]]:
+    return {name: {f.name for f in dataclasses.fields(cls)} for name, cls in SECTIONS.items()}
+
+
+def test_every_field_is_a_flag():
+    dests = _framework_dests()
+    for name, fields in _section_fields().items():
+        assert fields <= dests, f"{name}: fields that are no flag: {sorted(fields - dests)}"
+
+
+def test_every_framework_flag_is_in_a_section():
+    covered = set().union(*_section_fields().values())
+    missing = _framework_dests() - covered - CLI_ONLY
+    assert not missing, f"framework flags in no config section: {sorted(missing)}"
+
+
+def test_run_config_from_parsed_flags_is_typed_and_frozen():
+    args = parse_run_args(BASE + ["--rollout-batch-size", "4", "--kl-coef", "0.1", "--advantage-estimator", "ppo"])
+    cfg = RunConfig.from_args(args)
+    assert [f.name for f in dataclasses.fields(RunConfig)] == list(SECTIONS)
+    assert (cfg.rollout.rollout_batch_size, cfg.trainer.rollout_batch_size) == (4, 4)
+    assert (cfg.algorithm.kl_coef, cfg.algorithm.advantage_estimator) == (0.1, "ppo")
+    assert cfg.weight_sync.update_weight_disk_dir == Path("outputs/run/weights")  # set by parse_run_args
+    assert cfg.engine.vllm_args == [] and cfg.engine.router_args == []
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.rollout.rollout_batch_size = 8  # type: ignore[misc]
+    assert not hasattr(cfg.rollout, "__dict__")  # slots: no stray attribute can be added
+    assert pickle.loads(pickle.dumps(cfg)) == cfg  # crosses Ray actor boundaries
+
+
+def test_defaults_come_from_the_flag_definitions():
+    parser = build_parser()
+    defaults = {a.dest: a.default for a in parser._actions if a.option_strings and a.dest not in CLI_ONLY}
+    args = default_args()
+    assert {k: getattr(args, k) for k in defaults} == defaults
+    assert default_args(gamma=0.5).gamma == 0.5
+    cfg = AlgorithmConfig.from_args(args)
+    assert (cfg.advantage_estimator, cfg.eps_clip, cfg.kl_loss_type, cfg.tis_clip) == ("grpo", 0.2, "k1", 2.0)
+    with pytest.raises(ArgumentError, match="default_args: gama is not a vime run flag"):
+        default_args(gama=0.5)
+
+
+def test_a_partial_namespace_is_refused_naming_the_flags():
+    with pytest.raises(ConfigError, match=r"SandboxConfig needs the flags .*--sandbox-network.*default_args"):
+        SandboxConfig.from_args(argparse.Namespace(sandbox="local"))
+    # complete_args keeps what is given and fills the rest (a plugin's own attributes included)
+    full = complete_args(argparse.Namespace(sandbox="docker", my_plugin_flag=3))
+    assert (SandboxConfig.from_args(full).sandbox, full.my_plugin_flag, full.sandbox_cpus) == ("docker", 3, 1.0)
+    assert RolloutConfig.from_args(full).rollout_batch_size == 8
+
+
+def _namespace_reads(tree: ast.AST, dests: set[str]) -> list[tuple[int, str]]:
+    """``args.<flag>``, ``self.args.<flag>`` (any ``X.args`` / ``X._args``), ``getattr(args, "<flag>", ...)`` and
+    calls of a function named ``opt`` / ``_opt``, with their line numbers."""
+
+    def is_namespace(node: ast.AST) -> bool:
+        return (isinstance(node, ast.Name) and node.id in ("args", "_args")) or (
+            isinstance(node, ast.Attribute) and node.attr in ("args", "_args")
+        )
+
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr in dests and is_namespace(node.value):
+            found.append((node.lineno, f"{ast.unparse(node)}"))
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+            if node.func.id in ("opt", "_opt"):
+                found.append((node.lineno, ast.unparse(node)))
+            elif (
+                node.func.id == "getattr"
+                and len(node.args) >= 2
+                and is_namespace(node.args[0])
+                and isinstance(node.args[1], ast.Constant)
+                and node.args[1].value in dests
+            ):
+                found.append((node.lineno, ast.unparse(node)))
+    return found
+
+
+def test_no_module_reads_framework_flags_from_the_namespace():
+    """Outside the parser, the config builder and the CLI, framework flags are read from a config section
+    (``XConfig.from_args(args)``), never as ``args.<flag>`` / ``getattr(args, "<flag>")`` / ``opt(args, ...)``.
+    Plugins still receive ``args`` and read their own prefixed flags from it (the plugins/ packages are not
+    scanned)."""
+    dests = _framework_dests()
+    root = Path(vime_core.__file__).parent
+    offenders = []
+    for path in sorted(root.rglob("*.py")):
+        rel = f"vime_core/{path.relative_to(root).as_posix()}"
+        if rel in NAMESPACE_READERS:
+            continue
+        for line, what in _namespace_reads(ast.parse(path.read_text(), str(path)), dests):
+            offenders.append(f"{rel}:{line}: {what}")
+    assert not offenders, "framework flags read from the Namespace:\n" + "\n".join(offenders)
+
+
+def test_the_scan_finds_each_kind_of_read():
+    src = (
+        "def f(args, self):\n"
+        "    a = args.rollout_batch_size\n"
+        "    b = self.args.lr\n"
+        "    c = getattr(args, 'gamma', 1.0)\n"
+        "    d = opt(args, 'kl_coef')\n"
+        "    e = args.strip()\n"  # not a flag: a local string called args
+        "    f = run.args.get('loop')\n"  # a dict attribute, not a flag read
+    )
+    got = _namespace_reads(ast.parse(src), {"rollout_batch_size", "lr", "gamma", "kl_coef", "loop"})
+    assert sorted(line for line, _ in got) == [2, 3, 4, 5]
