@@ -79,6 +79,9 @@ class TrainerWorker:
                 )
             os.environ.update(group_env(rank, world_size, dist_env or {}))
             init_process_group_from_env()
+        else:  # one rank: a rendezvous inherited from the driver's environment (torchrun, a test) is not this group's
+            for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+                os.environ.pop(key, None)
         self.backend = backend_cls(args, Path(model_path))
         self.weight_sync = plugins.resolve("weight_sync", cluster.weight_sync)(args)
 
