@@ -21,6 +21,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from vime_core.arguments import default_args
 from vime_core.rollout.health import (
     EngineMonitor,
     EnginesLostError,
@@ -122,7 +123,7 @@ class Router:
 
 
 def _disk_recovery(tmp_path: Path) -> tuple[WeightRecovery, DiskWeightSync]:
-    ws = DiskWeightSync(argparse.Namespace(update_weight_disk_dir=tmp_path / "weights", keep_weight_updates=False))
+    ws = DiskWeightSync(default_args(update_weight_disk_dir=tmp_path / "weights", keep_weight_updates=False))
     return WeightRecovery(ws, tmp_path / "weights"), ws
 
 
@@ -285,7 +286,7 @@ def test_disk_delta_recovery_writes_the_current_version_in_full(tmp_path):
     base.mkdir()
     w0 = {"a": torch.arange(6, dtype=torch.float32).reshape(2, 3), "b": torch.ones(4, dtype=torch.bfloat16)}
     save_file(w0, str(base / "model.safetensors"))
-    args = argparse.Namespace(
+    args = default_args(
         update_weight_disk_dir=tmp_path / "weights", keep_weight_updates=False, update_weight_delta_base=str(base)
     )
     trainer, rollout = DiskDeltaWeightSync(args), DiskDeltaWeightSync(args)
@@ -308,7 +309,7 @@ def test_other_strategies_cannot_recover_past_version_zero():
     class Nccl(DiskWeightSync):
         NAME = "nccl"
 
-    recovery = WeightRecovery(Nccl(argparse.Namespace()), None)
+    recovery = WeightRecovery(Nccl(default_args()), None)
     assert recovery.supported
     recovery.version = 4
     assert not recovery.supported
