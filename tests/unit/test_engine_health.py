@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import re
 import threading
@@ -140,12 +141,13 @@ def test_dead_engine_is_removed_replaced_at_the_current_version_and_re_added(tmp
     assert recovery.applied(update) == []  # kept for recoveries
     engines = [Engine(health_url, tmp_path / "e0.log"), Engine(health_url, tmp_path / "e1.log")]
     router = Router([health_url, health_url])
-    monitor = EngineMonitor(engines, router, recovery, FAST, log_dir=tmp_path)
+    # a backoff long enough that the replacement cannot be up before the state is read (the test machine is busy)
+    monitor = EngineMonitor(engines, router, recovery, dataclasses.replace(FAST, backoff_s=1.0), log_dir=tmp_path)
     engines[1].alive = False
     monitor.check_once()
     assert [s.state for s in monitor.slots] == ["up", "down"]
     assert monitor.serving() == [engines[0]]
-    _wait(lambda: monitor.slots[1].state == "up")
+    _wait(lambda: monitor.slots[1].state == "up", timeout_s=15.0)
     path = str(Path(update.payload["path"]).resolve())
     assert engines[1].calls == [
         ("restart",),

@@ -19,6 +19,7 @@ import torch
 
 from tests.unit.test_async_admission import _args, _sleeping_generate
 from tests.unit.test_hooks import _manager_with_hooks
+from vime_core.arguments import default_args
 from vime_core.loop import TRAINED_PROMPTS_FILE, _GroupSource, _one_step, _save_after_failed_write
 from vime_core.orchestration import TrainerWorker
 from vime_core.plugins import get_plugins
@@ -86,7 +87,7 @@ def _tensors():
 def test_a_failed_write_names_the_directory_and_leaves_nothing(broken_dir, tmp_path, kind, strategy):
     make, how = broken_dir
     d = make(kind)
-    args = type("A", (), {"update_weight_disk_dir": d, "keep_weight_updates": False})()
+    args = default_args(update_weight_disk_dir=d, keep_weight_updates=False)
     sync = strategy(args)
     if isinstance(sync, DiskDeltaWeightSync):
         sync.seed(iter(_tensors()), 0)  # the engines hold version 0
