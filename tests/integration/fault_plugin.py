@@ -130,14 +130,14 @@ def _call(what: str, step: int) -> int:
     return _calls[(what, step)]
 
 
-async def generate(args: Any, sample: Any, params: dict[str, Any]) -> Any:
+async def generate(args: Any, sample: Any, sampling_params: dict[str, Any]) -> Any:
     """vime's default generate function, with the rollout faults of the plan (see the module docstring)."""
     p = plan()
     step = get_rollout_context().weight_version  # sync loop: step k generates with weight version k
     call = _call("generate", step)
     if step == p["kill_engine_rollout_step"] and call == 1:  # requests routed to the victim wait there from now
         port = _engine_ports()[0]
-        httpx.post(f"http://127.0.0.1:{port}/pause", params={"mode": "keep"}, timeout=30, trust_env=False)
+        httpx.post(f"http://127.0.0.1:{port}/pause", sampling_params={"mode": "keep"}, timeout=30, trust_env=False)
         _victim["port"] = port
     if call == args.rollout_batch_size * args.n_samples_per_prompt:  # the step's last sample
         router_url = get_rollout_context().client.base_url
@@ -156,7 +156,7 @@ async def generate(args: Any, sample: Any, params: dict[str, Any]) -> Any:
             _kill_group(os.getpgid(pid))  # the router runs in its own session
             _log("router_kill", pid=pid, url=router_url, step=step)
     default = get_plugins().resolve("generate", "default")
-    return await default(args, sample, params)
+    return await default(args, sample, sampling_params)
 
 
 async def reward(args: Any, sample: Any) -> Any:

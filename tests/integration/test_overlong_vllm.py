@@ -28,17 +28,17 @@ CALL = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "6 * 7"}
 VOCAB: list[int] = []
 
 
-async def _by_prompt(args, sample, params):
+async def _by_prompt(args, sample, sampling_params):
     plugins = get_plugins()
     if sample.prompt == "stop":
-        return await plugins.resolve("generate", "default")(args, sample, {**params, "stop_token_ids": VOCAB})
+        return await plugins.resolve("generate", "default")(args, sample, {**sampling_params, "stop_token_ids": VOCAB})
     if sample.prompt == "cut":
-        return await plugins.resolve("generate", "default")(args, sample, {**params, "ignore_eos": True})
+        return await plugins.resolve("generate", "default")(args, sample, {**sampling_params, "ignore_eos": True})
     turns = 2 if sample.prompt == "turn_cap" else 8
     mt_args = argparse.Namespace(
         **{**vars(args), "multi_turn_tools": ["vime_core.rollout.tools:calculator"], "multi_turn_max_turns": turns}
     )
-    forced = {**params, "structured_outputs": {"regex": re.escape(CALL)}}
+    forced = {**sampling_params, "structured_outputs": {"regex": re.escape(CALL)}}
     sample.prompt = [{"role": "user", "content": "What is 6 * 7?"}]
     return await plugins.resolve("generate", "multi_turn")(mt_args, sample, forced)
 

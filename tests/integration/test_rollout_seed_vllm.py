@@ -13,8 +13,8 @@ from vime_core.plugins import get_plugins
 pytestmark = pytest.mark.integration
 
 
-async def _default(args, sample, params):
-    return await get_plugins().resolve("generate", "default")(args, sample, {**params, "ignore_eos": True})
+async def _default(args, sample, sampling_params):
+    return await get_plugins().resolve("generate", "default")(args, sample, {**sampling_params, "ignore_eos": True})
 
 
 def _step_tokens(router, vllm_server, tiny_model_dir, tmp_path, seed):
