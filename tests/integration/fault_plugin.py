@@ -137,7 +137,7 @@ async def generate(args: Any, sample: Any, sampling_params: dict[str, Any]) -> A
     call = _call("generate", step)
     if step == p["kill_engine_rollout_step"] and call == 1:  # requests routed to the victim wait there from now
         port = _engine_ports()[0]
-        httpx.post(f"http://127.0.0.1:{port}/pause", sampling_params={"mode": "keep"}, timeout=30, trust_env=False)
+        httpx.post(f"http://127.0.0.1:{port}/pause", params={"mode": "keep"}, timeout=30, trust_env=False)
         _victim["port"] = port
     if call == args.rollout_batch_size * args.n_samples_per_prompt:  # the step's last sample
         router_url = get_rollout_context().client.base_url
