@@ -20,7 +20,13 @@ from typing import Any, ClassVar, TypeVar
 
 import httpx
 
+from vime_core.sandbox.base import owner_alive, owner_token
+
 logger = logging.getLogger("vime.rollout")
+
+# environment variable naming the process that started a server (an owner_token); the server's children (vLLM's
+# engine-core process) inherit it, so a server whose starter was killed is found by it later
+OWNER_ENV = "VIME_SERVER_OWNER"
 
 _S = TypeVar("_S", bound="ManagedServer")
 
@@ -48,6 +54,37 @@ def die_with_parent() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG = 1
     except OSError:
         pass
+
+
+def reap_orphaned_servers(proc_dir: Path = Path("/proc")) -> list[int]:
+    """Kill (SIGKILL, whole process group) every server process whose starter is gone: a ``kill -9`` of a run takes
+    its manager with it, and vLLM's engine-core process, a child of the API server, outlives both (it holds GBs of
+    memory). Found by :data:`OWNER_ENV` in the process environment; servers of live owners are left alone.
+    :meth:`ManagedServer.start` calls it, so the next run on the machine cleans up after a killed one.
+
+    :return: the pids whose process groups were killed.
+    """
+    killed = []
+    for entry in proc_dir.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            env = (entry / "environ").read_bytes().split(b"\0")
+        except OSError:  # gone meanwhile, or not ours to read
+            continue
+        prefix = OWNER_ENV.encode() + b"="
+        token = next((e[len(prefix) :].decode() for e in env if e.startswith(prefix)), None)
+        if token is None or owner_alive(token):
+            continue
+        pid = int(entry.name)
+        try:
+            os.killpg(os.getpgid(pid), signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            continue
+        killed.append(pid)
+    if killed:
+        logger.warning("killed %d server process(es) left by a run that is gone: pids %s", len(killed), killed)
+    return killed
 
 
 def stop_process_group(proc: subprocess.Popen | None, grace_s: float = 20.0) -> None:
@@ -124,10 +161,11 @@ class ManagedServer:
         cmd = self.command()
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log_file = open(self.log_path, "wb")
+        reap_orphaned_servers()
         logger.info("starting %s on %s (log: %s): %s", self.log_name, self.url, self.log_path, " ".join(cmd))
         self.proc = subprocess.Popen(
             cmd,
-            env=self.environment(),
+            env={**self.environment(), OWNER_ENV: owner_token()},
             stdin=subprocess.DEVNULL,
             stdout=self._log_file,
             stderr=subprocess.STDOUT,
