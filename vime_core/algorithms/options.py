@@ -105,4 +105,3 @@ def check_algorithm_config(cfg: AlgorithmConfig) -> None:
     for name in ("entropy_coef", "kl_loss_coef", "kl_coef"):
         if not math.isfinite(getattr(cfg, name)):
             raise ValueError(f"--{name.replace('_', '-')} must be finite, got {getattr(cfg, name)}")
-

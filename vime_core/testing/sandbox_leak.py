@@ -20,8 +20,14 @@ from vime_core.plugins import get_plugins
 from vime_core.sandbox import SandboxLimits
 
 
-def spawn_and_kill(backend: str, n: int = 20, *, timeout_s: float = 600.0, env: dict[str, str] | None = None,
-                   memory_mb: int | None = None) -> float:
+def spawn_and_kill(
+    backend: str,
+    n: int = 20,
+    *,
+    timeout_s: float = 600.0,
+    env: dict[str, str] | None = None,
+    memory_mb: int | None = None,
+) -> float:
     """Start the child holding ``n`` sandboxes of ``backend`` mid-command, SIGKILL it, and return the seconds it
     took until READY.
 
@@ -33,7 +39,10 @@ def spawn_and_kill(backend: str, n: int = 20, *, timeout_s: float = 600.0, env: 
     proc = subprocess.Popen(
         [sys.executable, "-m", "vime_core.testing.sandbox_leak", "hold", "--backend", backend, "-n", str(n)]
         + (["--memory-mb", str(memory_mb)] if memory_mb else []),
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, **(env or {})},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, **(env or {})},
     )
     assert proc.stdout is not None
     lines = []
@@ -60,7 +69,10 @@ def run_once(backend: str, *, timeout_s: float = 600.0, env: dict[str, str] | No
     """
     out = subprocess.run(
         [sys.executable, "-m", "vime_core.testing.sandbox_leak", "once", "--backend", backend],
-        capture_output=True, text=True, timeout=timeout_s, env={**os.environ, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        env={**os.environ, **(env or {})},
     )
     if out.returncode != 0:
         raise RuntimeError(f"sandbox_leak once failed ({out.returncode}):\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}")
