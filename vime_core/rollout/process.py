@@ -20,7 +20,7 @@ from typing import Any, ClassVar, TypeVar
 
 import httpx
 
-from vime_core.sandbox.base import owner_alive, owner_token
+from vime_core.sandbox.base import owner_alive, owner_token, processes_with_env
 
 logger = logging.getLogger("vime.rollout")
 
@@ -56,7 +56,7 @@ def die_with_parent() -> None:
         pass
 
 
-def reap_orphaned_servers(proc_dir: Path = Path("/proc")) -> list[int]:
+def reap_orphaned_servers() -> list[int]:
     """Kill (SIGKILL, whole process group) every server process whose starter is gone: a ``kill -9`` of a run takes
     its manager with it, and vLLM's engine-core process, a child of the API server, outlives both (it holds GBs of
     memory). Found by :data:`OWNER_ENV` in the process environment; servers of live owners are left alone.
@@ -65,18 +65,9 @@ def reap_orphaned_servers(proc_dir: Path = Path("/proc")) -> list[int]:
     :return: the pids whose process groups were killed.
     """
     killed = []
-    for entry in proc_dir.iterdir():
-        if not entry.name.isdigit():
+    for pid, token in processes_with_env(OWNER_ENV).items():
+        if owner_alive(token):
             continue
-        try:
-            env = (entry / "environ").read_bytes().split(b"\0")
-        except OSError:  # gone meanwhile, or not ours to read
-            continue
-        prefix = OWNER_ENV.encode() + b"="
-        token = next((e[len(prefix) :].decode() for e in env if e.startswith(prefix)), None)
-        if token is None or owner_alive(token):
-            continue
-        pid = int(entry.name)
         try:
             os.killpg(os.getpgid(pid), signal.SIGKILL)
         except (ProcessLookupError, PermissionError):

@@ -286,6 +286,26 @@ def _boot_id() -> str:
         return "noboot"
 
 
+def processes_with_env(name: str) -> dict[int, str]:
+    """Processes on this host whose environment sets ``name``: pid → its value (read from ``/proc/PID/environ``;
+    processes that end meanwhile or cannot be read are left out)."""
+    prefix = f"{name}=".encode()
+    found: dict[int, str] = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/environ", "rb") as f:
+                env = f.read()
+        except OSError:
+            continue
+        for var in env.split(b"\0"):
+            if var.startswith(prefix):
+                found[int(entry.name)] = var[len(prefix) :].decode(errors="replace")
+                break
+    return found
+
+
 def process_start_time(pid: int) -> str | None:
     """Start time of ``pid`` in clock ticks since boot (``/proc/PID/stat`` field 22), or ``None`` if not running."""
     try:

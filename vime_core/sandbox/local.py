@@ -49,6 +49,7 @@ from vime_core.sandbox.base import (
     owner_alive,
     owner_token,
     process_start_time,
+    processes_with_env,
 )
 from vime_core.sandbox.cancel import wait_for
 from vime_core.sandbox.forward import UnixToTcpForwarder, socket_name, start_sandbox_forwarder
@@ -216,21 +217,7 @@ def _cgroup_dirs(sandbox_id: str, kind: str | None) -> list[Path]:
 
 def _pids_with_env(sandbox_ids: set[str]) -> dict[int, str]:
     """Processes (pid → sandbox id) whose environment has ``VIME_SANDBOX_ID`` in ``sandbox_ids``."""
-    found: dict[int, str] = {}
-    needles = {f"{ENV_ID}={i}".encode(): i for i in sandbox_ids}
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry.name}/environ", "rb") as f:
-                env = f.read()
-        except OSError:
-            continue
-        for var in env.split(b"\0"):
-            if var in needles:
-                found[int(entry.name)] = needles[var]
-                break
-    return found
+    return {pid: i for pid, i in processes_with_env(ENV_ID).items() if i in sandbox_ids}
 
 
 def _cgroup_names() -> dict[str, str]:
