@@ -116,12 +116,11 @@ async def _wait_all_workers(router_url: str, n: int, timeout_s: float = 600.0) -
 
 
 def _engine_ports() -> list[int]:
-    model = plan()["model"]
-    ports = []
-    for _, cmd in _pids("vllm.entrypoints.openai.api_server", f"--model {model} "):
-        argv = cmd.split()
-        ports.append(int(argv[argv.index("--port") + 1]))
-    return sorted(ports)
+    """The ports of this run's engines, sorted, as its router lists them. Not from the process table: another vLLM
+    server serving the same model on this machine (the test session's shared one) must never be a victim."""
+    router_url = get_rollout_context().client.base_url
+    urls = httpx.get(f"{router_url}/list_workers", timeout=30, trust_env=False).json().get("urls", [])
+    return sorted(int(u.rstrip("/").rsplit(":", 1)[1]) for u in urls)
 
 
 def _call(what: str, step: int) -> int:
