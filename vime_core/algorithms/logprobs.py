@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import torch
 
+# rows per chunk of the no-grad entropy (a [rows, vocab] float32 temporary: 256 × 152k vocab ≈ 150 MB)
+ENTROPY_CHUNK_ROWS = 256
+
 
 def token_log_probs(logits: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
     """Log-probability of each next token under ``logits``.
@@ -50,3 +53,29 @@ def sequence_log_probs(model: torch.nn.Module, token_ids: list[int], response_st
     with torch.no_grad():
         logits = model(input_ids=ids).logits
     return token_log_probs(logits, ids)[0, response_start - 1 :]
+
+
+def selected_log_probs_and_entropy(
+    logits: torch.Tensor, targets: torch.Tensor, with_entropy: bool = False, entropy_grad: bool = True
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probs of ``targets`` (and the entropies) under next-token logits computed only where they are needed.
+
+    :param logits: ``[M, vocab]`` float logits, row ``j`` the distribution that predicts ``targets[j]`` (finite).
+    :param targets: ``[M]`` int64 token ids.
+    :param with_entropy: also return each row's entropy ``-sum_v p_v log p_v`` (nats).
+    :param entropy_grad: keep the entropies' graph (needed only when the loss has an entropy term); False computes
+        them under ``no_grad`` in chunks of :data:`ENTROPY_CHUNK_ROWS` rows, so no ``[M, vocab]`` temporary beyond
+        the log-softmax is kept or allocated at once.
+    :return: ``(log_probs [M], entropy [M] or None)``, float32; the values equal :func:`token_log_probs_and_entropy`
+        on the same rows (the same ``log_softmax``; ``p·log p`` is 0 where ``p`` underflows).
+    """
+    logp_all = torch.log_softmax(logits.float(), dim=-1)
+    log_probs = logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    if not with_entropy:
+        return log_probs, None
+    if entropy_grad:
+        return log_probs, -(logp_all.exp() * logp_all).sum(-1)
+    with torch.no_grad():
+        parts = [-(c.exp() * c).sum(-1) for c in torch.split(logp_all.detach(), ENTROPY_CHUNK_ROWS)]
+        entropy = torch.cat(parts) if parts else logp_all.new_zeros(0)
+    return log_probs, entropy

@@ -26,12 +26,18 @@ from vime_core.algorithms.gae import value_loss
 from vime_core.config import AlgorithmConfig, TrainerConfig
 from vime_core.models import resolve_model
 from vime_core.trainer.lr_schedule import critic_lr_schedule, set_lr
+from vime_core.trainer.packing import enable_packed_attention, packed_batch, packed_hidden_states
 from vime_core.trainer.padding import left_padded_batch, response_slices
 from vime_core.types import Sample
 
 logger = logging.getLogger("vime.trainer")
 
 VALUE_HEAD_FILE = "value_head.safetensors"
+
+# devices whose AdamW step runs torch's fused kernel (one pass over each parameter instead of ~10 foreach passes:
+# on 2 CPU cores and 135M fp32 parameters ~1 s instead of ~5 s per step; equal to the foreach step within float32
+# rounding)
+FUSED_ADAMW_DEVICES = ("cpu", "cuda")
 
 
 def resolve_critic_path(path: str | Path) -> Path:
@@ -113,16 +119,26 @@ class ValueModel(torch.nn.Module):
             str(path / VALUE_HEAD_FILE),
         )
 
-    def response_values(self, samples: list[Sample], device: torch.device) -> list[torch.Tensor]:
+    def response_values(self, samples: list[Sample], device: torch.device, packing: bool = True) -> list[torch.Tensor]:
         """One batched forward pass; the value ``V_t`` of every response token of each sample.
 
-        Sequences are left-padded with explicit ``position_ids`` (as the policy's log-probs are), so the value of
-        response token ``t`` is the head applied to the hidden state one position before it.
+        The value of response token ``t`` is the head applied to the hidden state one position before it. With
+        ``packing`` (the default) the samples are packed into one row without padding and the head runs only on
+        those positions (:mod:`vime_core.trainer.packing`, as the policy's log-probs are; the backbone is switched
+        to its per-sample attention); else they are left-padded with explicit ``position_ids``
+        (:mod:`vime_core.trainer.padding`).
 
-        :param samples: samples with ``tokens`` = prompt + response (``response_length >= 1``, prompt ``>= 1``).
+        :param samples: samples with ``tokens`` = prompt + response (a prompt of at least one token).
         :param device: where the model lives.
+        :param packing: packed rows (default) or the left-padded batch (equal within float32 rounding).
         :return: one ``[response_length]`` float32 tensor per sample (graph attached when grad is enabled).
         """
+        if packing:
+            packed = packed_batch(samples, device)
+            enable_packed_attention(self.backbone)
+            hidden = packed_hidden_states(self.backbone, packed)  # [total, H]
+            values = self.value_head(hidden.index_select(0, packed.predict_index)).squeeze(-1).float()  # [M]
+            return packed.split(values)
         batch = left_padded_batch(samples, device)
         hidden = self.backbone(
             input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids
@@ -251,6 +267,8 @@ class Critic(CriticBase):
         self.device = device
         self.path = Path(algorithm_config.critic_load or model_path)
         self.model = ValueModel.from_pretrained(self.path, dtype=dtype).to(device)
+        enable_packed_attention(self.model.backbone)
+        self.packing = True  # packed rows (ValueModel.response_values); False: the left-padded batch
         self.model.train()
         if cfg.gradient_checkpointing:
             self.model.backbone.gradient_checkpointing_enable()
@@ -261,10 +279,11 @@ class Critic(CriticBase):
             betas=(cfg.adam_beta1, cfg.adam_beta2),
             eps=cfg.adam_eps,
             weight_decay=cfg.weight_decay,
+            fused=device.type in FUSED_ADAMW_DEVICES,
         )
 
     def response_values(self, samples: list[Sample]) -> list[torch.Tensor]:
-        return self.model.response_values(samples, self.device)
+        return self.model.response_values(samples, self.device, packing=self.packing)
 
     def zero_grad(self) -> None:
         self.optimizer.zero_grad(set_to_none=True)

@@ -74,7 +74,8 @@ class PolicyOps(Protocol):
         self, samples: list[Sample], with_entropy: bool
     ) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
         """One micro-batch forward: per sample ``[response_length]`` float32 log-probs (and next-token entropies,
-        nats) of the response tokens, graph attached, on ``loss_device``."""
+        nats) of the response tokens, graph attached, on ``loss_device``. The entropies need a graph only with
+        ``--entropy-coef`` != 0 (else the loss uses them as a metric only, detached)."""
 
     def zero_grad(self) -> None:
         """Clear the policy's gradients before a mini-batch."""

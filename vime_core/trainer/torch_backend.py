@@ -19,11 +19,16 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from vime_core.algorithms.logprobs import token_log_probs, token_log_probs_and_entropy
+from vime_core.algorithms.logprobs import (
+    selected_log_probs_and_entropy,
+    token_log_probs,
+    token_log_probs_and_entropy,
+)
 from vime_core.algorithms.options import check_algorithm_config, kl_enabled, uses_critic
 from vime_core.models import resolve_model
 from vime_core.trainer.base import TrainerBackend
-from vime_core.trainer.critic import Critic, clip_and_step
+from vime_core.trainer.critic import FUSED_ADAMW_DEVICES, Critic, clip_and_step
+from vime_core.trainer.packing import enable_packed_attention, packed_batch, packed_hidden_states
 from vime_core.trainer.padding import left_padded_batch, response_slices
 from vime_core.trainer.rl_step import rl_train_step
 from vime_core.types import RolloutBatch, Sample
@@ -34,35 +39,74 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 
 def response_log_probs(
-    model: torch.nn.Module, samples: list[Sample], device: torch.device, with_entropy: bool = False
+    model: torch.nn.Module,
+    samples: list[Sample],
+    device: torch.device,
+    with_entropy: bool = False,
+    entropy_grad: bool = True,
+    packing: bool = True,
 ) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
     """One batched forward pass of ``samples``; the log-probs (and entropies) of each sample's response tokens.
 
-    Sequences are left-padded (explicit ``position_ids``) so every response ends at the last position, and the LM
-    head runs only on the last ``max(response_length) + 1`` positions (``logits_to_keep``): the
-    ``[batch, seq, vocab]`` logits of the whole sequence are never materialised.
+    ``packing=True`` (the default): the samples are packed into one row without padding
+    (:mod:`vime_core.trainer.packing`; ``model`` is switched to its per-sample attention by
+    :func:`~vime_core.trainer.packing.enable_packed_attention`), and the LM head runs only on the hidden states that
+    predict a response token: ``[sum(response_length), vocab]`` logits, no prompt position's. ``packing=False``: the
+    left-padded batch (:mod:`vime_core.trainer.padding`, explicit ``position_ids``; the LM head on the last
+    ``max(response_length) + 1`` positions of every row, ``logits_to_keep``), the reference the packed path is
+    tested against (equal within float32 rounding).
 
-    :param model: an HF causal LM (policy or reference).
-    :param samples: the samples (``tokens`` = prompt + response).
+    :param model: an HF causal LM (policy or reference) whose logits are ``lm_head(final hidden state)`` (no logit
+        scaling or soft-capping: checked).
+    :param samples: the samples (``tokens`` = prompt + response; a prompt of at least one token).
     :param device: where ``model`` lives.
     :param with_entropy: also return each response token's next-token entropy (nats).
+    :param entropy_grad: the entropies keep their graph (only an entropy term in the loss needs it); False computes
+        them under ``no_grad`` (same values; no ``[tokens, vocab]`` tensors kept for the backward pass).
+    :param packing: packed rows (default) or the left-padded batch.
     :return: ``(log_probs, entropies)``: one ``[response_length]`` float32 tensor per sample each (graph attached
         when grad is enabled; on ``device``); ``entropies`` is None unless ``with_entropy``.
+    :raises ValueError: with ``packing``, if the model scales or soft-caps its logits.
     """
-    batch = left_padded_batch(samples, device)
-    keep = batch.keep
-    logits = model(
-        input_ids=batch.input_ids,
-        attention_mask=batch.attention_mask,
-        position_ids=batch.position_ids,
-        logits_to_keep=keep,
-    ).logits
-    tail = batch.input_ids[:, batch.seq_len - keep :]  # the tokens at the last keep positions
-    if with_entropy:
-        lp, ent = token_log_probs_and_entropy(logits, tail)  # [B, keep - 1] each
-    else:
-        lp, ent = token_log_probs(logits, tail), None
-    return response_slices(lp, samples), None if ent is None else response_slices(ent, samples)
+    if not packing:
+        batch = left_padded_batch(samples, device)
+        keep = batch.keep
+        logits = model(
+            input_ids=batch.input_ids,
+            attention_mask=batch.attention_mask,
+            position_ids=batch.position_ids,
+            logits_to_keep=keep,
+        ).logits
+        tail = batch.input_ids[:, batch.seq_len - keep :]  # the tokens at the last keep positions
+        if with_entropy:
+            lp, ent = token_log_probs_and_entropy(logits, tail)  # [B, keep - 1] each
+            if not entropy_grad:
+                ent = ent.detach()
+        else:
+            lp, ent = token_log_probs(logits, tail), None
+        return response_slices(lp, samples), None if ent is None else response_slices(ent, samples)
+    check_plain_lm_head(model)
+    packed = packed_batch(samples, device)
+    enable_packed_attention(model)
+    hidden = packed_hidden_states(model.base_model, packed)  # [total, hidden]
+    logits = model.get_output_embeddings()(hidden.index_select(0, packed.predict_index))  # [M, vocab]
+    lp, ent = selected_log_probs_and_entropy(logits, packed.targets, with_entropy, entropy_grad)
+    return packed.split(lp), None if ent is None else packed.split(ent)
+
+
+# config attributes of HF models whose logits are not plain ``lm_head(hidden)`` (Gemma 2/3, Cohere, Granite)
+SCALED_LOGITS_ATTRS = ("final_logit_softcapping", "logit_scale", "logits_scaling")
+
+
+def check_plain_lm_head(model: torch.nn.Module) -> None:
+    """:func:`response_log_probs` applies ``model.get_output_embeddings()`` itself (to the response positions only).
+
+    :raises ValueError: naming the attribute if ``model.config`` scales or soft-caps the logits.
+    """
+    for attr in SCALED_LOGITS_ATTRS:
+        value = getattr(model.config, attr, None)
+        if value is not None and value != 1.0:
+            raise ValueError(f"the torch backend computes logits as lm_head(hidden); {attr}={value} is not supported")
 
 
 class ReferenceModel:
@@ -81,6 +125,8 @@ class ReferenceModel:
         self.model = AutoModelForCausalLM.from_pretrained(str(path), torch_dtype=dtype).to(device)
         self.model.eval()
         self.model.requires_grad_(False)
+        self.packing = True  # packed rows (see response_log_probs); False: the left-padded batch
+        enable_packed_attention(self.model)
 
     @torch.no_grad()
     def log_probs(self, samples: list[Sample], micro_batch_size: int) -> dict[int, torch.Tensor]:
@@ -88,13 +134,15 @@ class ReferenceModel:
         out: dict[int, torch.Tensor] = {}
         for i in range(0, len(samples), micro_batch_size):
             mb = samples[i : i + micro_batch_size]
-            for s, lp in zip(mb, response_log_probs(self.model, mb, self.device)[0], strict=True):
+            lps = response_log_probs(self.model, mb, self.device, packing=self.packing)[0]
+            for s, lp in zip(mb, lps, strict=True):
                 out[id(s)] = lp.float().cpu()
         return out
 
 
 class TorchTrainer(TrainerBackend):
-    """HF model + AdamW; gradient accumulation over micro-batches of right-padded sequences.
+    """HF model + AdamW; gradient accumulation over micro-batches, each packed into one row without padding
+    (:mod:`vime_core.trainer.packing`; :meth:`use_packing` selects left-padded batches instead).
 
     One optimizer step per mini-batch of ``--global-batch-size`` samples (default: the whole rollout, i.e. one
     step per rollout, where the old policy equals the current one and the PPO ratio is exactly 1). With more than
@@ -120,6 +168,7 @@ class TorchTrainer(TrainerBackend):
         self.device = torch.device(cfg.train_device)
         dtype = DTYPES[cfg.train_dtype]
         self.model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=dtype).to(self.device)
+        enable_packed_attention(self.model)
         self.model.train()
         if cfg.gradient_checkpointing:
             self.model.gradient_checkpointing_enable()
@@ -129,6 +178,7 @@ class TorchTrainer(TrainerBackend):
             betas=(cfg.adam_beta1, cfg.adam_beta2),
             eps=cfg.adam_eps,
             weight_decay=cfg.weight_decay,
+            fused=self.device.type in FUSED_ADAMW_DEVICES,
         )
         self.ref_model = (
             ReferenceModel(algo.ref_load, self.model_path, self.device, dtype) if kl_enabled(algo) else None
@@ -137,6 +187,18 @@ class TorchTrainer(TrainerBackend):
         if uses_critic(algo):
             self.critic = Critic(cfg, algo, self.model_path, self.device, dtype)
         self.steps_done = 0
+        self.packing = True
+        # keep the entropies' graph even without an entropy term (what every step did before the entropy became a
+        # no-grad metric there; bench/train_pass.py compares the two)
+        self.always_entropy_graph = False
+
+    def use_packing(self, on: bool) -> None:
+        """Packed rows (``True``, the default) or left-padded batches (``False``, the reference path; see
+        :func:`response_log_probs`) for the policy's, the reference model's and the critic's forward passes."""
+        self.packing = on
+        for other in (self.ref_model, self.critic):
+            if other is not None:
+                other.packing = on
 
     # -- what the shared RL step needs (vime_core.trainer.rl_step.PolicyOps) ----------------------------------
     @property
@@ -147,8 +209,16 @@ class TorchTrainer(TrainerBackend):
         self, samples: list[Sample], with_entropy: bool
     ) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
         """Log-probs (and entropies) of each sample's response tokens, ``[response_length]`` float32 each (graph
-        attached); see :func:`response_log_probs`."""
-        return response_log_probs(self.model, samples, self.device, with_entropy=with_entropy)
+        attached; the entropies' only with ``--entropy-coef`` != 0, the only loss term that differentiates them);
+        see :func:`response_log_probs`."""
+        return response_log_probs(
+            self.model,
+            samples,
+            self.device,
+            with_entropy=with_entropy,
+            entropy_grad=self.always_entropy_graph or self.algorithm_config.entropy_coef != 0,
+            packing=self.packing,
+        )
 
     def zero_grad(self) -> None:
         self.optimizer.zero_grad(set_to_none=True)
