@@ -45,3 +45,26 @@ def test_left_padded_batch_exact_layout():
     assert (batch.keep, batch.seq_len) == (3, 4)
     x = torch.arange(6).reshape(2, 3)
     assert [t.tolist() for t in response_slices(x, [a, b])] == [[1, 2], [5]]
+
+
+def test_fused_adamw_step_equals_the_foreach_step(tiny_model_dir):
+    """The trainer's AdamW runs torch's fused kernel; from the same gradients it makes the foreach implementation's
+    update (within float32 rounding), weight decay included."""
+    import copy
+
+    trainer = TorchTrainer(trainer_args(lr=1e-3, weight_decay=0.1), tiny_model_dir)
+    assert trainer.optimizer.param_groups[0]["fused"] is True
+    other = copy.deepcopy(trainer.model)
+    g = torch.Generator().manual_seed(0)
+    group = trainer.optimizer.param_groups[0]
+    opt = torch.optim.AdamW(
+        other.parameters(), lr=1e-3, betas=group["betas"], eps=group["eps"], weight_decay=0.1, foreach=True
+    )
+    for step in range(3):
+        for p, q in zip(trainer.model.parameters(), other.parameters(), strict=True):
+            p.grad = torch.randn(p.shape, generator=g) * (step + 1)
+            q.grad = p.grad.clone()
+        trainer.optimizer.step()
+        opt.step()
+    for (name, p), q in zip(trainer.model.named_parameters(), other.parameters(), strict=True):
+        torch.testing.assert_close(p.detach(), q.detach(), atol=1e-7, rtol=0, msg=lambda m, name=name: f"{name}: {m}")
