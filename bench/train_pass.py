@@ -147,7 +147,10 @@ def main() -> None:
     sizes = (1024, 2048, 3072)
     peak32, n32 = matmul_peak(torch.float32, sizes, a.peak_reps)
     peak16, n16 = matmul_peak(torch.bfloat16, sizes, a.peak_reps)
-    print(f"matmul peak ({threads} threads): fp32 {peak32:.1f} GFLOP/s (n={n32}), bf16 {peak16:.1f} GFLOP/s (n={n16})")
+    print(
+        f"matmul peak ({threads} threads): fp32 {peak32:.1f} GFLOP/s (n={n32}), bf16 {peak16:.1f} GFLOP/s (n={n16})",
+        flush=True,
+    )
 
     model_path = Path(a.model) if (Path(a.model) / "config.json").is_file() else resolve_model(a.model)
     samples = build_samples(a, model_path)
@@ -206,7 +209,9 @@ def main() -> None:
     diffs: dict[str, float] = {}
     for v in variants:  # warm-up
         set_variant(trainer, v)
+        t0 = time.perf_counter()
         trainer.train_step(batch)
+        print(f"  warm-up {v}: {time.perf_counter() - t0:.2f} s", flush=True)
     for _ in range(a.passes):
         for v in variants:
             set_variant(trainer, v)
@@ -214,6 +219,7 @@ def main() -> None:
             metrics = trainer.train_step(batch)
             times[v].append(time.perf_counter() - t0)
             cpu[v].append((time.process_time() - c0) / threads)
+            print(f"  pass {len(times[v])} {v}: {times[v][-1]:.2f} s, cpu {cpu[v][-1]:.2f} s", flush=True)
             diffs[v] = metrics.get("train/train_rollout_logprob_abs_diff", float("nan"))
     base = statistics.median(times[variants[0]])
     base_cpu = statistics.median(cpu[variants[0]])

@@ -267,8 +267,8 @@ class Critic(CriticBase):
         self.device = device
         self.path = Path(algorithm_config.critic_load or model_path)
         self.model = ValueModel.from_pretrained(self.path, dtype=dtype).to(device)
-        enable_packed_attention(self.model.backbone)
-        self.packing = True  # packed rows (ValueModel.response_values); False: the left-padded batch
+        # packed rows (ValueModel.response_values) where the backbone can switch its attention; else left-padded
+        self.packing = enable_packed_attention(self.model.backbone)
         self.model.train()
         if cfg.gradient_checkpointing:
             self.model.backbone.gradient_checkpointing_enable()

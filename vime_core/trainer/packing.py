@@ -152,12 +152,15 @@ def _packed_sdpa_mask(*args: Any, attention_mask: torch.Tensor | None = None, **
     return sdpa_mask(*args, attention_mask=attention_mask, **kwargs)
 
 
-def enable_packed_attention(model: torch.nn.Module) -> None:
+def enable_packed_attention(model: torch.nn.Module) -> bool:
     """Register :data:`PACKED_ATTENTION` with Hugging Face (once per process) and switch ``model`` (a
     ``PreTrainedModel`` whose attention goes through ``AttentionInterface``; its submodules follow) to it.
 
     Unpacked calls behave as with ``sdpa``; packed calls must pass :meth:`PackedBatch.attention_kwargs` (a packed
     row without them would attend across samples).
+
+    :return: whether ``model`` now uses it (False for a model that cannot switch its attention: Hugging Face logs
+        a warning and leaves it; callers fall back to left-padded batches).
     """
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface
@@ -167,6 +170,7 @@ def enable_packed_attention(model: torch.nn.Module) -> None:
         AttentionMaskInterface.register(PACKED_ATTENTION, _packed_sdpa_mask)
     if model.config._attn_implementation != PACKED_ATTENTION:
         model.set_attn_implementation(PACKED_ATTENTION)
+    return model.config._attn_implementation == PACKED_ATTENTION
 
 
 def packed_hidden_states(backbone: torch.nn.Module, batch: PackedBatch) -> torch.Tensor:

@@ -78,16 +78,17 @@ def response_log_probs(
             logits_to_keep=keep,
         ).logits
         tail = batch.input_ids[:, batch.seq_len - keep :]  # the tokens at the last keep positions
-        if with_entropy:
+        if with_entropy and entropy_grad:
             lp, ent = token_log_probs_and_entropy(logits, tail)  # [B, keep - 1] each
-            if not entropy_grad:
-                ent = ent.detach()
         else:
             lp, ent = token_log_probs(logits, tail), None
+            if with_entropy:
+                with torch.no_grad():
+                    ent = token_log_probs_and_entropy(logits, tail)[1]
         return response_slices(lp, samples), None if ent is None else response_slices(ent, samples)
     check_plain_lm_head(model)
     packed = packed_batch(samples, device)
-    enable_packed_attention(model)
+    enable_packed_attention(model)  # packed_hidden_states raises if the model could not switch
     hidden = packed_hidden_states(model.base_model, packed)  # [total, hidden]
     logits = model.get_output_embeddings()(hidden.index_select(0, packed.predict_index))  # [M, vocab]
     lp, ent = selected_log_probs_and_entropy(logits, packed.targets, with_entropy, entropy_grad)
@@ -125,8 +126,8 @@ class ReferenceModel:
         self.model = AutoModelForCausalLM.from_pretrained(str(path), torch_dtype=dtype).to(device)
         self.model.eval()
         self.model.requires_grad_(False)
-        self.packing = True  # packed rows (see response_log_probs); False: the left-padded batch
-        enable_packed_attention(self.model)
+        # packed rows (see response_log_probs) where the model can switch its attention; else left-padded batches
+        self.packing = enable_packed_attention(self.model)
 
     @torch.no_grad()
     def log_probs(self, samples: list[Sample], micro_batch_size: int) -> dict[int, torch.Tensor]:
@@ -168,7 +169,9 @@ class TorchTrainer(TrainerBackend):
         self.device = torch.device(cfg.train_device)
         dtype = DTYPES[cfg.train_dtype]
         self.model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=dtype).to(self.device)
-        enable_packed_attention(self.model)
+        packable = enable_packed_attention(self.model)
+        if not packable:
+            logger.warning("%s cannot switch its attention implementation: left-padded micro-batches", model_path)
         self.model.train()
         if cfg.gradient_checkpointing:
             self.model.gradient_checkpointing_enable()
@@ -187,14 +190,15 @@ class TorchTrainer(TrainerBackend):
         if uses_critic(algo):
             self.critic = Critic(cfg, algo, self.model_path, self.device, dtype)
         self.steps_done = 0
-        self.packing = True
+        self.packing = packable
         # keep the entropies' graph even without an entropy term (what every step did before the entropy became a
         # no-grad metric there; bench/train_pass.py compares the two)
         self.always_entropy_graph = False
 
     def use_packing(self, on: bool) -> None:
-        """Packed rows (``True``, the default) or left-padded batches (``False``, the reference path; see
-        :func:`response_log_probs`) for the policy's, the reference model's and the critic's forward passes."""
+        """Packed rows (``True``, the default where the model can switch its attention) or left-padded batches
+        (``False``, the reference path; see :func:`response_log_probs`) for the policy's, the reference model's and
+        the critic's forward passes."""
         self.packing = on
         for other in (self.ref_model, self.critic):
             if other is not None:
