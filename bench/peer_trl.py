@@ -199,7 +199,7 @@ def main() -> None:
         default=None,
         help="vime's --rollout-cpu-bind (the engine's VLLM_CPU_OMP_THREADS_BIND); default: every core, 0-(threads-1), "
         "as TRL's colocated engine gets; 'vime-default' leaves vime's default (vLLM's 'auto', which keeps one core "
-        "back for the API server: on 2 cores the engine computes on 1)",
+        "back for its engine-core process: on 2 cores the engine computes on 1)",
     )
     ap.add_argument("--trl-venv", type=Path, default=TRL_VENV, help="venv with TRL (see --print-setup)")
     ap.add_argument("--out-dir", type=Path, default=Path("/tmp/vime-bench-peer-trl"), help="raw outputs go here")
