@@ -27,16 +27,30 @@ ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "examples" / "fully_async" / "config.yaml"
 
 
-def run_mode(mode: str, steps: int, out: Path, extra: list[str]) -> dict[str, float]:
-    """One ``vime run`` in ``mode``; returns its steady-state figures (from ``metrics.jsonl``)."""
-    cmd = [sys.executable, "-m", "vime_core.cli", "run", "--config", str(CONFIG), "--loop", mode]
-    cmd += ["--num-rollout", str(steps), "--output-dir", str(out), "--no-resume", "--no-save-hf", *extra]
+def vime_run(config: Path | None, steps: int, out: Path, flags: list[str]) -> tuple[list[dict[str, float]], float]:
+    """Run ``vime run [--config CONFIG] --num-rollout STEPS --output-dir OUT --no-resume --no-save-hf FLAGS`` with
+    this interpreter and read back its per-step metrics.
+
+    Returns:
+        ``(rows, wall)``: one dict per step from ``OUT/metrics.jsonl`` (``perf/*`` in seconds, ``rollout/*``,
+        ``train/*``), and the wall seconds of the whole command (engine start-up included).
+
+    Raises:
+        SystemExit: the run exited non-zero (the message holds the tails of its stdout and stderr).
+    """
+    cmd = [sys.executable, "-m", "vime_core.cli", "run", *(["--config", str(config)] if config else [])]
+    cmd += ["--num-rollout", str(steps), "--output-dir", str(out), "--no-resume", "--no-save-hf", *flags]
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, PYTHONUNBUFFERED="1"))
     wall = time.perf_counter() - t0
     if proc.returncode != 0:
-        raise SystemExit(f"{mode}: vime run exited {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+        raise SystemExit(f"vime run exited {proc.returncode}: {cmd}\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()], wall
+
+
+def run_mode(mode: str, steps: int, out: Path, extra: list[str]) -> dict[str, float]:
+    """One ``vime run`` in ``mode``; returns its steady-state figures (from ``metrics.jsonl``)."""
+    rows, wall = vime_run(CONFIG, steps, out, ["--loop", mode, *extra])
     steady = rows[1:] or rows
     samples = sum(r.get("rollout/num_samples", 0.0) for r in steady)
     seconds = sum(r["perf/step_time"] for r in steady)

@@ -535,6 +535,15 @@ def build_parser(add_plugin_arguments: bool = True) -> argparse.ArgumentParser:
         "starting a single-node Ray on 127.0.0.1 (default); the GPU flags below are placed on its nodes",
     )
     g.add_argument(
+        "--ray-worker-niceness",
+        type=int,
+        default=0,
+        help="niceness of the Ray workers vime starts (trainer, engines, rollout manager) in the single-node Ray it "
+        "starts (default 0, the driver's: Ray's own default 15 lets any other process on the machine preempt the "
+        "trainer and the engines); a joined cluster (--ray-address) keeps what `ray start` was given "
+        "(RAY_worker_niceness)",
+    )
+    g.add_argument(
         "--actor-num-nodes",
         type=int,
         default=1,
@@ -925,6 +934,8 @@ def _check(args: argparse.Namespace, command: str = "run") -> None:
         )
     if args.train_cpus is not None:
         parse_cpu_list(args.train_cpus)
+    if not -20 <= args.ray_worker_niceness <= 19:
+        raise ArgumentError(f"--ray-worker-niceness must be in -20 … 19 (nice(2)), got {args.ray_worker_niceness}")
     for name in ("rollout_max_engine_restarts", "rollout_max_request_retries"):
         if getattr(args, name, 0) < 0:
             raise ArgumentError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")

@@ -312,6 +312,7 @@ class ClusterConfig(_Section):
     """Ray placement: the cluster, the trainer and engine GPUs, colocation, CPU pinning."""
 
     ray_address: str | None
+    ray_worker_niceness: int
     actor_num_nodes: int
     actor_num_gpus_per_node: int
     rollout_num_gpus: int

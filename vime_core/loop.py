@@ -101,7 +101,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     console.print(f"[vime] model: {model_path}")
     # no tokenizer, no chat template, an over-long prompt: fails here, before any engine starts
     overlong = 0 if rows is None else check_prompts(data, model_path, rows)
-    init_ray(address=cfg.cluster.ray_address)
+    init_ray(address=cfg.cluster.ray_address, worker_niceness=cfg.cluster.ray_worker_niceness)
     try:
         plan, pg = place(cfg.cluster)  # an impossible plan fails here, naming the flag
     except BaseException:

@@ -290,10 +290,13 @@ class TrainerGroup:
             )
 
 
-def init_ray(num_cpus: int | None = None, address: str | None = None) -> None:
+def init_ray(num_cpus: int | None = None, address: str | None = None, worker_niceness: int = 0) -> None:
     """Start a local Ray instance bound to 127.0.0.1, or join the running cluster at ``address`` (idempotent).
 
     :param num_cpus: CPUs of the local instance (default: every core); ignored when joining.
+    :param worker_niceness: niceness of the local instance's worker processes (Ray's ``worker_niceness`` system
+        config; Ray's default is 15, which lets every other process on the machine preempt the trainer and the
+        engines); ignored when joining (the cluster's ``ray start`` decides, via ``RAY_worker_niceness``).
     :param address: ``host:port`` of a running cluster's GCS, ``ray://…``, or ``auto`` (read ``RAY_ADDRESS``).
     :raises RuntimeError: if Ray was imported before ``vime_core`` with cluster mode on (it would pick the machine's
         interface address instead of 127.0.0.1), or ``auto`` without ``RAY_ADDRESS``.
@@ -320,6 +323,7 @@ def init_ray(num_cpus: int | None = None, address: str | None = None) -> None:
         _node_ip_address="127.0.0.1",
         log_to_driver=True,
         configure_logging=False,
+        _system_config={"worker_niceness": worker_niceness},
     )
 
 
