@@ -20,8 +20,12 @@ N = 20
 
 
 def _cli_cleanup() -> list[dict]:
-    out = subprocess.run([sys.executable, "-m", "vime_core.cli", "sandbox", "cleanup", "--backend", "local", "--json"],
-                         capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-m", "vime_core.cli", "sandbox", "cleanup", "--backend", "local", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stdout + out.stderr
     return json.loads(out.stdout)
 
@@ -38,9 +42,11 @@ def test_sigkill_mid_command_leaves_nothing_after_the_reaper():
     killed2 = leftover_counts()
     report = _cli_cleanup()
     after_cli = leftover_counts()
-    print(f"\nlocal leak test ({host_mode()['mode']}, {N} sandboxes, ready in {ready_s:.1f} s): after SIGKILL "
-          f"{killed}; after the next start {after_next_start}; second round after SIGKILL {killed2}; after "
-          f"`vime sandbox cleanup` {after_cli} (removed {len(report[0]['removed'])})")
+    print(
+        f"\nlocal leak test ({host_mode()['mode']}, {N} sandboxes, ready in {ready_s:.1f} s): after SIGKILL "
+        f"{killed}; after the next start {after_next_start}; second round after SIGKILL {killed2}; after "
+        f"`vime sandbox cleanup` {after_cli} (removed {len(report[0]['removed'])})"
+    )
     assert killed["directories"] == N
     assert after_next_start == {"processes": 0, "directories": 0, "cgroups": 0}
     assert killed2["directories"] == N

@@ -32,8 +32,20 @@ def test_multi_turn_shell_tool_runs_in_the_chosen_sandbox(backend):
     from vime_core.rollout.multi_turn import _episode_sandbox, _sandbox_tool
 
     args = build_parser().parse_args(
-        ["--model", "unused", "--generate", "multi_turn", "--multi-turn-sandbox-tool", "bash", "--sandbox", backend,
-         "--sandbox-memory-mb", "256", "--sandbox-wall-time", "120"]
+        [
+            "--model",
+            "unused",
+            "--generate",
+            "multi_turn",
+            "--multi-turn-sandbox-tool",
+            "bash",
+            "--sandbox",
+            backend,
+            "--sandbox-memory-mb",
+            "256",
+            "--sandbox-wall-time",
+            "120",
+        ]
     )
 
     async def body():
@@ -87,11 +99,25 @@ def test_multi_turn_generate_runs_code_in_the_sandbox(backend, tok):
     from vime_core.types import Status
 
     args = build_parser().parse_args(
-        ["--model", "unused", "--generate", "multi_turn", "--multi-turn-sandbox-tool", "bash", "--sandbox", backend,
-         "--multi-turn-tool-timeout", "3", "--multi-turn-tools"]
+        [
+            "--model",
+            "unused",
+            "--generate",
+            "multi_turn",
+            "--multi-turn-sandbox-tool",
+            "bash",
+            "--sandbox",
+            backend,
+            "--multi-turn-tool-timeout",
+            "3",
+            "--multi-turn-tools",
+        ]
     )
-    script = [_bash_call("python3 -c 'print(6*7)' > out.txt; cat out.txt"),
-              _bash_call("echo partial; sleep 60"), "done"]
+    script = [
+        _bash_call("python3 -c 'print(6*7)' > out.txt; cat out.txt"),
+        _bash_call("echo partial; sleep 60"),
+        "done",
+    ]
     s = _scripted_episode(tok, args, script)
     assert (s.status, s.metadata["num_turns"], s.metadata["stop_reason"]) == (Status.COMPLETED, 3, "no_tool_call")
     results = [c["result"] for c in s.metadata["tool_calls"]]
@@ -104,8 +130,21 @@ def test_wall_time_spent_is_reported_to_the_model(tok):
     from vime_core.types import Status
 
     args = build_parser().parse_args(
-        ["--model", "unused", "--generate", "multi_turn", "--multi-turn-sandbox-tool", "bash", "--sandbox", "local",
-         "--multi-turn-tool-timeout", "60", "--sandbox-wall-time", "3", "--multi-turn-tools"]
+        [
+            "--model",
+            "unused",
+            "--generate",
+            "multi_turn",
+            "--multi-turn-sandbox-tool",
+            "bash",
+            "--sandbox",
+            "local",
+            "--multi-turn-tool-timeout",
+            "60",
+            "--sandbox-wall-time",
+            "3",
+            "--multi-turn-tools",
+        ]
     )
     s = _scripted_episode(tok, args, [_bash_call("echo started; sleep 60"), _bash_call("echo again"), "done"])
     assert s.status is Status.COMPLETED

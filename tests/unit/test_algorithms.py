@@ -80,8 +80,9 @@ def test_policy_loss_asymmetric_clip_high():
 
 
 def test_policy_loss_reports_train_rollout_logprob_diff():
-    out = policy_loss([_t([-1.0, -2.0])], [_t([-1.0, -2.0])], [_t([0.0, 0.0])], [_t([1, 0])],
-                      rollout_log_probs=[_t([-1.5, -9.0])])
+    out = policy_loss(
+        [_t([-1.0, -2.0])], [_t([-1.0, -2.0])], [_t([0.0, 0.0])], [_t([1, 0])], rollout_log_probs=[_t([-1.5, -9.0])]
+    )
     assert out.metrics["train_rollout_logprob_abs_diff"] == pytest.approx(0.5)  # masked token ignored
 
 
