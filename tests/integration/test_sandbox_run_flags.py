@@ -14,6 +14,14 @@ from vime_core.plugins import get_plugins
 pytestmark = pytest.mark.integration
 
 
+def _shell_tool_args(backend: str, *extra: str):
+    """Parsed flags of a multi-turn run whose ``bash`` tool runs in the ``backend`` sandbox, plus ``extra``."""
+    return build_parser().parse_args(
+        ["--model", "unused", "--generate", "multi_turn", "--multi-turn-sandbox-tool", "bash", "--sandbox", backend]
+        + list(extra)
+    )
+
+
 def _backends() -> list[str]:
     names = ["local"]
     if "docker" in get_plugins().registries["sandbox"].names():
@@ -31,22 +39,7 @@ def _backends() -> list[str]:
 def test_multi_turn_shell_tool_runs_in_the_chosen_sandbox(backend):
     from vime_core.rollout.multi_turn import _episode_sandbox, _sandbox_tool
 
-    args = build_parser().parse_args(
-        [
-            "--model",
-            "unused",
-            "--generate",
-            "multi_turn",
-            "--multi-turn-sandbox-tool",
-            "bash",
-            "--sandbox",
-            backend,
-            "--sandbox-memory-mb",
-            "256",
-            "--sandbox-wall-time",
-            "120",
-        ]
-    )
+    args = _shell_tool_args(backend, "--sandbox-memory-mb", "256", "--sandbox-wall-time", "120")
 
     async def body():
         async with _episode_sandbox(args) as sb:
@@ -98,21 +91,7 @@ def test_multi_turn_generate_runs_code_in_the_sandbox(backend, tok):
     the same; the sandbox is gone afterwards."""
     from vime_core.types import Status
 
-    args = build_parser().parse_args(
-        [
-            "--model",
-            "unused",
-            "--generate",
-            "multi_turn",
-            "--multi-turn-sandbox-tool",
-            "bash",
-            "--sandbox",
-            backend,
-            "--multi-turn-tool-timeout",
-            "3",
-            "--multi-turn-tools",
-        ]
-    )
+    args = _shell_tool_args(backend, "--multi-turn-tool-timeout", "3", "--multi-turn-tools")
     script = [
         _bash_call("python3 -c 'print(6*7)' > out.txt; cat out.txt"),
         _bash_call("echo partial; sleep 60"),
@@ -129,22 +108,8 @@ def test_wall_time_spent_is_reported_to_the_model(tok):
     (a tool error, not an infrastructure failure: the sample is still scored)."""
     from vime_core.types import Status
 
-    args = build_parser().parse_args(
-        [
-            "--model",
-            "unused",
-            "--generate",
-            "multi_turn",
-            "--multi-turn-sandbox-tool",
-            "bash",
-            "--sandbox",
-            "local",
-            "--multi-turn-tool-timeout",
-            "60",
-            "--sandbox-wall-time",
-            "3",
-            "--multi-turn-tools",
-        ]
+    args = _shell_tool_args(
+        "local", "--multi-turn-tool-timeout", "60", "--sandbox-wall-time", "3", "--multi-turn-tools"
     )
     s = _scripted_episode(tok, args, [_bash_call("echo started; sleep 60"), _bash_call("echo again"), "done"])
     assert s.status is Status.COMPLETED
