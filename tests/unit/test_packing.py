@@ -150,3 +150,18 @@ def test_packed_critic_values_equal_left_padded(tiny_model_dir):
         torch.testing.assert_close(b, a, atol=1e-5, rtol=0)
     empty = critic.response_values(_samples(((4, 0), (2, 3))), torch.device("cpu"))
     assert [v.shape[0] for v in empty] == [0, 3]
+
+
+def test_a_model_that_scales_its_logits_takes_the_left_padded_path(tiny_model_dir):
+    """packed log-probs apply lm_head themselves, so a model whose config scales or soft-caps the logits is not
+    packable (the trainer and reference model fall back to left-padded batches) and a forced packed call raises."""
+    from transformers import AutoModelForCausalLM
+
+    from vime_core.trainer.torch_backend import packable
+
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir), dtype=torch.float32)
+    assert packable(model) is True
+    model.config.logit_scale = 2.0
+    assert packable(model) is False
+    with pytest.raises(ValueError, match="logit_scale=2.0 is not supported"):
+        response_log_probs(model, _samples(), torch.device("cpu"), packing=True)

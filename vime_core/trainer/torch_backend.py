@@ -19,11 +19,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from vime_core.algorithms.logprobs import (
-    selected_log_probs_and_entropy,
-    token_log_probs,
-    token_log_probs_and_entropy,
-)
+from vime_core.algorithms.logprobs import selected_log_probs_and_entropy
 from vime_core.algorithms.options import check_algorithm_config, kl_enabled, uses_critic
 from vime_core.models import resolve_model
 from vime_core.trainer.base import TrainerBackend
@@ -78,14 +74,10 @@ def response_log_probs(
             logits_to_keep=keep,
         ).logits
         tail = batch.input_ids[:, batch.seq_len - keep :]  # the tokens at the last keep positions
-        if with_entropy and entropy_grad:
-            lp, ent = token_log_probs_and_entropy(logits, tail)  # [B, keep - 1] each
-        else:
-            lp, ent = token_log_probs(logits, tail), None
-            if with_entropy:
-                with torch.no_grad():
-                    ent = token_log_probs_and_entropy(logits, tail)[1]
-        return response_slices(lp, samples), None if ent is None else response_slices(ent, samples)
+        rows = logits[:, :-1].reshape(-1, logits.shape[-1])  # [B * (keep - 1), vocab]: position t predicts t + 1
+        lp, ent = selected_log_probs_and_entropy(rows, tail[:, 1:].reshape(-1), with_entropy, entropy_grad)
+        lp = lp.view(len(samples), keep - 1)
+        return response_slices(lp, samples), None if ent is None else response_slices(ent.view_as(lp), samples)
     check_plain_lm_head(model)
     packed = packed_batch(samples, device)
     enable_packed_attention(model)  # packed_hidden_states raises if the model could not switch
@@ -99,15 +91,31 @@ def response_log_probs(
 SCALED_LOGITS_ATTRS = ("final_logit_softcapping", "logit_scale", "logits_scaling")
 
 
+def _scaled_logits_attr(model: torch.nn.Module) -> str | None:
+    """``"attr=value"`` of the first :data:`SCALED_LOGITS_ATTRS` entry that makes ``model``'s logits other than
+    ``lm_head(hidden)``, else None."""
+    for attr in SCALED_LOGITS_ATTRS:
+        value = getattr(model.config, attr, None)
+        if value is not None and value != 1.0:
+            return f"{attr}={value}"
+    return None
+
+
 def check_plain_lm_head(model: torch.nn.Module) -> None:
     """:func:`response_log_probs` applies ``model.get_output_embeddings()`` itself (to the response positions only).
 
     :raises ValueError: naming the attribute if ``model.config`` scales or soft-caps the logits.
     """
-    for attr in SCALED_LOGITS_ATTRS:
-        value = getattr(model.config, attr, None)
-        if value is not None and value != 1.0:
-            raise ValueError(f"the torch backend computes logits as lm_head(hidden); {attr}={value} is not supported")
+    scaled = _scaled_logits_attr(model)
+    if scaled is not None:
+        raise ValueError(f"the torch backend computes logits as lm_head(hidden); {scaled} is not supported")
+
+
+def packable(model: torch.nn.Module) -> bool:
+    """Whether ``model``'s log-probs can take the packed path of :func:`response_log_probs`: its attention switched
+    to the packed one (:func:`~vime_core.trainer.packing.enable_packed_attention`, done here) and its logits plain
+    ``lm_head(hidden)``. Else the policy and reference model use left-padded batches (the model's own forward)."""
+    return enable_packed_attention(model) and _scaled_logits_attr(model) is None
 
 
 class ReferenceModel:
@@ -126,8 +134,7 @@ class ReferenceModel:
         self.model = AutoModelForCausalLM.from_pretrained(str(path), torch_dtype=dtype).to(device)
         self.model.eval()
         self.model.requires_grad_(False)
-        # packed rows (see response_log_probs) where the model can switch its attention; else left-padded batches
-        self.packing = enable_packed_attention(self.model)
+        self.packing = packable(self.model)  # packed rows (see response_log_probs), else left-padded batches
 
     @torch.no_grad()
     def log_probs(self, samples: list[Sample], micro_batch_size: int) -> dict[int, torch.Tensor]:
@@ -169,9 +176,12 @@ class TorchTrainer(TrainerBackend):
         self.device = torch.device(cfg.train_device)
         dtype = DTYPES[cfg.train_dtype]
         self.model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=dtype).to(self.device)
-        packable = enable_packed_attention(self.model)
-        if not packable:
-            logger.warning("%s cannot switch its attention implementation: left-padded micro-batches", model_path)
+        self.packing = packable(self.model)
+        if not self.packing:
+            logger.warning(
+                "%s cannot switch its attention implementation or scales its logits: left-padded micro-batches",
+                model_path,
+            )
         self.model.train()
         if cfg.gradient_checkpointing:
             self.model.gradient_checkpointing_enable()
@@ -190,7 +200,6 @@ class TorchTrainer(TrainerBackend):
         if uses_critic(algo):
             self.critic = Critic(cfg, algo, self.model_path, self.device, dtype)
         self.steps_done = 0
-        self.packing = packable
         # keep the entropies' graph even without an entropy term (what every step did before the entropy became a
         # no-grad metric there; bench/train_pass.py compares the two)
         self.always_entropy_graph = False
