@@ -2,7 +2,10 @@
 
 Two prompts are over-sampled for a batch of one group: ``short`` stops after 2 tokens, ``long`` would run for
 ``LONG`` tokens (``ignore_eos``; long enough that a loaded CI machine cannot finish it while ``short`` starts).
-When ``short`` fills the batch, the manager aborts ``long`` inside the engine; the streamed answer carries the
+``short`` starts only once both of ``long``'s streams have delivered generated tokens (seen on the client's own
+HTTP transport: vLLM's ``num_requests_running`` gauge, polled here before, read 0 through a whole 5 s ``long``
+generation once the server had run the multi-turn and overlong tests). When ``short`` fills the batch, the manager
+aborts ``long`` inside the engine; the streamed answer carries the
 tokens generated so far. The engine then serves a new weight version; the returned group resumes from prompt +
 partial tokens, and the resumed sample's response = the original partial tokens (same ids, same log-probs,
 version 0, masked out) + the continuation (version 1, trained).
@@ -28,21 +31,66 @@ from vime_core.types import Status
 pytestmark = pytest.mark.integration
 
 
-LONG = 1000  # long's token budget
-_ENGINE: list = []  # the server whose running requests _short_or_long watches
+LONG = 1500  # long's token budget (the tiny model has 2,048 positions)
+_ENGINE: list = []  # the server whose running requests the test watches after the abort
+_STREAMS: list = []  # one entry per long stream that has delivered generated tokens (filled by _WatchLong)
+_EVENTS: list = []  # (monotonic s, what) of the first phase, shown when an assertion on its order fails
+GATE_S = 120.0  # how long short waits for long's streams before it gives up (the test then fails on that)
+
+
+class _WatchLong(httpx.AsyncBaseTransport):
+    """Wraps the client's HTTP transport: a streamed ``/inference/v1/generate`` answer to a long request
+    (``ignore_eos`` in its body) adds one entry to ``_STREAMS`` when its first chunk with generated tokens arrives."""
+
+    def __init__(self, inner: httpx.AsyncBaseTransport) -> None:
+        self.inner = inner
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        resp = await self.inner.handle_async_request(request)
+        if b'"ignore_eos"' in request.content:
+            resp.stream = _FirstTokens(resp.stream)
+        return resp
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+class _FirstTokens(httpx.AsyncByteStream):
+    def __init__(self, inner) -> None:
+        self.inner, self.seen = inner, False
+
+    async def __aiter__(self):
+        async for chunk in self.inner:
+            if not self.seen and re.search(rb'"token_ids":\s*\[\s*\d', chunk):
+                self.seen = True
+                _STREAMS.append(time.monotonic())
+                _EVENTS.append((time.monotonic(), "long stream: first tokens"))
+            yield chunk
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
 
 
 async def _short_or_long(args, sample, sampling_params):
-    """The default generate function with per-prompt budgets; ``short`` starts only once the engine is running
-    ``long``'s requests (polled from its metrics, not a fixed sleep that a loaded or fast machine can outrun), so
-    ``long`` is mid-way when ``short`` completes the batch."""
+    """The default generate function with per-prompt budgets; ``short`` starts only once both ``long`` streams are
+    generating (see the module doc), so ``long`` is mid-way when ``short`` completes the batch."""
     if sample.prompt.startswith("short"):
-        for _ in range(1000):
-            if _ENGINE and await asyncio.to_thread(_running, _ENGINE[0]) >= 1:
-                break
+        deadline = time.monotonic() + GATE_S
+        while len(_STREAMS) < 2 and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
-        return await default_generate(args, sample, {**sampling_params, "max_tokens": 2})
-    return await default_generate(args, sample, {**sampling_params, "max_tokens": LONG, "ignore_eos": True})
+        _EVENTS.append((time.monotonic(), f"short: gate open, {len(_STREAMS)} long streams"))
+        out = await default_generate(args, sample, {**sampling_params, "max_tokens": 2})
+        _EVENTS.append((time.monotonic(), f"short: done, {out.status.value} {out.response_length} tokens"))
+        return out
+    _EVENTS.append((time.monotonic(), "long: start"))
+    out = await default_generate(args, sample, {**sampling_params, "max_tokens": LONG, "ignore_eos": True})
+    _EVENTS.append((time.monotonic(), f"long: done, {out.status.value} {out.response_length} tokens"))
+    return out
+
+
+def _events() -> str:
+    t0 = _EVENTS[0][0] if _EVENTS else 0.0
+    return "; ".join(f"{t - t0:.2f}s {what}" for t, what in _EVENTS)
 
 
 def _running(server) -> float:
@@ -71,11 +119,15 @@ def test_aborted_group_resumes_from_its_partial_tokens(router, vllm_server, tiny
     rows = [{"prompt": f"{kind} prompt", "label": "1", "metadata": {}} for kind in ("short", "long")]
     m.data_source = DataSource(rows, 2, shuffle=False, seed=0)
     m.client = RouterClient(router.url, model=vllm_server.served_model_name, timeout_s=300, stream=True)
+    m.client._http._transport = _WatchLong(m.client._http._transport)
+    _STREAMS.clear()
+    _EVENTS.clear()
     m.engines = [vllm_server]
     set_rollout_context(RolloutContext(client=m.client, tokenizer=m.tokenizer, weight_version=0))
     try:
         groups, metrics = m.generate(0)
-        assert [g[0].prompt for g in groups] == ["short prompt"]
+        assert len(_STREAMS) == 2, f"long's streams never delivered tokens within {GATE_S} s"
+        assert [g[0].prompt for g in groups] == ["short prompt"], _events()
         assert [s.response_length for s in groups[0]] == [2, 2]
         assert metrics["rollout/aborted_groups"] == 1.0 and metrics["rollout/partial_returned_groups"] == 1.0
         assert m.client.inflight_request_ids() == []
