@@ -205,6 +205,37 @@ def test_engines_lost_mid_rollout_the_resume_trains_the_failed_steps_prompts_onc
     assert trained == [[0, 1], [2, 3], [4, 5], [6, 7], [8, 9], [10, 11]]
 
 
+def test_engines_lost_in_the_weight_update_after_training_count_the_step_as_finished(tiny_model_dir, tmp_path):
+    """Step 3 trained (weights pushed as version 4) but the weight update found no engine: the checkpoint counts 4
+    finished steps at version 4 and records step 3's prompts; the resume trains 8..11, so each prompt once."""
+    out = tmp_path / "a" / "out"
+    out.mkdir(parents=True)
+    m, source, _ = _start(tiny_model_dir, tmp_path / "a", "sync")
+    trained: list[list[int]] = []
+    try:
+        version = _steps(m, source, 0, 3, 0, trained)
+        source.get(3, version)  # generated and (by the version bump below) trained
+        trained.append(source.last_taken["prompt_index"])
+        lost = EnginesLostError("every vLLM engine is gone and no restart is left:\nengine 0 (u): exited with code -9")
+        log = SimpleNamespace(max_checkpoints=None)
+        error = _stop_engines_lost(log, out, 3, version, _Trainer(), m, source, lost, trained_version=version + 1)
+    finally:
+        m.shutdown()
+    ckpt = checkpoint_root(out) / "step_000004"
+    assert str(error).splitlines()[-1] == f"checkpoint of 4 finished step(s) saved: {ckpt}"
+    assert json.loads((ckpt / "meta.json").read_text()) == {"step": 4, "weight_version": 4}
+    records = [json.loads(x) for x in (out / TRAINED_PROMPTS_FILE).read_text().splitlines()]
+    assert records == [{"step": 3, "prompt_index": [6, 7], "group_index": [6, 7]}]
+    state = json.loads((ckpt / "data_source.json").read_text())
+    assert (state["offset"], state["returned"]) == (8, [])
+    m, source, _ = _start(tiny_model_dir, tmp_path / "b", "sync", state, 4)
+    try:
+        _steps(m, source, 4, STEPS, 4, trained)
+    finally:
+        m.shutdown()
+    assert trained == [[0, 1], [2, 3], [4, 5], [6, 7], [8, 9], [10, 11]]
+
+
 def test_roll_back_records_drops_the_steps_after_the_checkpoint(tmp_path):
     lines = [
         {"step": 0, "eval/a/score": 0.1},
