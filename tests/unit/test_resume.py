@@ -214,7 +214,7 @@ def test_engines_lost_in_the_weight_update_after_training_count_the_step_as_fini
     trained: list[list[int]] = []
     try:
         version = _steps(m, source, 0, 3, 0, trained)
-        source.get(3, version)  # generated and (by the version bump below) trained
+        source.get(3, version)  # generated; trained as version 4 (trained_version below)
         trained.append(source.last_taken["prompt_index"])
         lost = EnginesLostError("every vLLM engine is gone and no restart is left:\nengine 0 (u): exited with code -9")
         log = SimpleNamespace(max_checkpoints=None)
