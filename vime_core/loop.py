@@ -171,15 +171,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     metrics, version = _one_step(args, step, source, rollout, trainer, estimator, version, progress)
                 except WeightWriteError as e:  # trained, but the weights could not be written for the engines
                     raise _save_after_failed_write(log, out, step, version, trainer, rollout, source, e) from None
+                except _LostAfterTraining as e:  # trained, but no engine is left to take the weights
+                    stop = _stop_engines_lost(log, out, step, version, trainer, rollout, source, e.error, e.version)
+                    raise stop from None
                 except Exception as e:
                     if not engines_lost(e):
                         raise
                     # nothing left to generate with: keep what trained, stop with the monitor's report
-                    saved = None
-                    if trainer is not None:
-                        saved = _save_checkpoint(log, out, step, version, trainer, rollout, [])
-                    where = f"checkpoint of {step} finished step(s) saved: {saved}" if saved else "no trainer to save"
-                    raise EnginesLostError(f"{getattr(e, 'cause', None) or e}\n{where}") from None
+                    raise _stop_engines_lost(log, out, step, version, trainer, rollout, source, e) from None
                 if data.rollout_max_prompt_len:
                     metrics["data/overlong_prompts_filtered"] = float(overlong)
                 history.append(metrics)
@@ -285,10 +284,15 @@ class _GroupSource:
     def unconsumed(self) -> list[list[Sample]]:
         """Groups taken from the data buffer but not handed to a step yet: with ``one-step-off``, the next step's
         groups (generated while this step trained); a checkpoint saves them, so a resume trains them next instead of
-        skipping their prompts."""
+        skipping their prompts. A prefetch that raised returns none: the rollout manager put its groups back into
+        the buffer (:meth:`~vime_core.rollout.manager.RolloutManager.generate`)."""
         if self.prefetched is None:
             return []
-        groups, _ = self.wait(self.prefetched)
+        try:
+            groups, _ = self.wait(self.prefetched)
+        except Exception as e:  # noqa: BLE001 - the groups are back in the buffer; the caller reports its own error
+            logger.warning("the prefetched rollout failed; its groups stay in the buffer: %s", e)
+            return []
         return groups
 
     def get(self, step: int, version: int) -> tuple[list[list[Sample]], dict[str, float]]:
@@ -372,7 +376,12 @@ def _one_step(
         call(rollout, "wake_engines")
     update = call(trainer, "push_weights", version + 1)
     if rollout is not None:
-        metrics.update(call(rollout, "update_weights", update))
+        try:
+            metrics.update(call(rollout, "update_weights", update))
+        except Exception as e:
+            if engines_lost(e):
+                raise _LostAfterTraining(e, update.version) from e
+            raise
     metrics["perf/sync_time"] = time.perf_counter() - t2
     metrics["perf/step_time"] = time.perf_counter() - t0
     return metrics, update.version
@@ -394,13 +403,57 @@ def _save_checkpoint(
 ) -> Path:
     """Checkpoint after ``step`` finished steps (:mod:`vime_core.checkpoint`); ``unconsumed`` groups (taken from
     the buffer, not yet trained) are saved with the buffer so a resume trains them next."""
-    import ray
-
     tmp = new_checkpoint_dir(out, step)
     trainer.save_checkpoint(str(tmp / "trainer"))
-    data_state = ray.get(rollout.data_state.remote(unconsumed)) if rollout is not None else None
+    data_state = call(rollout, "data_state", unconsumed) if rollout is not None else None
     meta = {"step": step, "weight_version": version}
     return commit_checkpoint(tmp, meta, data_state, log.max_checkpoints)
+
+
+class _LostAfterTraining(Exception):
+    """Every engine was lost during the weight update after a step trained (:func:`_one_step`): the step counts
+    as finished, at weight version :attr:`version`."""
+
+    def __init__(self, error: BaseException, version: int) -> None:
+        super().__init__(str(error))
+        self.error, self.version = error, version
+
+
+def _stop_engines_lost(
+    log: LoggingConfig,
+    out: Path,
+    step: int,
+    version: int,
+    trainer,
+    rollout,
+    source: _GroupSource,
+    error: BaseException,
+    trained_version: int | None = None,
+) -> EnginesLostError:
+    """Every engine is lost during step ``step`` (at weight version ``version``): checkpoint what trained so the
+    run can resume.
+
+    * The rollout failed (``trained_version`` None): ``step`` steps finished; the groups the failed step took are
+      back in the rollout manager's buffer (:meth:`~vime_core.rollout.manager.RolloutManager.generate`; with
+      ``fully-async`` re-queued by the producer), so the checkpoint's data state holds them and a resume trains
+      them — each prompt once.
+    * The step trained but its weight update found no engine (``trained_version``: the weights it pushed): the
+      step counts as finished (``step + 1`` steps, weight version ``trained_version``; a resume pushes the weights
+      in full) and its prompts are recorded in ``trained_prompts.jsonl``.
+
+    Either way, with ``one-step-off`` the next step's groups, if they were generated, are saved as unconsumed.
+
+    :return: the error to raise: the monitor's report (without Ray's traceback) and what was saved.
+    """
+    done = step
+    if trained_version is not None:
+        _append_jsonl(out / TRAINED_PROMPTS_FILE, {"step": step, **source.last_taken})
+        done, version = step + 1, trained_version
+    saved = None
+    if trainer is not None:
+        saved = _save_checkpoint(log, out, done, version, trainer, rollout, source.unconsumed())
+    where = f"checkpoint of {done} finished step(s) saved: {saved}" if saved else "no trainer to save"
+    return EnginesLostError(f"{getattr(error, 'cause', None) or error}\n{where}")
 
 
 def _save_after_failed_write(

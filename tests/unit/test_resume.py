@@ -10,16 +10,21 @@ records are rolled back, :func:`vime_core.loop.roll_back_records`).
 
 from __future__ import annotations
 
+import dataclasses
 import json
+from pathlib import Path
 from types import SimpleNamespace
 
+import httpx
 import pytest
 
 from tests.unit.test_async_admission import _args, _sleeping_generate, _update
+from tests.unit.test_engine_health import FAST, Engine, Router, _disk_recovery
 from tests.unit.test_hooks import _manager_with_hooks
 from vime_core.arguments import ArgumentError, parse_run_args
 from vime_core.checkpoint import checkpoint_root, commit_checkpoint, latest_checkpoint, new_checkpoint_dir
-from vime_core.loop import TRAINED_PROMPTS_FILE, _GroupSource, roll_back_records, should_save
+from vime_core.loop import TRAINED_PROMPTS_FILE, _GroupSource, _stop_engines_lost, roll_back_records, should_save
+from vime_core.rollout.health import EngineMonitor, EnginesLostError
 
 pytestmark = pytest.mark.unit
 
@@ -39,13 +44,11 @@ class _InProcessHandle:
         return SimpleNamespace(remote=getattr(self.manager, name))
 
 
-def _start(tiny_model_dir, tmp_path, loop, state=None, version=0):
+def _start(tiny_model_dir, tmp_path, loop, state=None, version=0, generate=_sleeping_generate):
     tmp_path.mkdir(parents=True, exist_ok=True)
     args, overrides = _args(tiny_model_dir, tmp_path, loop=loop, rollout_batch_size=BATCH, num_rollout=STEPS)
     box: dict = {}
-    m = _manager_with_hooks(
-        tiny_model_dir, tmp_path, generate=_sleeping_generate(box), num_prompts=NUM_PROMPTS, **overrides
-    )
+    m = _manager_with_hooks(tiny_model_dir, tmp_path, generate=generate(box), num_prompts=NUM_PROMPTS, **overrides)
     box["m"] = m
     if state is not None:
         m.load_data_state(json.loads(json.dumps(state)))  # through JSON, as data_source.json
@@ -137,6 +140,100 @@ def test_fully_async_checkpoint_returns_groups_in_flight_in_admission_order(tiny
     returned = state["returned"]
     assert [g[0]["prompt_index"] for g in returned] == [6, 7, 8, 9]
     assert all(s["status"] == "pending" and s["tokens"] == [] for g in returned for s in g)
+
+
+def _dying_generate(box):
+    """``_sleeping_generate`` until ``box["die"] = (engine, monitor)``: from then on the engine's process is gone,
+    the monitor's check finds it, and every request fails with a connection error (what vllm-router answers)."""
+    inner = _sleeping_generate(box)
+
+    async def gen(args, sample, sampling_params):
+        if "die" not in box:
+            return await inner(args, sample, sampling_params)
+        engine, monitor = box["die"]
+        engine.alive = False
+        monitor.check_once()
+        raise httpx.ConnectError("connection refused")
+
+    return gen
+
+
+class _Trainer:
+    """Stands in for the trainer group: "training" is the loop's weight-version bump here, so its checkpoint is a
+    marker file."""
+
+    def save_checkpoint(self, path):
+        Path(path).mkdir(parents=True)
+        (Path(path) / "marker").write_text("trained")
+
+
+def test_engines_lost_mid_rollout_the_resume_trains_the_failed_steps_prompts_once(tiny_model_dir, tmp_path):
+    """Step 3's engine dies mid-rollout with no restart left: the manager puts the step's two prompts back into the
+    buffer, the loop's stop path checkpoints 3 finished steps with them, and the resumed run trains prompts 6..11 —
+    over the two runs every prompt exactly once, in the uninterrupted order."""
+    out = tmp_path / "a" / "out"
+    m, source, box = _start(tiny_model_dir, tmp_path / "a", "sync", generate=_dying_generate)
+    trained: list[list[int]] = []
+    engine = Engine("http://127.0.0.1:9", tmp_path / "e0.log")
+    recovery, _ = _disk_recovery(tmp_path)
+    monitor = EngineMonitor([engine], Router([engine.url]), recovery, dataclasses.replace(FAST, max_restarts=0))
+    try:
+        version = _steps(m, source, 0, 3, 0, trained)
+        m.monitor = m.runner.monitor = monitor
+        box["die"] = (engine, monitor)
+        with pytest.raises(EnginesLostError) as lost:
+            source.get(3, version)
+        log = SimpleNamespace(max_checkpoints=None)
+        error = _stop_engines_lost(log, out, 3, version, _Trainer(), m, source, lost.value)
+    finally:
+        m.shutdown()
+    ckpt = checkpoint_root(out) / "step_000003"
+    assert str(error) == (
+        "every vLLM engine is gone and no restart is left:\n"
+        f"engine 0 (http://127.0.0.1:9): exited with code -9, restarted 0 time(s); log: {tmp_path / 'e0.log'}\n"
+        f"checkpoint of 3 finished step(s) saved: {ckpt}"
+    )
+    assert latest_checkpoint(out) == ckpt
+    assert json.loads((ckpt / "meta.json").read_text()) == {"step": 3, "weight_version": 3}
+    state = json.loads((ckpt / "data_source.json").read_text())
+    assert (state["epoch"], state["offset"], state["next_group_index"], state["returned"]) == (0, 6, 6, [])
+    m, source, _ = _start(tiny_model_dir, tmp_path / "b", "sync", state, version)
+    try:
+        _steps(m, source, 3, STEPS, version, trained)
+    finally:
+        m.shutdown()
+    assert trained == [[0, 1], [2, 3], [4, 5], [6, 7], [8, 9], [10, 11]]
+
+
+def test_engines_lost_in_the_weight_update_after_training_count_the_step_as_finished(tiny_model_dir, tmp_path):
+    """Step 3 trained (weights pushed as version 4) but the weight update found no engine: the checkpoint counts 4
+    finished steps at version 4 and records step 3's prompts; the resume trains 8..11, so each prompt once."""
+    out = tmp_path / "a" / "out"
+    out.mkdir(parents=True)
+    m, source, _ = _start(tiny_model_dir, tmp_path / "a", "sync")
+    trained: list[list[int]] = []
+    try:
+        version = _steps(m, source, 0, 3, 0, trained)
+        source.get(3, version)  # generated; trained as version 4 (trained_version below)
+        trained.append(source.last_taken["prompt_index"])
+        lost = EnginesLostError("every vLLM engine is gone and no restart is left:\nengine 0 (u): exited with code -9")
+        log = SimpleNamespace(max_checkpoints=None)
+        error = _stop_engines_lost(log, out, 3, version, _Trainer(), m, source, lost, trained_version=version + 1)
+    finally:
+        m.shutdown()
+    ckpt = checkpoint_root(out) / "step_000004"
+    assert str(error).splitlines()[-1] == f"checkpoint of 4 finished step(s) saved: {ckpt}"
+    assert json.loads((ckpt / "meta.json").read_text()) == {"step": 4, "weight_version": 4}
+    records = [json.loads(x) for x in (out / TRAINED_PROMPTS_FILE).read_text().splitlines()]
+    assert records == [{"step": 3, "prompt_index": [6, 7], "group_index": [6, 7]}]
+    state = json.loads((ckpt / "data_source.json").read_text())
+    assert (state["offset"], state["returned"]) == (8, [])
+    m, source, _ = _start(tiny_model_dir, tmp_path / "b", "sync", state, 4)
+    try:
+        _steps(m, source, 4, STEPS, 4, trained)
+    finally:
+        m.shutdown()
+    assert trained == [[0, 1], [2, 3], [4, 5], [6, 7], [8, 9], [10, 11]]
 
 
 def test_roll_back_records_drops_the_steps_after_the_checkpoint(tmp_path):

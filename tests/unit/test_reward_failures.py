@@ -176,7 +176,8 @@ def test_reward_errors_fail_the_sample_by_cause(tiny_model_dir, tmp_path):
         ("p6", "failed", None, "reward_invalid"),
         ("p7", "completed", 1.0, None),
     ]
-    assert groups[0][0].metadata["error"] == "RuntimeError: verifier crashed"
+    row = f"(the row at {tmp_path / 'p.jsonl'}:line 1)"  # a reward that raises names the row it scored
+    assert groups[0][0].metadata["error"] == f"RuntimeError: verifier crashed {row}"
     assert groups[1][0].metadata["error"] == "SampleFailure: reward is nan, not a finite number"
     assert groups[5][0].metadata["error"] == (
         "SampleFailure: the reward function did not return within 0.5 s (--reward-timeout)"
@@ -327,7 +328,9 @@ def test_group_reward_failures(tiny_model_dir, tmp_path):
         [("failed", None, "reward_error")] * 3,
         [("completed", 1.0, None), ("failed", None, "reward_invalid"), ("failed", None, "engine_error")],
     ]
-    assert groups[0][0].metadata["error"] == "RuntimeError: preference model crashed"
+    assert [s.metadata["error"] for s in groups[0]] == [
+        f"RuntimeError: preference model crashed (the row at {tmp_path / 'p.jsonl'}:line 1)"
+    ] * 3
     assert _failure_part(metrics) == ZERO | {
         "rollout/failed/reward_error": 3.0,
         "rollout/failed/reward_invalid": 1.0,
@@ -386,11 +389,12 @@ def test_reward_flags_defaults_and_checks():
 
 
 def test_a_label_the_math_reward_cannot_parse_fails_its_sample_not_scored_0(tiny_model_dir, tmp_path):
-    """p0's label is empty (nothing math-verify can parse): the sample fails as reward_error with the label in the
-    error, is excluded (never a 0 reward), and the other samples are scored as usual."""
+    """p0's label is empty (nothing math-verify can parse): the sample fails as reward_error with the label and the
+    prompt file's line of its row in the error (line 2: a blank first line is skipped but counted), is excluded
+    (never a 0 reward), and the other samples are scored as usual."""
     data = tmp_path / "labels.jsonl"
     data.write_text(
-        "".join(json.dumps({"prompt": f"p{i}", "label": lab}) + "\n" for i, lab in enumerate(["", "2", "2"]))
+        "\n" + "".join(json.dumps({"prompt": f"p{i}", "label": lab}) + "\n" for i, lab in enumerate(["", "2", "2"]))
     )
     m = _manager_with_hooks(
         tiny_model_dir,
@@ -411,7 +415,9 @@ def test_a_label_the_math_reward_cannot_parse_fails_its_sample_not_scored_0(tiny
     ]
     assert groups[0][0].metadata["error"] == (
         "ValueError: math reward: the label '' is not a mathematical answer math-verify can parse"
+        f" (the row at {data}:line 2)"
     )
+    assert [s.metadata["prompt_source"] for g in groups for s in g] == [f"{data}:line {n}" for n in (2, 3, 4)]
     assert groups[0][0].prompt_index == 0 and not groups[0][0].is_trainable()
     assert _failure_part(metrics) == ZERO | {"rollout/failed/reward_error": 1.0}
     assert metrics["rollout/reward_mean"] == 0.5  # over the two scored samples only

@@ -1,6 +1,9 @@
 """The torch trainer's batched, left-padded log-probs equal an unpadded per-sample forward (a padding or
 position-id bug would silently train on wrong log-probs)."""
 
+import random
+
+import numpy as np
 import pytest
 import torch
 
@@ -68,3 +71,39 @@ def test_fused_adamw_step_equals_the_foreach_step(tiny_model_dir):
         opt.step()
     for (name, p), q in zip(trainer.model.named_parameters(), other.parameters(), strict=True):
         torch.testing.assert_close(p.detach(), q.detach(), atol=1e-7, rtol=0, msg=lambda m, name=name: f"{name}: {m}")
+
+
+def _draws():
+    return random.random(), float(np.random.rand()), torch.rand(3).tolist()
+
+
+def test_a_checkpoint_restores_the_python_numpy_and_torch_rng_exactly(tiny_model_dir, tmp_path):
+    """save → draw → load → draw: the second draws are the uninterrupted run's, bit for bit, for Python's random,
+    numpy's global generator and torch's CPU generator (CUDA's too where there is a GPU); a checkpoint written
+    before the Python/numpy state was saved (torch's CPU state alone) still restores torch's."""
+    trainer = TorchTrainer(trainer_args(), tiny_model_dir)
+    random.seed(1)
+    np.random.seed(2)
+    torch.manual_seed(3)
+    trainer.save_checkpoint(tmp_path / "ckpt")
+    uninterrupted = _draws()
+    cuda = torch.rand(4, device="cuda").tolist() if torch.cuda.is_available() else None
+    assert uninterrupted == (
+        random.Random(1).random(),
+        float(np.random.RandomState(2).rand()),
+        torch.rand(3, generator=torch.Generator().manual_seed(3)).tolist(),
+    )
+    _draws()  # the generators move on
+    trainer.load_checkpoint(tmp_path / "ckpt")
+    assert _draws() == uninterrupted
+    if cuda is not None:
+        assert torch.rand(4, device="cuda").tolist() == cuda
+    state = torch.load(tmp_path / "ckpt" / "trainer_state.pt", weights_only=False)
+    expected_keys = ["numpy", "python", "torch"] + (["cuda"] if cuda is not None else [])
+    assert sorted(state["rng"]) == sorted(expected_keys)
+    torch.manual_seed(3)
+    old = {"steps_done": 0, "rng": torch.get_rng_state()}  # the earlier format
+    torch.save(old, tmp_path / "ckpt" / "trainer_state.pt")
+    torch.rand(5)
+    trainer.load_checkpoint(tmp_path / "ckpt")
+    assert torch.rand(3).tolist() == uninterrupted[2]

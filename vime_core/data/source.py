@@ -108,21 +108,40 @@ def _read_raw(path: Path) -> list[tuple[int, Any]]:
     return raw
 
 
+#: ``Sample.metadata`` key of the row a sample's prompt came from: ``"FILE:line N"`` (``.jsonl``) or
+#: ``"FILE:row N"`` (``.parquet``), the ``where`` of :func:`read_rows`; errors about the row name it.
+PROMPT_SOURCE_KEY = "prompt_source"
+
+
 def new_group(row: dict[str, Any], group_index: int, n: int, prompt_index: int | None = None) -> list[Sample]:
     """``n`` fresh pending samples of one :func:`read_rows` row (prompt and metadata deep-copied per sample);
-    ``prompt_index`` is the row's position in the prompt data (:attr:`Sample.prompt_index`)."""
+    ``prompt_index`` is the row's position in the prompt data (:attr:`Sample.prompt_index`); the row's
+    ``where`` (when it has one) goes to ``metadata[PROMPT_SOURCE_KEY]``."""
+    metadata = dict(row["metadata"])
+    if row.get("where"):
+        metadata[PROMPT_SOURCE_KEY] = row["where"]
     return [
         Sample(
             group_index=group_index,
             index=i,
             prompt=copy.deepcopy(row["prompt"]),
             label=row["label"],
-            metadata=copy.deepcopy(row["metadata"]),
+            metadata=copy.deepcopy(metadata),
             status=Status.PENDING,
             prompt_index=prompt_index,
         )
         for i in range(n)
     ]
+
+
+def name_prompt_source(sample: Sample) -> None:
+    """Append the row the sample's prompt came from to its failure text (``metadata["error"]``), e.g.
+    ``"ValueError: ... (the row at data.jsonl:line 3)"``; a sample without :data:`PROMPT_SOURCE_KEY` (not from a
+    prompt file) or without an error is left as it is."""
+    where = sample.metadata.get(PROMPT_SOURCE_KEY)
+    error = sample.metadata.get("error")
+    if where and error and not error.endswith(f"(the row at {where})"):
+        sample.metadata["error"] = f"{error} (the row at {where})"
 
 
 class DataSource:

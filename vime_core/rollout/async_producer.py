@@ -311,6 +311,12 @@ class AsyncRolloutProducer:
         }
         return kept, metrics
 
+    def give_back(self, groups: list[list[Sample]]) -> None:
+        """Take back groups :meth:`get_groups` handed out that will not be trained (the step failed): they are
+        re-queued as fresh prompts, so :meth:`buffer_state` returns them."""
+        for g in groups:
+            self.requeue.put(fresh_copy(g))
+
     def buffer_state(self) -> dict[str, Any]:
         """The data-buffer state with every in-flight, finished-but-not-taken or re-queued group returned as fresh
         prompts, so a resume generates them again instead of skipping them (in admission order, then the

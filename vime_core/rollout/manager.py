@@ -241,9 +241,22 @@ class RolloutManager:
         (``--partial-rollout``: their groups return to the buffer and resume later); see
         :mod:`vime_core.rollout.oversample`. A group is kept or dropped whole (never split across batches).
 
+        A step that raises (every engine lost, every sample failed) takes nothing from the buffer: its state is
+        put back as it was before the step (fresh prompts and partial-rollout groups alike), so a checkpoint taken
+        then (:meth:`data_state`) hands them to the resumed run, which trains each exactly once.
+
         :return: ``(groups, metrics)``; metrics ``rollout/*`` and ``perf/rollout_time``.
         :raises RuntimeError: if every sample failed (the first error is included).
+        :raises EnginesLostError: (health monitor) every engine is gone and no restart is left.
         """
+        before = self.data_source.state_dict()
+        try:
+            return self._generate(step)
+        except BaseException:
+            self.data_source.load_state_dict(before)
+            raise
+
+    def _generate(self, step: int) -> tuple[list[list[Sample]], dict[str, float]]:
         t0 = time.perf_counter()
         self.check_engines()
         want = self.config.rollout_batch_size
@@ -286,11 +299,21 @@ class RolloutManager:
         self.producer.start()
 
     def get_async_groups(self, step: int, current_version: int) -> tuple[list[list[Sample]], dict[str, float]]:
-        """``--loop fully-async``: the next batch of groups within ``--max-staleness`` of ``current_version``."""
+        """``--loop fully-async``: the next batch of groups within ``--max-staleness`` of ``current_version``.
+
+        :raises EnginesLostError: (health monitor) every engine is gone and no restart is left; groups already
+            taken go back to the producer as fresh prompts (:meth:`data_state` saves them).
+        """
         t0 = time.perf_counter()
+        self.check_engines()
         groups, extra = self.producer.get_groups(
             self.config.rollout_batch_size, current_version, self.config.max_staleness, self.config.stale_policy
         )
+        try:
+            self.check_engines()  # samples that failed because the engines died are not a batch to train
+        except BaseException:
+            self.producer.give_back(groups)
+            raise
         samples = [s for g in groups for s in g]
         metrics = rollout_metrics(samples, self.config.reward_key)
         metrics.update(overlong_metrics(self.config, samples))

@@ -22,7 +22,8 @@ from typing import Any
 
 from vime_core.arguments import rollout_sampling_params
 from vime_core.config import RolloutConfig
-from vime_core.failures import classify_failure, mark_failed
+from vime_core.data.source import name_prompt_source
+from vime_core.failures import FailureCause, classify_failure, mark_failed
 from vime_core.progress import Throttle
 from vime_core.rewards.call import call_group_reward, call_reward
 from vime_core.rollout.health import EngineMonitor, generate_with_retries
@@ -169,6 +170,8 @@ class GroupRunner:
                     )
                     fanned.pop(id(sample), None)
                     outs = [mark_failed(sample, cause, e)]
+                    if cause == FailureCause.REWARD_ERROR:  # a reward that raises: often a row it cannot handle
+                        name_prompt_source(sample)
             if train:
                 self.report_progress(self.samples_done + 1, force=False)
             return outs
@@ -209,6 +212,8 @@ class GroupRunner:
                 )
                 for s in outs:
                     mark_failed(s, cause, reward)
+                    if cause == FailureCause.REWARD_ERROR:
+                        name_prompt_source(s)
             else:
                 _set_reward(self.config, outs, reward)
         if self.teacher is not None:

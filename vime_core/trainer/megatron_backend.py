@@ -51,6 +51,7 @@ from vime_core.trainer.megatron_model import SDPACoreAttention, have_transformer
 from vime_core.trainer.megatron_optim import inner_optimizers, load_optimizer, megatron_step, save_optimizer
 from vime_core.trainer.megatron_reference import MegatronReferenceModel, vocab_parallel_entropy
 from vime_core.trainer.rl_step import rl_train_step
+from vime_core.trainer.rng_state import get_rng_state, set_rng_state
 from vime_core.types import RolloutBatch, Sample
 from vime_core.weight_sync.tensor_io import safetensors_files
 
@@ -417,8 +418,7 @@ class MegatronTrainer(TrainerBackend):
             save_file(tensors, str(path / "model.safetensors"))
             state = {
                 "steps_done": self.steps_done,
-                "rng": torch.get_rng_state(),
-                "cuda_rng": torch.cuda.get_rng_state(),
+                "rng": get_rng_state(),  # Python, numpy, torch and this rank's CUDA device
             }
             if self.critic is not None:
                 state["critic_steps_done"] = self.critic.steps_done  # its learning-rate schedule's position
@@ -446,8 +446,7 @@ class MegatronTrainer(TrainerBackend):
         self.steps_done = ts["steps_done"]
         if self.critic is not None:
             self.critic.steps_done = ts.get("critic_steps_done", self.steps_done)  # older checkpoints: the policy's
-        torch.set_rng_state(ts["rng"])
-        torch.cuda.set_rng_state(ts["cuda_rng"])
+        set_rng_state(ts["rng"], ts.get("cuda_rng"))  # older checkpoints: torch's CPU and CUDA state apart
 
 
 class _HFStyleForward:

@@ -27,6 +27,7 @@ from vime_core.trainer.critic import FUSED_ADAMW_DEVICES, Critic, clip_and_step
 from vime_core.trainer.packing import enable_packed_attention, packed_batch, packed_hidden_states
 from vime_core.trainer.padding import left_padded_batch, response_slices
 from vime_core.trainer.rl_step import rl_train_step
+from vime_core.trainer.rng_state import get_rng_state, set_rng_state
 from vime_core.types import RolloutBatch, Sample
 
 logger = logging.getLogger("vime.trainer")
@@ -276,7 +277,8 @@ class TorchTrainer(TrainerBackend):
 
     def save_checkpoint(self, path: Path) -> None:
         """Weights as safetensors (HF names) plus ``optimizer.pt`` and ``trainer_state.pt`` (optimizer-step counts,
-        which place the learning-rate schedules, and the RNG state); with ``ppo`` the critic (weights and optimizer)
+        which place the learning-rate schedules, and the RNG state of Python, numpy, torch and CUDA:
+        :mod:`vime_core.trainer.rng_state`); with ``ppo`` the critic (weights and optimizer)
         under ``critic/`` (:meth:`~vime_core.trainer.critic.Critic.save`)."""
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
@@ -284,7 +286,7 @@ class TorchTrainer(TrainerBackend):
         torch.save(self.optimizer.state_dict(), path / "optimizer.pt")
         if self.critic is not None:
             self.critic.save(path / "critic")
-        state = {"steps_done": self.steps_done, "rng": torch.get_rng_state()}
+        state = {"steps_done": self.steps_done, "rng": get_rng_state()}
         if self.critic is not None:
             state["critic_steps_done"] = self.critic.steps_done  # its learning-rate schedule's position
         torch.save(state, path / "trainer_state.pt")
@@ -311,4 +313,4 @@ class TorchTrainer(TrainerBackend):
         self.steps_done = ts["steps_done"]
         if self.critic is not None:
             self.critic.steps_done = ts.get("critic_steps_done", self.steps_done)  # older checkpoints: the policy's
-        torch.set_rng_state(ts["rng"])
+        set_rng_state(ts["rng"])
