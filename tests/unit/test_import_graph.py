@@ -48,6 +48,12 @@ LAYERS: list[tuple[str, list[str]]] = [
         "interfaces",
         [
             "vime_core.sandbox.base",
+            "vime_core.sandbox.errors",
+            "vime_core.sandbox.results",
+            "vime_core.sandbox.limits",
+            "vime_core.sandbox.owner",
+            "vime_core.sandbox.reaper",
+            "vime_core.sandbox.tar",
             "vime_core.agent.harness",
             "vime_core.sandbox.cancel",
             "vime_core.trainer.base",
