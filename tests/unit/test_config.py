@@ -29,8 +29,14 @@ BASE = ["--model", "m", "--prompt-data", "d.jsonl"]
 # Flags only the command line itself reads (arguments.py / cli.py): the config file, help, and the opt-out checked
 # once at parse time.
 CLI_ONLY = {"help", "config", "allow_off_policy_without_correction"}
-# The modules that may read the Namespace: the parser, the config builder and the command line.
-NAMESPACE_READERS = {"vime_core/arguments.py", "vime_core/config.py", "vime_core/cli.py"}
+# The modules that may read the Namespace: the parser and its cross-flag checks, the config builder and the command
+# line.
+NAMESPACE_READERS = {
+    "vime_core/arguments.py",
+    "vime_core/argument_checks.py",
+    "vime_core/config.py",
+    "vime_core/cli.py",
+}
 
 
 def _framework_dests() -> set[str]:

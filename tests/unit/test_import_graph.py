@@ -77,7 +77,10 @@ LAYERS: list[tuple[str, list[str]]] = [
             "vime_core.trainer.lr_schedule",
         ],
     ),
-    ("arguments", ["vime_core.arguments"]),
+    (
+        "arguments",
+        ["vime_core.argument_errors", "vime_core.config_file", "vime_core.argument_checks", "vime_core.arguments"],
+    ),
     ("orchestration", ["vime_core.orchestration"]),
     ("rollout and trainer", ["vime_core.rollout", "vime_core.trainer"]),
     ("built-ins and kit", ["vime_core.builtins", "vime_core.testing"]),
