@@ -10,7 +10,9 @@ Namespaces:
 4. ``--router-<arg> [value]`` forwarded to the vllm-router vime starts; ``--vllm-router-ip``/``--vllm-router-port``
    make vime use a router already running instead.
 
-``--config FILE.yaml`` may hold any flag (keys with dashes or underscores); the command line wins.
+``--config FILE.yaml`` may hold any flag (keys with dashes or underscores); the command line wins
+(:mod:`vime_core.config_file`). After parsing, :func:`vime_core.argument_checks.check_run_args` refuses
+combinations that cannot run. Both modules' public names are importable from here too.
 """
 
 from __future__ import annotations
@@ -19,27 +21,43 @@ import argparse
 import copy
 import difflib
 import functools
-import importlib.util
-import logging
-import os
 import sys
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from vime_core.algorithms.options import check_algorithm_config
-from vime_core.config import PASSTHROUGH_DESTS, AlgorithmConfig, ClusterConfig, RolloutConfig, TrainerConfig
-from vime_core.evaluation import EvalArgumentError, parse_eval_prompt_data
+from vime_core.argument_checks import (
+    OFF_POLICY_CORRECTIONS,
+    OFF_POLICY_LOOPS,
+    check_off_policy_correction,
+    check_run_args,
+    parse_cpu_list,
+)
+from vime_core.argument_errors import ArgumentError
+from vime_core.config import PASSTHROUGH_DESTS, RolloutConfig
+from vime_core.config_file import config_to_argv
 from vime_core.passthrough import PassthroughError, split_passthrough
-from vime_core.placement import PlacementError, ResourceFlags, check_resource_flags
 from vime_core.plugins import get_plugins
 from vime_core.rollout.overlong import add_arguments as add_overlong_arguments
-from vime_core.rollout.overlong import check_overlong_config
 from vime_core.trainer.lr_schedule import add_arguments as add_lr_schedule_arguments
-from vime_core.trainer.lr_schedule import check_lr_schedule_config
 
-logger = logging.getLogger("vime.arguments")
+__all__ = [
+    "OFF_POLICY_CORRECTIONS",
+    "OFF_POLICY_LOOPS",
+    "VIME_OWNED_ROUTER_FLAGS",
+    "VIME_OWNED_VLLM_FLAGS",
+    "ArgumentError",
+    "HelpFormatter",
+    "build_parser",
+    "check_off_policy_correction",
+    "check_run_args",
+    "complete_args",
+    "config_to_argv",
+    "default_args",
+    "flags_without_help",
+    "parse_cpu_list",
+    "parse_run_args",
+    "rollout_sampling_params",
+]
 
 # vLLM flags that vime sets itself, and the vime flag that controls each.
 VIME_OWNED_VLLM_FLAGS = {
@@ -59,11 +77,6 @@ VIME_OWNED_ROUTER_FLAGS = {
     "worker-urls": "--rollout-num-engines (or --vllm-router-ip/--vllm-router-port for a running router)",
     "prometheus-host": "(vime binds 127.0.0.1)",
 }
-
-
-class ArgumentError(ValueError):
-    """A bad flag or value; the message names it and says what was expected."""
-
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
     """``--help`` that appends ``(default: X)`` to every flag whose help does not already say its default."""
@@ -699,122 +712,6 @@ def complete_args(args: argparse.Namespace) -> argparse.Namespace:
     return argparse.Namespace(**(copy.deepcopy(_parser_defaults()) | vars(args)))
 
 
-def _yaml_key_lines(text: str) -> dict[str, int]:
-    """Top-level key → 1-based line of a YAML mapping (for error messages)."""
-    node = yaml.compose(text)
-    if not isinstance(node, yaml.MappingNode):
-        return {}
-    return {str(k.value): k.start_mark.line + 1 for k, _ in node.value}
-
-
-def _check_config_value(where: str, key: str, action: argparse.Action, value: Any) -> None:
-    """Raise :class:`ArgumentError` naming ``where`` (file:line) and ``key`` when ``value`` cannot be ``action``'s."""
-    flag = action.option_strings[0]
-    takes_value = action.nargs != 0
-    if not takes_value:  # store_true / BooleanOptionalAction / store_false: only booleans
-        if not isinstance(value, bool) and value is not None:
-            raise ArgumentError(f"{where}: key {key!r} ({flag}): expected true or false, got {value!r}")
-        return
-    if isinstance(value, bool):
-        raise ArgumentError(f"{where}: key {key!r} ({flag}): expected a value, got {value!r}")
-    values = value if isinstance(value, list) else [value]
-    if isinstance(value, list) and action.nargs in (None, "?"):
-        raise ArgumentError(f"{where}: key {key!r} ({flag}): expected one value, got a list {value!r}")
-    if isinstance(value, dict):
-        raise ArgumentError(f"{where}: key {key!r} ({flag}): expected a value, got a mapping {value!r}")
-    for v in values:
-        if isinstance(v, bool) and action.type in (int, float):
-            raise ArgumentError(f"{where}: key {key!r} ({flag}): expected {action.type.__name__}, got {v!r}")
-        if callable(action.type):
-            try:
-                converted = action.type(str(v))
-            except (TypeError, ValueError, argparse.ArgumentTypeError):
-                name = getattr(action.type, "__name__", "a valid value")
-                raise ArgumentError(f"{where}: key {key!r} ({flag}): expected {name}, got {v!r}") from None
-        else:
-            converted = str(v)
-        if action.choices is not None and converted not in action.choices:
-            choices = ", ".join(map(str, action.choices))
-            raise ArgumentError(f"{where}: key {key!r} ({flag}): expected one of {choices}, got {v!r}")
-
-
-def _config_to_argv(path: Path, parser: argparse.ArgumentParser) -> list[str]:
-    """The argv equivalent of a YAML config (keys are flag names, dashes or underscores).
-
-    :raises ArgumentError: naming the file (and line and key): missing file, invalid YAML, not a mapping, an
-        unknown key (with the closest flag), or a value the flag cannot take (wrong type, not a choice).
-    """
-    try:
-        text = path.read_text()
-        data = yaml.safe_load(text)
-    except FileNotFoundError:
-        raise ArgumentError(f"--config {path}: file not found") from None
-    except yaml.YAMLError as e:
-        raise ArgumentError(f"--config {path}: invalid YAML: {e}") from None
-    if data is None:
-        return []
-    if not isinstance(data, dict):
-        raise ArgumentError(f"--config {path}: expected a mapping of flag: value")
-    lines = _yaml_key_lines(text)
-    actions = parser._option_string_actions
-    argv: list[str] = []
-    for key, value in data.items():
-        flag = "--" + str(key).replace("_", "-")
-        where = f"{path}:{lines.get(str(key), '?')}"
-        if flag == "--config":
-            raise ArgumentError(f"{where}: key {key!r}: a config file cannot include another (--config)")
-        passthrough = flag.startswith(("--vllm-", "--router-")) and flag not in actions
-        if not passthrough:
-            if flag not in actions:
-                keys = sorted({o[2:].replace("-", "_") for o in actions if o.startswith("--")})
-                close = difflib.get_close_matches(str(key).replace("-", "_"), keys, n=1)
-                hint = (
-                    f"; did you mean {close[0]} (--{close[0].replace('_', '-')})?"
-                    if close
-                    else "; see `vime args` for every flag"
-                )
-                raise ArgumentError(f"{where}: unknown key {key!r}{hint}")
-            if flag != "--eval-prompt-data":  # a mapping or a list; checked by _config_eval_sets
-                _check_config_value(where, str(key), actions[flag], value)
-        if value is False and not passthrough:
-            if "--no-" + flag[2:] not in actions:  # store_true flag set to false: its default
-                continue
-            argv.append("--no-" + flag[2:])
-        elif value is True:
-            argv.append(flag)
-        elif value is None or value is False:
-            continue
-        elif flag == "--eval-prompt-data":
-            argv.append(flag)
-            argv.extend(_config_eval_sets(path, value))
-        elif isinstance(value, list):
-            argv.append(flag)
-            argv.extend(str(v) for v in value)
-        else:
-            if isinstance(value, str) and not Path(value).is_absolute() and key in ("prompt_data", "prompt-data"):
-                value = str((path.parent / value).resolve())
-            argv.extend([flag, str(value)])
-    return argv
-
-
-def _config_eval_sets(path: Path, value: Any) -> list[str]:
-    """A config's ``eval_prompt_data`` (a ``{NAME: PATH}`` mapping or a ``[NAME, PATH, ...]`` list) as argv values,
-    with relative paths resolved against the config file's directory."""
-    if isinstance(value, dict):
-        pairs = [(str(k), str(v)) for k, v in value.items()]
-    elif isinstance(value, list) and len(value) % 2 == 0:
-        pairs = [(str(value[i]), str(value[i + 1])) for i in range(0, len(value), 2)]
-    else:
-        raise ArgumentError(
-            f"--config {path}: eval_prompt_data must be a mapping NAME: PATH or a list of NAME, PATH pairs; "
-            f"got {value!r}"
-        )
-    argv: list[str] = []
-    for name, p in pairs:
-        argv += [name, p if Path(p).is_absolute() else str((path.parent / p).resolve())]
-    return argv
-
-
 def parse_run_args(argv: list[str] | None = None, command: str = "run") -> argparse.Namespace:
     """Parse ``vime run`` argv (config file first, command line wins) and check the combination.
 
@@ -831,7 +728,7 @@ def parse_run_args(argv: list[str] | None = None, command: str = "run") -> argpa
     pre.add_argument("--config", type=Path)
     known, _ = pre.parse_known_args(argv)
     if known.config:
-        argv = _config_to_argv(known.config, parser) + argv
+        argv = config_to_argv(known.config, parser) + argv
     args, rest = parser.parse_known_args(argv)
     try:
         args.vllm_args, args.router_args, unknown = split_passthrough(
@@ -852,204 +749,8 @@ def parse_run_args(argv: list[str] | None = None, command: str = "run") -> argpa
             raise ArgumentError("vime eval needs --eval-prompt-data NAME PATH [NAME PATH ...]")
         args.prompt_data = None  # evaluation only: no training data is read (a config's prompt_data is ignored)
         args.debug_rollout_only = True  # no trainer
-    _check(args, command)
+    check_run_args(args, command)
     return args
-
-
-def _check_eval(args: argparse.Namespace) -> None:
-    try:
-        parse_eval_prompt_data(args.eval_prompt_data)
-    except EvalArgumentError as e:
-        raise ArgumentError(str(e)) from None
-    for name in ("eval_interval", "n_samples_per_eval_prompt", "eval_max_response_len"):
-        value = getattr(args, name)
-        if value is not None and value < 1:
-            raise ArgumentError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
-    if args.eval_interval is not None and not args.eval_prompt_data:
-        raise ArgumentError("--eval-interval needs --eval-prompt-data NAME PATH [NAME PATH ...]")
-    if args.eval_prompt_data and args.debug_train_only:
-        raise ArgumentError("--eval-prompt-data needs the rollout engines; it does not work with --debug-train-only")
-    if args.eval_reward is None:
-        args.eval_reward = args.reward
-
-
-def _check(args: argparse.Namespace, command: str = "run") -> None:
-    if args.load_debug_rollout_data:
-        args.debug_train_only = True
-    if args.loop != "sync" and (args.debug_train_only or args.debug_rollout_only):
-        raise ArgumentError(f"--loop {args.loop} needs both engines and trainer; the debug modes use --loop sync")
-    if args.mask_offpolicy_in_partial_rollout and not args.partial_rollout:
-        raise ArgumentError("--mask-offpolicy-in-partial-rollout needs --partial-rollout")
-    if args.partial_rollout and (
-        args.loop == "fully-async"
-        or (args.dynamic_sampling_filter is None and (args.over_sampling_batch_size or 0) <= args.rollout_batch_size)
-    ):
-        raise ArgumentError(
-            "--partial-rollout resumes groups aborted by over-sampling: it needs --dynamic-sampling-filter or "
-            "--over-sampling-batch-size above --rollout-batch-size, and --loop sync or one-step-off"
-        )
-    if args.max_staleness < 0:
-        raise ArgumentError("--max-staleness must be >= 0")
-    if args.reward == "remote" and not args.rm_url:
-        raise ArgumentError("--reward remote needs --rm-url (the reward-model service's URL)")
-    for name in ("rm_concurrency", "math_verify_workers"):
-        if getattr(args, name) < 1:
-            raise ArgumentError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
-    for name in ("rm_timeout", "math_verify_timeout", "reward_timeout"):
-        value = getattr(args, name)
-        if value is not None and value <= 0:
-            raise ArgumentError(f"--{name.replace('_', '-')} must be > 0 seconds, got {value}")
-    if args.rm_max_retries < 0:
-        raise ArgumentError(f"--rm-max-retries must be >= 0, got {args.rm_max_retries}")
-    for name in ("save_interval", "max_checkpoints", "rollout_max_prompt_len"):
-        value = getattr(args, name, None)
-        if value is not None and value < 1:
-            raise ArgumentError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
-    if getattr(args, "save_interval_minutes", None) is not None and not args.save_interval_minutes > 0:
-        raise ArgumentError(f"--save-interval-minutes must be > 0 minutes, got {args.save_interval_minutes}")
-    _check_sandbox_outlives_agent(args)
-    check_off_policy_correction(args)
-    if args.debug_rollout_only and args.debug_train_only:
-        raise ArgumentError("--debug-rollout-only and --debug-train-only exclude each other")
-    _check_eval(args)
-    if command == "run" and not args.debug_train_only and args.prompt_data is None:
-        raise ArgumentError("--prompt-data is required (a .jsonl or .parquet file of prompts)")
-    if args.debug_train_only and not args.load_debug_rollout_data:
-        raise ArgumentError("--debug-train-only needs --load-debug-rollout-data PATTERN")
-    for name in (
-        "num_rollout",
-        "rollout_batch_size",
-        "n_samples_per_prompt",
-        "micro_batch_size",
-        "rollout_num_engines",
-    ):
-        if getattr(args, name) < 1:
-            raise ArgumentError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
-    total = args.rollout_batch_size * args.n_samples_per_prompt
-    if args.global_batch_size is not None and (args.global_batch_size < 1 or total % args.global_batch_size):
-        raise ArgumentError(
-            f"--global-batch-size {args.global_batch_size} must divide "
-            f"rollout-batch-size × n-samples-per-prompt = {total}"
-        )
-    if args.rollout_cpu_bind is not None and len(args.rollout_cpu_bind) != args.rollout_num_engines:
-        raise ArgumentError(
-            f"--rollout-cpu-bind has {len(args.rollout_cpu_bind)} values for {args.rollout_num_engines} engines"
-        )
-    if args.train_cpus is not None:
-        parse_cpu_list(args.train_cpus)
-    if not -20 <= args.ray_worker_niceness <= 19:
-        raise ArgumentError(f"--ray-worker-niceness must be in -20 … 19 (nice(2)), got {args.ray_worker_niceness}")
-    for name in ("rollout_max_engine_restarts", "rollout_max_request_retries"):
-        if getattr(args, name, 0) < 0:
-            raise ArgumentError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")
-    if getattr(args, "rollout_engine_restart_backoff", 0.0) < 0:
-        raise ArgumentError(
-            f"--rollout-engine-restart-backoff must be >= 0, got {args.rollout_engine_restart_backoff:g}"
-        )
-    for name in ("rollout_health_check_interval", "rollout_engine_hang_timeout"):
-        if getattr(args, name, 1.0) <= 0:
-            raise ArgumentError(f"--{name.replace('_', '-')} must be > 0, got {getattr(args, name)}")
-    if (args.vllm_router_ip is None) != (args.vllm_router_port is None):
-        raise ArgumentError("--vllm-router-ip and --vllm-router-port go together")
-    if args.use_wandb and importlib.util.find_spec("wandb") is None:
-        raise ArgumentError("--use-wandb needs the wandb package: pip install 'vime[wandb]'")
-    if args.colocate and args.loop != "sync":
-        raise ArgumentError(f"--colocate needs --loop sync: with --loop {args.loop} generation overlaps training")
-    try:
-        engines = check_resource_flags(ResourceFlags.from_config(ClusterConfig.from_args(args)))
-    except PlacementError as e:
-        raise ArgumentError(str(e)) from None
-    if args.rollout_num_gpus and engines:  # engines = --rollout-num-gpus / --rollout-num-gpus-per-engine (slime)
-        args.rollout_num_engines = engines
-    if args.update_weight_disk_dir is None:
-        args.update_weight_disk_dir = args.output_dir / "weights"
-    cores = sorted(os.sched_getaffinity(0))
-    if (
-        args.rollout_cpu_bind is None
-        and args.loop == "sync"
-        and args.rollout_num_engines == 1
-        and not args.rollout_num_gpus
-        and not args.ray_address
-        and len(cores) > 1
-    ):
-        # sync loop, one CPU engine: generation and training never overlap, so the engine's OpenMP threads get every
-        # core. vLLM's "auto" keeps one core for its engine-core process, which spin-waits on it: 189 vs 316 tokens/s
-        # on 2 cores (bench/rollout_throughput.py, docs/performance.md)
-        args.rollout_cpu_bind = [",".join(map(str, cores))]
-    try:
-        check_algorithm_config(AlgorithmConfig.from_args(args))
-        check_overlong_config(RolloutConfig.from_args(args))
-        check_lr_schedule_config(TrainerConfig.from_args(args))
-    except ValueError as e:
-        raise ArgumentError(str(e)) from None
-
-
-def _check_sandbox_outlives_agent(args: argparse.Namespace) -> None:
-    """``--generate coding_agent`` runs the agent and then collects and scores its workspace in the same sandbox:
-    a sandbox that lives no longer than the agent expires first, and every episode would fail.
-
-    :raises ArgumentError: ``--sandbox-wall-time`` (when not 0 = unlimited) is not above ``--agent-wall-time``.
-    """
-    sandbox_s, agent_s = getattr(args, "sandbox_wall_time", None), getattr(args, "agent_wall_time", None)
-    if getattr(args, "generate", None) != "coding_agent" or not sandbox_s or agent_s is None:
-        return
-    if sandbox_s <= agent_s:
-        raise ArgumentError(
-            f"--sandbox-wall-time {sandbox_s:g} s is not longer than --agent-wall-time {agent_s:g} s: the sandbox "
-            "would expire while the agent still runs or before its workspace is collected and scored, so every "
-            f"episode would fail. Give the sandbox headroom, e.g. --sandbox-wall-time {agent_s + 300:g} (or lower "
-            "--agent-wall-time, or --sandbox-wall-time 0 for no limit)"
-        )
-
-
-OFF_POLICY_LOOPS = ("one-step-off", "fully-async")
-OFF_POLICY_CORRECTIONS = ("--use-tis", "--use-mis", "--use-rollout-logprobs")
-
-
-def check_off_policy_correction(args: argparse.Namespace) -> None:
-    """Refuse an off-policy loop (``--loop one-step-off`` / ``fully-async``) without a correction for the policy
-    that generated the tokens: ``--use-tis`` or ``--use-mis`` (importance weights against the engine's log-probs)
-    or ``--use-rollout-logprobs`` (the engine's log-probs as the PPO ratio's old policy). Without one, the trainer
-    anchors the ratio to its own current policy, one or more versions newer than the sampling policy.
-
-    ``--allow-off-policy-without-correction`` lets the run start anyway, with a warning.
-
-    :raises ArgumentError: naming the loop and the three flags.
-    """
-    loop = getattr(args, "loop", "sync")
-    if loop not in OFF_POLICY_LOOPS or any(
-        getattr(args, f[2:].replace("-", "_"), False) for f in OFF_POLICY_CORRECTIONS
-    ):
-        return
-    what = (
-        f"--loop {loop} trains on tokens generated by an older policy, but none of "
-        f"{', '.join(OFF_POLICY_CORRECTIONS)} is set, so the PPO ratio would be anchored to the trainer's current "
-        "policy instead of the policy that generated the tokens"
-    )
-    if not getattr(args, "allow_off_policy_without_correction", False):
-        raise ArgumentError(
-            f"{what}. Add --use-tis (truncated importance sampling, the usual choice), --use-mis or "
-            "--use-rollout-logprobs, or pass --allow-off-policy-without-correction to train uncorrected."
-        )
-    logger.warning("WARNING: %s (--allow-off-policy-without-correction). The updates are biased.", what)
-
-
-def parse_cpu_list(spec: str) -> set[int]:
-    """``"1"``, ``"0-3"``, ``"2-3,6"`` → a set of core ids (taskset's list syntax).
-
-    :raises ArgumentError: naming ``--train-cpus`` on a malformed list.
-    """
-    cpus: set[int] = set()
-    try:
-        for part in str(spec).split(","):
-            lo, _, hi = part.strip().partition("-")
-            cpus.update(range(int(lo), int(hi or lo) + 1))
-    except ValueError:
-        raise ArgumentError(f"--train-cpus {spec!r}: expected core ids like '1', '0-3' or '2-3,6'") from None
-    if not cpus:
-        raise ArgumentError(f"--train-cpus {spec!r}: no core")
-    return cpus
-
 
 def rollout_sampling_params(cfg: RolloutConfig) -> dict[str, Any]:
     """The engine sampling parameters of a training rollout."""

@@ -29,8 +29,14 @@ BASE = ["--model", "m", "--prompt-data", "d.jsonl"]
 # Flags only the command line itself reads (arguments.py / cli.py): the config file, help, and the opt-out checked
 # once at parse time.
 CLI_ONLY = {"help", "config", "allow_off_policy_without_correction"}
-# The modules that may read the Namespace: the parser, the config builder and the command line.
-NAMESPACE_READERS = {"vime_core/arguments.py", "vime_core/config.py", "vime_core/cli.py"}
+# The modules that may read the Namespace: the parser and its cross-flag checks, the config builder and the command
+# line.
+NAMESPACE_READERS = {
+    "vime_core/arguments.py",
+    "vime_core/argument_checks.py",
+    "vime_core/config.py",
+    "vime_core/cli.py",
+}
 
 
 def _framework_dests() -> set[str]:
@@ -124,8 +130,8 @@ def _namespace_reads(tree: ast.AST, dests: set[str]) -> list[tuple[int, str]]:
 def test_no_module_reads_framework_flags_from_the_namespace():
     """Outside the parser, the config builder and the CLI, framework flags are read from a config section
     (``XConfig.from_args(args)``), never as ``args.<flag>`` / ``getattr(args, "<flag>")`` / ``opt(args, ...)``.
-    Plugins still receive ``args`` and read their own prefixed flags from it (the plugins/ packages are not
-    scanned)."""
+    Plugins still receive ``args`` and read their own prefixed flags from it
+    (:func:`test_no_plugin_reads_framework_flags_from_the_namespace` scans them)."""
     dests = _framework_dests()
     root = Path(vime_core.__file__).parent
     offenders = []
@@ -136,6 +142,45 @@ def test_no_module_reads_framework_flags_from_the_namespace():
         for line, what in _namespace_reads(ast.parse(path.read_text(), str(path)), dests):
             offenders.append(f"{rel}:{line}: {what}")
     assert not offenders, "framework flags read from the Namespace:\n" + "\n".join(offenders)
+
+
+def _plugin_sources() -> list[Path]:
+    """Every module of the plugin packages (``plugins/*/src``; the template, a placeholder, left out)."""
+    root = Path(vime_core.__file__).parent.parent / "plugins"
+    return sorted(p for src in root.glob("[!_]*/src") for p in src.rglob("*.py"))
+
+
+def test_no_plugin_reads_framework_flags_from_the_namespace():
+    """Plugins read the framework's flags through a config section (``SandboxConfig.from_args(args).sandbox``),
+    like vime_core; their own prefixed flags with :func:`vime_core.plugin_flags.own_flags` (defaults from the
+    flag definition), never with an inline default (``getattr(args, "<own flag>", default)``)."""
+    dests = _framework_dests()
+    plugin_dests = {a.dest for a in build_parser()._actions} - dests
+    sources = _plugin_sources()
+    assert len(sources) > 10, "the plugins' sources were not found"
+    offenders = []
+    for path in sources:
+        tree = ast.parse(path.read_text(), str(path))
+        rel = path.relative_to(Path(vime_core.__file__).parent.parent).as_posix()
+        for line, what in _namespace_reads(tree, dests):
+            offenders.append(f"{rel}:{line}: framework flag read from the Namespace: {what}")
+        for line, what in _inline_defaults(tree, plugin_dests):
+            offenders.append(f"{rel}:{line}: own flag read with an inline default (use own_flags): {what}")
+    assert not offenders, "\n".join(offenders)
+
+
+def _inline_defaults(tree: ast.AST, dests: set[str]) -> list[tuple[int, str]]:
+    """``getattr(<anything>, "<flag>", <default>)`` calls: a flag's default repeated where it is read."""
+    return [
+        (node.lineno, ast.unparse(node))
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Name)
+        and node.func.id == "getattr"
+        and len(node.args) == 3
+        and isinstance(node.args[1], ast.Constant)
+        and node.args[1].value in dests
+    ]
 
 
 def test_the_scan_finds_each_kind_of_read():
@@ -150,3 +195,4 @@ def test_the_scan_finds_each_kind_of_read():
     )
     got = _namespace_reads(ast.parse(src), {"rollout_batch_size", "lr", "gamma", "kl_coef", "loop"})
     assert sorted(line for line, _ in got) == [2, 3, 4, 5]
+    assert [line for line, _ in _inline_defaults(ast.parse(src), {"gamma", "lr"})] == [4]

@@ -4,8 +4,8 @@ Every module is parsed with :mod:`ast` (nothing is imported); its imports of vim
 collected — top-level ones and those inside functions alike, ``if TYPE_CHECKING:`` blocks left out — and
 
 * the module graph must have no cycle (each cycle found is printed, with the import lines that close it);
-* no module may import a module of a higher layer of :data:`LAYERS` (docs/architecture.md, "Layers", mirrors
-  the list; this test reads nothing from the docs).
+* no module may import a module of a higher layer of :data:`LAYERS`;
+* docs/architecture.md's "Layers" list is :data:`LAYERS` (same layers, names and entries, in order).
 
 An import of ``a.b.c`` counts as an edge to ``a.b.c`` only (not to the packages ``a`` and ``a.b`` Python also
 initialises on the way).
@@ -14,6 +14,7 @@ initialises on the way).
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -38,6 +39,7 @@ LAYERS: list[tuple[str, list[str]]] = [
             "vime_core.net",
             "vime_core.progress",
             "vime_core.config",
+            "vime_core.plugin_flags",
             "vime_core.placement",
             "vime_core.passthrough",
             "vime_core.models",
@@ -47,6 +49,12 @@ LAYERS: list[tuple[str, list[str]]] = [
         "interfaces",
         [
             "vime_core.sandbox.base",
+            "vime_core.sandbox.errors",
+            "vime_core.sandbox.results",
+            "vime_core.sandbox.limits",
+            "vime_core.sandbox.owner",
+            "vime_core.sandbox.reaper",
+            "vime_core.sandbox.tar",
             "vime_core.agent.harness",
             "vime_core.sandbox.cancel",
             "vime_core.trainer.base",
@@ -70,12 +78,27 @@ LAYERS: list[tuple[str, list[str]]] = [
             "vime_core.trainer.lr_schedule",
         ],
     ),
-    ("arguments", ["vime_core.arguments"]),
+    (
+        "arguments",
+        ["vime_core.argument_errors", "vime_core.config_file", "vime_core.argument_checks", "vime_core.arguments"],
+    ),
     ("orchestration", ["vime_core.orchestration"]),
     ("rollout and trainer", ["vime_core.rollout", "vime_core.trainer"]),
     ("built-ins and kit", ["vime_core.builtins", "vime_core.testing"]),
     ("driver", ["vime_core.loop", "vime_core.checkpoint", "vime_core.metrics", "vime_core.report", "vime_core.cli"]),
 ]
+
+
+def documented_layers(text: str) -> list[tuple[str, list[str]]]:
+    """The layer list of the "## Layers" section of docs/architecture.md: items ``N. **name** — `a`, `b.c`: ...``
+    (entries relative to ``vime_core``, up to the first colon; ``vime_core`` itself as is)."""
+    section = text.split("\n## Layers\n", 1)[1].split("\n## ", 1)[0]
+    items = re.findall(r"^\d+\. \*\*(.+?)\*\* — (.*?)(?=^\d+\. |^\S|\Z)", section, re.M | re.S)
+    layers = []
+    for name, body in items:
+        names = re.findall(r"`([^`]+)`", body.split(": ", 1)[0])
+        layers.append((name, [n if n == "vime_core" else f"vime_core.{n}" for n in names]))
+    return layers
 
 
 def _packages() -> list[Path]:
@@ -210,6 +233,22 @@ def test_the_graph_sees_local_imports_and_skips_type_checking(tmp_path):
         ("ImportFrom", 8),
     ]
     assert find_cycles({"a": {"b": []}, "b": {"c": []}, "c": {"a": []}, "d": {"a": []}}) == [["a", "b", "c"]]
+
+
+def test_the_docs_list_the_layers():
+    """docs/architecture.md's "Layers" list and :data:`LAYERS` are the same (neither is edited alone)."""
+    doc = documented_layers((ROOT / "docs" / "architecture.md").read_text())
+    assert doc == LAYERS, (
+        "docs/architecture.md's Layers list differs from LAYERS:\n"
+        + "\n".join(f"  doc {d}\n  LAYERS {t}" for d, t in zip(doc, LAYERS) if d != t)
+        + ("" if len(doc) == len(LAYERS) else f"\n  {len(doc)} layers in the doc, {len(LAYERS)} in LAYERS")
+    )
+    # the parser reads what the section holds, not nothing
+    sample = (
+        "# Doc\n\n## Layers\n\nIntro `q`.\n\n1. **a** — `vime_core`, `x.y`: text with `z`\n   more.\n"
+        "2. **b** — `w`: end\n\nAfter `r`.\n\n## Next\n\n1. **c** — `v`: no layer\n"
+    )
+    assert documented_layers(sample) == [("a", ["vime_core", "vime_core.x.y"]), ("b", ["vime_core.w"])]
 
 
 def test_no_import_cycles():

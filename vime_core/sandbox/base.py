@@ -17,39 +17,90 @@ Errors, so that a reward never scores an infrastructure failure as 0:
 Leftovers: every resource a backend creates carries the vime label :data:`LABEL` and an owner token
 (:func:`owner_token`: host, boot, pid, process start time). :meth:`Sandbox.cleanup` removes those whose owner
 process is gone; it runs once per backend per process at the first sandbox start, and on ``vime sandbox cleanup``.
+
+This module holds the :class:`Sandbox` class and the constants its default implementation uses; the rest has a
+module each, all re-exported here: the errors (:mod:`~vime_core.sandbox.errors`), the result types
+(:mod:`~vime_core.sandbox.results`), the limits and constructor keywords from flags
+(:mod:`~vime_core.sandbox.limits`), owner tokens (:mod:`~vime_core.sandbox.owner`), the reaper
+(:mod:`~vime_core.sandbox.reaper`) and safe tar extraction (:mod:`~vime_core.sandbox.tar`).
 """
 
 from __future__ import annotations
 
 import abc
 import asyncio
-import atexit
-import concurrent.futures
 import io
 import logging
-import math
 import os
 import shlex
-import socket
 import tarfile
-import threading
 import time
 import uuid
-import weakref
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from vime_core.config import SandboxConfig
 from vime_core.sandbox.cancel import finish_then_raise
+
+# Re-exported: the errors, results, limits, owner tokens, reaper and tar helpers lived in this module; plugins and
+# callers import them from here (``from vime_core.sandbox.base import SandboxInfraError, owner_token``).
+from vime_core.sandbox.errors import SandboxError, SandboxExpiredError, SandboxInfraError
+from vime_core.sandbox.limits import (
+    SandboxLimits,
+    backend_kwargs_from_args,
+    remote_lifetime_s,
+    sandbox_kwargs,
+    sandbox_kwargs_from_args,
+)
+from vime_core.sandbox.owner import (
+    BACKEND_LABEL,
+    LABEL,
+    OWNER_LABEL,
+    _boot_id,
+    owner_alive,
+    owner_token,
+    process_start_time,
+    processes_with_env,
+)
+from vime_core.sandbox.reaper import forget_reaps, live_sandboxes, reap_once
+from vime_core.sandbox.results import TIMEOUT_EXIT_CODE, CleanupReport, DetachedProcess, ExecResult, RawExecResult
+from vime_core.sandbox.tar import extract_tar_safely
+
+__all__ = [
+    "BACKEND_LABEL",
+    "CAPABILITIES",
+    "CONTROL_DIR",
+    "EXEC_WRAPPER",
+    "LABEL",
+    "OWNER_LABEL",
+    "SANDBOX_AGENTS_DIR",
+    "TIMEOUT_EXIT_CODE",
+    "CleanupReport",
+    "DetachedProcess",
+    "ExecResult",
+    "RawExecResult",
+    "Sandbox",
+    "SandboxError",
+    "SandboxExpiredError",
+    "SandboxInfraError",
+    "SandboxLimits",
+    "_boot_id",
+    "agents_cache_dir",
+    "backend_kwargs_from_args",
+    "extract_tar_safely",
+    "forget_reaps",
+    "owner_alive",
+    "owner_token",
+    "process_start_time",
+    "processes_with_env",
+    "remote_lifetime_s",
+    "sandbox_kwargs",
+    "sandbox_kwargs_from_args",
+    "wrap_argv",
+]
 
 logger = logging.getLogger("vime.sandbox")
 
-LABEL = "vime.sandbox"  # label/tag key on every resource a backend creates; its value is the sandbox id
-OWNER_LABEL = "vime.owner"  # label holding owner_token() of the creating process
-BACKEND_LABEL = "vime.backend"
-TIMEOUT_EXIT_CODE = 137  # exit code reported when a command is killed at its timeout (128 + SIGKILL)
 CONTROL_DIR = "/tmp/.vime"  # where the default detached-command implementation keeps its files, inside the sandbox
 #: where backends that can mount host directories show :func:`agents_cache_dir` (read-only) inside the sandbox
 SANDBOX_AGENTS_DIR = "/opt/vime/agents"
@@ -91,304 +142,6 @@ CAPABILITIES = frozenset(
         "host_port",  # expose_host_port(): a host service on 127.0.0.1 reachable from inside, network still off
     }
 )
-
-
-class SandboxError(Exception):
-    """Base of sandbox errors."""
-
-
-class SandboxInfraError(SandboxError):
-    """The sandbox infrastructure failed (could not create, service unreachable, sandbox vanished).
-
-    Not the command's fault: a reward must mark the sample failed (excluded), never score it 0.
-    """
-
-
-class SandboxExpiredError(SandboxError):
-    """The sandbox reached its wall-time limit (``SandboxLimits.wall_time_s``) and was killed, or was closed."""
-
-
-@dataclass(frozen=True)
-class SandboxLimits:
-    """Resource limits of one sandbox. ``None`` means "no limit from vime" (the backend's own default applies).
-
-    :ivar cpus: CPU share in cores (e.g. ``0.5``), enforced as a quota where the backend can.
-    :ivar memory_bytes: memory limit in bytes for all processes of the sandbox together.
-    :ivar disk_bytes: disk limit in bytes (backends without a quota enforce it as the maximum size of one file).
-    :ivar pids: maximum number of processes/threads in the sandbox.
-    :ivar wall_time_s: lifetime of the sandbox in seconds; at the limit everything in it is killed.
-    :ivar max_output_bytes: bytes kept of each of stdout and stderr per ``exec`` (the rest is read and dropped).
-    :ivar open_files: maximum open file descriptors per process.
-    :raises ValueError: on a non-positive limit.
-    """
-
-    cpus: float | None = 1.0
-    memory_bytes: int | None = 1 << 30
-    disk_bytes: int | None = 1 << 30
-    pids: int | None = 512
-    wall_time_s: float | None = 3600.0
-    max_output_bytes: int = 1 << 20
-    open_files: int | None = 4096
-
-    def __post_init__(self) -> None:
-        for name in ("cpus", "memory_bytes", "disk_bytes", "pids", "wall_time_s", "max_output_bytes", "open_files"):
-            value = getattr(self, name)
-            if value is not None and value <= 0:
-                raise ValueError(f"SandboxLimits.{name} must be positive or None, got {value!r}")
-
-
-@dataclass(frozen=True)
-class ExecResult:
-    """What a command did. A failing command is a result, not an exception.
-
-    :ivar exit_code: the exit status; ``128 + N`` when killed by signal N; :data:`TIMEOUT_EXIT_CODE` on timeout.
-    :ivar stdout: standard output, UTF-8 decoded (invalid bytes replaced), at most ``max_output_bytes`` bytes.
-    :ivar stderr: standard error, likewise.
-    :ivar timed_out: the command was killed at its timeout (or at the sandbox's wall-time limit).
-    :ivar stdout_truncated: more than ``max_output_bytes`` bytes were written to stdout; the first ones are kept.
-    :ivar stderr_truncated: likewise for stderr.
-    :ivar duration_s: wall-clock seconds the call took.
-    """
-
-    exit_code: int
-    stdout: str
-    stderr: str
-    timed_out: bool = False
-    stdout_truncated: bool = False
-    stderr_truncated: bool = False
-    duration_s: float = 0.0
-
-    @property
-    def ok(self) -> bool:
-        """Exit code 0 and not timed out."""
-        return self.exit_code == 0 and not self.timed_out
-
-    @property
-    def truncated(self) -> bool:
-        """Either stream was truncated."""
-        return self.stdout_truncated or self.stderr_truncated
-
-
-@dataclass(frozen=True)
-class RawExecResult:
-    """Backend-level result of :meth:`Sandbox._exec_raw` (bytes, not decoded)."""
-
-    exit_code: int
-    stdout: bytes
-    stderr: bytes
-    timed_out: bool = False
-    stdout_truncated: bool = False
-    stderr_truncated: bool = False
-
-    def decode(self, duration_s: float) -> ExecResult:
-        return ExecResult(
-            self.exit_code,
-            self.stdout.decode("utf-8", "replace"),
-            self.stderr.decode("utf-8", "replace"),
-            self.timed_out,
-            self.stdout_truncated,
-            self.stderr_truncated,
-            duration_s,
-        )
-
-
-@dataclass(frozen=True)
-class DetachedProcess:
-    """Handle of a command started with :meth:`Sandbox.start_detached`.
-
-    :ivar id: handle id (names its control files inside the sandbox).
-    :ivar pid: process id inside the sandbox (its process group id too).
-    :ivar started_at: host ``time.monotonic()`` at start, seconds.
-    :ivar timeout: seconds after which the command is killed, or ``None``.
-    """
-
-    id: str
-    pid: int
-    started_at: float
-    timeout: float | None = None
-
-
-@dataclass
-class CleanupReport:
-    """What :meth:`Sandbox.cleanup` found and removed.
-
-    :ivar backend: backend name.
-    :ivar found: resource descriptions carrying the vime label (all owners).
-    :ivar removed: those removed (owner dead, or ``everything=True``).
-    :ivar errors: removal failures, as text.
-    """
-
-    backend: str
-    found: list[str] = field(default_factory=list)
-    removed: list[str] = field(default_factory=list)
-    errors: list[str] = field(default_factory=list)
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"backend": self.backend, "found": self.found, "removed": self.removed, "errors": self.errors}
-
-
-def sandbox_kwargs_from_args(args: Any) -> dict[str, Any]:
-    """:func:`sandbox_kwargs` of the :class:`~vime_core.config.SandboxConfig` of ``args``; ``{}`` when ``args`` is
-    ``None`` or has none of the sandbox flags (a caller outside ``vime run``: the backend's defaults apply)."""
-    if args is None or not hasattr(args, "sandbox_cpus"):
-        return {}
-    return sandbox_kwargs(SandboxConfig.from_args(args))
-
-
-def sandbox_kwargs(cfg: SandboxConfig) -> dict[str, Any]:
-    """``limits``, ``network`` and ``default_timeout_s`` from the generic flags ``--sandbox-cpus``,
-    ``--sandbox-memory-mb``, ``--sandbox-disk-mb``, ``--sandbox-pids``, ``--sandbox-wall-time``,
-    ``--sandbox-max-output-bytes``, ``--sandbox-network``, ``--sandbox-exec-timeout`` (0 = no limit).
-    """
-
-    def limit(value: Any, scale: float = 1.0) -> Any:
-        """``None`` for 0 (no limit), else the value (times ``scale``, in the value's type)."""
-        return None if not value else type(value)(value * scale) if scale != 1.0 else value
-
-    limits = SandboxLimits(
-        cpus=limit(cfg.sandbox_cpus),
-        memory_bytes=limit(cfg.sandbox_memory_mb, 1 << 20),
-        disk_bytes=limit(cfg.sandbox_disk_mb, 1 << 20),
-        pids=limit(cfg.sandbox_pids),
-        wall_time_s=limit(cfg.sandbox_wall_time),
-        max_output_bytes=limit(cfg.sandbox_max_output_bytes) or SandboxLimits.max_output_bytes,
-    )
-    out: dict[str, Any] = {"limits": limits, "network": bool(cfg.sandbox_network)}
-    if cfg.sandbox_exec_timeout:
-        out["default_timeout_s"] = float(cfg.sandbox_exec_timeout)
-    return out
-
-
-def backend_kwargs_from_args(args: Any, flags: Mapping[str, str]) -> dict[str, Any]:
-    """A backend's own ``--sandbox-NAME-*`` flags as constructor keywords: ``flags`` maps the ``args`` attribute to
-    the keyword; flags left unset (``None``, empty) are left out, so the constructor's defaults apply."""
-    if args is None:
-        return {}
-    return {kw: getattr(args, attr) for attr, kw in flags.items() if getattr(args, attr, None)}
-
-
-def remote_lifetime_s(limits: SandboxLimits, grace_s: int, max_s: int) -> int:
-    """Seconds of life to ask a hosted sandbox service for (E2B ``timeout``, Modal ``timeout``): the wall time
-    rounded up plus ``grace_s`` (vime enforces the wall time itself; the service's own limit is the backstop when
-    vime is killed), at most ``max_s`` (the service's longest lifetime), ``max_s`` without a wall time."""
-    wall = limits.wall_time_s
-    return max_s if wall is None else min(max_s, math.ceil(wall) + grace_s)
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Owner tokens: which process created a resource, and is it still alive?
-
-
-def _boot_id() -> str:
-    try:
-        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()[:8]
-    except OSError:
-        return "noboot"
-
-
-def processes_with_env(name: str) -> dict[int, str]:
-    """Processes on this host whose environment sets ``name``: pid → its value (read from ``/proc/PID/environ``;
-    processes that end meanwhile or cannot be read are left out)."""
-    prefix = f"{name}=".encode()
-    found: dict[int, str] = {}
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry.name}/environ", "rb") as f:
-                env = f.read()
-        except OSError:
-            continue
-        for var in env.split(b"\0"):
-            if var.startswith(prefix):
-                found[int(entry.name)] = var[len(prefix) :].decode(errors="replace")
-                break
-    return found
-
-
-def process_start_time(pid: int) -> str | None:
-    """Start time of ``pid`` in clock ticks since boot (``/proc/PID/stat`` field 22), or ``None`` if not running."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return stat.rsplit(")", 1)[1].split()[19]
-
-
-def owner_token(pid: int | None = None) -> str:
-    """``host:boot:pid:starttime`` of this process (or ``pid``): unique across pid reuse and reboots."""
-    pid = os.getpid() if pid is None else pid
-    return f"{socket.gethostname()}:{_boot_id()}:{pid}:{process_start_time(pid)}"
-
-
-def owner_alive(token: str) -> bool:
-    """Whether the process named by an :func:`owner_token` still runs.
-
-    A token from another host cannot be checked and counts as alive (``vime sandbox cleanup --all`` removes those).
-    """
-    try:
-        host, boot, pid, start = token.rsplit(":", 3)
-    except ValueError:
-        return False
-    if host != socket.gethostname():
-        return True
-    if boot != _boot_id():
-        return False
-    return process_start_time(int(pid)) == start
-
-
-# ---------------------------------------------------------------------------------------------------------------
-_LIVE: weakref.WeakSet[Sandbox] = weakref.WeakSet()
-# backend class -> its reaper run in this process (once, at the first start; every later start waits for it, so
-# that no sandbox is created while the reaper looks at what exists)
-_REAPS: dict[type, concurrent.futures.Future] = {}
-_REAPS_LOCK = threading.Lock()
-
-
-def forget_reaps() -> None:
-    """Forget which backends this process has reaped: the next start of each runs its reaper again (for tests)."""
-    with _REAPS_LOCK:
-        _REAPS.clear()
-
-
-def _reap(cls: type[Sandbox], done: concurrent.futures.Future) -> None:
-    try:
-        report = cls.cleanup()
-        if report.removed:
-            logger.warning(
-                "%s sandboxes: removed %d leftovers of dead vime processes: %s",
-                cls.NAME,
-                len(report.removed),
-                ", ".join(report.removed[:5]),
-            )
-    except Exception as e:  # noqa: BLE001 - reaping is best effort; creation decides success
-        logger.warning("%s sandboxes: leftover cleanup failed: %s", cls.NAME, e)
-    finally:
-        done.set_result(None)
-
-
-async def _reap_once(cls: type[Sandbox]) -> None:
-    """Run ``cls.cleanup()`` once per process (in a daemon thread: a cancelled start does not stop it, and an
-    interpreter exit does not wait for it); every start waits until it has finished. ``VIME_SANDBOX_NO_REAP=1``
-    skips it."""
-    if os.environ.get("VIME_SANDBOX_NO_REAP") == "1":
-        return
-    with _REAPS_LOCK:
-        done = _REAPS.get(cls)
-        if done is None:
-            done = _REAPS[cls] = concurrent.futures.Future()
-            threading.Thread(target=_reap, args=(cls, done), daemon=True, name=f"vime-reap-{cls.NAME}").start()
-    if not done.done():
-        await asyncio.shield(asyncio.wrap_future(done))
-
-
-@atexit.register
-def _destroy_live_sandboxes_at_exit() -> None:
-    for sb in list(_LIVE):
-        try:
-            sb._destroy_sync()
-        except Exception as e:  # noqa: BLE001 - best effort at interpreter exit
-            logger.warning("sandbox %s: teardown at exit failed: %s", sb.sandbox_id, e)
 
 
 class Sandbox(abc.ABC):
@@ -457,9 +210,9 @@ class Sandbox(abc.ABC):
         """
         if self._state != "new":
             raise SandboxError(f"sandbox {self.sandbox_id} is {self._state}; a sandbox starts once")
-        await _reap_once(type(self))
+        await reap_once(type(self))
         self._state = "started"
-        _LIVE.add(self)
+        live_sandboxes.add(self)
         try:
             await self._create()
         except BaseException as e:
@@ -490,10 +243,11 @@ class Sandbox(abc.ABC):
         except Exception as e:  # noqa: BLE001
             logger.warning("%s sandbox %s: teardown failed (the reaper will retry): %s", self.NAME, self.sandbox_id, e)
         finally:
-            _LIVE.discard(self)
+            live_sandboxes.discard(self)
 
     @property
     def closed(self) -> bool:
+        """Whether :meth:`close` has run (or started)."""
         return self._state == "closed"
 
     def remaining_s(self) -> float | None:
@@ -854,30 +608,3 @@ def _raise_file_error(stderr: str, path: str, verb: str) -> None:
     if "no such file" in low:
         raise FileNotFoundError(2, f"cannot {verb} {path}: {stderr.strip()[-300:]}", path)
     raise OSError(5, f"cannot {verb} {path} in the sandbox: {stderr.strip()[-300:]}", path)
-
-
-def extract_tar_safely(blob: bytes, dest: Path) -> None:
-    """Extract a tar archive into ``dest`` keeping only regular files and directories, none outside ``dest``.
-
-    :raises OSError: a member would land outside ``dest``.
-    """
-    dest.mkdir(parents=True, exist_ok=True)
-    root = dest.resolve()
-    with tarfile.open(fileobj=io.BytesIO(blob), mode="r:*") as tar:
-        for m in tar.getmembers():
-            name = m.name.lstrip("/")
-            if name in ("", "."):
-                continue
-            out = (root / name).resolve()
-            if root != out and root not in out.parents:
-                raise OSError(1, "archive member outside the destination", m.name)
-            if m.isdir():
-                out.mkdir(parents=True, exist_ok=True)
-            elif m.isfile():
-                out.parent.mkdir(parents=True, exist_ok=True)
-                src = tar.extractfile(m)
-                assert src is not None
-                with open(out, "wb") as f:
-                    while chunk := src.read(1 << 20):
-                        f.write(chunk)
-                os.chmod(out, m.mode & 0o777)

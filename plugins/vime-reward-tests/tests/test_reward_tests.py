@@ -4,7 +4,6 @@ which raise (the sample is excluded), never score 0."""
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 
 import pytest
@@ -20,7 +19,7 @@ from vime_core.types import Sample, Status
 
 
 def _args(**kw):
-    return argparse.Namespace(**{"sandbox": "local", "reward_tests_timeout": 60.0, **kw})
+    return default_args(**{"sandbox": "local", "reward_tests_timeout": 60.0, **kw})
 
 
 @pytest.mark.unit

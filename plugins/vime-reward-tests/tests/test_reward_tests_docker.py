@@ -3,12 +3,12 @@ shipped in): the same exact values as on the local sandbox."""
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 
 import pytest
 from reward_tests_cases import HACK, PARTIAL, task_sample
 
+from vime_core.arguments import default_args
 from vime_core.plugins import get_plugins
 
 pytestmark = pytest.mark.integration
@@ -25,7 +25,7 @@ def docker_args():
         reason = f"dockerd unreachable ({type(e).__name__}: {e}); start it with scripts/ci_services.sh"
         print(f"SKIP docker tests reward: {reason}")
         pytest.skip(reason)
-    return argparse.Namespace(sandbox="docker", sandbox_docker_image=build_image(DEFAULT_IMAGE))
+    return default_args(sandbox="docker", sandbox_docker_image=build_image(DEFAULT_IMAGE))
 
 
 def test_exact_rewards_in_docker(docker_args):

@@ -3,11 +3,11 @@ scores 1.0, the stub 0.0, and a solution that always answers True exactly the fr
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 
 import pytest
 
+from vime_core.arguments import default_args
 from vime_core.data.humaneval_export import load_problems, problem_to_row
 from vime_core.plugins import get_plugins
 from vime_core.types import Sample
@@ -34,7 +34,7 @@ def test_humaneval_rewards_exact():
         (_sample(he32, None), 0.0),
     ]
     reward = get_plugins().resolve("reward", "tests")
-    args = argparse.Namespace(sandbox="local", reward_tests_timeout=60.0)
+    args = default_args(sandbox="local", reward_tests_timeout=60.0)
 
     async def run():
         return await asyncio.gather(*(reward(args, s) for s, _ in cases))

@@ -41,6 +41,7 @@ from vime_core.agent.harness import (
     NpmAgentHarness,
     json_lines,
 )
+from vime_core.plugin_flags import own_flags
 from vime_core.sandbox.base import Sandbox
 
 DEFAULT_VERSION = "2.1.197"  # what npm picks on Node 20; native executable, pinned for reproducible runs
@@ -54,6 +55,31 @@ BARE_TOOLS = frozenset({"Bash", "Read", "Edit"})
 #: but ours (none), no skills/slash commands, settings from the per-run ``HOME`` only (not the workspace's
 #: ``.claude/``); plus ``CLAUDE_CODE_DISABLE_AUTO_MEMORY=1`` in the environment.
 FULL_MODE_ARGS = ("--strict-mcp-config", "--disable-slash-commands", "--setting-sources", "user")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The ``--agent-claude-code-*`` flags (:meth:`ClaudeCodeHarness.from_args` reads them)."""
+    g = parser.add_argument_group("vime-agent-claude-code")
+    g.add_argument(
+        "--agent-claude-code-version",
+        default=DEFAULT_VERSION,
+        help="npm version of @anthropic-ai/claude-code (prepared with `vime agent prepare claude-code`)",
+    )
+    g.add_argument(
+        "--agent-claude-code-tools",
+        default=",".join(DEFAULT_TOOLS),
+        help="comma-separated built-in tools offered to the model ('' = Claude Code's full default set)",
+    )
+    g.add_argument(
+        "--agent-claude-code-system-prompt",
+        default=None,
+        help="replace Claude Code's system prompt (shorter prompts for small context windows)",
+    )
+    g.add_argument(
+        "--agent-claude-code-no-bare",
+        action="store_true",
+        help="do not pass --bare (let Claude Code read CLAUDE.md, hooks, skills of the workspace)",
+    )
 
 
 class ClaudeCodeHarness(NpmAgentHarness):
@@ -103,15 +129,13 @@ class ClaudeCodeHarness(NpmAgentHarness):
     @classmethod
     def from_args(cls, args: argparse.Namespace | None) -> ClaudeCodeHarness:
         """From ``--agent-claude-code-version``, ``-tools``, ``-system-prompt``, ``-no-bare`` (absent: ``bare``
-        is chosen from the tools)."""
-        if args is None:
-            return cls()
-        tools = getattr(args, "agent_claude_code_tools", ",".join(DEFAULT_TOOLS))
+        is chosen from the tools); a flag ``args`` lacks (or ``args`` ``None``) is at its default."""
+        own = own_flags(args, add_arguments)
         return cls(
-            version=getattr(args, "agent_claude_code_version", None),
-            tools=[t for t in (tools or "").split(",") if t],
-            system_prompt=getattr(args, "agent_claude_code_system_prompt", None),
-            bare=False if getattr(args, "agent_claude_code_no_bare", False) else None,
+            version=own.agent_claude_code_version,
+            tools=[t for t in (own.agent_claude_code_tools or "").split(",") if t],
+            system_prompt=own.agent_claude_code_system_prompt,
+            bare=False if own.agent_claude_code_no_bare else None,
         )
 
     def command(self, exe: str, prompt: str, endpoint: AgentEndpoint, budget: AgentBudget) -> list[str]:

@@ -57,6 +57,7 @@ from vime_core.agent.harness import (
     NpmAgentHarness,
     json_lines,
 )
+from vime_core.plugin_flags import own_flags
 from vime_core.sandbox.base import Sandbox
 
 DEFAULT_VERSION = "0.171.0"  # native (Rust, musl) executable, pinned for reproducible runs
@@ -91,6 +92,38 @@ COMPACT_INSTRUCTIONS = (
 
 def _toml_str(s: str) -> str:
     return json.dumps(s)  # a JSON string is a valid TOML basic string
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The ``--agent-codex-*`` flags (:meth:`CodexHarness.from_args` reads them)."""
+    g = parser.add_argument_group("vime-agent-codex")
+    g.add_argument(
+        "--agent-codex-version",
+        default=DEFAULT_VERSION,
+        help="npm version of @openai/codex (prepared with `vime agent prepare codex`)",
+    )
+    g.add_argument(
+        "--agent-codex-config",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="extra `codex -c KEY=VALUE` overrides (TOML values), repeatable (win over the flags below)",
+    )
+    g.add_argument(
+        "--agent-codex-compact",
+        action="store_true",
+        default=False,
+        help="small-context policies: Codex's first request shrinks from ~6.7k to ~1.1k tokens (short base "
+        "instructions; no skills list, permissions text, goal/view_image/request_user_input/sub-agent/"
+        "web_search tools; the shell tools exec_command/write_stdin stay). See the plugin README",
+    )
+    g.add_argument(
+        "--agent-codex-instructions-file",
+        default=None,
+        metavar="PATH",
+        help="a text file replacing Codex's base instructions (model_instructions_file); with or "
+        "without --agent-codex-compact",
+    )
 
 
 class CodexHarness(NpmAgentHarness):
@@ -129,13 +162,12 @@ class CodexHarness(NpmAgentHarness):
     @classmethod
     def from_args(cls, args: argparse.Namespace | None) -> CodexHarness:
         """From ``--agent-codex-version``, ``--agent-codex-config``, ``--agent-codex-compact`` and
-        ``--agent-codex-instructions-file``.
+        ``--agent-codex-instructions-file`` (a flag ``args`` lacks, or ``args`` ``None``: its default).
 
         :raises AgentHarnessError: the instructions file cannot be read (the message names the flag).
         """
-        if args is None:
-            return cls()
-        path = getattr(args, "agent_codex_instructions_file", None)
+        own = own_flags(args, add_arguments)
+        path = own.agent_codex_instructions_file
         instructions = None
         if path:
             try:
@@ -143,9 +175,9 @@ class CodexHarness(NpmAgentHarness):
             except OSError as e:
                 raise AgentHarnessError(f"--agent-codex-instructions-file {path}: {e}") from e
         return cls(
-            version=getattr(args, "agent_codex_version", None),
-            config=getattr(args, "agent_codex_config", None) or [],
-            compact=bool(getattr(args, "agent_codex_compact", False)),
+            version=own.agent_codex_version,
+            config=own.agent_codex_config or [],
+            compact=bool(own.agent_codex_compact),
             instructions=instructions,
         )
 

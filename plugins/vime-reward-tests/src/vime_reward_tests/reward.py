@@ -57,7 +57,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from vime_core.config import SandboxConfig
 from vime_core.data.workspace_task import AgentResult, WorkspaceTask, result_files
+from vime_core.plugin_flags import own_flags
 from vime_core.types import Sample
 
 logger = logging.getLogger("vime.reward.tests")
@@ -116,11 +118,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="sandbox backend for the test run (default: --sandbox); always a fresh sandbox per sample",
     )
     g.add_argument("--reward-tests-python", default="python3", help="Python interpreter inside the sandbox")
-
-
-def _opt(args: Any, name: str, default: Any) -> Any:
-    v = getattr(args, name, None)
-    return default if v is None else v
 
 
 @dataclass
@@ -254,16 +251,18 @@ def score(outcome: RunOutcome, mode: str) -> float:
 
 
 async def run_tests(
-    args: Any, task: WorkspaceTask, files: dict[str, str], *, timeout_s: float, python: str = "python3"
+    args: Any, task: WorkspaceTask, files: dict[str, str], *, timeout_s: float, python: str
 ) -> RunOutcome:
     """Run ``task.tests`` against ``files`` in a fresh sandbox (see the module docstring).
 
     :raises RewardInfraError: the preflight failed or the runner's output is unreadable.
     :raises vime_core.sandbox.SandboxError: the sandbox failed.
+    :raises vime_core.config.ConfigError: ``--reward-tests-sandbox`` is unset and ``args`` lacks the sandbox flags
+        (a hand-built Namespace: build it with :func:`vime_core.arguments.default_args`).
     """
     from vime_core.plugins import get_plugins
 
-    backend = _opt(args, "reward_tests_sandbox", None) or _opt(args, "sandbox", None) or "local"
+    backend = own_flags(args, add_arguments).reward_tests_sandbox or SandboxConfig.from_args(args).sandbox
     cls = get_plugins().resolve("sandbox", backend)
     archive = build_archive(files, task.tests)
     b = uuid.uuid4().hex  # section boundary of the runner's report
@@ -344,9 +343,9 @@ async def tests_reward(args: argparse.Namespace, sample: Sample) -> float:
     task = WorkspaceTask.from_metadata(sample.metadata, need_tests=True)
     result = AgentResult.from_metadata(sample.metadata)
     files, ignored = result_files(task, result, task.tests)
-    timeout_s = float(task.timeout_s or _opt(args, "reward_tests_timeout", 120.0))
-    python = _opt(args, "reward_tests_python", "python3")
-    outcome = await run_tests(args, task, files, timeout_s=timeout_s, python=python)
+    opts = own_flags(args, add_arguments)
+    timeout_s = float(task.timeout_s or opts.reward_tests_timeout)
+    outcome = await run_tests(args, task, files, timeout_s=timeout_s, python=opts.reward_tests_python)
     outcome.ignored = ignored
     sample.metadata["reward_tests"] = asdict(outcome)
-    return score(outcome, _opt(args, "reward_tests_mode", "fraction"))
+    return score(outcome, opts.reward_tests_mode)

@@ -14,12 +14,6 @@ def vime_register_sandbox_backends(register):
 
 @hookimpl
 def vime_add_arguments(parser):
-    from vime_sandbox_docker.sandbox import DEFAULT_IMAGE
+    from vime_sandbox_docker.sandbox import add_arguments
 
-    group = parser.add_argument_group("vime-sandbox-docker")
-    group.add_argument("--sandbox-docker-image", default=DEFAULT_IMAGE,
-                       help="local image of docker sandboxes (build it with `vime-sandbox-docker build-image`)")
-    group.add_argument("--sandbox-docker-host", default=None,
-                       help="docker daemon address (default: DOCKER_HOST or the local socket)")
-    group.add_argument("--sandbox-docker-writable-root", action="store_true",
-                       help="writable root filesystem (default: read-only except /workspace and /tmp)")
+    add_arguments(parser)

@@ -36,6 +36,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from vime_core.plugin_flags import own_flags
 from vime_core.sandbox.base import (
     BACKEND_LABEL,
     LABEL,
@@ -51,7 +52,6 @@ from vime_core.sandbox.base import (
     agents_cache_dir,
     owner_alive,
     owner_token,
-    sandbox_kwargs_from_args,
     wrap_argv,
 )
 from vime_core.sandbox.cancel import finish_then_raise, wait_for
@@ -62,6 +62,24 @@ _API_VERSION: dict[str, str] = {}
 # docker-py is blocking: short calls run on this pool (not asyncio's small default one, which long-running exec
 # streams of many sandboxes would exhaust); each exec's output stream gets a thread of its own
 _POOL = concurrent.futures.ThreadPoolExecutor(max_workers=64, thread_name_prefix="vime-docker")
+
+
+def add_arguments(parser: Any) -> None:
+    """The ``--sandbox-docker-*`` flags (:meth:`DockerSandbox.from_args` reads them)."""
+    group = parser.add_argument_group("vime-sandbox-docker")
+    group.add_argument(
+        "--sandbox-docker-image",
+        default=DEFAULT_IMAGE,
+        help="local image of docker sandboxes (build it with `vime-sandbox-docker build-image`)",
+    )
+    group.add_argument(
+        "--sandbox-docker-host", default=None, help="docker daemon address (default: DOCKER_HOST or the local socket)"
+    )
+    group.add_argument(
+        "--sandbox-docker-writable-root",
+        action="store_true",
+        help="writable root filesystem (default: read-only except /workspace and /tmp)",
+    )
 
 
 async def _call(fn: Any, *args: Any, **kwargs: Any) -> Any:
@@ -155,6 +173,9 @@ class DockerSandbox(Sandbox):
         }
     )
 
+    #: ``--sandbox-docker-image`` and ``--sandbox-docker-host`` (unset or empty: the constructor's default)
+    FLAG_KWARGS = {"sandbox_docker_image": "image", "sandbox_docker_host": "base_url"}
+
     def __init__(
         self,
         *,
@@ -181,15 +202,10 @@ class DockerSandbox(Sandbox):
 
     @classmethod
     def from_args(cls, args: Any, **kwargs: Any) -> DockerSandbox:
-        """The generic ``--sandbox-*`` flags plus ``--sandbox-docker-image``, ``--sandbox-docker-host`` and
-        ``--sandbox-docker-writable-root`` (keywords win)."""
-        opts: dict[str, Any] = sandbox_kwargs_from_args(args)
-        if args is not None:
-            opts["image"] = getattr(args, "sandbox_docker_image", None) or DEFAULT_IMAGE
-            opts["base_url"] = getattr(args, "sandbox_docker_host", None)
-            opts["read_only"] = not getattr(args, "sandbox_docker_writable_root", False)
-        opts.update(kwargs)
-        return cls(**opts)
+        """The generic ``--sandbox-*`` flags plus ``--sandbox-docker-image``, ``--sandbox-docker-host``
+        (:attr:`FLAG_KWARGS`) and ``--sandbox-docker-writable-root`` (keywords win)."""
+        writable = own_flags(args, add_arguments).sandbox_docker_writable_root
+        return super().from_args(args, **{"read_only": not writable, **kwargs})  # type: ignore[return-value]
 
     @property
     def container_id(self) -> str | None:

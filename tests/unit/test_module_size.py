@@ -1,0 +1,41 @@
+"""vime_core's modules stay small enough to hold one concept: a module over :data:`MAX_LINES` lines fails unless
+:data:`ALLOWED` lists it with the one concept it holds (a module that holds several is split instead, as
+``sandbox/base.py`` and ``arguments.py`` were)."""
+
+from pathlib import Path
+
+import pytest
+
+import vime_core
+
+pytestmark = pytest.mark.unit
+
+MAX_LINES = 600
+ROOT = Path(vime_core.__file__).parent
+
+#: module (relative to vime_core/) → the one concept that makes it long
+ALLOWED: dict[str, str] = {
+    "arguments.py": "the `vime run` flag definitions (build_parser: one add_argument per flag) and their parsing",
+    "sandbox/base.py": "the Sandbox base class: lifecycle, exec, files, directories, detached commands",
+    "sandbox/local.py": "the local backend: one Sandbox subclass, its namespace and process-group modes",
+    "weight_sync/disk_delta.py": "the disk-delta weight-sync strategy: its delta encodings, writer and reader",
+}
+
+
+def _lengths() -> dict[str, int]:
+    return {p.relative_to(ROOT).as_posix(): len(p.read_text().splitlines()) for p in sorted(ROOT.rglob("*.py"))}
+
+
+def test_no_module_over_the_limit_unless_allowed():
+    long = {m: n for m, n in _lengths().items() if n > MAX_LINES and m not in ALLOWED}
+    assert not long, (
+        f"modules over {MAX_LINES} lines: {long}; split each into one-concept modules, or add it to ALLOWED "
+        "with the one concept it holds"
+    )
+
+
+def test_the_allow_list_is_current():
+    lengths = _lengths()
+    stale = sorted(m for m in ALLOWED if lengths.get(m, 0) <= MAX_LINES)
+    assert not stale, f"ALLOWED lists modules that are gone or no longer over {MAX_LINES} lines: {stale}"
+    assert all(reason.strip() and "\n" not in reason for reason in ALLOWED.values())
