@@ -236,6 +236,8 @@ def test_sandbox_failure_is_an_excluded_placeholder(context, he0):
     s = asyncio.run(generate(_args(sandbox=f"{__name__}:BrokenSandbox"), _sample(he0), {"max_tokens": 64}))
     assert s.status is Status.FAILED and s.metadata["error"].startswith("SandboxInfraError: ")
     assert "sandbox service unreachable" in s.metadata["error"]
+    # an infrastructure failure: excluded by cause, never scored (so never trained as 0)
+    assert s.metadata["failure"] == "sandbox_error" and s.reward is None
 
 
 def test_misconfiguration_raises(context, he0):
