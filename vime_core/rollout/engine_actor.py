@@ -39,7 +39,9 @@ class EngineActor:
     :param devices: GPU ids for ``CUDA_VISIBLE_DEVICES`` when the actor's own share does not cover the engine
         (colocated tensor parallel: Ray's ids of each of the engine's bundles); ``None``: ``ray.get_gpu_ids()``.
     :param tensor_parallel_size: passed as ``--tensor-parallel-size`` when the engine has GPUs.
-    :param sleep_mode: pass ``--enable-sleep-mode`` (colocated engines sleep while the trainer trains).
+    :param sleep_mode: pass ``--enable-sleep-mode`` (colocated engines sleep while the trainer trains) and, unless
+        ``--vllm-gpu-memory-utilization`` is given, a memory share that fits beside the trainer
+        (:func:`colocated_memory_utilization`).
     """
 
     def __init__(
@@ -60,6 +62,8 @@ class EngineActor:
                 extra += ["--tensor-parallel-size", str(tensor_parallel_size)]
         if sleep_mode and "--enable-sleep-mode" not in extra:
             extra.append("--enable-sleep-mode")
+        if sleep_mode and devices and not any(a.startswith("--gpu-memory-utilization") for a in extra):
+            extra += ["--gpu-memory-utilization", f"{colocated_memory_utilization(devices):.2f}"]
         self.devices = list(devices)
         self.server = VLLMServer(host=self.where["node_ip"], env=env, extra_args=extra, **kwargs)
         self._stopped = threading.Event()
@@ -124,6 +128,34 @@ class EngineActor:
         self.server.stop()
 
 
+#: share of a colocated engine's GPU memory, measured free at its start (the trainer already holds its weights and
+#: optimizer state), that vLLM may take; the rest stays for the trainer's activations while the engine is awake
+COLOCATED_FREE_SHARE = 0.8
+
+
+def colocated_memory_utilization(devices: list[str], share: float = COLOCATED_FREE_SHARE) -> float:
+    """``--gpu-memory-utilization`` (a fraction of total memory, as vLLM counts it) for a colocated engine:
+    ``share`` of the memory free now on the fullest of ``devices`` (the smallest free fraction), read with
+    ``nvidia-smi`` (no CUDA context in this actor). Falls back to 0.5 where ``nvidia-smi`` cannot say.
+
+    vLLM refuses to start when its share of the total exceeds the free memory, and the trainer ranks on the same
+    GPUs have finished loading before the engines start (:func:`vime_core.loop.run`).
+    """
+    import subprocess
+
+    query = ["nvidia-smi", "--query-gpu=memory.free,memory.total", "--format=csv,noheader,nounits"]
+    try:
+        out = subprocess.run([*query, "-i", ",".join(devices)], capture_output=True, text=True, timeout=30).stdout
+        rows = [tuple(float(x) for x in line.split(",")) for line in out.strip().splitlines() if line.strip()]
+    except (OSError, ValueError, subprocess.SubprocessError):
+        rows = []
+    if not rows:
+        logger.warning("nvidia-smi gave no memory figures for GPUs %s: colocated engine takes 0.5 of memory", devices)
+        return 0.5
+    fraction = min(free / total for free, total in rows)
+    return max(0.05, min(0.9, round(fraction * share, 2)))
+
+
 def check_nonce(path: str | Path, nonce: str) -> str | None:
     """``None`` if the file at ``path`` reads ``nonce``; else a reason (missing, or other content)."""
     try:
@@ -180,9 +212,11 @@ class RemoteEngine(VLLMServer):
         import ray
 
         try:
-            return ray.get(self.actor.wait_ready.remote(timeout_s))
+            elapsed = ray.get(self.actor.wait_ready.remote(timeout_s))
         except ray.exceptions.RayTaskError as e:
             raise VLLMServerError(f"engine {self.index} on {self.spec['node_ip']}: {e.cause}") from None
+        self.capabilities = self.probe()
+        return elapsed
 
     def death(self) -> str | None:
         """``None`` while the server runs (or after a deliberate stop); else the actor's report of its exit."""

@@ -24,6 +24,7 @@ from vime_core.rollout.client import RouterClient, eos_token_ids
 from vime_core.rollout.context import RolloutContext, get_rollout_context, set_rollout_context
 from vime_core.rollout.engine import VLLMServer
 from vime_core.rollout.engine_actor import RemoteEngine, check_nonce, engine_failures, start_engine_actors
+from vime_core.rollout.engine_api import common_capabilities, enforce_eager, engine_dtype
 from vime_core.rollout.health import EngineMonitor, MonitorConfig
 from vime_core.rollout.overlong import overlong_metrics
 from vime_core.rollout.oversample import collect_groups
@@ -99,6 +100,15 @@ class RolloutManager:
         self.loop = asyncio.new_event_loop()
         self.producer: Any = None  # AsyncRolloutProducer in --loop fully-async
         self.teacher: Any = None  # TeacherEngines with --distill-teacher (vime_core.rollout.teacher)
+        self.capabilities: Any = None  # what the engines' vLLM release answers (vime_core.rollout.engine_api)
+
+    @property
+    def engines_on_gpu(self) -> bool:
+        """Whether the engines run on GPUs (their placement slots have GPU shares; local engines never do)."""
+        if self.placement is None:
+            return False
+        plan = self.placement[0]
+        return any(s.bundles and s.num_gpus > 0 for s in plan.engines)
 
     @property
     def weight_version(self) -> int:
@@ -123,14 +133,14 @@ class RolloutManager:
         t0 = time.perf_counter()
         log_dir = Path(self.engine_config.output_dir) / "logs"
         log_dir.mkdir(parents=True, exist_ok=True)
-        vllm_args = list(self.engine_config.vllm_args)
-        if "--dtype" not in vllm_args:  # the engine computes in the trainer's dtype unless --vllm-dtype says otherwise
-            vllm_args += ["--dtype", self.engine_config.train_dtype]
+        on_gpu = self.engines_on_gpu
+        cfg = self.engine_config
+        vllm_args = list(cfg.vllm_args) + engine_dtype(cfg.vllm_args, cfg.train_dtype, on_gpu)  # bf16 on a GPU
         server_kwargs = [
             dict(
                 model=str(self.model_path),
                 served_model_name="policy",
-                enforce_eager=self.engine_config.rollout_enforce_eager,
+                enforce_eager=enforce_eager(cfg.rollout_enforce_eager, on_gpu),
                 extra_args=vllm_args + ["--seed", str(self.engine_config.seed + i)],
                 kv_cache_space_gib=self.engine_config.rollout_kv_cache_gib,
                 omp_threads_bind=_engine_cpu_bind(self.engine_config, i),
@@ -155,6 +165,8 @@ class RolloutManager:
             engine.wait_ready(timeout_s=self.engine_config.rollout_engine_startup_timeout)
             engine.set_weight_version(self.weight_version)
         urls = [e.url for e in self.engines]
+        self.capabilities = common_capabilities([(e.url, e.capabilities) for e in self.engines])
+        logger.info("engines: %s", self.capabilities.describe())
         if self.engine_config.vllm_router_ip:
             router_url = f"http://{self.engine_config.vllm_router_ip}:{self.engine_config.vllm_router_port}"
             self.router = VLLMRouter.attach(router_url)
@@ -174,7 +186,10 @@ class RolloutManager:
             timeout_s=600,
             stream=stream,
             eos_token_ids=eos_token_ids(self.tokenizer, self.model_path),
+            capabilities=self.capabilities,
+            tokenizer=self.tokenizer,
         )
+        self.client.weight_version = self.weight_version
         set_rollout_context(
             RolloutContext(client=self.client, tokenizer=self.tokenizer, weight_version=self.weight_version)
         )
@@ -188,7 +203,11 @@ class RolloutManager:
             log_dir=log_dir,
         ).start()
         self.runner.monitor = self.monitor
-        info: dict[str, Any] = {"router_url": router_url, "engine_urls": urls}
+        info: dict[str, Any] = {
+            "router_url": router_url,
+            "engine_urls": urls,
+            "engine_release": self.capabilities.to_dict(),
+        }
         if self.placement is not None:  # where each engine actor landed and the devices Ray gave it
             keys = ("url", "node_ip", "node_id", "gpu_ids", "devices", "command")
             info["engines"] = [
@@ -396,6 +415,8 @@ class RolloutManager:
                     engine.resume()
         self.weight_version = update.version
         get_rollout_context().weight_version = update.version
+        if self.client is not None:  # tokens of a release that tags none get this version from now on
+            self.client.weight_version = update.version
         for applied in done:
             self.weight_sync.cleanup(applied)
         if self.producer is not None:

@@ -23,6 +23,7 @@ from vime_core.config import EngineConfig
 from vime_core.models import resolve_model
 from vime_core.rollout.client import RouterClient
 from vime_core.rollout.engine import VLLMServer
+from vime_core.rollout.engine_api import enforce_eager, engine_dtype
 from vime_core.rollout.router import VLLMRouter
 from vime_core.types import Sample
 
@@ -74,15 +75,14 @@ class TeacherEngines:
         self.config = cfg
         self.path = resolve_teacher(cfg.distill_teacher)
         check_same_tokenizer(self.path, policy_tokenizer)
+        self.tokenizer = policy_tokenizer  # equal to the teacher's (checked)
         self.log_dir = Path(log_dir)
-        vllm_args = list(cfg.vllm_args)
-        if "--dtype" not in vllm_args:
-            vllm_args += ["--dtype", cfg.train_dtype]
+        vllm_args = list(cfg.vllm_args) + engine_dtype(cfg.vllm_args, cfg.train_dtype, on_gpu=False)
         self.engines = [
             VLLMServer(
                 self.path,
                 served_model_name=TEACHER_MODEL_NAME,
-                enforce_eager=cfg.rollout_enforce_eager,
+                enforce_eager=enforce_eager(cfg.rollout_enforce_eager, on_gpu=False),
                 extra_args=vllm_args + ["--seed", str(cfg.seed + 1000 + i)],
                 kv_cache_space_gib=cfg.rollout_kv_cache_gib,
                 # vLLM's default binding puts every server's worker on core 0, next to the policy's
@@ -115,7 +115,13 @@ class TeacherEngines:
         )
         self.router.start()
         self.router.wait_ready(timeout_s=120)
-        self.client = RouterClient(self.router.url, model=TEACHER_MODEL_NAME, timeout_s=600)
+        self.client = RouterClient(
+            self.router.url,
+            model=TEACHER_MODEL_NAME,
+            timeout_s=600,
+            capabilities=self.engines[0].capabilities,
+            tokenizer=self.tokenizer,
+        )
         logger.info("teacher %s: router %s → engines %s", self.path, self.router.url, [e.url for e in self.engines])
         return self.router.url
 

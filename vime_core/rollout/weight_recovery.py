@@ -14,8 +14,11 @@ Where the full weights of the current version come from, per weight-sync strateg
   decoder, checksums verified), so this process tracks the engines' version; a recovery writes that version in
   full to ``<--update-weight-disk-dir>/recovery_v{N:06d}/model.safetensors`` (kept: the replacement's delta receiver
   reads unchanged tensors from it lazily) and loads it.
-* other strategies (``nccl``, ``ipc``, plugins): no host-side copy of the weights exists here, so an engine can be
-  replaced only while the version is still 0 (:attr:`WeightRecovery.supported`).
+* ``ipc``: the trainer writes a full host copy of every version it pushes in the background
+  (:mod:`vime_core.weight_sync.host_copy`; the update's ``recovery_dir``); a recovery waits for it and loads it.
+* other strategies (``nccl``, plugins): no host-side copy of the weights exists here, so an engine can be replaced
+  only while the version is still 0 (:attr:`WeightRecovery.supported`); a replaced ``nccl`` engine would also have
+  to rejoin the trainer's broadcast group.
 
 Version 0 needs no load: a fresh engine serves the model directory.
 """
@@ -31,11 +34,13 @@ from typing import Any
 from safetensors.torch import save_file
 
 from vime_core.weight_sync.base import WeightSyncStrategy, WeightUpdate
+from vime_core.weight_sync.host_copy import wait_for_copy
 
 logger = logging.getLogger("vime.rollout")
 
-#: weight-sync strategies whose versions a replacement engine can be brought to
-RECOVERABLE = ("disk", "disk-delta")
+#: weight-sync strategies whose versions a replacement engine can be brought to (``ipc``: while its updates carry a
+#: host copy, ``recovery_dir``)
+RECOVERABLE = ("disk", "disk-delta", "ipc")
 
 
 class WeightRecovery:
@@ -53,10 +58,14 @@ class WeightRecovery:
         self.version = 0
         self._kept: WeightUpdate | None = None  # disk: the full version last applied
         self._names: list[str] = []  # disk-delta: every tensor name of the current version
+        self._host_copy: str | None = None  # ipc: the host copy of the current version (written in the background)
+        self.copy_timeout_s = 300.0
 
     @property
     def supported(self) -> bool:
         """Whether a replacement engine can be brought to the current version (always at version 0)."""
+        if self.kind == "ipc":
+            return self.version == 0 or self._host_copy is not None
         return self.version == 0 or self.kind in RECOVERABLE
 
     def applied(self, update: WeightUpdate) -> list[WeightUpdate]:
@@ -72,6 +81,8 @@ class WeightRecovery:
             return [previous] if previous is not None else []
         if self.kind == "disk-delta":
             self._names = list(self.weight_sync.read(update))
+        if self.kind == "ipc":
+            self._host_copy = update.payload.get("recovery_dir")
         return [update]
 
     def full_weights(self) -> str | None:
@@ -83,6 +94,8 @@ class WeightRecovery:
             return None
         if self.kind == "disk" and self._kept is not None:
             return self._kept.payload["path"]
+        if self.kind == "ipc" and self._host_copy is not None:
+            return str(wait_for_copy(self._host_copy, self.copy_timeout_s))
         if self.kind == "disk-delta" and self.work_dir is not None:
             out = self.work_dir / f"recovery_v{self.version:06d}"
             if not (out / "model.safetensors").is_file():
@@ -114,7 +127,11 @@ class WeightRecovery:
         return time.monotonic() - t0
 
     def close(self) -> None:
-        """Remove the kept full version (``disk``) unless ``--keep-weight-updates`` keeps every version anyway."""
+        """Remove the kept full version (``disk``; ``ipc``'s host copy) unless ``--keep-weight-updates`` keeps every
+        version anyway."""
         if self._kept is not None:
             self.weight_sync.cleanup(self._kept)
             self._kept = None
+        if self._host_copy is not None and not self.weight_sync.config.keep_weight_updates:
+            shutil.rmtree(self._host_copy, ignore_errors=True)
+            self._host_copy = None

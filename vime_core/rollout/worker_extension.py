@@ -349,6 +349,16 @@ class VimeWorkerExtension:
         logger.info("received version %s by CUDA IPC: %d tensors", version, counter[0])
         return {"version": int(version), "loaded": counter[0]}
 
+    def vime_set_weight_version(self, label: str) -> str:
+        """Keep ``label`` as the weight version this worker serves (releases without ``/update_weight_version``,
+        e.g. vLLM 0.24; :meth:`vime_core.rollout.engine.VLLMServer.set_weight_version`). :return: ``label``."""
+        self._vime_weight_version = str(label)
+        return self._vime_weight_version
+
+    def vime_get_weight_version(self) -> str:
+        """The label :meth:`vime_set_weight_version` kept (``"default"`` before any, as vLLM's own route says)."""
+        return getattr(self, "_vime_weight_version", "default")
+
     def vime_weight_sync_state(self) -> dict[str, Any]:
         """``{"version", "base_dir", "snapshot_tensors"}`` of this worker's ``disk-delta`` receiver."""
         receiver = self._vime_delta_receiver()

@@ -54,7 +54,11 @@ class TrainerBackend(ABC):
 
     @abstractmethod
     def named_hf_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """Yield ``(hf_name, tensor)`` for every weight vLLM needs (tied weights once), on CPU."""
+        """Yield ``(hf_name, tensor)`` for every weight vLLM needs (tied weights once), on CPU.
+
+        A backend whose weights live on a GPU may take a ``device`` keyword (``None``: where they are); the trainer
+        rank passes the weight-sync strategy's ``TENSOR_DEVICE`` (``ipc``/``nccl``: ``None``, no copy to the host).
+        """
 
     @abstractmethod
     def save_checkpoint(self, path: Path) -> None:

@@ -287,11 +287,13 @@ class MegatronTrainer(TrainerBackend):
                 out[name] = p.data
         return unpad_vocab(out, self.arch.vocab_size)
 
-    def named_hf_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """HF names and bf16 CPU tensors (contiguous); a tied ``lm_head.weight`` is left out, as in the torch
-        backend. Every TP rank must iterate (the gather is collective)."""
+    def named_hf_tensors(self, device: str | None = "cpu") -> Iterator[tuple[str, torch.Tensor]]:
+        """HF names and bf16 tensors (contiguous) on ``device`` (``None``: on this rank's GPU, no host copy — what
+        ``ipc``/``nccl`` weight sync take); a tied ``lm_head.weight`` is left out, as in the torch backend. Every TP
+        rank must iterate (the gather is collective)."""
         for name, t in megatron_to_hf(self.megatron_tensors(), self.arch, te=self.attention == "te").items():
-            yield name, t.contiguous().to("cpu")
+            t = t.contiguous()
+            yield name, t if device is None else t.to(device)
 
     # -- forward -----------------------------------------------------------------------------------------------------
     def token_batch(self, samples: list[Sample]) -> tuple[torch.Tensor, torch.Tensor]:

@@ -255,13 +255,15 @@ class TorchTrainer(TrainerBackend):
         return rl_train_step(self, batch)
 
     # -- weights ---------------------------------------------------------------------------------------------------
-    def named_hf_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """HF names and tensors (detached, CPU, contiguous); a tied ``lm_head.weight`` is left out (vLLM ties it)."""
+    def named_hf_tensors(self, device: str | None = "cpu") -> Iterator[tuple[str, torch.Tensor]]:
+        """HF names and tensors (detached, contiguous) on ``device`` (``None``: where the model is); a tied
+        ``lm_head.weight`` is left out (vLLM ties it)."""
         tied = bool(getattr(self.model.config, "tie_word_embeddings", False))
         for name, tensor in self.model.state_dict().items():
             if tied and name == "lm_head.weight":
                 continue
-            yield name, tensor.detach().to("cpu").contiguous()
+            t = tensor.detach()
+            yield name, (t if device is None else t.to(device)).contiguous()
 
     def save_hf(self, path: Path) -> None:
         """``save_pretrained`` of model (safetensors) and tokenizer to ``path``."""

@@ -109,6 +109,9 @@ class WeightSyncStrategy(ABC):
     """
 
     NAME: str = ""
+    #: where :meth:`push` wants the trainer's tensors: ``"cpu"``, or ``None`` for wherever the trainer holds them
+    #: (GPU strategies: no round trip through host memory)
+    TENSOR_DEVICE: str | None = "cpu"
 
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from vime_core.weight_sync.base import WeightSyncStrategy, WeightUpdate, call_with_timeout
+from vime_core.weight_sync.host_copy import HostCopy
 from vime_core.weight_sync.tensor_io import DEFAULT_BUCKET_BYTES, buckets
 
 
@@ -53,17 +54,27 @@ def share_weights(
     return buffers, payload
 
 
+def bucket_views(buffers: list[torch.Tensor], payload: list[dict[str, Any]]) -> Iterator[tuple[str, torch.Tensor]]:
+    """Trainer side: ``(hf_name, view)`` of every tensor in its own buckets (what :func:`open_shared_weights`
+    yields in the engine)."""
+    for buf, bucket in zip(buffers, payload, strict=True):
+        yield from _views(buf, bucket)
+
+
+def _views(buf: torch.Tensor, bucket: dict[str, Any]) -> Iterator[tuple[str, torch.Tensor]]:
+    offset = 0
+    for name, dtype, shape, n in zip(
+        bucket["names"], bucket["dtypes"], bucket["shapes"], bucket["nbytes"], strict=True
+    ):
+        yield name, buf[offset : offset + n].view(getattr(torch, dtype)).reshape(shape)
+        offset += n
+
+
 def open_shared_weights(payload: list[dict[str, Any]]) -> Iterator[tuple[str, torch.Tensor]]:
     """Engine side: map each bucket by its handle and yield ``(hf_name, tensor)`` views into it (no copy)."""
     for bucket in payload:
         rebuild, args = bucket["handle"]
-        buf = rebuild(*args)
-        offset = 0
-        for name, dtype, shape, n in zip(
-            bucket["names"], bucket["dtypes"], bucket["shapes"], bucket["nbytes"], strict=True
-        ):
-            yield name, buf[offset : offset + n].view(getattr(torch, dtype)).reshape(shape)
-            offset += n
+        yield from _views(rebuild(*args), bucket)
 
 
 # -- the registered strategy ------------------------------------------------------------------------------------------
@@ -105,14 +116,21 @@ class IpcWeightSync(WeightSyncStrategy):
     Engines must run on the trainer's GPU(s).
 
     Memory: one extra copy of the weights on the GPU during a sync (the buckets).
+
+    With ``--update-weight-disk-dir`` set (``vime run`` sets it), each version is also copied to disk in the
+    background (:class:`vime_core.weight_sync.host_copy.HostCopy`; payload ``recovery_dir``), so a replacement
+    engine can be brought to the current version at any step.
     """
 
     NAME = "ipc"
+    TENSOR_DEVICE = None  # the trainer's GPU tensors go straight into the buckets
 
     def __init__(self, args: Any) -> None:
         super().__init__(args)
         self.bucket_bytes = int(self.config.update_weight_buffer_size or DEFAULT_BUCKET_BYTES)
         self._buffers: dict[int, list[torch.Tensor]] = {}
+        root = self.config.update_weight_disk_dir
+        self.host_copy = HostCopy(root) if root is not None else None
 
     def push(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> WeightUpdate:
         """Share ``named_tensors`` by handle as ``version`` (CPU tensors are copied to the current GPU first).
@@ -128,9 +146,10 @@ class IpcWeightSync(WeightSyncStrategy):
         torch.cuda.synchronize()
         self._buffers[version] = buffers
         nbytes = sum(int(b.numel()) for b in buffers)
-        return WeightUpdate(
-            version, {"handles": encode_payload(payload)}, num_bytes=nbytes, seconds=time.perf_counter() - t0
-        )
+        body: dict[str, Any] = {"handles": encode_payload(payload)}
+        if self.host_copy is not None:  # for replacement engines, written in the background
+            body["recovery_dir"] = str(self.host_copy.start(version, bucket_views(buffers, payload)))
+        return WeightUpdate(version, body, num_bytes=nbytes, seconds=time.perf_counter() - t0)
 
     def apply(self, engine: Any, update: WeightUpdate, timeout_s: float) -> None:
         """Make ``engine``'s workers map the handles and reload from them within ``timeout_s`` seconds.

@@ -223,6 +223,7 @@ class NcclWeightSync(WeightSyncStrategy):
     """
 
     NAME = "nccl"
+    TENSOR_DEVICE = None  # GPU tensors from a GPU trainer (NCCL), CPU ones from a CPU trainer (Gloo)
 
     def __init__(self, args: argparse.Namespace) -> None:
         super().__init__(args)

@@ -1,0 +1,171 @@
+"""What a vLLM release's server offers vime, found when an engine starts, and what vime supplies where it lacks.
+
+vime drives vLLM 0.24 … 0.33 (CPU and CUDA builds) through this one adapter instead of version checks across the
+code: :func:`launch_flags` picks the start flags the installed release has, :func:`probe_capabilities` asks a ready
+server what it answers, and :class:`EngineCapabilities` tells the client (:mod:`vime_core.rollout.client`) and the
+engine handle (:mod:`vime_core.rollout.engine`) which fields to expect and which vime must provide itself. The
+release differences and who supplies what: docs/vllm_releases.md.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import httpx
+
+GENERATE_ROUTE = "/inference/v1/generate"
+PROBE_REQUEST_ID = "vime-capability-probe"
+
+
+class EngineCapabilityError(RuntimeError):
+    """A server that answers a capability probe with something vime cannot use (neither the route nor a 404)."""
+
+
+@dataclass(frozen=True)
+class EngineCapabilities:
+    """What one vLLM server answers (all engines of a run must agree).
+
+    :ivar version: the vLLM version the server reports (``GET /version``).
+    :ivar generate: ``POST /inference/v1/generate`` (token ids in, token ids + log-probs out) answers; without it
+        the client uses ``/v1/completions``.
+    :ivar generate_text: its answers carry the detokenized ``text`` (0.32+ with ``output_mode: "text"``); else the
+        client decodes the token ids with the policy's tokenizer (:func:`decode_text`).
+    :ivar token_weight_versions: its answers carry per-token ``weight_versions`` spans (0.32+); else the client
+        labels tokens with the version it knows the engines serve (:class:`vime_core.rollout.client.RouterClient`).
+    :ivar weight_version_route: ``POST /update_weight_version`` and ``GET /weight_info`` exist (0.32+); else the
+        weight-version label is kept by vime's worker extension (``vime_set_weight_version``).
+    :ivar abort_route: ``POST /abort_requests`` exists (0.32 in dev mode; 0.24 only with ``--tokens-only``); else
+        the client aborts a request by closing its stream (vLLM aborts a request whose client disconnected).
+    """
+
+    version: str
+    generate: bool
+    generate_text: bool
+    token_weight_versions: bool
+    weight_version_route: bool
+    abort_route: bool
+
+    @classmethod
+    def latest(cls) -> EngineCapabilities:
+        """What the newest supported release answers (the client's expectation when it is given none)."""
+        return cls("latest", True, True, True, True, True)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def describe(self) -> str:
+        """One line: the version and what vime supplies for it, e.g. ``vLLM 0.24.0 (vime supplies: text, ...)``."""
+        supplied = [
+            name
+            for name, have in (
+                ("text", self.generate_text),
+                ("per-token weight versions", self.token_weight_versions),
+                ("weight-version label", self.weight_version_route),
+                ("abort by disconnect", self.abort_route),
+            )
+            if not have
+        ]
+        api = "" if self.generate else ", /v1/completions instead of /inference/v1/generate"
+        return f"vLLM {self.version}" + (f" (vime supplies: {', '.join(supplied)}{api})" if supplied or api else "")
+
+
+def launch_flags(flag_table: Sequence[str] | dict[str, Any]) -> list[str]:
+    """Server flags vime adds for the release whose flag table (``--`` names without the dashes, from
+    :func:`vime_core.passthrough.vllm_engine_flags`) is given: ``--enable-scale-out`` where it exists (0.32+ serve
+    ``/inference/v1/generate`` only with it; 0.24 serves it always and has no such flag)."""
+    return ["--enable-scale-out"] if "enable-scale-out" in flag_table else []
+
+
+def probe_capabilities(http: httpx.Client, model: str, where: str) -> EngineCapabilities:
+    """Ask a ready server what it answers (a few small requests; call before it serves traffic).
+
+    :param http: a client with the server's base URL.
+    :param model: the served model name.
+    :param where: the engine, for messages (its URL).
+    :raises EngineCapabilityError: a probe answered neither with the route nor with 404/403/405, or ``/version``
+        gave no version (naming the engine, the route and the answer).
+    """
+    resp = http.get("/version")
+    version = resp.json().get("version") if resp.status_code == 200 else None
+    if not version:
+        raise EngineCapabilityError(f"engine {where}: GET /version answered {resp.status_code} {resp.text[:300]!r}")
+    body = {
+        "model": model,
+        "token_ids": [1, 2, 3],
+        "output_mode": "text",
+        "sampling_params": {"max_tokens": 1, "temperature": 0.0, "logprobs": 0},
+        "request_id": PROBE_REQUEST_ID,
+    }
+    resp = http.post(GENERATE_ROUTE, json=body)
+    generate = _exists(resp, where, GENERATE_ROUTE)
+    text = versions = False
+    if generate:
+        choice = resp.json()["choices"][0]
+        text = isinstance(choice.get("text"), str)
+        versions = choice.get("weight_versions") is not None
+    weight_route = _exists(http.get("/weight_info"), where, "/weight_info")
+    abort = _exists(http.post("/abort_requests", json={"request_ids": [PROBE_REQUEST_ID]}), where, "/abort_requests")
+    return EngineCapabilities(str(version), generate, text, versions, weight_route, abort)
+
+
+def _exists(resp: httpx.Response, where: str, route: str) -> bool:
+    if resp.status_code == 200:
+        return True
+    if resp.status_code in (403, 404, 405):  # absent, or (0.32 without --enable-scale-out) present but disabled
+        return False
+    raise EngineCapabilityError(f"engine {where}: probing {route} answered {resp.status_code}: {resp.text[:500]}")
+
+
+def decode_text(tokenizer: Any, token_ids: Sequence[int], sampling_params: dict[str, Any], finish_reason: str) -> str:
+    """The text vLLM would have returned for ``token_ids``: decoded with ``skip_special_tokens`` (default true, as
+    vLLM's), and for an answer stopped by a stop string cut before the first one (unless
+    ``include_stop_str_in_output``), since vLLM's token ids keep the tokens that spelled the stop string.
+
+    :param tokenizer: the policy's Hugging Face tokenizer.
+    :param sampling_params: the request's sampling parameters (``stop``, ``skip_special_tokens``,
+        ``include_stop_str_in_output``).
+    :param finish_reason: the answer's normalized finish reason.
+    """
+    text = tokenizer.decode(
+        list(token_ids), skip_special_tokens=bool(sampling_params.get("skip_special_tokens", True))
+    )
+    stops = sampling_params.get("stop") or []
+    if isinstance(stops, str):
+        stops = [stops]
+    if finish_reason == "stop" and stops and not sampling_params.get("include_stop_str_in_output"):
+        hits = [i for i in (text.find(s) for s in stops if s) if i >= 0]
+        if hits:
+            text = text[: min(hits)]
+    return text
+
+
+def common_capabilities(found: Sequence[tuple[str, EngineCapabilities]]) -> EngineCapabilities:
+    """The capabilities every engine shares.
+
+    :param found: ``(engine URL, its capabilities)`` of each engine.
+    :raises EngineCapabilityError: engines of different releases or abilities (naming each engine's).
+    """
+    if not found:
+        raise EngineCapabilityError("no engine to take capabilities from")
+    first = found[0][1]
+    if any(c != first for _, c in found):
+        lines = "\n  ".join(f"{url}: {c.describe()} {c.to_dict()}" for url, c in found)
+        raise EngineCapabilityError(f"the engines run different vLLM releases or settings:\n  {lines}")
+    return first
+
+
+def engine_dtype(vllm_args: Sequence[str], train_dtype: str, on_gpu: bool) -> list[str]:
+    """The ``--dtype`` vime gives an engine unless ``--vllm-dtype`` (in ``vllm_args``) decides: bf16 on a GPU (the
+    trainer's master weights may stay fp32; Megatron trains in bf16), the trainer's dtype on a CPU (fp32 there, so
+    engine and trainer log-probs agree to ~1e-6)."""
+    if "--dtype" in vllm_args or any(a.startswith("--dtype=") for a in vllm_args):
+        return []
+    return ["--dtype", "bfloat16" if on_gpu else train_dtype]
+
+
+def enforce_eager(flag: bool | None, on_gpu: bool) -> bool:
+    """``--rollout-enforce-eager``'s value, or where it is unset: eager on a CPU (35 s start instead of ~140 s),
+    CUDA graphs on a GPU (as users serve)."""
+    return (not on_gpu) if flag is None else bool(flag)
