@@ -366,7 +366,9 @@ def _one_step(
     colocated = rollout is not None and ClusterConfig.from_args(args).colocate
     if colocated:  # the engines free the GPUs they share with the trainer (vLLM sleep mode)
         free_awake = call(trainer, "gpu_free_bytes")
+        t_sleep = time.perf_counter()
         call(rollout, "sleep_engines")
+        metrics["perf/sleep_time"] = time.perf_counter() - t_sleep
         metrics.update(_free_gib("awake", free_awake) | _free_gib("asleep", call(trainer, "gpu_free_bytes")))
     t1 = time.perf_counter()
     if progress is not None:
@@ -378,6 +380,7 @@ def _one_step(
         progress.phase("sync")
     if colocated:
         call(rollout, "wake_engines")
+        metrics["perf/wake_time"] = time.perf_counter() - t2
         metrics.update(_free_gib("woken", call(trainer, "gpu_free_bytes")))
     update = call(trainer, "push_weights", version + 1)
     if rollout is not None:

@@ -443,36 +443,50 @@ class EngineMonitor:
         loads ``update``); any other failure raises, as without the monitor. Holds :attr:`lock`.
 
         :param mode: the pause mode (``"wait"``, or ``"keep"`` in fully-async).
-        :return: ``(metrics, updates whose files may be removed now)``; metrics ``weight_sync/engines_synced``.
+        :return: ``(metrics, updates whose files may be removed now)``; metrics ``weight_sync/engines_synced`` and
+            the seconds of each phase over all engines: ``weight_sync/pause_seconds``, ``weight_sync/load_seconds``
+            (the strategy's transfer and load), ``weight_sync/label_seconds`` (prefix-cache reset and version
+            label), ``weight_sync/resume_seconds``.
         :raises EnginesLostError: if no engine is left and none can come back.
         :raises TimeoutError / RuntimeError: from a living engine or the strategy.
         """
         own_apply_all = type(weight_sync).apply_all is not WeightSyncStrategy.apply_all
+        phase = dict.fromkeys(("pause", "load", "label", "resume"), 0.0)
+
+        def timed(name: str, fn: Callable[[], Any]) -> None:
+            t0 = time.perf_counter()
+            try:
+                fn()
+            finally:
+                phase[name] += time.perf_counter() - t0
+
         with self.lock:
             self.raise_if_lost()
             slots = [s for s in self.slots if s.state == "up"]
-            paused = [s for s in slots if self._guard(s, lambda s=s: s.engine.pause(mode))]
+            paused = [s for s in slots if self._guard(s, lambda s=s: timed("pause", lambda: s.engine.pause(mode)))]
             try:
                 if own_apply_all:  # one collective over every engine (nccl): no engine can be left out
-                    weight_sync.apply_all([s.engine for s in paused], update, timeout_s=timeout_s)
+                    timed("load", lambda: weight_sync.apply_all([s.engine for s in paused], update, timeout_s))
                 for s in paused:
                     if s.state != "up":
                         continue
 
                     def step(s: EngineSlot = s) -> None:
                         if not own_apply_all:
-                            weight_sync.apply(s.engine, update, timeout_s)
-                        s.engine.reset_prefix_cache()
-                        s.engine.set_weight_version(update.version)
+                            timed("load", lambda: weight_sync.apply(s.engine, update, timeout_s))
+                        timed("label", s.engine.reset_prefix_cache)
+                        timed("label", lambda: s.engine.set_weight_version(update.version))
 
                     self._guard(s, step)
             finally:
                 for s in paused:
                     if s.state == "up":
-                        self._guard(s, s.engine.resume)
+                        self._guard(s, lambda s=s: timed("resume", s.engine.resume))
             cleanup = self.recovery.applied(update)
             synced = sum(s.state == "up" for s in paused)
-        return {"weight_sync/engines_synced": float(synced)}, cleanup
+        metrics = {"weight_sync/engines_synced": float(synced)}
+        metrics.update({f"weight_sync/{k}_seconds": v for k, v in phase.items()})
+        return metrics, cleanup
 
     def _guard(self, slot: EngineSlot, fn: Callable[[], Any]) -> bool:
         """Run ``fn``; on an error take ``slot`` down if it is dead or hung (``False``), else re-raise."""
