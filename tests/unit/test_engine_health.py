@@ -231,7 +231,10 @@ def test_weight_sync_skips_an_engine_that_died_during_it_and_raises_for_a_living
 
     dies = Dies(ws.args)
     metrics, cleanup = monitor.sync_weights(dies, ws.push([("w", torch.ones(2))], 1), "wait", 5.0)
-    assert metrics == {"weight_sync/engines_synced": 1.0} and cleanup == []
+    assert metrics["weight_sync/engines_synced"] == 1.0 and cleanup == []
+    phases = ("pause", "load", "label", "resume")
+    assert sorted(metrics) == sorted(["weight_sync/engines_synced", *(f"weight_sync/{p}_seconds" for p in phases)])
+    assert all(metrics[f"weight_sync/{p}_seconds"] >= 0 for p in phases)
     assert engines[0].calls == [
         ("pause", "wait"),
         ("apply", 1),

@@ -1,0 +1,125 @@
+"""The vLLM-release adapter's pure parts (vime_core/rollout/engine_api.py) and what the client does with a response
+that lacks a field (vime_core/rollout/client.py), with exact values. The same behaviour against real servers of
+two releases: tests/integration/test_vllm_releases.py."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from vime_core.rollout.client import RouterClient, RouterClientError, _expand_versions
+from vime_core.rollout.engine_api import (
+    EngineCapabilities,
+    EngineCapabilityError,
+    common_capabilities,
+    decode_text,
+    enforce_eager,
+    engine_dtype,
+    launch_flags,
+)
+
+pytestmark = pytest.mark.unit
+
+V024 = EngineCapabilities("0.24.0", True, False, False, False, False)
+
+
+@pytest.fixture(scope="module")
+def tok(tiny_model_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(tiny_model_dir))
+
+
+def test_launch_flags_follow_the_releases_flag_table():
+    assert launch_flags({"enable-scale-out": 0, "dtype": 1}) == ["--enable-scale-out"]
+    assert launch_flags({"dtype": 1, "tokens-only": 0}) == []
+
+
+def test_engine_dtype_bf16_on_a_gpu_the_trainers_on_a_cpu_unless_asked():
+    assert engine_dtype([], "float32", on_gpu=True) == ["--dtype", "bfloat16"]
+    assert engine_dtype([], "float32", on_gpu=False) == ["--dtype", "float32"]
+    assert engine_dtype(["--dtype", "float16"], "float32", on_gpu=True) == []
+    assert engine_dtype(["--dtype=float32"], "float32", on_gpu=True) == []
+    assert [enforce_eager(None, False), enforce_eager(None, True), enforce_eager(True, True)] == [True, False, True]
+
+
+def test_decode_text_cuts_at_the_first_stop_string_like_vllm(tok):
+    ids = tok("x = 1\ny = 2\nz = 3", add_special_tokens=False)["input_ids"]
+    assert decode_text(tok, ids, {}, "length") == "x = 1\ny = 2\nz = 3"
+    # two stop strings: the earlier one in the text wins; the ids keep the tokens that spelled it
+    assert decode_text(tok, ids, {"stop": ["z", "\ny"]}, "stop") == "x = 1"
+    assert decode_text(tok, ids, {"stop": "\ny"}, "stop") == "x = 1"
+    assert (
+        decode_text(tok, ids, {"stop": ["\ny"], "include_stop_str_in_output": True}, "stop") == "x = 1\ny = 2\nz = 3"
+    )
+    assert decode_text(tok, ids, {"stop": ["\ny"]}, "length") == "x = 1\ny = 2\nz = 3"  # not stopped by it
+    eos = tok.convert_tokens_to_ids("<|im_end|>")
+    assert decode_text(tok, [*ids, eos], {}, "stop") == "x = 1\ny = 2\nz = 3"
+    assert decode_text(tok, [*ids, eos], {"skip_special_tokens": False}, "stop").endswith("<|im_end|>")
+
+
+def test_engines_of_different_releases_are_refused_naming_each():
+    latest = EngineCapabilities.latest()
+    assert common_capabilities([("http://a", V024), ("http://b", V024)]) == V024
+    with pytest.raises(EngineCapabilityError, match=r"http://a: vLLM 0\.24\.0.*\n.*http://b: vLLM latest"):
+        common_capabilities([("http://a", V024), ("http://b", latest)])
+    assert "vime supplies: text, per-token weight versions, weight-version label, abort" in V024.describe()
+    assert latest.describe() == "vLLM latest"
+
+
+def test_weight_version_spans_must_cover_every_token():
+    spans = [{"start": 0, "end": 2, "version": "3"}, {"start": 2, "end": 5, "version": 4}]
+    assert _expand_versions(spans, 5, "here") == ["3", "3", "4", "4", "4"]
+    with pytest.raises(RouterClientError, match="do not cover all 6 tokens"):
+        _expand_versions(spans, 6, "here")
+
+
+def test_a_missing_field_is_an_error_naming_it_never_an_empty_default(tok):
+    latest = RouterClient("http://127.0.0.1:9", "m")
+    choice = {"token_ids": [5, 6], "finish_reason": "length"}  # a release that sends text sent none
+    with pytest.raises(RouterClientError, match=r"POST x: the answer has no 'text'"):
+        latest._output(choice, [-0.5, -0.25], ["0", "0"], {"max_tokens": 2}, "POST x")
+    with pytest.raises(RouterClientError, match=r"the answer has no 'token_ids'"):
+        latest._output({"text": "ab", "finish_reason": "stop"}, [], [], {}, "POST x")
+    # a release without text: the client decodes the ids with the tokenizer
+    old = RouterClient("http://127.0.0.1:9", "m", capabilities=V024, tokenizer=tok)
+    ids = tok("def f():", add_special_tokens=False)["input_ids"]
+    out = old._output(
+        {"token_ids": ids, "finish_reason": "length"},
+        [-1.0] * len(ids),
+        ["2"] * len(ids),
+        {"max_tokens": len(ids)},
+        "POST x",
+        decode=True,
+    )
+    assert (out.text, out.weight_versions, out.finish_reason) == ("def f():", ["2"] * len(ids), "length")
+    with pytest.raises(ValueError, match="sends no text: RouterClient needs the tokenizer"):
+        RouterClient("http://127.0.0.1:9", "m", capabilities=V024)
+
+
+def test_host_copy_is_written_in_the_background_and_recovery_loads_it(tmp_path):
+    """``ipc``'s host copy of a version (weight_sync/host_copy.py) is what a replacement engine loads: the file
+    holds exactly the pushed tensors, and the previous copy is removed."""
+    from safetensors.torch import load_file
+
+    from vime_core.arguments import default_args
+    from vime_core.rollout.weight_recovery import WeightRecovery
+    from vime_core.weight_sync.base import WeightUpdate
+    from vime_core.weight_sync.host_copy import HostCopy, wait_for_copy
+    from vime_core.weight_sync.ipc import IpcWeightSync
+
+    tensors = {"a.weight": torch.arange(6, dtype=torch.bfloat16).reshape(2, 3), "b.bias": torch.tensor([1.5, -2.0])}
+    copy = HostCopy(tmp_path)
+    first = copy.start(1, ((n, t * 0) for n, t in tensors.items()))
+    second = copy.start(2, tensors.items())
+    copy.wait()
+    got = load_file(str(wait_for_copy(second, 5) / "model.safetensors"))
+    assert set(got) == set(tensors) and all(torch.equal(got[n], t) for n, t in tensors.items())
+    assert not first.exists() and second.name == "recovery_v000002"
+    strategy = IpcWeightSync(default_args(update_weight_disk_dir=tmp_path))
+    recovery = WeightRecovery(strategy, tmp_path)
+    assert recovery.supported  # version 0
+    recovery.applied(WeightUpdate(2, {"handles": "", "recovery_dir": str(second)}))
+    assert recovery.supported and recovery.full_weights() == str(second)
+    recovery.applied(WeightUpdate(3, {"handles": ""}))  # an update without a host copy
+    assert not recovery.supported
