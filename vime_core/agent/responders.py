@@ -207,13 +207,23 @@ class ScriptedResponder:
         return out
 
 
-def engine_versions(out: Any, fallback: int) -> list[int]:
-    """Per-token weight versions of an engine output: the engine's integer labels, else ``fallback`` for each
-    token (an engine that was never given a version reports ``"default"``)."""
+def engine_versions(out: Any, fallback: int | None = None) -> list[int]:
+    """Per-token weight versions of an engine output (``len(out.token_ids)`` ints): its labels, which the router
+    client always sets — the engine's own, or the version the client knew the engines served
+    (docs/vllm_releases.md). An output without them, with a wrong count or a label that is not an integer (an engine
+    never given a version says ``"default"``) is an error, never a silent default.
+
+    :param fallback: unused; kept for callers written against the old signature.
+    :raises ValueError: naming what is wrong with the labels.
+    """
     n = len(out.token_ids)
+    versions = getattr(out, "weight_versions", None)
+    if versions is None or len(versions) != n:
+        got = "none" if versions is None else f"{len(versions)}"
+        raise ValueError(f"the engine output has {n} tokens but {got} weight-version labels")
     try:
-        if out.weight_versions and len(out.weight_versions) == n:
-            return [int(v) for v in out.weight_versions]
+        return [int(v) for v in versions]
     except (TypeError, ValueError):
-        pass
-    return [int(fallback)] * n
+        raise ValueError(
+            f"the engine output's weight-version labels are not integers: {sorted(set(versions))}"
+        ) from None

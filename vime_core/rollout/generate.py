@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from vime_core.agent.responders import engine_versions
 from vime_core.config import RolloutConfig
 from vime_core.rollout.context import get_rollout_context
 from vime_core.types import Sample, Status
@@ -59,8 +60,8 @@ async def generate(args: argparse.Namespace, sample: Sample, sampling_params: di
             return sample
         params["max_tokens"] = min(params.get("max_tokens", budget), budget)
     out = await ctx.client.generate(sample.tokens, params, session_id=sample.metadata.get("session_id"))
-    # the engine's own per-token version tags when it reports them; else the version it served at the call
-    versions = [int(v) for v in out.weight_versions] if out.weight_versions else ctx.weight_version
+    # per-token versions: the engine's tags, or the client's where the release tags none (a missing one raises)
+    versions = engine_versions(out)
     sample.append_response_tokens(
         out.token_ids, trainable=True, log_probs=out.log_probs, weight_version=versions, text=out.text
     )
