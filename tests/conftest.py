@@ -51,6 +51,7 @@ def vllm_server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) 
     server.start()
     try:
         server.wait_ready(timeout_s=float(os.environ.get("VIME_TEST_SERVER_STARTUP_TIMEOUT", "600")))
+        server.set_weight_version(0)  # as the rollout manager does: every engine serves a labelled version
         yield server
     finally:
         server.close()

@@ -225,5 +225,6 @@ def engine_versions(out: Any, fallback: int | None = None) -> list[int]:
         return [int(v) for v in versions]
     except (TypeError, ValueError):
         raise ValueError(
-            f"the engine output's weight-version labels are not integers: {sorted(set(versions))}"
+            f"the engine output's weight-version labels are not integers: {sorted(set(versions))} (an engine never "
+            "given a version says 'default': label it with VLLMServer.set_weight_version, as the rollout manager does)"
         ) from None
