@@ -86,6 +86,13 @@ if [ "${VIME_CI_LOCALVM:-1}" = 1 ]; then
 fi
 status=0
 for p in "${pids[@]}"; do wait "$p" || status=1; done
+if [ "$status" != 0 ] && ! docker image inspect vime-sandbox:bookworm >/dev/null 2>&1; then
+  # debootstrap's package configuration failed once here with two builds in parallel on 2 busy cores: once more alone
+  echo "the docker image build failed; building it again on its own"
+  PYTHONPATH=plugins/vime-sandbox-docker/src "$VENV/bin/python" -m vime_sandbox_docker.image build-image \
+    --tag vime-sandbox:bookworm 2>&1 | sed 's/^/[docker image, again] /'
+  status=0
+fi
 [ "$status" = 0 ] || { echo "an image build failed" >&2; exit 1; }
 docker image inspect vime-sandbox:bookworm >/dev/null 2>&1 || { echo "vime-sandbox:bookworm missing" >&2; exit 1; }
 
