@@ -146,10 +146,9 @@ def _prompts(tokenizer, n: int = 64) -> list[list[int]]:
     for row in rows:
         prompt = row["prompt"]
         if isinstance(prompt, list):
-            out.append(tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True))
-        else:
-            out.append(tokenizer(prompt)["input_ids"])
-    return [list(p["input_ids"]) if isinstance(p, dict) else list(p) for p in out]
+            prompt = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=False)
+        out.append(list(tokenizer(prompt, add_special_tokens=False)["input_ids"]))
+    return out
 
 
 def _tokens_per_s(url: str, model: str, prompts: list[list[int]], tokens: int) -> float:
