@@ -12,8 +12,9 @@ import os
 
 from vime_core.algorithms.options import check_algorithm_config
 from vime_core.argument_errors import ArgumentError
-from vime_core.config import AlgorithmConfig, ClusterConfig, RolloutConfig, TrainerConfig
+from vime_core.config import AlgorithmConfig, ClusterConfig, LoraConfig, RolloutConfig, TrainerConfig
 from vime_core.evaluation import EvalArgumentError, parse_eval_prompt_data
+from vime_core.lora.options import LoraFlagError, check_lora_config
 from vime_core.placement import PlacementError, ResourceFlags, check_resource_flags
 from vime_core.rollout.overlong import check_overlong_config
 from vime_core.trainer.lr_schedule import check_lr_schedule_config
@@ -152,6 +153,27 @@ def check_run_args(args: argparse.Namespace, command: str = "run") -> None:
         check_overlong_config(RolloutConfig.from_args(args))
         check_lr_schedule_config(TrainerConfig.from_args(args))
     except ValueError as e:
+        raise ArgumentError(str(e)) from None
+    _check_lora(args)
+
+
+def _check_lora(args: argparse.Namespace) -> None:
+    """The LoRA flags against the chosen weight-sync strategy and trainer (their classes' ``CARRIES_LORA`` and
+    ``SUPPORTS_LORA``; an unknown name is left to the run's own resolution, which names it)."""
+    cfg = LoraConfig.from_args(args)
+    classes: list[type | None] = [None, None]
+    if cfg.enabled:
+        from vime_core.plugins import get_plugins
+        from vime_core.registry import RegistryError
+
+        for i, (kind, name) in enumerate((("weight_sync", cfg.weight_sync), ("trainer", cfg.trainer))):
+            try:
+                classes[i] = get_plugins().resolve(kind, name)
+            except RegistryError:
+                pass
+    try:
+        check_lora_config(cfg, classes[0], classes[1] if not args.debug_rollout_only else None)
+    except LoraFlagError as e:
         raise ArgumentError(str(e)) from None
 
 

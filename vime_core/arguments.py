@@ -35,6 +35,7 @@ from vime_core.argument_checks import (
 from vime_core.argument_errors import ArgumentError
 from vime_core.config import PASSTHROUGH_DESTS, RolloutConfig
 from vime_core.config_file import config_to_argv
+from vime_core.lora.options import add_arguments as add_lora_arguments
 from vime_core.passthrough import PassthroughError, split_passthrough
 from vime_core.plugins import get_plugins
 from vime_core.rollout.overlong import add_arguments as add_overlong_arguments
@@ -77,6 +78,7 @@ VIME_OWNED_ROUTER_FLAGS = {
     "worker-urls": "--rollout-num-engines (or --vllm-router-ip/--vllm-router-port for a running router)",
     "prometheus-host": "(vime binds 127.0.0.1)",
 }
+
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
     """``--help`` that appends ``(default: X)`` to every flag whose help does not already say its default."""
@@ -596,6 +598,8 @@ def build_parser(add_plugin_arguments: bool = True) -> argparse.ArgumentParser:
     )
     g.add_argument("--weight-sync-timeout", type=float, default=300.0, help="seconds per engine")
 
+    add_lora_arguments(p.add_argument_group("LoRA (docs/lora.md; upstream vime's flag names)"))
+
     g = p.add_argument_group("checkpoint and logging")
     g.add_argument(
         "--save-interval",
@@ -752,6 +756,7 @@ def parse_run_args(argv: list[str] | None = None, command: str = "run") -> argpa
         args.debug_rollout_only = True  # no trainer
     check_run_args(args, command)
     return args
+
 
 def rollout_sampling_params(cfg: RolloutConfig) -> dict[str, Any]:
     """The engine sampling parameters of a training rollout."""

@@ -319,6 +319,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     from vime_core.arguments import ArgumentError
     from vime_core.data.source import DataError
+    from vime_core.lora.options import LoraFlagError
     from vime_core.placement import PlacementError
     from vime_core.registry import RegistryError
     from vime_core.rollout.health import EnginesLostError
@@ -326,7 +327,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         return cmd(argv[1:])
-    except (ArgumentError, DataError, PlacementError, RegistryError, WeightWriteError) as e:
+    except (ArgumentError, DataError, LoraFlagError, PlacementError, RegistryError, WeightWriteError) as e:
         # raised in a Ray actor: its message without Ray's traceback (`cause` is the actor's exception)
         print(f"vime: error: {getattr(e, 'cause', None) or e}", file=sys.stderr)
         return 2

@@ -294,6 +294,30 @@ class WeightSyncConfig(_Section):
 
 
 @dataclass(frozen=True, slots=True)
+class LoraConfig(_Section):
+    """LoRA (``--lora-rank`` > 0): the adapter the trainer trains and the engines serve (docs/lora.md)."""
+
+    lora_rank: int
+    lora_alpha: float
+    lora_dropout: float
+    target_modules: list[str]
+    exclude_modules: list[str] | None
+    lora_adapter_path: Path | None
+    model: str
+    trainer: str
+    weight_sync: str
+    loop: str
+    max_staleness: int
+    keep_weight_updates: bool
+    vllm_args: list[str]
+
+    @property
+    def enabled(self) -> bool:
+        """Whether the run trains a LoRA adapter instead of every weight."""
+        return self.lora_rank > 0
+
+
+@dataclass(frozen=True, slots=True)
 class SandboxConfig(_Section):
     """The sandbox backend and the limits every backend applies (0 = none)."""
 
@@ -405,6 +429,7 @@ class RunConfig:
     trainer: TrainerConfig
     megatron: MegatronConfig
     weight_sync: WeightSyncConfig
+    lora: LoraConfig
     sandbox: SandboxConfig
     cluster: ClusterConfig
     logging: LoggingConfig
@@ -431,6 +456,7 @@ SECTIONS: dict[str, type[_Section]] = {
     "trainer": TrainerConfig,
     "megatron": MegatronConfig,
     "weight_sync": WeightSyncConfig,
+    "lora": LoraConfig,
     "sandbox": SandboxConfig,
     "cluster": ClusterConfig,
     "logging": LoggingConfig,

@@ -28,6 +28,7 @@ from vime_core.checkpoint import commit_checkpoint, latest_checkpoint, new_check
 from vime_core.config import ClusterConfig, LoggingConfig, RolloutConfig, RunConfig
 from vime_core.data.source import read_rows
 from vime_core.evaluation import eval_line, eval_steps, load_eval_sets
+from vime_core.lora.options import check_lora_model
 from vime_core.metrics import MetricsSink, staleness_histogram, wandb_config_from_args
 from vime_core.models import resolve_model
 from vime_core.orchestration import TrainerGroup, call, driver_node_id, init_ray, place, remote_actor
@@ -101,6 +102,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     console.print(f"[vime] model: {model_path}")
     # no tokenizer, no chat template, an over-long prompt: fails here, before any engine starts
     overlong = 0 if rows is None else check_prompts(data, model_path, rows)
+    check_lora_model(cfg.lora, model_path)  # --target-modules / --lora-adapter-path against the model
     init_ray(address=cfg.cluster.ray_address, worker_niceness=cfg.cluster.ray_worker_niceness)
     try:
         plan, pg = place(cfg.cluster)  # an impossible plan fails here, naming the flag
@@ -198,8 +200,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             summary["eval_first"], summary["eval_last"] = evals[0], evals[-1]
         summary["ray_node_ip"] = ray.util.get_node_ip_address()
         if trainer is not None and log.save_hf:
-            trainer.save_hf(str(out / "final_hf"))
+            trainer.save_hf(str(out / "final_hf"))  # with LoRA: the merged model
             summary["final_hf"] = str(out / "final_hf")
+            if cfg.lora.enabled:
+                trainer.save_adapter(str(out / "final_adapter"))
+                summary["final_adapter"] = str(out / "final_adapter")
         (out / "summary.json").write_text(json.dumps(summary, indent=1))
         console.print("[vime] summary: " + json.dumps(summary))
         if log.report:

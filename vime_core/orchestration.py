@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from vime_core.arguments import parse_cpu_list
-from vime_core.config import ClusterConfig
+from vime_core.config import ClusterConfig, LoraConfig
 from vime_core.net import find_free_port, node_ip
 from vime_core.placement import (
     NodeResources,
@@ -86,6 +86,7 @@ class TrainerWorker:
                 os.environ.pop(key, None)
         self.backend = backend_cls(args, Path(model_path))
         self.weight_sync = plugins.resolve("weight_sync", cluster.weight_sync)(args)
+        self.lora = LoraConfig.from_args(args).enabled  # push the adapter, not the weights
 
     def placement(self) -> dict[str, Any]:
         """Where this rank runs (:func:`actor_placement`), with ``rank``/``world_size`` and the torchrun variables."""
@@ -117,7 +118,11 @@ class TrainerWorker:
 
     def push_weights(self, version: int) -> WeightUpdate | None:
         """Rank 0 publishes the weights through the strategy; the other ranks only take part in the gather
-        (``named_hf_tensors`` is a collective under TP) and return ``None``."""
+        (``named_hf_tensors`` is a collective under TP) and return ``None``. With LoRA the adapter alone
+        (``lora_adapter``, then the strategy's ``push_adapter``)."""
+        if self.lora:
+            tensors, config = self.backend.lora_adapter()  # a collective under TP too
+            return self.weight_sync.push_adapter(tensors, config, version) if self.rank == 0 else None
         device = getattr(self.weight_sync, "TENSOR_DEVICE", "cpu")
         takes_device = "device" in inspect.signature(self.backend.named_hf_tensors).parameters
         tensors = self.backend.named_hf_tensors(device=device) if takes_device else self.backend.named_hf_tensors()
@@ -135,6 +140,10 @@ class TrainerWorker:
 
     def save_hf(self, path: str) -> None:
         self.backend.save_hf(Path(path))
+
+    def save_adapter(self, path: str) -> None:
+        """LoRA: the backend's PEFT adapter directory (``final_adapter/``)."""
+        self.backend.save_adapter(Path(path))
 
     def write_nonce(self, directory: str, nonce: str) -> str:
         """Write ``nonce`` to ``directory/.vime-nonce-<nonce>`` (the shared-filesystem check of ``disk`` weight
@@ -289,6 +298,9 @@ class TrainerGroup:
 
     def save_hf(self, path: str) -> None:
         self._all("save_hf", path)
+
+    def save_adapter(self, path: str) -> None:
+        self._all("save_adapter", path)
 
     def check_shared_dir(self, directory: str, rollout: Any) -> None:
         """``disk``/``disk-delta`` weight sync needs ``directory`` on a filesystem that trainer rank 0 and every

@@ -4,7 +4,7 @@ steps as a run without the kill), and the first step after the resume has exactl
 run's same step (sync loop, fixed seed: same samples, rewards, advantages, loss and gradient norm).
 
 Real vLLM engine, vllm-router, Ray and torch trainer on the tiny model; 12 prompts, 2 groups of 4 per step, 6 steps
-(one epoch), 12 response tokens.
+(one epoch), 12 response tokens. The sync case runs with full weights and with a LoRA adapter.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ STEPS = 6
 NOT_COMPARED = ("perf/", "_seconds", "_time")
 
 
-def _argv(tiny_model_dir: Path, prompts: Path, out: Path, loop: str = "sync") -> list[str]:
+def _argv(tiny_model_dir: Path, prompts: Path, out: Path, loop: str = "sync", *extra: str) -> list[str]:
     off_policy = ["--use-tis"] if loop != "sync" else []  # the off-policy loops need a correction
     return [
         "run",
@@ -52,6 +52,7 @@ def _argv(tiny_model_dir: Path, prompts: Path, out: Path, loop: str = "sync") ->
         "--no-save-hf",
         "--no-report",
         "--no-use-tensorboard",
+        *extra,  # last: wins over the flags above
     ]
 
 
@@ -124,6 +125,26 @@ def test_kill_9_after_step_3_then_rerun_trains_each_prompt_once(tiny_model_dir, 
     assert _compared(m[3]) == _compared(m_ref[3])
     assert m[3]["rollout/reward_std"] > 0 and m[3]["train/grad_norm"] > 0  # a step that really trained
     print(f"fault-free run {t_ref:.0f} s, killed + resumed {time.monotonic() - t0 - t_ref:.0f} s")
+
+
+def test_kill_9_after_step_3_then_rerun_lora(tiny_model_dir, tmp_path):
+    """LoRA (``--lora-rank 8``, docs/lora.md): the checkpoint holds the adapter and its optimizer state, the resume
+    loads the adapter into the fresh engine as its own name, and the first step after it has exactly the
+    uninterrupted run's metrics (and prompts)."""
+    lora = ("--lora-rank", "8", "--lr", "5e-3")
+    prompts = _write_prompts(tmp_path)
+    ref, out = tmp_path / "ref", tmp_path / "killed"
+    run_vime(*_argv(tiny_model_dir, prompts, ref, "sync", *lora))
+    _kill_after_step_3_and_rerun(_argv(tiny_model_dir, prompts, out, "sync", *lora), out)
+    assert sorted(p.name for p in (out / "checkpoints" / "step_000006" / "trainer").iterdir()) == [
+        "adapter",
+        "optimizer.pt",
+        "trainer_state.pt",
+    ]
+    assert _records(out, TRAINED_PROMPTS_FILE) == _records(ref, TRAINED_PROMPTS_FILE)
+    m_ref, m = _records(ref, "metrics.jsonl"), _records(out, "metrics.jsonl")
+    assert _compared(m[3]) == _compared(m_ref[3])
+    assert m[3]["train/grad_norm"] > 0 and m[3]["weight_sync/bytes"] == m_ref[3]["weight_sync/bytes"]
 
 
 @pytest.mark.parametrize("loop", ["one-step-off", "fully-async"])

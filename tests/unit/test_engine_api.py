@@ -20,7 +20,7 @@ from vime_core.rollout.engine_api import (
 
 pytestmark = pytest.mark.unit
 
-V024 = EngineCapabilities("0.24.0", True, False, False, False, False)
+V024 = EngineCapabilities("0.24.0", True, False, False, False, False, False)
 
 
 @pytest.fixture(scope="module")

@@ -77,6 +77,7 @@ LAYERS: list[tuple[str, list[str]]] = [
             "vime_core.agent",
             "vime_core.rollout.overlong",
             "vime_core.trainer.lr_schedule",
+            "vime_core.lora",
         ],
     ),
     (

@@ -21,7 +21,13 @@ import httpx
 
 from vime_core.net import find_free_port
 from vime_core.passthrough import engine_python, vllm_engine_flags, vllm_release
-from vime_core.rollout.engine_api import EngineCapabilities, launch_flags, probe_capabilities
+from vime_core.rollout.engine_api import (
+    LOAD_LORA_ROUTE,
+    UNLOAD_LORA_ROUTE,
+    EngineCapabilities,
+    launch_flags,
+    probe_capabilities,
+)
 from vime_core.rollout.process import ManagedServer
 
 logger = logging.getLogger("vime.rollout")
@@ -278,6 +284,22 @@ class VLLMServer(ManagedServer):
         """
         results = self.collective_rpc("vime_load_weights", args=[str(Path(path).resolve())]) or []
         return [int(r) if str(r).isdigit() else r for r in results]  # the endpoint stringifies results
+
+    def load_lora_adapter(self, name: str, path: str | Path) -> None:
+        """Load the PEFT adapter directory ``path`` as the model ``name`` (``POST /v1/load_lora_adapter``; the server
+        needs ``--enable-lora`` and ``VLLM_ALLOW_RUNTIME_LORA_UPDATING``, :func:`~vime_core.rollout.engine_api.
+        lora_launch`). vLLM reads the files now and may again while the adapter is loaded (its host cache evicts).
+
+        :raises VLLMServerError: on a non-200 answer (a name already loaded, a rank above ``--max-lora-rank``, ...).
+        """
+        self._post(LOAD_LORA_ROUTE, json={"lora_name": name, "lora_path": str(Path(path).resolve())})
+
+    def unload_lora_adapter(self, name: str) -> None:
+        """Stop serving the adapter ``name`` (``POST /v1/unload_lora_adapter``; requests already running keep it).
+
+        :raises VLLMServerError: on a non-200 answer (an unknown name: 404).
+        """
+        self._post(UNLOAD_LORA_ROUTE, json={"lora_name": name})
 
     def _caps(self) -> EngineCapabilities:
         if self.capabilities is None:

@@ -38,6 +38,8 @@ class EngineCapabilities:
         weight-version label is kept by vime's worker extension (``vime_set_weight_version``).
     :ivar abort_route: ``POST /abort_requests`` exists (0.32 in dev mode; 0.24 only with ``--tokens-only``); else
         the client aborts a request by closing its stream (vLLM aborts a request whose client disconnected).
+    :ivar lora_runtime: ``POST /v1/load_lora_adapter`` / ``/v1/unload_lora_adapter`` exist (0.24 and 0.32 alike,
+        with ``--enable-lora`` and ``VLLM_ALLOW_RUNTIME_LORA_UPDATING``: :func:`lora_launch`); LoRA runs need it.
     """
 
     version: str
@@ -46,11 +48,12 @@ class EngineCapabilities:
     token_weight_versions: bool
     weight_version_route: bool
     abort_route: bool
+    lora_runtime: bool
 
     @classmethod
     def latest(cls) -> EngineCapabilities:
         """What the newest supported release answers (the client's expectation when it is given none)."""
-        return cls("latest", True, True, True, True, True)
+        return cls("latest", True, True, True, True, True, False)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -76,6 +79,34 @@ def launch_flags(flag_table: Sequence[str] | dict[str, Any]) -> list[str]:
     :func:`vime_core.passthrough.vllm_engine_flags`) is given: ``--enable-scale-out`` where it exists (0.32+ serve
     ``/inference/v1/generate`` only with it; 0.24 serves it always and has no such flag)."""
     return ["--enable-scale-out"] if "enable-scale-out" in flag_table else []
+
+
+#: the environment that opens vLLM's runtime LoRA routes (both releases read it when the server starts)
+LORA_ENV = {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
+LOAD_LORA_ROUTE = "/v1/load_lora_adapter"
+UNLOAD_LORA_ROUTE = "/v1/unload_lora_adapter"
+
+
+def lora_launch(vllm_args: Sequence[str], max_lora_rank: int, max_loras: int) -> tuple[list[str], dict[str, str]]:
+    """Server flags and environment of an engine that serves LoRA adapters loaded at run time (vLLM 0.24 and 0.32
+    have the same flags and routes): ``--enable-lora``, ``--max-lora-rank``, ``--max-loras`` (adapters in one
+    batch) and ``--max-cpu-loras`` (adapters cached in host memory, one more than ``max_loras``: a freshly loaded
+    version never evicts one still named by requests) unless ``vllm_args`` (``--vllm-*``) gives them, and
+    :data:`LORA_ENV`."""
+
+    def given(flag: str) -> bool:
+        return any(a == flag or a.startswith(flag + "=") for a in vllm_args)
+
+    flags: list[str] = []
+    for flag, value in (
+        ("--enable-lora", None),
+        ("--max-lora-rank", max_lora_rank),
+        ("--max-loras", max_loras),
+        ("--max-cpu-loras", max_loras + 1),
+    ):
+        if not given(flag):
+            flags += [flag] if value is None else [flag, str(value)]
+    return flags, dict(LORA_ENV)
 
 
 def probe_capabilities(http: httpx.Client, model: str, where: str) -> EngineCapabilities:
@@ -107,7 +138,10 @@ def probe_capabilities(http: httpx.Client, model: str, where: str) -> EngineCapa
         versions = choice.get("weight_versions") is not None
     weight_route = _exists(http.get("/weight_info"), where, "/weight_info")
     abort = _exists(http.post("/abort_requests", json={"request_ids": [PROBE_REQUEST_ID]}), where, "/abort_requests")
-    return EngineCapabilities(str(version), generate, text, versions, weight_route, abort)
+    # an empty name is refused with 400 where the route exists (no adapter is loaded), 404 where it does not
+    resp = http.post(LOAD_LORA_ROUTE, json={"lora_name": "", "lora_path": ""})
+    lora = resp.status_code == 400 or _exists(resp, where, LOAD_LORA_ROUTE)
+    return EngineCapabilities(str(version), generate, text, versions, weight_route, abort, lora)
 
 
 def _exists(resp: httpx.Response, where: str, route: str) -> bool:

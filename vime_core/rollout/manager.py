@@ -14,18 +14,20 @@ import time
 from pathlib import Path
 from typing import Any
 
-from vime_core.config import DataConfig, EngineConfig, EvalConfig, RolloutConfig
+from vime_core.config import DataConfig, EngineConfig, EvalConfig, LoraConfig, RolloutConfig
 from vime_core.data.source import DataSource, new_group, read_rows
 from vime_core.evaluation import dump_eval_samples, eval_metrics, eval_sampling_params, load_eval_sets
 from vime_core.failures import failure_metrics
+from vime_core.lora.options import adapters_to_keep, engine_max_lora_rank
 from vime_core.plugins import get_plugins
 from vime_core.rollout.async_producer import AsyncRolloutProducer
 from vime_core.rollout.client import RouterClient, eos_token_ids
 from vime_core.rollout.context import RolloutContext, get_rollout_context, set_rollout_context
 from vime_core.rollout.engine import VLLMServer
 from vime_core.rollout.engine_actor import RemoteEngine, check_nonce, engine_failures, start_engine_actors
-from vime_core.rollout.engine_api import common_capabilities, enforce_eager, engine_dtype
+from vime_core.rollout.engine_api import common_capabilities, enforce_eager, engine_dtype, lora_launch
 from vime_core.rollout.health import EngineMonitor, MonitorConfig
+from vime_core.rollout.lora_serving import AdapterServing
 from vime_core.rollout.overlong import overlong_metrics
 from vime_core.rollout.oversample import collect_groups
 from vime_core.rollout.prompt_checks import filter_overlong_prompts
@@ -101,6 +103,13 @@ class RolloutManager:
         self.producer: Any = None  # AsyncRolloutProducer in --loop fully-async
         self.teacher: Any = None  # TeacherEngines with --distill-teacher (vime_core.rollout.teacher)
         self.capabilities: Any = None  # what the engines' vLLM release answers (vime_core.rollout.engine_api)
+        self.lora_config = lora = LoraConfig.from_args(args)
+        # LoRA: the engines serve one adapter per weight version (vime_core.rollout.lora_serving)
+        self.adapters = (
+            AdapterServing("policy", adapters_to_keep(lora), lora.lora_adapter_path, self.weight_sync)
+            if lora.enabled
+            else None
+        )
 
     @property
     def engines_on_gpu(self) -> bool:
@@ -136,6 +145,12 @@ class RolloutManager:
         on_gpu = self.engines_on_gpu
         cfg = self.engine_config
         vllm_args = list(cfg.vllm_args) + engine_dtype(cfg.vllm_args, cfg.train_dtype, on_gpu)  # bf16 on a GPU
+        env: dict[str, str] = {}
+        if self.adapters is not None:  # vLLM's LoRA serving with the runtime adapter routes
+            flags, env = lora_launch(
+                cfg.vllm_args, engine_max_lora_rank(self.lora_config), adapters_to_keep(self.lora_config)
+            )
+            vllm_args += flags
         server_kwargs = [
             dict(
                 model=str(self.model_path),
@@ -146,6 +161,7 @@ class RolloutManager:
                 omp_threads_bind=_engine_cpu_bind(self.engine_config, i),
                 log_path=log_dir / f"vllm_engine_{i}.log",
                 request_timeout_s=self.engine_config.weight_sync_timeout,
+                env=env,
             )
             for i in range(self.engine_config.rollout_num_engines)
         ]
@@ -167,6 +183,13 @@ class RolloutManager:
         urls = [e.url for e in self.engines]
         self.capabilities = common_capabilities([(e.url, e.capabilities) for e in self.engines])
         logger.info("engines: %s", self.capabilities.describe())
+        if self.adapters is not None:
+            if not self.capabilities.lora_runtime:
+                raise RuntimeError(
+                    f"--lora-rank {self.lora_config.lora_rank}: the engines ({self.capabilities.describe()}) have no "
+                    "runtime LoRA routes (/v1/load_lora_adapter); see the engine logs in " + str(log_dir)
+                )
+            self.adapters.start(self.engines)
         if self.engine_config.vllm_router_ip:
             router_url = f"http://{self.engine_config.vllm_router_ip}:{self.engine_config.vllm_router_port}"
             self.router = VLLMRouter.attach(router_url)
@@ -190,10 +213,12 @@ class RolloutManager:
             tokenizer=self.tokenizer,
         )
         self.client.weight_version = self.weight_version
+        if self.adapters is not None:  # every request names its version's adapter
+            self.client.model_for = self.adapters.model_for
         set_rollout_context(
             RolloutContext(client=self.client, tokenizer=self.tokenizer, weight_version=self.weight_version)
         )
-        recovery = WeightRecovery(self.weight_sync, self.engine_config.update_weight_disk_dir)
+        recovery = WeightRecovery(self.weight_sync, self.engine_config.update_weight_disk_dir, self.adapters)
         self.monitor = EngineMonitor(
             self.engines,
             self.router,
@@ -249,6 +274,8 @@ class RolloutManager:
                 logger.exception("stopping engine %s", getattr(e, "url", "?"))
         if self.teacher is not None:
             self.teacher.shutdown(self.loop)
+        if self.adapters is not None:
+            self.adapters.close()
         set_rollout_context(None)
 
     # -- rollout ---------------------------------------------------------------------------------------------------
@@ -398,7 +425,10 @@ class RolloutManager:
         # fully-async: freeze in-flight requests (they continue on the new weights); else let them finish first
         mode = "keep" if self.producer is not None else "wait"
         extra: dict[str, float] = {}
-        done = [update]
+        lora = self.adapters is not None and bool(update.payload.get("lora"))
+        if lora:
+            self.adapters.prepare(update)  # its served name: what apply loads it as
+        done = [] if lora else [update]
         if self.monitor is not None:  # engines that die meanwhile are replaced and load this version
             timeout = self.engine_config.weight_sync_timeout
             extra, done = self.monitor.sync_weights(self.weight_sync, update, mode, timeout)
@@ -419,6 +449,8 @@ class RolloutManager:
             self.client.weight_version = update.version
         for applied in done:
             self.weight_sync.cleanup(applied)
+        if lora:
+            extra.update(self._retire_adapters(update))
         if self.producer is not None:
             self.producer.admit_now()
         return {
@@ -427,6 +459,28 @@ class RolloutManager:
             "weight_sync/trainer_seconds": update.seconds,
             "weight_sync/bytes": float(update.num_bytes),
             "weight_sync/version": float(update.version),
+        }
+
+    def _retire_adapters(self, update: WeightUpdate) -> dict[str, float]:
+        """LoRA: unload the versions past the keep window (under the health monitor's lock, which also recorded
+        ``update``'s adapter as served: a replacement engine restores one consistent set).
+
+        :return: ``weight_sync/adapters_loaded`` and ``weight_sync/unload_seconds``.
+        """
+        t0 = time.perf_counter()
+        lock = self.monitor.lock if self.monitor is not None else None
+        if lock is not None:
+            lock.acquire()
+        try:
+            if self.monitor is None:
+                self.adapters.record(update)
+            self.adapters.retire(self.engines, self.adapters.to_retire())
+        finally:
+            if lock is not None:
+                lock.release()
+        return {
+            "weight_sync/adapters_loaded": float(len(self.adapters.versions())),
+            "weight_sync/unload_seconds": time.perf_counter() - t0,
         }
 
     def sleep_engines(self) -> None:

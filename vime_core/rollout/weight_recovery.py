@@ -16,6 +16,8 @@ Where the full weights of the current version come from, per weight-sync strateg
   reads unchanged tensors from it lazily) and loads it.
 * ``ipc``: the trainer writes a full host copy of every version it pushes in the background
   (:mod:`vime_core.weight_sync.host_copy`; the update's ``recovery_dir``); a recovery waits for it and loads it.
+* LoRA (``--lora-rank`` > 0, ``disk``): the engines' weights never change; a replacement loads every adapter the
+  others serve (:meth:`vime_core.rollout.lora_serving.AdapterServing.restore`), whose files stay until retired.
 * other strategies (``nccl``, plugins): no host-side copy of the weights exists here, so an engine can be replaced
   only while the version is still 0 (:attr:`WeightRecovery.supported`); a replaced ``nccl`` engine would also have
   to rejoin the trainer's broadcast group.
@@ -33,6 +35,7 @@ from typing import Any
 
 from safetensors.torch import save_file
 
+from vime_core.rollout.lora_serving import AdapterServing
 from vime_core.weight_sync.base import WeightSyncStrategy, WeightUpdate
 from vime_core.weight_sync.host_copy import wait_for_copy
 
@@ -49,10 +52,14 @@ class WeightRecovery:
     :param weight_sync: the rollout side's weight-sync strategy object (its ``NAME`` decides how, see the module
         docstring).
     :param work_dir: where ``disk-delta`` recoveries write a full version (``--update-weight-disk-dir``).
+    :param adapters: LoRA: the adapters the engines serve (a replacement loads them all).
     """
 
-    def __init__(self, weight_sync: WeightSyncStrategy, work_dir: str | Path | None) -> None:
+    def __init__(
+        self, weight_sync: WeightSyncStrategy, work_dir: str | Path | None, adapters: AdapterServing | None = None
+    ) -> None:
         self.weight_sync = weight_sync
+        self.adapters = adapters
         self.kind = getattr(weight_sync, "NAME", "")
         self.work_dir = Path(work_dir) if work_dir else None
         self.version = 0
@@ -64,6 +71,8 @@ class WeightRecovery:
     @property
     def supported(self) -> bool:
         """Whether a replacement engine can be brought to the current version (always at version 0)."""
+        if self.adapters is not None:
+            return True
         if self.kind == "ipc":
             return self.version == 0 or self._host_copy is not None
         return self.version == 0 or self.kind in RECOVERABLE
@@ -76,6 +85,9 @@ class WeightRecovery:
         :raises DeltaSyncError: (``disk-delta``) if the delta cannot be decoded against the tracked version.
         """
         self.version = update.version
+        if update.payload.get("lora") and self.adapters is not None:
+            self.adapters.record(update)  # its files stay until AdapterServing retires it
+            return []
         if self.kind == "disk":
             previous, self._kept = self._kept, update
             return [previous] if previous is not None else []
@@ -119,6 +131,10 @@ class WeightRecovery:
         :raises RuntimeError / VLLMServerError: if the load fails.
         """
         t0 = time.monotonic()
+        if self.adapters is not None:
+            self.adapters.restore(engine)
+            engine.set_weight_version(self.version)
+            return time.monotonic() - t0
         path = self.full_weights()
         if path is not None:
             engine.collective_rpc("vime_load_weights", args=[str(Path(path).resolve()), self.version])

@@ -29,11 +29,15 @@ class TrainerBackend(ABC):
     * :meth:`save_hf` — an HF directory loadable by transformers and vLLM.
     * ``dp_rank`` / ``dp_size`` / :meth:`dp_all_gather` — data parallelism as the shared RL step sees it
       (:mod:`vime_core.trainer.rl_step`); a one-rank backend keeps the defaults (rank 0 of 1).
+    * ``SUPPORTS_LORA`` — whether the backend trains a LoRA adapter with ``--lora-rank`` > 0 (docs/lora.md); such a
+      backend also has ``lora_adapter()`` (the adapter's tensors in PEFT's names and its ``adapter_config.json``
+      content, what the weight sync sends) and ``save_adapter(path)`` (``final_adapter/``).
     * ``DISTRIBUTED`` — whether the backend runs as several ranks of one ``torch.distributed`` group (the trainer
       group of :mod:`vime_core.orchestration` sets torchrun's environment for each rank); ``False``: one rank only.
     """
 
     NAME: str = ""
+    SUPPORTS_LORA: bool = False
     DISTRIBUTED: bool = False
     dp_rank: int = 0
     dp_size: int = 1

@@ -17,6 +17,9 @@ every estimator and loss term, KL against a frozen reference ``GPTModel``, and `
   spec's torch norms do not support it) and data parallelism over the remaining ranks (each DP rank trains on its
   shard of every mini-batch, :mod:`vime_core.trainer.rl_step` says how the gradient stays the one-GPU one).
   Pipeline and context parallelism are refused with a clear error (not implemented in the weight export yet).
+* LoRA (``--lora-rank`` > 0): PEFT's adapter on megatron-core's parallel linear layers
+  (:mod:`vime_core.trainer.megatron_lora`; written for the GPU, not run yet): only the adapter is optimized, the KL
+  reference is the policy with the adapter disabled, checkpoints hold the adapter (PEFT's HF layout).
 * On CPU megatron-core's model code calls ``torch.cuda`` unconditionally (global memory buffer, RNG tracker,
   rotary embeddings); the backend raises :class:`RuntimeError` there instead of shimming it.
 """
@@ -34,7 +37,7 @@ from typing import Any
 import torch
 
 from vime_core.algorithms.options import check_algorithm_config, kl_enabled, uses_critic
-from vime_core.config import MegatronConfig
+from vime_core.config import LoraConfig, MegatronConfig
 from vime_core.trainer.base import TrainerBackend
 from vime_core.trainer.lr_schedule import policy_lr_schedule, set_lr
 from vime_core.trainer.megatron_convert import (
@@ -47,6 +50,7 @@ from vime_core.trainer.megatron_convert import (
     unshard,
 )
 from vime_core.trainer.megatron_critic import MegatronCritic
+from vime_core.trainer.megatron_lora import MegatronAdapterReference, MegatronLora
 from vime_core.trainer.megatron_model import SDPACoreAttention, have_transformer_engine, init_distributed, layer_spec
 from vime_core.trainer.megatron_optim import inner_optimizers, load_optimizer, megatron_step, save_optimizer
 from vime_core.trainer.megatron_reference import MegatronReferenceModel, vocab_parallel_entropy
@@ -88,6 +92,7 @@ class MegatronTrainer(TrainerBackend):
     """
 
     NAME = "megatron"
+    SUPPORTS_LORA = True
     DISTRIBUTED = True  # one rank per GPU: TP × PP × CP × DP from torchrun's environment (init_distributed)
 
     def __init__(self, args: argparse.Namespace, model_path: Path) -> None:
@@ -164,11 +169,16 @@ class MegatronTrainer(TrainerBackend):
         gpt = self.new_gpt()
         self.gpt = gpt
         self.load_hf_weights(model_path)
+        lora_cfg = LoraConfig.from_args(args)
+        self.lora = MegatronLora(self, lora_cfg) if lora_cfg.enabled else None  # before Float16Module and DDP
         self.module = Float16Module(self.config, gpt)
         self.ddp, self.optimizer = self.wrap_for_training(self.module, policy_lr_schedule(self.trainer_config).max_lr)
         self.steps_done = 0
         self.model = _HFStyleForward(self)  # the contract kit's view: model(input_ids=...).logits
-        self.ref_model = MegatronReferenceModel(self) if kl_enabled(self.algorithm_config) else None
+        self.ref_model: MegatronReferenceModel | MegatronAdapterReference | None = None
+        if kl_enabled(self.algorithm_config):
+            no_copy = self.lora is not None and self.algorithm_config.ref_load is None
+            self.ref_model = MegatronAdapterReference(self) if no_copy else MegatronReferenceModel(self)
         self.critic = None
         if uses_critic(self.algorithm_config):
             self.critic = MegatronCritic(self)
@@ -291,7 +301,11 @@ class MegatronTrainer(TrainerBackend):
         """HF names and bf16 tensors (contiguous) on ``device`` (``None``: on this rank's GPU, no host copy — what
         ``ipc``/``nccl`` weight sync take); a tied ``lm_head.weight`` is left out, as in the torch backend. Every TP
         rank must iterate (the gather is collective)."""
-        for name, t in megatron_to_hf(self.megatron_tensors(), self.arch, te=self.attention == "te").items():
+        if self.lora is not None:  # the merged weights
+            mc = unpad_vocab(self.lora.merged(self.lora.full_tensors()), self.arch.vocab_size)
+        else:
+            mc = self.megatron_tensors()
+        for name, t in megatron_to_hf(mc, self.arch, te=self.attention == "te").items():
             t = t.contiguous()
             yield name, t if device is None else t.to(device)
 
@@ -384,6 +398,30 @@ class MegatronTrainer(TrainerBackend):
         backend (its docstring lists the order, the metrics and the errors)."""
         return rl_train_step(self, batch)
 
+    # -- LoRA --------------------------------------------------------------------------------------------------------
+    def lora_adapter(self) -> tuple[dict[str, torch.Tensor], dict]:
+        """LoRA: PEFT's HF-named adapter tensors (CPU, fp32) and ``adapter_config.json``. Collective under TP.
+
+        :raises RuntimeError: without ``--lora-rank``.
+        """
+        if self.lora is None:
+            raise RuntimeError("lora_adapter: this run trains every weight (--lora-rank 0)")
+        return self.lora.adapter_state(), self.lora.adapter_config()
+
+    def save_adapter(self, path: Path) -> None:
+        """LoRA: the PEFT adapter directory (rank 0 writes; collective under TP)."""
+        import json
+
+        from safetensors.torch import save_file
+
+        tensors, config = self.lora_adapter()
+        if self.rank != 0:
+            return
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        save_file(tensors, str(path / "adapter_model.safetensors"), metadata={"format": "pt"})
+        (path / "adapter_config.json").write_text(json.dumps(config, indent=1))
+
     # -- checkpoints -------------------------------------------------------------------------------------------------
     def save_hf(self, path: Path) -> None:
         """Write an HF directory: ``config.json`` (``torch_dtype`` bfloat16), tokenizer files, ``model.safetensors``.
@@ -413,11 +451,14 @@ class MegatronTrainer(TrainerBackend):
         if self.rank == 0:
             path.mkdir(parents=True, exist_ok=True)
         dist.barrier()
-        tensors = dict(self.named_hf_tensors())
+        if self.lora is not None:  # the adapter alone (PEFT's layout): the base weights never change
+            self.save_adapter(path / "adapter")
+        tensors = dict(self.named_hf_tensors()) if self.lora is None else {}
         if self.rank == 0:
             from safetensors.torch import save_file
 
-            save_file(tensors, str(path / "model.safetensors"))
+            if self.lora is None:
+                save_file(tensors, str(path / "model.safetensors"))
             state = {
                 "steps_done": self.steps_done,
                 "rng": get_rng_state(),  # Python, numpy, torch and this rank's CUDA device
@@ -440,7 +481,10 @@ class MegatronTrainer(TrainerBackend):
         from safetensors.torch import load_file
 
         path = Path(path)
-        self.load_hf_tensors(load_file(str(path / "model.safetensors")))
+        if self.lora is not None:
+            self.lora.load_peft_state(load_file(str(path / "adapter" / "adapter_model.safetensors")))
+        else:
+            self.load_hf_tensors(load_file(str(path / "model.safetensors")))
         load_optimizer(self.optimizer, path)
         if self.critic is not None:
             self.critic.load(path / "critic")

@@ -21,9 +21,11 @@ from safetensors.torch import save_file
 
 from vime_core.algorithms.logprobs import selected_log_probs_and_entropy
 from vime_core.algorithms.options import check_algorithm_config, kl_enabled, uses_critic
+from vime_core.config import LoraConfig
 from vime_core.models import resolve_model
 from vime_core.trainer.base import TrainerBackend
 from vime_core.trainer.critic import FUSED_ADAMW_DEVICES, Critic, clip_and_step
+from vime_core.trainer.lora_torch import AdapterDisabledReference, LoraModel
 from vime_core.trainer.packing import enable_packed_attention, packed_batch, packed_hidden_states
 from vime_core.trainer.padding import left_padded_batch, response_slices
 from vime_core.trainer.rl_step import rl_train_step
@@ -159,9 +161,16 @@ class TorchTrainer(TrainerBackend):
     KL enabled (``--use-kl-loss`` or ``--kl-coef``) a frozen :class:`ReferenceModel` supplies reference log-probs.
     With ``--advantage-estimator ppo`` a :class:`~vime_core.trainer.critic.Critic` takes one optimizer step per
     mini-batch next to the policy's (only the critic's during the first ``--num-critic-only-steps`` steps).
+
+    With ``--lora-rank`` > 0 the model gets a PEFT LoRA adapter (:class:`~vime_core.trainer.lora_torch.LoraModel`):
+    only its parameters are optimized, the KL reference is the base model with the adapter disabled
+    (:class:`~vime_core.trainer.lora_torch.AdapterDisabledReference`, unless ``--ref-load`` names another model),
+    checkpoints hold the adapter instead of the weights, :meth:`save_hf` writes the merged model and
+    :meth:`save_adapter` the adapter. The critic is unchanged (full fine-tuning of its own copy).
     """
 
     NAME = "torch"
+    SUPPORTS_LORA = True
 
     def __init__(self, args: argparse.Namespace, model_path: Path) -> None:
         super().__init__(args, model_path)
@@ -177,6 +186,10 @@ class TorchTrainer(TrainerBackend):
         self.device = torch.device(cfg.train_device)
         dtype = DTYPES[cfg.train_dtype]
         self.model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=dtype).to(self.device)
+        lora_cfg = LoraConfig.from_args(args)
+        self.lora = LoraModel(self.model, lora_cfg) if lora_cfg.enabled else None
+        if self.lora is not None:
+            self.model = self.lora.model  # the HF model, its layers now with the adapter
         self.packing = packable(self.model)
         if not self.packing:
             logger.warning(
@@ -186,17 +199,21 @@ class TorchTrainer(TrainerBackend):
         self.model.train()
         if cfg.gradient_checkpointing:
             self.model.gradient_checkpointing_enable()
+            if self.lora is not None:  # frozen embeddings: checkpointed blocks need an input that requires grad
+                self.model.enable_input_require_grads()
         self.optimizer = torch.optim.AdamW(
-            self.model.parameters(),
+            self.trainable_parameters(),
             lr=cfg.lr,
             betas=(cfg.adam_beta1, cfg.adam_beta2),
             eps=cfg.adam_eps,
             weight_decay=cfg.weight_decay,
             fused=self.device.type in FUSED_ADAMW_DEVICES,
         )
-        self.ref_model = (
-            ReferenceModel(algo.ref_load, self.model_path, self.device, dtype) if kl_enabled(algo) else None
-        )
+        self.ref_model: ReferenceModel | AdapterDisabledReference | None = None
+        if kl_enabled(algo) and self.lora is not None and algo.ref_load is None:
+            self.ref_model = AdapterDisabledReference(self.lora, self._reference_forward, self.packing)
+        elif kl_enabled(algo):
+            self.ref_model = ReferenceModel(algo.ref_load, self.model_path, self.device, dtype)
         self.critic = None
         if uses_critic(algo):
             self.critic = Critic(cfg, algo, self.model_path, self.device, dtype)
@@ -204,6 +221,13 @@ class TorchTrainer(TrainerBackend):
         # keep the entropies' graph even without an entropy term (what every step did before the entropy became a
         # no-grad metric there; bench/train_pass.py compares the two)
         self.always_entropy_graph = False
+
+    def trainable_parameters(self) -> list[torch.nn.Parameter]:
+        """What the optimizer steps: every parameter, or with LoRA the adapter's alone."""
+        return self.lora.trainable_parameters() if self.lora is not None else list(self.model.parameters())
+
+    def _reference_forward(self, samples: list[Sample], packing: bool) -> list[torch.Tensor]:
+        return response_log_probs(self.model, samples, self.device, packing=packing)[0]
 
     def use_packing(self, on: bool) -> None:
         """Packed rows (``True``, the default where the model can switch its attention) or left-padded batches
@@ -243,7 +267,7 @@ class TorchTrainer(TrainerBackend):
         :raises FloatingPointError: on a non-finite gradient norm (no update is made).
         """
         return clip_and_step(
-            self.model.parameters(),
+            self.trainable_parameters(),
             self.optimizer,
             self.trainer_config.clip_grad,
             f"grad norm at train step {self.steps_done}:",
@@ -257,34 +281,61 @@ class TorchTrainer(TrainerBackend):
     # -- weights ---------------------------------------------------------------------------------------------------
     def named_hf_tensors(self, device: str | None = "cpu") -> Iterator[tuple[str, torch.Tensor]]:
         """HF names and tensors (detached, contiguous) on ``device`` (``None``: where the model is); a tied
-        ``lm_head.weight`` is left out (vLLM ties it)."""
+        ``lm_head.weight`` is left out (vLLM ties it). With LoRA: the merged weights
+        (:meth:`~vime_core.trainer.lora_torch.LoraModel.merged_tensors`)."""
         tied = bool(getattr(self.model.config, "tie_word_embeddings", False))
-        for name, tensor in self.model.state_dict().items():
+        items = self.lora.merged_tensors() if self.lora is not None else self.model.state_dict().items()
+        for name, tensor in items:
             if tied and name == "lm_head.weight":
                 continue
             t = tensor.detach()
             yield name, (t if device is None else t.to(device)).contiguous()
 
+    def lora_adapter(self) -> tuple[dict[str, torch.Tensor], dict]:
+        """LoRA: the adapter's tensors (PEFT's saved names, CPU) and its ``adapter_config.json`` content.
+
+        :raises RuntimeError: without ``--lora-rank``.
+        """
+        if self.lora is None:
+            raise RuntimeError("lora_adapter: this run trains every weight (--lora-rank 0)")
+        return self.lora.adapter_state(), self.lora.adapter_config()
+
+    def save_adapter(self, path: Path) -> None:
+        """LoRA: the PEFT adapter directory (``final_adapter/``) that ``peft`` and ``vllm serve --lora-modules``
+        load. :raises RuntimeError: without ``--lora-rank``."""
+        if self.lora is None:
+            raise RuntimeError("save_adapter: this run trains every weight (--lora-rank 0)")
+        self.lora.save_adapter(Path(path))
+
     def save_hf(self, path: Path) -> None:
-        """``save_pretrained`` of model (safetensors) and tokenizer to ``path``."""
+        """``save_pretrained`` of model (safetensors) and tokenizer to ``path``; with LoRA the merged model (the
+        base config and the merged weights, :meth:`named_hf_tensors`)."""
         from transformers import AutoTokenizer
 
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
-        self.model.save_pretrained(str(path), safe_serialization=True)
+        if self.lora is not None:
+            self.model.config.save_pretrained(str(path))
+            save_file(dict(self.named_hf_tensors()), str(path / "model.safetensors"), metadata={"format": "pt"})
+        else:
+            self.model.save_pretrained(str(path), safe_serialization=True)
         AutoTokenizer.from_pretrained(str(self.model_path)).save_pretrained(str(path))
         gen = self.model_path / "generation_config.json"
         if gen.exists() and not (path / "generation_config.json").exists():
             (path / "generation_config.json").write_bytes(gen.read_bytes())
 
     def save_checkpoint(self, path: Path) -> None:
-        """Weights as safetensors (HF names) plus ``optimizer.pt`` and ``trainer_state.pt`` (optimizer-step counts,
+        """Weights as safetensors (HF names; with LoRA the PEFT adapter under ``adapter/`` instead) plus
+        ``optimizer.pt`` and ``trainer_state.pt`` (optimizer-step counts,
         which place the learning-rate schedules, and the RNG state of Python, numpy, torch and CUDA:
         :mod:`vime_core.trainer.rng_state`); with ``ppo`` the critic (weights and optimizer)
         under ``critic/`` (:meth:`~vime_core.trainer.critic.Critic.save`)."""
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
-        save_file(dict(self.named_hf_tensors()), str(path / "model.safetensors"))
+        if self.lora is not None:  # the adapter alone: the base weights never change
+            self.lora.save_adapter(path / "adapter")
+        else:
+            save_file(dict(self.named_hf_tensors()), str(path / "model.safetensors"))
         torch.save(self.optimizer.state_dict(), path / "optimizer.pt")
         if self.critic is not None:
             self.critic.save(path / "critic")
@@ -301,13 +352,17 @@ class TorchTrainer(TrainerBackend):
         from safetensors.torch import load_file
 
         path = Path(path)
-        state = load_file(str(path / "model.safetensors"))
-        missing, unexpected = self.model.load_state_dict(state, strict=False)
-        missing = [m for m in missing if m != "lm_head.weight"]
-        if missing or unexpected:
-            raise ValueError(f"checkpoint {path}: missing {missing[:5]}, unexpected {unexpected[:5]}")
-        if getattr(self.model.config, "tie_word_embeddings", False):
-            self.model.tie_weights()
+        if self.lora is not None:
+            adapter = path / "adapter" / "adapter_model.safetensors"
+            self.lora.load_adapter_state(load_file(str(adapter)), f"checkpoint {path}")
+        else:
+            state = load_file(str(path / "model.safetensors"))
+            missing, unexpected = self.model.load_state_dict(state, strict=False)
+            missing = [m for m in missing if m != "lm_head.weight"]
+            if missing or unexpected:
+                raise ValueError(f"checkpoint {path}: missing {missing[:5]}, unexpected {unexpected[:5]}")
+            if getattr(self.model.config, "tie_word_embeddings", False):
+                self.model.tie_weights()
         self.optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=False))
         if self.critic is not None:
             self.critic.load(path / "critic")

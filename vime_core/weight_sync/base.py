@@ -109,6 +109,8 @@ class WeightSyncStrategy(ABC):
     """
 
     NAME: str = ""
+    #: whether :meth:`push_adapter` can hand a LoRA adapter to the engines (``--lora-rank`` > 0 needs it)
+    CARRIES_LORA: bool = False
     #: where :meth:`push` wants the trainer's tensors: ``"cpu"``, or ``None`` for wherever the trainer holds them
     #: (GPU strategies: no round trip through host memory)
     TENSOR_DEVICE: str | None = "cpu"
@@ -120,6 +122,15 @@ class WeightSyncStrategy(ABC):
     @abstractmethod
     def push(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> WeightUpdate:
         """Publish ``named_tensors`` (HF names, CPU tensors) as ``version``."""
+
+    def push_adapter(self, tensors: dict[str, torch.Tensor], config: dict[str, Any], version: int) -> WeightUpdate:
+        """Publish a LoRA adapter (PEFT's tensor names and ``adapter_config.json`` content) as ``version``; the
+        update's payload has ``"lora": True``, and :meth:`apply` loads it as the adapter named
+        ``payload["adapter"]`` (set by the rollout manager). Only strategies with ``CARRIES_LORA``.
+
+        :raises NotImplementedError: this strategy cannot carry an adapter.
+        """
+        raise NotImplementedError(f"--weight-sync {self.NAME} cannot carry a LoRA adapter")
 
     @abstractmethod
     def apply(self, engine: Any, update: WeightUpdate, timeout_s: float) -> None:
