@@ -13,8 +13,8 @@ needs a Namespace without a command line (tests, benchmarks, the contract kit) b
 
 Plugins are still called with the ``args`` Namespace (their hook signatures do not change) and read their own
 prefixed flags from it with :func:`vime_core.plugin_flags.own_flags` (defaults from the flag definition), the
-framework's through a section, like the built-in plugins. Built-in plugins read the framework's flags through a section: ``RolloutConfig.from_args(
-args)`` (each ``from_args`` builds the section from a Namespace; it is cheap, a few hundred attribute reads).
+framework's through a section, like the built-in plugins: ``RolloutConfig.from_args(args)`` (each ``from_args``
+builds the section from a Namespace; it is cheap, a few hundred attribute reads).
 ``tests/unit/test_config.py`` checks that every field is a flag and every framework flag is in a section, and
 that no module outside :mod:`vime_core.arguments` (and its checks, :mod:`vime_core.argument_checks`) /
 :mod:`vime_core.config` / :mod:`vime_core.cli` reads the Namespace directly.

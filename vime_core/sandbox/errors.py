@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+
 class SandboxError(Exception):
     """Base of sandbox errors."""
 
