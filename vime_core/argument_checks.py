@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import json
 import logging
 import os
 
@@ -20,6 +21,64 @@ from vime_core.rollout.overlong import check_overlong_config
 from vime_core.trainer.lr_schedule import check_lr_schedule_config
 
 logger = logging.getLogger("vime.arguments")
+
+
+def json_object(flag: str):
+    """An argparse ``type`` that reads a JSON object (``'{"presence_penalty": 0.5}'``), naming ``flag`` otherwise."""
+
+    def parse(text: str) -> dict:
+        try:
+            value = json.loads(text)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(f"{flag}: not valid JSON ({e}): {text!r}") from None
+        if not isinstance(value, dict):
+            raise argparse.ArgumentTypeError(f"{flag}: expected a JSON object of vLLM sampling fields, got {text!r}")
+        return value
+
+    parse.__name__ = "JSON object"
+    return parse
+
+
+#: sampling fields that have their own flag (a JSON of --*-sampling-params may not set them) or that vime sets
+OWN_SAMPLING_FLAGS = {
+    "temperature": "--rollout-temperature / --eval-temperature",
+    "top_p": "--rollout-top-p / --eval-top-p",
+    "top_k": "--rollout-top-k / --eval-top-k",
+    "min_p": "--rollout-min-p / --eval-min-p",
+    "repetition_penalty": "--rollout-repetition-penalty / --eval-repetition-penalty",
+    "max_tokens": "--rollout-max-response-len / --eval-max-response-len",
+    "stop": "--rollout-stop",
+    "stop_token_ids": "--rollout-stop-token-ids",
+    "n": "(one sample per request; --n-samples-per-prompt)",
+    "logprobs": "(vime asks for the sampled token's log-prob)",
+}
+
+
+def _check_sampling_json(args: argparse.Namespace) -> None:
+    pairs = list(args.eval_set_sampling_params or [])
+    if len(pairs) % 2:
+        raise ArgumentError(f"--eval-set-sampling-params expects NAME JSON pairs, got {len(pairs)} values")
+    names = [s.name for s in parse_eval_prompt_data(args.eval_prompt_data)]
+    per_set: dict[str, dict] = {}
+    for name, text in zip(pairs[::2], pairs[1::2], strict=True):
+        if name not in names:
+            raise ArgumentError(f"--eval-set-sampling-params {name}: no such --eval-prompt-data set (sets: {names})")
+        try:
+            per_set[name] = json_object(f"--eval-set-sampling-params {name}")(text)
+        except argparse.ArgumentTypeError as e:
+            raise ArgumentError(str(e)) from None
+    args.eval_set_sampling_params = per_set or None
+    sources = [("--rollout-sampling-params", args.rollout_sampling_params)]
+    sources += [("--eval-sampling-params", args.eval_sampling_params)]
+    sources += [(f"--eval-set-sampling-params {n}", d) for n, d in per_set.items()]
+    for flag, fields in sources:
+        for key in fields or {}:
+            if key in OWN_SAMPLING_FLAGS and not (flag.startswith("--eval-set") and key in EVAL_SET_FIELDS):
+                raise ArgumentError(f"{flag}: {key!r} has its own flag: {OWN_SAMPLING_FLAGS[key]}")
+
+
+#: per eval set, these may be set in the JSON (there is no per-set flag for them)
+EVAL_SET_FIELDS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "max_tokens", "stop")
 
 
 def _check_eval(args: argparse.Namespace) -> None:
@@ -37,6 +96,7 @@ def _check_eval(args: argparse.Namespace) -> None:
         raise ArgumentError("--eval-prompt-data needs the rollout engines; it does not work with --debug-train-only")
     if args.eval_reward is None:
         args.eval_reward = args.reward
+    _check_sampling_json(args)
 
 
 def check_run_args(args: argparse.Namespace, command: str = "run") -> None:

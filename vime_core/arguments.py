@@ -25,11 +25,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from vime_core.algorithms.options import LOSS_AGG_MODES
 from vime_core.argument_checks import (
     OFF_POLICY_CORRECTIONS,
     OFF_POLICY_LOOPS,
     check_off_policy_correction,
     check_run_args,
+    json_object,
     parse_cpu_list,
 )
 from vime_core.argument_errors import ArgumentError
@@ -190,6 +192,26 @@ def build_parser(add_plugin_arguments: bool = True) -> argparse.ArgumentParser:
     g.add_argument("--rollout-temperature", type=float, default=1.0, help="sampling temperature of training rollouts")
     g.add_argument("--rollout-top-p", type=float, default=1.0, help="nucleus sampling probability mass (1: off)")
     g.add_argument("--rollout-top-k", type=int, default=-1, help="sample among the k likeliest tokens (-1: off)")
+    g.add_argument(
+        "--rollout-min-p",
+        type=float,
+        default=None,
+        help="drop tokens less likely than min_p × the likeliest (vLLM min_p; default: not sent, vLLM's 0)",
+    )
+    g.add_argument(
+        "--rollout-repetition-penalty",
+        type=float,
+        default=None,
+        help="vLLM repetition_penalty (>1 discourages repeats; default: not sent, vLLM's 1)",
+    )
+    g.add_argument(
+        "--rollout-sampling-params",
+        type=json_object("--rollout-sampling-params"),
+        default=None,
+        metavar="JSON",
+        help="any other vLLM SamplingParams fields of training rollouts, e.g. '{\"presence_penalty\": 0.5}' "
+        "(checked by vLLM's SamplingParams at start-up; evaluation inherits them)",
+    )
     g.add_argument("--rollout-max-response-len", type=int, default=128, help="tokens")
     g.add_argument("--rollout-max-context-len", type=int, default=None, help="prompt + response tokens")
     g.add_argument(
@@ -256,6 +278,28 @@ def build_parser(add_plugin_arguments: bool = True) -> argparse.ArgumentParser:
     g.add_argument("--eval-top-p", type=float, default=None, help="top-p of eval rollouts. Default: --rollout-top-p")
     g.add_argument(
         "--eval-top-k", type=int, default=None, help="top-k of eval rollouts (-1: off). Default: --rollout-top-k"
+    )
+    g.add_argument("--eval-min-p", type=float, default=None, help="min_p of eval rollouts. Default: --rollout-min-p")
+    g.add_argument(
+        "--eval-repetition-penalty",
+        type=float,
+        default=None,
+        help="repetition_penalty of eval rollouts. Default: --rollout-repetition-penalty",
+    )
+    g.add_argument(
+        "--eval-sampling-params",
+        type=json_object("--eval-sampling-params"),
+        default=None,
+        metavar="JSON",
+        help="vLLM SamplingParams fields of every eval set, over --rollout-sampling-params",
+    )
+    g.add_argument(
+        "--eval-set-sampling-params",
+        nargs="+",
+        default=None,
+        metavar="NAME JSON",
+        help="per eval set: NAME JSON pairs of vLLM SamplingParams fields, over every other sampling flag, e.g. "
+        '--eval-set-sampling-params aime \'{"temperature": 0.6, "min_p": 0.05}\'',
     )
     g.add_argument(
         "--eval-max-response-len",
@@ -378,7 +422,23 @@ def build_parser(add_plugin_arguments: bool = True) -> argparse.ArgumentParser:
     g.add_argument(
         "--calculate-per-token-loss",
         action="store_true",
-        help="average the loss over all tokens of the batch (default: per-sample mean, then over samples)",
+        help="average the loss over all tokens of the batch (default: per-sample mean, then over samples); "
+        "the same as --loss-agg-mode token-mean",
+    )
+    g.add_argument(
+        "--loss-agg-mode",
+        choices=LOSS_AGG_MODES,
+        default=None,
+        help="how token losses become one loss (verl's names; docs/algorithms.md): token-mean (mean over the "
+        "batch's tokens), seq-mean-token-mean (mean over samples of each sample's token mean), "
+        "seq-mean-token-sum-norm (Dr.GRPO: mean over samples of each sample's token sum / --loss-scale-factor) "
+        "(default: token-mean with --calculate-per-token-loss, else seq-mean-token-mean)",
+    )
+    g.add_argument(
+        "--loss-scale-factor",
+        type=float,
+        default=None,
+        help="the constant divisor of --loss-agg-mode seq-mean-token-sum-norm (default: --rollout-max-response-len)",
     )
     g.add_argument("--use-rollout-logprobs", action="store_true", help="engine log-probs as the old policy")
     g.add_argument("--train-device", default="cpu", help="torch device of the torch trainer (cpu, cuda, cuda:1)")
@@ -766,8 +826,13 @@ def rollout_sampling_params(cfg: RolloutConfig) -> dict[str, Any]:
         "top_k": cfg.rollout_top_k,
         "max_tokens": cfg.rollout_max_response_len,
     }
+    if cfg.rollout_min_p is not None:
+        params["min_p"] = cfg.rollout_min_p
+    if cfg.rollout_repetition_penalty is not None:
+        params["repetition_penalty"] = cfg.rollout_repetition_penalty
     if cfg.rollout_stop:
         params["stop"] = cfg.rollout_stop
     if cfg.rollout_stop_token_ids:
         params["stop_token_ids"] = cfg.rollout_stop_token_ids
+    params.update(cfg.rollout_sampling_params or {})
     return params

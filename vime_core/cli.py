@@ -20,9 +20,10 @@ from vime_core.version import __version__
 
 def _cmd_run(argv: list[str]) -> int:
     from vime_core.arguments import parse_run_args
+
+    args = parse_run_args(argv)  # flag and file errors before torch, Ray and vLLM are imported
     from vime_core.loop import run
 
-    args = parse_run_args(argv)
     run(args)
     return 0
 
@@ -59,9 +60,11 @@ def _cmd_report(argv: list[str]) -> int:
 
 def _cmd_eval(argv: list[str]) -> int:
     from vime_core.arguments import parse_run_args
+
+    args = parse_run_args(argv, command="eval")  # flag and file errors before torch, Ray and vLLM are imported
     from vime_core.loop import evaluate
 
-    evaluate(parse_run_args(argv, command="eval"))
+    evaluate(args)
     return 0
 
 
@@ -236,6 +239,10 @@ def _cmd_sandbox(argv: list[str]) -> int:
     c.add_argument("--all", action="store_true", help="also remove sandboxes of running vime processes")
     c.add_argument("--json", action="store_true", help="print the per-backend reports as JSON")
     a = p.parse_args(argv)
+    if a.backend is not None:  # an unknown backend is an error, not an empty report
+        from vime_core.plugins import get_plugins
+
+        get_plugins().resolve("sandbox", a.backend)
     reports = cleanup_all(backend=a.backend, everything=a.all)
     if a.json:
         print(json.dumps([r.as_dict() for r in reports], indent=1))
@@ -317,26 +324,50 @@ def main(argv: list[str] | None = None) -> int:
         print(f"vime: unknown command {argv[0]!r}; commands: {', '.join(COMMANDS)}", file=sys.stderr)
         return 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    from vime_core.arguments import ArgumentError
-    from vime_core.data.source import DataError
-    from vime_core.lora.options import LoraFlagError
-    from vime_core.placement import PlacementError
-    from vime_core.registry import RegistryError
-    from vime_core.rollout.health import EnginesLostError
-    from vime_core.weight_sync.base import WeightWriteError
+    from vime_core.run_signals import exit_code, handle_signals, received, signal_name
 
     try:
-        return cmd(argv[1:])
-    except (ArgumentError, DataError, LoraFlagError, PlacementError, RegistryError, WeightWriteError) as e:
-        # raised in a Ray actor: its message without Ray's traceback (`cause` is the actor's exception)
-        print(f"vime: error: {getattr(e, 'cause', None) or e}", file=sys.stderr)
-        return 2
-    except EnginesLostError as e:  # every rollout engine died and no restart is left (the run saved a checkpoint)
-        print(f"vime: error: {e}", file=sys.stderr)
-        return 1
+        with handle_signals():
+            return cmd(argv[1:])
+    except KeyboardInterrupt:  # SIGINT / SIGTERM: the run's cleanup has stopped what it started
+        signum = received()
+        print(f"vime {argv[0]}: stopped by {signal_name(signum)}; every process it started is gone", file=sys.stderr)
+        return exit_code(signum)
     except BrokenPipeError:  # `vime args | head`: the reader left; not an error of ours
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error when Python flushes
         return 0
+    except Exception as e:
+        code = _known_error_code(e)
+        if code is None:
+            raise
+        # raised in a Ray actor: its message without Ray's traceback (`cause` is the actor's exception)
+        print(f"vime: error: {getattr(e, 'cause', None) or e}", file=sys.stderr)
+        return code
+
+
+#: errors that end a command with one line: (module, class, exit code); a module not imported yet cannot have
+#: raised its error, so none is imported here (``vime run --config missing.yaml`` stays fast)
+_ONE_LINE_ERRORS = (
+    ("vime_core.argument_errors", "ArgumentError", 2),
+    ("vime_core.data.source", "DataError", 2),
+    ("vime_core.placement", "PlacementError", 2),
+    ("vime_core.registry", "RegistryError", 2),
+    ("vime_core.lora.options", "LoraFlagError", 2),
+    ("vime_core.weight_sync.base", "WeightWriteError", 2),
+    # every rollout engine died and no restart is left (the run saved a checkpoint)
+    ("vime_core.rollout.health", "EnginesLostError", 1),
+    ("vime_core.failures", "RunFailedError", 1),
+    ("vime_core.orchestration", "ComponentFailedError", 1),  # an actor died during setup: its own error
+)
+
+
+def _known_error_code(e: BaseException) -> int | None:
+    """The exit code of an error reported in one line (:data:`_ONE_LINE_ERRORS`), else ``None``."""
+    for module, name, code in _ONE_LINE_ERRORS:
+        cls = getattr(sys.modules.get(module), name, None)
+        if cls is not None and isinstance(e, cls):
+            return code
+    return None
 
 
 if __name__ == "__main__":

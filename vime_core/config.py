@@ -25,7 +25,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Self
+from typing import Any, Self
 
 # Namespace attributes that are not parser flags but set by parse_run_args: the --vllm-* / --router-* pass-through.
 PASSTHROUGH_DESTS = ("vllm_args", "router_args")
@@ -92,6 +92,9 @@ class RolloutConfig(_Section):
     rollout_temperature: float
     rollout_top_p: float
     rollout_top_k: int
+    rollout_min_p: float | None
+    rollout_repetition_penalty: float | None
+    rollout_sampling_params: dict[str, Any] | None
     rollout_max_response_len: int
     rollout_max_context_len: int | None
     rollout_stop: list[str] | None
@@ -174,6 +177,10 @@ class EvalConfig(_Section):
     eval_temperature: float | None
     eval_top_p: float | None
     eval_top_k: int | None
+    eval_min_p: float | None
+    eval_repetition_penalty: float | None
+    eval_sampling_params: dict[str, Any] | None
+    eval_set_sampling_params: dict[str, dict[str, Any]] | None
     eval_max_response_len: int | None
     eval_reward: str | None
     eval_pass_threshold: float
@@ -187,6 +194,9 @@ class EvalConfig(_Section):
     rollout_temperature: float
     rollout_top_p: float
     rollout_top_k: int
+    rollout_min_p: float | None
+    rollout_repetition_penalty: float | None
+    rollout_sampling_params: dict[str, Any] | None
     rollout_max_response_len: int
     rollout_stop: list[str] | None
     rollout_stop_token_ids: list[int] | None
@@ -214,6 +224,9 @@ class AlgorithmConfig(_Section):
     eps_clip_high: float | None
     eps_clip_c: float | None
     calculate_per_token_loss: bool
+    loss_agg_mode: str | None
+    loss_scale_factor: float | None
+    rollout_max_response_len: int
     entropy_coef: float
     use_kl_loss: bool
     kl_loss_coef: float

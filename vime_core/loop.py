@@ -30,14 +30,26 @@ from vime_core.data.source import read_rows
 from vime_core.evaluation import eval_line, eval_steps, load_eval_sets
 from vime_core.lora.options import check_lora_model
 from vime_core.metrics import MetricsSink, staleness_histogram, wandb_config_from_args
-from vime_core.models import resolve_model
-from vime_core.orchestration import TrainerGroup, call, driver_node_id, init_ray, place, remote_actor
+from vime_core.orchestration import (
+    TrainerGroup,
+    call,
+    driver_node_id,
+    init_ray,
+    place,
+    remote_actor,
+    stop_actors,
+    wait_setup,
+)
 from vime_core.plugins import get_plugins
 from vime_core.progress import RolloutProgress, StepProgress, rollout_phase
 from vime_core.report import write_report
 from vime_core.rollout.health import EnginesLostError, engines_lost
 from vime_core.rollout.manager import RolloutManager, rollout_metrics
+from vime_core.rollout.process import start_run_reaper
 from vime_core.rollout.prompt_checks import check_prompts
+from vime_core.run_checks import check_vllm_values, checked_model, engine_sampling, resolve_plugins
+from vime_core.run_dir import OutputDirLock, check_output_dir, write_json_atomic
+from vime_core.run_signals import INTERRUPT_GRACE_S, claim_signals, interrupted
 from vime_core.types import Sample
 from vime_core.weight_sync.base import WeightWriteError
 
@@ -70,25 +82,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     :return: the summary also written to ``OUTPUT_DIR/summary.json``.
     """
-    import ray
-
     cfg = RunConfig.from_args(args)
     log = cfg.logging
     out = Path(log.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    # every check before the output directory changes or anything expensive starts: a typo fails in a second
+    check_output_dir(out)
     plugins = get_plugins()
-    (out / "plugins.json").write_text(json.dumps(plugins.describe(), indent=1))
-    (out / "args.json").write_text(json.dumps(vars(args), indent=1, default=str))  # paths as strings
+    resolve_plugins(plugins, cfg)
     estimator = plugins.resolve("advantage", cfg.algorithm.advantage_estimator)
-    # resolve every named part before starting anything expensive, so a typo fails in a second
-    for kind, name in (
-        ("generate", cfg.rollout.generate),
-        ("reward", cfg.rollout.reward),
-        ("reward", cfg.eval.eval_reward or cfg.eval.reward),
-        ("trainer", cfg.trainer.trainer),
-        ("weight_sync", cfg.weight_sync.weight_sync),
-    ):
-        plugins.resolve(kind, name)
     load_eval_sets(cfg.eval)  # a bad eval set fails before any engine starts
     data = cfg.data
     rows = (
@@ -96,21 +97,44 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         if log.debug_train_only
         else read_rows(data.prompt_data, data.input_key, data.label_key, data.metadata_key)
     )
-
     t_setup = time.perf_counter()
-    model_path = resolve_model(log.model)
+    model_path = checked_model(log.model)
     console.print(f"[vime] model: {model_path}")
     # no tokenizer, no chat template, an over-long prompt: fails here, before any engine starts
     overlong = 0 if rows is None else check_prompts(data, model_path, rows)
     check_lora_model(cfg.lora, model_path)  # --target-modules / --lora-adapter-path against the model
+    if not log.debug_train_only:  # vLLM's own parser and SamplingParams, before Ray starts
+        check_vllm_values(list(cfg.engine.vllm_args), engine_sampling(cfg))
+    with OutputDirLock(out, "vime run"):  # one run per output directory
+        # what the run records about itself: only now, each file whole or not at all
+        write_json_atomic(out / "plugins.json", plugins.describe())
+        write_json_atomic(out / "args.json", vars(args))  # paths as strings
+        return _run(args, cfg, estimator, rows, model_path, overlong, t_setup)
+
+
+def _run(args, cfg: RunConfig, estimator, rows, model_path: Path, overlong: int, t_setup: float) -> dict[str, Any]:
+    """:func:`run` once its checks passed and it holds the output directory."""
+    import ray
+
+    start_run_reaper()  # whatever ends this process, nothing carrying the run's marker outlives it by long
     init_ray(address=cfg.cluster.ray_address, worker_niceness=cfg.cluster.ray_worker_niceness)
-    try:
-        plan, pg = place(cfg.cluster)  # an impossible plan fails here, naming the flag
-    except BaseException:
+    claim_signals()  # Ray's own SIGTERM handler would abort the driver with a core dump
+    try:  # whatever happens from here (a signal while actors are created), Ray and every actor of the run stop
+        return _run_on_ray(args, cfg, estimator, rows, model_path, overlong, t_setup)
+    finally:
         ray.shutdown()
-        raise
+
+
+def _run_on_ray(
+    args, cfg: RunConfig, estimator, rows, model_path: Path, overlong: int, t_setup: float
+) -> dict[str, Any]:
+    """:func:`_run` on a started Ray: place, start the actors, set up, train, write the summary."""
+    import ray
+
+    log, data, out, plugins = cfg.logging, cfg.data, Path(cfg.logging.output_dir), get_plugins()
+    plan, pg = place(cfg.cluster)  # an impossible plan fails here, naming the flag
     console.print("[vime] " + plan.describe())
-    (out / "plan.json").write_text(json.dumps(plan.to_dict(), indent=1))
+    write_json_atomic(out / "plan.json", plan.to_dict())
     placement = (plan, pg)
     # the rollout manager (and with it the router) runs on the driver's node; engines and ranks on their bundles
     board = None if log.debug_train_only else remote_actor(RolloutProgress, node_id=driver_node_id())
@@ -124,6 +148,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     history: list[dict[str, float]] = []
     evals: list[dict[str, float]] = []
     start_step, version = 0, 0
+    setup_done = False  # until then a failure or a signal may find the rollout manager busy starting the engines
     try:
         ckpt = latest_checkpoint(out) if log.resume else None
         if ckpt is not None:
@@ -137,8 +162,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 ray.get(rollout.load_data_state.remote(json.loads((ckpt / "data_source.json").read_text())))
         if rollout is not None:
             if trainer is not None and cfg.cluster.colocate:
-                trainer.placements()  # every rank has loaded: the engines size their GPU share by what is left free
-            info = ray.get(rollout.start.remote())
+                wait_setup(trainer.ready_calls())  # loaded: the engines size their GPU share by what is left free
+            # the engines start while the trainer ranks load: whichever fails first ends the run at once
+            calls = {"rollout manager": rollout.start.remote(), **(trainer.ready_calls() if trainer else {})}
+            info = wait_setup(calls)["rollout manager"]
             console.print(
                 f"[vime] router {info['router_url']} → engines {info['engine_urls']} "
                 f"(ready in {info['startup_seconds']:.1f} s)"
@@ -149,11 +176,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 trainer.check_shared_dir(str(cfg.weight_sync.update_weight_disk_dir), rollout)
             if ckpt is not None and trainer is not None:
                 ray.get(rollout.update_weights.remote(trainer.push_weights(version)))
+        if trainer is not None:
+            wait_setup(trainer.ready_calls())
+        setup_done = True
         placed = {
             "engines": info.get("engines", []) if rollout is not None else [],
             "trainer": trainer.placements() if trainer is not None else [],
         }
-        (out / "placement.json").write_text(json.dumps(placed, indent=1))  # where every actor landed
+        write_json_atomic(out / "placement.json", placed)  # where every actor landed
         console.print(f"[vime] setup {time.perf_counter() - t_setup:.1f} s")
 
         eval_at: set[int] = set()
@@ -205,18 +235,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             if cfg.lora.enabled:
                 trainer.save_adapter(str(out / "final_adapter"))
                 summary["final_adapter"] = str(out / "final_adapter")
-        (out / "summary.json").write_text(json.dumps(summary, indent=1))
+        write_json_atomic(out / "summary.json", summary)
         console.print("[vime] summary: " + json.dumps(summary))
         if log.report:
             console.print(f"[vime] report: {write_report(out)}")
         return summary
     finally:
         sink.close()
-        if rollout is not None:
-            try:
-                ray.get(rollout.shutdown.remote(), timeout=120)
-            except Exception:  # noqa: BLE001
-                logger.exception("rollout shutdown")
+        # after a signal or a failed setup the manager may be busy (an engine start, a rollout): seconds, not minutes
+        stop_actors(rollout, trainer, INTERRUPT_GRACE_S if interrupted() or not setup_done else 120.0)
         ray.shutdown()
 
 
@@ -233,14 +260,19 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
     """
     cfg = RunConfig.from_args(args)
     out = Path(cfg.logging.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "args.json").write_text(json.dumps(vars(args), indent=1, default=str))
-    plugins = get_plugins()
-    plugins.resolve("generate", cfg.rollout.generate)
-    plugins.resolve("reward", cfg.eval.eval_reward or cfg.eval.reward)
+    check_output_dir(out)
+    resolve_plugins(get_plugins(), cfg, train=False)
     load_eval_sets(cfg.eval)  # a bad eval set fails before any engine starts
-    model_path = resolve_model(cfg.logging.model)
+    model_path = checked_model(cfg.logging.model)
     console.print(f"[vime] model: {model_path}")
+    check_vllm_values(list(cfg.engine.vllm_args), engine_sampling(cfg))
+    with OutputDirLock(out, "vime eval"):
+        write_json_atomic(out / "args.json", vars(args))
+        return _evaluate_locked(args, cfg, out, model_path)
+
+
+def _evaluate_locked(args: argparse.Namespace, cfg: RunConfig, out: Path, model_path: Path) -> dict[str, Any]:
+    """:func:`evaluate` once its checks passed and it holds the output directory."""
     manager = RolloutManager(args, model_path)
     sink = MetricsSink(out, cfg.logging.use_tensorboard, wandb_config_from_args(args))
     try:
@@ -254,7 +286,7 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
         sink.close()
         manager.shutdown()
     summary = {"model": str(model_path), "output_dir": str(out), **metrics}
-    (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    write_json_atomic(out / "summary.json", summary)
     console.print("[vime] summary: " + json.dumps(summary))
     return summary
 

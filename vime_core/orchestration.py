@@ -262,6 +262,11 @@ class TrainerGroup:
 
         return ray.get([getattr(w, method).remote(*args) for w in self.workers])
 
+    def ready_calls(self) -> dict[str, Any]:
+        """``{"trainer rank N": ObjectRef}``: each rank's :meth:`TrainerWorker.placement`, answered once its backend
+        has loaded (for :func:`wait_setup`)."""
+        return {f"trainer rank {i}": w.placement.remote() for i, w in enumerate(self.workers)}
+
     def gpu_free_bytes(self) -> int | None:
         """Rank 0's :meth:`TrainerWorker.gpu_free_bytes`."""
         import ray
@@ -481,3 +486,65 @@ def call(actor: Any, method: str, *args: Any, wait: Callable[[Any], Any] | None 
     if isinstance(actor, ActorHandle):
         return (wait or ray.get)(getattr(actor, method).remote(*args))
     return getattr(actor, method)(*args)
+
+
+class ComponentFailedError(RuntimeError):
+    """An actor of the run (the rollout manager, a trainer rank) failed or died while the run was being set up; the
+    message names it and carries its own error."""
+
+
+def actor_error(e: BaseException) -> str:
+    """The actor's own error behind a Ray error: a task's exception (``cause``), or for an actor whose
+    ``__init__`` raised, the last line of the traceback Ray kept (``OSError: ...``); else ``str(e)``."""
+    import re
+
+    cause = getattr(e, "cause", None)
+    if cause is not None:
+        return f"{type(cause).__name__}: {cause}"
+    msg = re.sub(r"\x1b\[[0-9;]*m", "", getattr(e, "error_msg", None) or str(e))
+    lines = [ln.strip() for ln in msg.strip().splitlines() if ln.strip()]
+    return lines[-1] if lines else type(e).__name__
+
+
+def wait_setup(calls: dict[str, Any]) -> dict[str, Any]:
+    """Wait for every named ``ObjectRef`` of ``calls`` together, so that whichever actor fails first ends the wait
+    at once (a trainer that cannot load its model does not wait for the engines to be ready).
+
+    :return: ``{name: result}``.
+    :raises ComponentFailedError: naming the first call that failed, with the actor's own error.
+    """
+    import ray
+
+    pending = {ref: name for name, ref in calls.items()}
+    results: dict[str, Any] = {}
+    while pending:
+        done, _ = ray.wait(list(pending), num_returns=1)
+        for ref in done:
+            name = pending.pop(ref)
+            try:
+                results[name] = ray.get(ref)
+            except ray.exceptions.RayError as e:
+                raise ComponentFailedError(f"{name} failed during setup: {actor_error(e)}") from None
+    return results
+
+
+def stop_actors(rollout: Any, trainer: TrainerGroup | None, timeout_s: float = 120.0) -> None:
+    """Stop the rollout manager (engines, router, producer) — gracefully within ``timeout_s``, then by killing it —
+    and the trainer ranks; never raises.
+
+    Killing the manager takes its engine actors along, and each engine's guard
+    (:mod:`vime_core.rollout.process_guard`) stops every process of its server, so a short ``timeout_s`` (after a
+    signal, or a setup that failed while the manager was still starting the engines) leaves nothing running.
+    """
+    import ray
+
+    if rollout is not None:
+        try:
+            ray.get(rollout.shutdown.remote(), timeout=timeout_s)
+        except ray.exceptions.GetTimeoutError:
+            logger.warning("the rollout manager did not stop within %.0f s: killing it", timeout_s)
+        except Exception as e:  # noqa: BLE001 - the run's own error is the one to report
+            logger.warning("rollout shutdown: %s", e)
+        ray.kill(rollout)
+    if trainer is not None:
+        trainer.shutdown()

@@ -329,3 +329,27 @@ def test_engines_lost_is_recognised_through_a_ray_actor_error():
     assert engines_lost(RayTaskError("generate", "traceback", lost).as_instanceof_cause())
     assert engines_lost(RayTaskError("generate", "traceback", lost))
     assert not engines_lost(RayTaskError("generate", "traceback", RuntimeError("other")))
+
+
+def test_a_disk_update_without_a_path_is_refused_when_applied_and_shutdown_never_raises(tmp_path, tiny_model_dir):
+    """Issue 27: a kept update without a path made RolloutManager.shutdown() raise KeyError 'path' at the end."""
+    from tests.unit.test_hooks import _manager_with_hooks
+    from vime_core.weight_sync.base import WeightUpdate
+
+    recovery, _ = _disk_recovery(tmp_path)
+    with pytest.raises(ValueError) as e:
+        recovery.applied(WeightUpdate(3, {"dir": "x"}))
+    assert str(e.value) == "--weight-sync disk: weight update 3 has no 'path' in its payload"
+
+    class Raising:
+        def stop(self):
+            pass
+
+        class recovery:  # noqa: N801 - stands in for WeightRecovery.close failing
+            @staticmethod
+            def close():
+                raise KeyError("path")
+
+    manager = _manager_with_hooks(tiny_model_dir, tmp_path)
+    manager.monitor = Raising()
+    manager.shutdown()  # logs, does not raise

@@ -222,3 +222,21 @@ def test_overlong_penalty_on_a_dict_reward_goes_to_the_reward_key():
     args.reward_key = None
     with pytest.raises(ValueError, match="the reward is a dict \\['acc', 'fmt'\\] without --reward-key"):
         apply_overlong(RolloutConfig.from_args(args), s)
+
+
+def test_a_client_without_eos_ids_refuses_an_answer_without_finish_reason():
+    """Issue 27: without the EOS ids an EOS-ended answer lacking ``finish_reason`` became an untrained abort."""
+    from vime_core.rollout.client import RouterClientError
+
+    client = RouterClient("http://127.0.0.1:9", "m")
+    lps = [-0.5, -0.25, -1.0]
+    with pytest.raises(RouterClientError) as e:
+        client._output(_choice([4, 5, EOS], None), lps, None, {"max_tokens": 16})
+    assert str(e.value) == (
+        "the engine's answer has no finish_reason and this RouterClient was built without eos_token_ids, so a "
+        "finished answer cannot be told from an aborted one; pass eos_token_ids=eos_token_ids(tokenizer)"
+    )
+    # a reason the engine gave needs no EOS ids; with ignore_eos the EOS ids do not matter either
+    assert client._output(_choice([4, 5, EOS], "stop"), lps, None, {"max_tokens": 16}).finish_reason == "stop"
+    out = client._output(_choice([4, 5, 6], None), lps, None, {"max_tokens": 3, "ignore_eos": True})
+    assert out.finish_reason == "length"

@@ -87,7 +87,19 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("orchestration", ["vime_core.orchestration"]),
     ("rollout and trainer", ["vime_core.rollout", "vime_core.trainer"]),
     ("built-ins and kit", ["vime_core.builtins", "vime_core.testing"]),
-    ("driver", ["vime_core.loop", "vime_core.checkpoint", "vime_core.metrics", "vime_core.report", "vime_core.cli"]),
+    (
+        "driver",
+        [
+            "vime_core.loop",
+            "vime_core.run_checks",
+            "vime_core.run_dir",
+            "vime_core.run_signals",
+            "vime_core.checkpoint",
+            "vime_core.metrics",
+            "vime_core.report",
+            "vime_core.cli",
+        ],
+    ),
 ]
 
 

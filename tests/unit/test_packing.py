@@ -73,7 +73,10 @@ def test_packed_log_probs_entropies_and_gradients_equal_left_padded(tiny_model_d
         torch.testing.assert_close(eb, ea, atol=1e-5, rtol=0)
     assert g_pad.keys() == g_pack.keys() and len(g_pad) == len(list(trainer.model.parameters()))
     for name, grad in g_pad.items():
-        torch.testing.assert_close(g_pack[name], grad, atol=1e-5, rtol=1e-4, msg=lambda m, name=name: f"{name}: {m}")
+        # fp32 sums in another order differ by a few ulps of the tensor's largest entry (the embedding gradient's is
+        # ~66, its ulp 7.6e-6; 1.4e-5 apart seen on an AMD EPYC), so the bound is 1e-6 of that entry, at least 1e-5
+        atol = max(1e-5, 1e-6 * grad.abs().max().item())
+        torch.testing.assert_close(g_pack[name], grad, atol=atol, rtol=1e-4, msg=lambda m, name=name: f"{name}: {m}")
 
 
 def test_packed_log_probs_equal_unpadded_single_sequence_forwards(tiny_model_dir):

@@ -7,6 +7,7 @@ Importing this package is cheap: the gateway and the APIs (and FastAPI) load onl
 or :mod:`vime_core.agent.apis` is imported.
 """
 
+from vime_core.agent import qwen3_xml  # noqa: F401 - registers the qwen3_coder tool-call parser
 from vime_core.agent.trajectory import Drift, Placement, PromptPlan, Trajectory, TurnRecord, check_token_exact
 
 __all__ = ["Drift", "Placement", "PromptPlan", "Trajectory", "TurnRecord", "check_token_exact"]

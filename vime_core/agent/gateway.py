@@ -61,7 +61,7 @@ from vime_core.agent.apis.common import APIError, ChatRequest, ChatResult, conte
 from vime_core.agent.chat import ChatRenderer, ModelTurn
 from vime_core.agent.responders import Responder, engine_versions
 from vime_core.agent.session import Session, signature
-from vime_core.agent.tool_parsers import ToolCall, ToolParser
+from vime_core.agent.tool_parsers import ToolCall, ToolParser, parse_with_tools
 from vime_core.agent.trajectory import DEFAULT_MAX_REALIGN_TOKENS, Trajectory, TurnRecord
 from vime_core.types import Sample
 
@@ -416,12 +416,14 @@ class AgentGateway:
                     break
         calls: list[ToolCall] = []
         ill_formed = False
+        value_errors: list[str] = []  # arguments kept as text because they do not fit the tool's schema
         content = visible
         if req.tools and req.tool_choice != "none" and out.finish_reason != "length":
             # a turn cut by the token budget is never executed: its text (a call cut in the middle included) goes
             # back as text with stop reason max_tokens, and the turn is recorded truncated (not trained)
-            parsed = self.renderer.parser.parse(visible)
+            parsed = parse_with_tools(self.renderer.parser, visible, req.tools)
             content, calls, ill_formed = parsed.content, parsed.tool_calls, parsed.ill_formed
+            value_errors = list(parsed.value_errors)
             prefix = "toolu_" if req.api == "anthropic" else "call_"
             for c in calls:
                 c.id = prefix + uuid.uuid4().hex[:24]
@@ -448,6 +450,7 @@ class AgentGateway:
                 "tool_calls": len(calls),
                 "stop": stop,
                 "constrained": "structured_outputs" in params,
+                "tool_value_errors": value_errors,
             },
         )
         with session.lock:

@@ -12,6 +12,8 @@ Built in:
   ``<tool_response></tool_response>``). A call is read by JSON structure (to the object's matching brace), so a
   ``</tool_call>`` inside a string argument does not end it; :meth:`ToolParser.stream` parses incrementally with
   the same result for any chunking.
+* ``qwen3_coder`` (alias ``qwen3xml``): Qwen3-Coder's XML calls, values typed by the tools' schemas
+  (:mod:`vime_core.agent.qwen3_xml`).
 * ``openai`` (alias ``json``): the whole turn is a JSON tool call in the OpenAI tools schema — one object or a list
   of ``{"type": "function", "function": {"name", "arguments"}}``, ``{"name", "arguments"}`` or
   ``{"name", "parameters"}``, optionally wrapped as ``{"tool_calls": [...]}`` (Llama-3.x style JSON tool calling).
@@ -27,6 +29,7 @@ Sources: Hermes function-calling format (NousResearch/Hermes-Function-Calling), 
 from __future__ import annotations
 
 import importlib
+import inspect
 import json
 import uuid
 from dataclasses import dataclass, field
@@ -61,12 +64,15 @@ class ParseResult:
     :ivar ill_formed: the turn tried to call a tool but the call could not be parsed (bad JSON, missing name,
         unclosed tag). The broken text stays in ``content``.
     :ivar errors: one message per ill-formed call.
+    :ivar value_errors: one message per argument kept as its raw text because it does not fit the tool's schema
+        (formats whose values are typed by the schema, e.g. ``qwen3_coder``); the call itself is kept.
     """
 
     content: str
     tool_calls: list[ToolCall] = field(default_factory=list)
     ill_formed: bool = False
     errors: list[str] = field(default_factory=list)
+    value_errors: list[str] = field(default_factory=list)
 
 
 def new_call_id() -> str:
@@ -199,6 +205,7 @@ class ToolCallStream:
         self._content: list[str] = []
         self._calls: list[ToolCall] = []
         self._errors: list[str] = []
+        self._value_errors: list[str] = []
         self._closed = False
 
     def feed(self, chunk: str) -> list[StreamEvent]:
@@ -229,6 +236,7 @@ class ToolCallStream:
             tool_calls=list(self._calls),
             ill_formed=bool(self._errors),
             errors=list(self._errors),
+            value_errors=list(self._value_errors),
         )
 
     # -- for subclasses ------------------------------------------------------------------------------------------
@@ -264,6 +272,7 @@ class _BufferedStream(ToolCallStream):
         for c in r.tool_calls:
             self._call(c, events)
         self._errors.extend(r.errors)
+        self._value_errors.extend(r.value_errors)
 
 
 _WS = " \t\r\n"
@@ -506,6 +515,14 @@ _PARSERS: dict[str, type[ToolParser]] = {
     "openai": OpenAIJsonToolParser,
     "json": OpenAIJsonToolParser,
 }
+
+
+def parse_with_tools(parser: ToolParser, text: str, tools: list[dict[str, Any]] | None) -> ParseResult:
+    """``parser.parse(text)``, given the turn's ``tools`` when the parser takes them (its values are typed by the
+    tools' schemas, e.g. ``qwen3_coder``)."""
+    if tools and "tools" in inspect.signature(parser.parse).parameters:
+        return parser.parse(text, tools=tools)
+    return parser.parse(text)
 
 
 def register_tool_parser(name: str, cls: type[ToolParser]) -> None:

@@ -21,6 +21,18 @@ BATCH_WHITENED_ESTIMATORS = ("reinforce_plus_plus", "reinforce_plus_plus_baselin
 # Estimators trained with a critic (value model) by the trainer backend.
 CRITIC_ESTIMATORS = ("ppo",)
 DISTILL_ESTIMATOR = "on_policy_distill"
+# --loss-agg-mode: verl's names (docs/algorithms.md, "Loss aggregation")
+LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+
+
+def loss_aggregation(cfg: AlgorithmConfig) -> tuple[str, float | None]:
+    """``(mode, constant)``: the run's loss aggregation mode (``--loss-agg-mode``, else ``token-mean`` with
+    ``--calculate-per-token-loss`` and ``seq-mean-token-mean`` without) and, for ``seq-mean-token-sum-norm``, its
+    constant divisor (``--loss-scale-factor``, else ``--rollout-max-response-len``); ``None`` for the others."""
+    mode = cfg.loss_agg_mode or ("token-mean" if cfg.calculate_per_token_loss else "seq-mean-token-mean")
+    if mode != "seq-mean-token-sum-norm":
+        return mode, None
+    return mode, float(cfg.loss_scale_factor or cfg.rollout_max_response_len)
 
 
 def kl_enabled(cfg: AlgorithmConfig) -> bool:
@@ -84,6 +96,16 @@ def check_algorithm_config(cfg: AlgorithmConfig) -> None:
         raise ValueError(f"--distill-coef must be finite, got {cfg.distill_coef}")
     if cfg.distill_num_engines < 1:
         raise ValueError(f"--distill-num-engines must be >= 1, got {cfg.distill_num_engines}")
+    mode = cfg.loss_agg_mode
+    if mode is not None and mode not in LOSS_AGG_MODES:
+        raise ValueError(f"--loss-agg-mode must be one of {', '.join(LOSS_AGG_MODES)}, got {mode!r}")
+    if cfg.calculate_per_token_loss and mode not in (None, "token-mean"):
+        raise ValueError(f"--calculate-per-token-loss is --loss-agg-mode token-mean; it contradicts {mode}")
+    scale = cfg.loss_scale_factor
+    if scale is not None and loss_aggregation(cfg)[0] != "seq-mean-token-sum-norm":
+        raise ValueError("--loss-scale-factor is the divisor of --loss-agg-mode seq-mean-token-sum-norm only")
+    if scale is not None and not (scale > 0.0 and math.isfinite(scale)):
+        raise ValueError(f"--loss-scale-factor must be a finite number > 0, got {scale}")
     if cfg.use_tis and cfg.use_mis:
         raise ValueError(
             "--use-tis (truncate the IS weight) and --use-mis (mask tokens outside the band) exclude each other"

@@ -13,8 +13,9 @@ Terms, each off by default:
   al. 2024, arXiv:2402.03300, uses k3).
 
 Aggregation (slime's ``sum_of_sample_mean``): by default each sample's masked token-mean, averaged over samples
-with at least one trained token; ``per_token=True`` takes the masked mean over all tokens of the batch. Every term
-(pg, entropy, KL) is aggregated the same way. Masked tokens never reach the loss, even when their values are
+with at least one trained token; ``per_token=True`` takes the masked mean over all tokens of the batch;
+``token_sum_norm=L`` (Dr.GRPO) each sample's masked token sum divided by the constant ``L``, averaged over samples.
+Every term (pg, entropy, KL) is aggregated the same way. Masked tokens never reach the loss, even when their values are
 NaN/inf, and an empty mask gives 0, so the loss is never NaN for finite trained-token inputs.
 """
 
@@ -27,6 +28,7 @@ import torch
 
 from vime_core.algorithms.kl import approx_kl
 from vime_core.algorithms.mismatch import importance_weights
+from vime_core.algorithms.options import loss_aggregation
 from vime_core.config import AlgorithmConfig
 
 # |log ratio| is clamped before exp (as verl's compute_policy_loss does) so that a wild token gives a large finite
@@ -64,18 +66,26 @@ def zero_masked(tensors: list[torch.Tensor] | None, masks: list[torch.Tensor]) -
     return [torch.where(m.bool(), t, torch.zeros_like(t)) for t, m in zip(tensors, masks, strict=True)]
 
 
-def aggregate(token_values: list[torch.Tensor], masks: list[torch.Tensor], per_token: bool) -> torch.Tensor:
+def aggregate(
+    token_values: list[torch.Tensor], masks: list[torch.Tensor], per_token: bool, token_sum_norm: float | None = None
+) -> torch.Tensor:
     """Reduce per-token values of a batch to one scalar (slime's ``sum_of_sample_mean``).
 
     :param token_values: one ``[T_i]`` float tensor per sample.
     :param masks: one ``[T_i]`` 0/1 tensor per sample.
     :param per_token: True: masked mean over all tokens; False: mean over samples of each sample's masked mean,
         counting only samples with a trained token.
+    :param token_sum_norm: with ``per_token`` False, each sample's masked token *sum* divided by this constant
+        replaces its masked mean (Dr.GRPO; ``--loss-agg-mode seq-mean-token-sum-norm``).
     :return: a 0-dim tensor (0 when nothing is trained; keeps the autograd graph).
     """
     if per_token:
         return masked_mean(torch.cat(token_values), torch.cat(masks))
-    per_sample = [masked_mean(v, m) for v, m in zip(token_values, masks, strict=True)]
+    if token_sum_norm is not None:
+        zero = [torch.where(m.bool(), v, torch.zeros_like(v)) for v, m in zip(token_values, masks, strict=True)]
+        per_sample = [z.sum() / token_sum_norm for z in zero]
+    else:
+        per_sample = [masked_mean(v, m) for v, m in zip(token_values, masks, strict=True)]
     counted = sum(1 for m in masks if m.sum() > 0)
     return torch.stack(per_sample).sum() / max(counted, 1)
 
@@ -167,6 +177,7 @@ def policy_loss(
     eps_clip_high: float | None = None,
     eps_clip_c: float | None = None,
     per_token: bool = False,
+    token_sum_norm: float | None = None,
     ratio_type: str = "token",
     rollout_log_probs: list[torch.Tensor] | None = None,
     train_old_log_probs: list[torch.Tensor] | None = None,
@@ -189,6 +200,7 @@ def policy_loss(
     :param loss_masks: 1 = trained token.
     :param eps_clip: lower clip ``ε``; ``eps_clip_high``: upper clip (default ``ε``); ``eps_clip_c``: dual clip.
     :param per_token: aggregation (see the module docstring).
+    :param token_sum_norm: Dr.GRPO's constant normalizer (see :func:`aggregate`).
     :param ratio_type: ``"token"`` (PPO) or ``"sequence"`` (GSPO).
     :param rollout_log_probs: the engine's log-probs; needed for ``importance_sampling`` and the drift metric.
     :param train_old_log_probs: the trainer's log-probs of the behaviour policy, the IS ratio's numerator
@@ -241,18 +253,19 @@ def policy_loss(
             "tis_clipfrac": float(masked_mean((torch.cat(weights) != torch.cat(raw)).float(), all_mask)),
         }
 
-    pg_loss = aggregate(token_losses, masks, per_token)
+    pg_loss = aggregate(token_losses, masks, per_token, token_sum_norm)
     loss = pg_loss
     extra: dict[str, float] = {}
     if entropies is not None:
-        entropy = aggregate(entropies if entropy_coef else [e.detach() for e in entropies], masks, per_token)
+        ents = entropies if entropy_coef else [e.detach() for e in entropies]
+        entropy = aggregate(ents, masks, per_token, token_sum_norm)
         if entropy_coef:
             loss = loss - entropy_coef * entropy
         extra["entropy_loss"] = float(entropy.detach())
     if ref_log_probs is not None:
         lps = log_probs if kl_loss_coef else [lp.detach() for lp in log_probs]
         token_kl = [approx_kl(lp, ref, kl_loss_type) for lp, ref in zip(lps, ref_log_probs, strict=True)]
-        kl = aggregate(token_kl, masks, per_token)
+        kl = aggregate(token_kl, masks, per_token, token_sum_norm)
         if kl_loss_coef:
             loss = loss + kl_loss_coef * kl
         extra["kl_loss"] = float(kl.detach())
@@ -281,11 +294,13 @@ def policy_loss_kwargs(cfg: AlgorithmConfig) -> dict[str, Any]:
     :param cfg: the algorithm flags (clip ranges, importance sampling, entropy and KL terms).
     """
     mode = "tis" if cfg.use_tis else "mis" if cfg.use_mis else None
+    agg, norm = loss_aggregation(cfg)
     return {
         "eps_clip": cfg.eps_clip,
         "eps_clip_high": cfg.eps_clip_high,
         "eps_clip_c": cfg.eps_clip_c,
-        "per_token": cfg.calculate_per_token_loss,
+        "per_token": agg == "token-mean",
+        "token_sum_norm": norm,
         "ratio_type": "sequence" if cfg.advantage_estimator == "gspo" else "token",
         "importance_sampling": mode,
         "is_low": cfg.tis_clip_low,

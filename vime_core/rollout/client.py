@@ -432,6 +432,12 @@ class RouterClient:
         end_ids = set(int(t) for t in sp.get("stop_token_ids") or [])
         if not sp.get("ignore_eos"):
             end_ids |= self.eos_token_ids
+            if choice.get("finish_reason") is None and not self.eos_token_ids:
+                # without the model's EOS ids a finished answer would be taken for an aborted one (never trained)
+                raise RouterClientError(
+                    f"{where} has no finish_reason and this RouterClient was built without eos_token_ids, so a "
+                    "finished answer cannot be told from an aborted one; pass eos_token_ids=eos_token_ids(tokenizer)"
+                )
         reason = normalize_finish_reason(
             choice.get("finish_reason"), token_ids, max_tokens=sp.get("max_tokens"), end_token_ids=end_ids
         )

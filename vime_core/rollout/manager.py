@@ -246,8 +246,11 @@ class RolloutManager:
     def shutdown(self) -> None:
         """Stop the async producer, the router (or deregister from an external one) and every engine; never raises."""
         if self.monitor is not None:
-            self.monitor.stop()
-            self.monitor.recovery.close()
+            try:
+                self.monitor.stop()
+                self.monitor.recovery.close()
+            except Exception:  # noqa: BLE001 - shutdown never raises; the engines below must stop regardless
+                logger.exception("stopping the engine monitor")
         if self.producer is not None:
             try:
                 self.producer.stop()
@@ -387,10 +390,10 @@ class RolloutManager:
         t0 = time.perf_counter()
         version = self.weight_version
         ecfg = self.eval_config
-        params = eval_sampling_params(ecfg)
         n = ecfg.n_samples_per_eval_prompt
         metrics: dict[str, float] = {"eval/weight_version": float(version)}
         for eval_set, rows in self.eval_sets:
+            params = eval_sampling_params(ecfg, eval_set.name)  # the set's own --eval-set-sampling-params
             groups = [new_group(row, i, n) for i, row in enumerate(rows)]
             coro = self.runner.run(groups, step, params=params, reward_fn=self.eval_reward_fn, train=False)
             if self.producer is not None:  # fully-async: the manager's loop runs in the producer thread

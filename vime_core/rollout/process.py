@@ -40,22 +40,6 @@ def tail_file(path: Path, n: int = 40) -> str:
         return ""
 
 
-def die_with_parent() -> None:
-    """``preexec_fn`` for subprocesses: on Linux, SIGTERM the child when the thread that started it dies.
-
-    A last resort against orphaned servers when the owner is killed without running :meth:`ManagedServer.stop`
-    (``atexit`` covers normal interpreter exit). No-op elsewhere.
-    """
-    if not sys.platform.startswith("linux"):
-        return
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG = 1
-    except OSError:
-        pass
-
-
 def reap_orphaned_servers() -> list[int]:
     """Kill (SIGKILL, whole process group) every server process whose starter is gone: a ``kill -9`` of a run takes
     its manager with it, and vLLM's engine-core process, a child of the API server, outlives both (it holds GBs of
@@ -76,6 +60,40 @@ def reap_orphaned_servers() -> list[int]:
     if killed:
         logger.warning("killed %d server process(es) left by a run that is gone: pids %s", len(killed), killed)
     return killed
+
+
+def guarded(cmd: list[str], grace_s: float) -> list[str]:
+    """``cmd`` run under :mod:`vime_core.rollout.process_guard` (by file path: the guard imports nothing of vime),
+    which stops the whole process group ``grace_s`` seconds after a SIGTERM once the starter is gone."""
+    guard = Path(__file__).with_name("process_guard.py")
+    return [sys.executable, str(guard), str(grace_s), "--", *cmd]
+
+
+#: environment variable naming a run; every process the run starts inherits it (Ray's too, set before ray.init)
+RUN_ENV = "VIME_RUN_ID"
+
+
+def start_run_reaper(grace_s: float = 6.0) -> str:
+    """Mark this process's environment with a fresh :data:`RUN_ENV` (before Ray or any server starts, so all of
+    them inherit it) and start the run reaper (:func:`vime_core.rollout.process_guard.reap_run`, in its own
+    session so a terminal's Ctrl-C does not reach it): once this process is gone, however it ended, it waits
+    ``grace_s`` seconds and SIGKILLs every process still carrying the marker.
+
+    :return: the run id.
+    """
+    import uuid
+
+    run_id = uuid.uuid4().hex
+    os.environ[RUN_ENV] = run_id
+    guard = Path(__file__).with_name("process_guard.py")
+    subprocess.Popen(
+        [sys.executable, str(guard), "--reap-run", RUN_ENV, run_id, str(grace_s)],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    return run_id
 
 
 def stop_process_group(proc: subprocess.Popen | None, grace_s: float = 20.0) -> None:
@@ -102,6 +120,13 @@ def stop_process_group(proc: subprocess.Popen | None, grace_s: float = 20.0) -> 
         proc.wait(timeout=10)
     except subprocess.TimeoutExpired:
         logger.warning("process %d did not exit after SIGKILL", proc.pid)
+    deadline = time.monotonic() + 5  # until the kernel has reaped every member (a grandchild's parent is init now)
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pgid, 0)
+        except (ProcessLookupError, PermissionError):
+            break
+        time.sleep(0.05)
 
 
 class ManagedServer:
@@ -112,14 +137,18 @@ class ManagedServer:
     (usually with :meth:`_wait_http`), and in ``__init__`` sets ``url``, ``log_path``, ``proc = None``,
     ``_log_file = None`` and ``_http`` (an :class:`httpx.Client` on ``url``).
 
-    :meth:`start` registers :meth:`stop` with ``atexit``; the child also gets SIGTERM when the starting thread dies
-    (:func:`die_with_parent`).
+    :meth:`start` registers :meth:`stop` with ``atexit``, and runs the server under
+    :mod:`~vime_core.rollout.process_guard`, which leads its process group and stops the whole group when the
+    starting process dies, ``kill -9`` included (``proc`` is the guard: its pid is the group's id, its exit code the
+    server's).
     """
 
     error_cls: ClassVar[type[Exception]] = RuntimeError
     display_name: ClassVar[str] = "server"
     log_name: ClassVar[str] = "server"
     default_grace_s: ClassVar[float] = 20.0
+    #: seconds the guard gives the server's group between SIGTERM and SIGKILL once the starter is gone
+    guard_grace_s: ClassVar[float] = 5.0
 
     url: str
     log_path: Path
@@ -155,13 +184,12 @@ class ManagedServer:
         reap_orphaned_servers()
         logger.info("starting %s on %s (log: %s): %s", self.log_name, self.url, self.log_path, " ".join(cmd))
         self.proc = subprocess.Popen(
-            cmd,
+            guarded(cmd, self.guard_grace_s),
             env={**self.environment(), OWNER_ENV: owner_token()},
             stdin=subprocess.DEVNULL,
             stdout=self._log_file,
             stderr=subprocess.STDOUT,
-            start_new_session=True,
-            preexec_fn=die_with_parent,
+            start_new_session=True,  # the guard leads the group; it sets its own parent-death signal
         )
         atexit.register(self.stop)
         return self

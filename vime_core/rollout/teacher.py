@@ -21,7 +21,7 @@ from typing import Any
 
 from vime_core.config import EngineConfig
 from vime_core.models import resolve_model
-from vime_core.rollout.client import RouterClient
+from vime_core.rollout.client import RouterClient, eos_token_ids
 from vime_core.rollout.engine import VLLMServer
 from vime_core.rollout.engine_api import enforce_eager, engine_dtype
 from vime_core.rollout.router import VLLMRouter
@@ -119,6 +119,7 @@ class TeacherEngines:
             self.router.url,
             model=TEACHER_MODEL_NAME,
             timeout_s=600,
+            eos_token_ids=eos_token_ids(self.tokenizer),
             capabilities=self.engines[0].capabilities,
             tokenizer=self.tokenizer,
         )

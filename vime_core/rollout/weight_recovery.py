@@ -89,6 +89,8 @@ class WeightRecovery:
             self.adapters.record(update)  # its files stay until AdapterServing retires it
             return []
         if self.kind == "disk":
+            if "path" not in update.payload:  # kept for recoveries and removed at close: its directory is needed
+                raise ValueError(f"--weight-sync disk: weight update {update.version} has no 'path' in its payload")
             previous, self._kept = self._kept, update
             return [previous] if previous is not None else []
         if self.kind == "disk-delta":

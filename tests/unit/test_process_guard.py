@@ -1,0 +1,187 @@
+"""No server child outlives the process that started it (:mod:`vime_core.rollout.process_guard`).
+
+The server here is a real process tree shaped like vLLM's: an "API server" that starts an "engine core" child which
+ignores SIGTERM. It is started through :meth:`ManagedServer.start` (the code path of every engine and the router)
+by a driver process that the test then kills with SIGKILL — the sequence that left VLLM::EngineCore orphaned.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+pytestmark = pytest.mark.unit
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+DRIVER = textwrap.dedent(
+    """
+    import os, sys, threading, time
+    from pathlib import Path
+    import httpx
+    from vime_core.rollout.process import ManagedServer
+
+    CORE = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"
+    API = (
+        "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', %r]); time.sleep(600)" % CORE
+    )
+
+    class Tree(ManagedServer):
+        def __init__(self, log):
+            self.url, self.log_path, self.proc, self._log_file = "http://127.0.0.1:1", Path(log), None, None
+            self._http = httpx.Client()
+
+        def command(self):
+            return [sys.executable, "-c", API]
+
+    server = Tree(sys.argv[1])
+    mode = sys.argv[2]
+    if mode == "thread":  # started from a thread that then exits (a Ray actor's thread pool may do that)
+        t = threading.Thread(target=server.start)
+        t.start()
+        t.join()
+    else:
+        server.start()
+    print(server.proc.pid, flush=True)
+    if mode == "stop":
+        time.sleep(1.0)
+        server.stop(grace_s=2.0)
+        print("stopped", flush=True)
+    time.sleep(600)
+    """
+)
+
+
+def _group(pgid: int) -> list[int]:
+    """Live (not zombie) processes of group ``pgid``."""
+    out = subprocess.run(["ps", "-o", "pid=,stat=", "-g", str(pgid)], capture_output=True, text=True).stdout
+    return [
+        int(pid) for pid, stat in (line.split()[:2] for line in out.splitlines() if line.strip()) if stat[0] != "Z"
+    ]
+
+
+def _start_driver(tmp_path, mode: str) -> tuple[subprocess.Popen, int]:
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    driver = subprocess.Popen(
+        [sys.executable, "-c", DRIVER, str(tmp_path / "server.log"), mode], stdout=subprocess.PIPE, text=True, env=env
+    )
+    try:
+        pgid = int(driver.stdout.readline())
+        deadline = time.monotonic() + 20
+        while not any("\x00import signal" in _cmdline(pid) for pid in _group(pgid)):  # the "engine core" runs
+            assert time.monotonic() < deadline, f"the tree did not start: {_group(pgid)}"
+            time.sleep(0.1)
+    except BaseException:
+        driver.kill()
+        driver.wait()
+        raise
+    return driver, pgid
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _wait_gone(pgid: int, within_s: float) -> float:
+    t0 = time.monotonic()
+    while _group(pgid):
+        if time.monotonic() - t0 > within_s:
+            left = _group(pgid)
+            for pid in left:
+                os.kill(pid, signal.SIGKILL)
+            pytest.fail(f"processes {left} of the server's group outlived the driver by {within_s} s")
+        time.sleep(0.1)
+    return time.monotonic() - t0
+
+
+def test_sigkill_of_the_starter_leaves_no_process_of_the_server_group(tmp_path):
+    driver, pgid = _start_driver(tmp_path, "plain")
+    driver.send_signal(signal.SIGKILL)
+    driver.wait()
+    # the guard notices within 0.5 s, SIGTERMs the group, SIGKILLs the SIGTERM-ignoring core after 5 s
+    assert _wait_gone(pgid, within_s=10.0) < 10.0
+
+
+def test_a_server_started_from_a_thread_that_exits_keeps_running(tmp_path):
+    driver, pgid = _start_driver(tmp_path, "thread")
+    try:
+        before = _group(pgid)
+        time.sleep(1.5)  # the parent-death signal of the exited thread has fired by now
+        assert _group(pgid) == before and len(before) >= 2  # (guard,) API server, engine core
+    finally:
+        driver.send_signal(signal.SIGKILL)
+        driver.wait()
+    _wait_gone(pgid, within_s=10.0)
+
+
+def test_a_deliberate_stop_takes_the_whole_group(tmp_path):
+    driver, pgid = _start_driver(tmp_path, "stop")
+    try:
+        assert driver.stdout.readline().strip() == "stopped"
+        assert _group(pgid) == []  # stop() returned: the core that ignores SIGTERM is gone too
+    finally:
+        driver.send_signal(signal.SIGKILL)
+        driver.wait()
+
+
+def test_sigkill_of_the_process_the_starter_holds_leaves_nothing(tmp_path):
+    """Ray SIGKILLs the direct children of a worker that exits: the guard itself dies, its watcher stops the group."""
+    driver, pgid = _start_driver(tmp_path, "plain")
+    try:
+        os.kill(pgid, signal.SIGKILL)  # the starter's child (`server.proc`): the guard, or on main the API server
+        assert _wait_gone(pgid, within_s=10.0) < 10.0
+    finally:
+        driver.send_signal(signal.SIGKILL)
+        driver.wait()
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs (not a zombie)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+REAPED_DRIVER = textwrap.dedent(
+    """
+    import subprocess, sys, time
+    from vime_core.rollout.process import start_run_reaper
+    start_run_reaper(grace_s=1.0)
+    # like Ray's agents after a killed driver: a process of its own session that ignores SIGTERM and outlives it
+    core = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"
+    child = subprocess.Popen([sys.executable, "-c", core], start_new_session=True)
+    print(child.pid, flush=True)
+    time.sleep(600)
+    """
+)
+
+
+def test_the_run_reaper_kills_what_carries_the_runs_marker_after_the_driver_is_killed():
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    driver = subprocess.Popen([sys.executable, "-c", REAPED_DRIVER], stdout=subprocess.PIPE, text=True, env=env)
+    child = int(driver.stdout.readline())
+    try:
+        time.sleep(1.0)
+        driver.send_signal(signal.SIGKILL)
+        driver.wait()
+        t0 = time.monotonic()
+        while _alive(child):
+            assert time.monotonic() - t0 < 5.0, "the marked process outlived its driver"
+            time.sleep(0.1)
+    finally:
+        try:
+            os.kill(child, signal.SIGKILL)
+        except ProcessLookupError:
+            pass

@@ -1,0 +1,195 @@
+"""The guard a managed server runs under: ``python process_guard.py GRACE_S -- COMMAND...`` (run by file path, so it
+imports nothing of vime).
+
+The guard leads the server's process group (the starter gives it a new session) and runs ``COMMAND`` in it. When
+the process that started the guard dies — however it dies, ``kill -9`` included — the guard SIGTERMs the group,
+waits ``GRACE_S`` seconds, then SIGKILLs every process still in it (vLLM's engine-core and worker processes, which
+otherwise outlive their API server with the parent 1). It notices the death through the kernel's parent-death
+signal (``PR_SET_PDEATHSIG``: SIGUSR1; it fires when the *thread* that forked the guard exits, so the guard checks
+that its parent process really changed) and, as a backstop, by polling its parent pid twice a second.
+
+The guard may itself be SIGKILLed: Ray kills the direct children of a worker process that exits (an engine actor
+killed with its rollout manager). So the guard also starts a *watcher*, its own child in the same group, which
+stops the group when the guard dies without having done so.
+
+``process_guard.py --reap-run KEY VALUE GRACE_S`` is the run reaper :func:`vime_core.rollout.process.start_run_reaper`
+starts beside a driver: when the driver is gone it SIGKILLs, after the grace, whatever still carries the run's
+environment marker.
+
+A SIGTERM or SIGINT to the group (a deliberate stop) reaches the server directly; the guard waits for the server to
+exit, kills what is left of the group and exits as the server did (its exit code, or the same signal).
+docs/engine_health.md ("No process outlives the run") describes it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+PARENT_DEATH_SIGNAL = signal.SIGUSR1
+
+
+def _set_parent_death_signal(sig: int) -> None:
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, int(sig))  # PR_SET_PDEATHSIG = 1
+    except OSError:
+        pass
+
+
+def group_members(pgid: int) -> list[int]:
+    """Pids of the live processes of process group ``pgid`` (read from ``/proc``; this process excluded)."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(")") + 2 :].split()  # after "pid (comm) ": state ppid pgrp ...
+        if len(fields) > 2 and int(fields[2]) == pgid and fields[0] != "Z":
+            pids.append(int(entry))
+    return pids
+
+
+def stop_group(pgid: int, grace_s: float, spare: tuple[int, ...] = ()) -> None:
+    """SIGTERM every other process of group ``pgid`` (but ``spare``), SIGKILL those left after ``grace_s``."""
+    members = [p for p in group_members(pgid) if p not in spare]
+    if not members:
+        return
+    for pid in members:
+        _signal(pid, signal.SIGTERM)
+    end = time.monotonic() + grace_s
+    while time.monotonic() < end and [p for p in group_members(pgid) if p not in spare]:
+        time.sleep(0.1)
+    for pid in group_members(pgid):
+        if pid not in spare:
+            _signal(pid, signal.SIGKILL)
+
+
+def _signal(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _watch_parent(on_death_signal: bool = True) -> tuple[int, list[bool]]:
+    """Handlers so that a stop of the group waits for the server, and the parent's death is noticed; returns the
+    parent's pid and a flag list set once it is gone."""
+    parent = os.getppid()
+    gone = [False]
+
+    def on_parent_signal(signum: int, frame: object) -> None:
+        gone[0] = gone[0] or os.getppid() != parent
+
+    signal.signal(PARENT_DEATH_SIGNAL, on_parent_signal)
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, lambda *_: None)  # a stop of the group: the server got it too; wait for the server
+    if on_death_signal:
+        _set_parent_death_signal(PARENT_DEATH_SIGNAL)
+    return parent, gone
+
+
+def watch(grace_s: float) -> int:
+    """The watcher: a child of the guard in the same group. When the guard dies without its cleanup (Ray SIGKILLs
+    a dead worker's direct children, the guard among them), the watcher stops the group."""
+    parent, gone = _watch_parent()
+    while not gone[0] and os.getppid() == parent:
+        time.sleep(0.5)
+    stop_group(os.getpgrp(), grace_s)
+    return 0
+
+
+def marked_processes(key: str, value: str) -> list[int]:
+    """Pids of the live processes (this one excluded) whose environment has ``key=value``."""
+    needle = f"{key}={value}".encode()
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                if needle not in f.read().split(b"\0"):
+                    continue
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[-1].split()
+        except OSError:  # gone meanwhile
+            continue
+        if fields and fields[0] != "Z":
+            found.append(int(entry))
+    return found
+
+
+def reap_run(key: str, value: str, grace_s: float) -> int:
+    """The run reaper: once the driver that started it is gone (however it ended), wait ``grace_s`` for the guards
+    and Ray to stop their processes, then SIGKILL every process still carrying the run's marker ``key=value``
+    (Ray's GCS, raylet and agents included, which can outlive a killed driver), scanning again for a few seconds."""
+    parent, gone = _watch_parent()
+    while not gone[0] and os.getppid() == parent:
+        time.sleep(0.5)
+    end = time.monotonic() + grace_s
+    while marked_processes(key, value) and time.monotonic() < end:
+        time.sleep(0.2)
+    quiet_until = time.monotonic() + 3.0  # until no marked process was seen for 3 s
+    while time.monotonic() < quiet_until:
+        left = marked_processes(key, value)
+        for pid in left:
+            _signal(pid, signal.SIGKILL)
+        if left:
+            quiet_until = time.monotonic() + 3.0
+        time.sleep(0.3)
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    """The guard: start the watcher and the server, wait for the server; see the module docstring."""
+    if argv[0] == "--watch":
+        return watch(float(argv[1]))
+    if argv[0] == "--reap-run":
+        return reap_run(argv[1], argv[2], float(argv[3]))
+    grace_s = float(argv[0])
+    command = argv[argv.index("--") + 1 :]
+    pgid = os.getpgrp()
+    parent, gone = _watch_parent()
+    watcher = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--watch", str(grace_s)])
+    child = subprocess.Popen(command, restore_signals=True)
+    spare = (watcher.pid,)
+    deadline = None
+    while True:
+        try:
+            rc = child.wait(timeout=0.5)
+            break
+        except subprocess.TimeoutExpired:
+            pass
+        gone[0] = gone[0] or os.getppid() != parent
+        if gone[0] and deadline is None:
+            print(f"[vime guard] the process that started pid {child.pid} is gone: stopping its group", flush=True)
+            for pid in group_members(pgid):
+                if pid != watcher.pid:
+                    _signal(pid, signal.SIGTERM)
+            deadline = time.monotonic() + grace_s
+        if deadline is not None and time.monotonic() > deadline:
+            for pid in group_members(pgid):
+                if pid != watcher.pid:
+                    _signal(pid, signal.SIGKILL)
+    # the server is gone: nothing it started may stay (engine-core and worker processes)
+    stop_group(pgid, min(grace_s, 2.0) if gone[0] else grace_s, spare)
+    watcher.kill()
+    watcher.wait()
+    if rc < 0:  # exit as the server did: by the same signal
+        signal.signal(-rc, signal.SIG_DFL)
+        os.kill(os.getpid(), -rc)
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
