@@ -7,12 +7,11 @@ variable ``VIME_FAULT_PLAN``::
      "raise_reward_step": 3, "kill_router_step": 4}
 
 * :func:`generate` (``--generate``): in the rollout of ``kill_engine_rollout_step`` the last sample of the batch
-  (the step's last generate call) first SIGKILLs the process group of the engine with the lowest port (the vLLM
-  API server and its engine core) while the batch's other requests are in flight there: the first generate call of
-  that step pauses the engine (``/pause?mode=keep``), so the requests routed to it wait in it until the kill, 1 s
-  after the last request was sent. In the rollout of
-  ``kill_router_step`` it SIGKILLs the router's process group. Then it generates with vime's default generate
-  function.
+  (the step's last generate call) first SIGKILLs the process group of the engine with the lowest port (vime's
+  process guard, the vLLM API server and its engine core) while the batch's other requests are in flight there:
+  the first generate call of that step pauses the engine (``/pause?mode=keep``), so the requests routed to it wait
+  in it until the kill, 1 s after the last request was sent. In the rollout of ``kill_router_step`` it SIGKILLs the
+  router's process group. Then it generates with vime's default generate function.
 * :class:`FaultyDiskDeltaWeightSync` (``--weight-sync``): ``disk-delta``, except that while applying version
   ``kill_engine_sync_version`` (the engines paused) it SIGKILLs the engine with the highest port just before
   loading into it. Its replacement then needs the full current version, after which the deltas resume.
@@ -92,14 +91,18 @@ def _listener_pid(port: int) -> int:
 
 
 def _engine_pid(port: int) -> int:
+    """The pid of the process group leader of the vLLM API server on ``port``: the server runs under vime's process
+    guard (``vime_core/rollout/process_guard.py``), which leads the group; the guard's own command line carries the
+    server's, so exactly one of the two matches is the server."""
     model = plan()["model"]
     hits = _pids("vllm.entrypoints.openai.api_server", f"--model {model} ", f"--port {port} ")
-    assert len(hits) == 1, f"expected one vLLM API server on port {port} serving {model}, found {hits}"
-    return hits[0][0]
+    servers = [pid for pid, cmd in hits if "process_guard.py" not in cmd]
+    assert len(servers) == 1, f"expected one vLLM API server on port {port} serving {model}, found {hits}"
+    return os.getpgid(servers[0])
 
 
-def _kill_group(pid: int) -> None:
-    os.killpg(pid, signal.SIGKILL)  # the server runs in its own session: pgid == pid
+def _kill_group(pgid: int) -> None:
+    os.killpg(pgid, signal.SIGKILL)  # the guard, the server, its engine core and workers
 
 
 async def _wait_all_workers(router_url: str, n: int, timeout_s: float = 600.0) -> None:

@@ -353,3 +353,42 @@ def test_a_disk_update_without_a_path_is_refused_when_applied_and_shutdown_never
     manager = _manager_with_hooks(tiny_model_dir, tmp_path)
     manager.monitor = Raising()
     manager.shutdown()  # logs, does not raise
+
+
+def test_a_weight_update_is_bounded_by_its_timeout_while_a_replacement_loads_or_an_engine_hangs(tmp_path, health_url):
+    """--weight-sync-timeout bounds the whole update: waiting for the monitor's lock (a replacement loading holds it)
+    and every engine call, not only the strategy's transfer (a paused engine that never answers, but whose /health
+    does, is a real error raised within the timeout)."""
+    recovery, ws = _disk_recovery(tmp_path)
+    engine = Engine(health_url, tmp_path / "e0.log")
+    monitor = EngineMonitor([engine], Router([health_url]), recovery, FAST)
+    held, release = threading.Event(), threading.Event()
+
+    def replacement_loading() -> None:
+        with monitor.lock:
+            held.set()
+            release.wait(30)
+
+    threading.Thread(target=replacement_loading, daemon=True).start()
+    held.wait(5)
+    t0 = time.monotonic()
+    with pytest.raises(TimeoutError) as e:
+        monitor.sync_weights(ws, ws.push([("w", torch.ones(2))], 1), "wait", 0.5)
+    assert time.monotonic() - t0 < 3.0
+    assert str(e.value) == (
+        "weight update 1: the engines were not free for it within --weight-sync-timeout 0.5 s "
+        "(a replacement engine was being loaded)"
+    )
+    assert engine.calls == [] and recovery.version == 0
+    release.set()
+
+    hang = threading.Event()
+    engine.pause = lambda mode: hang.wait(30)  # the engine takes the request and never answers
+    t0 = time.monotonic()
+    with pytest.raises(TimeoutError) as e:
+        monitor.sync_weights(ws, ws.push([("w", torch.ones(2))], 2), "wait", 0.5)
+    assert time.monotonic() - t0 < 3.0  # the timeout, then /health answers at once: a living engine's error
+    assert str(e.value) == f"pause of engine 0 ({health_url}) did not finish within 0.5 s"
+    assert monitor.slots[0].state == "up" and recovery.version == 0
+    hang.set()
+    monitor.stop()

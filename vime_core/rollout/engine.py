@@ -19,7 +19,7 @@ from typing import Any
 
 import httpx
 
-from vime_core.net import find_free_port
+from vime_core.net import find_free_port, wait_port_free
 from vime_core.passthrough import engine_python, vllm_engine_flags, vllm_release
 from vime_core.rollout.engine_api import (
     LOAD_LORA_ROUTE,
@@ -133,10 +133,39 @@ class VLLMServer(ManagedServer):
             base_url=self.url, timeout=request_timeout_s, trust_env=False, headers={"Connection": "close"}
         )
 
+    #: seconds a restart waits for the old server's port to be released before it moves to a fresh port
+    port_release_s: float = 10.0
+
     @property
     def url(self) -> str:
         """Base URL, e.g. ``http://127.0.0.1:8001``."""
         return f"http://{self.host}:{self.port}"
+
+    def move_to_port(self, port: int) -> None:
+        """Serve on ``port`` from the next :meth:`start` on (the :attr:`url` changes; the HTTP client follows)."""
+        self.port = port
+        self._http.close()
+        self._http = httpx.Client(
+            base_url=self.url, timeout=self.request_timeout_s, trust_env=False, headers={"Connection": "close"}
+        )
+
+    def start_again(self) -> int:
+        """Stop what is left of the server and start it again (returns at once; call :meth:`wait_ready`): on the
+        same port once the old process has released it, else — something still holds the port after
+        :attr:`port_release_s` seconds, e.g. a process that escaped the stopped group — on a fresh port, so the
+        replacement never dies of "Address already in use". :return: the port it starts on."""
+        self.stop()
+        if not wait_port_free(self.host, self.port, self.port_release_s):
+            old = self.port
+            self.move_to_port(find_free_port(self.host))
+            logger.warning(
+                "port %d is still held %.0f s after its engine stopped; starting the replacement on %s",
+                old,
+                self.port_release_s,
+                self.url,
+            )
+        self.start()
+        return self.port
 
     def command(self) -> list[str]:
         """The argv used to start the server."""

@@ -89,14 +89,14 @@ class EngineActor:
         return {**self.launch_spec(), "pid": self.server.proc.pid}
 
     def restart(self) -> int:
-        """Stop what is left of the server, keep its log as ``<log>.exit<N>.log``, start it again on the same port
-        (returns at once; call :meth:`wait_ready`). :return: the new server's pid."""
+        """Stop what is left of the server, keep its log as ``<log>.exit<N>.log``, start it again on the same port,
+        or on a fresh one if the old is still held (:meth:`VLLMServer.start_again`; returns at once, call
+        :meth:`wait_ready`). :return: the port the server starts on."""
         self.server.stop()
         self.restarts = getattr(self, "restarts", 0) + 1
         keep_log(self.server.log_path, self.restarts)
         self._stopped.clear()
-        self.server.start()
-        return self.server.proc.pid
+        return self.server.start_again()
 
     def wait_ready(self, timeout_s: float) -> float:
         """:meth:`VLLMServer.wait_ready` here. :raises VLLMServerError / TimeoutError: with the log tail."""
@@ -188,10 +188,13 @@ class RemoteEngine(VLLMServer):
         self.exit_ref = actor.wait_exit.remote()
 
     def restart(self) -> None:
-        """Have the actor restart the server on its node (same port; see :meth:`EngineActor.restart`)."""
+        """Have the actor restart the server on its node (the same port, or a fresh one if the old is still held:
+        :meth:`EngineActor.restart`; :attr:`url` follows)."""
         import ray
 
-        ray.get(self.actor.restart.remote())
+        port = ray.get(self.actor.restart.remote())
+        if port != self.port:
+            self.move_to_port(port)
         self.exit_ref = self.actor.wait_exit.remote()
 
     def exit_code(self) -> int | None:

@@ -6,7 +6,8 @@ A background thread of the rollout manager checks every ``--rollout-health-check
   exit its :class:`~vime_core.rollout.engine_actor.EngineActor` reported) and vLLM's ``GET /health``; an engine
   whose process exited, or whose ``/health`` kept failing for ``--rollout-engine-hang-timeout`` seconds, is *down*:
   it is removed from the router at once (vllm-router's ``POST /remove_worker``) and a replacement is started in
-  its slot (same port, same flags; the crashed engine's log is kept as ``<log>.exit<N>.log``) after
+  its slot (same flags, same port unless the old process still holds it; the crashed engine's log is kept as
+  ``<log>.exit<N>.log``) after
   ``--rollout-engine-restart-backoff × 2^(k-1)`` seconds for its k-th restart, at most
   ``--rollout-max-engine-restarts`` times per slot. Once ready the replacement is brought to the current weight
   version (a full load, after which deltas resume: :mod:`vime_core.rollout.weight_recovery`) and re-added to the
@@ -56,7 +57,7 @@ import httpx
 from vime_core.config import EngineConfig
 from vime_core.failures import FailureCause, classify_failure
 from vime_core.rollout.weight_recovery import WeightRecovery
-from vime_core.weight_sync.base import WeightSyncStrategy, WeightUpdate
+from vime_core.weight_sync.base import WeightSyncStrategy, WeightUpdate, call_with_timeout
 
 logger = logging.getLogger("vime.rollout")
 
@@ -143,14 +144,19 @@ def keep_log(path: str | Path, n: int) -> Path | None:
 
 
 def restart_engine(engine: Any) -> None:
-    """Stop what is left of ``engine`` and start it again on the same port (returns at once).
+    """Stop what is left of ``engine`` and start it again (returns at once): on the same port, or on a fresh one when
+    the old process still holds it (``engine.url`` then changes; the caller adds the new URL to the router).
 
     An engine with its own ``restart`` (a :class:`~vime_core.rollout.engine_actor.RemoteEngine`, whose actor restarts
-    the server on its node) uses it; a local server is stopped and started here.
+    the server on its node) uses it; a local :class:`~vime_core.rollout.engine.VLLMServer` uses ``start_again``.
     """
     own = getattr(engine, "restart", None)
     if callable(own):
         own()
+        return
+    again = getattr(engine, "start_again", None)
+    if callable(again):
+        again()
         return
     engine.stop()
     engine.start()
@@ -440,7 +446,8 @@ class EngineMonitor:
         """Pause the engines that are up, apply ``update``, reset prefix caches, label the version, resume.
 
         An engine that fails a step and is then found dead (or hung) is taken down and replaced (the replacement
-        loads ``update``); any other failure raises, as without the monitor. Holds :attr:`lock`.
+        loads ``update``); any other failure raises, as without the monitor. Holds :attr:`lock`, waiting at most
+        ``timeout_s`` for it (a replacement loading); every engine call is bounded by ``timeout_s`` too.
 
         :param mode: the pause mode (``"wait"``, or ``"keep"`` in fully-async).
         :return: ``(metrics, updates whose files may be removed now)``; metrics ``weight_sync/engines_synced`` and
@@ -448,7 +455,8 @@ class EngineMonitor:
             (the strategy's transfer and load), ``weight_sync/label_seconds`` (prefix-cache reset and version
             label), ``weight_sync/resume_seconds``.
         :raises EnginesLostError: if no engine is left and none can come back.
-        :raises TimeoutError / RuntimeError: from a living engine or the strategy.
+        :raises TimeoutError: if the lock or a living engine's call is not had within ``timeout_s``.
+        :raises RuntimeError: from a living engine or the strategy.
         """
         own_apply_all = type(weight_sync).apply_all is not WeightSyncStrategy.apply_all
         phase = dict.fromkeys(("pause", "load", "label", "resume"), 0.0)
@@ -460,10 +468,24 @@ class EngineMonitor:
             finally:
                 phase[name] += time.perf_counter() - t0
 
-        with self.lock:
+        def bounded(slot: EngineSlot, what: str, fn: Callable[[], Any]) -> Callable[[], Any]:
+            # every engine call of the update is bounded by the timeout, not only the strategy's transfer
+            return lambda: call_with_timeout(fn, timeout_s, f"{what} of engine {slot.index} ({slot.engine.url})")
+
+        # a replacement loading the current version holds the lock: the update waits for it, within the timeout
+        if not self.lock.acquire(timeout=timeout_s):
+            raise TimeoutError(
+                f"weight update {update.version}: the engines were not free for it within --weight-sync-timeout "
+                f"{timeout_s:g} s (a replacement engine was being loaded)"
+            )
+        try:
             self.raise_if_lost()
             slots = [s for s in self.slots if s.state == "up"]
-            paused = [s for s in slots if self._guard(s, lambda s=s: timed("pause", lambda: s.engine.pause(mode)))]
+            paused = [
+                s
+                for s in slots
+                if self._guard(s, lambda s=s: timed("pause", bounded(s, "pause", lambda: s.engine.pause(mode))))
+            ]
             try:
                 if own_apply_all:  # one collective over every engine (nccl): no engine can be left out
                     timed("load", lambda: weight_sync.apply_all([s.engine for s in paused], update, timeout_s))
@@ -474,16 +496,19 @@ class EngineMonitor:
                     def step(s: EngineSlot = s) -> None:
                         if not own_apply_all:
                             timed("load", lambda: weight_sync.apply(s.engine, update, timeout_s))
-                        timed("label", s.engine.reset_prefix_cache)
-                        timed("label", lambda: s.engine.set_weight_version(update.version))
+                        timed("label", bounded(s, "prefix-cache reset", s.engine.reset_prefix_cache))
+                        label = bounded(s, "version label", lambda: s.engine.set_weight_version(update.version))
+                        timed("label", label)
 
                     self._guard(s, step)
             finally:
                 for s in paused:
                     if s.state == "up":
-                        self._guard(s, lambda s=s: timed("resume", s.engine.resume))
+                        self._guard(s, lambda s=s: timed("resume", bounded(s, "resume", s.engine.resume)))
             cleanup = self.recovery.applied(update)
             synced = sum(s.state == "up" for s in paused)
+        finally:
+            self.lock.release()
         metrics = {"weight_sync/engines_synced": float(synced)}
         metrics.update({f"weight_sync/{k}_seconds": v for k, v in phase.items()})
         return metrics, cleanup
