@@ -601,6 +601,12 @@ def build_parser(add_plugin_arguments: bool = True) -> argparse.ArgumentParser:
         help="times one sample is regenerated after its engine or the router failed under it (connection/engine "
         "error or timeout; default 3); it waits for an engine that serves first. Then it fails with its cause",
     )
+    g.add_argument(
+        "--rollout-engine-access-log",
+        action="store_true",
+        help="keep vLLM's access log (one line per HTTP request) in OUTPUT_DIR/logs/vllm_engine_*.log; off by "
+        "default (--disable-uvicorn-access-log): the engine log holds what the engine itself reports",
+    )
     g.add_argument("--vllm-router-ip", default=None, help="use this running router instead of starting one")
     g.add_argument(
         "--vllm-router-port", type=int, default=None, help="port of the running router (with --vllm-router-ip)"

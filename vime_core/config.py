@@ -138,6 +138,7 @@ class EngineConfig(_Section):
     rollout_health_check_interval: float
     rollout_engine_hang_timeout: float
     rollout_max_request_retries: int
+    rollout_engine_access_log: bool
     update_weight_disk_dir: Path | None  # a replacement engine's full load is written there (rollout/health.py)
     vllm_router_ip: str | None
     vllm_router_port: int | None

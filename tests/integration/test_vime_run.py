@@ -107,6 +107,11 @@ def test_vllm_and_router_flags_reach_the_real_processes(two_step_run):
     out, _ = two_step_run
     engine_log = (out / "logs" / "vllm_engine_0.log").read_text()
     assert "'max_model_len': 1024" in engine_log  # vLLM's own "non-default args" line
+    # the engine log holds what the engine reports: no access line per request (--rollout-engine-access-log keeps
+    # them), no "Failed to load weights" for the rotary embeddings and the tied LM head after each sync
+    assert "'disable_uvicorn_access_log': True" in engine_log
+    assert '"POST /' not in engine_log and '"GET /' not in engine_log
+    assert "Failed to load weights" not in engine_log and "Reloading weights" in engine_log
     router_log = (out / "logs" / "router.log").read_text()
     assert "policy: Random" in router_log and "max_payload: 256MB" in router_log
 

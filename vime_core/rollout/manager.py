@@ -147,6 +147,8 @@ class RolloutManager:
         on_gpu = self.engines_on_gpu
         cfg = self.engine_config
         vllm_args = list(cfg.vllm_args) + engine_dtype(cfg.vllm_args, cfg.train_dtype, on_gpu)  # bf16 on a GPU
+        if not cfg.rollout_engine_access_log and "--disable-uvicorn-access-log" not in vllm_args:
+            vllm_args.append("--disable-uvicorn-access-log")  # one log line per request drowns the engine's own
         env: dict[str, str] = {}
         if self.adapters is not None:  # vLLM's LoRA serving with the runtime adapter routes
             flags, env = lora_launch(

@@ -110,6 +110,41 @@ def refresh_cpu_embeddings(model: Any) -> int:
     return n
 
 
+#: the vLLM logger of the layer-wise reload ("<Layer>: Failed to load weights" for a layer the update held nothing for)
+RELOAD_LOGGER = "vllm.model_executor.model_loader.reload.layerwise"
+
+
+class BenignReloadWarnings(logging.Filter):
+    """Drops vLLM's ``"<Layer>: Failed to load weights"`` warning, logged after every reload, for the layers that own
+    no checkpoint tensor of their own: rotary embeddings (their tables are computed, not loaded) and, where the model
+    ties its word embeddings, the LM head (it is the embedding's weight, loaded through the embedding). For any other
+    layer the warning means the update missed its weights and is kept.
+
+    :param tied_lm_head: whether the served model ties ``lm_head`` to ``embed_tokens``.
+    """
+
+    def __init__(self, tied_lm_head: bool) -> None:
+        super().__init__()
+        self.tied_lm_head = tied_lm_head
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not (isinstance(record.msg, str) and record.msg.endswith("Failed to load weights") and record.args):
+            return True
+        layer = str(record.args[0]) if isinstance(record.args, tuple) else ""
+        if layer.endswith("RotaryEmbedding"):
+            return False
+        return not (self.tied_lm_head and layer.endswith("LMHead"))
+
+
+def quiet_benign_reload_warnings(worker: Any) -> None:
+    """Install :class:`BenignReloadWarnings` on vLLM's reload logger in this worker process (once)."""
+    log = logging.getLogger(RELOAD_LOGGER)
+    if any(isinstance(f, BenignReloadWarnings) for f in log.filters):
+        return
+    hf_config = worker.model_runner.model_config.hf_config
+    log.addFilter(BenignReloadWarnings(bool(getattr(hf_config, "tie_word_embeddings", False))))
+
+
 class VimeWorkerExtension:
     """Mixed into the vLLM worker by ``--worker-extension-cls``; adds :meth:`vime_load_weights` (full or partial
     safetensors reload) and :meth:`vime_apply_delta` (``disk-delta`` weight sync)."""
@@ -152,6 +187,7 @@ class VimeWorkerExtension:
             yield from fill.items()
 
         try:
+            quiet_benign_reload_warnings(self)
             self.reload_weights(weights_iterator=tensors())  # type: ignore[attr-defined]
         except BaseException:
             receiver.reset(None, None)  # partly loaded: unknown weights
@@ -259,6 +295,7 @@ class VimeWorkerExtension:
             names = receiver.load_set(prepared)
             t0 = time.perf_counter()
             if names:
+                quiet_benign_reload_warnings(self)
                 self.reload_weights(  # type: ignore[attr-defined]
                     weights_iterator=receiver.iter_tensors(prepared, names)
                 )
@@ -320,6 +357,7 @@ class VimeWorkerExtension:
 
         stream = receive_weights(src=0, group=self._vime_broadcast_group)
         try:
+            quiet_benign_reload_warnings(self)
             self.reload_weights(weights_iterator=counted(stream))  # type: ignore[attr-defined]
         finally:
             for _ in stream:  # drain to the end marker so the next version starts in step with the sender
@@ -344,6 +382,7 @@ class VimeWorkerExtension:
                 counter[0] += 1
                 yield item
 
+        quiet_benign_reload_warnings(self)
         self.reload_weights(weights_iterator=counted())  # type: ignore[attr-defined]
         self._vime_delta_receiver().reset(None, None)
         logger.info("received version %s by CUDA IPC: %d tensors", version, counter[0])

@@ -1,0 +1,58 @@
+"""What the engine log holds (:mod:`vime_core.rollout.worker_extension`, the engine launch in the rollout manager): no
+access line per request unless asked, and vLLM's "Failed to load weights" warning only where it means something."""
+
+from __future__ import annotations
+
+import logging
+from types import SimpleNamespace
+
+import pytest
+
+from vime_core.rollout.worker_extension import RELOAD_LOGGER, BenignReloadWarnings, quiet_benign_reload_warnings
+
+pytestmark = pytest.mark.unit
+
+
+def _warning(layer: str) -> logging.LogRecord:
+    # exactly what vLLM's layerwise.py logs: logger.warning("%s: Failed to load weights", layer.__class__.__name__)
+    return logging.LogRecord(
+        RELOAD_LOGGER, logging.WARNING, "layerwise.py", 266, "%s: Failed to load weights", (layer,), None
+    )
+
+
+@pytest.mark.parametrize(
+    ("tied", "layer", "kept"),
+    [
+        (True, "RotaryEmbedding", False),
+        (False, "Llama3RotaryEmbedding", False),
+        (True, "ParallelLMHead", False),
+        (False, "ParallelLMHead", True),  # an untied head the update did not hold: a real problem
+        (True, "QKVParallelLinear", True),
+        (True, "VocabParallelEmbedding", True),
+    ],
+)
+def test_only_layers_without_weights_of_their_own_are_quiet(tied, layer, kept):
+    assert BenignReloadWarnings(tied).filter(_warning(layer)) is kept
+
+
+def test_other_records_pass_and_the_filter_is_installed_once():
+    f = BenignReloadWarnings(True)
+    other = logging.LogRecord(RELOAD_LOGGER, logging.WARNING, "x.py", 1, "%s: Delayed processing", ("X",), None)
+    assert f.filter(other) is True
+    worker = SimpleNamespace(model_runner=SimpleNamespace(model_config=SimpleNamespace(hf_config=SimpleNamespace())))
+    log = logging.getLogger(RELOAD_LOGGER)
+    before = list(log.filters)
+    try:
+        quiet_benign_reload_warnings(worker)
+        quiet_benign_reload_warnings(worker)
+        added = [x for x in log.filters if x not in before]
+        assert len(added) == 1 and added[0].tied_lm_head is False  # no tie_word_embeddings: not tied
+    finally:
+        log.filters[:] = before
+
+
+def test_the_engine_access_log_is_off_unless_asked():
+    from vime_core.arguments import default_args
+
+    assert default_args().rollout_engine_access_log is False
+    assert default_args(rollout_engine_access_log=True).rollout_engine_access_log is True
