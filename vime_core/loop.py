@@ -41,7 +41,7 @@ from vime_core.orchestration import (
     wait_setup,
 )
 from vime_core.plugins import get_plugins
-from vime_core.progress import RolloutProgress, StepProgress, rollout_phase
+from vime_core.progress import RolloutProgress, StepProgress, rollout_phase, summary_lines
 from vime_core.report import write_report
 from vime_core.rollout.health import EnginesLostError, engines_lost
 from vime_core.rollout.manager import RolloutManager, rollout_metrics
@@ -236,7 +236,8 @@ def _run_on_ray(
                 trainer.save_adapter(str(out / "final_adapter"))
                 summary["final_adapter"] = str(out / "final_adapter")
         write_json_atomic(out / "summary.json", summary)
-        console.print("[vime] summary: " + json.dumps(summary))
+        for line in summary_lines(summary):
+            console.print(line)
         if log.report:
             console.print(f"[vime] report: {write_report(out)}")
         return summary
@@ -287,7 +288,8 @@ def _evaluate_locked(args: argparse.Namespace, cfg: RunConfig, out: Path, model_
         manager.shutdown()
     summary = {"model": str(model_path), "output_dir": str(out), **metrics}
     write_json_atomic(out / "summary.json", summary)
-    console.print("[vime] summary: " + json.dumps(summary))
+    for line in summary_lines(summary):
+        console.print(line)
     return summary
 
 

@@ -4,7 +4,8 @@
   (:func:`step_line`, e.g. ``[vime] step 3/10 | reward 0.500 | resp_len 12.0 | rollout 2.0s | train 3.0s | sync
   1.0s | |Δlogp| 0.0012``);
 * a terminal: the same step lines, plus a live rich bar under them with the current phase (``rollout 12/32
-  samples``, ``train``, ``sync``), removed when the run ends.
+  samples``, ``train``, ``sync``), removed when the run ends;
+* at the end, a short summary (:func:`summary_lines`); the whole record stays in ``OUTPUT_DIR/summary.json``.
 
 :class:`RolloutProgress` is the counter the rollout manager (a Ray actor) updates as samples finish and the driver
 reads while it waits for the rollout.
@@ -39,6 +40,35 @@ def step_line(step: int, total: int, m: dict[str, float]) -> str:
     if "train/train_rollout_logprob_abs_diff" in m:
         parts.append(f"|Δlogp| {m['train/train_rollout_logprob_abs_diff']:.4f}")
     return "[vime] " + " | ".join(parts)
+
+
+def summary_lines(summary: dict) -> list[str]:
+    """The closing lines of ``vime run`` / ``vime eval`` from their ``summary.json`` record: steps and reward, the
+    evaluations' reward first → last per set, where the outputs are. Fields the record lacks are left out."""
+    lines = []
+    if "steps_run" in summary:
+        first = summary["first_step"]
+        text = f"[vime] done: {summary['steps_run']} step(s), {first} → {first + summary['steps_run']}"
+        if summary.get("mean_step_seconds") is not None:
+            text += f", {summary['mean_step_seconds']:.1f} s a step"
+        if summary.get("reward_first") is not None:
+            text += f" | reward {summary['reward_first']:.3f} → {summary['reward_last']:.3f}"
+            text += f" (mean {summary['reward_mean']:.3f})"
+        lines.append(text)
+    first_eval, last_eval = summary.get("eval_first"), summary.get("eval_last")
+    evals = {k: v for k, v in summary.items() if k.startswith("eval/") and k.endswith("/reward_mean")}
+    if first_eval and last_eval:
+        keys = sorted(k for k in first_eval if k.startswith("eval/") and k.endswith("/reward_mean"))
+        parts = [f"{k.split('/')[1]} {first_eval[k]:.3f} → {last_eval[k]:.3f}" for k in keys if k in last_eval]
+        if parts:
+            lines.append("[vime] eval reward: " + " | ".join(parts))
+    elif evals:
+        parts = [f"{k.split('/')[1]} {v:.3f}" for k, v in sorted(evals.items())]
+        lines.append("[vime] eval reward: " + " | ".join(parts))
+    outputs = [name for name in ("final_hf", "final_adapter") if summary.get(name)]
+    where = f"[vime] outputs: {summary['output_dir']} (summary.json, metrics.jsonl"
+    lines.append(where + "".join(f", {name}/" for name in outputs) + ")")
+    return lines
 
 
 class RolloutProgress:

@@ -1,5 +1,6 @@
-"""What the engine log holds (:mod:`vime_core.rollout.worker_extension`, the engine launch in the rollout manager): no
-access line per request unless asked, and vLLM's "Failed to load weights" warning only where it means something."""
+"""What the logs hold: the engine log no access line per request unless asked, and vLLM's "Failed to load weights"
+warning only where it means something (:mod:`vime_core.rollout.worker_extension`); the run's closing lines a short
+summary, not the JSON record (:func:`vime_core.progress.summary_lines`)."""
 
 from __future__ import annotations
 
@@ -56,3 +57,31 @@ def test_the_engine_access_log_is_off_unless_asked():
 
     assert default_args().rollout_engine_access_log is False
     assert default_args(rollout_engine_access_log=True).rollout_engine_access_log is True
+
+
+def test_the_closing_summary_is_a_few_short_lines():
+    from vime_core.progress import summary_lines
+
+    run = {
+        "output_dir": "/o",
+        "steps_run": 2,
+        "first_step": 3,
+        "reward_first": 0.390625,
+        "reward_last": 0.484375,
+        "reward_mean": 0.4375,
+        "mean_step_seconds": 26.04,
+        "eval_first": {"eval/arith/reward_mean": 0.455, "eval/arith/pass@4": 0.6, "eval/gsm/reward_mean": 0.1},
+        "eval_last": {"eval/arith/reward_mean": 0.566, "eval/arith/pass@4": 0.7, "eval/gsm/reward_mean": 0.25},
+        "final_hf": "/o/final_hf",
+        "ray_node_ip": "127.0.0.1",
+    }
+    assert summary_lines(run) == [
+        "[vime] done: 2 step(s), 3 → 5, 26.0 s a step | reward 0.391 → 0.484 (mean 0.438)",
+        "[vime] eval reward: arith 0.455 → 0.566 | gsm 0.100 → 0.250",
+        "[vime] outputs: /o (summary.json, metrics.jsonl, final_hf/)",
+    ]
+    evaluation = {"model": "/m", "output_dir": "/e", "eval/arith/reward_mean": 0.5, "eval/arith/pass@4": 0.75}
+    assert summary_lines(evaluation) == [
+        "[vime] eval reward: arith 0.500",
+        "[vime] outputs: /e (summary.json, metrics.jsonl)",
+    ]
