@@ -24,6 +24,7 @@ import argparse
 import inspect
 import logging
 import os
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -332,6 +333,23 @@ class TrainerGroup:
             )
 
 
+#: the environment of Ray's worker processes (the trainer, the rollout manager, engine actors): no tqdm bars, whose
+#: carriage-return redraws Ray forwards to the driver's log one line each
+QUIET_WORKER_ENV = {"TQDM_DISABLE": "1", "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
+
+
+def quiet_worker_output(stderr_is_tty: bool) -> dict[str, str]:
+    """Set, in this process's environment, :data:`QUIET_WORKER_ENV` and, when the driver's stderr is not a terminal
+    (a log file, CI), ``RAY_COLOR_PREFIX=0`` (Ray then writes its ``(Actor pid=N)`` prefixes without ANSI colour
+    codes). Values the user set are kept. :return: the worker variables now set."""
+    wanted = dict(QUIET_WORKER_ENV)
+    if not stderr_is_tty:
+        wanted["RAY_COLOR_PREFIX"] = "0"
+    for key, value in wanted.items():
+        os.environ.setdefault(key, value)
+    return {key: os.environ[key] for key in QUIET_WORKER_ENV}
+
+
 def init_ray(num_cpus: int | None = None, address: str | None = None, worker_niceness: int = 0) -> None:
     """Start a local Ray instance bound to 127.0.0.1, or join the running cluster at ``address`` (idempotent).
 
@@ -349,6 +367,8 @@ def init_ray(num_cpus: int | None = None, address: str | None = None, worker_nic
 
     if ray.is_initialized():
         return
+    # a local instance's workers inherit this environment; a joined cluster's workers have `ray start`'s
+    quiet_worker_output(sys.stderr.isatty())
     if address:
         if address == "auto":
             address = os.environ.get("RAY_ADDRESS")

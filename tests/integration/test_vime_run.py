@@ -95,6 +95,11 @@ def test_two_steps_complete_with_progress_and_summary(two_step_run):
             line,
         ), line
     assert "\x1b[" not in proc.stdout and "━" not in proc.stdout
+    # nor in what Ray forwards from the actors: no colour codes around "(Actor pid=N)", no tqdm redraws
+    assert "\x1b[" not in proc.stderr and "it/s]" not in proc.stderr, proc.stderr[-3000:]
+    # the closing lines: short, the JSON record only in summary.json
+    assert f"[vime] outputs: {out} (summary.json, metrics.jsonl, final_hf/)" in proc.stdout
+    assert "[vime] summary:" not in proc.stdout
     summary = json.loads((out / "summary.json").read_text())
     assert summary["steps_run"] == 2 and summary["first_step"] == 0
     assert summary["ray_node_ip"] == "127.0.0.1"  # Ray stayed on loopback in a real run

@@ -1,6 +1,7 @@
 """What the logs hold: the engine log no access line per request unless asked, and vLLM's "Failed to load weights"
 warning only where it means something (:mod:`vime_core.rollout.worker_extension`); the run's closing lines a short
-summary, not the JSON record (:func:`vime_core.progress.summary_lines`)."""
+summary, not the JSON record (:func:`vime_core.progress.summary_lines`); what Ray forwards from its workers no
+tqdm bars or colour codes (:func:`vime_core.orchestration.quiet_worker_output`)."""
 
 from __future__ import annotations
 
@@ -85,3 +86,17 @@ def test_the_closing_summary_is_a_few_short_lines():
         "[vime] eval reward: arith 0.500",
         "[vime] outputs: /e (summary.json, metrics.jsonl)",
     ]
+
+
+@pytest.mark.parametrize("tty", [False, True])
+def test_ray_workers_write_no_progress_bars_and_no_colour_codes_into_a_log(monkeypatch, tty):
+    from vime_core.orchestration import quiet_worker_output
+
+    for key in ("TQDM_DISABLE", "HF_HUB_DISABLE_PROGRESS_BARS", "RAY_COLOR_PREFIX"):
+        monkeypatch.delenv(key, raising=False)
+    assert quiet_worker_output(tty) == {"TQDM_DISABLE": "1", "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
+    import os
+
+    assert os.environ.get("RAY_COLOR_PREFIX") == (None if tty else "0")
+    monkeypatch.setenv("TQDM_DISABLE", "0")  # the user's choice is kept
+    assert quiet_worker_output(tty)["TQDM_DISABLE"] == "0"
