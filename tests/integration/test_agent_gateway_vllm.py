@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections import Counter
 
 import anthropic
 import openai
@@ -72,6 +73,11 @@ def close_and_check(gw, sid, n_turns):
     assert len({s.episode_id for s in samples}) == 1
     last = turns[-1]
     assert samples[-1].tokens[: len(last.prompt_ids) + len(last.output_ids)] == last.prompt_ids + last.output_ids
+    for s in samples:  # each segment counts the tool-call parse failures (by reason) of exactly the turns it holds
+        held = Counter()
+        for i in s.metadata["trajectory"]["turns"]:
+            held.update(turns[i].metadata["tool_parse_failures"])
+        assert s.metadata["tool_parse_failures"] == dict(held)
     return samples, turns
 
 

@@ -210,7 +210,10 @@ class AgentGateway:
         timeout_s: float = 60.0,
     ) -> list[Sample]:
         """End the episode of ``sid`` and return its Samples (one per trajectory segment, sharing a
-        ``episode_id``; see :meth:`vime_core.agent.trajectory.Trajectory.to_samples`).
+        ``episode_id``; see :meth:`vime_core.agent.trajectory.Trajectory.to_samples`). Each sample's
+        ``metadata["tool_parse_failures"]`` counts the tool-call parse failures of the turns its segment holds, by
+        reason (:class:`~vime_core.agent.tool_parse_failures.ToolParseFailure`; ``{}`` when none), so the samples
+        sum to the episode's failures.
 
         Waits up to ``timeout_s`` seconds for the session's in-flight requests; later ones get a 401.
 
@@ -236,6 +239,12 @@ class AgentGateway:
                 **(extra_metadata or {}),
             }
             samples = session.trajectory.to_samples(base_sample, reward, extra_metadata=meta)
+            for s in samples:
+                s.metadata["tool_parse_failures"] = {}
+            for turn, placed in zip(session.turns, session.placements, strict=True):
+                counts = samples[placed.segment].metadata["tool_parse_failures"]
+                for reason, n in turn.metadata["tool_parse_failures"].items():
+                    counts[reason] = counts.get(reason, 0) + n
         with self._lock:
             self._sessions.pop(sid, None)
         return samples
@@ -417,6 +426,7 @@ class AgentGateway:
         calls: list[ToolCall] = []
         ill_formed = False
         value_errors: list[str] = []  # arguments kept as text because they do not fit the tool's schema
+        failures: dict[str, int] = {}  # parse failures by reason (ToolParseFailure values)
         content = visible
         if req.tools and req.tool_choice != "none" and out.finish_reason != "length":
             # a turn cut by the token budget is never executed: its text (a call cut in the middle included) goes
@@ -424,6 +434,7 @@ class AgentGateway:
             parsed = parse_with_tools(self.renderer.parser, visible, req.tools)
             content, calls, ill_formed = parsed.content, parsed.tool_calls, parsed.ill_formed
             value_errors = list(parsed.value_errors)
+            failures = parsed.failure_counts()
             prefix = "toolu_" if req.api == "anthropic" else "call_"
             for c in calls:
                 c.id = prefix + uuid.uuid4().hex[:24]
@@ -451,14 +462,16 @@ class AgentGateway:
                 "stop": stop,
                 "constrained": "structured_outputs" in params,
                 "tool_value_errors": value_errors,
+                "tool_parse_failures": failures,
             },
         )
         with session.lock:
             if session.closed:
                 logger.warning("session %s closed while a request was in flight; turn not recorded", session.sid)
             else:
+                placed = session.trajectory.record(turn, plan)
                 session.turns.append(turn)
-                session.placements.append(session.trajectory.record(turn, plan))
+                session.placements.append(placed)
                 if self.history == "model":
                     self._remember_output(session, content, calls, ids)
         return ChatResult(content, calls, stop, stop_sequence, len(plan.prompt_ids), len(ids))

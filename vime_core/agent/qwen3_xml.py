@@ -31,6 +31,7 @@ from vime_core.agent.tool_parsers import (
     ParseResult,
     ToolCall,
     ToolCallStream,
+    ToolParseFailure,
     ToolParser,
     _BufferedStream,
     register_tool_parser,
@@ -114,6 +115,7 @@ class Qwen3XMLToolParser(ToolParser):
         schemas = self._schemas(tools)
         calls: list[ToolCall] = []
         errors: list[str] = []
+        reasons: list[str] = []
         value_errors: list[str] = []
         content: list[str] = []
         pos = 0
@@ -123,6 +125,7 @@ class Qwen3XMLToolParser(ToolParser):
             fn = _FUNCTION.match(m.group(1))
             if fn is None:
                 errors.append(f"a <tool_call> without one <function=NAME>...</function>: {m.group(1)[:200]!r}")
+                reasons.append(ToolParseFailure.NOT_A_CALL.value)
                 content.append(m.group(0))
                 continue
             name = fn.group(1).strip()
@@ -138,6 +141,7 @@ class Qwen3XMLToolParser(ToolParser):
         rest = text[pos:]
         if "<tool_call>" in rest:
             errors.append(f"an unclosed <tool_call>: {rest[rest.index('<tool_call>') :][:200]!r}")
+            reasons.append(ToolParseFailure.UNCLOSED.value)
         content.append(rest)
         joined = "".join(content)
         return ParseResult(
@@ -145,6 +149,7 @@ class Qwen3XMLToolParser(ToolParser):
             tool_calls=calls,
             ill_formed=bool(errors),
             errors=errors,
+            error_reasons=reasons,
             value_errors=value_errors,
         )
 

@@ -32,8 +32,11 @@ import importlib
 import inspect
 import json
 import uuid
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
+
+from vime_core.agent.tool_parse_failures import ToolParseFailure
 
 
 @dataclass
@@ -64,15 +67,36 @@ class ParseResult:
     :ivar ill_formed: the turn tried to call a tool but the call could not be parsed (bad JSON, missing name,
         unclosed tag). The broken text stays in ``content``.
     :ivar errors: one message per ill-formed call.
+    :ivar error_reasons: the :class:`ToolParseFailure` value of each entry of ``errors``, in order.
     :ivar value_errors: one message per argument kept as its raw text because it does not fit the tool's schema
         (formats whose values are typed by the schema, e.g. ``qwen3_coder``); the call itself is kept.
+    :raises ValueError: (on construction) ``error_reasons`` does not give one reason per error.
     """
 
     content: str
     tool_calls: list[ToolCall] = field(default_factory=list)
     ill_formed: bool = False
     errors: list[str] = field(default_factory=list)
+    error_reasons: list[str] = field(default_factory=list)
     value_errors: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if len(self.error_reasons) != len(self.errors):
+            n, k = len(self.errors), len(self.error_reasons)
+            raise ValueError(f"ParseResult: {n} errors but {k} error_reasons (one ToolParseFailure value per error)")
+
+    def failure_counts(self) -> dict[str, int]:
+        """Parse failures of the turn by reason (``{}`` when it parsed cleanly): every ill-formed call under its
+        reason, every argument kept as raw text under ``value_type``."""
+        counts = Counter(self.error_reasons)
+        if self.value_errors:
+            counts[ToolParseFailure.VALUE_TYPE.value] += len(self.value_errors)
+        return dict(counts)
+
+
+def _reason_of(error: ValueError) -> ToolParseFailure:
+    """``bad_json`` for JSON that does not decode, else ``bad_call`` (a decoded object that is not a call)."""
+    return ToolParseFailure.BAD_JSON if isinstance(error, json.JSONDecodeError) else ToolParseFailure.BAD_CALL
 
 
 def new_call_id() -> str:
@@ -205,6 +229,7 @@ class ToolCallStream:
         self._content: list[str] = []
         self._calls: list[ToolCall] = []
         self._errors: list[str] = []
+        self._reasons: list[str] = []
         self._value_errors: list[str] = []
         self._closed = False
 
@@ -236,10 +261,15 @@ class ToolCallStream:
             tool_calls=list(self._calls),
             ill_formed=bool(self._errors),
             errors=list(self._errors),
+            error_reasons=list(self._reasons),
             value_errors=list(self._value_errors),
         )
 
     # -- for subclasses ------------------------------------------------------------------------------------------
+    def _fail(self, reason: ToolParseFailure, message: str) -> None:
+        self._errors.append(message)
+        self._reasons.append(reason.value)
+
     def _text(self, text: str, events: list[StreamEvent]) -> None:
         if text:
             self._content.append(text)
@@ -272,6 +302,7 @@ class _BufferedStream(ToolCallStream):
         for c in r.tool_calls:
             self._call(c, events)
         self._errors.extend(r.errors)
+        self._reasons.extend(r.error_reasons)
         self._value_errors.extend(r.value_errors)
 
 
@@ -324,7 +355,7 @@ class _HermesStream(ToolCallStream):
                     self._phase = "json"
                 else:
                     self._phase = "raw"
-                    self._errors.append("<tool_call> is not followed by a JSON object")
+                    self._fail(ToolParseFailure.NOT_A_CALL, "<tool_call> is not followed by a JSON object")
             elif self._phase == "json":
                 self._scan_json()
             elif self._phase == "post":
@@ -379,7 +410,7 @@ class _HermesStream(ToolCallStream):
             try:
                 call = _call_from_obj(json.loads(obj))
             except (ValueError, json.JSONDecodeError) as e:
-                self._errors.append(f"{type(e).__name__}: {e}")
+                self._fail(_reason_of(e), f"{type(e).__name__}: {e}")
                 self._text("".join(self._block), events)  # an unparseable call stays visible as text
             else:
                 self._call(call, events)
@@ -387,7 +418,7 @@ class _HermesStream(ToolCallStream):
         if self._end.startswith(buf):
             return False  # a partial end tag: wait
         self._phase = "raw"
-        self._errors.append(f"text after the JSON object before {self._end}")
+        self._fail(ToolParseFailure.TRAILING_TEXT, f"text after the JSON object before {self._end}")
         return True
 
     def _raw(self, events: list[StreamEvent]) -> bool:
@@ -406,7 +437,7 @@ class _HermesStream(ToolCallStream):
 
     def _finish(self, events: list[StreamEvent]) -> None:
         if self._in_call:
-            self._errors.append(f"unclosed {self._start}")
+            self._fail(ToolParseFailure.UNCLOSED, f"unclosed {self._start}")
             self._text("".join(self._block) + self._buf, events)
         else:
             self._text(self._buf, events)
@@ -475,7 +506,8 @@ class OpenAIJsonToolParser(ToolParser):
         try:
             obj = json.loads(body)
         except json.JSONDecodeError as e:
-            return ParseResult(content=text, ill_formed=True, errors=[f"JSONDecodeError: {e}"])
+            bad = ToolParseFailure.BAD_JSON.value
+            return ParseResult(content=text, ill_formed=True, errors=[f"JSONDecodeError: {e}"], error_reasons=[bad])
         if isinstance(obj, dict) and isinstance(obj.get("tool_calls"), list):
             obj = obj["tool_calls"]
         items = obj if isinstance(obj, list) else [obj]
@@ -484,7 +516,9 @@ class OpenAIJsonToolParser(ToolParser):
         try:
             return ParseResult(content="", tool_calls=[_call_from_obj(o) for o in items])
         except (ValueError, json.JSONDecodeError) as e:
-            return ParseResult(content=text, ill_formed=True, errors=[f"{type(e).__name__}: {e}"])
+            return ParseResult(
+                content=text, ill_formed=True, errors=[f"{type(e).__name__}: {e}"], error_reasons=[_reason_of(e).value]
+            )
 
     def format_calls(self, calls: list[ToolCall]) -> str:
         objs = [{"name": c.name, "arguments": c.arguments} for c in calls]

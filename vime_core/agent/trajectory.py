@@ -80,7 +80,8 @@ class TurnRecord:
         :meth:`Trajectory.plan`'s incremental tokenisation.
     :ivar output_text: ``output_ids`` decoded *with* special tokens; optional, likewise.
     :ivar metadata: free-form; the gateway records ``api``, ``tools`` (the tool names the request declared),
-        ``tool_calls`` (how many the output made), ``stop`` and ``constrained``.
+        ``tool_calls`` (how many the output made), ``stop``, ``constrained``, ``tool_value_errors`` and
+        ``tool_parse_failures`` (reason → count).
     """
 
     prompt_ids: list[int]

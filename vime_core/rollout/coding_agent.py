@@ -48,6 +48,7 @@ from typing import Any
 
 from vime_core.agent.harness import AgentBudget, AgentEndpoint, AgentHarnessError
 from vime_core.agent.responders import RouterResponder
+from vime_core.agent.tool_parse_failures import tool_parse_metrics
 from vime_core.config import CodingAgentConfig
 from vime_core.data.workspace_task import AgentResult, WorkspaceTask
 from vime_core.failures import FailureCause, mark_failed
@@ -83,7 +84,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="output tokens per LLM call (default: --rollout-max-response-len)",
     )
-    g.add_argument("--agent-tool-parser", default="hermes", help="tool-call format of the policy (gateway side)")
+    g.add_argument(
+        "--agent-tool-parser",
+        default="hermes",
+        help="tool-call format of the policy (gateway side): hermes (alias qwen), qwen3_coder (alias qwen3xml: "
+        "Qwen3-Coder's XML calls), openai (alias json), or 'pkg.mod:Class'",
+    )
     g.add_argument("--agent-chat-template", type=Path, default=None, help="Jinja chat template for the gateway")
     g.add_argument(
         "--agent-history",
@@ -348,7 +354,8 @@ def turn_record_dict(turn: Any) -> dict[str, Any]:
 
 def rollout_metrics(samples: list[Sample]) -> dict[str, float]:
     """``coding_agent/*`` metrics of one step: episodes, segments per episode, failed (excluded) episodes, agent
-    end states, files changed per episode."""
+    end states, files changed per episode; and the gateway's tool-call parse failures by reason
+    (``agent/tool_parse_failures/<reason>``, :func:`~vime_core.agent.tool_parse_failures.tool_parse_metrics`)."""
     episodes: dict[str, Sample] = {}
     failed = 0
     for s in samples:
@@ -371,4 +378,5 @@ def rollout_metrics(samples: list[Sample]) -> dict[str, float]:
             len((s.metadata.get("agent_result") or {}).get("changed") or {}) for s in episodes.values()
         )
         / max(len(episodes), 1),
+        **tool_parse_metrics(samples),
     }

@@ -45,7 +45,8 @@ from typing import Any
 from vime_core.agent.apis import parse_chat
 from vime_core.agent.chat import ChatMessage, ChatRenderer, ModelTurn
 from vime_core.agent.responders import engine_versions
-from vime_core.agent.tool_parsers import ToolCall
+from vime_core.agent.tool_parse_failures import tool_parse_metrics
+from vime_core.agent.tool_parsers import ToolCall, parse_with_tools
 from vime_core.config import MultiTurnConfig
 from vime_core.plugins import get_plugins
 from vime_core.rollout.context import get_rollout_context
@@ -74,7 +75,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--multi-turn-tool-parser",
         default="hermes",
-        help="tool-call format: hermes (alias qwen), openai (alias json), or 'pkg.mod:Class'",
+        help="tool-call format: hermes (alias qwen), qwen3_coder (alias qwen3xml: Qwen3-Coder's XML calls), "
+        "openai (alias json), or 'pkg.mod:Class'",
     )
     g.add_argument("--multi-turn-max-turns", type=int, default=8, help="model turns per episode")
     g.add_argument(
@@ -302,6 +304,7 @@ async def _episode(
     session_id = sample.metadata.get("session_id") or uuid.uuid4().hex
     calls_log: list[dict[str, Any]] = sample.metadata.setdefault("tool_calls", [])
     ill_formed: list[int] = sample.metadata.setdefault("ill_formed_turns", [])
+    failures: dict[str, int] = sample.metadata.setdefault("tool_parse_failures", {})
     pending: list[int] = []
     pending_text = ""
     status, stop_reason, turn = Status.TRUNCATED, "budget", 0
@@ -327,9 +330,11 @@ async def _episode(
         if out.finish_reason != "stop":
             status, stop_reason = FINISH_TO_STATUS[out.finish_reason], out.finish_reason
             break
-        parsed = renderer.parser.parse(text) if tools else None
+        parsed = parse_with_tools(renderer.parser, text, schemas) if tools else None
         if parsed is not None and parsed.ill_formed:
             ill_formed.append(turn)
+        for reason, n in (parsed.failure_counts() if parsed is not None else {}).items():
+            failures[reason] = failures.get(reason, 0) + n
         if parsed is None or not parsed.tool_calls:
             status, stop_reason = Status.COMPLETED, "no_tool_call"
             break
@@ -366,7 +371,8 @@ async def _episode(
 def rollout_metrics(samples: list[Sample]) -> dict[str, float]:
     """``multi_turn/*`` metrics of one step (logged through ``vime_on_rollout_end`` when ``--generate multi_turn``):
     mean model turns, fraction of episodes with at least one tool call, tool calls per episode, fraction with an
-    ill-formed call, fraction stopped by ``--multi-turn-max-turns``."""
+    ill-formed call, fraction stopped by ``--multi-turn-max-turns``; and the tool-call parse failures by reason
+    (``agent/tool_parse_failures/<reason>``, :func:`~vime_core.agent.tool_parse_failures.tool_parse_metrics`)."""
     n = max(len(samples), 1)
     calls = [len(s.metadata.get("tool_calls") or []) for s in samples]
     return {
@@ -375,4 +381,5 @@ def rollout_metrics(samples: list[Sample]) -> dict[str, float]:
         "multi_turn/tool_calls_mean": sum(calls) / n,
         "multi_turn/ill_formed_frac": sum(bool(s.metadata.get("ill_formed_turns")) for s in samples) / n,
         "multi_turn/max_turns_frac": sum(s.metadata.get("stop_reason") == "max_turns" for s in samples) / n,
+        **tool_parse_metrics(samples),
     }
