@@ -258,3 +258,46 @@ def test_bound_and_exit_timeout_flags_are_checked(tmp_path, flags, message):
     with pytest.raises(ArgumentError) as err:
         parse_run_args(["--model", str(tmp_path), "--prompt-data", str(data), *flags])
     assert str(err.value) == message
+
+
+def test_fully_async_step_waiting_for_groups_ends_when_every_engine_is_lost(tiny_model_dir, tmp_path):
+    """The engines hang, then the health monitor declares them all lost: the step waiting for groups raises the
+    monitor's EnginesLostError within about a second (main: it waited for groups up to an hour)."""
+    import asyncio
+    import threading
+
+    from vime_core.rollout.health import EnginesLostError
+
+    async def hang(args, sample, sampling_params):
+        await asyncio.sleep(3600)
+
+    _, overrides = _args(tiny_model_dir, tmp_path)
+    m, _ = _manager(tiny_model_dir, tmp_path, lambda box: hang, overrides)
+    lost = threading.Event()
+
+    def check_engines():
+        if lost.is_set():
+            raise EnginesLostError("every vLLM engine is gone and no restart is left")
+
+    m.check_engines = check_engines  # what the health monitor answers (vime_core.rollout.health)
+    m.start_async()
+    raised: list[BaseException] = []
+
+    def step():
+        try:
+            m.get_async_groups(0, 0)
+        except BaseException as e:  # noqa: BLE001 - checked below
+            raised.append(e)
+
+    waiter = threading.Thread(target=step, daemon=True)
+    try:
+        waiter.start()
+        time.sleep(0.5)
+        lost.set()
+        t0 = time.monotonic()
+        waiter.join(5)
+        seconds = time.monotonic() - t0
+    finally:
+        m.shutdown()
+    assert not waiter.is_alive() and seconds < 1.5, seconds
+    assert [type(e) for e in raised] == [EnginesLostError]
