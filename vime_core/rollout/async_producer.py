@@ -336,6 +336,7 @@ class AsyncRolloutProducer:
                 self._release(len(untrained))
         self._wake_producer()
         kept: list[list[Sample]] = []
+        counters = self.counters() if num_groups <= 0 else {}
         dropped = regenerated = 0
         deadline = time.monotonic() + timeout_s
         while len(kept) < num_groups:
