@@ -247,7 +247,10 @@ def _run_on_ray(
     except Exception as e:
         failed = True
         error = getattr(e, "cause", None) or e  # raised in a Ray actor: the actor's own exception
-        write_json_atomic(out / "summary.json", failed_summary(out, history, start_step, error))
+        try:
+            write_json_atomic(out / "summary.json", failed_summary(out, history, start_step, error))
+        except Exception:  # noqa: BLE001 - the run's own error is the one to report
+            logger.exception("writing the failed run's summary.json")
         if isinstance(error, RunFailedError) and type(e) is not RunFailedError:
             raise RunFailedError(str(error)) from None  # one line, without Ray's traceback
         raise
