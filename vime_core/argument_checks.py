@@ -122,6 +122,14 @@ def check_run_args(args: argparse.Namespace, command: str = "run") -> None:
         )
     if args.max_staleness < 0:
         raise ArgumentError("--max-staleness must be >= 0")
+    inflight = args.rollout_inflight_groups
+    if inflight is not None and inflight < args.rollout_batch_size:
+        raise ArgumentError(
+            f"--rollout-inflight-groups {inflight} is below --rollout-batch-size {args.rollout_batch_size}: "
+            "a fully-async step could never get its groups"
+        )
+    if not args.failure_exit_timeout > 0:
+        raise ArgumentError(f"--failure-exit-timeout must be > 0 seconds, got {args.failure_exit_timeout}")
     if args.reward == "remote" and not args.rm_url:
         raise ArgumentError("--reward remote needs --rm-url (the reward-model service's URL)")
     for name in ("rm_concurrency", "math_verify_workers"):

@@ -176,9 +176,17 @@ def build_parser(add_plugin_arguments: bool = True) -> argparse.ArgumentParser:
         "--rollout-inflight-groups",
         type=int,
         default=None,
-        help="fully-async: at most this many groups generating at once, on top of the staleness bound "
-        "(at most (--max-staleness + 1) × --rollout-batch-size groups admitted ahead of the trainer's weight "
-        "version); default: no limit besides that bound",
+        help="fully-async: at most this many groups generating or finished and waiting for the trainer, together "
+        "(the producer generates until the bound is reached, then waits until a step takes groups); at least "
+        "--rollout-batch-size. Default: (--max-staleness + 1) × --rollout-batch-size",
+    )
+    g.add_argument(
+        "--failure-exit-timeout",
+        type=float,
+        default=60.0,
+        help="seconds within which a run ends after a systemic failure (every sample of a step failed, every engine "
+        "lost, the fully-async producer died): it stops what it started and exits 1 with the error and "
+        "summary.json status 'failed' (docs/loop_modes.md). Default 60",
     )
     g.add_argument(
         "--allow-off-policy-without-correction",

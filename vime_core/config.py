@@ -391,6 +391,7 @@ class LoggingConfig(_Section):
     debug_train_only: bool
     save_debug_rollout_data: str | None
     load_debug_rollout_data: str | None
+    failure_exit_timeout: float
 
 
 @dataclass(frozen=True, slots=True)

@@ -99,3 +99,27 @@ def failure_metrics(samples: Iterable[Sample]) -> dict[str, float]:
     m = {f"rollout/failed/{c}": float(n) for c, n in counts.items()}
     m["rollout/policy_timeout"] = float(policy_timeouts)
     return m
+
+
+class RunFailedError(RuntimeError):
+    """A systemic rollout failure: the run cannot go on, so ``vime run`` stops (exit 1, this message as one
+    ``vime: error:`` line, ``summary.json`` with ``"status": "failed"``).
+
+    Systemic (docs/loop_modes.md, "Flakes and systemic failures"): every sample of a step failed, or the
+    ``fully-async`` producer died (its data source raised). One sample in many failing is a flake: it is excluded
+    and counted in ``rollout/failed/<cause>``, and the step trains on the rest.
+    """
+
+
+def raise_if_all_failed(step: int, samples: list[Sample], log_dir: str) -> None:
+    """End the run if every sample of ``step`` failed (a systemic failure, not a flake).
+
+    :param log_dir: where the engine and router logs are (named in the message).
+    :raises RunFailedError: naming the step, how many samples failed and the first sample's own error.
+    """
+    failed = [s for s in samples if s.status == Status.FAILED]
+    if failed and len(failed) == len(samples):
+        raise RunFailedError(
+            f"every sample of step {step} failed ({len(failed)} of {len(samples)}); first error: "
+            f"{failed[0].metadata.get('error')} (engine and router logs: {log_dir})"
+        )

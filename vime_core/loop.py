@@ -28,6 +28,7 @@ from vime_core.checkpoint import commit_checkpoint, latest_checkpoint, new_check
 from vime_core.config import ClusterConfig, LoggingConfig, RolloutConfig, RunConfig
 from vime_core.data.source import read_rows
 from vime_core.evaluation import eval_line, eval_steps, load_eval_sets
+from vime_core.failures import RunFailedError
 from vime_core.lora.options import check_lora_model
 from vime_core.metrics import MetricsSink, staleness_histogram, wandb_config_from_args
 from vime_core.orchestration import (
@@ -50,6 +51,7 @@ from vime_core.rollout.prompt_checks import check_prompts
 from vime_core.run_checks import check_vllm_values, checked_model, engine_sampling, resolve_plugins
 from vime_core.run_dir import OutputDirLock, check_output_dir, write_json_atomic
 from vime_core.run_signals import INTERRUPT_GRACE_S, claim_signals, interrupted
+from vime_core.run_summary import completed_summary, failed_summary
 from vime_core.types import Sample
 from vime_core.weight_sync.base import WeightWriteError
 
@@ -149,6 +151,7 @@ def _run_on_ray(
     evals: list[dict[str, float]] = []
     start_step, version = 0, 0
     setup_done = False  # until then a failure or a signal may find the rollout manager busy starting the engines
+    failed = False  # a failure ends the run within --failure-exit-timeout
     try:
         ckpt = latest_checkpoint(out) if log.resume else None
         if ckpt is not None:
@@ -225,7 +228,7 @@ def _run_on_ray(
                 if trainer is not None and should_save(log, step + 1, time.monotonic() - last_save):
                     _save_checkpoint(log, out, step + 1, version, trainer, rollout, source.unconsumed())
                     last_save = time.monotonic()
-        summary = _summary(out, history, start_step)
+        summary = completed_summary(out, history, start_step)
         if evals:
             summary["eval_first"], summary["eval_last"] = evals[0], evals[-1]
         summary["ray_node_ip"] = ray.util.get_node_ip_address()
@@ -241,10 +244,26 @@ def _run_on_ray(
         if log.report:
             console.print(f"[vime] report: {write_report(out)}")
         return summary
+    except Exception as e:
+        failed = True
+        error = getattr(e, "cause", None) or e  # raised in a Ray actor: the actor's own exception
+        try:
+            write_json_atomic(out / "summary.json", failed_summary(out, history, start_step, error))
+        except Exception:  # noqa: BLE001 - the run's own error is the one to report
+            logger.exception("writing the failed run's summary.json")
+        if isinstance(error, RunFailedError) and type(e) is not RunFailedError:
+            raise RunFailedError(str(error)) from None  # one line, without Ray's traceback
+        raise
     finally:
         sink.close()
-        # after a signal or a failed setup the manager may be busy (an engine start, a rollout): seconds, not minutes
-        stop_actors(rollout, trainer, INTERRUPT_GRACE_S if interrupted() or not setup_done else 120.0)
+        # after a signal or a failed setup the manager may be busy (an engine start, a rollout): seconds, not minutes;
+        # after a failure the run ends within --failure-exit-timeout (half of it for the manager, then it is killed)
+        grace = 120.0
+        if interrupted() or not setup_done:
+            grace = INTERRUPT_GRACE_S
+        elif failed:
+            grace = min(grace, log.failure_exit_timeout / 2)
+        stop_actors(rollout, trainer, grace)
         ray.shutdown()
 
 
@@ -558,17 +577,3 @@ def roll_back_records(out: Path, start_step: int) -> None:
         tmp = path.with_name(path.name + ".tmp")
         tmp.write_text("".join(kept))
         tmp.replace(path)
-
-
-def _summary(out: Path, history: list[dict[str, float]], start_step: int) -> dict[str, Any]:
-    rewards = [m["rollout/reward_mean"] for m in history if "rollout/reward_mean" in m]
-    times = [m.get("perf/step_time", m.get("perf/rollout_time", 0.0)) for m in history]
-    return {
-        "output_dir": str(out),
-        "steps_run": len(history),
-        "first_step": start_step,
-        "reward_first": rewards[0] if rewards else None,
-        "reward_last": rewards[-1] if rewards else None,
-        "reward_mean": sum(rewards) / len(rewards) if rewards else None,
-        "mean_step_seconds": sum(times) / len(times) if times else None,
-    }

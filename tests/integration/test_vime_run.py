@@ -101,7 +101,7 @@ def test_two_steps_complete_with_progress_and_summary(two_step_run):
     assert f"[vime] outputs: {out} (summary.json, metrics.jsonl, final_hf/)" in proc.stdout
     assert "[vime] summary:" not in proc.stdout
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["steps_run"] == 2 and summary["first_step"] == 0
+    assert summary["steps_run"] == 2 and summary["first_step"] == 0 and summary["status"] == "completed"
     assert summary["ray_node_ip"] == "127.0.0.1"  # Ray stayed on loopback in a real run
     assert list((out / "tensorboard").iterdir()), "no TensorBoard event file"
     plugins = {p["name"]: p for p in json.loads((out / "plugins.json").read_text())}

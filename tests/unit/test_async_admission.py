@@ -42,11 +42,13 @@ def _args(tiny_model_dir, tmp_path, **flags):
     return args, {k: v for k, v in vars(args).items() if k not in skip}
 
 
-def _sleeping_generate(box, fail_once=(), fast_s=FAST_S):
+def _sleeping_generate(box, fail_once=(), fast_s=FAST_S, untrainable_once=()):
     """Generate function: prompt ``pN`` takes ``fast_s`` seconds (3x for odd N); one token is produced at the start and
     one at the end, each tagged with the engines' version at that moment (a request paused across a weight update
-    mixes versions). Prompts in ``fail_once`` raise the first time they are generated."""
+    mixes versions). Prompts in ``fail_once`` raise the first time they are generated; prompts in
+    ``untrainable_once`` complete the first time with no trainable token (``loss_mask`` 0)."""
     failed: set[str] = set()
+    untrained: set[str] = set()
 
     async def gen(args, sample, sampling_params):
         m = box["m"]
@@ -55,10 +57,12 @@ def _sleeping_generate(box, fail_once=(), fast_s=FAST_S):
         if sample.prompt in fail_once and sample.prompt not in failed:
             failed.add(sample.prompt)
             raise RuntimeError(f"engine error on {sample.prompt}")
+        trainable = sample.prompt not in untrainable_once or sample.prompt in untrained
+        untrained.add(sample.prompt)
         sample.tokens = [1, 2, 3 + no]
-        sample.append_response_tokens([5], trainable=True, log_probs=[-0.5], weight_version=m.weight_version)
+        sample.append_response_tokens([5], trainable=trainable, log_probs=[-0.5], weight_version=m.weight_version)
         await asyncio.sleep(fast_s * (SLOW_FACTOR if no % 2 else 1))
-        sample.append_response_tokens([6], trainable=True, log_probs=[-0.6], weight_version=m.weight_version)
+        sample.append_response_tokens([6], trainable=trainable, log_probs=[-0.6], weight_version=m.weight_version)
         sample.response = "x"
         sample.status = Status.COMPLETED
         return sample
@@ -160,11 +164,13 @@ def _batch(args, step) -> list[Sample]:
 
 
 def test_a_skipped_step_does_not_advance_the_weight_version(tiny_model_dir, tmp_path):
-    """Step 0's four groups all fail (engine error): nothing is trained and no weights are pushed, so step 1 runs
-    at version 0 again, its update makes version 1, and step 0's places are given back to the admission budget."""
+    """Step 0's four groups (the fast prompts) have no trainable token: nothing is trained and no weights are pushed,
+    so step 1 runs at version 0 again, its update makes version 1, and step 0's groups are dropped as
+    ``untrained_step``: their places are given back to the admission budget and their prompts to the data buffer."""
     args, overrides = _args(tiny_model_dir, tmp_path)
-    fail = {"p0", "p1", "p2", "p3"}
-    m, _ = _manager(tiny_model_dir, tmp_path, lambda box: _sleeping_generate(box, fail_once=fail), overrides)
+    nothing = {"p0", "p2", "p4", "p6"}  # the fast ones: the first four to finish
+    gen = lambda box: _sleeping_generate(box, untrainable_once=nothing)  # noqa: E731
+    m, box = _manager(tiny_model_dir, tmp_path, gen, overrides)
     trainer = _trainer(args, tiny_model_dir)
     estimator = get_plugins().resolve("advantage", args.advantage_estimator)
     source = _GroupSource(RolloutConfig.from_args(args), m)
@@ -175,14 +181,17 @@ def test_a_skipped_step_does_not_advance_the_weight_version(tiny_model_dir, tmp_
     try:
         metrics0, v0 = _one_step(args, 0, source, m, trainer, estimator, 0)
         assert (v0, pushed, m.weight_version) == (0, [], 0)
-        assert metrics0["rollout/failed_frac"] == 1.0 and metrics0["rollout/num_trained_samples"] == 0.0
+        assert metrics0["rollout/failed_frac"] == 0.0 and metrics0["rollout/num_trained_samples"] == 0.0
         assert "weight_sync/version" not in metrics0
         metrics1, v1 = _one_step(args, 1, source, m, trainer, estimator, v0)
         assert (v1, pushed, m.weight_version) == (1, [1], 1)
         assert metrics1["weight_sync/version"] == 1.0 and metrics1["rollout/staleness_max"] == 0.0
         assert [s.status for s in _batch(args, 1)] == [Status.COMPLETED] * 4
+        assert metrics1["rollout/async_dropped/untrained_step"] == 4.0
         # 8 at start, 4 more at version 0 once step 0's untrained groups gave their places back, 4 at version 1
         assert m.producer.admitted_by_version == {0: 12, 1: 4}
+        # the dropped prompts came back from the data buffer first: they were generated twice
+        assert box["calls"][:12] == [f"p{i}" for i in range(8)] + ["p0", "p2", "p4", "p6"]
     finally:
         m.shutdown()
 

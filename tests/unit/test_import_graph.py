@@ -94,6 +94,7 @@ LAYERS: list[tuple[str, list[str]]] = [
             "vime_core.run_checks",
             "vime_core.run_dir",
             "vime_core.run_signals",
+            "vime_core.run_summary",
             "vime_core.checkpoint",
             "vime_core.metrics",
             "vime_core.report",

@@ -8,32 +8,44 @@ carries the version that produced it.
 batch ``B`` (``--rollout-batch-size`` groups), bound ``η`` (``--max-staleness``) and the engines at version ``v``
 (``v0`` when the producer started — also after a resume at a later version), a new group is admitted only while
 
-    admitted − rejected ≤ (η + v − v0 + 1) · B        (and, optionally, running < ``--rollout-inflight-groups``)
+    admitted − rejected ≤ (η + v − v0 + 1) · B        and        running + waiting ≤ I
 
 so at most ``(η + 1) · B`` groups start before the first weight update and ``B`` more after each. Admission runs
-when the producer starts and synchronously inside every weight update, so the number admitted per update interval
-is exact. "Rejected" groups (dropped or regenerated as stale, or handed to a step that trained nothing — a batch
-taken again at the same version) give their place back.
+when the producer starts, whenever a step took groups, and synchronously inside every weight update, so the number
+admitted per update interval is exact. "Rejected" groups (dropped or regenerated as stale, or handed to a step that
+trained nothing — a batch taken again at the same version) give their place back.
+
+**Production is bounded** by ``I`` (``--rollout-inflight-groups``, default ``(η + 1) · B``): groups generating
+(*running*) plus groups finished and not taken by a step (*waiting*) never exceed it, whatever ``η`` is. The
+producer generates until the bound is reached and then waits until a step takes groups. The counters add up at every
+step: groups admitted (taken from the data buffer) = trained (handed to steps) + waiting + running + dropped, and
+every dropped group is logged with its reason (``stale``, ``untrained_step``, ``step_failed``) and its prompt goes
+back to the data buffer, which hands it out again before fresh prompts.
 
 **Taking a batch**: the trainer at version ``u`` must take every group admitted at version ``u − η`` or earlier
 (the next step would be too late for them) — it waits for them if they are still generating, however slow — and
 fills the batch with the oldest-admitted finished groups. With that rule no group outlives the bound, so slow
 prompts are trained as often as fast ones instead of being dropped. The per-token check remains as a safety net:
-a taken group whose oldest trained token is more than ``η`` versions old is dropped (``--stale-policy drop``) or its
-prompt goes back to be generated again (``--stale-policy regenerate``); the check uses the recorded per-token
-versions, not an average.
+a taken group whose oldest trained token is more than ``η`` versions old is not trained: its prompt goes back to the
+data buffer (counted as ``rollout/stale_dropped`` with ``--stale-policy drop``, ``rollout/stale_regenerated`` with
+``regenerate``); the check uses the recorded per-token versions, not an average.
+
+A systemic failure ends the run (:class:`~vime_core.failures.RunFailedError`): the data source raising inside the
+producer kills it, and the next :meth:`AsyncRolloutProducer.get_groups` raises with that error.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import queue
 import threading
 import time
+from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from vime_core.failures import RunFailedError
 from vime_core.types import Sample
 
 if TYPE_CHECKING:
@@ -71,6 +83,10 @@ def oldest_version(group: list[Sample]) -> int | None:
     return min(versions) if versions else None
 
 
+#: why an admitted group was not trained (``rollout/async_dropped/<reason>``); its prompt goes back to the buffer
+DROP_REASONS = ("stale", "untrained_step", "step_failed")
+
+
 @dataclass
 class StalenessBudget:
     """How many groups may start generating now (AReaL's ``StalenessManager.get_capacity``, counted in groups).
@@ -78,26 +94,25 @@ class StalenessBudget:
     :param batch_groups: groups the trainer takes per step (``--rollout-batch-size``).
     :param max_staleness: ``--max-staleness``.
     :param base_version: the engines' weight version when admission started (a resumed run starts above 0).
-    :param max_running: at most this many groups generating at once (``--rollout-inflight-groups``), or ``None``.
+    :param inflight_bound: at most this many groups running and waiting together (``--rollout-inflight-groups``).
     """
 
     batch_groups: int
     max_staleness: int
     base_version: int
-    max_running: int | None = None
+    inflight_bound: int
     running: int = 0  # admitted, still generating
     accepted: int = 0  # finished and not rejected (waiting, or taken by a step that trained)
+    waiting: int = 0  # finished, not taken by a step yet
 
     def capacity(self, version: int) -> int:
         """Groups that may be admitted at engine version ``version`` (0 or more).
 
         ``(max_staleness + version − base_version + 1) · batch_groups − (accepted + running)``, capped by
-        ``max_running − running``.
+        ``inflight_bound − (running + waiting)``.
         """
         bound = (self.max_staleness + version - self.base_version + 1) * self.batch_groups
-        cap = bound - (self.accepted + self.running)
-        if self.max_running is not None:
-            cap = min(cap, self.max_running - self.running)
+        cap = min(bound - (self.accepted + self.running), self.inflight_bound - (self.running + self.waiting))
         return max(cap, 0)
 
 
@@ -108,24 +123,30 @@ class AsyncRolloutProducer:
         ``weight_version``, the version the engines serve).
     :param batch_groups: groups per training step (``--rollout-batch-size``).
     :param max_staleness: ``--max-staleness``.
-    :param max_running: ``--rollout-inflight-groups`` (``None``: only the staleness bound limits admission).
+    :param inflight_bound: ``--rollout-inflight-groups`` (``None``: ``(max_staleness + 1) · batch_groups``).
     :ivar admitted_by_version: ``{engine version: groups admitted while the engines served it}``.
+    :ivar trained: groups handed to training steps (a batch that was not trained moves to ``dropped``).
+    :ivar dropped: ``{reason: groups}`` admitted and not trained (:data:`DROP_REASONS`).
+    :ivar peak: the most groups running and waiting at once so far.
     """
 
     def __init__(
-        self, manager: RolloutManager, batch_groups: int, max_staleness: int, max_running: int | None = None
+        self, manager: RolloutManager, batch_groups: int, max_staleness: int, inflight_bound: int | None = None
     ) -> None:
         self.manager = manager
         self.max_staleness = max_staleness
-        self.budget = StalenessBudget(batch_groups, max_staleness, manager.weight_version, max_running)
-        self.requeue: queue.Queue[list[Sample]] = queue.Queue()
+        bound = inflight_bound if inflight_bound is not None else (max_staleness + 1) * batch_groups
+        self.budget = StalenessBudget(batch_groups, max_staleness, manager.weight_version, bound)
         self.cond = threading.Condition()  # guards the budget, the data source, the in-flight and ready sets
         self.inflight: dict[int, list[Sample]] = {}
         self.ready: dict[int, list[Sample]] = {}
         self.admitted: dict[int, tuple[int, int]] = {}  # id(group) -> (admission order, engine version then)
         self.admitted_by_version: dict[int, int] = {}
+        self.trained = 0
+        self.dropped: Counter[str] = Counter({r: 0 for r in DROP_REASONS})
+        self.peak = 0
         self._seq = 0
-        self._last_take: tuple[int, int] | None = None  # (version, groups) of the previous batch taken
+        self._last_take: tuple[int, list[list[Sample]]] | None = None  # (version, groups) of the last batch taken
         self._tasks: set[asyncio.Task] = set()
         self._sem: asyncio.Semaphore | None = None
         self._wake: asyncio.Event | None = None
@@ -142,8 +163,7 @@ class AsyncRolloutProducer:
         self._thread.start()
         if not self._started.wait(timeout_s):
             raise RuntimeError(f"async rollout producer did not start within {timeout_s:g} s")
-        if self._error is not None:
-            raise RuntimeError(f"async rollout producer failed: {self._error!r}") from self._error
+        self._raise_if_died()
 
     def _run(self) -> None:
         loop = self.manager.loop
@@ -152,7 +172,8 @@ class AsyncRolloutProducer:
             loop.run_until_complete(self._produce())
         except BaseException as e:  # noqa: BLE001 - surfaced to the consumer
             logger.exception("async rollout producer died")
-            self._error = e
+            if self._error is None:  # else the data source's own error, already recorded
+                self._error = e
             self._started.set()
             with self.cond:
                 self.cond.notify_all()
@@ -160,44 +181,52 @@ class AsyncRolloutProducer:
     async def _produce(self) -> None:
         self._sem = asyncio.Semaphore(self.manager.config.rollout_concurrency)  # one bound for every group
         self._wake = asyncio.Event()
-        self._admit()
-        self._started.set()
-        while not self._stop.is_set():
-            if not self._tasks:
-                try:
-                    await asyncio.wait_for(self._wake.wait(), timeout=0.2)
-                except asyncio.TimeoutError:
-                    pass
-            else:
-                done, _ = await asyncio.wait(self._tasks, timeout=0.2, return_when=asyncio.FIRST_COMPLETED)
-                for t in done:
-                    self._tasks.discard(t)
-                    group = t.result()
-                    with self.cond:
-                        self.inflight.pop(id(group), None)
-                        self.ready[id(group)] = group
-                        self.budget.running -= 1
-                        self.budget.accepted += 1
-                        self.cond.notify_all()
-            self._wake.clear()
+        try:
             self._admit()
-        for t in self._tasks:
-            t.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+            self._started.set()
+            while not self._stop.is_set():
+                if not self._tasks:
+                    try:
+                        await asyncio.wait_for(self._wake.wait(), timeout=0.2)
+                    except asyncio.TimeoutError:
+                        pass
+                else:
+                    done, _ = await asyncio.wait(self._tasks, timeout=0.2, return_when=asyncio.FIRST_COMPLETED)
+                    for t in done:
+                        self._tasks.discard(t)
+                        group = t.result()
+                        with self.cond:
+                            self.inflight.pop(id(group), None)
+                            self.ready[id(group)] = group
+                            self.budget.running -= 1
+                            self.budget.waiting += 1
+                            self.budget.accepted += 1
+                            self.cond.notify_all()
+                self._wake.clear()
+                self._admit()
+        finally:  # stopped or died: no request of the producer keeps running
+            for t in self._tasks:
+                t.cancel()
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+            self._tasks.clear()
 
     def _admit(self) -> int:
         """Admit as many groups as the budget allows at the engines' current version (producer thread).
 
         :return: the number admitted.
+        :raises RunFailedError: the data source raised (the producer stops; every later call raises it too).
         """
         n = 0
         with self.cond:
             version = self.manager.weight_version
             for _ in range(self.budget.capacity(version)):
                 try:
-                    group = self.requeue.get_nowait()
-                except queue.Empty:
                     group = self.manager.data_source.get_groups(1)[0]
+                except Exception as e:  # systemic: the producer stops, every later call raises this error
+                    self._error = e
+                    self._stop.set()
+                    self.cond.notify_all()
+                    self._raise_if_died()
                 self.inflight[id(group)] = group
                 self.admitted[id(group)] = (self._seq, version)
                 self._seq += 1
@@ -205,6 +234,7 @@ class AsyncRolloutProducer:
                 self.admitted_by_version[version] = self.admitted_by_version.get(version, 0) + 1
                 self._tasks.add(asyncio.ensure_future(self._generate(group)))
                 n += 1
+            self.peak = max(self.peak, self.budget.running + self.budget.waiting)
         return n
 
     async def _generate(self, group: list[Sample]) -> list[Sample]:
@@ -216,24 +246,41 @@ class AsyncRolloutProducer:
         rollout manager right after a weight update, from another thread).
 
         :return: the number admitted.
-        :raises RuntimeError: if the producer died or did not answer within ``timeout_s``.
+        :raises RunFailedError: if the producer died (with its error).
+        :raises TimeoutError: if the producer did not answer within ``timeout_s``.
         """
-        if self._error is not None:
-            raise RuntimeError(f"async rollout producer failed: {self._error!r}") from self._error
+        self._raise_if_died()
 
         async def admit() -> int:
             return self._admit()
 
         return asyncio.run_coroutine_threadsafe(admit(), self.manager.loop).result(timeout_s)
 
-    def _release(self, n: int) -> None:
-        """Give ``n`` accepted groups' places back (rejected, or not trained) and wake the producer."""
-        if n <= 0:
-            return
-        with self.cond:
-            self.budget.accepted -= n
+    def _raise_if_died(self) -> None:
+        if self._error is not None:
+            e = self._error
+            raise RunFailedError(f"the fully-async rollout producer failed: {type(e).__name__}: {e}") from e
+
+    def _wake_producer(self) -> None:
         if self._wake is not None:
             self.manager.loop.call_soon_threadsafe(self._wake.set)
+
+    def _drop(self, groups: list[list[Sample]], reason: str) -> None:
+        """Under ``cond``: ``groups`` (handed out or taken) are not trained: count them under ``reason``, log each,
+        and put their prompts back into the data buffer (handed out again before fresh prompts)."""
+        for g in groups:
+            logger.warning(
+                "group %d (prompt %s) not trained: %s; its prompt goes back to the data buffer",
+                g[0].group_index,
+                g[0].prompt_index,
+                reason,
+            )
+        self.dropped[reason] += len(groups)
+        self.manager.data_source.add_groups([fresh_copy(g) for g in groups])
+
+    def _release(self, n: int) -> None:
+        """Under ``cond``: give ``n`` accepted groups' places back to the staleness budget."""
+        self.budget.accepted -= n
 
     # -- consumer side (the rollout actor's method thread) ------------------------------------------------------
     def _take(self, num: int, version: int) -> list[list[Sample]] | None:
@@ -252,80 +299,121 @@ class AsyncRolloutProducer:
         for k in order:
             out.append(self.ready.pop(k))
             self.admitted.pop(k)
+        self.budget.waiting -= len(out)
         return out
 
     def get_groups(
-        self, num_groups: int, current_version: int, max_staleness: int, policy: str, timeout_s: float = 3600.0
+        self,
+        num_groups: int,
+        current_version: int,
+        max_staleness: int,
+        policy: str,
+        timeout_s: float = 3600.0,
+        check: Callable[[], None] | None = None,
     ) -> tuple[list[list[Sample]], dict[str, float]]:
         """Take ``num_groups`` finished groups for a training step at ``current_version`` (see the module doc).
 
         A call at the same version as the previous one means the previous batch was not trained (the step was
-        skipped): its groups' places are given back to the admission budget.
+        skipped): its groups are dropped as ``untrained_step`` (prompts back to the buffer, places given back).
 
-        :return: ``(groups, metrics)`` with ``rollout/stale_dropped``, ``rollout/stale_regenerated``,
-            ``rollout/staleness_max``, ``rollout/staleness_mean`` (over the kept groups' tokens),
-            ``rollout/async_admitted_groups`` (admitted so far) and ``rollout/async_running_groups``.
-        :raises RuntimeError: if the producer died (with its error) or the groups did not finish within
-            ``timeout_s``.
+        :param check: called about every 0.5 s while waiting (the manager's engine check); what it raises ends the
+            wait.
+        :return: ``(groups, metrics)`` with ``rollout/stale_dropped``, ``rollout/stale_regenerated`` (this step),
+            ``rollout/staleness_max``, ``rollout/staleness_mean`` (over the kept groups' tokens), and the counters
+            after the take, which add up: ``rollout/async_admitted_groups`` (taken from the data buffer so far) =
+            ``rollout/async_trained_groups`` (handed to steps, this one included) + ``rollout/async_waiting_groups``
+            + ``rollout/async_running_groups`` + ``rollout/async_dropped_groups`` (each reason also as
+            ``rollout/async_dropped/<reason>``); ``rollout/async_inflight_bound`` and ``rollout/async_peak_groups``
+            (the most running + waiting at once so far).
+        :raises RunFailedError: if the producer died (with its error).
+        :raises RuntimeError: if the groups did not finish within ``timeout_s``.
         """
-        if self._last_take is not None and self._last_take[0] == current_version:
-            self._release(self._last_take[1])
+        with self.cond:
+            if self._last_take is not None and self._last_take[0] == current_version:
+                untrained = self._last_take[1]
+                self.trained -= len(untrained)
+                self._drop(untrained, "untrained_step")
+                self._release(len(untrained))
+        self._wake_producer()
         kept: list[list[Sample]] = []
+        counters = self.counters() if num_groups <= 0 else {}
         dropped = regenerated = 0
         deadline = time.monotonic() + timeout_s
         while len(kept) < num_groups:
             with self.cond:
                 taken = None
                 while taken is None:
-                    if self._error is not None:
-                        raise RuntimeError(f"async rollout producer failed: {self._error!r}") from self._error
+                    self._raise_if_died()
                     taken = self._take(num_groups - len(kept), current_version)
                     if taken is None:
                         if time.monotonic() > deadline:
                             raise RuntimeError(f"rollout groups did not finish within {timeout_s:.0f} s")
+                        if check is not None:
+                            check()
                         self.cond.wait(0.5)
-            rejected = 0
-            for group in taken:
-                oldest = oldest_version(group)
-                if oldest is not None and current_version - oldest > max_staleness:
-                    if policy == "regenerate":
-                        self.requeue.put(fresh_copy(group))
-                        regenerated += 1
+                stale = []
+                for group in taken:
+                    oldest = oldest_version(group)
+                    if oldest is not None and current_version - oldest > max_staleness:
+                        stale.append(group)
                     else:
-                        dropped += 1
-                    rejected += 1
-                    continue
-                kept.append(group)
-            self._release(rejected)
-        self._last_take = (current_version, len(kept))
+                        kept.append(group)
+                if policy == "regenerate":
+                    regenerated += len(stale)
+                else:
+                    dropped += len(stale)
+                self._drop(stale, "stale")
+                self._release(len(stale))
+                self.trained += len(taken) - len(stale)
+                if len(kept) == num_groups:  # the counters right after the take, before the producer refills
+                    self._last_take = (current_version, kept)
+                    counters = self._counters()
+            self._wake_producer()  # places were freed: generate up to the bound again
         staleness = [current_version - v for g in kept for s in g for v in s.trained_weight_versions()]
-        with self.cond:
-            admitted, running = float(self._seq), float(self.budget.running)
         metrics = {
             "rollout/stale_dropped": float(dropped),
             "rollout/stale_regenerated": float(regenerated),
             "rollout/staleness_max": float(max(staleness, default=0)),
             "rollout/staleness_mean": sum(staleness) / len(staleness) if staleness else 0.0,
-            "rollout/async_admitted_groups": admitted,
-            "rollout/async_running_groups": running,
+            **counters,
         }
         return kept, metrics
 
-    def give_back(self, groups: list[list[Sample]]) -> None:
-        """Take back groups :meth:`get_groups` handed out that will not be trained (the step failed): they are
-        re-queued as fresh prompts, so :meth:`buffer_state` returns them."""
-        for g in groups:
-            self.requeue.put(fresh_copy(g))
+    def counters(self) -> dict[str, float]:
+        """The producer's counters now (the ``rollout/async_*`` metrics of :meth:`get_groups`)."""
+        with self.cond:
+            return self._counters()
+
+    def _counters(self) -> dict[str, float]:
+        return {
+            "rollout/async_admitted_groups": float(self._seq),
+            "rollout/async_trained_groups": float(self.trained),
+            "rollout/async_waiting_groups": float(self.budget.waiting),
+            "rollout/async_running_groups": float(self.budget.running),
+            "rollout/async_dropped_groups": float(sum(self.dropped.values())),
+            **{f"rollout/async_dropped/{r}": float(n) for r, n in self.dropped.items()},
+            "rollout/async_inflight_bound": float(self.budget.inflight_bound),
+            "rollout/async_peak_groups": float(self.peak),
+        }
+
+    def give_back(self, groups: list[list[Sample]], reason: str = "step_failed") -> None:
+        """Take back the groups :meth:`get_groups` just handed out, which will not be trained (the step failed):
+        dropped with ``reason``, their prompts back in the data buffer (so :meth:`buffer_state` returns them)."""
+        with self.cond:
+            self.trained -= len(groups)
+            self._drop(groups, reason)
+            self._release(len(groups))
+            self._last_take = None
+        self._wake_producer()
 
     def buffer_state(self) -> dict[str, Any]:
-        """The data-buffer state with every in-flight, finished-but-not-taken or re-queued group returned as fresh
-        prompts, so a resume generates them again instead of skipping them (in admission order, then the
-        re-queued ones: the order in which the producer would have handed them out)."""
+        """The data-buffer state with every in-flight or finished-but-not-taken group returned as fresh prompts
+        (after the prompts already back in the buffer, in admission order: the order in which the producer would
+        have handed them out), so a resume generates them again instead of skipping them."""
         with self.cond:
             state = self.manager.data_source.state_dict()
             admitted = {**self.inflight, **self.ready}
             pending = [admitted[k] for k in sorted(admitted, key=lambda k: self.admitted[k][0])]
-            pending += list(self.requeue.queue)
         state["returned"] = state["returned"] + [[s.to_dict() for s in fresh_copy(g)] for g in pending]
         return state
 

@@ -17,7 +17,7 @@ from typing import Any
 from vime_core.config import DataConfig, EngineConfig, EvalConfig, LoraConfig, RolloutConfig
 from vime_core.data.source import DataSource, new_group, read_rows
 from vime_core.evaluation import dump_eval_samples, eval_metrics, eval_sampling_params, load_eval_sets
-from vime_core.failures import failure_metrics
+from vime_core.failures import RunFailedError, failure_metrics, raise_if_all_failed
 from vime_core.lora.options import adapters_to_keep, engine_max_lora_rank
 from vime_core.plugins import get_plugins
 from vime_core.rollout.async_producer import AsyncRolloutProducer
@@ -299,7 +299,7 @@ class RolloutManager:
         then (:meth:`data_state`) hands them to the resumed run, which trains each exactly once.
 
         :return: ``(groups, metrics)``; metrics ``rollout/*`` and ``perf/rollout_time``.
-        :raises RuntimeError: if every sample failed (the first error is included).
+        :raises RunFailedError: every sample failed (the first error is included), or the data source raised.
         :raises EnginesLostError: (health monitor) every engine is gone and no restart is left.
         """
         before = self.data_source.state_dict()
@@ -316,18 +316,16 @@ class RolloutManager:
         self.runner.report_progress(0, want * self.config.n_samples_per_prompt)
         extra: dict[str, float] = {}
         if self.dynamic_filter is None and (self.config.over_sampling_batch_size or 0) <= want:
-            groups = self.data_source.get_groups(want)
+            try:
+                groups = self.data_source.get_groups(want)
+            except Exception as e:
+                raise RunFailedError(f"the data source failed: {type(e).__name__}: {e}") from e
             self.loop.run_until_complete(self.runner.run(groups, step))
             samples = [s for g in groups for s in g]
         else:
             groups, samples, extra = self.loop.run_until_complete(collect_groups(self, step))
         self.check_engines()  # an engine that died mid-step is reported by its actor, with its log tail
-        failed = [s for s in samples if s.status == Status.FAILED]
-        if failed and len(failed) == len(samples):
-            raise RuntimeError(
-                f"every sample of step {step} failed; first error: {failed[0].metadata.get('error')} "
-                f"(engine and router logs: {Path(self.config.output_dir) / 'logs'})"
-            )
+        raise_if_all_failed(step, samples, str(Path(self.config.output_dir) / "logs"))  # systemic, not a flake
         self.runner.report_progress(self.runner.samples_done)  # the last count, which the throttle may have held back
         metrics = rollout_metrics([s for g in groups for s in g], self.config.reward_key)
         metrics.update(overlong_metrics(self.config, [s for g in groups for s in g]))
@@ -342,12 +340,13 @@ class RolloutManager:
 
     def start_async(self) -> None:
         """``--loop fully-async``: start generating in the background (see :mod:`vime_core.rollout.async_producer`);
-        the first ``(--max-staleness + 1) × --rollout-batch-size`` groups are admitted before this returns."""
+        the first groups (up to ``(--max-staleness + 1) × --rollout-batch-size`` and ``--rollout-inflight-groups``)
+        are admitted before this returns."""
         self.producer = AsyncRolloutProducer(
             self,
             batch_groups=self.config.rollout_batch_size,
             max_staleness=self.config.max_staleness,
-            max_running=self.config.rollout_inflight_groups,
+            inflight_bound=self.config.rollout_inflight_groups,
         )
         self.producer.start()
 
@@ -355,19 +354,25 @@ class RolloutManager:
         """``--loop fully-async``: the next batch of groups within ``--max-staleness`` of ``current_version``.
 
         :raises EnginesLostError: (health monitor) every engine is gone and no restart is left; groups already
-            taken go back to the producer as fresh prompts (:meth:`data_state` saves them).
+            taken go back to the data buffer as fresh prompts (:meth:`data_state` saves them).
+        :raises RunFailedError: every sample of the batch failed, or the producer died (its data source raised).
         """
         t0 = time.perf_counter()
         self.check_engines()
         groups, extra = self.producer.get_groups(
-            self.config.rollout_batch_size, current_version, self.config.max_staleness, self.config.stale_policy
+            self.config.rollout_batch_size,
+            current_version,
+            self.config.max_staleness,
+            self.config.stale_policy,
+            check=self.check_engines,
         )
+        samples = [s for g in groups for s in g]
         try:
             self.check_engines()  # samples that failed because the engines died are not a batch to train
+            raise_if_all_failed(step, samples, str(Path(self.config.output_dir) / "logs"))  # systemic, not a flake
         except BaseException:
             self.producer.give_back(groups)
             raise
-        samples = [s for g in groups for s in g]
         metrics = rollout_metrics(samples, self.config.reward_key)
         metrics.update(overlong_metrics(self.config, samples))
         metrics.update(extra)

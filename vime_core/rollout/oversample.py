@@ -30,6 +30,7 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
+from vime_core.failures import RunFailedError
 from vime_core.rollout.async_producer import fresh_copy
 from vime_core.rollout.runner import FINISHED_STATUSES
 from vime_core.types import Sample
@@ -83,6 +84,7 @@ async def collect_groups(
         all-failed check), and ``rollout/dynamic_filter_*`` (with a filter), ``rollout/aborted_groups``,
         ``rollout/partial_returned_groups``, ``rollout/partial_resumed_samples``,
         ``rollout/partial_masked_tokens``, ``perf/abort_time``.
+    :raises RunFailedError: the data source raised.
     :raises Exception: whatever a group's generation raised outside the per-sample error handling.
     """
     cfg = manager.config
@@ -101,7 +103,11 @@ async def collect_groups(
     def submit() -> None:
         nonlocal rounds, seq
         rounds += 1
-        for g in manager.data_source.get_groups(chunk):
+        try:
+            chunk_groups = manager.data_source.get_groups(chunk)
+        except Exception as e:
+            raise RunFailedError(f"the data source failed: {type(e).__name__}: {e}") from e
+        for g in chunk_groups:
             tasks[asyncio.ensure_future(runner.run([g], step, sem))] = (seq, g)
             seq += 1
 
