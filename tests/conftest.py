@@ -15,12 +15,29 @@ Heavy imports happen inside the fixtures so that collecting unit tests stays fas
 from __future__ import annotations
 
 import os
+from collections import defaultdict
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 TINY_MODEL_NAME = "tiny-qwen2"
+
+#: seconds per test file (setup + call + teardown of its tests), printed at the end of the session; under
+#: pytest-xdist the controller receives every worker's reports, so the sums are per file wherever it ran
+FILE_SECONDS: defaultdict[str, float] = defaultdict(float)
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    FILE_SECONDS[report.nodeid.split("::")[0]] += report.duration
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    rows = sorted(((s, f) for f, s in FILE_SECONDS.items() if s >= 1.0), reverse=True)
+    if rows:
+        terminalreporter.write_sep("=", f"seconds per test file ({sum(FILE_SECONDS.values()):.0f} s in all)")
+        for seconds, path in rows:
+            terminalreporter.write_line(f"{seconds:8.1f}  {path}")
 
 
 @pytest.fixture(scope="session")
