@@ -185,3 +185,34 @@ def test_the_run_reaper_kills_what_carries_the_runs_marker_after_the_driver_is_k
             os.kill(child, signal.SIGKILL)
         except ProcessLookupError:
             pass
+
+
+UNMARKED_DRIVER = REAPED_DRIVER.replace(
+    'child = subprocess.Popen([sys.executable, "-c", core], start_new_session=True)',
+    'child = subprocess.Popen([sys.executable, "-c", core], start_new_session=True, env={})',
+)
+
+
+def test_the_run_reaper_kills_the_drivers_descendants_whose_environment_lost_the_marker():
+    """Ray's agents overwrite their environment with their process title (``ray::DashboardAgent``: an empty
+    ``/proc/<pid>/environ``) and were left with parent 1 after SIGINT + SIGKILL of the driver right after setup: the
+    reaper also kills what it saw below the driver (here a child started with an empty environment)."""
+    assert "env={}" in UNMARKED_DRIVER
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    driver = subprocess.Popen([sys.executable, "-c", UNMARKED_DRIVER], stdout=subprocess.PIPE, text=True, env=env)
+    child = int(driver.stdout.readline())
+    try:
+        with open(f"/proc/{child}/environ", "rb") as f:
+            assert b"VIME_RUN_ID" not in f.read()
+        time.sleep(1.5)  # the reaper has seen the child below the driver
+        driver.send_signal(signal.SIGKILL)
+        driver.wait()
+        t0 = time.monotonic()
+        while _alive(child):
+            assert time.monotonic() - t0 < 6.0, "the driver's unmarked child outlived it"
+            time.sleep(0.1)
+    finally:
+        try:
+            os.kill(child, signal.SIGKILL)
+        except ProcessLookupError:
+            pass

@@ -129,22 +129,65 @@ def marked_processes(key: str, value: str) -> list[int]:
     return found
 
 
+def _process_table() -> dict[int, tuple[int, str]]:
+    """``{pid: (parent pid, start time in clock ticks)}`` of the live processes (from ``/proc/<pid>/stat``)."""
+    table = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[-1].split()
+        except OSError:
+            continue
+        if len(fields) > 19 and fields[0] != "Z":  # after "pid (comm)": state ppid ... field 22 starttime
+            table[int(entry)] = (int(fields[1]), fields[19])
+    return table
+
+
+def descendants(root: int, table: dict[int, tuple[int, str]]) -> dict[int, str]:
+    """``{pid: start time}`` of every process below ``root`` in ``table`` (:func:`_process_table`)."""
+    children: dict[int, list[int]] = {}
+    for pid, (ppid, _) in table.items():
+        children.setdefault(ppid, []).append(pid)
+    found, todo = {}, list(children.get(root, []))
+    while todo:
+        pid = todo.pop()
+        if pid not in found:
+            found[pid] = table[pid][1]
+            todo += children.get(pid, [])
+    return found
+
+
 def reap_run(key: str, value: str, grace_s: float) -> int:
     """The run reaper: once the driver that started it is gone (however it ended), wait ``grace_s`` for the guards
     and Ray to stop their processes, then SIGKILL every process still carrying the run's marker ``key=value``
-    (Ray's GCS, raylet and agents included, which can outlive a killed driver), scanning again for a few seconds."""
+    (Ray's GCS, raylet and agents included, which can outlive a killed driver), scanning again for a few seconds.
+
+    A process may overwrite its environment with its title (Ray's agents do: ``ray::DashboardAgent`` reads an empty
+    ``/proc/<pid>/environ``), so the reaper also remembers the driver's descendants while the driver lives (every
+    0.5 s) and kills those still alive as the same process (same start time) after it."""
     parent, gone = _watch_parent()
+    seen: dict[int, str] = {}
     while not gone[0] and os.getppid() == parent:
+        seen.update(descendants(parent, _process_table()))
         time.sleep(0.5)
+    seen.pop(os.getpid(), None)
+
+    def left() -> list[int]:
+        table = _process_table()
+        same = [pid for pid, start in seen.items() if pid in table and table[pid][1] == start]
+        return sorted(set(marked_processes(key, value)) | set(same))
+
     end = time.monotonic() + grace_s
-    while marked_processes(key, value) and time.monotonic() < end:
+    while left() and time.monotonic() < end:
         time.sleep(0.2)
-    quiet_until = time.monotonic() + 3.0  # until no marked process was seen for 3 s
+    quiet_until = time.monotonic() + 3.0  # until no process of the run was seen for 3 s
     while time.monotonic() < quiet_until:
-        left = marked_processes(key, value)
-        for pid in left:
+        pids = left()
+        for pid in pids:
             _signal(pid, signal.SIGKILL)
-        if left:
+        if pids:
             quiet_until = time.monotonic() + 3.0
         time.sleep(0.3)
     return 0
