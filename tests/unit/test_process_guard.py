@@ -168,23 +168,31 @@ REAPED_DRIVER = textwrap.dedent(
 )
 
 
-def test_the_run_reaper_kills_what_carries_the_runs_marker_after_the_driver_is_killed():
+def _kill_driver_then_wait_for_its_child(source: str, seen_s: float, within_s: float, check=None) -> None:
+    """Run the driver ``source`` (it prints its child's pid), SIGKILL it after ``seen_s`` seconds and require the
+    child to be gone within ``within_s`` seconds; ``check(child)`` runs first."""
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    driver = subprocess.Popen([sys.executable, "-c", REAPED_DRIVER], stdout=subprocess.PIPE, text=True, env=env)
+    driver = subprocess.Popen([sys.executable, "-c", source], stdout=subprocess.PIPE, text=True, env=env)
     child = int(driver.stdout.readline())
     try:
-        time.sleep(1.0)
+        if check is not None:
+            check(child)
+        time.sleep(seen_s)
         driver.send_signal(signal.SIGKILL)
         driver.wait()
         t0 = time.monotonic()
         while _alive(child):
-            assert time.monotonic() - t0 < 5.0, "the marked process outlived its driver"
+            assert time.monotonic() - t0 < within_s, "the driver's child outlived it"
             time.sleep(0.1)
     finally:
         try:
             os.kill(child, signal.SIGKILL)
         except ProcessLookupError:
             pass
+
+
+def test_the_run_reaper_kills_what_carries_the_runs_marker_after_the_driver_is_killed():
+    _kill_driver_then_wait_for_its_child(REAPED_DRIVER, seen_s=1.0, within_s=5.0)
 
 
 UNMARKED_DRIVER = REAPED_DRIVER.replace(
@@ -198,21 +206,10 @@ def test_the_run_reaper_kills_the_drivers_descendants_whose_environment_lost_the
     ``/proc/<pid>/environ``) and were left with parent 1 after SIGINT + SIGKILL of the driver right after setup: the
     reaper also kills what it saw below the driver (here a child started with an empty environment)."""
     assert "env={}" in UNMARKED_DRIVER
-    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    driver = subprocess.Popen([sys.executable, "-c", UNMARKED_DRIVER], stdout=subprocess.PIPE, text=True, env=env)
-    child = int(driver.stdout.readline())
-    try:
+
+    def environment_lacks_the_marker(child: int) -> None:
         with open(f"/proc/{child}/environ", "rb") as f:
             assert b"VIME_RUN_ID" not in f.read()
-        time.sleep(1.5)  # the reaper has seen the child below the driver
-        driver.send_signal(signal.SIGKILL)
-        driver.wait()
-        t0 = time.monotonic()
-        while _alive(child):
-            assert time.monotonic() - t0 < 6.0, "the driver's unmarked child outlived it"
-            time.sleep(0.1)
-    finally:
-        try:
-            os.kill(child, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+
+    # 1.5 s: the reaper has seen the child below the driver
+    _kill_driver_then_wait_for_its_child(UNMARKED_DRIVER, seen_s=1.5, within_s=6.0, check=environment_lacks_the_marker)

@@ -129,8 +129,11 @@ class VLLMServer(ManagedServer):
         self._log_file = None
         # Connection: close: after an error the server may drop a kept-alive connection, and the next control
         # request (e.g. /resume after a failed load) would fail on the stale socket
-        self._http = httpx.Client(
-            base_url=self.url, timeout=request_timeout_s, trust_env=False, headers={"Connection": "close"}
+        self._http = self._control_client()
+
+    def _control_client(self) -> httpx.Client:
+        return httpx.Client(
+            base_url=self.url, timeout=self.request_timeout_s, trust_env=False, headers={"Connection": "close"}
         )
 
     #: seconds a restart waits for the old server's port to be released before it moves to a fresh port
@@ -145,9 +148,7 @@ class VLLMServer(ManagedServer):
         """Serve on ``port`` from the next :meth:`start` on (the :attr:`url` changes; the HTTP client follows)."""
         self.port = port
         self._http.close()
-        self._http = httpx.Client(
-            base_url=self.url, timeout=self.request_timeout_s, trust_env=False, headers={"Connection": "close"}
-        )
+        self._http = self._control_client()
 
     def start_again(self) -> int:
         """Stop what is left of the server and start it again (returns at once; call :meth:`wait_ready`): on the

@@ -43,21 +43,26 @@ def _set_parent_death_signal(sig: int) -> None:
         pass
 
 
-def group_members(pgid: int) -> list[int]:
-    """Pids of the live processes of process group ``pgid`` (read from ``/proc``; this process excluded)."""
-    pids = []
+def process_table() -> dict[int, tuple[int, int, str]]:
+    """``{pid: (parent pid, process group, start time in clock ticks)}`` of the live (not zombie) processes, read from
+    ``/proc/<pid>/stat``."""
+    table = {}
     for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == os.getpid():
+        if not entry.isdigit():
             continue
         try:
             with open(f"/proc/{entry}/stat") as f:
-                stat = f.read()
-        except OSError:
+                fields = f.read().rsplit(")", 1)[-1].split()  # after "pid (comm)": state ppid pgrp ... starttime
+        except OSError:  # gone meanwhile
             continue
-        fields = stat[stat.rfind(")") + 2 :].split()  # after "pid (comm) ": state ppid pgrp ...
-        if len(fields) > 2 and int(fields[2]) == pgid and fields[0] != "Z":
-            pids.append(int(entry))
-    return pids
+        if len(fields) > 19 and fields[0] != "Z":
+            table[int(entry)] = (int(fields[1]), int(fields[2]), fields[19])
+    return table
+
+
+def group_members(pgid: int) -> list[int]:
+    """Pids of the live processes of process group ``pgid`` (read from ``/proc``; this process excluded)."""
+    return [pid for pid, (_, pgrp, _) in process_table().items() if pgrp == pgid and pid != os.getpid()]
 
 
 def stop_group(pgid: int, grace_s: float, spare: tuple[int, ...] = ()) -> None:
@@ -129,32 +134,16 @@ def marked_processes(key: str, value: str) -> list[int]:
     return found
 
 
-def _process_table() -> dict[int, tuple[int, str]]:
-    """``{pid: (parent pid, start time in clock ticks)}`` of the live processes (from ``/proc/<pid>/stat``)."""
-    table = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                fields = f.read().rsplit(")", 1)[-1].split()
-        except OSError:
-            continue
-        if len(fields) > 19 and fields[0] != "Z":  # after "pid (comm)": state ppid ... field 22 starttime
-            table[int(entry)] = (int(fields[1]), fields[19])
-    return table
-
-
-def descendants(root: int, table: dict[int, tuple[int, str]]) -> dict[int, str]:
-    """``{pid: start time}`` of every process below ``root`` in ``table`` (:func:`_process_table`)."""
+def descendants(root: int, table: dict[int, tuple[int, int, str]]) -> dict[int, str]:
+    """``{pid: start time}`` of every process below ``root`` in ``table`` (:func:`process_table`)."""
     children: dict[int, list[int]] = {}
-    for pid, (ppid, _) in table.items():
+    for pid, (ppid, _, _) in table.items():
         children.setdefault(ppid, []).append(pid)
     found, todo = {}, list(children.get(root, []))
     while todo:
         pid = todo.pop()
         if pid not in found:
-            found[pid] = table[pid][1]
+            found[pid] = table[pid][2]
             todo += children.get(pid, [])
     return found
 
@@ -170,13 +159,13 @@ def reap_run(key: str, value: str, grace_s: float) -> int:
     parent, gone = _watch_parent()
     seen: dict[int, str] = {}
     while not gone[0] and os.getppid() == parent:
-        seen.update(descendants(parent, _process_table()))
+        seen.update(descendants(parent, process_table()))
         time.sleep(0.5)
     seen.pop(os.getpid(), None)
 
     def left() -> list[int]:
-        table = _process_table()
-        same = [pid for pid, start in seen.items() if pid in table and table[pid][1] == start]
+        table = process_table()
+        same = [pid for pid, start in seen.items() if pid in table and table[pid][2] == start]
         return sorted(set(marked_processes(key, value)) | set(same))
 
     end = time.monotonic() + grace_s
