@@ -1,5 +1,6 @@
 """LoRA on the GPU: ``vime run --trainer megatron --lora-rank 16`` on one GPU, colocated with a CUDA vLLM engine that
-serves the adapter through vLLM's runtime LoRA API, ``disk`` adapter sync (docs/lora.md).
+serves the adapter through vLLM's runtime LoRA API; ``ipc`` (the adapter's CUDA tensors handed over by handle, staged
+in the workers' memory) and ``disk`` (PEFT files) adapter sync (docs/lora.md).
 
 Written for the H200 loop of docs/gpu.md and not run yet (no GPU was lent to the session that wrote it). Checked:
 exit 0; only the adapter moves (``weight_sync/bytes`` ≈ 2 × 4.9 M parameters' bytes, far below the 269 MB of the
@@ -38,14 +39,14 @@ LOGP_TOL = 0.05  # bf16 engine vs bf16 Megatron (docs/gpu.md: 0.013–0.034 with
 STEPS = 3
 
 
-@pytest.fixture(scope="module")
-def run(tmp_path_factory) -> Path:
+@pytest.fixture(scope="module", params=["ipc", "disk"])
+def run(request, tmp_path_factory) -> Path:
     if not is_prepared(MODEL):
         pytest.skip(f"{MODEL} is not prepared: vime model prepare smollm2-135m-instruct")
-    out = tmp_path_factory.mktemp("lora-megatron")
+    out = tmp_path_factory.mktemp(f"lora-megatron-{request.param}")
     argv = [
         *("run", "--model", str(MODEL), "--output-dir", str(out), "--trainer", "megatron", "--colocate"),
-        *("--actor-num-gpus-per-node", "1", "--weight-sync", "disk", "--megatron-attention", "sdpa"),
+        *("--actor-num-gpus-per-node", "1", "--weight-sync", request.param, "--megatron-attention", "sdpa"),
         *("--lora-rank", "16", "--lora-alpha", "32", "--target-modules", "all-linear"),
         *("--prompt-data", str(ROOT / "examples/quickstart/data/train.jsonl")),
         *("--reward", "tests.integration.text_reward.text_length_mod3"),
@@ -57,11 +58,21 @@ def run(tmp_path_factory) -> Path:
     proc = subprocess.run([sys.executable, "-m", "vime_core.cli", *argv], capture_output=True, text=True, env=env)
     print(proc.stdout[-4000:], proc.stderr[-4000:])
     assert proc.returncode == 0, proc.stderr[-8000:]
+    for r in _metrics(out):
+        print(f"{request.param}: " + ", ".join(f"{k} {r[k]:.4g}" for k in sorted(r) if k.startswith(SHOWN)))
     return out
 
 
+SHOWN = ("weight_sync/", "train/train_rollout_logprob_abs_diff", "perf/", "memory/")
+
+
+def _metrics(out: Path) -> list[dict]:
+    lines = (out / "metrics.jsonl").read_text().splitlines()
+    return [json.loads(line) for line in lines if "perf/train_time" in line]
+
+
 def test_only_the_adapter_syncs_and_the_engine_serves_the_trainers_policy(run):
-    m = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if "perf/train_time" in line]
+    m = _metrics(run)
     assert len(m) == STEPS
     for r in m:
         assert r["weight_sync/bytes"] < 30e6, r  # the adapter (fp32 over the wire), not 269 MB of weights

@@ -54,17 +54,23 @@ def _served_models(engine) -> list[str]:
     return sorted(m["id"] for m in httpx.get(f"{engine.url}/v1/models", timeout=30).json()["data"])
 
 
-@pytest.mark.parametrize("release", ["0.32", "0.24"])
-def test_three_disk_adapter_syncs_engine_log_probs_equal_the_trainers(tiny_model_dir, tmp_path, monkeypatch, release):
+@pytest.mark.parametrize(
+    ("release", "strategy"), [("0.32", "disk"), ("0.24", "disk"), ("0.32", "nccl"), ("0.24", "nccl")]
+)
+def test_three_adapter_syncs_engine_log_probs_equal_the_trainers(
+    tiny_model_dir, tmp_path, monkeypatch, release, strategy
+):
     if release == "0.24":
         if not COMPAT_PYTHON.exists():
             pytest.skip(f"{COMPAT_PYTHON} is missing: bash scripts/install_vllm_compat.sh")
         monkeypatch.setenv("VIME_VLLM_PYTHON", str(COMPAT_PYTHON))
     from transformers import AutoTokenizer
 
+    from vime_core.plugins import get_plugins
+    from vime_core.rollout.lora_stash import stage_dir
     from vime_core.rollout.manager import RolloutManager
     from vime_core.trainer.torch_backend import TorchTrainer
-    from vime_core.weight_sync.disk import DiskWeightSync
+    from vime_core.weight_sync.lora_transfer import stage_key
 
     args = default_args(
         model=str(tiny_model_dir),
@@ -76,9 +82,10 @@ def test_three_disk_adapter_syncs_engine_log_probs_equal_the_trainers(tiny_model
         seed=0,
         train_dtype="float32",
         vllm_args=["--max-model-len", "512"],
+        weight_sync=strategy,
     )
     trainer = TorchTrainer(args, tiny_model_dir)
-    sync = DiskWeightSync(args)
+    sync = get_plugins().resolve("weight_sync", strategy)(args)  # the trainer side; the manager builds its own
     manager = RolloutManager(args, tiny_model_dir)
     samples = _samples(AutoTokenizer.from_pretrained(str(tiny_model_dir)))
     diffs = []
@@ -95,8 +102,14 @@ def test_three_disk_adapter_syncs_engine_log_probs_equal_the_trainers(tiny_model
             assert metrics["weight_sync/adapters_loaded"] == 1.0
             assert metrics["weight_sync/bytes"] == sum(t.numel() * 4 for t in tensors.values())
             assert _served_models(manager.engines[0]) == ["policy", f"policy-lora-v{version}"]
+            if strategy == "nccl":  # in memory: staged in the worker, the engine read no adapter file
+                key = stage_key(manager.engines[0], f"policy-lora-v{version}")
+                assert sorted(p.name for p in stage_dir(key).iterdir()) == ["adapter_config.json"]
+                sync.adapter_copy.wait()  # the PEFT files for replacement engines, written in the background
             if version > 1:  # the previous version's adapter is unloaded and its files removed
                 assert not (tmp_path / "out" / "weights" / f"weight_v{version - 1:06d}").exists()
+                if strategy == "nccl":  # and its staged tensors dropped
+                    assert not stage_dir(stage_key(manager.engines[0], f"policy-lora-v{version - 1}")).exists()
             with torch.no_grad():
                 want = [lp.tolist() for lp in trainer.policy_log_probs(samples, False)[0]]
             got = _engine_log_probs(manager, samples)
@@ -112,7 +125,7 @@ def test_three_disk_adapter_syncs_engine_log_probs_equal_the_trainers(tiny_model
         assert max(abs(a - b) for a, b in zip(base_lp, want[0], strict=True)) > 10 * TOLERANCE
     finally:
         manager.shutdown()
-    print(f"vLLM {release}: max |engine - trainer| log-prob after each sync: {[f'{d:.2e}' for d in diffs]}")
+    print(f"vLLM {release} {strategy}: max |engine - trainer| log-prob after each sync: {[f'{d:.2e}' for d in diffs]}")
     assert all(d <= TOLERANCE for d in diffs), diffs
     assert not list((tmp_path / "out" / "weights").glob("weight_v*"))  # the last one too, at shutdown
 

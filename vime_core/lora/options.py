@@ -139,7 +139,8 @@ def check_lora_config(cfg: LoraConfig, strategy_cls: type | None, trainer_cls: t
     if strategy_cls is not None and not getattr(strategy_cls, "CARRIES_LORA", False):
         raise LoraFlagError(
             f"--weight-sync {cfg.weight_sync} cannot carry a LoRA adapter (--lora-rank {cfg.lora_rank}): use "
-            "--weight-sync disk (PEFT adapter files loaded through vLLM's runtime LoRA API)"
+            "--weight-sync disk (PEFT adapter files loaded through vLLM's runtime LoRA API), ipc or nccl (the "
+            "adapter handed over in memory)"
         )
     if trainer_cls is not None and not getattr(trainer_cls, "SUPPORTS_LORA", False):
         raise LoraFlagError(f"--trainer {cfg.trainer} has no LoRA support (--lora-rank {cfg.lora_rank})")

@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from vime_core.weight_sync.base import WeightSyncStrategy, WeightUpdate
+from vime_core.weight_sync.host_copy import wait_for_copy
+from vime_core.weight_sync.lora_transfer import ADAPTER_FILE
 
 logger = logging.getLogger("vime.rollout")
 
@@ -89,8 +91,11 @@ class AdapterServing:
         for version in versions:
             name = self.model_for(version)
             for engine in engines:
+                entry = self.loaded.get(version)
                 try:
                     engine.unload_lora_adapter(name)
+                    if entry is not None and entry.update is not None:
+                        self.weight_sync.unload_adapter(engine, entry.update)
                 except Exception as e:  # noqa: BLE001 - a dead or replaced engine no longer serves it anyway
                     logger.warning("unloading adapter %s from %s failed: %s", name, getattr(engine, "url", "?"), e)
             with self.lock:
@@ -98,11 +103,17 @@ class AdapterServing:
             if gone is not None and gone.update is not None:
                 self.weight_sync.cleanup(gone.update)
 
-    def restore(self, engine: Any) -> None:
-        """Load every kept adapter into a fresh engine (a replacement), oldest first."""
+    def restore(self, engine: Any, timeout_s: float = 300.0) -> None:
+        """Load every kept adapter into a fresh engine (a replacement), oldest first, from its files (``ipc`` and
+        ``nccl`` write them in the background: waited for up to ``timeout_s`` seconds).
+
+        :raises TimeoutError: a version's files did not appear in time (:func:`~vime_core.weight_sync.host_copy.
+            wait_for_copy`).
+        """
         with self.lock:
             kept = sorted(self.loaded.items())
         for version, entry in kept:
+            wait_for_copy(entry.path, timeout_s, done_file=ADAPTER_FILE)
             engine.load_lora_adapter(self.model_for(version), entry.path)
 
     def versions(self) -> list[int]:

@@ -16,8 +16,9 @@ Where the full weights of the current version come from, per weight-sync strateg
   reads unchanged tensors from it lazily) and loads it.
 * ``ipc``: the trainer writes a full host copy of every version it pushes in the background
   (:mod:`vime_core.weight_sync.host_copy`; the update's ``recovery_dir``); a recovery waits for it and loads it.
-* LoRA (``--lora-rank`` > 0, ``disk``): the engines' weights never change; a replacement loads every adapter the
-  others serve (:meth:`vime_core.rollout.lora_serving.AdapterServing.restore`), whose files stay until retired.
+* LoRA (``--lora-rank`` > 0; ``disk``, ``ipc``): the engines' weights never change; a replacement loads every
+  adapter the others serve from its files (:meth:`vime_core.rollout.lora_serving.AdapterServing.restore`; ``ipc``
+  writes them in the background), which stay until retired. ``nccl`` as for full weights (the broadcast group).
 * other strategies (``nccl``, plugins): no host-side copy of the weights exists here, so an engine can be replaced
   only while the version is still 0 (:attr:`WeightRecovery.supported`); a replaced ``nccl`` engine would also have
   to rejoin the trainer's broadcast group.
@@ -71,8 +72,8 @@ class WeightRecovery:
     @property
     def supported(self) -> bool:
         """Whether a replacement engine can be brought to the current version (always at version 0)."""
-        if self.adapters is not None:
-            return True
+        if self.adapters is not None:  # adapters load from their files; nccl's group would lose a rank
+            return self.kind != "nccl" or self.version == 0
         if self.kind == "ipc":
             return self.version == 0 or self._host_copy is not None
         return self.version == 0 or self.kind in RECOVERABLE

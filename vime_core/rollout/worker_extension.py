@@ -343,11 +343,7 @@ class VimeWorkerExtension:
         import time
 
         t0 = time.perf_counter()
-        key = (host, int(port))
-        if init or getattr(self, "_vime_broadcast_key", None) != key:
-            rank = int(rank_offset) + int(getattr(self, "rank", 0))
-            self._vime_broadcast_group = stateless_group(host, int(port), rank, int(world_size), backend, timeout_s)
-            self._vime_broadcast_key = key
+        group = self._vime_join_broadcast(host, port, world_size, backend, rank_offset, init, timeout_s)
         counter = [0]
 
         def counted(it: Iterator[tuple[str, Any]]) -> Iterator[tuple[str, Any]]:
@@ -355,7 +351,7 @@ class VimeWorkerExtension:
                 counter[0] += 1
                 yield item
 
-        stream = receive_weights(src=0, group=self._vime_broadcast_group)
+        stream = receive_weights(src=0, group=group)
         try:
             quiet_benign_reload_warnings(self)
             self.reload_weights(weights_iterator=counted(stream))  # type: ignore[attr-defined]
@@ -367,6 +363,59 @@ class VimeWorkerExtension:
         seconds = time.perf_counter() - t0
         logger.info("received version %s by broadcast: %d tensors in %.3f s", version, counter[0], seconds)
         return {"version": int(version), "loaded": counter[0], "seconds": seconds}
+
+    def _vime_join_broadcast(
+        self, host: str, port: int, world_size: int, backend: str, rank_offset: int, init: bool, timeout_s: float
+    ) -> Any:
+        """This worker's place in the trainer's broadcast group at ``host:port`` (joined once, or again when
+        ``init``): rank ``rank_offset + self.rank``."""
+        key = (host, int(port))
+        if init or getattr(self, "_vime_broadcast_key", None) != key:
+            rank = int(rank_offset) + int(getattr(self, "rank", 0))
+            self._vime_broadcast_group = stateless_group(host, int(port), rank, int(world_size), backend, timeout_s)
+            self._vime_broadcast_key = key
+        return self._vime_broadcast_group
+
+    def vime_stage_lora(
+        self,
+        key: str,
+        config: dict[str, Any],
+        version: int,
+        handles: str | None = None,
+        broadcast: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        """In-memory LoRA sync, engine side: receive an adapter's tensors (CUDA IPC ``handles``, or the trainer's
+        ``broadcast``: the keyword arguments of :meth:`_vime_join_broadcast`) into host memory and stage them under
+        ``key`` (:class:`vime_core.rollout.lora_stash.AdapterStash`); the caller then loads the returned directory
+        through ``/v1/load_lora_adapter``.
+
+        :return: ``{"path", "version", "tensors", "bytes"}``.
+        :raises ValueError: neither or both of ``handles`` and ``broadcast``; a config that is not LoRA's.
+        :raises RuntimeError: the engine was started without ``--enable-lora``.
+        """
+        from vime_core.rollout.lora_stash import AdapterStash
+
+        if (handles is None) == (broadcast is None):
+            raise ValueError("vime_stage_lora takes exactly one of handles= (ipc) and broadcast= (nccl)")
+        stash = getattr(self, "_vime_lora_stash", None)
+        if stash is None:
+            stash = self._vime_lora_stash = AdapterStash()
+        stash.install(getattr(self.model_runner, "lora_manager", None))  # type: ignore[attr-defined]
+        if handles is not None:
+            arrived = open_shared_weights(decode_payload(handles))
+        else:
+            group = self._vime_join_broadcast(**broadcast)  # type: ignore[arg-type]
+            arrived = receive_weights(src=0, group=group)
+        tensors = {name: t.to("cpu", copy=True) for name, t in arrived}  # vLLM loads adapters from host memory
+        path = stash.stage(key, config, tensors)
+        nbytes = sum(t.numel() * t.element_size() for t in tensors.values())
+        logger.info("staged adapter %s (version %s): %d tensors, %d bytes", key, version, len(tensors), nbytes)
+        return {"path": str(path), "version": int(version), "tensors": len(tensors), "bytes": nbytes}
+
+    def vime_drop_lora(self, key: str) -> bool:
+        """Forget the staged adapter ``key`` (it is no longer served). :return: whether it was staged here."""
+        stash = getattr(self, "_vime_lora_stash", None)
+        return bool(stash is not None and stash.drop(key))
 
     def vime_receive_ipc(self, handles: str, version: int) -> dict[str, Any]:
         """``ipc`` weight sync, engine side: map the trainer's CUDA IPC buckets and reload from them (no copy on the

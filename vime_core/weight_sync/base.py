@@ -150,6 +150,10 @@ class WeightSyncStrategy(ABC):
         for engine in engines:
             self.apply(engine, update, timeout_s)
 
+    def unload_adapter(self, engine: Any, update: WeightUpdate) -> None:  # noqa: B027 - optional hook
+        """Free what ``engine`` holds of ``update``'s adapter once it no longer serves it (default: nothing; the
+        in-memory strategies drop the worker's staged tensors)."""
+
     @abstractmethod
     def read(self, update: WeightUpdate) -> dict[str, torch.Tensor]:
         """Decode ``update`` back into tensors, exactly as the engine side sees them."""

@@ -87,18 +87,19 @@ class HostCopy:
             logger.error("host copy of weight version %d into %s failed: %s", version, out, e)
 
 
-def wait_for_copy(path: str | Path, timeout_s: float) -> Path:
-    """Wait until ``path/model.safetensors`` exists (the background write renamed it into place).
+def wait_for_copy(path: str | Path, timeout_s: float, done_file: str = DONE_FILE) -> Path:
+    """Wait until ``path/<done_file>`` (``model.safetensors``; an adapter's ``adapter_model.safetensors``) exists
+    (the background write renamed it into place).
 
     :raises TimeoutError: naming the directory, when it does not appear within ``timeout_s`` seconds (its write
         failed — the trainer's log says why — or the directory is not shared with this node).
     """
     path = Path(path)
     deadline = time.monotonic() + timeout_s
-    while not (path / DONE_FILE).is_file():
+    while not (path / done_file).is_file():
         if time.monotonic() > deadline:
             raise TimeoutError(
-                f"the host copy {path / DONE_FILE} of the current weight version did not appear within "
+                f"the host copy {path / done_file} of the current weight version did not appear within "
                 f"{timeout_s:g} s (its write failed on the trainer, or --update-weight-disk-dir is not shared with "
                 "this node)"
             )

@@ -19,6 +19,7 @@ import torch
 
 from vime_core.weight_sync.base import WeightSyncStrategy, WeightUpdate, call_with_timeout
 from vime_core.weight_sync.host_copy import HostCopy
+from vime_core.weight_sync.lora_transfer import AdapterCopy, drop_staged, stage_and_load
 from vime_core.weight_sync.tensor_io import DEFAULT_BUCKET_BYTES, buckets
 
 
@@ -123,6 +124,7 @@ class IpcWeightSync(WeightSyncStrategy):
     """
 
     NAME = "ipc"
+    CARRIES_LORA = True
     TENSOR_DEVICE = None  # the trainer's GPU tensors go straight into the buckets
 
     def __init__(self, args: Any) -> None:
@@ -131,6 +133,20 @@ class IpcWeightSync(WeightSyncStrategy):
         self._buffers: dict[int, list[torch.Tensor]] = {}
         root = self.config.update_weight_disk_dir
         self.host_copy = HostCopy(root) if root is not None else None
+        self.adapter_copy = AdapterCopy(root) if root is not None else None
+
+    def _share(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> tuple[list, list, int]:
+        """Buckets and handles of ``version``; the buckets of earlier versions are released first (the trainer
+        pushes a version only after the engines applied the one before, and the trainer-side instance never sees
+        the rollout side's :meth:`cleanup`)."""
+        for old in [v for v in self._buffers if v != version]:
+            del self._buffers[old]
+        dev = torch.device("cuda", torch.cuda.current_device())
+        on_gpu = ((n, t if t.is_cuda else t.to(dev)) for n, t in named_tensors)  # the bucket is a copy anyway
+        buffers, payload = share_weights(on_gpu, self.bucket_bytes)
+        torch.cuda.synchronize()
+        self._buffers[version] = buffers
+        return buffers, payload, sum(int(b.numel()) for b in buffers)
 
     def push(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> WeightUpdate:
         """Share ``named_tensors`` by handle as ``version`` (CPU tensors are copied to the current GPU first).
@@ -140,22 +156,45 @@ class IpcWeightSync(WeightSyncStrategy):
         import time
 
         t0 = time.perf_counter()
-        dev = torch.device("cuda", torch.cuda.current_device())
-        on_gpu = ((n, t if t.is_cuda else t.to(dev)) for n, t in named_tensors)  # the bucket is a copy anyway
-        buffers, payload = share_weights(on_gpu, self.bucket_bytes)
-        torch.cuda.synchronize()
-        self._buffers[version] = buffers
-        nbytes = sum(int(b.numel()) for b in buffers)
+        buffers, payload, nbytes = self._share(named_tensors, version)
         body: dict[str, Any] = {"handles": encode_payload(payload)}
         if self.host_copy is not None:  # for replacement engines, written in the background
             body["recovery_dir"] = str(self.host_copy.start(version, bucket_views(buffers, payload)))
         return WeightUpdate(version, body, num_bytes=nbytes, seconds=time.perf_counter() - t0)
 
+    def push_adapter(self, tensors: dict[str, torch.Tensor], config: dict[str, Any], version: int) -> WeightUpdate:
+        """Share a LoRA adapter's tensors by handle as ``version``; its PEFT files are written to
+        ``--update-weight-disk-dir`` in the background (for replacement engines), the engines never read them.
+
+        :raises ValueError: without ``--update-weight-disk-dir``.
+        """
+        import time
+
+        if self.adapter_copy is None:
+            raise ValueError(
+                "--weight-sync ipc with LoRA needs --update-weight-disk-dir (replacement engines load "
+                "the kept adapters from there)"
+            )
+        t0 = time.perf_counter()
+        buffers, payload, nbytes = self._share(tensors.items(), version)
+        path = self.adapter_copy.start(version, bucket_views(buffers, payload), config)
+        body = {"handles": encode_payload(payload), "lora": True, "config": dict(config), "path": str(path)}
+        return WeightUpdate(version, body, num_bytes=nbytes, seconds=time.perf_counter() - t0)
+
     def apply(self, engine: Any, update: WeightUpdate, timeout_s: float) -> None:
-        """Make ``engine``'s workers map the handles and reload from them within ``timeout_s`` seconds.
+        """Make ``engine``'s workers map the handles and reload from them within ``timeout_s`` seconds (an
+        adapter: stage it in the workers' host memory and load it as ``update.payload["adapter"]``).
 
         :raises TimeoutError: if the engine does not answer in time.
         """
+        if update.payload.get("lora"):
+            call_with_timeout(
+                lambda: stage_and_load(engine, update, {"handles": update.payload["handles"]}),
+                timeout_s,
+                f"ipc: engine {getattr(engine, 'url', engine)} loading adapter {update.payload['adapter']} "
+                f"(version {update.version})",
+            )
+            return
         call_with_timeout(
             lambda: engine.collective_rpc(
                 "vime_receive_ipc", kwargs={"handles": update.payload["handles"], "version": update.version}
@@ -188,7 +227,15 @@ class IpcWeightSync(WeightSyncStrategy):
 
         return torch.load(io.BytesIO(got), weights_only=True)
 
+    def unload_adapter(self, engine: Any, update: WeightUpdate) -> None:
+        """Drop the adapter's tensors staged in ``engine``'s workers (it no longer serves it)."""
+        drop_staged(engine, update)
+
     def cleanup(self, update: WeightUpdate) -> None:
-        """Release the version's buckets (after every engine applied it)."""
+        """Release the version's buckets (after every engine applied it); an adapter's files too (once it is
+        retired) unless ``--keep-weight-updates``."""
         self._buffers.pop(update.version, None)
-        torch.cuda.empty_cache()
+        if update.payload.get("lora"):
+            AdapterCopy.remove(update, bool(self.config.keep_weight_updates))
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()

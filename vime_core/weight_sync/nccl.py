@@ -22,6 +22,7 @@ import torch
 
 from vime_core.net import find_free_port, node_ip
 from vime_core.weight_sync.base import WeightSyncStrategy, WeightUpdate, call_with_timeout
+from vime_core.weight_sync.lora_transfer import AdapterCopy, drop_staged, stage_and_load
 from vime_core.weight_sync.tensor_io import DEFAULT_BUCKET_BYTES, buckets, checksum, tensor_bytes
 
 
@@ -223,6 +224,7 @@ class NcclWeightSync(WeightSyncStrategy):
     """
 
     NAME = "nccl"
+    CARRIES_LORA = True
     TENSOR_DEVICE = None  # GPU tensors from a GPU trainer (NCCL), CPU ones from a CPU trainer (Gloo)
 
     def __init__(self, args: argparse.Namespace) -> None:
@@ -240,6 +242,8 @@ class NcclWeightSync(WeightSyncStrategy):
         self._sender_error: list[BaseException] = []
         self.last_stats: BroadcastStats | None = None
         self._readers: dict[tuple[str, int], Any] = {}  # read()'s receiver groups (tests, tools)
+        root = cfg.update_weight_disk_dir
+        self.adapter_copy = AdapterCopy(root) if root is not None else None
 
     # trainer side --------------------------------------------------------------------------------------------------
     def _wait_sender(self) -> None:
@@ -291,6 +295,24 @@ class NcclWeightSync(WeightSyncStrategy):
         nbytes = sum(t.numel() * t.element_size() for _, t in tensors)
         return WeightUpdate(version, payload, num_bytes=nbytes, seconds=time.perf_counter() - t0)
 
+    def push_adapter(self, tensors: dict[str, torch.Tensor], config: dict[str, Any], version: int) -> WeightUpdate:
+        """Start broadcasting a LoRA adapter's tensors as ``version`` (like :meth:`push`); its PEFT files are
+        written to ``--update-weight-disk-dir`` in the background (for replacement engines), the engines never read
+        them.
+
+        :raises ValueError: without ``--update-weight-disk-dir``.
+        """
+        if self.adapter_copy is None:
+            raise ValueError(
+                "--weight-sync nccl with LoRA needs --update-weight-disk-dir (replacement engines load "
+                "the kept adapters from there)"
+            )
+        snapshot = {n: t.detach().clone() for n, t in tensors.items()}
+        update = self.push(snapshot.items(), version)
+        path = self.adapter_copy.start(version, snapshot.items(), config)
+        update.payload.update({"lora": True, "config": dict(config), "path": str(path)})
+        return update
+
     # engine side ---------------------------------------------------------------------------------------------------
     def apply(self, engine: Any, update: WeightUpdate, timeout_s: float) -> None:
         """Receive ``update`` into ``engine`` as engine 0. Completes only when the group has no other engine
@@ -306,6 +328,16 @@ class NcclWeightSync(WeightSyncStrategy):
         from concurrent.futures import ThreadPoolExecutor
 
         def one(i: int, engine: Any) -> None:
+            if update.payload.get("lora"):  # every engine stages it from the broadcast, then loads it
+                names = ("host", "port", "world_size", "backend", "init", "timeout_s")
+                broadcast = {k: update.payload[k] for k in names} | {"rank_offset": 1 + i * self.tp}
+                call_with_timeout(
+                    lambda: stage_and_load(engine, update, {"broadcast": broadcast}),
+                    timeout_s,
+                    f"nccl: engine {getattr(engine, 'url', engine)} receiving adapter {update.payload['adapter']} "
+                    f"(version {update.version})",
+                )
+                return
             kwargs = {**update.payload, "rank_offset": 1 + i * self.tp, "version": update.version}
             call_with_timeout(
                 lambda: engine.collective_rpc("vime_receive_broadcast", kwargs=kwargs),
@@ -326,3 +358,12 @@ class NcclWeightSync(WeightSyncStrategy):
             group = stateless_group(p["host"], p["port"], 1, p["world_size"], p["backend"], p["timeout_s"])
             self._readers[key] = group
         return {n: t.to("cpu", copy=True) for n, t in receive_weights(src=0, group=group)}
+
+    def unload_adapter(self, engine: Any, update: WeightUpdate) -> None:
+        """Drop the adapter's tensors staged in ``engine``'s workers (it no longer serves it)."""
+        drop_staged(engine, update)
+
+    def cleanup(self, update: WeightUpdate) -> None:
+        """Remove a retired adapter's files unless ``--keep-weight-updates`` (full versions leave nothing)."""
+        if update.payload.get("lora"):
+            AdapterCopy.remove(update, bool(self.config.keep_weight_updates))
