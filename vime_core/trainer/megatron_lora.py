@@ -46,6 +46,50 @@ FUSED = {"self_attention.linear_qkv": ("q_proj", "k_proj", "v_proj"), "mlp.linea
 ROW_PARALLEL = ("self_attention.linear_proj", "mlp.linear_fc2")  # A is sharded (dim 1), B full
 
 
+def register_megatron_layers(config: Any) -> None:
+    """Adapt megatron-core's parallel linear layers with PEFT's :class:`LoraParallelLinear`, past two faults of its
+    Megatron path in PEFT 0.21: its dispatcher reads a ``fan_in_fan_out`` keyword PEFT no longer passes
+    (``KeyError: 'fan_in_fan_out'``; a Megatron linear layer is never fan-in-fan-out), and the layer never records
+    its ``lora_bias`` before ``reset_lora_parameters`` reads it (``KeyError: 'default'``; huggingface/peft PR #2621,
+    not merged; LoRA on a parallel layer has no bias). Goes through PEFT's custom-module registry
+    (``LoraConfig._register_custom_module``, asked before the built-in dispatchers); nothing of PEFT is patched."""
+    from megatron.core import tensor_parallel
+    from peft.tuners.lora.tp_layer import LoraParallelLinear
+
+    class MegatronLoraLinear(LoraParallelLinear):
+        def update_layer(self, adapter_name: str, *args: Any, **kwargs: Any) -> None:
+            self.lora_bias[adapter_name] = False
+            super().update_layer(adapter_name, *args, **kwargs)
+
+        def forward(self, x: torch.Tensor, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, Any]:
+            """The base layer's ``(output, bias)`` plus ``B(A(x)) * scaling`` of each active adapter; the parallel
+            one of ``A``/``B`` returns ``(output, bias)`` too, which PEFT 0.21's forward multiplies as is."""
+            self._check_forward_args(x, *args, **kwargs)
+            if kwargs.pop("adapter_names", None) is not None:
+                raise ValueError("MegatronLoraLinear does not support mixed-batch adapter_names")
+            if self.disable_adapters and self.merged:
+                self.unmerge()
+            result, bias = self.base_layer(x, *args, **kwargs)
+            if self.disable_adapters or self.merged:
+                return result, bias
+            dtype = result.dtype
+            for name in self.active_adapters:
+                if name not in self.lora_A:
+                    continue
+                h = self.lora_A[name](self.lora_dropout[name](self._cast_input_dtype(x, self.lora_A[name].weight.dtype)))
+                h = self.lora_B[name](h[0] if isinstance(h, tuple) else h)
+                result = result + (h[0] if isinstance(h, tuple) else h) * self.scaling[name]
+            return result.to(dtype), bias
+
+    def megatron_layer(target: Any, adapter_name: str, config: Any, **kwargs: Any) -> Any:
+        kwargs.setdefault("fan_in_fan_out", False)
+        kwargs["megatron_config"] = config.megatron_config
+        return MegatronLoraLinear(target, adapter_name, config=config, backend=tensor_parallel, **kwargs)
+
+    layers = {tensor_parallel.ColumnParallelLinear: megatron_layer, tensor_parallel.RowParallelLinear: megatron_layer}
+    config._register_custom_module(layers)
+
+
 def hf_targets(cfg: LoraConfig) -> list[str]:
     """The HF projections ``--target-modules`` / ``--exclude-modules`` adapt (all-linear: all seven).
 
@@ -168,6 +212,7 @@ class MegatronLora:
             megatron_config=copy.copy(trainer.config),  # PEFT sets its params_dtype to fp32: not the model's
             megatron_core="megatron.core",
         )
+        register_megatron_layers(config)
         peft.inject_adapter_in_model(config, trainer.gpt, adapter_name=ADAPTER)
         for name, p in trainer.gpt.named_parameters():
             p.requires_grad_(".lora_" in name)
