@@ -31,14 +31,19 @@ def main(port: int) -> dict:
     class Block(torch.nn.Module):
         def __init__(self) -> None:
             super().__init__()
-            self.linear_qkv = ColumnParallelLinear(16, 48, config=cfg, init_method=init, bias=False, gather_output=False)
+            self.linear_qkv = ColumnParallelLinear(
+                16, 48, config=cfg, init_method=init, bias=False, gather_output=False
+            )
             self.linear_proj = RowParallelLinear(
                 16, 16, config=cfg, init_method=init, bias=False, input_is_parallel=True, skip_bias_add=True
             )
 
     block = Block()
     config = peft.LoraConfig(
-        r=4, lora_alpha=8, target_modules=["linear_qkv", "linear_proj"], megatron_config=copy.copy(cfg),
+        r=4,
+        lora_alpha=8,
+        target_modules=["linear_qkv", "linear_proj"],
+        megatron_config=copy.copy(cfg),
         megatron_core="megatron.core",
     )
     register_megatron_layers(config)

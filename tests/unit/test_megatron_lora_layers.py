@@ -25,7 +25,10 @@ def test_peft_lora_on_megatron_parallel_layers():
     port = find_free_port("127.0.0.1")
     proc = subprocess.run(
         [sys.executable, str(Path(__file__).with_name("megatron_lora_layers_main.py")), str(port)],
-        capture_output=True, text=True, cwd=ROOT, timeout=300,
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     got = json.loads(proc.stdout.strip().splitlines()[-1])

@@ -76,7 +76,8 @@ def register_megatron_layers(config: Any) -> None:
             for name in self.active_adapters:
                 if name not in self.lora_A:
                     continue
-                h = self.lora_A[name](self.lora_dropout[name](self._cast_input_dtype(x, self.lora_A[name].weight.dtype)))
+                a = self.lora_A[name]
+                h = a(self.lora_dropout[name](self._cast_input_dtype(x, a.weight.dtype)))
                 h = self.lora_B[name](h[0] if isinstance(h, tuple) else h)
                 result = result + (h[0] if isinstance(h, tuple) else h) * self.scaling[name]
             return result.to(dtype), bias
