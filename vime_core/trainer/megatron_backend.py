@@ -55,7 +55,7 @@ from vime_core.trainer.megatron_model import SDPACoreAttention, have_transformer
 from vime_core.trainer.megatron_optim import inner_optimizers, load_optimizer, megatron_step, save_optimizer
 from vime_core.trainer.megatron_reference import MegatronReferenceModel, vocab_parallel_entropy
 from vime_core.trainer.rl_step import rl_train_step
-from vime_core.trainer.rng_state import get_rng_state, set_rng_state
+from vime_core.trainer.rng_state import load_trainer_state, save_trainer_state
 from vime_core.types import RolloutBatch, Sample
 from vime_core.weight_sync.tensor_io import safetensors_files
 
@@ -459,13 +459,7 @@ class MegatronTrainer(TrainerBackend):
 
             if self.lora is None:
                 save_file(tensors, str(path / "model.safetensors"))
-            state = {
-                "steps_done": self.steps_done,
-                "rng": get_rng_state(),  # Python, numpy, torch and this rank's CUDA device
-            }
-            if self.critic is not None:
-                state["critic_steps_done"] = self.critic.steps_done  # its learning-rate schedule's position
-            torch.save(state, path / "trainer_state.pt")
+            save_trainer_state(path, self)  # the RNG state: Python, numpy, torch and this rank's CUDA device
         if self.steps_done:
             save_optimizer(self.optimizer, path, self.rank)
         if self.critic is not None:
@@ -488,11 +482,7 @@ class MegatronTrainer(TrainerBackend):
         load_optimizer(self.optimizer, path)
         if self.critic is not None:
             self.critic.load(path / "critic")
-        ts = torch.load(path / "trainer_state.pt", weights_only=False)
-        self.steps_done = ts["steps_done"]
-        if self.critic is not None:
-            self.critic.steps_done = ts.get("critic_steps_done", self.steps_done)  # older checkpoints: the policy's
-        set_rng_state(ts["rng"], ts.get("cuda_rng"))  # older checkpoints: torch's CPU and CUDA state apart
+        load_trainer_state(path, self)
 
 
 class _HFStyleForward:
