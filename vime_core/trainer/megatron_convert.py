@@ -124,6 +124,13 @@ def _names(te: bool) -> dict[str, str]:
     return {"input_layernorm": "input_layernorm.weight", "post_attention_layernorm": "pre_mlp_layernorm.weight"}
 
 
+def _dims(cfg: ArchConfig) -> tuple[int, int, int, int, int, int, int]:
+    """The sizes both directions of the mapping use: hidden, attention heads, query groups, head dim, FFN hidden,
+    vocab, and heads per query group."""
+    nh, ng = cfg.num_attention_heads, cfg.num_query_groups
+    return cfg.hidden_size, nh, ng, cfg.head_dim, cfg.ffn_hidden_size, cfg.vocab_size, nh // ng
+
+
 def _take(src: dict[str, torch.Tensor], name: str, shape: tuple[int, ...]) -> torch.Tensor:
     t = src.pop(name, None)
     if t is None:
@@ -143,15 +150,7 @@ def hf_to_megatron(hf: dict[str, torch.Tensor], cfg: ArchConfig, *, te: bool = F
     :raises ConversionError: on a missing, unexpected or mis-shaped tensor.
     """
     src = dict(hf)
-    h, nh, ng, d, f, v = (
-        cfg.hidden_size,
-        cfg.num_attention_heads,
-        cfg.num_query_groups,
-        cfg.head_dim,
-        cfg.ffn_hidden_size,
-        cfg.vocab_size,
-    )
-    per = nh // ng
+    h, nh, ng, d, f, v, per = _dims(cfg)
     norms = _names(te)
     out: dict[str, torch.Tensor] = {}
     out["embedding.word_embeddings.weight"] = _take(src, "model.embed_tokens.weight", (v, h))
@@ -191,15 +190,7 @@ def megatron_to_hf(mc: dict[str, torch.Tensor], cfg: ArchConfig, *, te: bool = F
     :raises ConversionError: on a missing, unexpected or mis-shaped tensor.
     """
     src = {k: t for k, t in mc.items() if not k.endswith("_extra_state")}
-    h, nh, ng, d, f, v = (
-        cfg.hidden_size,
-        cfg.num_attention_heads,
-        cfg.num_query_groups,
-        cfg.head_dim,
-        cfg.ffn_hidden_size,
-        cfg.vocab_size,
-    )
-    per = nh // ng
+    h, nh, ng, d, f, v, per = _dims(cfg)
     norms = _names(te)
     out: dict[str, torch.Tensor] = {}
     out["model.embed_tokens.weight"] = _take(src, "embedding.word_embeddings.weight", (v, h))
