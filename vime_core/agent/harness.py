@@ -27,6 +27,7 @@ import abc
 import argparse
 import json
 import os
+import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -291,6 +292,55 @@ class NpmAgentHarness(AgentHarness):
         if r.exit_code != 0:
             raise AgentHarnessError(f"{self.NAME} does not run in the {sandbox.NAME} sandbox: {r.stderr[-500:]}")
         self._exe[sandbox.sandbox_id] = path
+
+    async def run(
+        self, sandbox: Sandbox, *, prompt: str, endpoint: AgentEndpoint, budget: AgentBudget, cwd: str | None = None
+    ) -> AgentRunResult:
+        """Run the CLI once: :meth:`install`, a fresh :meth:`run_home` that :meth:`prepare_home` fills, the
+        :meth:`launch` command killed at ``budget.wall_time_s`` (status ``timeout``); :meth:`read_output` parses
+        what it printed and :meth:`end_status` names how it ended (no output it understands: ``error``, after
+        :meth:`raise_if_not_started`).
+
+        :raises AgentHarnessError: the CLI is not installed in the sandbox or could not start.
+        """
+        await self.install(sandbox)
+        home = self.run_home()
+        await self.prepare_home(sandbox, endpoint, home)
+        argv, env, workdir = self.launch(sandbox, prompt, endpoint, budget, home, cwd)
+        t0 = time.monotonic()
+        r = await sandbox.exec(argv, timeout=budget.wall_time_s, env=env, cwd=workdir)
+        duration = time.monotonic() - t0
+        output, final, meta = self.read_output(r, argv)
+        if r.timed_out:
+            status: AgentEndStatus = "timeout"
+        elif output is None:
+            self.raise_if_not_started(r)
+            status = "error"
+        else:
+            status = self.end_status(r, output)
+        return AgentRunResult(status, r.exit_code, duration, final, r.stdout, r.stderr, meta)
+
+    @abc.abstractmethod
+    async def prepare_home(self, sandbox: Sandbox, endpoint: AgentEndpoint, home: str) -> None:
+        """Create the run's ``home`` in ``sandbox`` (and the configuration the CLI reads from it).
+
+        :raises AgentHarnessError: it cannot be written.
+        """
+
+    @abc.abstractmethod
+    def launch(
+        self, sandbox: Sandbox, prompt: str, endpoint: AgentEndpoint, budget: AgentBudget, home: str, cwd: str | None
+    ) -> tuple[list[str], dict[str, str], str | None]:
+        """The run's ``(argv, environment, working directory)`` (after :meth:`install`)."""
+
+    @abc.abstractmethod
+    def read_output(self, r: ExecResult, argv: list[str]) -> tuple[Any, str, dict[str, Any]]:
+        """What the run of ``argv`` printed: ``(parsed output, or None when there is none the harness understands;
+        the final message; the result's metadata)``."""
+
+    @abc.abstractmethod
+    def end_status(self, r: ExecResult, output: Any) -> AgentEndStatus:
+        """How a run that was not killed and printed ``output`` (:meth:`read_output`) ended."""
 
     def run_home(self) -> str:
         """A fresh per-run directory path in the sandbox for the CLI's home and configuration,
