@@ -1,24 +1,10 @@
 """The agent-harness contract: how vime runs an unmodified coding agent (Claude Code, Codex, …) in a sandbox.
 
-A harness is registered by name through ``vime_register_agent_harnesses`` (``--agent NAME``) and subclasses
-:class:`AgentHarness`. For one episode the ``coding_agent`` generate function:
-
-1. creates a sandbox and lays out the task's workspace;
-2. opens an agent-gateway session whose id is the episode's API key;
-3. makes the gateway reachable from inside the sandbox (:meth:`vime_core.sandbox.base.Sandbox.expose_host_port`),
-   which gives the in-sandbox ``base_url``;
-4. calls :meth:`AgentHarness.install` (idempotent: puts the CLI into the sandbox, or checks a prepared copy is
-   there), then :meth:`AgentHarness.run` with an :class:`AgentEndpoint` and an :class:`AgentBudget`;
-5. closes the gateway session into Samples; the :class:`AgentRunResult` says how the agent ended (a harness that
-   could not start the agent at all raises :class:`AgentHarnessError`: the episode is excluded, not scored 0).
-
-Budget: ``max_turns`` and ``wall_time_s`` are enforced by the harness (the CLI's own turn limit where it has one,
-and the sandbox command's timeout); the caller also opens the gateway session with
-``max_turns=budget.max_turns`` and ``sampling_params={"max_tokens": budget.max_tokens}`` so that the gateway enforces
-them for every agent (:data:`vime_core.agent.gateway.TURN_BUDGET_MESSAGE`).
-
-The harness never talks to the model itself and must configure its agent to talk **only** to ``endpoint.base_url``
-(no telemetry, no update checks, no other provider): the sandbox has no other network.
+A harness subclasses :class:`AgentHarness` (registered through ``vime_register_agent_harnesses``, ``--agent NAME``):
+:meth:`~AgentHarness.install` makes its CLI runnable in a sandbox, :meth:`~AgentHarness.run` runs it once against
+the gateway (:class:`AgentEndpoint`, its only network) within an :class:`AgentBudget` and says how it ended
+(:class:`AgentRunResult`). :class:`NpmAgentHarness` is the base of CLIs shipped on npm. The episode around a run,
+the budget and what each CLI is told: docs/agents.md, "Agent harnesses".
 """
 
 from __future__ import annotations

@@ -1,27 +1,10 @@
 """``megatron`` trainer backend: a megatron-core ``GPTModel`` (bf16, ``Float16Module``, Megatron DDP and distributed
-optimizer) trained with the same RL step as the torch backend (:func:`vime_core.trainer.rl_step.rl_train_step`:
-every estimator and loss term, KL against a frozen reference ``GPTModel``, and ``ppo`` with a Megatron critic,
-:mod:`vime_core.trainer.megatron_critic`).
+optimizer) trained with the same RL step as the torch backend (:func:`vime_core.trainer.rl_step.rl_train_step`).
 
-* Needs a CUDA GPU and ``megatron-core`` (0.16+; tested with 0.19.2 on an H200, Python 3.12, torch 2.11). No Ray: the
-  backend initialises ``torch.distributed`` itself (from torchrun's ``RANK``/``WORLD_SIZE``/``MASTER_*`` when set,
-  else a one-process group on 127.0.0.1), so the orchestration layer can wrap it but it does not depend on it.
-* Layer spec: Transformer Engine's when ``transformer_engine`` imports (``--megatron-attention te``), else
-  Megatron's local spec with the core attention swapped for :class:`SDPACoreAttention` (``torch``'s
-  ``scaled_dot_product_attention``, flash kernels on Hopper; ``--megatron-attention sdpa``, the default) or left as
-  Megatron's unfused ``DotProductAttention`` (``--megatron-attention local``).
-* Weights: HF checkpoints of the Llama family (Llama, SmolLM2, Mistral-dense) and Qwen2 are mapped by
-  :mod:`vime_core.trainer.megatron_convert` (bit-exact both ways); :meth:`MegatronTrainer.named_hf_tensors` gathers
-  tensor-parallel shards and exports HF names/shapes for vLLM.
-* Parallelism: tensor parallelism (``--tensor-model-parallel-size``; ``--sequence-parallel`` with TE only: the local
-  spec's torch norms do not support it) and data parallelism over the remaining ranks (each DP rank trains on its
-  shard of every mini-batch, :mod:`vime_core.trainer.rl_step` says how the gradient stays the one-GPU one).
-  Pipeline and context parallelism are refused with a clear error (not implemented in the weight export yet).
-* LoRA (``--lora-rank`` > 0): PEFT's adapter on megatron-core's parallel linear layers
-  (:mod:`vime_core.trainer.megatron_lora`; written for the GPU, not run yet): only the adapter is optimized, the KL
-  reference is the policy with the adapter disabled, checkpoints hold the adapter (PEFT's HF layout).
-* On CPU megatron-core's model code calls ``torch.cuda`` unconditionally (global memory buffer, RNG tracker,
-  rotary embeddings); the backend raises :class:`RuntimeError` there instead of shimming it.
+:class:`MegatronTrainer` needs a CUDA GPU and ``megatron-core``; it initialises ``torch.distributed`` itself, maps HF
+weights with :mod:`vime_core.trainer.megatron_convert`, and runs tensor and data parallelism (with
+:mod:`vime_core.trainer.megatron_critic` for ``ppo`` and :mod:`vime_core.trainer.megatron_lora` for LoRA). Layer
+specs, parallelism and limits: docs/gpu.md, "The megatron backend".
 """
 
 from __future__ import annotations
