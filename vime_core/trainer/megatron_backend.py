@@ -21,7 +21,7 @@ import torch
 
 from vime_core.algorithms.options import check_algorithm_config, kl_enabled, uses_critic
 from vime_core.config import LoraConfig, MegatronConfig
-from vime_core.trainer.base import TrainerBackend
+from vime_core.trainer.base import TrainerBackend, lora_adapter_of
 from vime_core.trainer.lr_schedule import policy_lr_schedule, set_lr
 from vime_core.trainer.megatron_convert import (
     ArchConfig,
@@ -383,13 +383,12 @@ class MegatronTrainer(TrainerBackend):
 
     # -- LoRA --------------------------------------------------------------------------------------------------------
     def lora_adapter(self) -> tuple[dict[str, torch.Tensor], dict]:
-        """LoRA: PEFT's HF-named adapter tensors (CPU, fp32) and ``adapter_config.json``. Collective under TP.
+        """LoRA: PEFT's HF-named adapter tensors (CPU, fp32) and ``adapter_config.json``
+        (:func:`~vime_core.trainer.base.lora_adapter_of`). Collective under TP.
 
         :raises RuntimeError: without ``--lora-rank``.
         """
-        if self.lora is None:
-            raise RuntimeError("lora_adapter: this run trains every weight (--lora-rank 0)")
-        return self.lora.adapter_state(), self.lora.adapter_config()
+        return lora_adapter_of(self.lora)
 
     def save_adapter(self, path: Path) -> None:
         """LoRA: the PEFT adapter directory (rank 0 writes; collective under TP)."""

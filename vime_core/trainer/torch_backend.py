@@ -23,7 +23,7 @@ from vime_core.algorithms.logprobs import selected_log_probs_and_entropy
 from vime_core.algorithms.options import check_algorithm_config, kl_enabled, uses_critic
 from vime_core.config import LoraConfig
 from vime_core.models import resolve_model
-from vime_core.trainer.base import TrainerBackend
+from vime_core.trainer.base import TrainerBackend, lora_adapter_of
 from vime_core.trainer.critic import Critic, adamw_with_checkpointing, clip_and_step
 from vime_core.trainer.lora_torch import AdapterDisabledReference, LoraModel
 from vime_core.trainer.packing import enable_packed_attention, packed_batch, packed_hidden_states
@@ -284,13 +284,9 @@ class TorchTrainer(TrainerBackend):
             yield name, (t if device is None else t.to(device)).contiguous()
 
     def lora_adapter(self) -> tuple[dict[str, torch.Tensor], dict]:
-        """LoRA: the adapter's tensors (PEFT's saved names, CPU) and its ``adapter_config.json`` content.
-
-        :raises RuntimeError: without ``--lora-rank``.
-        """
-        if self.lora is None:
-            raise RuntimeError("lora_adapter: this run trains every weight (--lora-rank 0)")
-        return self.lora.adapter_state(), self.lora.adapter_config()
+        """LoRA: the adapter's tensors (PEFT's saved names, CPU) and its ``adapter_config.json`` content
+        (:func:`~vime_core.trainer.base.lora_adapter_of`). :raises RuntimeError: without ``--lora-rank``."""
+        return lora_adapter_of(self.lora)
 
     def save_adapter(self, path: Path) -> None:
         """LoRA: the PEFT adapter directory (``final_adapter/``) that ``peft`` and ``vllm serve --lora-modules``
