@@ -1,18 +1,10 @@
 """``vime run`` arguments: framework flags, ``--vllm-*`` / ``--router-*`` pass-through, YAML config files.
 
-Namespaces:
-
-1. framework flags (plain names, defined here and by plugins through ``vime_add_arguments``);
-2. Megatron flags under Megatron-LM's names (``--tensor-model-parallel-size``, ...), added by the ``megatron``
-   backend's ``vime_add_arguments`` (:mod:`vime_core.builtins.trainers`);
-3. ``--vllm-<engine arg> [value]`` forwarded to every vLLM engine as ``--<engine arg> [value]`` — except the
-   flags vime owns (:data:`VIME_OWNED_VLLM_FLAGS`), refused with the vime flag to use instead;
-4. ``--router-<arg> [value]`` forwarded to the vllm-router vime starts; ``--vllm-router-ip``/``--vllm-router-port``
-   make vime use a router already running instead.
-
-``--config FILE.yaml`` may hold any flag (keys with dashes or underscores); the command line wins
-(:mod:`vime_core.config_file`). After parsing, :func:`vime_core.argument_checks.check_run_args` refuses
-combinations that cannot run. Both modules' public names are importable from here too.
+:func:`build_parser` defines the framework flags (plugins add theirs through ``vime_add_arguments``; the
+``megatron`` backend adds Megatron-LM's names); ``--vllm-<arg>`` and ``--router-<arg>`` are forwarded to every vLLM
+engine and to the router, except the flags vime owns (:data:`VIME_OWNED_VLLM_FLAGS`). :func:`parse_run_args` merges
+``--config FILE.yaml`` (the command line wins) and runs the cross-flag checks; :func:`default_args` builds a
+Namespace without a command line. The namespaces: docs/architecture.md, "Flags".
 """
 
 from __future__ import annotations

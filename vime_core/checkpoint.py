@@ -1,18 +1,9 @@
 """Checkpoint layout, atomic writes and retention.
 
-``OUTPUT_DIR/checkpoints/step_{N:06d}/`` holds ``trainer/`` (backend state), ``data_source.json`` (the buffer:
-what was trained is consumed, what was generated or requested but not trained goes back, see
-:meth:`vime_core.rollout.manager.RolloutManager.data_state`) and ``meta.json`` (``{"step": N, "weight_version":
-V}``, N = completed steps).
-
-A checkpoint is written under ``step_{N:06d}.tmp/``; ``meta.json`` is written last, every file is flushed to disk
-(``fsync``), and only then is the directory renamed to its final name. So a directory named ``step_N`` with a
-``meta.json`` is complete, and a crash (``kill -9``, power loss) at any moment leaves either the previous
-checkpoints or the new one — never a torn one that a resume would pick: :func:`latest_checkpoint` takes the
-highest complete ``step_N`` and ignores ``*.tmp`` directories and directories without ``meta.json``.
-``checkpoints/latest`` names the newest checkpoint for people and tools; it is replaced (atomically) after the
-rename and is not needed for a resume. ``--max-checkpoints N`` keeps the newest N complete checkpoints; older ones
-(and torn leftovers of a crash) are deleted only after a new checkpoint is complete.
+``OUTPUT_DIR/checkpoints/step_{N:06d}/`` holds ``trainer/``, ``data_source.json`` and ``meta.json``; it is written
+as ``step_{N:06d}.tmp/``, fsynced and renamed (:func:`commit_checkpoint`), so :func:`latest_checkpoint` never picks
+a torn one, and :func:`prune_checkpoints` applies ``--max-checkpoints`` only after a new checkpoint is complete.
+The layout and the resume: docs/checkpoints.md.
 """
 
 from __future__ import annotations

@@ -1,23 +1,10 @@
 """Typed, frozen configuration of a run: one object per component, built from the parsed ``vime run`` flags.
 
-``vime run`` parses its flags once (:func:`vime_core.arguments.parse_run_args`); each component then receives only
-its own section — the rollout manager a :class:`RolloutConfig` (and the :class:`EvalConfig`, :class:`EngineConfig`
-it needs), a trainer backend a :class:`TrainerConfig` and an :class:`AlgorithmConfig`, a weight-sync strategy a
-:class:`WeightSyncConfig`, placement a :class:`ClusterConfig`, and so on. :class:`RunConfig` composes them all.
-
-Every field is named exactly like the flag's ``dest`` (``--rollout-batch-size`` → ``rollout_batch_size``); a flag
-several components need appears in each of their sections. Fields have no defaults: defaults live in exactly one
-place, the flag definition (:mod:`vime_core.arguments` and the built-in plugins' ``vime_add_arguments``). Code that
-needs a Namespace without a command line (tests, benchmarks, the contract kit) builds one with
-:func:`vime_core.arguments.default_args`, which fills every flag from the parser's defaults.
-
-Plugins are still called with the ``args`` Namespace (their hook signatures do not change) and read their own
-prefixed flags from it with :func:`vime_core.plugin_flags.own_flags` (defaults from the flag definition), the
-framework's through a section, like the built-in plugins: ``RolloutConfig.from_args(args)`` (each ``from_args``
-builds the section from a Namespace; it is cheap, a few hundred attribute reads).
-``tests/unit/test_config.py`` checks that every field is a flag and every framework flag is in a section, and
-that no module outside :mod:`vime_core.arguments` (and its checks, :mod:`vime_core.argument_checks`) /
-:mod:`vime_core.config` / :mod:`vime_core.cli` reads the Namespace directly.
+Each component receives only its own section (:class:`RolloutConfig`, :class:`TrainerConfig`,
+:class:`AlgorithmConfig`, :class:`WeightSyncConfig`, ...; :class:`RunConfig` composes them), each built by
+``from_args`` from the Namespace. Fields are named like the flags' ``dest`` and have no defaults: defaults live only
+in the flag definitions (:func:`vime_core.arguments.default_args` fills a Namespace without a command line).
+``tests/unit/test_config.py`` checks both directions. For plugins: docs/plugins.md.
 """
 
 from __future__ import annotations

@@ -1,15 +1,10 @@
 """Every vime hook, in one place.
 
-Plugins implement these with ``@vime_core.hookimpl`` in a module named by an entry point of group ``vime``
-(entry name = distribution name without the ``vime-`` prefix). Built-ins register through exactly the same hooks
-(:data:`vime_core.plugins.DEFAULT_PLUGINS`).
-
-The ``vime_register_*`` hooks receive a ``register(name, obj)`` callback rather than returning values, so the
-registry knows which plugin provided each name and can fail loudly on duplicates (see :mod:`vime_core.registry`).
-What ``obj`` must be is typed: the :mod:`vime_core.protocols` of the callable kinds (the registry checks their
-parameter names and ``async``), the base classes of the class kinds (a class registers under its own ``NAME``).
-
-Which process calls which hook is in ``docs/architecture.md`` ("Which hooks run where").
+Plugins implement these with ``@vime_core.hookimpl`` in a module named by an entry point of group ``vime``;
+built-ins register through the same hooks (:data:`vime_core.plugins.DEFAULT_PLUGINS`). The ``vime_register_*`` hooks
+receive a ``register(name, obj)`` callback, so the registry knows which plugin provided each name and fails loudly
+on duplicates. The hooks, what ``obj`` must be, and which process calls which hook: docs/hooks.md and
+docs/architecture.md ("Which hooks run where").
 """
 
 from __future__ import annotations

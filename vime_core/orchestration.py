@@ -1,21 +1,9 @@
 """Ray orchestration: the cluster ``vime run`` runs on, the placement group of its plan, and the trainer group.
 
-* **Cluster**: by default a single-node Ray on 127.0.0.1 (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` and
-  ``_node_ip_address="127.0.0.1"``: GCS, raylet and workers listen on loopback only); with ``--ray-address`` the
-  driver joins a running cluster instead (``ray start --head`` elsewhere; ``auto`` reads ``RAY_ADDRESS``).
-* **Placement**: :func:`create_placement_group` asks Ray for the bundles of a
-  :class:`~vime_core.placement.PlacementPlan`, each pinned to its planned node with the ``ray.io/node-id`` label
-  selector; :func:`slot_options` schedules an actor on its bundles (``PlacementGroupSchedulingStrategy``). Ray picks
-  the GPUs inside a bundle and sets ``CUDA_VISIBLE_DEVICES`` for the actor; vime reads them back with
-  ``ray.get_gpu_ids()`` and never chooses a device itself.
-* **Trainer group** (:class:`TrainerGroup`): one :class:`TrainerWorker` actor per rank, as slime's ``RayTrainGroup``;
-  rank 0 picks the rendezvous (its node's address and a free port there) and every rank gets torchrun's variables
-  (``MASTER_ADDR``, ``MASTER_PORT``, ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``) before the
-  backend starts, so a backend that initialises ``torch.distributed`` from the environment (Megatron's
-  :func:`~vime_core.trainer.megatron_model.init_distributed`) joins the group. A one-rank group leaves
-  ``torch.distributed`` alone: the torch backend runs exactly as a plain process.
-* Actors without a GPU take ``num_cpus=0``: on a 2-core machine the vLLM engines and the trainer share the cores
-  anyway, and Ray's CPU accounting would only deadlock them.
+:func:`init_ray` starts a loopback-only single-node Ray or joins ``--ray-address``; :func:`create_placement_group`
+and :func:`slot_options` reserve and use the bundles of a :class:`~vime_core.placement.PlacementPlan` (Ray picks the
+GPUs); :class:`TrainerGroup` runs one :class:`TrainerWorker` per rank with torchrun's environment. What runs where:
+docs/cluster.md.
 """
 
 from __future__ import annotations

@@ -1,25 +1,9 @@
 """The placement plan: which Ray placement-group bundle holds which trainer rank and which vLLM engine, on which node.
 
-One plan is computed up front from slime's resource flags (``--actor-num-nodes``, ``--actor-num-gpus-per-node``,
-``--rollout-num-gpus``, ``--rollout-num-gpus-per-engine``, ``--colocate``) and the Ray cluster's nodes, before
-anything expensive starts; :func:`plan_placement` is a pure function of those two, so every layout and every refusal
-is unit-tested. The orchestration (:mod:`vime_core.orchestration`) then asks Ray for exactly this plan: one placement
-group whose bundle ``i`` is pinned to the plan's node with Ray's ``ray.io/node-id`` label selector, and every actor is
-scheduled on its bundle with ``PlacementGroupSchedulingStrategy``. Ray, not vime, picks the GPU ids inside a bundle.
-
-Layouts (slime's ``_get_placement_group_layout``):
-
-* **CPU** (no GPU flag): today's single-node layout — trainer rank 0 and every engine on the driver's node, no
-  bundle, no GPU.
-* **disaggregated** (default with GPUs): ``actor_num_nodes × actor_num_gpus_per_node`` one-GPU bundles for the trainer
-  ranks (``actor_num_gpus_per_node`` of them on each of ``actor_num_nodes`` nodes), then one bundle of
-  ``--rollout-num-gpus-per-engine`` GPUs per engine on the GPUs left (an engine's tensor-parallel group never spans
-  nodes).
-* **colocated** (``--colocate``): one one-GPU bundle per trainer GPU; trainer rank ``r`` takes half of bundle ``r``
-  and engine ``e`` takes the other half of bundles ``e·tp … e·tp+tp-1`` (vLLM sleeps while the trainer trains).
-
-Trainer ranks are numbered node by node (rank ``r`` on node ``r // actor_num_gpus_per_node``), as ``torchrun`` and
-Megatron number them; Megatron's own rank layout (TP fastest, then CP, DP, PP) is built on top by Megatron.
+:func:`plan_placement` is a pure function of slime's resource flags (:class:`ResourceFlags`) and the Ray cluster's
+nodes, computed before anything expensive starts, so every layout (CPU, disaggregated, colocated) and every refusal
+is unit-tested; :mod:`vime_core.orchestration` then asks Ray for exactly this plan. The layouts: docs/cluster.md,
+"The plan".
 """
 
 from __future__ import annotations

@@ -1,18 +1,9 @@
 """The typed contracts of the callable plugin kinds, as :class:`typing.Protocol` classes.
 
 Each protocol's ``__call__`` is the signature a registered function must have: the registry checks the parameter
-**names** and whether it is ``async`` against it when a plugin registers a name or a dotted path is resolved
-(:func:`vime_core.registry.check_protocol`), and type checkers check plugins that annotate their functions with it::
-
-    from vime_core.protocols import RewardFn
-
-    async def my_reward(args, sample) -> float: ...
-
-    reward: RewardFn = my_reward
-
-The class kinds (sandbox backends, agent harnesses, weight-sync strategies, trainer backends) are abstract base
-classes instead: :class:`vime_core.sandbox.base.Sandbox`, :class:`vime_core.agent.harness.AgentHarness`,
-:class:`vime_core.weight_sync.base.WeightSyncStrategy`, :class:`vime_core.trainer.base.TrainerBackend`.
+names and ``async`` against it (:func:`vime_core.registry.check_protocol`), and type checkers check a plugin that
+annotates its function with it (``reward: RewardFn = my_reward``). The class kinds are abstract base classes
+instead (``Sandbox``, ``AgentHarness``, ``WeightSyncStrategy``, ``TrainerBackend``). The rules: docs/hooks.md.
 """
 
 from __future__ import annotations

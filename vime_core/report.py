@@ -1,26 +1,9 @@
 """``vime report``: one self-contained HTML page of a run's curves, drawn with matplotlib from ``metrics.jsonl``.
 
-:func:`build_figures` returns the matplotlib figures (one per panel; tests read the plotted ``Line2D`` / bar data
-back from them), :func:`write_report` saves each as a PNG under ``<out stem>_files/`` and embeds the same PNG bytes
-(base64) in the HTML, so the page opens on its own. A panel whose metrics no run has is left out and listed under
-"not shown". ``--compare`` overlays other runs on every panel (their label is the directory name).
-
-Every curve and the time-split bars are plotted against the number of finished training steps
-(:func:`finished_steps`): training step ``r`` at ``r + 1``, an evaluation at the step count it ran after (0 =
-before training).
-
-Panels (metric keys as written by :mod:`vime_core.loop` and :mod:`vime_core.metrics`):
-
-* reward: ``rollout/reward_mean``; eval reward ``eval/<set>/reward_mean``; eval ``eval/<set>/pass@<k>``;
-* response length ``rollout/response_len_mean`` (+ ``eval/<set>/response_len_mean``), truncated fraction
-  ``rollout/truncated_frac`` (+ ``eval/<set>/truncated_frac``);
-* ``|Δlogp|`` ``train/train_rollout_logprob_abs_diff``, entropy ``train/entropy_loss``, grad norm
-  ``train/grad_norm`` (+ ``train/critic_grad_norm``), KL ``train/kl_loss`` / ``train/ppo_kl`` /
-  ``rollout/distill_reverse_kl``, policy loss ``train/pg_loss``;
-* per-step time split: ``perf/rollout_time`` / ``perf/train_time`` / ``perf/sync_time`` as a stacked bar (seconds);
-* weight-sync bytes ``weight_sync/bytes`` (MiB);
-* staleness histogram (``--loop one-step-off`` / ``fully-async``): trained tokens per staleness ``k`` summed over
-  steps from ``rollout/staleness_tokens/<k>`` (:func:`vime_core.metrics.staleness_histogram`).
+:func:`build_figures` returns the matplotlib figures (one per panel; tests read the plotted data back from them),
+:func:`write_report` saves each as a PNG and embeds the same bytes in the HTML; every curve is drawn against the
+number of finished training steps (:func:`finished_steps`), and ``--compare`` overlays other runs. The panels and
+their metrics: docs/report.md, "vime report".
 """
 
 from __future__ import annotations

@@ -1,46 +1,10 @@
 """The agent gateway: Anthropic- and OpenAI-compatible HTTP endpoints in front of the policy, recording every turn.
 
-An unmodified agent (Claude Code: ``ANTHROPIC_BASE_URL=<url>``, ``ANTHROPIC_AUTH_TOKEN=<session id>``; Codex or any
-OpenAI client: ``base_url=<url>/v1``, ``api_key=<session id>``) talks to the gateway as it would to the vendor's API.
-For each request the gateway renders the conversation with the policy's chat template (tools included), builds the
-prompt ids incrementally (:meth:`~vime_core.agent.trajectory.Trajectory.plan`: held ids reused, only new text
-tokenised), calls its responder with token ids (the router: :class:`~vime_core.agent.responders.RouterResponder`; or a
-:class:`~vime_core.agent.responders.ScriptedResponder`), parses tool calls, answers in the API's format (streamed or
-not) and records a :class:`~vime_core.agent.trajectory.TurnRecord` in the session's trajectory.
-
-Endpoints (``127.0.0.1`` by default), one router per API under :mod:`vime_core.agent.apis`: ``POST /v1/messages`` and
-``/v1/messages/count_tokens`` (Anthropic, :mod:`~vime_core.agent.apis.anthropic_messages`),
-``POST /v1/chat/completions`` (:mod:`~vime_core.agent.apis.openai_chat`), ``POST /v1/responses``
-(:mod:`~vime_core.agent.apis.openai_responses`); and here ``GET /v1/models``, ``GET /health``. This module holds the
-sessions (:class:`~vime_core.agent.session.Session`) and serves a turn whatever the API; the API modules convert.
-
-Sessions are keyed by the API key (``x-api-key``) or bearer token (``Authorization: Bearer``): call
-:meth:`AgentGateway.open_session` before an episode and :meth:`AgentGateway.close_session` after it to get the
-episode's Samples; requests with an unknown key get a 401 (unless ``auto_open_sessions``). Sessions never share
-state, and requests of one session may run concurrently (each is placed by the trajectory rules on arrival of its
-result).
-
-Behaviour worth knowing:
-
-* **Sampling**: the session's ``sampling_params`` (e.g. the rollout temperature) override the request's;
-  ``max_tokens`` is the smaller of both, and is clipped to the context left (``max_context_len``).
-* **Forced tool calls**: ``tool_choice`` = required / a named tool is enforced with a grammar
-  (:meth:`~vime_core.agent.tool_parsers.ToolParser.call_grammar`, vLLM ``structured_outputs``) when ``xgrammar``
-  is installed. vLLM reports the log-probs of such a turn under the grammar mask (not the unconstrained policy's),
-  so the turn is flagged ``metadata["constrained"]`` in its :class:`TurnRecord`; its tokens are still exact.
-* **Aborted generations** (engines paused with ``mode=abort`` for a weight update) are answered with a retryable
-  error (Anthropic 529 ``overloaded_error``, OpenAI 503) and are not recorded; agents retry.
-* **Turns cut by the token budget** come back as text with stop reason ``max_tokens`` / ``length`` and no tool calls
-  (a call cut in the middle is never executed); they are recorded truncated (not trained).
-* **Tool results** must answer, by id, a call of the assistant message right before them (400 otherwise) and are
-  rendered in the order of the calls (:func:`~vime_core.agent.apis.common.pair_tool_results`).
-* **Context overflow**: a prompt that leaves no room to generate within ``max_context_len``, or that the engine
-  refuses as longer than its ``max_model_len``, gets the error each client acts on
-  (:func:`~vime_core.agent.apis.common.context_overflow_error`: Anthropic "prompt is too long: N tokens > M
-  maximum", OpenAI ``context_length_exceeded``, in a ``response.failed`` event for a streamed Responses request); it
-  does not count against ``max_turns``, and the samples record ``context_exhausted`` / ``context_overflows``.
-* **Streaming** sends ``message_start`` / ``response.created`` at once and pings while the engine works, then the
-  whole turn (the engine call itself is not streamed).
+An unmodified agent talks to :class:`AgentGateway` as to the vendor's API, its session id as API key; each request
+is rendered with the policy's chat template, sampled as token ids through a responder, answered in the API's format
+and recorded as a :class:`~vime_core.agent.trajectory.TurnRecord`. This module holds the sessions and serves a turn
+whatever the API; each API is a module of :mod:`vime_core.agent.apis`. Endpoints and behaviour: docs/agents.md,
+"The agent gateway".
 """
 
 from __future__ import annotations

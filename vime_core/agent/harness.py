@@ -1,24 +1,10 @@
 """The agent-harness contract: how vime runs an unmodified coding agent (Claude Code, Codex, …) in a sandbox.
 
-A harness is registered by name through ``vime_register_agent_harnesses`` (``--agent NAME``) and subclasses
-:class:`AgentHarness`. For one episode the ``coding_agent`` generate function:
-
-1. creates a sandbox and lays out the task's workspace;
-2. opens an agent-gateway session whose id is the episode's API key;
-3. makes the gateway reachable from inside the sandbox (:meth:`vime_core.sandbox.base.Sandbox.expose_host_port`),
-   which gives the in-sandbox ``base_url``;
-4. calls :meth:`AgentHarness.install` (idempotent: puts the CLI into the sandbox, or checks a prepared copy is
-   there), then :meth:`AgentHarness.run` with an :class:`AgentEndpoint` and an :class:`AgentBudget`;
-5. closes the gateway session into Samples; the :class:`AgentRunResult` says how the agent ended (a harness that
-   could not start the agent at all raises :class:`AgentHarnessError`: the episode is excluded, not scored 0).
-
-Budget: ``max_turns`` and ``wall_time_s`` are enforced by the harness (the CLI's own turn limit where it has one,
-and the sandbox command's timeout); the caller also opens the gateway session with
-``max_turns=budget.max_turns`` and ``sampling_params={"max_tokens": budget.max_tokens}`` so that the gateway enforces
-them for every agent (:data:`vime_core.agent.gateway.TURN_BUDGET_MESSAGE`).
-
-The harness never talks to the model itself and must configure its agent to talk **only** to ``endpoint.base_url``
-(no telemetry, no update checks, no other provider): the sandbox has no other network.
+A harness subclasses :class:`AgentHarness` (registered through ``vime_register_agent_harnesses``, ``--agent NAME``):
+:meth:`~AgentHarness.install` makes its CLI runnable in a sandbox, :meth:`~AgentHarness.run` runs it once against
+the gateway (:class:`AgentEndpoint`, its only network) within an :class:`AgentBudget` and says how it ended
+(:class:`AgentRunResult`). :class:`NpmAgentHarness` is the base of CLIs shipped on npm. The episode around a run,
+the budget and what each CLI is told: docs/agents.md, "Agent harnesses".
 """
 
 from __future__ import annotations
@@ -27,6 +13,7 @@ import abc
 import argparse
 import json
 import os
+import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -291,6 +278,55 @@ class NpmAgentHarness(AgentHarness):
         if r.exit_code != 0:
             raise AgentHarnessError(f"{self.NAME} does not run in the {sandbox.NAME} sandbox: {r.stderr[-500:]}")
         self._exe[sandbox.sandbox_id] = path
+
+    async def run(
+        self, sandbox: Sandbox, *, prompt: str, endpoint: AgentEndpoint, budget: AgentBudget, cwd: str | None = None
+    ) -> AgentRunResult:
+        """Run the CLI once: :meth:`install`, a fresh :meth:`run_home` that :meth:`prepare_home` fills, the
+        :meth:`launch` command killed at ``budget.wall_time_s`` (status ``timeout``); :meth:`read_output` parses
+        what it printed and :meth:`end_status` names how it ended (no output it understands: ``error``, after
+        :meth:`raise_if_not_started`).
+
+        :raises AgentHarnessError: the CLI is not installed in the sandbox or could not start.
+        """
+        await self.install(sandbox)
+        home = self.run_home()
+        await self.prepare_home(sandbox, endpoint, home)
+        argv, env, workdir = self.launch(sandbox, prompt, endpoint, budget, home, cwd)
+        t0 = time.monotonic()
+        r = await sandbox.exec(argv, timeout=budget.wall_time_s, env=env, cwd=workdir)
+        duration = time.monotonic() - t0
+        output, final, meta = self.read_output(r, argv)
+        if r.timed_out:
+            status: AgentEndStatus = "timeout"
+        elif output is None:
+            self.raise_if_not_started(r)
+            status = "error"
+        else:
+            status = self.end_status(r, output)
+        return AgentRunResult(status, r.exit_code, duration, final, r.stdout, r.stderr, meta)
+
+    @abc.abstractmethod
+    async def prepare_home(self, sandbox: Sandbox, endpoint: AgentEndpoint, home: str) -> None:
+        """Create the run's ``home`` in ``sandbox`` (and the configuration the CLI reads from it).
+
+        :raises AgentHarnessError: it cannot be written.
+        """
+
+    @abc.abstractmethod
+    def launch(
+        self, sandbox: Sandbox, prompt: str, endpoint: AgentEndpoint, budget: AgentBudget, home: str, cwd: str | None
+    ) -> tuple[list[str], dict[str, str], str | None]:
+        """The run's ``(argv, environment, working directory)`` (after :meth:`install`)."""
+
+    @abc.abstractmethod
+    def read_output(self, r: ExecResult, argv: list[str]) -> tuple[Any, str, dict[str, Any]]:
+        """What the run of ``argv`` printed: ``(parsed output, or None when there is none the harness understands;
+        the final message; the result's metadata)``."""
+
+    @abc.abstractmethod
+    def end_status(self, r: ExecResult, output: Any) -> AgentEndStatus:
+        """How a run that was not killed and printed ``output`` (:meth:`read_output`) ended."""
 
     def run_home(self) -> str:
         """A fresh per-run directory path in the sandbox for the CLI's home and configuration,

@@ -1,24 +1,9 @@
 """The ``qwen3_coder`` tool-call parser (alias ``qwen3xml``): Qwen3-Coder's XML calls, typed by the tools' schemas.
 
-The format (Qwen3-Coder's chat template; vLLM's ``qwen3_coder`` / ``qwen3xml`` parsers)::
-
-    <tool_call>
-    <function=read_file>
-    <parameter=path>
-    src/a.py
-    </parameter>
-    <parameter=offset>
-    230
-    </parameter>
-    </function>
-    </tool_call>
-
-Every value is text; its type comes from the tool's JSON schema (``parse(text, tools)``): ``integer`` (``"230"`` and
-the integral ``"230.0"`` → 230), ``number``, ``boolean``, ``object``/``array`` (JSON), ``string`` (kept verbatim:
-``"03106"`` stays ``"03106"``); ``null`` is ``None``. A value that does not fit its type (an ``integer`` offset of
-``2026-01-15``) keeps the call with the raw string and is reported in :attr:`ParseResult.value_errors`, naming the
-parameter — the call is never dropped. Without schemas every value stays a string. One leading and one trailing
-newline of a value belong to the markup and are removed.
+Reads ``<tool_call><function=NAME><parameter=KEY>VALUE</parameter>...</function></tool_call>`` blocks (Qwen3-Coder's
+chat template; vLLM's ``qwen3_coder`` / ``qwen3xml`` parsers); each value's type comes from the tool's JSON schema,
+and a value that does not fit is kept as its raw string and reported in :attr:`ParseResult.value_errors`. The
+rules: docs/agents.md, "Qwen3-Coder's XML tool calls".
 """
 
 from __future__ import annotations

@@ -1,16 +1,9 @@
 """Responders: what answers the gateway's engine calls — the policy behind vime's router, or a script.
 
 A responder is anything with ``async generate(prompt_ids, sampling_params, session_id) ->``
-:class:`~vime_core.rollout.client.GenerateOutput` (and optionally ``async aclose()``) — the same call as
-:meth:`vime_core.rollout.client.RouterClient.generate`, so the gateway, the ``multi_turn`` generate function and tests
-can swap one for the other.
-
-* :class:`RouterResponder` — the real policy: one :class:`~vime_core.rollout.client.RouterClient` per event loop that
-  uses it, created lazily (an ``httpx.AsyncClient`` must not cross event loops; the gateway runs its own, and
-  ``asyncio.run`` callers get a fresh one each time). It can also serve as a rollout context's ``client``.
-* :class:`ScriptedResponder` — a fixed sequence of assistant turns (text or token ids), for deterministic agent tests:
-  tokenised with the policy's tokenizer, end-of-turn token appended, ``max_tokens`` honoured (cut → ``"length"``),
-  every call recorded in :attr:`ScriptedResponder.calls` (what "the engine" saw).
+:class:`~vime_core.rollout.client.GenerateOutput` (optionally ``async aclose()``), the call of
+:meth:`vime_core.rollout.client.RouterClient.generate`: :class:`RouterResponder` (the policy, one client per event
+loop) and :class:`ScriptedResponder` (fixed assistant turns, every call recorded, for deterministic tests).
 """
 
 from __future__ import annotations

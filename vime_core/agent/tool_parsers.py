@@ -1,29 +1,9 @@
 """Tool-call parsers: model text ⇄ structured tool calls, chosen by name and pluggable.
 
-A parser knows one tool-call *format* a model was trained on. It parses a model turn into content + calls
-(:meth:`ToolParser.parse`), and for chat templates that have no tool support of their own it also writes the format
-back: the tool list for the system prompt (:meth:`ToolParser.tools_prompt`), calls inside an assistant message
-(:meth:`ToolParser.format_calls`) and tool results (:meth:`ToolParser.format_results`).
-
-Built in:
-
-* ``hermes`` (alias ``qwen``): ``<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`` blocks, as in
-  Hermes-2-Pro and Qwen2.5/Qwen3 chat templates (tools in ``<tools></tools>``, results in
-  ``<tool_response></tool_response>``). A call is read by JSON structure (to the object's matching brace), so a
-  ``</tool_call>`` inside a string argument does not end it; :meth:`ToolParser.stream` parses incrementally with
-  the same result for any chunking.
-* ``qwen3_coder`` (alias ``qwen3xml``): Qwen3-Coder's XML calls, values typed by the tools' schemas
-  (:mod:`vime_core.agent.qwen3_xml`).
-* ``openai`` (alias ``json``): the whole turn is a JSON tool call in the OpenAI tools schema — one object or a list
-  of ``{"type": "function", "function": {"name", "arguments"}}``, ``{"name", "arguments"}`` or
-  ``{"name", "parameters"}``, optionally wrapped as ``{"tool_calls": [...]}`` (Llama-3.x style JSON tool calling).
-
-More parsers: :func:`register_tool_parser` (``register_tool_parser("mine", MyParser)``), or a dotted path
-``pkg.mod:MyParser`` wherever a parser name is accepted (``--multi-turn-tool-parser``, the gateway's
-``tool_parser``).
-
-Sources: Hermes function-calling format (NousResearch/Hermes-Function-Calling), the Qwen2.5 chat template, vLLM's
-``hermes`` and ``llama3_json`` tool parsers, OpenAI's Chat Completions ``tools``/``tool_calls`` schema.
+A :class:`ToolParser` knows one tool-call format a model was trained on: it parses a model turn into content + calls
+(whole or streamed) and, for chat templates without tool support, writes the format back (tool list, calls,
+results). Built in: ``hermes`` (alias ``qwen``), ``qwen3_coder`` (alias ``qwen3xml``), ``openai`` (alias ``json``);
+more through :func:`register_tool_parser` or ``pkg.mod:Class``. The formats: docs/agents.md, "Tool-call parsers".
 """
 
 from __future__ import annotations

@@ -1,51 +1,9 @@
 """Token-correct training samples from the turns of one agent episode.
 
-An agent (Claude Code, Codex, a tool loop) talks to the policy through chat APIs, so every request re-sends the
-whole conversation as *messages*; the engine only ever sees *token ids*. The :class:`Trajectory` of an episode turns
-the recorded turns (:class:`TurnRecord`: the prompt ids the engine was given, the ids it sampled with their log-probs
-and weight versions) into :class:`~vime_core.types.Sample` s whose every trained token is a token the engine sampled,
-in exactly the context it was sampled in.
-
-**Segments and drift.** The trajectory is a list of *segments*, each one growing token sequence that becomes one
-Sample. A new turn with prompt ``P`` is placed against the held tokens ``H`` of the segment sharing the longest
-token prefix with it (``L`` = common prefix length):
-
-* ``CLEAN`` — ``P`` extends ``H`` (``L == len(H)``): ``P[len(H):]`` is appended as context (mask 0), then the output.
-* ``REALIGN`` — ``P`` diverges from ``H`` at ``L``, inside the segment's response, and ``H[L:]`` holds at most
-  ``max_realign_tokens`` trained tokens: the segment is cut back to ``H[:L]`` (those trained tokens are *removed*, not
-  zeroed, and counted in ``metadata["trajectory"]["realign_dropped_tokens"]``), ``P[L:]`` is appended as context and
-  then the output. Afterwards the segment is exactly ``P + output``: the context of every later token is what the
-  engine saw.
-* ``FORK`` — anything else (divergence inside the first prompt, or more than ``max_realign_tokens`` trained tokens
-  would be lost): a new segment starts with ``P`` as its prompt. The old segment is kept as it was, so nothing
-  already sampled is lost; the new segment trains only what comes after ``P``.
-
-Why this rule (and not slime's): slime gates REALIGN on the *new* turn's output length and zeroes the previous
-response from its *start* (THUDM/slime#2338, #2360: a 61-token turn zeroed a 28k-token response, including hundreds
-of tokens before the divergence). Here the gate is the number of trained tokens that would be lost, and the cut is at
-the exact divergence token, so a realign never costs more than ``max_realign_tokens`` (default 16) sampled tokens and
-everything before the divergence stays trained; a larger divergence forks, which costs prefix recompute in training
-but loses no sample. Masks never depend on the chat template: a token is trained iff it came out of the engine.
-
-**Truncated and ill-formed turns — the one rule.** A turn's output tokens are trained (mask 1) iff the engine ended
-the turn itself (``finish_reason == "stop"``: EOS or a stop string) *and* the output parsed (``ill_formed`` False).
-The tokens of a length-truncated, aborted or ill-formed turn stay in the sequence as context (mask 0; their engine
-log-probs are kept, not trained), so every later turn is still trained exactly; the segment is flagged
-(``truncated_turns``, ``ill_formed_turns``, ``aborted_turns`` in ``metadata["trajectory"]``), its status is
-``truncated`` when its last turn was length-limited, and a segment left with no trained token is returned with
-``remove_sample=True`` (``metadata["excluded"]`` says why). Rationale: a cut-off or unparseable action was not the
-action the agent executed as the model wrote it (the gateway had to repair it), so the episode's reward does not
-score it; masking only that turn keeps the rest of the episode.
-
-**Linear time.** Tokenisation dominates the cost of re-sent histories (THUDM/slime#2285). :meth:`Trajectory.plan`
-builds the next prompt from *text*: it finds the longest held checkpoint whose text is a prefix of the newly rendered
-conversation (for the last output, down to the token), reuses the held token ids for it and tokenises only the new
-suffix, so each character is tokenised once per episode and the model's own (possibly non-canonical) token ids are
-kept — no re-tokenisation drift. :meth:`Trajectory.record` with that plan compares only the tokens past the shared
-prefix. What stays proportional to the prompt length per turn is C-level copying and comparing (``str.startswith``,
-list slices), which the HTTP APIs require anyway since every request carries the whole history.
-
-All segments of one episode share one ``episode_id`` so the loss counts the episode once.
+:class:`Trajectory` places each recorded :class:`TurnRecord` (prompt ids, sampled ids, log-probs, weight versions)
+into segments (CLEAN, REALIGN, FORK), each one :class:`~vime_core.types.Sample` whose every trained token the engine
+sampled in exactly that context; :meth:`Trajectory.plan` builds the next prompt tokenising only new text. The rules
+and their reasons: docs/agents.md, "The trajectory manager".
 """
 
 from __future__ import annotations

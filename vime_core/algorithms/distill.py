@@ -1,19 +1,9 @@
 """On-policy distillation: a per-token advantage from a teacher's log-probs of the student's own samples.
 
-The student samples a response; a teacher model scores the sampled tokens (its log-prob of each token given the
-prefix). The per-token reverse KL ``KL(π_s ‖ π_T)`` estimated on the sampled token is
-``logπ_s(y_t | y_<t) - logπ_T(y_t | y_<t)``; its negative is the advantage:
-
-``A_t = λ · (logπ_T(y_t | x, y_<t) - logπ_s(y_t | x, y_<t))``
-
-so a policy-gradient step on ``A_t`` (treated as a constant, no gradient through it) lowers the reverse KL to the
-teacher, a mode-seeking objective evaluated on the student's own distribution.
-
-Sources: Agarwal et al. 2024, "On-Policy Distillation of Language Models: Learning from Self-Generated Mistakes"
-(GKD), arXiv:2306.13649 (on-policy data with a reverse-KL divergence); Thinking Machines Lab 2025, "On-Policy
-Distillation" (Lu et al., https://thinkingmachines.ai/blog/on-policy-distillation/: per-token advantage
-``-(logπ_s - logπ_T)`` with the student's sampling log-probs, importance-sampled policy-gradient loss); slime's
-``--use-opd`` (``A - λ·(logπ_s - logπ_T)`` added to any estimator's advantage).
+:func:`distill_advantages` gives ``A_t = λ · (logπ_T(y_t | x, y_<t) - logπ_s(y_t | x, y_<t))``, the negative
+per-token reverse KL on the sampled token, so a policy-gradient step lowers the reverse KL to the teacher on the
+student's own distribution. Formula and sources (GKD, Thinking Machines, slime's ``--use-opd``): docs/algorithms.md,
+"On-policy distillation".
 """
 
 from __future__ import annotations

@@ -1,16 +1,9 @@
 """Train/inference mismatch: importance weights between trainer and engine, and the drift budget.
 
-The engine (vLLM) samples with its own kernels and dtype, so the trainer's log-probs of the same tokens differ
-from the rollout's. Corrections weigh each token's policy-gradient term by ``w = exp(logp_train_old -
-logp_rollout)``:
-
-* **TIS** (truncated importance sampling; Yao et al. 2025, "Your Efficient RL Framework Secretly Brings You
-  Off-Policy RL Training", fengyao.notion.site/off-policy-rl; slime ``--use-tis``): ``clamp(w, low, high)``.
-* **MIS** (masked importance sampling: IcePop, Ling Team / Ant Group 2025, "Small Leak Can Sink a Great Ship",
-  ringtech.notion.site; slime ``icepop_function``): ``w`` inside ``[low, high]``, ``0`` outside (the token is
-  masked out of the gradient).
-
-The drift budget turns the mean ``|Δlogp|`` into a stop condition.
+The engine samples with its own kernels and dtype, so the trainer's log-probs of the same tokens differ from the
+rollout's. :func:`importance_weights` weighs each token by ``w = exp(logp_train_old - logp_rollout)``, truncated
+(TIS) or masked outside the bounds (MIS, IcePop); :func:`check_logprob_drift` turns the mean ``|Δlogp|`` into a stop
+condition (:class:`LogprobDriftError`). Flags and sources: docs/algorithms.md, "Train/inference mismatch".
 """
 
 from __future__ import annotations

@@ -1,22 +1,9 @@
 """The policy loss shared by every trainer backend (one implementation; backends only supply log-probs).
 
-Terms, each off by default:
-
-* PPO clipped surrogate (Schulman et al. 2017, arXiv:1707.06347) with slime's asymmetric clip ``eps_clip_high``
-  (DAPO "clip-higher", Yu et al. 2025, arXiv:2503.14476) and dual clip ``eps_clip_c`` (Ye et al. 2020, "Mastering
-  Complex Control in MOBA Games with Deep RL", arXiv:1912.09729): for ``A < 0`` the loss is capped at ``-c·A``.
-* GSPO's sequence-level ratio ``s_i = exp(mean_t(logp - old))`` (Zheng et al. 2025, arXiv:2507.18071) instead of
-  the per-token ratio (``ratio_type="sequence"``; ``--advantage-estimator gspo``).
-* Train/inference importance weights, TIS or MIS (:mod:`vime_core.algorithms.mismatch`).
-* Entropy bonus ``- entropy_coef · H`` (Mnih et al. 2016, arXiv:1602.01783; slime ``--entropy-coef``).
-* KL to a reference model as a loss term ``+ kl_loss_coef · KL`` (:mod:`vime_core.algorithms.kl`; GRPO, Shao et
-  al. 2024, arXiv:2402.03300, uses k3).
-
-Aggregation (slime's ``sum_of_sample_mean``): by default each sample's masked token-mean, averaged over samples
-with at least one trained token; ``per_token=True`` takes the masked mean over all tokens of the batch;
-``token_sum_norm=L`` (Dr.GRPO) each sample's masked token sum divided by the constant ``L``, averaged over samples.
-Every term (pg, entropy, KL) is aggregated the same way. Masked tokens never reach the loss, even when their values are
-NaN/inf, and an empty mask gives 0, so the loss is never NaN for finite trained-token inputs.
+:func:`policy_loss` combines the PPO clipped surrogate (asymmetric and dual clip), GSPO's sequence-level ratio,
+TIS/MIS importance weights, the entropy bonus and the KL loss, each off by default, aggregated per sample, per token
+or Dr.GRPO's constant; masked tokens never reach the loss (NaN/inf included) and an empty mask gives 0. The terms,
+their sources and the aggregation: docs/algorithms.md, "Loss terms" and "Loss aggregation".
 """
 
 from __future__ import annotations

@@ -1,17 +1,10 @@
 """Built-in algorithm plugins: advantage estimators and dynamic sampling filters.
 
-Every estimator is ``fn(args, group: list[Sample]) -> list[list[float]]`` over the trainable members of one
-prompt group (see :func:`vime_core.algorithms.batch.build_batch`) and returns one advantage per response token.
-
-Fan-out: samples that share an ``episode_id`` are segments of one rollout; group statistics count each rollout once
-(its segments must carry the same reward) and its advantage is broadcast to every segment (slime issue #1414,
-PR #2062). Samples without an ``episode_id`` are rollouts of their own.
-
-The REINFORCE++ estimators return the group-level part only; the batch-level part (KL shaping with ``--kl-coef``
-and whitening over the batch) is :func:`vime_core.algorithms.batch.postprocess_advantages`, run by the trainer.
-
-Estimators keep the hook signature ``(args, group)`` and read the algorithm flags through
-:class:`vime_core.config.AlgorithmConfig`.
+Every estimator is ``fn(args, group: list[Sample]) -> list[list[float]]`` over the trainable members of one prompt
+group (:func:`vime_core.algorithms.batch.build_batch`), one advantage per response token; segments sharing an
+``episode_id`` count once and share their rollout's advantage. The REINFORCE++ estimators return the group-level
+part only (the batch-level part is :func:`vime_core.algorithms.batch.postprocess_advantages`). The estimators:
+docs/algorithms.md, "Advantage estimators".
 """
 
 from __future__ import annotations

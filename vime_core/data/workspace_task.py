@@ -1,25 +1,9 @@
 """Workspace tasks: the prompt-data row format of coding-agent RL (``--generate coding_agent``, ``--reward tests``).
 
-A row is ordinary prompt data (``--input-key`` gives the task prompt the agent receives; ``--metadata-key`` the
-object below). Paths are relative POSIX paths (no ``..``, not absolute); contents are UTF-8 text::
-
-    {"prompt": "Implement `f` in solution.py ...",
-     "metadata": {
-       "task_id": "HumanEval/0",
-       "workspace": {"files": {"solution.py": "def f(x):\\n    raise NotImplementedError\\n"}},
-       "tests": {"files": {"test_solution.py": "from solution import f\\n..."},
-                 "num_tests": 7,            # optional: expected test count (the denominator of the pass fraction)
-                 "timeout_s": 60}}}         # optional: seconds for the whole test run
-
-* ``workspace.files`` — what the agent starts from (the ``coding_agent`` generate function writes them into the
-  sandbox workspace and commits them to a fresh git repository before the agent starts).
-* ``tests.files`` — the hidden tests: never written where the agent runs; the ``tests`` reward copies them into a
-  fresh sandbox next to the agent's result.
-* ``agent_result`` — written by ``coding_agent`` after the episode (:class:`AgentResult`): the files the agent
-  changed (``None`` = deleted) and the ``git diff`` of the workspace.
-
-:func:`result_files` builds the workspace as the agent left it (task files + changes) and :func:`is_guarded`
-says which of the agent's files a test run must ignore (tests, conftest, pytest configuration, import hooks).
+:class:`WorkspaceTask` reads a row's metadata (the workspace the agent starts from, the hidden tests),
+:class:`AgentResult` is what ``coding_agent`` writes back after the episode, :func:`result_files` builds the
+workspace as the agent left it and :func:`is_guarded` says which of the agent's files a test run must ignore. The
+row format: docs/agents.md, "Workspace tasks".
 """
 
 from __future__ import annotations

@@ -1,20 +1,9 @@
 """The ``dapo_math`` reward: DAPO's rule-based math score, +1.0 for a correct answer and -1.0 otherwise.
 
-Source: DAPO (Yu et al., 2025, arXiv:2503.14476, §3.4 "rule-based reward") as implemented in verl's
-``verl/utils/reward_score/math_dapo.py`` (``compute_score`` with ``strict_box_verify=False``), which slime's
-``dapo`` reward also uses. The rule, reproduced here so that scores match theirs exactly:
-
-1. Only the last 300 characters of the response are looked at. Before that, vime drops a thinking block
-   (:func:`~vime_core.rewards.simple.strip_thinking`): a no-op on responses without ``<think>``, so scores equal
-   verl's there, and an ``Answer:`` written while thinking does not count.
-2. The answer is the text after the last ``Answer:`` (case-insensitive, spaces allowed around the colon) up to the
-   end of its line; without one the answer is ``[INVALID]`` (never equal to a label).
-3. Answer and label are normalised by the Minerva/hendrycks-math rule (:func:`normalize_final_answer`): the part
-   after the last ``=``; a fixed list of substitutions and removed unit words; the content of ``$...$``,
-   ``\\text{}``, ``\\textbf{}``, ``\\overline{}`` and ``\\boxed{}`` kept; ``\\fracab``/``\\sqrta`` shorthand
-   expanded; a digits-and-commas number loses its commas.
-4. Equal strings score +1.0, anything else -1.0 (no partial credit, no symbolic equivalence: ``0.5`` and
-   ``\\frac{1}{2}`` differ; use the ``math`` reward for that).
+DAPO (arXiv:2503.14476, §3.4) as implemented in verl's ``verl/utils/reward_score/math_dapo.py`` (non-strict), which
+slime's ``dapo`` reward also uses, reproduced so that scores match exactly: the text after the last ``Answer:`` in
+the last 300 characters, normalised by :func:`normalize_final_answer` (Minerva's rule), equal to the label. The
+rule: docs/rewards.md, "dapo_math".
 """
 
 from __future__ import annotations

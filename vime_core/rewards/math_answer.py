@@ -1,21 +1,9 @@
 """The ``math`` reward: the final ``\\boxed{}`` answer, checked for mathematical equivalence with math-verify.
 
-Rule (score 1.0 = equivalent, 0.0 = not, or no answer):
-
-1. Anything inside a thinking block is ignored: text up to the last ``</think>`` is dropped, and a response with an
-   unclosed ``<think>`` has no answer.
-2. The answer is the content of the **last** ``\\boxed{...}`` (or ``\\fbox{...}``), braces balanced. Without one
-   the score is 0.0, unless ``--math-last-number-fallback`` is set: then the last number in the text is taken
-   (off by default: a number mentioned on the way is not an answer).
-3. The answer and the label are compared by HuggingFace's math-verify (``math_verify.parse`` + ``verify``; the
-   maintained verifier of open-r1 and lighteval): LaTeX and plain expressions, ``\\frac{1}{2}`` = ``0.5`` =
-   ``1/2``, sets in any order (``\\{1,2\\}`` = ``{2,1}``), intervals, ``x = 3`` = ``3``, units in ``\\text{}``
-   stripped, thousands separators. A Unicode minus (U+2212) is read as ``-``.
-
-The verification runs in a worker process (pebble's process pool, ``--math-verify-workers``) with a hard limit of
-``--math-verify-timeout`` seconds per call: sympy can spend unbounded time (``\\boxed{9^{9^{9^{9}}}}``) in C code
-that no signal interrupts, so the worker is killed at the limit, the sample fails as ``reward_timeout`` (excluded,
-see :mod:`vime_core.failures`) and the rollout goes on.
+:func:`math_reward` scores 1.0 when the last ``\\boxed{}`` outside any thinking block is equivalent to the label
+(:func:`verify_answer`, math-verify's ``parse`` + ``verify``), else 0.0; the check runs in a worker process killed
+at ``--math-verify-timeout`` (:func:`verify_with_timeout`), so sympy cannot stall the rollout. The rule:
+docs/rewards.md, "math".
 """
 
 from __future__ import annotations

@@ -1,17 +1,9 @@
 """The ``remote`` reward: score each sample with a reward-model service over HTTP (slime's ``remote_rm``).
 
-Each sample is sent as ``POST --rm-url`` with the JSON body
-``{"prompt": ..., "response": ..., "label": ..., "metadata": {...}}`` (``prompt`` is a string or a list of chat
-messages, as in the data; values JSON cannot hold are sent as their ``str``). The service answers ``200`` with a
-JSON number (the reward), or an object whose ``"reward"`` is a number or an object of numbers (a dict reward,
-picked with ``--reward-key``), or an object of numbers.
-
-Client behaviour (httpx): at most ``--rm-concurrency`` requests in flight per process; each attempt is cut after
-``--rm-timeout`` seconds; a connection error, a timeout or a status 408/429/500/502/503/504 is retried up to
-``--rm-max-retries`` times with exponential backoff (0.5 s, 1 s, 2 s, … capped at 8 s); any other status fails at
-once with the service's message. When every attempt failed the sample fails with a message that names the URL and
-the last error (``reward_timeout`` if the last attempt timed out, else ``reward_error``; see
-:mod:`vime_core.failures`): it is excluded, never scored 0.
+:func:`remote_reward` posts ``{"prompt", "response", "label", "metadata"}`` (:func:`request_body`) to ``--rm-url``
+and reads a number, a dict reward or ``{"reward": ...}`` back (:func:`parse_reward`), with at most
+``--rm-concurrency`` requests in flight and retries with backoff on transient errors; a sample whose every attempt
+failed is excluded, never scored 0. The protocol and the retries: docs/rewards.md, "remote".
 """
 
 from __future__ import annotations

@@ -1,37 +1,9 @@
 """Fully-async rollout: a background producer keeps groups generating across training steps.
 
-The producer runs the rollout manager's event loop in a thread and never blocks on training. Weight updates happen
-while requests are in flight (engines paused with ``mode=keep``), so one response can mix versions; every token
-carries the version that produced it.
-
-**Admission is version-aware** (AReaL's staleness-controlled admission, ``areal/infra/staleness_manager.py``): with
-batch ``B`` (``--rollout-batch-size`` groups), bound ``η`` (``--max-staleness``) and the engines at version ``v``
-(``v0`` when the producer started — also after a resume at a later version), a new group is admitted only while
-
-    admitted − rejected ≤ (η + v − v0 + 1) · B        and        running + waiting ≤ I
-
-so at most ``(η + 1) · B`` groups start before the first weight update and ``B`` more after each. Admission runs
-when the producer starts, whenever a step took groups, and synchronously inside every weight update, so the number
-admitted per update interval is exact. "Rejected" groups (dropped or regenerated as stale, or handed to a step that
-trained nothing — a batch taken again at the same version) give their place back.
-
-**Production is bounded** by ``I`` (``--rollout-inflight-groups``, default ``(η + 1) · B``): groups generating
-(*running*) plus groups finished and not taken by a step (*waiting*) never exceed it, whatever ``η`` is. The
-producer generates until the bound is reached and then waits until a step takes groups. The counters add up at every
-step: groups admitted (taken from the data buffer) = trained (handed to steps) + waiting + running + dropped, and
-every dropped group is logged with its reason (``stale``, ``untrained_step``, ``step_failed``) and its prompt goes
-back to the data buffer, which hands it out again before fresh prompts.
-
-**Taking a batch**: the trainer at version ``u`` must take every group admitted at version ``u − η`` or earlier
-(the next step would be too late for them) — it waits for them if they are still generating, however slow — and
-fills the batch with the oldest-admitted finished groups. With that rule no group outlives the bound, so slow
-prompts are trained as often as fast ones instead of being dropped. The per-token check remains as a safety net:
-a taken group whose oldest trained token is more than ``η`` versions old is not trained: its prompt goes back to the
-data buffer (counted as ``rollout/stale_dropped`` with ``--stale-policy drop``, ``rollout/stale_regenerated`` with
-``regenerate``); the check uses the recorded per-token versions, not an average.
-
-A systemic failure ends the run (:class:`~vime_core.failures.RunFailedError`): the data source raising inside the
-producer kills it, and the next :meth:`AsyncRolloutProducer.get_groups` raises with that error.
+:class:`AsyncRolloutProducer` runs the rollout manager's event loop in a thread, admits groups by weight version
+(at most ``(η + 1) · B`` before the first update, ``B`` more after each), keeps at most ``--rollout-inflight-groups``
+generating or waiting, and hands each step the groups that would otherwise outlive ``--max-staleness``. The rules,
+counters and metrics: docs/loop_modes.md, "Fully-async admission and the staleness bound".
 """
 
 from __future__ import annotations

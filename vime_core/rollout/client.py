@@ -1,17 +1,9 @@
 """Async token-in/token-out generation client for vllm-router (or one vLLM server).
 
-Primary path: vLLM's ``POST /inference/v1/generate`` (the server needs ``--enable-scale-out``; vllm-router proxies it):
-token ids in, token ids + per-token log-probs of the sampled tokens + per-token weight versions out, no re-tokenising
-anywhere. Fallback (``api="completions"``, or automatically when the generate route answers 404):
-``POST /v1/completions`` with ``prompt`` = token ids, ``logprobs: 0`` and ``return_token_ids: true``.
-
-Log-probs are vLLM's default ``raw_logprobs``: the log-softmax of the unscaled logits (before temperature, top-p,
-top-k), which is what a trainer recomputes.
-
-What the engines' release answers is given by their :class:`~vime_core.rollout.engine_api.EngineCapabilities`; a
-field the release sends is required (a missing one is a :class:`RouterClientError` naming the router and the
-field), a field it lacks is supplied here: the text decoded from the token ids, the weight version of each token
-from :attr:`RouterClient.weight_version`, an abort by closing the request's connection.
+:class:`RouterClient` generates through vLLM's ``POST /inference/v1/generate`` (token ids in; token ids, the sampled
+tokens' log-probs and weight versions out, never re-tokenised), falling back to ``/v1/completions`` with token-id
+prompts. Log-probs are vLLM's ``raw_logprobs`` (before temperature, top-p, top-k), what a trainer recomputes. What a
+release does not send is supplied here; a field it sends is required. Per release: docs/vllm_releases.md.
 """
 
 from __future__ import annotations

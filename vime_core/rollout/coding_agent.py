@@ -2,34 +2,10 @@
 makes goes through vime's agent gateway to the policy, and the episode becomes token-correct Samples
 (``--generate coding_agent --agent NAME --sandbox BACKEND``; reward usually ``--reward tests``).
 
-Per sample (a workspace-task row, :mod:`vime_core.data.workspace_task`; the prompt is the task text):
-
-1. A sandbox of ``--sandbox`` is created; ``metadata.workspace.files`` are unpacked into its workspace, which
-   becomes a git repository with one commit (the base the result is diffed against). The hidden tests
-   (``metadata.tests``) never enter this sandbox.
-2. A gateway session is opened. The gateway (:class:`vime_core.agent.gateway.AgentGateway`) is one per rollout
-   process, started lazily on ``127.0.0.1`` in front of the router
-   (:class:`~vime_core.agent.responders.RouterResponder`; or the rollout context's client itself when that is already
-   a responder, e.g. a :class:`~vime_core.agent.responders.ScriptedResponder` in tests). The session id is the
-   episode's API key; the session forces the rollout's sampling parameters and ``--agent-max-tokens`` per call (and
-   ``--agent-max-turns`` calls where the gateway enforces turn budgets).
-3. :meth:`~vime_core.sandbox.base.Sandbox.expose_host_port` makes the gateway reachable inside the sandbox (the
-   sandbox keeps no other network); the harness of ``--agent`` (``get_plugins().resolve("agent", name)``) installs
-   the CLI and runs it on the prompt with an :class:`~vime_core.agent.harness.AgentBudget`.
-4. The final workspace is collected: every file (except ``.git`` and :data:`SKIP_DIRS`) compared with
-   the task's files gives ``changed`` (path → text, ``None`` = deleted; binary or larger than
-   ``--agent-max-file-bytes`` files are listed in ``skipped``), and ``git diff --binary`` against the base commit
-   gives ``diff``. Both go to ``metadata["agent_result"]`` (:class:`~vime_core.data.workspace_task.AgentResult`),
-   with the agent's status, exit code and wall time; ``metadata["agent"]`` has the harness's report.
-5. The session is closed into Samples — one per trajectory segment, sharing an ``episode_id``, every trained token
-   exactly as the engine sampled it (:meth:`~vime_core.agent.gateway.AgentGateway.close_session`). The rollout
-   manager scores the rollout once and gives every segment that reward.
-
-Failed episodes are **excluded placeholders**, never zero-reward samples: a sandbox failure
-(:class:`~vime_core.sandbox.base.SandboxError`) or a harness that cannot start its agent
-(:class:`~vime_core.agent.harness.AgentHarnessError`) returns the input sample with status ``failed`` and
-``metadata["error"]``; an episode in which the agent made no model call returns it ``failed`` with
-``metadata["excluded"]``. Misconfiguration (no ``--agent``, a backend without host ports, a malformed row) raises.
+Per workspace-task row (:mod:`vime_core.data.workspace_task`): lay out the workspace as a git repository, open a
+gateway session, run the ``--agent`` harness against it, collect the changed files and the diff, and close the
+session into one Sample per trajectory segment; failed episodes are excluded placeholders, never zero rewards.
+The steps, flags and metrics: docs/agents.md, "coding_agent".
 """
 
 from __future__ import annotations

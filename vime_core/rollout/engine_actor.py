@@ -1,16 +1,9 @@
 """vLLM engines as Ray actors: each engine is started by an :class:`EngineActor` scheduled on its placement bundle.
 
-The actor runs on the node Ray placed its bundle on, starts the :class:`~vime_core.rollout.engine.VLLMServer`
-subprocess there bound to that node's address, with ``CUDA_VISIBLE_DEVICES`` set to the GPU ids Ray assigned to the
-actor (``ray.get_gpu_ids()``; for a colocated tensor-parallel engine, the ids Ray assigned to each of its bundles),
-and ``--tensor-parallel-size`` = ``--rollout-num-gpus-per-engine`` for GPU engines (colocated engines also get
-``--enable-sleep-mode``: they sleep while the trainer trains on the same GPUs). The rollout manager talks to the
-server over HTTP through a :class:`RemoteEngine` (the same control plane as a local ``VLLMServer``) and registers it
-with the router by its node address.
-
-Engine death is reported by the actor: :meth:`EngineActor.wait_exit` returns when the server process exits, and
-the rollout manager checks those results before and after every generate and weight update, so a dead engine fails
-the step with its exit code and log tail instead of a timeout later.
+The actor starts the :class:`~vime_core.rollout.engine.VLLMServer` subprocess on its node, bound to the node's
+address, with the GPU ids Ray assigned (and sleep mode when colocated); the rollout manager drives it over HTTP
+through a :class:`RemoteEngine`, and :meth:`EngineActor.wait_exit` reports the server's exit (code and log tail) so
+a dead engine fails the step at once. What runs where: docs/cluster.md, "What runs where".
 """
 
 from __future__ import annotations

@@ -1,39 +1,10 @@
 """Health monitor of the rollout's vLLM engines and router: a dead or hung engine is replaced, a dead router restarted.
 
-A background thread of the rollout manager checks every ``--rollout-health-check-interval`` seconds:
-
-* each serving engine: its process (a local :class:`~vime_core.rollout.engine.VLLMServer`'s exit status, or the
-  exit its :class:`~vime_core.rollout.engine_actor.EngineActor` reported) and vLLM's ``GET /health``; an engine
-  whose process exited, or whose ``/health`` kept failing for ``--rollout-engine-hang-timeout`` seconds, is *down*:
-  it is removed from the router at once (vllm-router's ``POST /remove_worker``) and a replacement is started in
-  its slot (same flags, same port unless the old process still holds it; the crashed engine's log is kept as
-  ``<log>.exit<N>.log``) after
-  ``--rollout-engine-restart-backoff × 2^(k-1)`` seconds for its k-th restart, at most
-  ``--rollout-max-engine-restarts`` times per slot. Once ready the replacement is brought to the current weight
-  version (a full load, after which deltas resume: :mod:`vime_core.rollout.weight_recovery`) and re-added to the
-  router (``POST /add_worker``). Loading and re-adding hold :attr:`EngineMonitor.lock`, which a weight update holds
-  too, so a replacement never misses a version.
-* the router vime started: if its process exited it is restarted on the same port with the engines that are up
-  (also at most ``--rollout-max-engine-restarts`` times). A router given by ``--vllm-router-ip`` is not vime's to
-  restart.
-
-Requests: a sample whose generation failed with an engine or connection error (the engine or the router died under
-it) is regenerated from the state it had before the attempt — its tokens, log-probs and weight versions all come
-from one attempt, never half of each — once the monitor has seen the failure and an engine and the router are up
-(:func:`generate_with_retries`, at most ``--rollout-max-request-retries`` times per sample). vllm-router retries a
-request whose worker fails on another worker itself; those regenerations are not counted here.
-
-Weight updates (:meth:`EngineMonitor.sync_weights`) go to the engines that are up; one that dies during the update
-is taken down like above (the replacement loads the new version), any other error fails the step as before.
-
-If every engine slot is *lost* (restarts spent, or the weight version cannot be recovered), :attr:`fatal` says which
-engines died with which exit codes and where their logs are, and the next rollout or weight update raises
-:class:`EnginesLostError` (``vime run`` then saves a checkpoint and stops).
-
-Metrics per step (:meth:`EngineMonitor.take_metrics`): ``rollout/engine_restarts``, ``rollout/router_restarts``,
-``rollout/requests_retried``, ``rollout/engines_down`` (now) and ``rollout/engine_recovery_seconds`` (the longest
-recovery, kill to re-added, finished since the last step). Every event is also a line of
-``OUTPUT_DIR/logs/health_events.jsonl``.
+:class:`EngineMonitor` is a background thread of the rollout manager: it takes a down engine out of the router,
+starts a replacement in its slot (with backoff, a bounded number of times), brings it to the current weight version
+and re-adds it; :func:`generate_with_retries` regenerates samples whose engine died under them; when every slot is
+lost the next rollout or weight update raises :class:`EnginesLostError`. What is watched, the flags, metrics and
+events: docs/engine_health.md.
 """
 
 from __future__ import annotations

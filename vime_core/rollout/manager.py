@@ -327,16 +327,21 @@ class RolloutManager:
         self.check_engines()  # an engine that died mid-step is reported by its actor, with its log tail
         raise_if_all_failed(step, samples, str(Path(self.config.output_dir) / "logs"))  # systemic, not a flake
         self.runner.report_progress(self.runner.samples_done)  # the last count, which the throttle may have held back
-        metrics = rollout_metrics([s for g in groups for s in g], self.config.reward_key)
-        metrics.update(overlong_metrics(self.config, [s for g in groups for s in g]))
+        return groups, self._end_rollout(step, [s for g in groups for s in g], extra, "perf/rollout_time", t0)
+
+    def _end_rollout(
+        self, step: int, samples: list[Sample], extra: dict[str, float], time_key: str, t0: float
+    ) -> dict[str, float]:
+        """The step's metrics (``rollout/*``, overlong, ``extra``, the health monitor's, ``time_key``: seconds since
+        ``t0``), handed to the ``vime_on_rollout_end`` hook and returned."""
+        metrics = rollout_metrics(samples, self.config.reward_key)
+        metrics.update(overlong_metrics(self.config, samples))
         metrics.update(extra)
         if self.monitor is not None:
             metrics.update(self.monitor.take_metrics())
-        metrics["perf/rollout_time"] = time.perf_counter() - t0
-        self.hook.vime_on_rollout_end(
-            args=self.args, step=step, samples=[s for g in groups for s in g], metrics=metrics
-        )
-        return groups, metrics
+        metrics[time_key] = time.perf_counter() - t0
+        self.hook.vime_on_rollout_end(args=self.args, step=step, samples=samples, metrics=metrics)
+        return metrics
 
     def start_async(self) -> None:
         """``--loop fully-async``: start generating in the background (see :mod:`vime_core.rollout.async_producer`);
@@ -373,14 +378,7 @@ class RolloutManager:
         except BaseException:
             self.producer.give_back(groups)
             raise
-        metrics = rollout_metrics(samples, self.config.reward_key)
-        metrics.update(overlong_metrics(self.config, samples))
-        metrics.update(extra)
-        if self.monitor is not None:
-            metrics.update(self.monitor.take_metrics())
-        metrics["perf/rollout_wait_time"] = time.perf_counter() - t0
-        self.hook.vime_on_rollout_end(args=self.args, step=step, samples=samples, metrics=metrics)
-        return groups, metrics
+        return groups, self._end_rollout(step, samples, extra, "perf/rollout_wait_time", t0)
 
     # -- evaluation ------------------------------------------------------------------------------------------------
     def evaluate(self, step: int) -> dict[str, float]:

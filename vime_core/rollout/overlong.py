@@ -1,19 +1,10 @@
-"""DAPO's two remedies for responses cut by the token budget (Yu et al. 2025, "DAPO: An Open-Source LLM
-Reinforcement Learning System at Scale", arXiv:2503.14476, §3.4), applied by the rollout manager to every scored
-sample of any generate function (single-turn ``default``, ``multi_turn``, plugins):
+"""DAPO's two remedies for responses cut by the token budget (arXiv:2503.14476, §3.4), applied by the rollout manager
+to every scored sample of any generate function.
 
-* **Overlong filtering** (``--overlong-filter``): a length-truncated response (:func:`is_length_truncated`) gets
-  loss mask 0 on every token, so it is not trained and does not count in its group's advantage baseline (it is no
-  longer trainable, :meth:`~vime_core.types.Sample.is_trainable`). Its reward is still computed and logged.
-  Metric: ``rollout/overlong_filtered_frac``.
-* **Soft overlong punishment** (``--overlong-buffer-len L_cache``, ``--overlong-penalty-factor f``): with
-  ``L_max = --rollout-max-response-len`` and ``|y|`` the response length in tokens (every response token: model and
-  tool tokens, the budget ``L_max`` counts), the reward gains :func:`overlong_penalty`
-  ``min(-(|y| - (L_max - L_cache)) / L_cache · f, 0)`` — 0 up to ``L_max - L_cache`` tokens, then linear down to
-  ``-f`` at ``L_max`` (verl's DAPO reward manager, ``overlong_buffer``). Metrics: ``rollout/overlong_penalty_mean``
-  (over scored samples) and ``rollout/overlong_penalized_frac``.
-
-This module imports no torch (the argument parser imports it).
+:func:`apply_overlong` does overlong filtering (``--overlong-filter``: a length-truncated response gets loss mask 0)
+and the soft overlong punishment (``--overlong-buffer-len``, ``--overlong-penalty-factor``:
+:func:`overlong_penalty`); :func:`overlong_metrics` reports both. The formulas: docs/algorithms.md, "Truncated
+responses". This module imports no torch (the argument parser imports it).
 """
 
 from __future__ import annotations

@@ -1,24 +1,10 @@
 """The guard a managed server runs under: ``python process_guard.py GRACE_S -- COMMAND...`` (run by file path, so it
 imports nothing of vime).
 
-The guard leads the server's process group (the starter gives it a new session) and runs ``COMMAND`` in it. When
-the process that started the guard dies — however it dies, ``kill -9`` included — the guard SIGTERMs the group,
-waits ``GRACE_S`` seconds, then SIGKILLs every process still in it (vLLM's engine-core and worker processes, which
-otherwise outlive their API server with the parent 1). It notices the death through the kernel's parent-death
-signal (``PR_SET_PDEATHSIG``: SIGUSR1; it fires when the *thread* that forked the guard exits, so the guard checks
-that its parent process really changed) and, as a backstop, by polling its parent pid twice a second.
-
-The guard may itself be SIGKILLed: Ray kills the direct children of a worker process that exits (an engine actor
-killed with its rollout manager). So the guard also starts a *watcher*, its own child in the same group, which
-stops the group when the guard dies without having done so.
-
-``process_guard.py --reap-run KEY VALUE GRACE_S`` is the run reaper :func:`vime_core.rollout.process.start_run_reaper`
-starts beside a driver: when the driver is gone it SIGKILLs, after the grace, whatever still carries the run's
-environment marker.
-
-A SIGTERM or SIGINT to the group (a deliberate stop) reaches the server directly; the guard waits for the server to
-exit, kills what is left of the group and exits as the server did (its exit code, or the same signal).
-docs/engine_health.md ("No process outlives the run") describes it.
+The guard leads the server's process group and stops the whole group (SIGTERM, then SIGKILL after ``GRACE_S``) when
+the process that started it dies, ``kill -9`` included; a watcher child stops the group if the guard itself is
+killed. ``--reap-run KEY VALUE GRACE_S`` is the run reaper (:func:`vime_core.rollout.process.start_run_reaper`).
+How and why: docs/engine_health.md, "No process outlives the run".
 """
 
 from __future__ import annotations

@@ -1,15 +1,10 @@
 """The teacher engine group of on-policy distillation (``--distill-teacher``): its own vLLM servers behind its own
 vllm-router, started next to the policy engines by the rollout manager and never updated.
 
-After a sample is generated and scored, :meth:`TeacherEngines.score` sends its whole token sequence (prompt +
-response) to the teacher with ``prompt_logprobs`` (one prefill, no sampling; :meth:`RouterClient.prompt_log_probs`)
-and stores the teacher's log-prob of each response token given its prefix in ``Sample.teacher_log_probs``. The
-advantage is then computed from these and the student's sampling log-probs
-(:mod:`vime_core.algorithms.distill`).
-
-Both are vLLM's raw log-probs (log-softmax of the unscaled logits), so a teacher with the policy's weights gives
-``teacher_log_probs == rollout_log_probs`` up to engine numerics, and a zero advantage. The teacher must share the
-policy's tokenizer (token ids are sent as they are); this is checked at start.
+:meth:`TeacherEngines.score` prefills each scored sample's prompt + response with ``prompt_logprobs`` and stores the
+teacher's log-prob of each response token in ``Sample.teacher_log_probs`` (:mod:`vime_core.algorithms.distill` makes
+the advantage); the teacher must share the policy's tokenizer (:func:`check_same_tokenizer`). Details:
+docs/algorithms.md, "On-policy distillation".
 """
 
 from __future__ import annotations

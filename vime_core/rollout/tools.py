@@ -1,18 +1,9 @@
 """Tools for the ``multi_turn`` generate function: plain Python callables with a JSON schema.
 
-Registering a tool (any of):
-
-* ``@register_tool`` on a function (optionally ``@register_tool(name=..., description=..., parameters=...)``) in a
-  module that ``--multi-turn-tools pkg.mod`` imports;
-* ``--multi-turn-tools pkg.mod:obj`` where ``obj`` is a callable, a :class:`Tool`, or a list/tuple/dict of them;
-* ``--multi-turn-tools NAME`` for a tool already registered by name.
-
-A tool is called with its arguments as keyword arguments, may be sync or async, and returns a string (anything else
-is ``json.dumps``-ed, or ``str()``-ed when not JSON-serialisable). Its schema comes from ``parameters`` or is derived
-from the signature: ``int`` → integer, ``float`` → number, ``bool`` → boolean, ``str`` → string, ``list`` → array,
-``dict`` → object; parameters without a default are required; the first docstring paragraph is the description.
-
-Built in: :func:`calculator` (exact arithmetic on ``+ - * / // % **`` and parentheses, via the AST — no ``eval``).
+:func:`register_tool` (or ``--multi-turn-tools pkg.mod:obj``) makes a :class:`Tool` of a callable, its schema taken
+from ``parameters`` or derived from the signature and docstring (:func:`tool_from_callable`); :func:`load_tools`
+resolves the flag's specs. Built in: :func:`calculator` (exact arithmetic through the AST, no ``eval``). How tools
+are registered and called: docs/agents.md, "multi_turn".
 """
 
 from __future__ import annotations

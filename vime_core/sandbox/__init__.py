@@ -11,45 +11,11 @@ from typing import Any
 
 from vime_core.config import SandboxConfig
 from vime_core.plugins import get_plugins
-from vime_core.sandbox.base import (
-    BACKEND_LABEL,
-    CAPABILITIES,
-    LABEL,
-    OWNER_LABEL,
-    TIMEOUT_EXIT_CODE,
-    CleanupReport,
-    DetachedProcess,
-    ExecResult,
-    RawExecResult,
-    Sandbox,
-    SandboxError,
-    SandboxExpiredError,
-    SandboxInfraError,
-    SandboxLimits,
-    owner_alive,
-    owner_token,
-)
+from vime_core.sandbox import base
+from vime_core.sandbox.base import *  # noqa: F403 - the contract's names, listed once: base.__all__
+from vime_core.sandbox.base import CleanupReport, Sandbox
 
-__all__ = [
-    "BACKEND_LABEL",
-    "CAPABILITIES",
-    "LABEL",
-    "OWNER_LABEL",
-    "TIMEOUT_EXIT_CODE",
-    "CleanupReport",
-    "DetachedProcess",
-    "ExecResult",
-    "RawExecResult",
-    "Sandbox",
-    "SandboxError",
-    "SandboxExpiredError",
-    "SandboxInfraError",
-    "SandboxLimits",
-    "cleanup_all",
-    "open_sandbox",
-    "owner_alive",
-    "owner_token",
-]
+__all__ = [*base.__all__, "cleanup_all", "open_sandbox"]
 
 
 def open_sandbox(args: Any = None, name: str | None = None, **kwargs: Any) -> Sandbox:

@@ -1,28 +1,10 @@
 """The sandbox contract: an async context manager that runs untrusted commands and always tears down.
 
-Every backend (``local`` built in; ``docker``, ``localvm``, ``e2b``, ``modal`` as plugins) subclasses
-:class:`Sandbox` and implements four coroutines: :meth:`Sandbox._create`, :meth:`Sandbox._destroy`,
-:meth:`Sandbox._exec_raw` and (class level) :meth:`Sandbox.cleanup`. Everything else — ``exec`` with output limits,
-files, directories, detached commands, wall time, error classification — is written once here on top of them, and
-backends override a member only where their service has a better primitive (e.g. Docker's archive API).
-
-Errors, so that a reward never scores an infrastructure failure as 0:
-
-* a command that fails is **not** an exception: :meth:`Sandbox.exec` returns an :class:`ExecResult` with its exit
-  code (``timed_out=True`` and exit code :data:`TIMEOUT_EXIT_CODE` when it was killed at its timeout);
-* the sandbox infrastructure failing (cannot create, daemon unreachable, VM gone) raises :class:`SandboxInfraError`;
-* the sandbox reaching its wall-time limit raises :class:`SandboxExpiredError` on the next call;
-* file calls raise the usual ``FileNotFoundError``/``IsADirectoryError``/``PermissionError``/``OSError``.
-
-Leftovers: every resource a backend creates carries the vime label :data:`LABEL` and an owner token
-(:func:`owner_token`: host, boot, pid, process start time). :meth:`Sandbox.cleanup` removes those whose owner
-process is gone; it runs once per backend per process at the first sandbox start, and on ``vime sandbox cleanup``.
-
-This module holds the :class:`Sandbox` class and the constants its default implementation uses; the rest has a
-module each, all re-exported here: the errors (:mod:`~vime_core.sandbox.errors`), the result types
-(:mod:`~vime_core.sandbox.results`), the limits and constructor keywords from flags
-(:mod:`~vime_core.sandbox.limits`), owner tokens (:mod:`~vime_core.sandbox.owner`), the reaper
-(:mod:`~vime_core.sandbox.reaper`) and safe tar extraction (:mod:`~vime_core.sandbox.tar`).
+Every backend subclasses :class:`Sandbox` and implements :meth:`Sandbox._create`, :meth:`Sandbox._destroy`,
+:meth:`Sandbox._exec_raw` and (class level) :meth:`Sandbox.cleanup`; ``exec`` with output limits, files,
+directories, detached commands, wall time and error classification are written once here on top of them. The
+errors, results, limits, owner tokens, reaper and tar helpers have a module each and are re-exported here. The
+contract, its errors and leftovers: docs/sandboxes.md.
 """
 
 from __future__ import annotations

@@ -1,17 +1,10 @@
 """Host-port forwarding for sandboxes without network: a host service (e.g. the agent gateway on 127.0.0.1) made
 reachable from inside a sandbox through a **unix socket**, never through a network interface.
 
-Two halves, used by the ``local`` and ``docker`` backends' :meth:`~vime_core.sandbox.base.Sandbox.expose_host_port`:
-
-* :class:`UnixToTcpForwarder` (host side): listens on a unix socket in a directory the sandbox can see (the local
-  backend's private ``/tmp``, a bind mount in docker) and connects each accepted connection to ``host:port`` on the
-  host. It runs on threads of its own (blocking sockets), so it keeps serving whatever the caller's event loop does.
-* :data:`SANDBOX_FORWARDER_PY` (sandbox side): a stdlib-only Python script started detached inside the sandbox; it
-  listens on ``127.0.0.1:<port>`` of the sandbox's own (loopback-only) network and connects each accepted connection
-  to the unix socket. It creates a "ready" file (in the sandbox's control directory) once listening.
-
-The sandbox thus reaches exactly one host address (``host:port``) and nothing else: no interface is added, and the
-socket only ever connects to the address it was created for.
+:class:`UnixToTcpForwarder` (host side, threads of its own) connects each connection on a unix socket the sandbox
+can see to ``host:port``; :data:`SANDBOX_FORWARDER_PY` (sandbox side, stdlib only, started by
+:func:`start_sandbox_forwarder`) listens on the sandbox's ``127.0.0.1:<port>`` and connects to that socket. Used by
+the ``local`` and ``docker`` backends' ``expose_host_port``: docs/agents.md, "Reaching the gateway without a network".
 """
 
 from __future__ import annotations

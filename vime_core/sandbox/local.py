@@ -1,23 +1,9 @@
 """The ``local`` sandbox backend (built in, the embedded default): subprocesses in a fresh directory.
 
-Two modes, chosen per host (:func:`host_mode`):
-
-* ``namespaces`` (root with util-linux ``unshare``/``nsenter``/``setpriv``, the CI machine): every sandbox has a
-  small init process (pid 1 of a new **pid namespace**, in a new **mount namespace** and — unless
-  ``network=True`` — a new **network namespace** with only loopback). In its mount namespace every mount is
-  read-only except the workspace, a private ``/tmp`` and ``/dev/shm``; ``/proc`` shows only the sandbox's
-  processes. Commands enter those namespaces with ``nsenter``, lose ``CAP_SYS_ADMIN`` and friends through the
-  capability bounding set (so they cannot remount anything writable) and get ``no_new_privs``. When cgroups are
-  writable, memory, pids and CPU quota are enforced for the whole sandbox by a cgroup of its own. Killing the init
-  kills everything in the pid namespace, including daemons that called ``setsid``; the init dies with the vime
-  process that started it (``PR_SET_PDEATHSIG`` down the chain), and exits by itself at the wall-time limit.
-* ``process-group`` (any other Linux): each command runs in a new session with rlimits (file size, address space,
-  open files); teardown kills the process groups and every process whose environment names the sandbox. No
-  network or filesystem isolation: use the ``docker`` or ``localvm`` backends for untrusted code there.
-
-State on disk: ``VIME_SANDBOX_ROOT`` (default ``/var/tmp/vime-sandboxes-<uid>``) holds one directory per sandbox
-with ``meta.json`` (owner token, init pid, cgroups), ``workspace/`` and ``tmp/``; :meth:`LocalSandbox.cleanup`
-finds those of dead owners. The directory must not be under ``/tmp`` (the sandbox's ``/tmp`` is replaced).
+:class:`LocalSandbox` runs in one of two modes chosen per host (:func:`host_mode`): ``namespaces`` (root with
+util-linux: pid, mount and network namespaces, read-only mounts, dropped capabilities, a cgroup per sandbox) or
+``process-group`` (new sessions with rlimits, no isolation). State lives under ``VIME_SANDBOX_ROOT``, one directory
+per sandbox. The modes and the state on disk: docs/sandboxes.md, "The local backend".
 """
 
 from __future__ import annotations

@@ -1,17 +1,9 @@
 """Cancellation at every await point of a sandbox's life, for any backend.
 
-A *life* is what a rollout does with a sandbox: ``async with factory() as sb: await sb.exec(...)`` — ``start``,
-``exec`` and ``close``. :func:`await_sites` runs one life and records where its task suspends (the chain of
-``file:line`` of every coroutine frame down to the awaited future: an *await point*; a loop polling the same
-``await`` is one point). :func:`cancel_at_every_await_point` then runs, for each await point in turn, ``concurrency``
-lives at once, each of whose tasks is cancelled (``Task.cancel``, exactly as ``asyncio.wait_for``, a ``TaskGroup``
-or ``asyncio.run`` shutting down would) at its first suspension at that point, and after each round asks the
-backend's own listing (``leftovers``) what is left.
-
-Problems reported per round: something left behind (containers, volumes, VMs, processes, directories...), a life
-that swallowed the cancellation (returned normally, or raised something other than ``CancelledError``), a life
-that did not finish within ``finish_timeout_s`` after being cancelled (what makes ``asyncio.run`` hang at shutdown),
-and a life that was not cancelled but failed.
+:func:`await_sites` runs one life (``start``, ``exec``, ``close``) and records every await point its task suspends
+at; :func:`cancel_at_every_await_point` then cancels ``concurrency`` lives at each point in turn and reports what
+was left behind, a swallowed cancellation, a life that did not finish after being cancelled, and a life that failed
+uncancelled. The contract test built on it: docs/sandboxes.md, "Writing a backend".
 """
 
 from __future__ import annotations

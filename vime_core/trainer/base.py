@@ -75,3 +75,14 @@ class TrainerBackend(ABC):
     @abstractmethod
     def save_hf(self, path: Path) -> None:
         """Write an HF model directory (config, weights, tokenizer) to ``path``."""
+
+
+def lora_adapter_of(lora: Any) -> tuple[dict[str, torch.Tensor], dict]:
+    """What a LoRA backend's ``lora_adapter()`` returns: ``lora.adapter_state()`` (PEFT's adapter tensor names) and
+    ``lora.adapter_config()`` (the ``adapter_config.json`` content).
+
+    :raises RuntimeError: ``lora`` is ``None`` (the run trains every weight, ``--lora-rank 0``).
+    """
+    if lora is None:
+        raise RuntimeError("lora_adapter: this run trains every weight (--lora-rank 0)")
+    return lora.adapter_state(), lora.adapter_config()

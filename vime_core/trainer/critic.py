@@ -56,6 +56,32 @@ def resolve_critic_path(path: str | Path) -> Path:
         raise FileNotFoundError(f"--critic-load {path}: not an HF model directory nor a known model ({e})") from e
 
 
+def adamw_with_checkpointing(
+    model: Any,
+    params: Iterable[torch.nn.Parameter],
+    cfg: TrainerConfig,
+    lr: float,
+    device: torch.device,
+    *,
+    input_require_grads: bool = False,
+) -> torch.optim.AdamW:
+    """Gradient checkpointing on ``model`` with ``--gradient-checkpointing`` (and, with ``input_require_grads``,
+    inputs that require grad: frozen embeddings under LoRA), then AdamW over ``params`` at ``lr`` with the optimizer
+    flags of ``cfg`` (fused on :data:`FUSED_ADAMW_DEVICES`). The policy's and the critic's optimizers."""
+    if cfg.gradient_checkpointing:
+        model.gradient_checkpointing_enable()
+        if input_require_grads:
+            model.enable_input_require_grads()
+    return torch.optim.AdamW(
+        params,
+        lr=lr,
+        betas=(cfg.adam_beta1, cfg.adam_beta2),
+        eps=cfg.adam_eps,
+        weight_decay=cfg.weight_decay,
+        fused=device.type in FUSED_ADAMW_DEVICES,
+    )
+
+
 def clip_and_step(
     params: Iterable[torch.nn.Parameter], optimizer: torch.optim.Optimizer, max_norm: float, label: str
 ) -> float:
@@ -270,17 +296,8 @@ class Critic(CriticBase):
         # packed rows (ValueModel.response_values) where the backbone can switch its attention; else left-padded
         self.packing = enable_packed_attention(self.model.backbone)
         self.model.train()
-        if cfg.gradient_checkpointing:
-            self.model.backbone.gradient_checkpointing_enable()
         self.lr = critic_lr_schedule(cfg).lr_at(0)
-        self.optimizer = torch.optim.AdamW(
-            self.model.parameters(),
-            lr=self.lr,
-            betas=(cfg.adam_beta1, cfg.adam_beta2),
-            eps=cfg.adam_eps,
-            weight_decay=cfg.weight_decay,
-            fused=device.type in FUSED_ADAMW_DEVICES,
-        )
+        self.optimizer = adamw_with_checkpointing(self.model.backbone, self.model.parameters(), cfg, self.lr, device)
 
     def response_values(self, samples: list[Sample]) -> list[torch.Tensor]:
         return self.model.response_values(samples, self.device, packing=self.packing)

@@ -1,24 +1,10 @@
 """Learning-rate schedules under Megatron-LM's flag names and formulas, shared by every trainer backend (policy and
 critic).
 
-The learning rate of optimizer step ``k`` (0-based count of the optimizer steps taken before it; one step per
-mini-batch of ``--global-batch-size`` samples, what Megatron calls an iteration) is :meth:`LRSchedule.lr_at` ``(k)``,
-Megatron-LM's ``OptimizerParamScheduler.get_lr`` (``megatron/core/optimizer_param_scheduler.py``) after ``k``
-scheduler steps of one iteration each:
-
-* warm-up, ``k <= W`` with ``W = --lr-warmup-iters > 0``: ``init + (max - init) · k / W`` (``init`` is
-  ``--lr-warmup-init``, default 0, so the first step of a warm-up has learning rate 0, as in Megatron);
-* ``constant``: ``max``;
-* ``k > D`` (``D = --lr-decay-iters``): ``--min-lr``;
-* else, with ``ratio = (k - W) / (D - W)``: ``linear`` ``min + (1 - ratio)(max - min)``; ``cosine``
-  ``min + ½(cos(π·ratio) + 1)(max - min)``.
-
-``max`` is ``--lr`` for the policy and ``--critic-lr`` (default ``--lr``) for the critic; the critic warms up over
-``--critic-lr-warmup-iters`` (slime's flag, default 0) and shares the decay style, ``--lr-decay-iters`` and
-``--min-lr``. The learning rate is a function of the step count alone, and backends save that count with every
-checkpoint, so a resumed run has exactly the learning rates of an uninterrupted one.
-
-This module imports no torch (the argument parser imports it).
+The learning rate of optimizer step ``k`` is :meth:`LRSchedule.lr_at` ``(k)``, Megatron-LM's
+``OptimizerParamScheduler.get_lr`` (warm-up, then constant, linear or cosine decay to ``--min-lr``): a function of
+the step count alone, which checkpoints save. The formulas: docs/algorithms.md, "Learning-rate schedules". This
+module imports no torch (the argument parser imports it).
 """
 
 from __future__ import annotations

@@ -1,27 +1,10 @@
 """``megatron`` trainer backend: a megatron-core ``GPTModel`` (bf16, ``Float16Module``, Megatron DDP and distributed
-optimizer) trained with the same RL step as the torch backend (:func:`vime_core.trainer.rl_step.rl_train_step`:
-every estimator and loss term, KL against a frozen reference ``GPTModel``, and ``ppo`` with a Megatron critic,
-:mod:`vime_core.trainer.megatron_critic`).
+optimizer) trained with the same RL step as the torch backend (:func:`vime_core.trainer.rl_step.rl_train_step`).
 
-* Needs a CUDA GPU and ``megatron-core`` (0.16+; tested with 0.19.2 on an H200, Python 3.12, torch 2.11). No Ray: the
-  backend initialises ``torch.distributed`` itself (from torchrun's ``RANK``/``WORLD_SIZE``/``MASTER_*`` when set,
-  else a one-process group on 127.0.0.1), so the orchestration layer can wrap it but it does not depend on it.
-* Layer spec: Transformer Engine's when ``transformer_engine`` imports (``--megatron-attention te``), else
-  Megatron's local spec with the core attention swapped for :class:`SDPACoreAttention` (``torch``'s
-  ``scaled_dot_product_attention``, flash kernels on Hopper; ``--megatron-attention sdpa``, the default) or left as
-  Megatron's unfused ``DotProductAttention`` (``--megatron-attention local``).
-* Weights: HF checkpoints of the Llama family (Llama, SmolLM2, Mistral-dense) and Qwen2 are mapped by
-  :mod:`vime_core.trainer.megatron_convert` (bit-exact both ways); :meth:`MegatronTrainer.named_hf_tensors` gathers
-  tensor-parallel shards and exports HF names/shapes for vLLM.
-* Parallelism: tensor parallelism (``--tensor-model-parallel-size``; ``--sequence-parallel`` with TE only: the local
-  spec's torch norms do not support it) and data parallelism over the remaining ranks (each DP rank trains on its
-  shard of every mini-batch, :mod:`vime_core.trainer.rl_step` says how the gradient stays the one-GPU one).
-  Pipeline and context parallelism are refused with a clear error (not implemented in the weight export yet).
-* LoRA (``--lora-rank`` > 0): PEFT's adapter on megatron-core's parallel linear layers
-  (:mod:`vime_core.trainer.megatron_lora`; written for the GPU, not run yet): only the adapter is optimized, the KL
-  reference is the policy with the adapter disabled, checkpoints hold the adapter (PEFT's HF layout).
-* On CPU megatron-core's model code calls ``torch.cuda`` unconditionally (global memory buffer, RNG tracker,
-  rotary embeddings); the backend raises :class:`RuntimeError` there instead of shimming it.
+:class:`MegatronTrainer` needs a CUDA GPU and ``megatron-core``; it initialises ``torch.distributed`` itself, maps HF
+weights with :mod:`vime_core.trainer.megatron_convert`, and runs tensor and data parallelism (with
+:mod:`vime_core.trainer.megatron_critic` for ``ppo`` and :mod:`vime_core.trainer.megatron_lora` for LoRA). Layer
+specs, parallelism and limits: docs/gpu.md, "The megatron backend".
 """
 
 from __future__ import annotations
@@ -38,7 +21,7 @@ import torch
 
 from vime_core.algorithms.options import check_algorithm_config, kl_enabled, uses_critic
 from vime_core.config import LoraConfig, MegatronConfig
-from vime_core.trainer.base import TrainerBackend
+from vime_core.trainer.base import TrainerBackend, lora_adapter_of
 from vime_core.trainer.lr_schedule import policy_lr_schedule, set_lr
 from vime_core.trainer.megatron_convert import (
     ArchConfig,
@@ -55,7 +38,7 @@ from vime_core.trainer.megatron_model import SDPACoreAttention, have_transformer
 from vime_core.trainer.megatron_optim import inner_optimizers, load_optimizer, megatron_step, save_optimizer
 from vime_core.trainer.megatron_reference import MegatronReferenceModel, vocab_parallel_entropy
 from vime_core.trainer.rl_step import rl_train_step
-from vime_core.trainer.rng_state import get_rng_state, set_rng_state
+from vime_core.trainer.rng_state import load_trainer_state, save_trainer_state
 from vime_core.types import RolloutBatch, Sample
 from vime_core.weight_sync.tensor_io import safetensors_files
 
@@ -400,13 +383,12 @@ class MegatronTrainer(TrainerBackend):
 
     # -- LoRA --------------------------------------------------------------------------------------------------------
     def lora_adapter(self) -> tuple[dict[str, torch.Tensor], dict]:
-        """LoRA: PEFT's HF-named adapter tensors (CPU, fp32) and ``adapter_config.json``. Collective under TP.
+        """LoRA: PEFT's HF-named adapter tensors (CPU, fp32) and ``adapter_config.json``
+        (:func:`~vime_core.trainer.base.lora_adapter_of`). Collective under TP.
 
         :raises RuntimeError: without ``--lora-rank``.
         """
-        if self.lora is None:
-            raise RuntimeError("lora_adapter: this run trains every weight (--lora-rank 0)")
-        return self.lora.adapter_state(), self.lora.adapter_config()
+        return lora_adapter_of(self.lora)
 
     def save_adapter(self, path: Path) -> None:
         """LoRA: the PEFT adapter directory (rank 0 writes; collective under TP)."""
@@ -459,13 +441,7 @@ class MegatronTrainer(TrainerBackend):
 
             if self.lora is None:
                 save_file(tensors, str(path / "model.safetensors"))
-            state = {
-                "steps_done": self.steps_done,
-                "rng": get_rng_state(),  # Python, numpy, torch and this rank's CUDA device
-            }
-            if self.critic is not None:
-                state["critic_steps_done"] = self.critic.steps_done  # its learning-rate schedule's position
-            torch.save(state, path / "trainer_state.pt")
+            save_trainer_state(path, self)  # the RNG state: Python, numpy, torch and this rank's CUDA device
         if self.steps_done:
             save_optimizer(self.optimizer, path, self.rank)
         if self.critic is not None:
@@ -488,11 +464,7 @@ class MegatronTrainer(TrainerBackend):
         load_optimizer(self.optimizer, path)
         if self.critic is not None:
             self.critic.load(path / "critic")
-        ts = torch.load(path / "trainer_state.pt", weights_only=False)
-        self.steps_done = ts["steps_done"]
-        if self.critic is not None:
-            self.critic.steps_done = ts.get("critic_steps_done", self.steps_done)  # older checkpoints: the policy's
-        set_rng_state(ts["rng"], ts.get("cuda_rng"))  # older checkpoints: torch's CPU and CUDA state apart
+        load_trainer_state(path, self)
 
 
 class _HFStyleForward:

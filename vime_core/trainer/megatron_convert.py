@@ -1,37 +1,9 @@
 """Hugging Face ↔ Megatron-Core weight mapping for Llama-family (Llama, SmolLM2, Mistral-dense) and Qwen2 models.
 
-Pure torch (no megatron import), so it is tested exhaustively on CPU. Why hand-written: ``megatron-bridge`` 0.6.2
-needs transformers ≤ 5.12.1, wandb, flashinfer and more (not installable offline on the GPU machine), and
-``mbridge`` 0.15.1 builds models only with the Transformer Engine spec (``use_transformer_engine=True`` is
-hard-coded), which the GPU machine does not have.
-
-Megatron layout of one decoder layer ``i`` (``decoder.layers.{i}.``), local spec / TE spec names:
-
-========================================  ===================================================  =======================
-Megatron (local spec)                     Hugging Face                                         notes
-========================================  ===================================================  =======================
-``input_layernorm.weight``                ``model.layers.{i}.input_layernorm.weight``          TE: ``self_attention.
-                                                                                               linear_qkv.layer_norm_
-                                                                                               weight``
-``self_attention.linear_qkv.weight``      ``self_attn.{q,k,v}_proj.weight``                    per query group ``g``:
-                                                                                               ``[q_g; k_g; v_g]``
-``self_attention.linear_qkv.bias``        ``self_attn.{q,k,v}_proj.bias``                      Qwen2, or Llama with
-                                                                                               ``attention_bias``
-``self_attention.linear_proj.weight``     ``self_attn.o_proj.weight``
-``pre_mlp_layernorm.weight``              ``post_attention_layernorm.weight``                  TE: ``mlp.linear_fc1.
-                                                                                               layer_norm_weight``
-``mlp.linear_fc1.weight``                 ``mlp.gate_proj.weight`` ; ``mlp.up_proj.weight``     ``[gate; up]`` (per TP
-                                                                                               rank)
-``mlp.linear_fc2.weight``                 ``mlp.down_proj.weight``
-========================================  ===================================================  =======================
-
-plus ``embedding.word_embeddings.weight`` ↔ ``model.embed_tokens.weight``, ``decoder.final_layernorm.weight`` ↔
-``model.norm.weight`` and ``output_layer.weight`` ↔ ``lm_head.weight`` (absent when the embeddings are tied).
-Tensors are moved, concatenated and split, never cast or computed on, so a round trip is bit-exact.
-
-Tensor parallelism (:func:`shard` / :func:`unshard`): column-parallel tensors (``linear_qkv``, ``linear_fc1``, the
-vocabulary of ``word_embeddings`` / ``output_layer``) split on dim 0 — ``linear_fc1`` per rank as
-``[gate_r; up_r]`` — row-parallel ones (``linear_proj``, ``linear_fc2``) on dim 1, norms are replicated.
+Pure torch (no megatron import), so it is tested exhaustively on CPU: :func:`hf_to_megatron` / :func:`megatron_to_hf`
+(full tensors, local or Transformer Engine spec names; moved, concatenated and split, never cast, so a round trip is
+bit-exact), :func:`shard` / :func:`unshard` (tensor parallelism) and :func:`pad_vocab` / :func:`unpad_vocab`. The
+layout, and why it is hand-written: docs/gpu.md, "HF ↔ Megatron weights".
 """
 
 from __future__ import annotations
@@ -124,6 +96,13 @@ def _names(te: bool) -> dict[str, str]:
     return {"input_layernorm": "input_layernorm.weight", "post_attention_layernorm": "pre_mlp_layernorm.weight"}
 
 
+def _dims(cfg: ArchConfig) -> tuple[int, int, int, int, int, int, int]:
+    """The sizes both directions of the mapping use: hidden, attention heads, query groups, head dim, FFN hidden,
+    vocab, and heads per query group."""
+    nh, ng = cfg.num_attention_heads, cfg.num_query_groups
+    return cfg.hidden_size, nh, ng, cfg.head_dim, cfg.ffn_hidden_size, cfg.vocab_size, nh // ng
+
+
 def _take(src: dict[str, torch.Tensor], name: str, shape: tuple[int, ...]) -> torch.Tensor:
     t = src.pop(name, None)
     if t is None:
@@ -143,15 +122,7 @@ def hf_to_megatron(hf: dict[str, torch.Tensor], cfg: ArchConfig, *, te: bool = F
     :raises ConversionError: on a missing, unexpected or mis-shaped tensor.
     """
     src = dict(hf)
-    h, nh, ng, d, f, v = (
-        cfg.hidden_size,
-        cfg.num_attention_heads,
-        cfg.num_query_groups,
-        cfg.head_dim,
-        cfg.ffn_hidden_size,
-        cfg.vocab_size,
-    )
-    per = nh // ng
+    h, nh, ng, d, f, v, per = _dims(cfg)
     norms = _names(te)
     out: dict[str, torch.Tensor] = {}
     out["embedding.word_embeddings.weight"] = _take(src, "model.embed_tokens.weight", (v, h))
@@ -191,15 +162,7 @@ def megatron_to_hf(mc: dict[str, torch.Tensor], cfg: ArchConfig, *, te: bool = F
     :raises ConversionError: on a missing, unexpected or mis-shaped tensor.
     """
     src = {k: t for k, t in mc.items() if not k.endswith("_extra_state")}
-    h, nh, ng, d, f, v = (
-        cfg.hidden_size,
-        cfg.num_attention_heads,
-        cfg.num_query_groups,
-        cfg.head_dim,
-        cfg.ffn_hidden_size,
-        cfg.vocab_size,
-    )
-    per = nh // ng
+    h, nh, ng, d, f, v, per = _dims(cfg)
     norms = _names(te)
     out: dict[str, torch.Tensor] = {}
     out["model.embed_tokens.weight"] = _take(src, "embedding.word_embeddings.weight", (v, h))

@@ -1,18 +1,10 @@
 """The PPO critic of the ``megatron`` backend: a megatron-core ``GPTModel`` of the policy's architecture whose
-output layer is a value head ``hidden → 1`` (slime's approach: the LM head replaced by a one-column linear layer),
-with its own Megatron DDP and distributed optimizer (``--critic-lr``, default ``--lr``, on the shared schedule of
-:func:`vime_core.trainer.lr_schedule.critic_lr_schedule`).
+output layer is a value head ``hidden → 1`` (slime's approach), with its own Megatron DDP and distributed optimizer.
 
-Everything else is shared with the torch backend's critic (:class:`vime_core.trainer.critic.CriticBase`): the
-no-grad value pass, the clipped value loss (:func:`vime_core.algorithms.gae.value_loss`) and its aggregation; GAE
-is :func:`vime_core.algorithms.batch.gae_advantages`. ``V_t`` is read at the position that predicts response token
-``t`` (as the policy's log-prob of ``t``), so both backends give the same values for the same weights.
-
-On disk the critic uses the torch backend's format (:mod:`vime_core.trainer.critic`): the backbone in Hugging Face
-``AutoModel`` layout (``model.safetensors`` without the ``model.`` prefix, ``config.json``) plus
-``value_head.safetensors`` (``weight [1, hidden]``, ``bias [1]``), and the Megatron optimizer state — so a critic
-saved by one backend loads in the other (weights; optimizer state is per backend). Under tensor parallelism the
-value head is replicated on every TP rank (its input, the final hidden state, is replicated too).
+:class:`MegatronCritic` shares everything else with the torch backend's critic
+(:class:`vime_core.trainer.critic.CriticBase`: the value pass, the clipped value loss, the positions ``V_t`` is read
+at) and its directory format, so a critic saved by one backend loads in the other; the value head is replicated
+on the tensor-parallel ranks. Details: docs/algorithms.md, "PPO with a critic".
 """
 
 from __future__ import annotations

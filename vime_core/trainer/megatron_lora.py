@@ -1,16 +1,10 @@
 """The megatron backend's LoRA (``--lora-rank`` > 0; GPU, written for and not yet run on one): PEFT's LoRA on
 megatron-core's tensor-parallel linear layers.
 
-PEFT wraps megatron-core's ``ColumnParallelLinear`` / ``RowParallelLinear`` in its ``LoraParallelLinear``
-(``LoraConfig(megatron_config=..., megatron_core="megatron.core")``, :func:`peft.inject_adapter_in_model`): for a
-column-parallel layer ``A`` is a full linear layer and ``B`` column-parallel, for a row-parallel one ``A`` is
-row-parallel and ``B`` full, so tensor parallelism shards the adapter like its layer. That needs the local layer
-spec (``--megatron-attention sdpa|local``: Transformer Engine's fused linear layers are other classes) and no
-``--sequence-parallel`` (``A`` of a column layer would see a sequence shard).
-
-Megatron fuses q/k/v into ``linear_qkv`` and gate/up into ``linear_fc1``, so an adapted fused layer has one ``A``;
-in Hugging Face's layout (what PEFT saves and vLLM loads) its projections share that ``A`` and split ``B`` the way
-the weights split (:func:`megatron_lora_to_peft`, :func:`peft_to_megatron_lora`: exact both ways). docs/lora.md.
+:class:`MegatronLora` wraps megatron-core's parallel linear layers in PEFT's ``LoraParallelLinear`` (local layer spec,
+no ``--sequence-parallel``); :func:`megatron_lora_to_peft` / :func:`peft_to_megatron_lora` convert the fused
+``linear_qkv`` / ``linear_fc1`` adapters to and from Hugging Face's layout, exact both ways. Details: docs/lora.md,
+"Megatron (GPU)".
 """
 
 from __future__ import annotations

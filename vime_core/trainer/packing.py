@@ -1,19 +1,10 @@
 """The packed (padding-free) batch of the ``torch`` backend's forward passes (policy and reference log-probs, critic
 values): every sample of a micro-batch back to back in one row, no padding token anywhere.
 
-Layout: one row of ``sum(len(s.tokens))`` tokens, ``position_ids`` restarting at 0 at each sample's first token, and
-the cumulative sample lengths ``cu_seq_lens`` (flash-attention's varlen convention). Attention must not cross from
-one sample into another; Hugging Face's ``sdpa``/``eager`` paths would express that as a dense block-diagonal
-``[total, total]`` mask (``masking_utils.find_packed_sequence_indices``), whose cost grows with the square of the
-whole micro-batch's length. Instead :func:`enable_packed_attention` switches the model to the attention function
-registered here (:data:`PACKED_ATTENTION`), which runs ``torch.nn.functional.scaled_dot_product_attention`` with
-``is_causal=True`` once per sample (``cu_seq_lens_q`` passed through the model's ``**kwargs``), i.e. exactly the
-work of the unpadded per-sample forwards. Without those keyword arguments (an ordinary batched call, with or without
-a 2D ``attention_mask``) it is Hugging Face's ``sdpa`` unchanged.
-
-Only the hidden states that predict a response token are handed to the LM head or the value head
-(:attr:`PackedBatch.predict_index`): for a sample with prompt length ``p`` and response length ``r`` these are its
-positions ``p - 1 … p + r - 2`` (the position before each response token), none for ``r = 0``.
+:func:`packed_batch` builds the row (``position_ids`` restarting per sample, ``cu_seq_lens``);
+:func:`enable_packed_attention` switches a model to :data:`PACKED_ATTENTION`, causal SDPA once per sample instead
+of a dense block-diagonal mask; only the hidden states that predict a response token reach the LM or value head
+(:attr:`PackedBatch.predict_index`). Details: docs/algorithms.md, "One RL step, both backends".
 """
 
 from __future__ import annotations

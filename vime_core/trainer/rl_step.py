@@ -1,35 +1,9 @@
 """One RL train step, shared by every trainer backend: the algorithm lives here once, a backend supplies forward
 passes and optimizer steps.
 
-Order of one step (slime's ``train_actor`` order; the formulas are :mod:`vime_core.algorithms`):
-
-1. trainer-side old-policy log-probs before any update (only when needed: more than one mini-batch, or KL reward
-   shaping), reference log-probs (when KL is on), and with ``--advantage-estimator ppo`` the critic's values;
-2. batch-level advantages: :func:`~vime_core.algorithms.batch.postprocess_advantages` (KL shaping, whitening), or
-   :func:`~vime_core.algorithms.batch.gae_advantages` with the critic;
-3. per mini-batch of ``--global-batch-size`` samples: the critic's value-loss step (``ppo``), then the policy's
-   forward/backward over micro-batches with :func:`~vime_core.algorithms.policy_loss.policy_loss` and one optimizer
-   step at the learning rate of :func:`~vime_core.trainer.lr_schedule.policy_lr_schedule` for the optimizer steps
-   taken so far (``steps_done``; the critic's from its own count); the drift budget
-   (:func:`~vime_core.algorithms.mismatch.check_logprob_drift`) is checked before the first optimizer step. While
-   ``batch.step < --num-critic-only-steps`` only the critic is updated.
-
-A backend implements :class:`PolicyOps` (the torch backend: an HF model on CPU/GPU; the megatron backend: a
-megatron-core ``GPTModel`` with tensor/data parallelism), a reference model with ``log_probs(samples,
-micro_batch_size)`` (:class:`ReferenceOps`) and a critic (:class:`~vime_core.trainer.critic.CriticBase`).
-
-Data parallelism (slime's and Megatron's split): every rank receives the whole batch, so the batch-level steps
-(advantages, whitening, KL shaping, the drift check, the loss denominators) are exactly the one-GPU ones. Each
-data-parallel rank runs the forward/backward passes of its own shard only: of every mini-batch of
-``--global-batch-size`` samples, DP rank ``r`` of ``D`` trains on samples ``r, r + D, r + 2D, ...``
-(:func:`dp_shard`: ``global_batch / D`` samples each; the tensor-parallel ranks of one DP rank share its shard), and
-the no-grad forward passes over the whole batch (old-policy and reference log-probs) are split the same way and
-all-gathered. A micro-batch's loss is weighted by its share of the *global* mini-batch's denominator (trained
-tokens with ``--calculate-per-token-loss``, else trained samples: the global token count is known on every rank
-because every rank holds the batch) and multiplied by ``D``, because Megatron's DDP averages the ranks' gradients
-(divides their sum by ``D``): the reduced gradient equals the one-GPU gradient of the whole mini-batch. The loss
-metrics are summed over the DP ranks before they are normalised. The critic (``ppo``) still trains every mini-batch
-whole on every rank (correct, not faster).
+:func:`rl_train_step` runs slime's ``train_actor`` order on any :class:`PolicyOps` (with a :class:`ReferenceOps`
+and a :class:`~vime_core.trainer.critic.CriticBase`); :func:`dp_shard` splits each mini-batch over data-parallel
+ranks. The order of a step: docs/algorithms.md, "One RL step, both backends"; data parallelism: docs/cluster.md.
 """
 
 from __future__ import annotations

@@ -23,13 +23,13 @@ from vime_core.algorithms.logprobs import selected_log_probs_and_entropy
 from vime_core.algorithms.options import check_algorithm_config, kl_enabled, uses_critic
 from vime_core.config import LoraConfig
 from vime_core.models import resolve_model
-from vime_core.trainer.base import TrainerBackend
-from vime_core.trainer.critic import FUSED_ADAMW_DEVICES, Critic, clip_and_step
+from vime_core.trainer.base import TrainerBackend, lora_adapter_of
+from vime_core.trainer.critic import Critic, adamw_with_checkpointing, clip_and_step
 from vime_core.trainer.lora_torch import AdapterDisabledReference, LoraModel
 from vime_core.trainer.packing import enable_packed_attention, packed_batch, packed_hidden_states
 from vime_core.trainer.padding import left_padded_batch, response_slices
 from vime_core.trainer.rl_step import rl_train_step
-from vime_core.trainer.rng_state import get_rng_state, set_rng_state
+from vime_core.trainer.rng_state import load_trainer_state, save_trainer_state
 from vime_core.types import RolloutBatch, Sample
 
 logger = logging.getLogger("vime.trainer")
@@ -197,17 +197,9 @@ class TorchTrainer(TrainerBackend):
                 model_path,
             )
         self.model.train()
-        if cfg.gradient_checkpointing:
-            self.model.gradient_checkpointing_enable()
-            if self.lora is not None:  # frozen embeddings: checkpointed blocks need an input that requires grad
-                self.model.enable_input_require_grads()
-        self.optimizer = torch.optim.AdamW(
-            self.trainable_parameters(),
-            lr=cfg.lr,
-            betas=(cfg.adam_beta1, cfg.adam_beta2),
-            eps=cfg.adam_eps,
-            weight_decay=cfg.weight_decay,
-            fused=self.device.type in FUSED_ADAMW_DEVICES,
+        frozen_embeddings = self.lora is not None  # checkpointed blocks then need an input that requires grad
+        self.optimizer = adamw_with_checkpointing(
+            self.model, self.trainable_parameters(), cfg, cfg.lr, self.device, input_require_grads=frozen_embeddings
         )
         self.ref_model: ReferenceModel | AdapterDisabledReference | None = None
         if kl_enabled(algo) and self.lora is not None and algo.ref_load is None:
@@ -292,13 +284,9 @@ class TorchTrainer(TrainerBackend):
             yield name, (t if device is None else t.to(device)).contiguous()
 
     def lora_adapter(self) -> tuple[dict[str, torch.Tensor], dict]:
-        """LoRA: the adapter's tensors (PEFT's saved names, CPU) and its ``adapter_config.json`` content.
-
-        :raises RuntimeError: without ``--lora-rank``.
-        """
-        if self.lora is None:
-            raise RuntimeError("lora_adapter: this run trains every weight (--lora-rank 0)")
-        return self.lora.adapter_state(), self.lora.adapter_config()
+        """LoRA: the adapter's tensors (PEFT's saved names, CPU) and its ``adapter_config.json`` content
+        (:func:`~vime_core.trainer.base.lora_adapter_of`). :raises RuntimeError: without ``--lora-rank``."""
+        return lora_adapter_of(self.lora)
 
     def save_adapter(self, path: Path) -> None:
         """LoRA: the PEFT adapter directory (``final_adapter/``) that ``peft`` and ``vllm serve --lora-modules``
@@ -339,10 +327,7 @@ class TorchTrainer(TrainerBackend):
         torch.save(self.optimizer.state_dict(), path / "optimizer.pt")
         if self.critic is not None:
             self.critic.save(path / "critic")
-        state = {"steps_done": self.steps_done, "rng": get_rng_state()}
-        if self.critic is not None:
-            state["critic_steps_done"] = self.critic.steps_done  # its learning-rate schedule's position
-        torch.save(state, path / "trainer_state.pt")
+        save_trainer_state(path, self)
 
     def load_checkpoint(self, path: Path) -> None:
         """Restore weights, optimizer and RNG state (and the critic, with ``ppo``) written by :meth:`save_checkpoint`.
@@ -366,8 +351,4 @@ class TorchTrainer(TrainerBackend):
         self.optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=False))
         if self.critic is not None:
             self.critic.load(path / "critic")
-        ts = torch.load(path / "trainer_state.pt", weights_only=False)
-        self.steps_done = ts["steps_done"]
-        if self.critic is not None:
-            self.critic.steps_done = ts.get("critic_steps_done", self.steps_done)  # older checkpoints: the policy's
-        set_rng_state(ts["rng"])
+        load_trainer_state(path, self)

@@ -1,48 +1,10 @@
 """``disk-delta`` weight sync: per version, only the bytes that changed since the engines' current version.
 
-How a version travels
----------------------
-The trainer side keeps a host-side snapshot of the weights the engines hold (version ``B``), seeded from the
-weights the engines started with (``--update-weight-delta-base``, default: the served model directory). For each
-pushed tensor it compares the new bytes with the snapshot, byte by byte (so the dtype does not matter), and writes
-only the tensors that changed, encoded with ``--update-weight-delta-encoding``:
-
-* ``xor``: ``new ^ old`` over the raw bytes, byte-shuffled by element size (all first bytes of the elements, then
-  all second bytes, ...: the high bytes of a small update are zero and compress to almost nothing);
-* ``sub``: the integer difference ``new - old`` of each element's bit pattern (read as an unsigned integer of the
-  element size, wrapping), zigzag-coded and byte-shuffled. A small float update changes the bit pattern by a small
-  integer, so far fewer bits are set than in the xor (a carry flips a run of bits there); applied exactly once,
-  like ``xor``;
-* ``overwrite``: the positions of the changed bytes (as gaps between positions, little-endian ``u4``, or ``u8`` for
-  tensors of 4 GiB and more, byte-shuffled) followed by the new values of those bytes;
-* ``full``: the new bytes (byte-shuffled), for a tensor the base does not have or whose dtype/shape changed.
-
-Every payload is compressed with ``zstandard`` (level ``--update-weight-delta-zstd-level``, default 1, frame
-checksums on), and every tensor of the version — changed or not — carries the ``xxhash`` xxh3-128 digest of its
-full new bytes.
-
-On-disk format (version 1)
---------------------------
-``<--update-weight-disk-dir>/weight_v{N:06d}/delta.safetensors``: one 1-D ``uint8`` safetensors tensor per changed
-HF tensor (its compressed payload, under the HF name), and in the file's metadata under ``vime_delta`` a JSON
-manifest::
-
-    {"format": "vime-disk-delta", "format_version": 1, "version": N, "base_version": B,
-     "encoding": "xor" | "sub" | "overwrite", "compression": "zstd", "checksum": "xxh3-128",
-     "tensors": {hf_name: {"dtype": "float32", "shape": [..], "nbytes": int, "checksum": "<32 hex>",
-                           "kind": "xor" | "sub" | "overwrite" | "full" | "same", "changed_bytes": int}}}
-
-The directory is written under a temporary name and renamed, so a reader never sees half a version.
-
-Engine side
------------
-:class:`DeltaReceiver` (used by :meth:`vime_core.rollout.worker_extension.VimeWorkerExtension.vime_apply_delta`
-inside each vLLM worker, and by :meth:`DiskDeltaWeightSync.read` without an engine) keeps its own snapshot of the
-HF tensors, seeded lazily from the directory the engine loaded. Applying a version is two phases: :meth:`prepare`
-decodes every tensor and verifies every checksum without touching any state; only then are the tensors loaded into
-the model and :meth:`commit` moves the snapshot and version forward. A failure at any point leaves the receiver on
-its old version, and retrying the same version is safe (an already-applied version is recognised by its checksums
-and not applied twice, so even ``xor`` is safe to retry).
+The trainer side (:class:`DiskDeltaWeightSync`) compares each pushed tensor with a host snapshot of the engines'
+weights and writes the changed ones encoded (``xor``, ``sub``, ``overwrite`` or ``full``), zstd-compressed and
+checksummed, to ``weight_v{N:06d}/delta.safetensors``; :class:`DeltaReceiver` decodes and verifies a version in
+each vLLM worker before it applies it. Encodings, the on-disk format and the engine side: docs/weight_sync.md,
+"disk-delta".
 """
 
 from __future__ import annotations

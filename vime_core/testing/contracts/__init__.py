@@ -1,24 +1,9 @@
 """The contract-test kit: pytest base classes every plugin (ours and third parties') runs against itself.
 
-Usage (in a plugin's ``tests/``)::
-
-    from vime_core.testing import RewardFunctionContract
-
-    class TestMyReward(RewardFunctionContract):
-        @pytest.fixture
-        def reward_fn(self):
-            return my_reward
-
-        @pytest.fixture
-        def cases(self):
-            return [(Sample(response="42", label="42"), 1.0), (Sample(response="7", label="42"), 0.0)]
-
-Rules:
-
-* A subclass supplies the fixtures a contract documents; it may declare ``capabilities`` (a set of strings) that
-  turn inapplicable tests into **skips with a reason** — never silent drops.
-* A subclass must not override or delete a contract test; to opt out it marks an override
-  ``@pytest.mark.xfail(reason=...)``. ``test_no_overrides`` enforces this (langchain-tests' rule).
+A plugin's test subclasses the contract of its kind (e.g. ``class TestMyReward(RewardFunctionContract)``) and
+supplies the fixtures the contract documents; declared ``capabilities`` turn inapplicable tests into skips with a
+reason, and a contract test may not be overridden except as ``@pytest.mark.xfail(reason=...)``
+(``test_no_overrides``). Usage: docs/plugins.md.
 """
 
 from vime_core.testing.contracts.agent import AgentHarnessContract

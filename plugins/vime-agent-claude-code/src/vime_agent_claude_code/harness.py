@@ -29,20 +29,19 @@ from __future__ import annotations
 
 import argparse
 import shlex
-import time
 from typing import Any
 
 from vime_core.agent.gateway import TURN_BUDGET_MESSAGE
 from vime_core.agent.harness import (
     AgentBudget,
     AgentEndpoint,
+    AgentEndStatus,
     AgentHarnessError,
-    AgentRunResult,
     NpmAgentHarness,
     json_lines,
 )
 from vime_core.plugin_flags import own_flags
-from vime_core.sandbox.base import Sandbox
+from vime_core.sandbox.base import ExecResult, Sandbox
 
 DEFAULT_VERSION = "2.1.197"  # what npm picks on Node 20; native executable, pinned for reproducible runs
 DEFAULT_TOOLS = ("Bash", "Read", "Write", "Edit")
@@ -185,23 +184,27 @@ class ClaudeCodeHarness(NpmAgentHarness):
             "HOME": home,
         }
 
-    async def run(
-        self, sandbox: Sandbox, *, prompt: str, endpoint: AgentEndpoint, budget: AgentBudget, cwd: str | None = None
-    ) -> AgentRunResult:
-        """Run ``claude -p`` once (see the module docstring).
+    async def prepare_home(self, sandbox: Sandbox, endpoint: AgentEndpoint, home: str) -> None:
+        """Create ``home/claude`` (``CLAUDE_CONFIG_DIR``).
 
-        :raises AgentHarnessError: the CLI is not installed in the sandbox or could not start.
+        :raises AgentHarnessError: it cannot be created.
         """
-        await self.install(sandbox)
-        home = self.run_home()
         mk = await sandbox.exec(["mkdir", "-p", f"{home}/claude"], timeout=60)
         if mk.exit_code != 0:
             raise AgentHarnessError(f"cannot create {home} in the sandbox: {mk.stderr[-300:]}")
+
+    def launch(
+        self, sandbox: Sandbox, prompt: str, endpoint: AgentEndpoint, budget: AgentBudget, home: str, cwd: str | None
+    ) -> tuple[list[str], dict[str, str], str | None]:
+        """:meth:`command` and :meth:`environment`, in ``cwd`` (``None``: the sandbox's default)."""
         argv = self.command(self.executable(sandbox), prompt, endpoint, budget)
-        t0 = time.monotonic()
-        r = await sandbox.exec(argv, timeout=budget.wall_time_s, env=self.environment(endpoint, budget, home), cwd=cwd)
-        duration = time.monotonic() - t0
-        objects = json_lines(r.stdout)  # --output-format json prints one result object
+        return argv, self.environment(endpoint, budget, home), cwd
+
+    def read_output(self, r: ExecResult, argv: list[str]) -> tuple[dict[str, Any] | None, str, dict[str, Any]]:
+        """The result object (``--output-format json`` prints one), its ``result`` text and the metadata: the
+        command (prompt left out) and the result's ``subtype``, ``num_turns``, ``is_error``, ``stop_reason``,
+        ``api_error_status``, ``session_id``."""
+        objects = json_lines(r.stdout)
         result = objects[-1] if objects else None
         meta: dict[str, Any] = {"command": shlex.join(argv[:1] + ["-p", "<prompt>"] + argv[3:])}
         if result is not None:
@@ -212,16 +215,14 @@ class ClaudeCodeHarness(NpmAgentHarness):
                     if k in result
                 }
             )
-        if r.timed_out:
-            status = "timeout"
-        elif result is None:
-            self.raise_if_not_started(r)
-            status = "error"
-        elif result.get("subtype") == "error_max_turns" or TURN_BUDGET_MESSAGE in str(result.get("result", "")):
-            status = "max_turns"
-        elif result.get("is_error") or r.exit_code != 0:
-            status = "error"
-        else:
-            status = "completed"
         final = str(result.get("result", "")) if result else ""
-        return AgentRunResult(status, r.exit_code, duration, final, r.stdout, r.stderr, meta)
+        return result, final, meta
+
+    def end_status(self, r: ExecResult, output: dict[str, Any]) -> AgentEndStatus:
+        """``error_max_turns`` (or the gateway's turn-budget refusal) → ``max_turns``; ``is_error`` or a non-zero
+        exit → ``error``; else ``completed``."""
+        if output.get("subtype") == "error_max_turns" or TURN_BUDGET_MESSAGE in str(output.get("result", "")):
+            return "max_turns"
+        if output.get("is_error") or r.exit_code != 0:
+            return "error"
+        return "completed"

@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 from pathlib import Path
 from typing import Any
 
@@ -52,13 +51,13 @@ from vime_core.agent.gateway import TURN_BUDGET_MESSAGE
 from vime_core.agent.harness import (
     AgentBudget,
     AgentEndpoint,
+    AgentEndStatus,
     AgentHarnessError,
-    AgentRunResult,
     NpmAgentHarness,
     json_lines,
 )
 from vime_core.plugin_flags import own_flags
-from vime_core.sandbox.base import Sandbox
+from vime_core.sandbox.base import ExecResult, Sandbox
 
 DEFAULT_VERSION = "0.171.0"  # native (Rust, musl) executable, pinned for reproducible runs
 
@@ -239,29 +238,32 @@ class CodexHarness(NpmAgentHarness):
             argv += ["-c", c]
         return argv + self.extra_args + ["--", prompt]
 
-    async def run(
-        self, sandbox: Sandbox, *, prompt: str, endpoint: AgentEndpoint, budget: AgentBudget, cwd: str | None = None
-    ) -> AgentRunResult:
-        """Run ``codex exec`` once (see the module docstring).
+    async def prepare_home(self, sandbox: Sandbox, endpoint: AgentEndpoint, home: str) -> None:
+        """Write :meth:`home_files` into the sandbox.
 
-        :raises AgentHarnessError: the CLI is not installed in the sandbox or could not start.
+        :raises AgentHarnessError: they cannot be written.
         """
-        await self.install(sandbox)
-        home = self.run_home()
         try:
             for path, text in self.home_files(endpoint, home).items():
                 await sandbox.write_file(path, text)
         except OSError as e:
             raise AgentHarnessError(f"cannot write the Codex configuration into the sandbox: {e}") from e
+
+    def launch(
+        self, sandbox: Sandbox, prompt: str, endpoint: AgentEndpoint, budget: AgentBudget, home: str, cwd: str | None
+    ) -> tuple[list[str], dict[str, str], str | None]:
+        """:meth:`command` in ``cwd`` (``None``: the sandbox workspace) with ``CODEX_HOME``, the session id as
+        ``VIME_API_KEY``, :attr:`EXTRA_PATH` on ``PATH`` and ``NO_COLOR``."""
         workdir = cwd or sandbox.workspace
         argv = self.command(self.executable(sandbox), prompt, workdir)
         path = ":".join([*self.extra_path(sandbox), "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"])
         env = {"CODEX_HOME": home, "VIME_API_KEY": endpoint.api_key, "PATH": path, "NO_COLOR": "1"}
-        t0 = time.monotonic()
-        r = await sandbox.exec(argv, timeout=budget.wall_time_s, env=env, cwd=workdir)
-        duration = time.monotonic() - t0
-        events = json_lines(r.stdout)  # the JSONL events of codex exec --json
-        types = [e.get("type") for e in events]
+        return argv, env, workdir
+
+    def read_output(self, r: ExecResult, argv: list[str]) -> tuple[list[dict[str, Any]] | None, str, dict[str, Any]]:
+        """The JSONL events of ``codex exec --json`` (``None`` if none), the last agent message and the metadata:
+        event count, the last five errors, the number of commands run."""
+        events = json_lines(r.stdout)
         final = next(
             (
                 e["item"].get("text", "")
@@ -282,15 +284,14 @@ class CodexHarness(NpmAgentHarness):
                 if e.get("type") == "item.completed" and e.get("item", {}).get("type") == "command_execution"
             ),
         }
-        if r.timed_out:
-            status = "timeout"
-        elif not events:
-            self.raise_if_not_started(r)
-            status = "error"
-        elif TURN_BUDGET_MESSAGE in r.stdout or TURN_BUDGET_MESSAGE in r.stderr:
-            status = "max_turns"
-        elif "turn.completed" in types and r.exit_code == 0 and "turn.failed" not in types:
-            status = "completed"
-        else:
-            status = "error"
-        return AgentRunResult(status, r.exit_code, duration, final, r.stdout, r.stderr, meta)
+        return (events or None), final, meta
+
+    def end_status(self, r: ExecResult, output: list[dict[str, Any]]) -> AgentEndStatus:
+        """The gateway's turn-budget refusal → ``max_turns``; ``turn.completed`` without ``turn.failed`` and exit 0
+        → ``completed``; else ``error``."""
+        types = [e.get("type") for e in output]
+        if TURN_BUDGET_MESSAGE in r.stdout or TURN_BUDGET_MESSAGE in r.stderr:
+            return "max_turns"
+        if "turn.completed" in types and r.exit_code == 0 and "turn.failed" not in types:
+            return "completed"
+        return "error"
