@@ -2,7 +2,7 @@
 serves the adapter through vLLM's runtime LoRA API; ``ipc`` (the adapter's CUDA tensors handed over by handle, staged
 in the workers' memory) and ``disk`` (PEFT files) adapter sync (docs/lora.md).
 
-Written for the H200 loop of docs/gpu.md and not run yet (no GPU was lent to the session that wrote it). Checked:
+Passed on one H200 on 2026-12-02 (figures in docs/lora.md). Checked:
 exit 0; only the adapter moves (``weight_sync/bytes`` ≈ 2 × 4.9 M parameters' bytes, far below the 269 MB of the
 bf16 model); |Δlogp| engine (bf16, adapter) vs Megatron (bf16) small on every step; ``final_hf/`` (merged) loads in
 transformers and ``final_adapter/`` in PEFT, and the two give the same logits; the checkpoint holds the adapter, not

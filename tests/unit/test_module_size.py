@@ -16,9 +16,7 @@ ROOT = Path(vime_core.__file__).parent
 #: module (relative to vime_core/) → the one concept that makes it long
 ALLOWED: dict[str, str] = {
     "arguments.py": "the `vime run` flag definitions (build_parser: one add_argument per flag) and their parsing",
-    "sandbox/base.py": "the Sandbox base class: lifecycle, exec, files, directories, detached commands",
     "sandbox/local.py": "the local backend: one Sandbox subclass, its namespace and process-group modes",
-    "weight_sync/disk_delta.py": "the disk-delta weight-sync strategy: its delta encodings, writer and reader",
 }
 
 

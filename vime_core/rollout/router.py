@@ -63,11 +63,30 @@ def router_executable() -> str:
     """
     candidate = Path(sys.executable).parent / "vllm-router"
     if candidate.is_file() and os.access(candidate, os.X_OK):
-        return str(candidate)
+        return _runnable(str(candidate))
     found = shutil.which("vllm-router")
     if found:
-        return found
+        return _runnable(found)
     raise FileNotFoundError(f"vllm-router not found next to {sys.executable} nor on PATH: pip install vllm-router")
+
+
+def _runnable(script: str) -> str:
+    """``script``, once its ``#!`` interpreter exists (a console script installed with ``pip --target`` on another
+    machine names that machine's Python, and starting it fails with a bare ``No such file or directory``).
+
+    :raises FileNotFoundError: naming the script and the missing interpreter.
+    """
+    with open(script, "rb") as f:
+        first = f.readline(4096)
+    if first.startswith(b"#!"):
+        words = first[2:].decode(errors="replace").split()
+        if words and words[0].startswith("/") and not os.path.exists(words[0]):
+            raise FileNotFoundError(
+                f"{script}: its interpreter {words[0]} does not exist on this machine (installed by another Python, "
+                f"e.g. pip --target elsewhere): reinstall vllm-router here, or rewrite its first line to "
+                f"#!{sys.executable}"
+            )
+    return script
 
 
 class VLLMRouter(ManagedServer):
