@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.test_vime_run import _common, prompt_file  # noqa: F401 - fixture
+from tests.integration.helpers import run_flags
 
 pytestmark = [pytest.mark.integration]
 
@@ -85,14 +85,14 @@ def _run(argv: list[str], timeout: float) -> subprocess.CompletedProcess:
     return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
 
 
-def test_impossible_plan_is_refused_naming_the_flags(cluster, tiny_model_dir, prompt_file, tmp_path):  # noqa: F811
+def test_impossible_plan_is_refused_naming_the_flags(cluster, tiny_model_dir, prompt_file, tmp_path):
     proc = _run(
         [
             sys.executable,
             "-m",
             "vime_core.cli",
             "run",
-            *_common(tiny_model_dir, prompt_file, tmp_path / "bad"),
+            *run_flags(tiny_model_dir, prompt_file, tmp_path / "bad"),
             "--ray-address",
             cluster["address"],
             "--actor-num-gpus-per-node",
@@ -182,7 +182,7 @@ def test_trainer_group_spans_nodes_and_engine_death_is_reported(cluster, tiny_mo
 
 
 def _vime_run(out: Path, model: Path, prompts: Path, *extra: str) -> list[dict]:
-    common = [*_common(model, prompts, out), "--num-rollout", "2", "--vllm-max-model-len", "1024"]
+    common = [*run_flags(model, prompts, out), "--num-rollout", "2", "--vllm-max-model-len", "1024"]
     proc = _run([sys.executable, "-m", "vime_core.cli", "run", *common, "--weight-sync", "nccl", *extra], timeout=600)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-6000:]
     (out / "stdout.txt").write_text(proc.stdout)
@@ -198,7 +198,7 @@ def _listening(port: int) -> bool:
 def test_vime_run_trainer_on_head_engine_on_second_node_with_nccl_sync(
     cluster,
     tiny_model_dir,
-    prompt_file,  # noqa: F811
+    prompt_file,
     tmp_path,
 ):
     out = tmp_path / "run"

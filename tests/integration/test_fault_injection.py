@@ -31,7 +31,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.test_vime_run import _common, _metrics, _vime, prompt_file  # noqa: F401 - shared fixture
+from tests.integration.helpers import read_metrics, run_flags
+from vime_core.testing.cli import run_vime as _vime
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -58,7 +59,7 @@ def _fault_env(out: Path, model: Path, plan: dict) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def fault_run(tiny_model_dir, prompt_file, tmp_path_factory):  # noqa: F811
+def fault_run(tiny_model_dir, prompt_file, tmp_path_factory):
     out = tmp_path_factory.mktemp("faults")
     env = _fault_env(out, tiny_model_dir, PLAN)
     saved = {k: os.environ.get(k) for k in env}
@@ -67,7 +68,7 @@ def fault_run(tiny_model_dir, prompt_file, tmp_path_factory):  # noqa: F811
     try:
         proc = _vime(
             "run",
-            *_common(tiny_model_dir, prompt_file, out),
+            *run_flags(tiny_model_dir, prompt_file, out),
             "--num-rollout",
             str(STEPS),
             "--rollout-num-engines",
@@ -108,7 +109,7 @@ def test_run_finishes_and_every_fault_was_injected(fault_run):
 
 def test_metrics_show_the_restarts_and_retries(fault_run):
     out, *_ = fault_run
-    m = _metrics(out)
+    m = read_metrics(out)
     assert [r["step"] for r in m] == list(range(STEPS))
     # a restart finishes in the background and is counted in the rollout metrics of the step that sees it
     assert sum(r["rollout/engine_restarts"] for r in m) == 2.0
@@ -122,7 +123,7 @@ def test_metrics_show_the_restarts_and_retries(fault_run):
 
 def test_no_sample_lost_and_the_reward_failure_counted_by_cause(fault_run):
     out, *_ = fault_run
-    m = _metrics(out)
+    m = read_metrics(out)
     reward_step = PLAN["raise_reward_step"]
     trained = [r["rollout/num_trained_samples"] for r in m]
     assert trained == [float(GROUPS * N - (s == reward_step)) for s in range(STEPS)], trained
@@ -135,7 +136,7 @@ def test_no_sample_lost_and_the_reward_failure_counted_by_cause(fault_run):
 
 def test_log_probs_agree_after_each_recovery(fault_run):
     out, *_ = fault_run
-    m = _metrics(out)
+    m = read_metrics(out)
     diffs = [r["train/train_rollout_logprob_abs_diff"] for r in m]
     print(f"|Δlogp| per step: {diffs}")
     # step 0 is fault-free: every later step (on replaced engines and a restarted router) is as close
@@ -158,7 +159,7 @@ def test_replacements_loaded_the_current_version_and_logs_were_kept(fault_run):
 
 def test_figures(fault_run):
     out, _, faults, events, seconds = fault_run
-    m = _metrics(out)
+    m = read_metrics(out)
     ups = [e for e in events if e["event"] == "engine_up"]
     router_up = [e for e in events if e["event"] == "router_up"]
     kills = [f for f in faults if f["fault"].startswith("engine_kill")]
@@ -177,13 +178,13 @@ def test_figures(fault_run):
     assert lost == 0 and all(r > 0 for r in recover) and router_s > 0
 
 
-def test_every_engine_lost_stops_the_run_with_a_checkpoint_and_the_culprits(tiny_model_dir, prompt_file, tmp_path):  # noqa: F811
+def test_every_engine_lost_stops_the_run_with_a_checkpoint_and_the_culprits(tiny_model_dir, prompt_file, tmp_path):
     """One engine, no restart allowed, killed in step 1: the run stops (no hang) naming the engine, its exit code and
     log, after saving a checkpoint of the finished step."""
     out = tmp_path / "run"
     never = {k: -1 for k in PLAN}
     env = _fault_env(out, tiny_model_dir, {**never, "kill_engine_rollout_step": 1})
-    argv = [*_common(tiny_model_dir, prompt_file, out), "--num-rollout", "3", "--no-save-hf"]
+    argv = [*run_flags(tiny_model_dir, prompt_file, out), "--num-rollout", "3", "--no-save-hf"]
     argv += ["--generate", f"{PLUGIN}:generate", "--rollout-max-engine-restarts", "0"]
     argv += ["--rollout-health-check-interval", "1"]
     proc = subprocess.run(

@@ -11,8 +11,8 @@ import time
 import pytest
 import torch
 
-from tests.integration.test_run_signals import Run, runs  # noqa: F401 - shared fixture
-from tests.integration.test_vime_run import _common, _vime, prompt_file  # noqa: F401 - shared fixture
+from tests.integration.helpers import Run, run_flags
+from vime_core.testing.cli import run_vime as _vime
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -41,12 +41,12 @@ def _dumped(out, step):
     return [s for g in data["groups"] for s in g]
 
 
-def test_one_step_off_trains_on_samples_exactly_one_version_old(tiny_model_dir, prompt_file, tmp_path):  # noqa: F811
+def test_one_step_off_trains_on_samples_exactly_one_version_old(tiny_model_dir, prompt_file, tmp_path):
     """Also the end-to-end run of ``--weight-sync nccl`` (trainer-hosted Gloo group on CPU)."""
     out = tmp_path / "osf"
     _vime(
         "run",
-        *_common(tiny_model_dir, prompt_file, out),
+        *run_flags(tiny_model_dir, prompt_file, out),
         "--num-rollout",
         "3",
         "--loop",
@@ -67,11 +67,11 @@ def test_one_step_off_trains_on_samples_exactly_one_version_old(tiny_model_dir, 
     assert all(m["weight_sync/bytes"] > 0 for m in metrics)
 
 
-def test_fully_async_never_trains_beyond_max_staleness(tiny_model_dir, prompt_file, tmp_path):  # noqa: F811
+def test_fully_async_never_trains_beyond_max_staleness(tiny_model_dir, prompt_file, tmp_path):
     out = tmp_path / "fa"
     _vime(
         "run",
-        *_common(tiny_model_dir, prompt_file, out),
+        *run_flags(tiny_model_dir, prompt_file, out),
         "--num-rollout",
         "4",
         "--loop",
@@ -101,7 +101,7 @@ def test_fully_async_never_trains_beyond_max_staleness(tiny_model_dir, prompt_fi
     assert sum(m["rollout/stale_dropped"] for m in metrics) >= 0.0
 
 
-def test_fully_async_is_bounded_and_a_run_whose_rollouts_all_fail_fails(tiny_model_dir, prompt_file, tmp_path, runs):  # noqa: F811
+def test_fully_async_is_bounded_and_a_run_whose_rollouts_all_fail_fails(tiny_model_dir, prompt_file, tmp_path, runs):
     """Staleness unbounded, at most 4 groups in flight, 2 per step, a trainer slowed by 2 s a step, prompts in file
     order; the reward raises for rows 6 and later (tests/integration/async_faults.py).
 
@@ -113,7 +113,7 @@ def test_fully_async_is_bounded_and_a_run_whose_rollouts_all_fail_fails(tiny_mod
     (main: "no trainable sample; skipping the update" for every later step, exit 0, a final_hf/)."""
     out = tmp_path / "fa-fail"
     argv = [
-        *_common(tiny_model_dir, prompt_file, out),
+        *run_flags(tiny_model_dir, prompt_file, out),
         *("--n-samples-per-prompt", "2", "--rollout-max-response-len", "8", "--num-rollout", "6"),
         *("--loop", "fully-async", "--use-tis", "--max-staleness", "1000", "--rollout-inflight-groups", "4"),
         *("--no-rollout-shuffle", "--reward", "tests.integration.async_faults:reward"),

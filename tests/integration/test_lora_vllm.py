@@ -16,7 +16,7 @@ import httpx
 import pytest
 import torch
 
-from tests.integration.test_vllm_releases import COMPAT_PYTHON
+from tests.integration.helpers import COMPAT_PYTHON, run_flags
 from vime_core.arguments import default_args
 from vime_core.testing.cli import run_vime
 from vime_core.types import RolloutBatch, Sample, Status
@@ -131,14 +131,12 @@ def test_three_adapter_syncs_engine_log_probs_equal_the_trainers(
 
 
 def test_vime_run_lora_three_steps(tiny_model_dir, tmp_path):
-    from tests.integration.test_vime_run import _common
-
     prompts = tmp_path / "train.jsonl"
     prompts.write_text("".join(json.dumps({"prompt": f"Count from {i}:", "label": str(i)}) + "\n" for i in range(8)))
     out = tmp_path / "run"
     run_vime(
         "run",
-        *_common(tiny_model_dir, prompts, out),
+        *run_flags(tiny_model_dir, prompts, out),
         "--num-rollout",
         "3",
         "--lora-rank",

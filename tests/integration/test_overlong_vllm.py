@@ -15,10 +15,9 @@ import re
 
 import pytest
 
+from tests.integration.helpers import generate_step
 from tests.unit.test_hooks import _manager_with_hooks
 from vime_core.plugins import get_plugins
-from vime_core.rollout.client import RouterClient, eos_token_ids
-from vime_core.rollout.context import RolloutContext, set_rollout_context
 from vime_core.types import Status
 
 pytestmark = pytest.mark.integration
@@ -41,27 +40,6 @@ async def _by_prompt(args, sample, sampling_params):
     forced = {**sampling_params, "structured_outputs": {"regex": re.escape(CALL)}}
     sample.prompt = [{"role": "user", "content": "What is 6 * 7?"}]
     return await plugins.resolve("generate", "multi_turn")(mt_args, sample, forced)
-
-
-def generate_step(m, router, vllm_server, tiny_model_dir, step=0):
-    """``m.generate(step)`` of a test manager (``tests.unit.test_hooks._manager_with_hooks``) through the real
-    router, with a client built as the rollout manager builds it; the server's weight-version label is numeric
-    meanwhile (as in a run) and put back afterwards."""
-    previous_label = vllm_server.weight_version()
-    vllm_server.set_weight_version(0)
-    m.client = RouterClient(
-        router.url,
-        model=vllm_server.served_model_name,
-        timeout_s=300,
-        eos_token_ids=eos_token_ids(m.tokenizer, tiny_model_dir),
-    )
-    set_rollout_context(RolloutContext(client=m.client, tokenizer=m.tokenizer, weight_version=0))
-    try:
-        return m.generate(step)
-    finally:
-        m.loop.run_until_complete(m.client.aclose())
-        set_rollout_context(None)
-        vllm_server.set_weight_version(previous_label if previous_label is not None else "default")
 
 
 def test_overlong_filter_and_penalty_single_and_multi_turn(router, vllm_server, tiny_model_dir, tmp_path):

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.test_vime_run import _common
+from tests.integration.helpers import run_flags
 from vime_core.loop import TRAINED_PROMPTS_FILE
 from vime_core.testing.cli import run_vime
 
@@ -40,7 +40,7 @@ def _argv(tiny_model_dir: Path, prompts: Path, out: Path, loop: str = "sync", *e
         *off_policy,
         "--max-staleness",  # fully-async: with 1, each step takes the oldest 2 groups (admission order = data order)
         "1",
-        *_common(tiny_model_dir, prompts, out),  # tiny model, 2 groups of 4, 12 tokens, digit_fraction, lr 1e-3
+        *run_flags(tiny_model_dir, prompts, out),  # tiny model, 2 groups of 4, 12 tokens, digit_fraction, lr 1e-3
         "--num-rollout",
         str(STEPS),
         "--save-interval",

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.integration.test_overlong_vllm import generate_step
+from tests.integration.helpers import generate_step
 from tests.unit.test_hooks import _manager_with_hooks
 from vime_core.plugins import get_plugins
 

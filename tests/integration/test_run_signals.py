@@ -13,22 +13,16 @@ tiny model:
 from __future__ import annotations
 
 import json
-import os
 import signal
 import socket
-import subprocess
-import sys
 import time
-import uuid
 from pathlib import Path
 
 import pytest
 
-from tests.integration.test_vime_run import _common
+from tests.integration.helpers import Run, marked, run_flags
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
-
-MARK = "VIME_TEST_RUN_MARK"
 
 
 @pytest.fixture(scope="module")
@@ -40,106 +34,8 @@ def prompts(tmp_path_factory) -> Path:
     return path
 
 
-def marked(mark: str) -> list[tuple[int, str]]:
-    """``(pid, command)`` of every live process whose environment carries ``MARK=mark``."""
-    found = []
-    needle = f"{MARK}={mark}".encode()
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/environ", "rb") as f:
-                if needle not in f.read().split(b"\0"):
-                    continue
-            with open(f"/proc/{entry}/stat") as f:
-                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
-                    continue
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                found.append((int(entry), f.read().replace(b"\0", b" ").decode(errors="replace")[:120]))
-            with open(f"/proc/{entry}/environ", "rb") as f:  # the run's own marker (vime_core.rollout.process)
-                found[-1] = (*found[-1], [e for e in f.read().split(b"\0") if e.startswith(b"VIME_RUN_ID=")])
-        except OSError:
-            continue
-    return found
-
-
-class Run:
-    """A `vime run` subprocess in its own session, its output in a file, its processes found by the marker."""
-
-    def __init__(self, argv: list[str], log: Path) -> None:
-        self.mark = uuid.uuid4().hex
-        self.log = log
-        env = dict(os.environ, PYTHONUNBUFFERED="1", **{MARK: self.mark})
-        self.out_file = open(log, "w")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "vime_core.cli", "run", *argv],
-            stdout=self.out_file,
-            stderr=subprocess.STDOUT,
-            env=env,
-            start_new_session=True,
-        )
-
-    def text(self) -> str:
-        return self.log.read_text(errors="replace")
-
-    def wait_for(self, needle: str, timeout_s: float = 600) -> float:
-        t0 = time.monotonic()
-        while needle not in self.text():
-            assert self.proc.poll() is None, (
-                f"the run ended (rc {self.proc.returncode}) before {needle!r}:\n" + (self.text()[-4000:])
-            )
-            assert time.monotonic() - t0 < timeout_s, f"no {needle!r} after {timeout_s} s:\n" + self.text()[-4000:]
-            time.sleep(0.2)
-        return time.monotonic() - t0
-
-    def wait_for_engine_start(self, out: Path) -> None:
-        """Until the engine's log file exists (its actor has started the vLLM server)."""
-        t0 = time.monotonic()
-        while not (out / "logs" / "vllm_engine_0.log").exists():
-            assert self.proc.poll() is None, self.text()[-4000:]
-            assert time.monotonic() - t0 < 600, self.text()[-4000:]
-            time.sleep(0.2)
-
-    def wait_exit(self, timeout_s: float) -> tuple[int, float]:
-        t0 = time.monotonic()
-        rc = self.proc.wait(timeout=timeout_s)
-        return rc, time.monotonic() - t0
-
-    def assert_nothing_left(self, within_s: float) -> float:
-        t0 = time.monotonic()
-        while left := marked(self.mark):
-            if time.monotonic() - t0 > within_s:
-                for pid, *_ in left:
-                    try:
-                        os.kill(pid, signal.SIGKILL)
-                    except ProcessLookupError:
-                        pass
-                pytest.fail(f"{len(left)} process(es) of the run left {within_s} s after it ended: {left}")
-            time.sleep(0.2)
-        return time.monotonic() - t0
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
-        for pid, *_ in marked(self.mark):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        self.out_file.close()
-
-
 def _argv(model: Path, prompts: Path, out: Path, steps: int = 500) -> list[str]:
-    return [*_common(model, prompts, out), "--num-rollout", str(steps), "--no-report", "--no-use-tensorboard"]
-
-
-@pytest.fixture
-def runs():
-    started: list[Run] = []
-    yield started
-    for r in started:
-        r.close()
+    return [*run_flags(model, prompts, out), "--num-rollout", str(steps), "--no-report", "--no-use-tensorboard"]
 
 
 def test_sigint_during_engine_start_ends_within_seconds_and_leaves_nothing(tiny_model_dir, prompts, tmp_path, runs):

@@ -8,6 +8,7 @@ import asyncio
 
 import pytest
 
+from tests.integration.helpers import sandbox_backends
 from vime_core.arguments import build_parser
 from vime_core.plugins import get_plugins
 
@@ -22,20 +23,7 @@ def _shell_tool_args(backend: str, *extra: str):
     )
 
 
-def _backends() -> list[str]:
-    names = ["local"]
-    if "docker" in get_plugins().registries["sandbox"].names():
-        try:
-            from vime_sandbox_docker.sandbox import docker_client
-
-            docker_client(timeout_s=10).images.get("vime-sandbox:bookworm")
-            names.append("docker")
-        except Exception as e:  # noqa: BLE001 - report why docker is left out
-            print(f"docker left out: {e}")
-    return names
-
-
-@pytest.mark.parametrize("backend", _backends())
+@pytest.mark.parametrize("backend", sandbox_backends())
 def test_multi_turn_shell_tool_runs_in_the_chosen_sandbox(backend):
     from vime_core.rollout.multi_turn import _episode_sandbox, _sandbox_tool
 
@@ -83,7 +71,7 @@ def tok(tiny_model_dir):
     return AutoTokenizer.from_pretrained(tiny_model_dir)
 
 
-@pytest.mark.parametrize("backend", _backends())
+@pytest.mark.parametrize("backend", sandbox_backends())
 def test_multi_turn_generate_runs_code_in_the_sandbox(backend, tok):
     """The generate function end to end on each backend: the model's code runs in the sandbox built from the flags;
     a call at ``--multi-turn-tool-timeout`` is killed *by the sandbox*, so the model sees its partial output and

@@ -15,40 +15,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.integration.helpers import read_metrics, run_flags
 from vime_core.testing.cli import run_vime as _vime
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
-
-
-@pytest.fixture(scope="module")
-def prompt_file(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("data") / "train.jsonl"
-    with path.open("w") as f:
-        for i in range(16):
-            f.write(json.dumps({"prompt": f"Count from {i}: {i} {i + 1}", "label": str(i + 2)}) + "\n")
-    return path
-
-
-def _common(tiny_model_dir: Path, prompt_file: Path, out: Path) -> list[str]:
-    return [
-        "--model",
-        str(tiny_model_dir),
-        "--prompt-data",
-        str(prompt_file),
-        "--output-dir",
-        str(out),
-        "--rollout-batch-size",
-        "2",
-        "--n-samples-per-prompt",
-        "4",
-        "--rollout-max-response-len",
-        "12",
-        "--reward",
-        "digit_fraction",
-        "--lr",
-        "1e-3",
-        "--no-apply-chat-template",
-    ]
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +27,7 @@ def two_step_run(tiny_model_dir, prompt_file, tmp_path_factory):
     dump = out / "debug" / "rollout_{rollout_id}.pt"
     proc = _vime(
         "run",
-        *_common(tiny_model_dir, prompt_file, out),
+        *run_flags(tiny_model_dir, prompt_file, out),
         "--num-rollout",
         "2",
         "--save-interval",
@@ -77,10 +47,6 @@ def two_step_run(tiny_model_dir, prompt_file, tmp_path_factory):
         "it",
     )
     return out, proc
-
-
-def _metrics(out: Path) -> list[dict]:
-    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
 def test_two_steps_complete_with_progress_and_summary(two_step_run):
@@ -123,7 +89,7 @@ def test_vllm_and_router_flags_reach_the_real_processes(two_step_run):
 
 def test_weight_versions_and_sync(two_step_run):
     out, _ = two_step_run
-    m = _metrics(out)
+    m = read_metrics(out)
     assert [r["step"] for r in m] == [0, 1]
     assert [r["weight_sync/version"] for r in m] == [1.0, 2.0]
     assert all(r["weight_sync/bytes"] > 0 for r in m)
@@ -159,11 +125,11 @@ def test_weights_changed_and_final_checkpoint_loads(two_step_run, tiny_model_dir
 def test_resume_continues_from_checkpoint(two_step_run, tiny_model_dir, prompt_file):
     out, _ = two_step_run
     state_before = json.loads((out / "checkpoints" / "step_000002" / "data_source.json").read_text())
-    proc = _vime("run", *_common(tiny_model_dir, prompt_file, out), "--num-rollout", "3")
+    proc = _vime("run", *run_flags(tiny_model_dir, prompt_file, out), "--num-rollout", "3")
     assert "resuming from" in proc.stdout
     summary = json.loads((out / "summary.json").read_text())
     assert summary["first_step"] == 2 and summary["steps_run"] == 1
-    m = _metrics(out)
+    m = read_metrics(out)
     assert m[-1]["step"] == 2 and m[-1]["weight_sync/version"] == 3.0
     # the engine restarted from the checkpoint's weights: the trainer agrees with it on the new samples
     assert m[-1]["train/train_rollout_logprob_abs_diff"] < 1e-2, m[-1]
@@ -191,9 +157,9 @@ def test_debug_train_only_replays_dumped_rollouts(two_step_run, tiny_model_dir, 
         str(out / "debug" / "rollout_{rollout_id}.pt"),
     )
     assert "router" not in proc.stdout  # no engines were started
-    m = _metrics(tmp_path / "replay")
+    m = read_metrics(tmp_path / "replay")
     assert [r["step"] for r in m] == [0, 1] and all("train/pg_loss" in r for r in m)
-    first = _metrics(out)[0]
+    first = read_metrics(out)[0]
     assert m[0]["rollout/reward_mean"] == pytest.approx(first["rollout/reward_mean"])
 
 
@@ -207,7 +173,7 @@ def test_debug_rollout_only_through_an_external_router(tiny_model_dir, prompt_fi
         router.wait_ready(60, require_workers=False)
         proc = _vime(
             "run",
-            *_common(tiny_model_dir, prompt_file, out),
+            *run_flags(tiny_model_dir, prompt_file, out),
             "--num-rollout",
             "1",
             "--debug-rollout-only",
@@ -219,7 +185,7 @@ def test_debug_rollout_only_through_an_external_router(tiny_model_dir, prompt_fi
         assert f"router http://127.0.0.1:{router.port} " in proc.stdout
         assert router.list_workers() == []  # deregistered at shutdown
     assert not (out / "logs" / "router.log").exists()  # vime started no router of its own
-    m = _metrics(out)
+    m = read_metrics(out)
     assert len(m) == 1 and m[0]["rollout/num_samples"] == 8.0 and m[0]["rollout/failed_frac"] == 0.0
     assert not any(k.startswith("train/") for k in m[0])
     assert not (out / "checkpoints").exists()
@@ -264,7 +230,7 @@ def test_each_estimator_trains_through_vime_run(estimator, two_step_run, tiny_mo
         "--load-debug-rollout-data",
         str(out / "debug" / "rollout_{rollout_id}.pt"),
     )
-    (m,) = _metrics(replay)
+    (m,) = read_metrics(replay)
     assert math.isfinite(m["train/pg_loss"]) and math.isfinite(m["train/grad_norm"])
     groups = torch.load(out / "debug" / "rollout_0.pt", weights_only=False)["groups"]
     if estimator == "rloo":
@@ -298,7 +264,7 @@ def test_ppo_resume_restores_the_critic(two_step_run, tiny_model_dir, tmp_path):
     run(tmp_path / "resumed", 1)
     assert (tmp_path / "resumed" / "checkpoints" / "step_000001" / "trainer" / "critic" / "optimizer.pt").is_file()
     run(tmp_path / "resumed", 2)
-    straight, resumed = _metrics(tmp_path / "straight"), _metrics(tmp_path / "resumed")
+    straight, resumed = read_metrics(tmp_path / "straight"), read_metrics(tmp_path / "resumed")
     assert [r["step"] for r in straight] == [0, 1] and [r["step"] for r in resumed] == [0, 1]
     for key in ("train/critic/values_mean", "train/value_loss", "train/critic_grad_norm", "train/pg_loss"):
         assert resumed[1][key] == pytest.approx(straight[1][key], abs=1e-6), key
@@ -318,7 +284,7 @@ def test_report_and_wandb_offline_run_written(two_step_run):
     run_file = offline_run_file(out)
     wait_finished(run_file)
     # metrics.jsonl lines of the two steps (a later test in this module resumes the run to step 3, without W&B)
-    assert history(run_file) == [m for m in _metrics(out) if m["step"] < 2]
+    assert history(run_file) == [m for m in read_metrics(out) if m["step"] < 2]
     run, config = run_info(run_file)
     assert (run.project, run.run_group, run.display_name) == ("vime", "it", out.name)
     assert config["num_rollout"] == 2 and config["output_dir"] == str(out) and config["use_wandb"] is True

@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.integration.test_vime_run import _common as _run_common
-from tests.integration.test_vime_run import _metrics, _vime, prompt_file  # noqa: F401 - shared fixture
+from tests.integration.helpers import read_metrics, run_flags
 from vime_core.arguments import default_args
+from vime_core.testing.cli import run_vime as _vime
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -29,7 +29,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 def _common(model: Path, prompts: Path, out: Path) -> list[str]:
     """test_vime_run's run flags, without an HF export, with every step's rollout dumped."""
     return [
-        *_run_common(model, prompts, out),
+        *run_flags(model, prompts, out),
         "--no-save-hf",
         "--save-debug-rollout-data",
         str(out / "debug" / "rollout_{rollout_id}.pt"),
@@ -75,7 +75,7 @@ def _returns(s: dict, coef: float) -> list[float]:
     return out
 
 
-def test_ppo_critic_with_a_distillation_teacher(tiny_model_dir, prompt_file, tmp_path):  # noqa: F811
+def test_ppo_critic_with_a_distillation_teacher(tiny_model_dir, prompt_file, tmp_path):
     from vime_core.testing.tiny_model import build_tiny_model
     from vime_core.trainer.critic import ValueModel
     from vime_core.types import Sample
@@ -100,7 +100,7 @@ def test_ppo_critic_with_a_distillation_teacher(tiny_model_dir, prompt_file, tmp
     )
     assert f"[vime] teacher {teacher}: router http://127.0.0.1:" in proc.stdout
     assert (out / "logs" / "vllm_teacher_0.log").is_file() and (out / "logs" / "teacher_router.log").is_file()
-    m = _metrics(out)
+    m = read_metrics(out)
     assert [r["step"] for r in m] == [0, 1]
     for step, r in enumerate(m):
         samples = _dumped(out, step)
@@ -128,7 +128,7 @@ def test_ppo_critic_with_a_distillation_teacher(tiny_model_dir, prompt_file, tmp
     assert (out / "checkpoints" / "step_000002" / "trainer" / "critic" / "value_head.safetensors").is_file()
 
 
-def test_on_policy_distill_zero_with_the_students_weights_then_non_zero(tiny_model_dir, prompt_file, tmp_path):  # noqa: F811
+def test_on_policy_distill_zero_with_the_students_weights_then_non_zero(tiny_model_dir, prompt_file, tmp_path):
     from vime_core.algorithms.batch import build_batch
     from vime_core.builtins.advantages import on_policy_distill
     from vime_core.types import Sample
@@ -146,7 +146,7 @@ def test_on_policy_distill_zero_with_the_students_weights_then_non_zero(tiny_mod
         "--num-rollout",
         "2",
     )
-    m = _metrics(out)
+    m = read_metrics(out)
     step0, step1 = _dumped(out, 0), _dumped(out, 1)
     # step 1: teacher == student weights: A_t = logp_T - logp_S = 0 on every token
     gaps0 = [abs(t - r) for s in step0 for t, r in zip(s["teacher_log_probs"], s["rollout_log_probs"], strict=True)]

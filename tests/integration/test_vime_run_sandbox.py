@@ -13,8 +13,8 @@ import os
 import pytest
 import torch
 
-from tests.integration.test_sandbox_run_flags import _backends
-from tests.integration.test_vime_run import _common, _vime, prompt_file  # noqa: F401 - shared fixture
+from tests.integration.helpers import run_flags, sandbox_backends
+from vime_core.testing.cli import run_vime as _vime
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -24,7 +24,7 @@ def _run_backends() -> list[str]:
     or the comma-separated list in ``VIME_TEST_RUN_SANDBOXES``. A ``localvm`` run boots one VM per episode (two)."""
     if os.environ.get("VIME_TEST_RUN_SANDBOXES"):
         return [b for b in os.environ["VIME_TEST_RUN_SANDBOXES"].split(",") if b]
-    names = _backends()  # local, and docker when dockerd has the sandbox image
+    names = sandbox_backends()  # local, and docker when dockerd has the sandbox image
     try:
         from vime_sandbox_localvm.image import default_image_dir, image_ready
 
@@ -47,12 +47,12 @@ def _reap(backend: str) -> list[str]:
 
 
 @pytest.mark.parametrize("backend", _run_backends())
-def test_vime_run_executes_model_code_in_the_sandbox(backend, tiny_model_dir, prompt_file, tmp_path):  # noqa: F811
+def test_vime_run_executes_model_code_in_the_sandbox(backend, tiny_model_dir, prompt_file, tmp_path):
     out = tmp_path / backend
     _reap(backend)  # leftovers of earlier, killed processes are not this run's
     _vime(
         "run",
-        *_common(tiny_model_dir, prompt_file, out),
+        *run_flags(tiny_model_dir, prompt_file, out),
         "--num-rollout",
         "1",
         "--rollout-batch-size",

@@ -28,6 +28,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.integration.helpers import COMPAT_PYTHON
 from tests.integration.stream_watch import StreamWatch
 from vime_core.rollout.client import RouterClient
 from vime_core.rollout.engine import VLLMServer
@@ -36,7 +37,6 @@ from vime_core.rollout.engine_api import EngineCapabilities, decode_text
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
-COMPAT_PYTHON = ROOT / ".venv-vllm-0.24" / "bin" / "python"
 PROMPT = "def add(a, b):\n    return a + b\n\nclass Point:\n    def __init__(self, x, y):\n"
 
 #: what each release answers (found by probing real servers; docs/vllm_releases.md)

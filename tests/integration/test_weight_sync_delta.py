@@ -14,18 +14,15 @@ import numpy as np
 import pytest
 import torch
 
-from vime_core.algorithms.logprobs import sequence_log_probs
+from tests.integration.helpers import MATCH_TOL, delta_batch, engine_log_probs, generate_versions, trainer_log_probs
 from vime_core.arguments import default_args
 from vime_core.plugins import get_plugins
-from vime_core.rollout.client import RouterClient
 from vime_core.rollout.engine import VLLMServerError
 from vime_core.testing.trainer_args import trainer_args
 from vime_core.weight_sync.base import WeightUpdate
 
 pytestmark = pytest.mark.integration
 
-PROMPT_TEXT = "import os\n\ndef walk(path):\n    for root, dirs, files in os.walk(path):\n        yield root\n"
-MATCH_TOL = 1e-2  # engine vs trainer, max abs log-prob difference (the skeleton's tolerance)
 STEPS = 3
 
 
@@ -39,40 +36,6 @@ def _strategy(tmp_path: Path, base: Path, encoding: str = "xor"):
             update_weight_delta_base=str(base),
         )
     )
-
-
-@pytest.fixture(scope="module")
-def prompt_ids(tiny_model_dir: Path) -> list[int]:
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(str(tiny_model_dir))(PROMPT_TEXT)["input_ids"]
-
-
-@pytest.fixture
-def engine_at_v0(vllm_server, tiny_model_dir):
-    """The shared server holding ``tiny_model_dir`` as delta version 0; restored afterwards."""
-    label = vllm_server.weight_version()
-    vllm_server.collective_rpc("vime_load_weights", args=[str(tiny_model_dir)], kwargs={"version": 0})
-    vllm_server.reset_prefix_cache()
-    try:
-        yield vllm_server
-    finally:
-        vllm_server.collective_rpc("vime_load_weights", args=[str(tiny_model_dir)], kwargs={"version": 0})
-        vllm_server.reset_prefix_cache()
-        vllm_server.set_weight_version(label if label is not None else "default")
-
-
-def _engine_lps(router_url: str, model: str, ids: list[int]) -> torch.Tensor:
-    async def go() -> torch.Tensor:
-        async with RouterClient(router_url, model, timeout_s=120) as client:
-            return torch.tensor(await client.prompt_log_probs(ids))
-
-    return asyncio.run(go())
-
-
-def _trainer_lps(trainer, ids: list[int]) -> torch.Tensor:
-    with torch.no_grad():
-        return sequence_log_probs(trainer.model, ids, response_start=1)
 
 
 def _sync(server, strategy, update: WeightUpdate) -> None:
@@ -89,16 +52,6 @@ def _sync(server, strategy, update: WeightUpdate) -> None:
 def _state(server) -> dict:
     (state,) = server.collective_rpc("vime_weight_sync_state")
     return state if isinstance(state, dict) else ast.literal_eval(state)  # the endpoint stringifies results
-
-
-def _batch(vocab: int, seed: int):
-    from vime_core.testing.contracts import TrainerBackendContract
-
-    batch = TrainerBackendContract.make_batch(vocab, 1.0)
-    g = torch.Generator().manual_seed(seed)
-    for s in batch.samples:  # different responses per step
-        s.tokens[s.prompt_length :] = torch.randint(0, vocab, (s.response_length,), generator=g).tolist()
-    return batch
 
 
 def _corrupt_keeping_zstd_valid(update: WeightUpdate) -> None:
@@ -128,29 +81,23 @@ def test_disk_delta_keeps_the_engine_in_step_with_the_trainer(
     trainer = TorchTrainer(trainer_args(lr=3e-3), tiny_model_dir)
     strategy = _strategy(tmp_path, tiny_model_dir)
     vocab = int(dict(trainer.named_hf_tensors())["model.embed_tokens.weight"].shape[0])
-    start = _engine_lps(router.url, model, prompt_ids)
-    assert (start - _trainer_lps(trainer, prompt_ids)).abs().max().item() < MATCH_TOL
+    start = engine_log_probs(router.url, model, prompt_ids)
+    assert (start - trainer_log_probs(trainer, prompt_ids)).abs().max().item() < MATCH_TOL
     sizes = []
     for step in range(1, STEPS + 1):
-        trainer.train_step(_batch(vocab, step))
+        trainer.train_step(delta_batch(vocab, step))
         update = strategy.push(trainer.named_hf_tensors(), step)
         assert update.payload["base_version"] == step - 1
         sizes.append((update.num_bytes, update.payload["full_bytes"]))
         _sync(server, strategy, update)
         strategy.cleanup(update)
-        engine = _engine_lps(router.url, model, prompt_ids)
-        assert (engine - _trainer_lps(trainer, prompt_ids)).abs().max().item() < MATCH_TOL, f"step {step}"
+        engine = engine_log_probs(router.url, model, prompt_ids)
+        assert (engine - trainer_log_probs(trainer, prompt_ids)).abs().max().item() < MATCH_TOL, f"step {step}"
         assert _state(server)["version"] == step
     assert (engine - start).abs().max().item() > 10 * MATCH_TOL  # the weights really moved
     assert all(0 < moved < full for moved, full in sizes)
-    out = asyncio.run(_generate_versions(router.url, model, prompt_ids))
+    out = asyncio.run(generate_versions(router.url, model, prompt_ids))
     assert out == [str(STEPS)] * 4
-
-
-async def _generate_versions(url: str, model: str, ids: list[int]) -> list:
-    async with RouterClient(url, model, timeout_s=120) as client:
-        out = await client.generate(ids, {"max_tokens": 4, "ignore_eos": True})
-    return [str(v) for v in out.weight_versions]
 
 
 def test_corrupt_and_out_of_order_deltas_are_refused_and_the_old_version_keeps_serving(
@@ -163,24 +110,24 @@ def test_corrupt_and_out_of_order_deltas_are_refused_and_the_old_version_keeps_s
     strategy = _strategy(tmp_path, tiny_model_dir)
     vocab = int(dict(trainer.named_hf_tensors())["model.embed_tokens.weight"].shape[0])
 
-    trainer.train_step(_batch(vocab, 1))
+    trainer.train_step(delta_batch(vocab, 1))
     u1 = strategy.push(trainer.named_hf_tensors(), 1)
     _sync(server, strategy, u1)
-    v1_lps = _engine_lps(router.url, model, prompt_ids)
-    assert (v1_lps - _trainer_lps(trainer, prompt_ids)).abs().max().item() < MATCH_TOL
+    v1_lps = engine_log_probs(router.url, model, prompt_ids)
+    assert (v1_lps - trainer_log_probs(trainer, prompt_ids)).abs().max().item() < MATCH_TOL
 
-    trainer.train_step(_batch(vocab, 2))
+    trainer.train_step(delta_batch(vocab, 2))
     u2 = strategy.push(trainer.named_hf_tensors(), 2)
-    v2_expected = _trainer_lps(trainer, prompt_ids)
-    trainer.train_step(_batch(vocab, 3))
+    v2_expected = trainer_log_probs(trainer, prompt_ids)
+    trainer.train_step(delta_batch(vocab, 3))
     u3 = strategy.push(trainer.named_hf_tensors(), 3)
-    v3_expected = _trainer_lps(trainer, prompt_ids)
+    v3_expected = trainer_log_probs(trainer, prompt_ids)
 
     # out of order: v2 -> v3 on an engine at v1
     with pytest.raises(VLLMServerError, match="out-of-order"):
         _sync(server, strategy, u3)
     assert _state(server)["version"] == 1 and not server.is_paused()
-    torch.testing.assert_close(_engine_lps(router.url, model, prompt_ids), v1_lps, atol=1e-6, rtol=0)
+    torch.testing.assert_close(engine_log_probs(router.url, model, prompt_ids), v1_lps, atol=1e-6, rtol=0)
 
     # corrupt payload (valid zstd, wrong content): only the checksum catches it
     good = (Path(u2.payload["path"]) / "delta.safetensors").read_bytes()
@@ -188,20 +135,20 @@ def test_corrupt_and_out_of_order_deltas_are_refused_and_the_old_version_keeps_s
     with pytest.raises(VLLMServerError, match="checksum mismatch"):
         _sync(server, strategy, u2)
     assert _state(server)["version"] == 1
-    torch.testing.assert_close(_engine_lps(router.url, model, prompt_ids), v1_lps, atol=1e-6, rtol=0)
+    torch.testing.assert_close(engine_log_probs(router.url, model, prompt_ids), v1_lps, atol=1e-6, rtol=0)
 
     # truncated file (an interrupted transfer)
     (Path(u2.payload["path"]) / "delta.safetensors").write_bytes(good[: len(good) // 2])
     with pytest.raises(VLLMServerError, match="unreadable delta file"):
         _sync(server, strategy, u2)
-    torch.testing.assert_close(_engine_lps(router.url, model, prompt_ids), v1_lps, atol=1e-6, rtol=0)
+    torch.testing.assert_close(engine_log_probs(router.url, model, prompt_ids), v1_lps, atol=1e-6, rtol=0)
 
     # the whole file again: retry succeeds, a second retry is a verified no-op, then v3 applies in order
     (Path(u2.payload["path"]) / "delta.safetensors").write_bytes(good)
     _sync(server, strategy, u2)
     _sync(server, strategy, u2)
     assert _state(server)["version"] == 2
-    assert (_engine_lps(router.url, model, prompt_ids) - v2_expected).abs().max().item() < MATCH_TOL
+    assert (engine_log_probs(router.url, model, prompt_ids) - v2_expected).abs().max().item() < MATCH_TOL
     _sync(server, strategy, u3)
     assert _state(server)["version"] == 3
-    assert (_engine_lps(router.url, model, prompt_ids) - v3_expected).abs().max().item() < MATCH_TOL
+    assert (engine_log_probs(router.url, model, prompt_ids) - v3_expected).abs().max().item() < MATCH_TOL

@@ -8,15 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.integration.test_weight_sync_delta import (
-    MATCH_TOL,
-    _batch,
-    _engine_lps,
-    _generate_versions,
-    _trainer_lps,
-    engine_at_v0,  # noqa: F401 - fixture
-    prompt_ids,  # noqa: F401 - fixture
-)
+from tests.integration.helpers import MATCH_TOL, delta_batch, engine_log_probs, generate_versions, trainer_log_probs
 from vime_core.arguments import default_args
 from vime_core.plugins import get_plugins
 from vime_core.testing.trainer_args import trainer_args
@@ -37,9 +29,9 @@ def _sync_all(server, strategy, update) -> None:
 
 def test_nccl_broadcast_keeps_the_engine_in_step_with_the_trainer(
     router,
-    engine_at_v0,  # noqa: F811
+    engine_at_v0,
     tiny_model_dir,
-    prompt_ids,  # noqa: F811
+    prompt_ids,
 ):
     import asyncio
 
@@ -57,16 +49,16 @@ def test_nccl_broadcast_keeps_the_engine_in_step_with_the_trainer(
         )
     )
     vocab = int(dict(trainer.named_hf_tensors())["model.embed_tokens.weight"].shape[0])
-    start = _engine_lps(router.url, model, prompt_ids)
+    start = engine_log_probs(router.url, model, prompt_ids)
     for step in (1, 2):
-        trainer.train_step(_batch(vocab, step))
+        trainer.train_step(delta_batch(vocab, step))
         update = strategy.push(trainer.named_hf_tensors(), step)
         assert update.payload["init"] == (step == 1) and update.payload["backend"] == "gloo"
         _sync_all(server, strategy, update)
         strategy._wait_sender()
-        engine = _engine_lps(router.url, model, prompt_ids)
-        assert (engine - _trainer_lps(trainer, prompt_ids)).abs().max().item() < MATCH_TOL, f"step {step}"
+        engine = engine_log_probs(router.url, model, prompt_ids)
+        assert (engine - trainer_log_probs(trainer, prompt_ids)).abs().max().item() < MATCH_TOL, f"step {step}"
     assert strategy.last_stats.num_buckets > 1
     assert strategy.last_stats.num_bytes == update.num_bytes
     assert (engine - start).abs().max().item() > 10 * MATCH_TOL  # the weights really moved
-    assert asyncio.run(_generate_versions(router.url, model, prompt_ids)) == ["2"] * 4
+    assert asyncio.run(generate_versions(router.url, model, prompt_ids)) == ["2"] * 4

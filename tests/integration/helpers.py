@@ -1,0 +1,221 @@
+"""Plain helpers shared by the integration test modules (fixtures are in ``conftest.py``): the common `vime run`
+flags and metrics reader, a `vime run` subprocess found by its environment marker, the sandbox backends that can run
+here, a rollout manager's step through the real router, and the log-prob probes of the weight-sync tests."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+import torch
+
+from vime_core.algorithms.logprobs import sequence_log_probs
+from vime_core.plugins import get_plugins
+from vime_core.rollout.client import RouterClient, eos_token_ids
+from vime_core.rollout.context import RolloutContext, set_rollout_context
+
+ROOT = Path(__file__).resolve().parents[2]
+#: the interpreter of vLLM 0.24's CPU build (``scripts/install_vllm_compat.sh``)
+COMPAT_PYTHON = ROOT / ".venv-vllm-0.24" / "bin" / "python"
+#: the environment variable that marks every process of a :class:`Run`
+MARK = "VIME_TEST_RUN_MARK"
+#: engine vs trainer, max abs log-prob difference (the skeleton's tolerance)
+MATCH_TOL = 1e-2
+#: the weight-sync tests' prompt
+PROMPT_TEXT = "import os\n\ndef walk(path):\n    for root, dirs, files in os.walk(path):\n        yield root\n"
+
+
+def run_flags(tiny_model_dir: Path, prompt_file: Path, out: Path) -> list[str]:
+    """The tiny-model `vime run` flags most runs share: 2 groups of 4 samples, 12 response tokens, the
+    ``digit_fraction`` reward, lr 1e-3, no chat template."""
+    return [
+        "--model",
+        str(tiny_model_dir),
+        "--prompt-data",
+        str(prompt_file),
+        "--output-dir",
+        str(out),
+        "--rollout-batch-size",
+        "2",
+        "--n-samples-per-prompt",
+        "4",
+        "--rollout-max-response-len",
+        "12",
+        "--reward",
+        "digit_fraction",
+        "--lr",
+        "1e-3",
+        "--no-apply-chat-template",
+    ]
+
+
+def read_metrics(out: Path) -> list[dict]:
+    """The records of ``OUT/metrics.jsonl``, one per line."""
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def marked(mark: str) -> list[tuple[int, str]]:
+    """``(pid, command)`` of every live process whose environment carries ``MARK=mark``."""
+    found = []
+    needle = f"{MARK}={mark}".encode()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                if needle not in f.read().split(b"\0"):
+                    continue
+            with open(f"/proc/{entry}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    continue
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                found.append((int(entry), f.read().replace(b"\0", b" ").decode(errors="replace")[:120]))
+            with open(f"/proc/{entry}/environ", "rb") as f:  # the run's own marker (vime_core.rollout.process)
+                found[-1] = (*found[-1], [e for e in f.read().split(b"\0") if e.startswith(b"VIME_RUN_ID=")])
+        except OSError:
+            continue
+    return found
+
+
+class Run:
+    """A `vime run` subprocess in its own session, its output in a file, its processes found by the marker."""
+
+    def __init__(self, argv: list[str], log: Path) -> None:
+        self.mark = uuid.uuid4().hex
+        self.log = log
+        env = dict(os.environ, PYTHONUNBUFFERED="1", **{MARK: self.mark})
+        self.out_file = open(log, "w")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "vime_core.cli", "run", *argv],
+            stdout=self.out_file,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )
+
+    def text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def wait_for(self, needle: str, timeout_s: float = 600) -> float:
+        t0 = time.monotonic()
+        while needle not in self.text():
+            assert self.proc.poll() is None, (
+                f"the run ended (rc {self.proc.returncode}) before {needle!r}:\n" + (self.text()[-4000:])
+            )
+            assert time.monotonic() - t0 < timeout_s, f"no {needle!r} after {timeout_s} s:\n" + self.text()[-4000:]
+            time.sleep(0.2)
+        return time.monotonic() - t0
+
+    def wait_for_engine_start(self, out: Path) -> None:
+        """Until the engine's log file exists (its actor has started the vLLM server)."""
+        t0 = time.monotonic()
+        while not (out / "logs" / "vllm_engine_0.log").exists():
+            assert self.proc.poll() is None, self.text()[-4000:]
+            assert time.monotonic() - t0 < 600, self.text()[-4000:]
+            time.sleep(0.2)
+
+    def wait_exit(self, timeout_s: float) -> tuple[int, float]:
+        t0 = time.monotonic()
+        rc = self.proc.wait(timeout=timeout_s)
+        return rc, time.monotonic() - t0
+
+    def assert_nothing_left(self, within_s: float) -> float:
+        t0 = time.monotonic()
+        while left := marked(self.mark):
+            if time.monotonic() - t0 > within_s:
+                for pid, *_ in left:
+                    try:
+                        os.kill(pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+                pytest.fail(f"{len(left)} process(es) of the run left {within_s} s after it ended: {left}")
+            time.sleep(0.2)
+        return time.monotonic() - t0
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+        for pid, *_ in marked(self.mark):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self.out_file.close()
+
+
+def sandbox_backends() -> list[str]:
+    """``local``, and ``docker`` where its plugin is installed and its image is built."""
+    names = ["local"]
+    if "docker" in get_plugins().registries["sandbox"].names():
+        try:
+            from vime_sandbox_docker.sandbox import docker_client
+
+            docker_client(timeout_s=10).images.get("vime-sandbox:bookworm")
+            names.append("docker")
+        except Exception as e:  # noqa: BLE001 - report why docker is left out
+            print(f"docker left out: {e}")
+    return names
+
+
+def generate_step(m, router, vllm_server, tiny_model_dir, step=0):
+    """``m.generate(step)`` of a test manager (``tests.unit.test_hooks._manager_with_hooks``) through the real
+    router, with a client built as the rollout manager builds it; the server's weight-version label is numeric
+    meanwhile (as in a run) and put back afterwards."""
+    previous_label = vllm_server.weight_version()
+    vllm_server.set_weight_version(0)
+    m.client = RouterClient(
+        router.url,
+        model=vllm_server.served_model_name,
+        timeout_s=300,
+        eos_token_ids=eos_token_ids(m.tokenizer, tiny_model_dir),
+    )
+    set_rollout_context(RolloutContext(client=m.client, tokenizer=m.tokenizer, weight_version=0))
+    try:
+        return m.generate(step)
+    finally:
+        m.loop.run_until_complete(m.client.aclose())
+        set_rollout_context(None)
+        vllm_server.set_weight_version(previous_label if previous_label is not None else "default")
+
+
+def engine_log_probs(router_url: str, model: str, ids: list[int]) -> torch.Tensor:
+    """The engine's prompt log-probs of ``ids`` through the router at ``router_url``."""
+
+    async def go() -> torch.Tensor:
+        async with RouterClient(router_url, model, timeout_s=120) as client:
+            return torch.tensor(await client.prompt_log_probs(ids))
+
+    return asyncio.run(go())
+
+
+def trainer_log_probs(trainer, ids: list[int]) -> torch.Tensor:
+    """The trainer's log-probs of ``ids[1:]`` (a forward without gradients)."""
+    with torch.no_grad():
+        return sequence_log_probs(trainer.model, ids, response_start=1)
+
+
+def delta_batch(vocab: int, seed: int):
+    """The trainer contract's batch with random responses drawn from ``seed`` (a different update per step)."""
+    from vime_core.testing.contracts import TrainerBackendContract
+
+    batch = TrainerBackendContract.make_batch(vocab, 1.0)
+    g = torch.Generator().manual_seed(seed)
+    for s in batch.samples:  # different responses per step
+        s.tokens[s.prompt_length :] = torch.randint(0, vocab, (s.response_length,), generator=g).tolist()
+    return batch
+
+
+async def generate_versions(url: str, model: str, ids: list[int]) -> list:
+    """The weight version of each of 4 generated tokens (as strings)."""
+    async with RouterClient(url, model, timeout_s=120) as client:
+        out = await client.generate(ids, {"max_tokens": 4, "ignore_eos": True})
+    return [str(v) for v in out.weight_versions]
