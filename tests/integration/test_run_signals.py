@@ -6,7 +6,8 @@ tiny model:
   carrying the run's environment marker (Ray's GCS, raylet and workers, the engine actors, the vLLM API server and
   its engine-core process, the router, the guards) is gone.
 * SIGKILL of the driver during rollout: the same, with nothing of vime running to clean up.
-* Two runs on one output directory: the second refuses at once, naming the first's pid and host.
+* Two runs on one output directory: the second refuses at once, naming the first's pid and host (checked on the
+  SIGTERM test's run while its engine starts).
 * A trainer that cannot load its weights ends the run within seconds, with its own error.
 """
 
@@ -77,23 +78,12 @@ def test_sigkill_of_the_driver_during_rollout_leaves_nothing(tiny_model_dir, pro
 
 
 def test_sigterm_during_training_ends_within_seconds(tiny_model_dir, prompts, tmp_path, runs):
-    run = Run(_argv(tiny_model_dir, prompts, tmp_path / "out"), tmp_path / "run.log")
-    runs.append(run)
-    run.wait_for("step 1/")
-    run.proc.send_signal(signal.SIGTERM)
-    rc, seconds = run.wait_exit(60)
-    text = run.text()
-    assert rc == 143, text[-4000:]
-    assert seconds < 15
-    assert "vime run: stopped by SIGTERM; every process it started is gone" in text
-    assert "Traceback" not in text
-    run.assert_nothing_left(within_s=10)
-
-
-def test_a_second_run_on_the_same_output_dir_refuses_at_once(tiny_model_dir, prompts, tmp_path, runs):
+    """Before the SIGTERM, while the engine starts: a second run on the same output directory refuses at once
+    (formerly its own test, test_a_second_run_on_the_same_output_dir_refuses_at_once, which started a run of the same
+    flags for it)."""
     out = tmp_path / "out"
-    first = Run(_argv(tiny_model_dir, prompts, out), tmp_path / "first.log")
-    runs.append(first)
+    run = first = Run(_argv(tiny_model_dir, prompts, out), tmp_path / "run.log")
+    runs.append(run)
     first.wait_for_engine_start(out)
     args_before = (out / "args.json").read_bytes()
     second = Run(_argv(tiny_model_dir, prompts, out), tmp_path / "second.log")
@@ -109,6 +99,16 @@ def test_a_second_run_on_the_same_output_dir_refuses_at_once(tiny_model_dir, pro
     assert "[vime] placement" not in second.text()  # refused before Ray started
     second.assert_nothing_left(within_s=5)
     assert first.proc.poll() is None  # the first run goes on
+
+    run.wait_for("step 1/")
+    run.proc.send_signal(signal.SIGTERM)
+    rc, seconds = run.wait_exit(60)
+    text = run.text()
+    assert rc == 143, text[-4000:]
+    assert seconds < 15
+    assert "vime run: stopped by SIGTERM; every process it started is gone" in text
+    assert "Traceback" not in text
+    run.assert_nothing_left(within_s=10)
 
 
 def test_a_trainer_that_cannot_load_its_weights_ends_the_run_within_seconds(tiny_model_dir, prompts, tmp_path, runs):
