@@ -44,8 +44,9 @@ from vime_core.orchestration import (
 from vime_core.plugins import get_plugins
 from vime_core.progress import RolloutProgress, StepProgress, rollout_phase, summary_lines
 from vime_core.report import write_report
+from vime_core.rollout.group_producer import rollout_metrics
 from vime_core.rollout.health import EnginesLostError, engines_lost
-from vime_core.rollout.manager import RolloutManager, rollout_metrics
+from vime_core.rollout.manager import RolloutManager
 from vime_core.rollout.process import start_run_reaper
 from vime_core.rollout.prompt_checks import check_prompts
 from vime_core.run_checks import check_vllm_values, checked_model, engine_sampling, resolve_plugins

@@ -179,7 +179,7 @@ def test_engines_lost_mid_rollout_the_resume_trains_the_failed_steps_prompts_onc
     monitor = EngineMonitor([engine], Router([engine.url]), recovery, dataclasses.replace(FAST, max_restarts=0))
     try:
         version = _steps(m, source, 0, 3, 0, trained)
-        m.monitor = m.runner.monitor = monitor
+        m.fleet.monitor = m.runner.monitor = monitor
         box["die"] = (engine, monitor)
         with pytest.raises(EnginesLostError) as lost:
             source.get(3, version)
