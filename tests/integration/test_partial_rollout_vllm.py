@@ -101,7 +101,7 @@ def test_aborted_group_resumes_from_its_partial_tokens(router, vllm_server, tiny
         while _running(vllm_server) != 0.0:
             assert time.monotonic() < deadline, "the aborted requests are still running in the engine after 3 s"
             time.sleep(0.2)
-        (returned,) = m.data_source.returned
+        (returned,) = m.groups.data_source.returned
         prompt_ids = m.tokenizer("long prompt", add_special_tokens=False)["input_ids"]
         partial = []
         for s in returned:
