@@ -1,4 +1,8 @@
-"""The synchronous RL loop of ``vime run``: generate → advantages → train → weight sync, with checkpoints.
+"""The RL loop of ``vime run`` in every loop mode (``--loop sync``, ``one-step-off``, ``fully-async``, and the replay
+of ``--load-debug-rollout-data``): generate → advantages → train → weight sync, with checkpoints.
+
+:func:`run` checks everything first, then passes one :class:`RunState` through its phases: create the actors,
+resume, start the engines, train, write the summary (or, on a failure, the failed summary), stop.
 
 Per step it prints one progress line (rollout / train / sync seconds, mean reward, response length; on a terminal
 also a live bar with the current phase, see :mod:`vime_core.progress`), writes metrics to ``metrics.jsonl``,
@@ -17,6 +21,7 @@ import argparse
 import json
 import logging
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -44,8 +49,9 @@ from vime_core.orchestration import (
 from vime_core.plugins import get_plugins
 from vime_core.progress import RolloutProgress, StepProgress, rollout_phase, summary_lines
 from vime_core.report import write_report
+from vime_core.rollout.group_producer import rollout_metrics
 from vime_core.rollout.health import EnginesLostError, engines_lost
-from vime_core.rollout.manager import RolloutManager, rollout_metrics
+from vime_core.rollout.manager import RolloutManager
 from vime_core.rollout.process import start_run_reaper
 from vime_core.rollout.prompt_checks import check_prompts
 from vime_core.run_checks import check_vllm_values, checked_model, engine_sampling, resolve_plugins
@@ -127,13 +133,68 @@ def _run(args, cfg: RunConfig, estimator, rows, model_path: Path, overlong: int,
         ray.shutdown()
 
 
+@dataclass
+class RunState:
+    """One ``vime run`` as its phases hand it on: the configs, the actors, the step counters and what was logged.
+
+    The failure paths (:func:`_stop_engines_lost`, :func:`_save_after_failed_write`) read the step, the weight
+    version, the trainer, the rollout actor and the group source from it.
+
+    :ivar step: the step being run (the first one, ``start_step``, until training starts).
+    :ivar version: the weight version the engines serve (and the trainer's checkpoints record).
+    :ivar info: what the rollout actor's ``start`` answered (router and engine addresses, startup seconds).
+    :ivar setup_done: until then a failure or a signal may find the rollout manager busy starting the engines.
+    :ivar failed: a failure ends the run within ``--failure-exit-timeout``.
+    """
+
+    args: argparse.Namespace
+    cfg: RunConfig
+    log: LoggingConfig
+    out: Path
+    trainer: Any
+    rollout: Any
+    source: _GroupSource | None
+    board: Any = None
+    sink: MetricsSink | None = None
+    start_step: int = 0
+    step: int = 0
+    version: int = 0
+    history: list[dict[str, float]] = field(default_factory=list)
+    evals: list[dict[str, float]] = field(default_factory=list)
+    info: dict[str, Any] = field(default_factory=dict)
+    setup_done: bool = False
+    failed: bool = False
+
+
 def _run_on_ray(
     args, cfg: RunConfig, estimator, rows, model_path: Path, overlong: int, t_setup: float
 ) -> dict[str, Any]:
     """:func:`_run` on a started Ray: place, start the actors, set up, train, write the summary."""
-    import ray
+    run = _create_actors(args, cfg, model_path)
+    try:
+        ckpt = _resume(run)
+        _start_engines(run, ckpt)
+        _finish_setup(run, t_setup)
+        _train(run, estimator, overlong)
+        return _write_summary(run)
+    except Exception as e:
+        run.failed = True
+        error = getattr(e, "cause", None) or e  # raised in a Ray actor: the actor's own exception
+        try:
+            write_json_atomic(run.out / "summary.json", failed_summary(run.out, run.history, run.start_step, error))
+        except Exception:  # noqa: BLE001 - the run's own error is the one to report
+            logger.exception("writing the failed run's summary.json")
+        if isinstance(error, RunFailedError) and type(e) is not RunFailedError:
+            raise RunFailedError(str(error)) from None  # one line, without Ray's traceback
+        raise
+    finally:
+        _stop(run)
 
-    log, data, out, plugins = cfg.logging, cfg.data, Path(cfg.logging.output_dir), get_plugins()
+
+def _create_actors(args, cfg: RunConfig, model_path: Path) -> RunState:
+    """Place the run (``plan.json``) and create its actors: the rollout manager and the progress board on the
+    driver's node, the trainer group on its bundles; the metrics sink."""
+    log, out = cfg.logging, Path(cfg.logging.output_dir)
     plan, pg = place(cfg.cluster)  # an impossible plan fails here, naming the flag
     console.print("[vime] " + plan.describe())
     write_json_atomic(out / "plan.json", plan.to_dict())
@@ -147,124 +208,163 @@ def _run_on_ray(
     )
     trainer = None if log.debug_rollout_only else TrainerGroup(args, model_path, plan, pg)
     sink = MetricsSink(out, log.use_tensorboard, wandb_config_from_args(args))
-    history: list[dict[str, float]] = []
-    evals: list[dict[str, float]] = []
-    start_step, version = 0, 0
-    setup_done = False  # until then a failure or a signal may find the rollout manager busy starting the engines
-    failed = False  # a failure ends the run within --failure-exit-timeout
-    try:
-        ckpt = latest_checkpoint(out) if log.resume else None
-        if ckpt is not None:
-            meta = json.loads((ckpt / "meta.json").read_text())
-            start_step, version = meta["step"], meta["weight_version"]
-            console.print(f"[vime] resuming from {ckpt} (step {start_step}, weight version {version})")
-            roll_back_records(out, start_step)  # steps after the checkpoint are trained again
-            if trainer is not None:
-                trainer.load_checkpoint(str(ckpt / "trainer"))
-            if rollout is not None:
-                ray.get(rollout.load_data_state.remote(json.loads((ckpt / "data_source.json").read_text())))
-        if rollout is not None:
-            if trainer is not None and cfg.cluster.colocate:
-                wait_setup(trainer.ready_calls())  # loaded: the engines size their GPU share by what is left free
-            # the engines start while the trainer ranks load: whichever fails first ends the run at once
-            calls = {"rollout manager": rollout.start.remote(), **(trainer.ready_calls() if trainer else {})}
-            info = wait_setup(calls)["rollout manager"]
-            console.print(
-                f"[vime] router {info['router_url']} → engines {info['engine_urls']} "
-                f"(ready in {info['startup_seconds']:.1f} s)"
-            )
-            if "teacher_router_url" in info:
-                console.print(f"[vime] teacher {cfg.engine.distill_teacher}: router {info['teacher_router_url']}")
-            if trainer is not None and cfg.weight_sync.weight_sync in ("disk", "disk-delta"):
-                trainer.check_shared_dir(str(cfg.weight_sync.update_weight_disk_dir), rollout)
-            if ckpt is not None and trainer is not None:
-                ray.get(rollout.update_weights.remote(trainer.push_weights(version)))
-        if trainer is not None:
-            wait_setup(trainer.ready_calls())
-        setup_done = True
-        placed = {
-            "engines": info.get("engines", []) if rollout is not None else [],
-            "trainer": trainer.placements() if trainer is not None else [],
-        }
-        write_json_atomic(out / "placement.json", placed)  # where every actor landed
-        console.print(f"[vime] setup {time.perf_counter() - t_setup:.1f} s")
+    return RunState(args, cfg, log, out, trainer, rollout, None, board, sink)
 
-        eval_at: set[int] = set()
-        if rollout is not None and cfg.eval.eval_prompt_data:
-            eval_at = set(
-                eval_steps(
-                    cfg.rollout.num_rollout, cfg.eval.eval_interval, start_step, not cfg.eval.skip_eval_before_train
+
+def _resume(run: RunState) -> Path | None:
+    """With ``--resume`` and a checkpoint: roll the records back to it, load the trainer's state and the data
+    buffer's; :attr:`RunState.start_step` and :attr:`RunState.version` are then the checkpoint's.
+
+    :return: the checkpoint, or ``None``.
+    """
+    import ray
+
+    ckpt = latest_checkpoint(run.out) if run.log.resume else None
+    if ckpt is not None:
+        meta = json.loads((ckpt / "meta.json").read_text())
+        run.start_step, run.version = meta["step"], meta["weight_version"]
+        run.step = run.start_step
+        console.print(f"[vime] resuming from {ckpt} (step {run.start_step}, weight version {run.version})")
+        roll_back_records(run.out, run.start_step)  # steps after the checkpoint are trained again
+        if run.trainer is not None:
+            run.trainer.load_checkpoint(str(ckpt / "trainer"))
+        if run.rollout is not None:
+            ray.get(run.rollout.load_data_state.remote(json.loads((ckpt / "data_source.json").read_text())))
+    return ckpt
+
+
+def _start_engines(run: RunState, ckpt: Path | None) -> None:
+    """Start the engines and the router while the trainer ranks load (whichever fails first ends the run at
+    once), check the shared weight directory, and after a resume push the checkpoint's weights."""
+    import ray
+
+    rollout, trainer, cfg = run.rollout, run.trainer, run.cfg
+    if rollout is None:
+        return
+    if trainer is not None and cfg.cluster.colocate:
+        wait_setup(trainer.ready_calls())  # loaded: the engines size their GPU share by what is left free
+    # the engines start while the trainer ranks load: whichever fails first ends the run at once
+    calls = {"rollout manager": rollout.start.remote(), **(trainer.ready_calls() if trainer else {})}
+    run.info = info = wait_setup(calls)["rollout manager"]
+    console.print(
+        f"[vime] router {info['router_url']} → engines {info['engine_urls']} "
+        f"(ready in {info['startup_seconds']:.1f} s)"
+    )
+    if "teacher_router_url" in info:
+        console.print(f"[vime] teacher {cfg.engine.distill_teacher}: router {info['teacher_router_url']}")
+    if trainer is not None and cfg.weight_sync.weight_sync in ("disk", "disk-delta"):
+        trainer.check_shared_dir(str(cfg.weight_sync.update_weight_disk_dir), rollout)
+    if ckpt is not None and trainer is not None:
+        ray.get(rollout.update_weights.remote(trainer.push_weights(run.version)))
+
+
+def _finish_setup(run: RunState, t_setup: float) -> None:
+    """Wait for the trainer ranks, record where every actor landed (``placement.json``), print the setup time."""
+    if run.trainer is not None:
+        wait_setup(run.trainer.ready_calls())
+    run.setup_done = True
+    placed = {
+        "engines": run.info.get("engines", []) if run.rollout is not None else [],
+        "trainer": run.trainer.placements() if run.trainer is not None else [],
+    }
+    write_json_atomic(run.out / "placement.json", placed)  # where every actor landed
+    console.print(f"[vime] setup {time.perf_counter() - t_setup:.1f} s")
+
+
+def _train(run: RunState, estimator, overlong: int) -> None:
+    """The steps from :attr:`RunState.start_step` to ``--num-rollout`` in the run's loop mode, with the
+    evaluations (:func:`~vime_core.evaluation.eval_steps`) and checkpoints between them; a step whose engines are
+    lost, or whose weights could not be written, ends the run through its failure path."""
+    import ray
+
+    cfg, rollout, plugins = run.cfg, run.rollout, get_plugins()
+    eval_at: set[int] = set()
+    if rollout is not None and cfg.eval.eval_prompt_data:
+        before_train = not cfg.eval.skip_eval_before_train
+        eval_at = set(eval_steps(cfg.rollout.num_rollout, cfg.eval.eval_interval, run.start_step, before_train))
+    if 0 in eval_at:  # before training, at weight version 0 (before the async producer competes for the engines)
+        run.evals.append(_evaluate(rollout, run.sink, 0))
+    if rollout is not None and cfg.rollout.loop == "fully-async":
+        ray.get(rollout.start_async.remote())
+    last_save = time.monotonic()
+    with StepProgress(console, cfg.rollout.num_rollout, run.start_step) as progress:
+        run.source = _GroupSource(cfg.rollout, rollout, lambda ref: _wait_rollout(ref, progress, run.board))
+        for step in range(run.start_step, cfg.rollout.num_rollout):
+            run.step = step
+            metrics = _guarded_step(run, estimator, progress)
+            if cfg.data.rollout_max_prompt_len:
+                metrics["data/overlong_prompts_filtered"] = float(overlong)
+            run.history.append(metrics)
+            run.sink.log(step, metrics)
+            _append_jsonl(run.out / TRAINED_PROMPTS_FILE, {"step": step, **run.source.last_taken})
+            plugins.pm.hook.vime_on_train_step_end(args=run.args, step=step, metrics=metrics)
+            progress.step_done(step, metrics)
+            if step + 1 in eval_at:  # after the weight update: the engines serve version step + 1
+                run.evals.append(_evaluate(rollout, run.sink, step + 1, progress.console))
+            if run.trainer is not None and should_save(run.log, step + 1, time.monotonic() - last_save):
+                _save_checkpoint(
+                    run.log, run.out, step + 1, run.version, run.trainer, rollout, run.source.unconsumed()
                 )
-            )
-        if 0 in eval_at:  # before training, at weight version 0 (before the async producer competes for the engines)
-            evals.append(_evaluate(rollout, sink, 0))
-        if rollout is not None and cfg.rollout.loop == "fully-async":
-            ray.get(rollout.start_async.remote())
-        last_save = time.monotonic()
-        with StepProgress(console, cfg.rollout.num_rollout, start_step) as progress:
-            source = _GroupSource(cfg.rollout, rollout, lambda ref: _wait_rollout(ref, progress, board))
-            for step in range(start_step, cfg.rollout.num_rollout):
-                try:
-                    metrics, version = _one_step(args, step, source, rollout, trainer, estimator, version, progress)
-                except WeightWriteError as e:  # trained, but the weights could not be written for the engines
-                    raise _save_after_failed_write(log, out, step, version, trainer, rollout, source, e) from None
-                except _LostAfterTraining as e:  # trained, but no engine is left to take the weights
-                    stop = _stop_engines_lost(log, out, step, version, trainer, rollout, source, e.error, e.version)
-                    raise stop from None
-                except Exception as e:
-                    if not engines_lost(e):
-                        raise
-                    # nothing left to generate with: keep what trained, stop with the monitor's report
-                    raise _stop_engines_lost(log, out, step, version, trainer, rollout, source, e) from None
-                if data.rollout_max_prompt_len:
-                    metrics["data/overlong_prompts_filtered"] = float(overlong)
-                history.append(metrics)
-                sink.log(step, metrics)
-                _append_jsonl(out / TRAINED_PROMPTS_FILE, {"step": step, **source.last_taken})
-                plugins.pm.hook.vime_on_train_step_end(args=args, step=step, metrics=metrics)
-                progress.step_done(step, metrics)
-                if step + 1 in eval_at:  # after the weight update: the engines serve version step + 1
-                    evals.append(_evaluate(rollout, sink, step + 1, progress.console))
-                if trainer is not None and should_save(log, step + 1, time.monotonic() - last_save):
-                    _save_checkpoint(log, out, step + 1, version, trainer, rollout, source.unconsumed())
-                    last_save = time.monotonic()
-        summary = completed_summary(out, history, start_step)
-        if evals:
-            summary["eval_first"], summary["eval_last"] = evals[0], evals[-1]
-        summary["ray_node_ip"] = ray.util.get_node_ip_address()
-        if trainer is not None and log.save_hf:
-            trainer.save_hf(str(out / "final_hf"))  # with LoRA: the merged model
-            summary["final_hf"] = str(out / "final_hf")
-            if cfg.lora.enabled:
-                trainer.save_adapter(str(out / "final_adapter"))
-                summary["final_adapter"] = str(out / "final_adapter")
-        write_json_atomic(out / "summary.json", summary)
-        for line in summary_lines(summary):
-            console.print(line)
-        if log.report:
-            console.print(f"[vime] report: {write_report(out)}")
-        return summary
+                last_save = time.monotonic()
+
+
+def _guarded_step(run: RunState, estimator, progress: StepProgress) -> dict[str, float]:
+    """:func:`_one_step` at :attr:`RunState.step`, advancing :attr:`RunState.version`; a lost fleet or a failed
+    weight write raises the error of its failure path (after its checkpoint)."""
+    try:
+        metrics, run.version = _one_step(
+            run.args, run.step, run.source, run.rollout, run.trainer, estimator, run.version, progress
+        )
+    except WeightWriteError as e:  # trained, but the weights could not be written for the engines
+        raise _save_after_failed_write(run, e) from None
+    except _LostAfterTraining as e:  # trained, but no engine is left to take the weights
+        raise _stop_engines_lost(run, e.error, e.version) from None
     except Exception as e:
-        failed = True
-        error = getattr(e, "cause", None) or e  # raised in a Ray actor: the actor's own exception
-        try:
-            write_json_atomic(out / "summary.json", failed_summary(out, history, start_step, error))
-        except Exception:  # noqa: BLE001 - the run's own error is the one to report
-            logger.exception("writing the failed run's summary.json")
-        if isinstance(error, RunFailedError) and type(e) is not RunFailedError:
-            raise RunFailedError(str(error)) from None  # one line, without Ray's traceback
-        raise
-    finally:
-        sink.close()
-        # after a signal or a failed setup the manager may be busy (an engine start, a rollout): seconds, not minutes;
-        # after a failure the run ends within --failure-exit-timeout (half of it for the manager, then it is killed)
-        grace = 120.0
-        if interrupted() or not setup_done:
-            grace = INTERRUPT_GRACE_S
-        elif failed:
-            grace = min(grace, log.failure_exit_timeout / 2)
-        stop_actors(rollout, trainer, grace)
-        ray.shutdown()
+        if not engines_lost(e):
+            raise
+        # nothing left to generate with: keep what trained, stop with the monitor's report
+        raise _stop_engines_lost(run, e) from None
+    return metrics
+
+
+def _write_summary(run: RunState) -> dict[str, Any]:
+    """The completed run's ``summary.json`` (with the first and last evaluation, the final HF model and adapter),
+    its printed lines and ``report.html``."""
+    import ray
+
+    log, out, trainer = run.log, run.out, run.trainer
+    summary = completed_summary(out, run.history, run.start_step)
+    if run.evals:
+        summary["eval_first"], summary["eval_last"] = run.evals[0], run.evals[-1]
+    summary["ray_node_ip"] = ray.util.get_node_ip_address()
+    if trainer is not None and log.save_hf:
+        trainer.save_hf(str(out / "final_hf"))  # with LoRA: the merged model
+        summary["final_hf"] = str(out / "final_hf")
+        if run.cfg.lora.enabled:
+            trainer.save_adapter(str(out / "final_adapter"))
+            summary["final_adapter"] = str(out / "final_adapter")
+    write_json_atomic(out / "summary.json", summary)
+    for line in summary_lines(summary):
+        console.print(line)
+    if log.report:
+        console.print(f"[vime] report: {write_report(out)}")
+    return summary
+
+
+def _stop(run: RunState) -> None:
+    """Close the metrics sink, stop the actors and Ray: after a signal or a failed setup the manager may be busy
+    (an engine start, a rollout): seconds, not minutes; after a failure the run ends within
+    ``--failure-exit-timeout`` (half of it for the manager, then it is killed)."""
+    import ray
+
+    run.sink.close()
+    grace = 120.0
+    if interrupted() or not run.setup_done:
+        grace = INTERRUPT_GRACE_S
+    elif run.failed:
+        grace = min(grace, run.log.failure_exit_timeout / 2)
+    stop_actors(run.rollout, run.trainer, grace)
+    ray.shutdown()
 
 
 def evaluate(args: argparse.Namespace) -> dict[str, Any]:
@@ -491,19 +591,9 @@ class _LostAfterTraining(Exception):
         self.error, self.version = error, version
 
 
-def _stop_engines_lost(
-    log: LoggingConfig,
-    out: Path,
-    step: int,
-    version: int,
-    trainer,
-    rollout,
-    source: _GroupSource,
-    error: BaseException,
-    trained_version: int | None = None,
-) -> EnginesLostError:
-    """Every engine is lost during step ``step`` (at weight version ``version``): checkpoint what trained so the
-    run can resume.
+def _stop_engines_lost(run: RunState, error: BaseException, trained_version: int | None = None) -> EnginesLostError:
+    """Every engine is lost during step ``run.step`` (at weight version ``run.version``): checkpoint what trained so
+    the run can resume.
 
     * The rollout failed (``trained_version`` None): ``step`` steps finished; the groups the failed step took are
       back in the rollout manager's buffer (:meth:`~vime_core.rollout.manager.RolloutManager.generate`; with
@@ -517,31 +607,31 @@ def _stop_engines_lost(
 
     :return: the error to raise: the monitor's report (without Ray's traceback) and what was saved.
     """
+    step, version, out, source = run.step, run.version, run.out, run.source
     done = step
     if trained_version is not None:
         _append_jsonl(out / TRAINED_PROMPTS_FILE, {"step": step, **source.last_taken})
         done, version = step + 1, trained_version
     saved = None
-    if trainer is not None:
-        saved = _save_checkpoint(log, out, done, version, trainer, rollout, source.unconsumed())
+    if run.trainer is not None:
+        saved = _save_checkpoint(run.log, out, done, version, run.trainer, run.rollout, source.unconsumed())
     where = f"checkpoint of {done} finished step(s) saved: {saved}" if saved else "no trainer to save"
     return EnginesLostError(f"{getattr(error, 'cause', None) or error}\n{where}")
 
 
-def _save_after_failed_write(
-    log: LoggingConfig, out: Path, step: int, version: int, trainer, rollout, source: _GroupSource, error
-) -> WeightWriteError:
-    """Step ``step`` trained but its weights could not be written for the engines (full or read-only
-    ``--update-weight-disk-dir``; the engines keep version ``version``): checkpoint the trained step (weight version
-    ``version + 1``; a resume pushes it to the engines in full) so nothing trained is lost, when the checkpoint
-    directory can be written.
+def _save_after_failed_write(run: RunState, error: BaseException) -> WeightWriteError:
+    """Step ``run.step`` trained but its weights could not be written for the engines (full or read-only
+    ``--update-weight-disk-dir``; the engines keep version ``run.version``): checkpoint the trained step (weight
+    version ``run.version + 1``; a resume pushes it to the engines in full) so nothing trained is lost, when the
+    checkpoint directory can be written.
 
     :return: the error to raise: the write error's message (without Ray's traceback) and what was saved.
     """
+    step, version, out, source = run.step, run.version, run.out, run.source
     message = str(getattr(error, "cause", None) or error)
     _append_jsonl(out / TRAINED_PROMPTS_FILE, {"step": step, **source.last_taken})
     try:
-        saved = _save_checkpoint(log, out, step + 1, version + 1, trainer, rollout, source.unconsumed())
+        saved = _save_checkpoint(run.log, out, step + 1, version + 1, run.trainer, run.rollout, source.unconsumed())
     except Exception as e:  # noqa: BLE001 - the write error is the one to report
         logger.exception("checkpoint after the failed weight write")
         return WeightWriteError(f"step {step + 1}: {message}; its training could not be checkpointed either ({e})")

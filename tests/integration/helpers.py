@@ -172,17 +172,17 @@ def generate_step(m, router, vllm_server, tiny_model_dir, step=0):
     meanwhile (as in a run) and put back afterwards."""
     previous_label = vllm_server.weight_version()
     vllm_server.set_weight_version(0)
-    m.client = RouterClient(
+    m.fleet.client = RouterClient(
         router.url,
         model=vllm_server.served_model_name,
         timeout_s=300,
         eos_token_ids=eos_token_ids(m.tokenizer, tiny_model_dir),
     )
-    set_rollout_context(RolloutContext(client=m.client, tokenizer=m.tokenizer, weight_version=0))
+    set_rollout_context(RolloutContext(client=m.fleet.client, tokenizer=m.tokenizer, weight_version=0))
     try:
         return m.generate(step)
     finally:
-        m.loop.run_until_complete(m.client.aclose())
+        m.loop.run_until_complete(m.fleet.client.aclose())
         set_rollout_context(None)
         vllm_server.set_weight_version(previous_label if previous_label is not None else "default")
 

@@ -44,7 +44,7 @@ def _samples(tok) -> list[Sample]:
 
 def _engine_log_probs(manager, samples: list[Sample]) -> list[list[float]]:
     async def go():
-        return [await manager.client.prompt_log_probs(s.tokens) for s in samples]
+        return [await manager.fleet.client.prompt_log_probs(s.tokens) for s in samples]
 
     full = manager.loop.run_until_complete(go())
     return [lp[s.prompt_length - 1 :] for lp, s in zip(full, samples, strict=True)]
@@ -91,8 +91,8 @@ def test_three_adapter_syncs_engine_log_probs_equal_the_trainers(
     diffs = []
     try:
         info = manager.start()
-        assert manager.capabilities.lora_runtime, manager.capabilities
-        assert info["router_url"] != manager.engines[0].url  # requests go through the router
+        assert manager.fleet.capabilities.lora_runtime, manager.fleet.capabilities
+        assert info["router_url"] != manager.fleet.engines[0].url  # requests go through the router
         for version in (1, 2, 3):
             advantages = [[1.0 if s.index % 2 else -1.0] * s.response_length for s in samples]
             trainer.train_step(RolloutBatch(samples=samples, advantages=advantages))
@@ -101,15 +101,15 @@ def test_three_adapter_syncs_engine_log_probs_equal_the_trainers(
             metrics = manager.update_weights(update)
             assert metrics["weight_sync/adapters_loaded"] == 1.0
             assert metrics["weight_sync/bytes"] == sum(t.numel() * 4 for t in tensors.values())
-            assert _served_models(manager.engines[0]) == ["policy", f"policy-lora-v{version}"]
+            assert _served_models(manager.fleet.engines[0]) == ["policy", f"policy-lora-v{version}"]
             if strategy == "nccl":  # in memory: staged in the worker, the engine read no adapter file
-                key = stage_key(manager.engines[0], f"policy-lora-v{version}")
+                key = stage_key(manager.fleet.engines[0], f"policy-lora-v{version}")
                 assert sorted(p.name for p in stage_dir(key).iterdir()) == ["adapter_config.json"]
                 sync.adapter_copy.wait()  # the PEFT files for replacement engines, written in the background
             if version > 1:  # the previous version's adapter is unloaded and its files removed
                 assert not (tmp_path / "out" / "weights" / f"weight_v{version - 1:06d}").exists()
                 if strategy == "nccl":  # and its staged tensors dropped
-                    assert not stage_dir(stage_key(manager.engines[0], f"policy-lora-v{version - 1}")).exists()
+                    assert not stage_dir(stage_key(manager.fleet.engines[0], f"policy-lora-v{version - 1}")).exists()
             with torch.no_grad():
                 want = [lp.tolist() for lp in trainer.policy_log_probs(samples, False)[0]]
             got = _engine_log_probs(manager, samples)
@@ -118,8 +118,8 @@ def test_three_adapter_syncs_engine_log_probs_equal_the_trainers(
 
         # the base model is still served as it was (the adapter really changes the policy)
         async def base():
-            manager.client.model_for = None
-            return await manager.client.prompt_log_probs(samples[0].tokens)
+            manager.fleet.client.model_for = None
+            return await manager.fleet.client.prompt_log_probs(samples[0].tokens)
 
         base_lp = manager.loop.run_until_complete(base())[samples[0].prompt_length - 1 :]
         assert max(abs(a - b) for a, b in zip(base_lp, want[0], strict=True)) > 10 * TOLERANCE

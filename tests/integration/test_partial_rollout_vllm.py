@@ -81,12 +81,12 @@ def test_aborted_group_resumes_from_its_partial_tokens(router, vllm_server, tiny
         reward="digit_fraction",
     )
     rows = [{"prompt": f"{kind} prompt", "label": "1", "metadata": {}} for kind in ("short", "long")]
-    m.data_source = DataSource(rows, 2, shuffle=False, seed=0)
-    m.client = RouterClient(router.url, model=vllm_server.served_model_name, timeout_s=300, stream=True)
-    _WATCH[:] = [StreamWatch(m.client._http._transport)]
-    m.client._http._transport = _WATCH[0]
-    m.engines = [vllm_server]
-    set_rollout_context(RolloutContext(client=m.client, tokenizer=m.tokenizer, weight_version=0))
+    m.groups.data_source = DataSource(rows, 2, shuffle=False, seed=0)
+    m.fleet.client = RouterClient(router.url, model=vllm_server.served_model_name, timeout_s=300, stream=True)
+    _WATCH[:] = [StreamWatch(m.fleet.client._http._transport)]
+    m.fleet.client._http._transport = _WATCH[0]
+    m.fleet.engines = [vllm_server]
+    set_rollout_context(RolloutContext(client=m.fleet.client, tokenizer=m.tokenizer, weight_version=0))
     try:
         groups, metrics = m.generate(0)
         assert len(_WATCH[0].first_tokens) == 2, f"long's streams never delivered tokens within {GATE_S} s"
@@ -94,14 +94,14 @@ def test_aborted_group_resumes_from_its_partial_tokens(router, vllm_server, tiny
         assert [g[0].prompt for g in groups] == ["short prompt"], _events()
         assert [s.response_length for s in groups[0]] == [2, 2], _events()
         assert metrics["rollout/aborted_groups"] == metrics["rollout/partial_returned_groups"] == 1.0, _events()
-        assert m.client.inflight_request_ids() == []
+        assert m.fleet.client.inflight_request_ids() == []
         # really stopped inside the engine: its gauge drops to 0 at its next scheduler step (under a second on a busy
         # machine), well before the LONG-token requests could have finished on their own
         deadline = time.monotonic() + 3.0
         while _running(vllm_server) != 0.0:
             assert time.monotonic() < deadline, "the aborted requests are still running in the engine after 3 s"
             time.sleep(0.2)
-        (returned,) = m.data_source.returned
+        (returned,) = m.groups.data_source.returned
         prompt_ids = m.tokenizer("long prompt", add_special_tokens=False)["input_ids"]
         partial = []
         for s in returned:
@@ -115,7 +115,7 @@ def test_aborted_group_resumes_from_its_partial_tokens(router, vllm_server, tiny
         vllm_server.set_weight_version(1)  # a weight update (label only: the weights stay the same)
         m.weight_version = 1
         # the plain path hands out the returned group (the manager reads its frozen RolloutConfig, not args)
-        m.config = dataclasses.replace(m.config, over_sampling_batch_size=1)
+        m.groups.config = dataclasses.replace(m.groups.config, over_sampling_batch_size=1)
         groups, _ = m.generate(1)
         assert [g[0].prompt for g in groups] == ["long prompt"]
         for s, (tokens, log_probs) in zip(groups[0], partial, strict=True):
@@ -130,6 +130,6 @@ def test_aborted_group_resumes_from_its_partial_tokens(router, vllm_server, tiny
             assert s.metadata["start_rollout_id"] == 0
     finally:
         set_rollout_context(None)
-        m.loop.run_until_complete(m.client.aclose())
+        m.loop.run_until_complete(m.fleet.client.aclose())
         m.loop.close()
         vllm_server.set_weight_version(previous_label or "default")

@@ -87,15 +87,15 @@ def test_admission_is_bounded_by_the_weight_version(tiny_model_dir, tmp_path):
     m, _ = _manager(tiny_model_dir, tmp_path, _sleeping_generate, overrides)
     m.start_async()
     try:
-        assert m.producer.admitted_by_version == {0: 8}
+        assert m.groups.producer.admitted_by_version == {0: 8}
         time.sleep(5 * FAST_S * SLOW_FACTOR)  # every admitted group has finished: still no more admitted
-        assert m.producer.admitted_by_version == {0: 8}
+        assert m.groups.producer.admitted_by_version == {0: 8}
         for step in range(6):
             groups, metrics = m.get_async_groups(step, step)
             assert len(groups) == 4 and metrics["rollout/staleness_max"] <= 1.0
-            assert m.producer.admitted_by_version == {0: 8, **{v: 4 for v in range(1, step + 1)}}
+            assert m.groups.producer.admitted_by_version == {0: 8, **{v: 4 for v in range(1, step + 1)}}
             _update(m, step + 1)
-            assert m.producer.admitted_by_version == {0: 8, **{v: 4 for v in range(1, step + 2)}}
+            assert m.groups.producer.admitted_by_version == {0: 8, **{v: 4 for v in range(1, step + 2)}}
         assert metrics["rollout/async_admitted_groups"] == 28.0
     finally:
         m.shutdown()
@@ -108,15 +108,15 @@ def test_admission_after_a_resume_at_a_later_version(tiny_model_dir, tmp_path):
     _update(m, 5)  # what the loop does on resume before starting the producer
     m.start_async()
     try:
-        assert m.producer.admitted_by_version == {5: 8}
+        assert m.groups.producer.admitted_by_version == {5: 8}
         groups, _ = m.get_async_groups(10, 5)
-        assert len(groups) == 4 and m.producer.admitted_by_version == {5: 8}
+        assert len(groups) == 4 and m.groups.producer.admitted_by_version == {5: 8}
         _update(m, 6)
-        assert m.producer.admitted_by_version == {5: 8, 6: 4}
+        assert m.groups.producer.admitted_by_version == {5: 8, 6: 4}
         groups, metrics = m.get_async_groups(11, 6)
         assert metrics["rollout/staleness_max"] <= 1.0
         _update(m, 7)
-        assert m.producer.admitted_by_version == {5: 8, 6: 4, 7: 4}
+        assert m.groups.producer.admitted_by_version == {5: 8, 6: 4, 7: 4}
     finally:
         m.shutdown()
 
@@ -141,7 +141,8 @@ def test_slow_prompts_get_a_fair_share_over_20_steps(tiny_model_dir, tmp_path):
             metrics, version = _one_step(args, step, source, m, trainer, estimator, version)
             history.append(metrics)
             trained += [s.prompt for s in _batch(args, step)]
-        pending = [g[0].prompt for g in list(m.producer.inflight.values()) + list(m.producer.ready.values())]
+        producer = m.groups.producer
+        pending = [g[0].prompt for g in list(producer.inflight.values()) + list(producer.ready.values())]
     finally:
         m.shutdown()
     assert version == 20
@@ -151,7 +152,7 @@ def test_slow_prompts_get_a_fair_share_over_20_steps(tiny_model_dir, tmp_path):
     assert max(h["rollout/staleness_max"] for h in history) == 1.0
     assert all(h["rollout/num_trained_samples"] == 4.0 for h in history)
     # admitted in data order p0..p7, p0..p7, ...: 8 + 20 x 4 = 88 groups; 80 trained, 8 pending, each once
-    assert m.producer.admitted_by_version == {0: 8, **{v: 4 for v in range(1, 21)}}
+    assert m.groups.producer.admitted_by_version == {0: 8, **{v: 4 for v in range(1, 21)}}
     assert sorted(trained + pending) == sorted(f"p{i % 8}" for i in range(88))
     assert len(box["calls"]) == 88  # no prompt was generated twice
     slow = sum(int(p[1:]) % 2 for p in trained)
@@ -189,7 +190,7 @@ def test_a_skipped_step_does_not_advance_the_weight_version(tiny_model_dir, tmp_
         assert [s.status for s in _batch(args, 1)] == [Status.COMPLETED] * 4
         assert metrics1["rollout/async_dropped/untrained_step"] == 4.0
         # 8 at start, 4 more at version 0 once step 0's untrained groups gave their places back, 4 at version 1
-        assert m.producer.admitted_by_version == {0: 12, 1: 4}
+        assert m.groups.producer.admitted_by_version == {0: 12, 1: 4}
         # the dropped prompts came back from the data buffer first: they were generated twice
         assert box["calls"][:12] == [f"p{i}" for i in range(8)] + ["p0", "p2", "p4", "p6"]
     finally:

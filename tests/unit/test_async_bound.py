@@ -51,7 +51,8 @@ def test_production_stops_at_the_inflight_bound_with_unbounded_staleness(tiny_mo
     history = []
     try:
         time.sleep(TRAINER_S)  # every admitted group has finished: none more was admitted
-        assert (m.producer.admitted_by_version, m.producer.budget.waiting, m.producer.budget.running) == ({0: 6}, 6, 0)
+        producer = m.groups.producer
+        assert (producer.admitted_by_version, producer.budget.waiting, producer.budget.running) == ({0: 6}, 6, 0)
         for step in range(10):
             groups, metrics = m.get_async_groups(step, step)
             history.append(metrics)
@@ -87,7 +88,7 @@ def test_stale_groups_are_dropped_with_a_reason_and_their_prompts_return(tiny_mo
         _update(m, 5)  # admits p4, p5 at version 5
         second, m1 = m.get_async_groups(1, 5)
         time.sleep(TRAINER_S)
-        after = m.producer.counters()  # quiescent: the producer refilled up to the bound and waits
+        after = m.groups.producer.counters()  # quiescent: the producer refilled up to the bound and waits
     finally:
         m.shutdown()
     assert [g[0].prompt for g in second] == ["p4", "p5"]
@@ -124,7 +125,7 @@ def test_fully_async_batch_whose_samples_all_fail_ends_the_run(tiny_model_dir, t
     try:
         with pytest.raises(RunFailedError) as err:
             m.get_async_groups(0, 0)
-        assert m.producer.dropped["step_failed"] == 4 and m.producer.trained == 0
+        assert m.groups.producer.dropped["step_failed"] == 4 and m.groups.producer.trained == 0
     finally:
         m.shutdown()
     assert str(err.value).startswith(
@@ -165,8 +166,8 @@ def test_data_source_raising_inside_the_producer_ends_the_run(tiny_model_dir, tm
         time.sleep(TRAINER_S)  # the producer refills: group 4 is admitted, group 5 raises
         with pytest.raises(RunFailedError) as err:
             m.get_async_groups(1, 0)
-        m.producer._thread.join(5)
-        assert not m.producer._thread.is_alive() and not m.producer._tasks  # every request cancelled
+        m.groups.producer._thread.join(5)
+        assert not m.groups.producer._thread.is_alive() and not m.groups.producer._tasks  # every request cancelled
     finally:
         m.shutdown()
     assert str(err.value) == "the fully-async rollout producer failed: ValueError: row 5 is unreadable"
@@ -279,7 +280,7 @@ def test_fully_async_step_waiting_for_groups_ends_when_every_engine_is_lost(tiny
         if lost.is_set():
             raise EnginesLostError("every vLLM engine is gone and no restart is left")
 
-    m.check_engines = check_engines  # what the health monitor answers (vime_core.rollout.health)
+    m.fleet.check_engines = check_engines  # what the health monitor answers (vime_core.rollout.health)
     m.start_async()
     raised: list[BaseException] = []
 

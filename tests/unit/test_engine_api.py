@@ -130,19 +130,19 @@ def test_engines_on_gpu_needs_gpu_shares_and_the_cuda_build(monkeypatch):
     eager; only GPU shares *and* vLLM's CUDA build make a GPU engine (bf16, CUDA graphs)."""
     from types import SimpleNamespace
 
-    import vime_core.rollout.manager as manager
+    import vime_core.rollout.fleet as fleet
     from vime_core.placement import NodeResources, ResourceFlags, plan_placement
 
     nodes = [NodeResources("n0", "10.0.0.1", 1, True), NodeResources("n1", "10.0.0.2", 1)]
     gpu_plan = plan_placement(ResourceFlags(actor_num_gpus_per_node=1, rollout_num_gpus=1), nodes)
     cpu_plan = plan_placement(ResourceFlags(), [NodeResources("n0", "10.0.0.1", 0, True)])
-    on_gpu = manager.RolloutManager.engines_on_gpu.fget
+    on_gpu = fleet.EngineFleet.engines_on_gpu.fget
     for vllm_cpu, plan, expected in [
         (True, gpu_plan, False),
         (False, gpu_plan, True),
         (False, cpu_plan, False),
         (True, cpu_plan, False),
     ]:
-        monkeypatch.setattr(manager, "is_vllm_cpu", lambda vllm_cpu=vllm_cpu: vllm_cpu)
+        monkeypatch.setattr(fleet, "is_vllm_cpu", lambda vllm_cpu=vllm_cpu: vllm_cpu)
         assert on_gpu(SimpleNamespace(placement=(plan, None))) is expected, (vllm_cpu, plan.mode)
     assert on_gpu(SimpleNamespace(placement=None)) is False

@@ -351,7 +351,7 @@ def test_a_disk_update_without_a_path_is_refused_when_applied_and_shutdown_never
                 raise KeyError("path")
 
     manager = _manager_with_hooks(tiny_model_dir, tmp_path)
-    manager.monitor = Raising()
+    manager.fleet.monitor = Raising()
     manager.shutdown()  # logs, does not raise
 
 

@@ -143,13 +143,14 @@ def _is_type_checking(node: ast.If) -> bool:
     )
 
 
-def _imports(tree: ast.AST) -> list[ast.Import | ast.ImportFrom]:
-    """Every import statement of ``tree``, at any depth, outside ``if TYPE_CHECKING:`` bodies."""
+def _imports(tree: ast.AST, type_checking: bool = False) -> list[ast.Import | ast.ImportFrom]:
+    """Every import statement of ``tree``, at any depth, outside ``if TYPE_CHECKING:`` bodies (``type_checking``:
+    those too)."""
     out: list[ast.Import | ast.ImportFrom] = []
     todo: list[ast.AST] = list(ast.iter_child_nodes(tree))
     while todo:
         node = todo.pop()
-        if isinstance(node, ast.If) and _is_type_checking(node):
+        if isinstance(node, ast.If) and _is_type_checking(node) and not type_checking:
             todo.extend(node.orelse)  # the `else:` of `if TYPE_CHECKING:` runs
             continue
         if isinstance(node, (ast.Import, ast.ImportFrom)):
@@ -158,12 +159,13 @@ def _imports(tree: ast.AST) -> list[ast.Import | ast.ImportFrom]:
     return out
 
 
-def import_graph() -> dict[str, dict[str, list[str]]]:
-    """``{module: {imported module: ["file:line", ...]}}`` over the modules of :func:`_modules`."""
+def import_graph(type_checking: bool = False) -> dict[str, dict[str, list[str]]]:
+    """``{module: {imported module: ["file:line", ...]}}`` over the modules of :func:`_modules` (``type_checking``:
+    counting the imports of ``if TYPE_CHECKING:`` blocks too)."""
     mods = _modules()
     graph: dict[str, dict[str, list[str]]] = {m: {} for m in mods}
     for name, (path, is_pkg) in mods.items():
-        for node in _imports(ast.parse(path.read_text(), str(path))):
+        for node in _imports(ast.parse(path.read_text(), str(path)), type_checking):
             if isinstance(node, ast.Import):
                 targets = [a.name for a in node.names]
             else:
@@ -276,6 +278,18 @@ def test_no_import_cycles():
         ]
         problems.append(f"import cycle among {', '.join(comp)}:\n" + "\n".join(edges))
     assert not problems, "\n".join(problems)
+
+
+def test_no_rollout_cycle_even_through_type_checking_imports():
+    """Inside ``vime_core.rollout`` not even an ``if TYPE_CHECKING:`` import closes a circle: the group producer,
+    over-sampling and the fully-async producer take their collaborators (or the ``rollout.fleet_view`` protocol),
+    never the rollout manager, which only composes them."""
+    graph = import_graph(type_checking=True)
+    rollout = {m: {t: w for t, w in ts.items() if t.startswith("vime_core.rollout.")} for m, ts in graph.items()}
+    rollout = {m: ts for m, ts in rollout.items() if m.startswith("vime_core.rollout.")}
+    assert find_cycles(rollout) == []
+    importers = sorted(m for m, ts in graph.items() if "vime_core.rollout.manager" in ts)
+    assert [m for m in importers if m.startswith("vime_core.rollout.")] == []
 
 
 def test_every_vime_core_module_has_a_layer():

@@ -23,7 +23,14 @@ from tests.unit.test_engine_health import FAST, Engine, Router, _disk_recovery
 from tests.unit.test_hooks import _manager_with_hooks
 from vime_core.arguments import ArgumentError, parse_run_args
 from vime_core.checkpoint import checkpoint_root, commit_checkpoint, latest_checkpoint, new_checkpoint_dir
-from vime_core.loop import TRAINED_PROMPTS_FILE, _GroupSource, _stop_engines_lost, roll_back_records, should_save
+from vime_core.loop import (
+    TRAINED_PROMPTS_FILE,
+    RunState,
+    _GroupSource,
+    _stop_engines_lost,
+    roll_back_records,
+    should_save,
+)
 from vime_core.rollout.health import EngineMonitor, EnginesLostError
 
 pytestmark = pytest.mark.unit
@@ -179,12 +186,13 @@ def test_engines_lost_mid_rollout_the_resume_trains_the_failed_steps_prompts_onc
     monitor = EngineMonitor([engine], Router([engine.url]), recovery, dataclasses.replace(FAST, max_restarts=0))
     try:
         version = _steps(m, source, 0, 3, 0, trained)
-        m.monitor = m.runner.monitor = monitor
+        m.fleet.monitor = m.runner.monitor = monitor
         box["die"] = (engine, monitor)
         with pytest.raises(EnginesLostError) as lost:
             source.get(3, version)
         log = SimpleNamespace(max_checkpoints=None)
-        error = _stop_engines_lost(log, out, 3, version, _Trainer(), m, source, lost.value)
+        run = RunState(None, None, log, out, _Trainer(), m, source, step=3, version=version)
+        error = _stop_engines_lost(run, lost.value)
     finally:
         m.shutdown()
     ckpt = checkpoint_root(out) / "step_000003"
@@ -218,7 +226,8 @@ def test_engines_lost_in_the_weight_update_after_training_count_the_step_as_fini
         trained.append(source.last_taken["prompt_index"])
         lost = EnginesLostError("every vLLM engine is gone and no restart is left:\nengine 0 (u): exited with code -9")
         log = SimpleNamespace(max_checkpoints=None)
-        error = _stop_engines_lost(log, out, 3, version, _Trainer(), m, source, lost, trained_version=version + 1)
+        run = RunState(None, None, log, out, _Trainer(), m, source, step=3, version=version)
+        error = _stop_engines_lost(run, lost, trained_version=version + 1)
     finally:
         m.shutdown()
     ckpt = checkpoint_root(out) / "step_000004"

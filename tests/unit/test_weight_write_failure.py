@@ -20,7 +20,7 @@ import torch
 from tests.unit.test_async_admission import _args, _sleeping_generate
 from tests.unit.test_hooks import _manager_with_hooks
 from vime_core.arguments import default_args
-from vime_core.loop import TRAINED_PROMPTS_FILE, _GroupSource, _one_step, _save_after_failed_write
+from vime_core.loop import TRAINED_PROMPTS_FILE, RunState, _GroupSource, _one_step, _save_after_failed_write
 from vime_core.orchestration import TrainerWorker
 from vime_core.plugins import get_plugins
 from vime_core.weight_sync.base import WeightWriteError
@@ -121,7 +121,8 @@ def test_the_step_fails_the_engines_keep_their_version_and_the_training_is_check
         with pytest.raises(WeightWriteError) as e:
             _one_step(args, 0, source, m, trainer, estimator, 0)
         assert m.weight_version == 0  # nothing reached the engines
-        error = _save_after_failed_write(args, out, 0, 0, trainer, None, source, e.value)
+        run = RunState(args, None, args, out, trainer, None, source, step=0, version=0)  # args carry the log flags
+        error = _save_after_failed_write(run, e.value)
     finally:
         m.shutdown()
     ckpt = out / "checkpoints" / "step_000001"

@@ -1,6 +1,6 @@
 """Fully-async rollout: a background producer keeps groups generating across training steps.
 
-:class:`AsyncRolloutProducer` runs the rollout manager's event loop in a thread, admits groups by weight version
+:class:`AsyncRolloutProducer` runs the rollout actor's event loop in a thread, admits groups by weight version
 (at most ``(η + 1) · B`` before the first update, ``B`` more after each), keeps at most ``--rollout-inflight-groups``
 generating or waiting, and hands each step the groups that would otherwise outlive ``--max-staleness``. The rules,
 counters and metrics: docs/loop_modes.md, "Fully-async admission and the staleness bound".
@@ -15,13 +15,12 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from vime_core.data.source import DataSource
 from vime_core.failures import RunFailedError
+from vime_core.rollout.runner import GroupRunner
 from vime_core.types import Sample
-
-if TYPE_CHECKING:
-    from vime_core.rollout.manager import RolloutManager
 
 logger = logging.getLogger("vime.rollout.async")
 
@@ -89,10 +88,13 @@ class StalenessBudget:
 
 
 class AsyncRolloutProducer:
-    """Background generation for ``--loop fully-async`` (owned by a :class:`RolloutManager`); see the module doc.
+    """Background generation for ``--loop fully-async`` (owned by the group producer,
+    :class:`~vime_core.rollout.group_producer.GroupProducer`); see the module doc.
 
-    :param manager: the rollout manager (engines, router client, buffer, generate and reward functions, and
-        ``weight_version``, the version the engines serve).
+    :param runner: generates and scores the groups; its ``weight_version`` is the version the engines serve.
+    :param data_source: the data buffer the groups are admitted from (and their prompts go back to).
+    :param loop: the rollout actor's event loop (runs in the producer thread from :meth:`start` on).
+    :param concurrency: ``--rollout-concurrency``: one bound for the requests of every group.
     :param batch_groups: groups per training step (``--rollout-batch-size``).
     :param max_staleness: ``--max-staleness``.
     :param inflight_bound: ``--rollout-inflight-groups`` (``None``: ``(max_staleness + 1) · batch_groups``).
@@ -103,12 +105,22 @@ class AsyncRolloutProducer:
     """
 
     def __init__(
-        self, manager: RolloutManager, batch_groups: int, max_staleness: int, inflight_bound: int | None = None
+        self,
+        runner: GroupRunner,
+        data_source: DataSource,
+        loop: asyncio.AbstractEventLoop,
+        concurrency: int,
+        batch_groups: int,
+        max_staleness: int,
+        inflight_bound: int | None = None,
     ) -> None:
-        self.manager = manager
+        self.runner = runner
+        self.data_source = data_source
+        self.loop = loop
+        self.concurrency = concurrency
         self.max_staleness = max_staleness
         bound = inflight_bound if inflight_bound is not None else (max_staleness + 1) * batch_groups
-        self.budget = StalenessBudget(batch_groups, max_staleness, manager.weight_version, bound)
+        self.budget = StalenessBudget(batch_groups, max_staleness, runner.weight_version, bound)
         self.cond = threading.Condition()  # guards the budget, the data source, the in-flight and ready sets
         self.inflight: dict[int, list[Sample]] = {}
         self.ready: dict[int, list[Sample]] = {}
@@ -129,7 +141,7 @@ class AsyncRolloutProducer:
 
     # -- producer thread ---------------------------------------------------------------------------------------
     def start(self, timeout_s: float = 60.0) -> None:
-        """Start the producer thread (the manager's event loop runs there from now on); returns once the first
+        """Start the producer thread (the actor's event loop runs there from now on); returns once the first
         groups are admitted."""
         self._thread = threading.Thread(target=self._run, name="vime-async-rollout", daemon=True)
         self._thread.start()
@@ -138,7 +150,7 @@ class AsyncRolloutProducer:
         self._raise_if_died()
 
     def _run(self) -> None:
-        loop = self.manager.loop
+        loop = self.loop
         asyncio.set_event_loop(loop)
         try:
             loop.run_until_complete(self._produce())
@@ -151,7 +163,7 @@ class AsyncRolloutProducer:
                 self.cond.notify_all()
 
     async def _produce(self) -> None:
-        self._sem = asyncio.Semaphore(self.manager.config.rollout_concurrency)  # one bound for every group
+        self._sem = asyncio.Semaphore(self.concurrency)  # one bound for every group
         self._wake = asyncio.Event()
         try:
             self._admit()
@@ -190,10 +202,10 @@ class AsyncRolloutProducer:
         """
         n = 0
         with self.cond:
-            version = self.manager.weight_version
+            version = self.runner.weight_version
             for _ in range(self.budget.capacity(version)):
                 try:
-                    group = self.manager.data_source.get_groups(1)[0]
+                    group = self.data_source.get_groups(1)[0]
                 except Exception as e:  # systemic: the producer stops, every later call raises this error
                     self._error = e
                     self._stop.set()
@@ -210,7 +222,7 @@ class AsyncRolloutProducer:
         return n
 
     async def _generate(self, group: list[Sample]) -> list[Sample]:
-        await self.manager.runner.run([group], -1, self._sem)
+        await self.runner.run([group], -1, self._sem)
         return group
 
     def admit_now(self, timeout_s: float = 60.0) -> int:
@@ -226,7 +238,7 @@ class AsyncRolloutProducer:
         async def admit() -> int:
             return self._admit()
 
-        return asyncio.run_coroutine_threadsafe(admit(), self.manager.loop).result(timeout_s)
+        return asyncio.run_coroutine_threadsafe(admit(), self.loop).result(timeout_s)
 
     def _raise_if_died(self) -> None:
         if self._error is not None:
@@ -235,7 +247,7 @@ class AsyncRolloutProducer:
 
     def _wake_producer(self) -> None:
         if self._wake is not None:
-            self.manager.loop.call_soon_threadsafe(self._wake.set)
+            self.loop.call_soon_threadsafe(self._wake.set)
 
     def _drop(self, groups: list[list[Sample]], reason: str) -> None:
         """Under ``cond``: ``groups`` (handed out or taken) are not trained: count them under ``reason``, log each,
@@ -248,7 +260,7 @@ class AsyncRolloutProducer:
                 reason,
             )
         self.dropped[reason] += len(groups)
-        self.manager.data_source.add_groups([fresh_copy(g) for g in groups])
+        self.data_source.add_groups([fresh_copy(g) for g in groups])
 
     def _release(self, n: int) -> None:
         """Under ``cond``: give ``n`` accepted groups' places back to the staleness budget."""
@@ -383,7 +395,7 @@ class AsyncRolloutProducer:
         (after the prompts already back in the buffer, in admission order: the order in which the producer would
         have handed them out), so a resume generates them again instead of skipping them."""
         with self.cond:
-            state = self.manager.data_source.state_dict()
+            state = self.data_source.state_dict()
             admitted = {**self.inflight, **self.ready}
             pending = [admitted[k] for k in sorted(admitted, key=lambda k: self.admitted[k][0])]
         state["returned"] = state["returned"] + [[s.to_dict() for s in fresh_copy(g)] for g in pending]
@@ -393,6 +405,6 @@ class AsyncRolloutProducer:
         """Stop producing; in-flight requests are cancelled."""
         self._stop.set()
         if self._wake is not None:
-            self.manager.loop.call_soon_threadsafe(self._wake.set)
+            self.loop.call_soon_threadsafe(self._wake.set)
         if self._thread is not None:
             self._thread.join(timeout=60)

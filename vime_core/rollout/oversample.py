@@ -9,18 +9,18 @@ docs/loop_modes.md, "Over-sampling, abort and partial rollout".
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Callable
 
+from vime_core.config import RolloutConfig
+from vime_core.data.source import DataSource
 from vime_core.failures import RunFailedError
 from vime_core.rollout.async_producer import fresh_copy
-from vime_core.rollout.runner import FINISHED_STATUSES
+from vime_core.rollout.runner import FINISHED_STATUSES, GroupRunner
 from vime_core.types import Sample
-
-if TYPE_CHECKING:
-    from vime_core.rollout.manager import RolloutManager
 
 logger = logging.getLogger("vime.rollout")
 
@@ -45,20 +45,21 @@ def _return_to_buffer(group: list[Sample], step: int) -> list[Sample]:
     return out
 
 
-async def abort_inflight(manager: RolloutManager) -> int:
-    """Abort the manager's in-flight engine requests on every engine (no-op without engines).
-
-    :return: the number of request ids sent.
-    """
-    if manager.client is None or not manager.engines:
-        return 0
-    return await manager.client.abort_requests([e.url for e in manager.engines])
-
-
 async def collect_groups(
-    manager: RolloutManager, step: int
+    step: int,
+    *,
+    args: argparse.Namespace,
+    config: RolloutConfig,
+    runner: GroupRunner,
+    data_source: DataSource,
+    dynamic_filter: Callable | None,
+    abort: Callable[[], Awaitable[int]],
 ) -> tuple[list[list[Sample]], list[Sample], dict[str, float]]:
     """Generate until ``--rollout-batch-size`` groups pass the filter, then abort the rest (see the module doc).
+
+    ``runner`` generates and scores the groups ``data_source`` hands out (``--partial-rollout`` groups go back to
+    it); ``dynamic_filter(args, group)`` keeps or drops a finished group; ``abort()`` aborts the requests in flight
+    on every engine (:meth:`~vime_core.rollout.fleet.EngineFleet.abort_inflight`).
 
     Refill rule: a new chunk of ``--over-sampling-batch-size`` groups is requested when the groups kept plus the
     groups in flight are fewer than the batch, until ``--dynamic-sampling-max-rounds`` chunks were requested; then
@@ -71,12 +72,11 @@ async def collect_groups(
     :raises RunFailedError: the data source raised.
     :raises Exception: whatever a group's generation raised outside the per-sample error handling.
     """
-    cfg = manager.config
-    runner = manager.runner
+    cfg = config
     want = cfg.rollout_batch_size
     chunk = max(cfg.over_sampling_batch_size or want, 1)
     max_rounds = max(cfg.dynamic_sampling_max_rounds, 1)
-    keep = manager.dynamic_filter
+    keep = dynamic_filter
     sem = asyncio.Semaphore(cfg.rollout_concurrency)  # one bound for every group of the step
     tasks: dict[asyncio.Future, tuple[int, list[Sample]]] = {}
     kept: list[list[Sample]] = []
@@ -88,7 +88,7 @@ async def collect_groups(
         nonlocal rounds, seq
         rounds += 1
         try:
-            chunk_groups = manager.data_source.get_groups(chunk)
+            chunk_groups = data_source.get_groups(chunk)
         except Exception as e:
             raise RunFailedError(f"the data source failed: {type(e).__name__}: {e}") from e
         for g in chunk_groups:
@@ -102,7 +102,7 @@ async def collect_groups(
             _, g = tasks.pop(t)
             t.result()
             examined.extend(g)
-            if keep is not None and not keep(manager.args, g):
+            if keep is not None and not keep(args, g):
                 dropped += 1
             elif len(kept) < want:
                 kept.append(g)
@@ -118,7 +118,7 @@ async def collect_groups(
         runner.aborting = True
         try:
             while tasks:
-                await abort_inflight(manager)
+                await abort()
                 done, _ = await asyncio.wait(tasks, timeout=ABORT_SWEEP_SECONDS)
                 for t in done:
                     tasks.pop(t)
@@ -128,7 +128,7 @@ async def collect_groups(
     returned = 0
     if cfg.partial_rollout and (inflight or surplus_groups):
         back = surplus_groups + inflight
-        manager.data_source.add_groups([_return_to_buffer(g, step) for g in back])
+        data_source.add_groups([_return_to_buffer(g, step) for g in back])
         returned = len(back)
     resumed = [s for g in kept for s in g if "partial_rollout" in s.metadata]
     metrics = {

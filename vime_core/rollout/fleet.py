@@ -1,0 +1,378 @@
+"""The engine fleet: the policy's vLLM engines, the router in front of them, the router client, the engine health
+monitor with its weight recovery, the LoRA adapter serving and the ``--distill-teacher`` engines.
+
+:class:`EngineFleet` starts and stops them, applies weight updates and answers for the engines' health; it knows
+nothing of groups, the data buffer or the group runner (the rollout manager composes them).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from vime_core.config import EngineConfig, LoraConfig
+from vime_core.lora.options import adapters_to_keep, engine_max_lora_rank
+from vime_core.rollout.client import RouterClient, eos_token_ids
+from vime_core.rollout.context import RolloutContext, get_rollout_context, set_rollout_context
+from vime_core.rollout.engine import VLLMServer, is_vllm_cpu
+from vime_core.rollout.engine_actor import RemoteEngine, check_nonce, engine_failures, start_engine_actors
+from vime_core.rollout.engine_api import common_capabilities, enforce_eager, engine_dtype, lora_launch
+from vime_core.rollout.health import EngineMonitor, MonitorConfig
+from vime_core.rollout.lora_serving import AdapterServing
+from vime_core.rollout.router import VLLMRouter, router_policy
+from vime_core.rollout.teacher import TeacherEngines
+from vime_core.rollout.weight_recovery import WeightRecovery
+from vime_core.weight_sync.base import WeightSyncStrategy, WeightUpdate
+
+logger = logging.getLogger("vime.rollout")
+
+
+class EngineFleet:
+    """Engines + router + client + health monitor (+ LoRA adapters, teacher engines) of one rollout actor.
+
+    :param engine_config: the engine, router and weight-sync flags.
+    :param lora_config: the LoRA flags (with ``--lora-rank`` the engines serve one adapter per weight version).
+    :param model_path: HF directory the engines serve.
+    :param tokenizer: the policy's tokenizer (the router client's and the teacher check's).
+    :param weight_sync: the ``--weight-sync`` strategy.
+    :param placement: ``(plan, placement_group)`` (engine actors on their bundles) or ``None`` (subprocesses).
+    :param stream: whether the router client streams (``--partial-rollout``: an aborted non-streaming request
+        comes back without its tokens).
+    :param loop: the rollout actor's event loop (the client and the teacher engines close on it).
+    """
+
+    def __init__(
+        self,
+        engine_config: EngineConfig,
+        lora_config: LoraConfig,
+        model_path: Path,
+        tokenizer: Any,
+        weight_sync: WeightSyncStrategy,
+        placement: tuple | None,
+        stream: bool,
+        loop: asyncio.AbstractEventLoop,
+    ) -> None:
+        self.engine_config = engine_config
+        self.lora_config = lora = lora_config
+        self.model_path = model_path
+        self.tokenizer = tokenizer
+        self.weight_sync = weight_sync
+        self.placement = placement
+        self.stream = stream
+        self.loop = loop
+        self.engines: list[Any] = []
+        self.router: Any = None
+        self.monitor: EngineMonitor | None = None  # replaces dead engines and a dead router (rollout/health.py)
+        self.client: Any = None
+        self.teacher: Any = None  # TeacherEngines with --distill-teacher (vime_core.rollout.teacher)
+        self.capabilities: Any = None  # what the engines' vLLM release answers (vime_core.rollout.engine_api)
+        # LoRA: the engines serve one adapter per weight version (vime_core.rollout.lora_serving)
+        self.adapters = (
+            AdapterServing("policy", adapters_to_keep(lora), lora.lora_adapter_path, self.weight_sync)
+            if lora.enabled
+            else None
+        )
+
+    @property
+    def engines_on_gpu(self) -> bool:
+        """Whether the engines run on GPUs: their placement slots have GPU shares *and* the engine interpreter's vLLM
+        is the CUDA build (a CPU cluster may declare GPU resources to Ray, as the two-node test does; its vllm-cpu
+        engines stay fp32 and eager). Local engines never do."""
+        if self.placement is None:
+            return False
+        plan = self.placement[0]
+        return any(s.bundles and s.num_gpus > 0 for s in plan.engines) and not is_vllm_cpu()
+
+    def start(self, weight_version: int) -> dict[str, Any]:
+        """Start the engines (in parallel) and the router (or attach to ``--vllm-router-ip/port``).
+
+        With ``--distill-teacher`` the teacher engine group (:class:`~vime_core.rollout.teacher.TeacherEngines`)
+        starts at the same time.
+
+        :param weight_version: the version the engines serve from the start (tagged on their tokens).
+        :return: ``{"router_url", "engine_urls", "startup_seconds"}`` (and ``"teacher_router_url"``; with engine
+            actors ``"engines"``: each one's node, Ray GPU ids, ``CUDA_VISIBLE_DEVICES`` and launch command).
+        :raises RuntimeError: an engine or the router did not become ready (with its log tail).
+        """
+        t0 = time.perf_counter()
+        log_dir = Path(self.engine_config.output_dir) / "logs"
+        log_dir.mkdir(parents=True, exist_ok=True)
+        on_gpu = self.engines_on_gpu
+        cfg = self.engine_config
+        vllm_args = list(cfg.vllm_args) + engine_dtype(cfg.vllm_args, cfg.train_dtype, on_gpu)  # bf16 on a GPU
+        if not cfg.rollout_engine_access_log and "--disable-uvicorn-access-log" not in vllm_args:
+            vllm_args.append("--disable-uvicorn-access-log")  # one log line per request drowns the engine's own
+        env: dict[str, str] = {}
+        if self.adapters is not None:  # vLLM's LoRA serving with the runtime adapter routes
+            flags, env = lora_launch(
+                cfg.vllm_args, engine_max_lora_rank(self.lora_config), adapters_to_keep(self.lora_config)
+            )
+            vllm_args += flags
+        server_kwargs = [
+            dict(
+                model=str(self.model_path),
+                served_model_name="policy",
+                enforce_eager=enforce_eager(cfg.rollout_enforce_eager, on_gpu),
+                extra_args=vllm_args + ["--seed", str(self.engine_config.seed + i)],
+                kv_cache_space_gib=self.engine_config.rollout_kv_cache_gib,
+                omp_threads_bind=_engine_cpu_bind(self.engine_config, i),
+                log_path=log_dir / f"vllm_engine_{i}.log",
+                request_timeout_s=self.engine_config.weight_sync_timeout,
+                env=env,
+            )
+            for i in range(self.engine_config.rollout_num_engines)
+        ]
+        if self.placement is not None:  # engine actors on their placement bundles (vime run)
+            plan, pg = self.placement
+            self.engines = start_engine_actors(server_kwargs, plan, pg, self.engine_config.weight_sync_timeout)
+        else:
+            self.engines = [VLLMServer(**kw) for kw in server_kwargs]
+        if self.engine_config.distill_teacher:  # the teacher engine group starts alongside
+            self.teacher = TeacherEngines(self.engine_config, self.tokenizer, log_dir)  # checks the tokenizer first
+        for engine in self.engines:
+            engine.start()
+        if self.teacher is not None:
+            self.teacher.start()
+        for engine in self.engines:
+            engine.wait_ready(timeout_s=self.engine_config.rollout_engine_startup_timeout)
+            engine.set_weight_version(weight_version)
+        urls = [e.url for e in self.engines]
+        self.capabilities = common_capabilities([(e.url, e.capabilities) for e in self.engines])
+        logger.info("engines: %s", self.capabilities.describe())
+        if self.adapters is not None:
+            if not self.capabilities.lora_runtime:
+                raise RuntimeError(
+                    f"--lora-rank {self.lora_config.lora_rank}: the engines ({self.capabilities.describe()}) have no "
+                    "runtime LoRA routes (/v1/load_lora_adapter); see the engine logs in " + str(log_dir)
+                )
+            self.adapters.start(self.engines)
+        if self.engine_config.vllm_router_ip:
+            router_url = f"http://{self.engine_config.vllm_router_ip}:{self.engine_config.vllm_router_port}"
+            self.router = VLLMRouter.attach(router_url)
+            for url in urls:
+                self.router.add_worker(url)
+        else:
+            policy, router_args = router_policy(self.engine_config.generate, list(self.engine_config.router_args))
+            self.router = VLLMRouter(urls, policy=policy, extra_args=router_args, log_path=log_dir / "router.log")
+            self.router.start()
+            self.router.wait_ready(timeout_s=120)
+            router_url = self.router.url
+        # partial rollout streams: an aborted non-streaming request comes back without its tokens
+        stream = self.stream
+        self.client = RouterClient(
+            router_url,
+            model=self.engines[0].served_model_name,
+            timeout_s=600,
+            stream=stream,
+            eos_token_ids=eos_token_ids(self.tokenizer, self.model_path),
+            capabilities=self.capabilities,
+            tokenizer=self.tokenizer,
+        )
+        self.client.weight_version = weight_version
+        if self.adapters is not None:  # every request names its version's adapter
+            self.client.model_for = self.adapters.model_for
+        set_rollout_context(
+            RolloutContext(client=self.client, tokenizer=self.tokenizer, weight_version=weight_version)
+        )
+        recovery = WeightRecovery(self.weight_sync, self.engine_config.update_weight_disk_dir, self.adapters)
+        self.monitor = EngineMonitor(
+            self.engines,
+            self.router,
+            recovery,
+            MonitorConfig.from_config(self.engine_config),
+            manage_router=not self.engine_config.vllm_router_ip,
+            log_dir=log_dir,
+        ).start()
+        info: dict[str, Any] = {
+            "router_url": router_url,
+            "engine_urls": urls,
+            "engine_release": self.capabilities.to_dict(),
+        }
+        if self.placement is not None:  # where each engine actor landed and the devices Ray gave it
+            keys = ("url", "node_ip", "node_id", "gpu_ids", "devices", "command")
+            info["engines"] = [
+                {**{k: e.spec[k] for k in keys}, "cuda_visible_devices": e.spec["env"].get("CUDA_VISIBLE_DEVICES")}
+                for e in self.engines
+            ]
+        if self.teacher is not None:
+            info["teacher_router_url"] = self.teacher.wait_ready(self.engine_config.rollout_engine_startup_timeout)
+        return {**info, "startup_seconds": time.perf_counter() - t0}
+
+    def stop_monitor(self) -> None:
+        """Stop the engine health monitor and close its weight recovery; never raises."""
+        if self.monitor is not None:
+            try:
+                self.monitor.stop()
+                self.monitor.recovery.close()
+            except Exception:  # noqa: BLE001 - shutdown never raises; the engines below must stop regardless
+                logger.exception("stopping the engine monitor")
+
+    def shutdown(self) -> None:
+        """Close the router client, stop the router (or deregister from an external one), every engine and the
+        teacher engines, and close the LoRA adapter serving; never raises."""
+        if self.client is not None:
+            try:
+                self.loop.run_until_complete(self.client.aclose())
+            except Exception:  # noqa: BLE001
+                logger.exception("closing the router client")
+        if self.router is not None:
+            try:
+                if self.engine_config.vllm_router_ip:
+                    for e in self.engines:
+                        self.router.remove_worker(e.url)
+                else:
+                    self.router.stop()
+            except Exception:  # noqa: BLE001
+                logger.exception("stopping the router")
+        for e in self.engines:
+            try:
+                e.stop()
+            except Exception:  # noqa: BLE001
+                logger.exception("stopping engine %s", getattr(e, "url", "?"))
+        if self.teacher is not None:
+            self.teacher.shutdown(self.loop)
+        if self.adapters is not None:
+            self.adapters.close()
+        set_rollout_context(None)
+
+    # -- weights ---------------------------------------------------------------------------------------------------
+    def update_weights(self, update: WeightUpdate, mode: str, set_version: Callable[[int], None]) -> dict[str, float]:
+        """Pause every engine (``mode``: ``keep`` freezes in-flight requests, ``wait`` lets them finish first), apply
+        ``update``, reset prefix caches, resume; then bump the weight version (``set_version``: the group runner's;
+        the rollout context's and the router client's here) and, with LoRA, retire the adapters past the window.
+
+        :return: the health monitor's and the LoRA ``weight_sync/*`` metrics.
+        :raises TimeoutError / RuntimeError: from the strategy or the engine (the run stops; the engines keep
+            their previous version).
+        """
+        self.check_engines()
+        extra: dict[str, float] = {}
+        lora = self.adapters is not None and bool(update.payload.get("lora"))
+        if lora:
+            self.adapters.prepare(update)  # its served name: what apply loads it as
+        done = [] if lora else [update]
+        if self.monitor is not None:  # engines that die meanwhile are replaced and load this version
+            timeout = self.engine_config.weight_sync_timeout
+            extra, done = self.monitor.sync_weights(self.weight_sync, update, mode, timeout)
+        else:
+            for engine in self.engines:
+                engine.pause(mode)
+            try:
+                self.weight_sync.apply_all(self.engines, update, timeout_s=self.engine_config.weight_sync_timeout)
+                for engine in self.engines:
+                    engine.reset_prefix_cache()
+                    engine.set_weight_version(update.version)  # the engine tags every later token with it
+            finally:
+                for engine in self.engines:
+                    engine.resume()
+        set_version(update.version)
+        get_rollout_context().weight_version = update.version
+        if self.client is not None:  # tokens of a release that tags none get this version from now on
+            self.client.weight_version = update.version
+        for applied in done:
+            self.weight_sync.cleanup(applied)
+        if lora:
+            extra.update(self._retire_adapters(update))
+        return extra
+
+    def _retire_adapters(self, update: WeightUpdate) -> dict[str, float]:
+        """LoRA: unload the versions past the keep window (under the health monitor's lock, which also recorded
+        ``update``'s adapter as served: a replacement engine restores one consistent set).
+
+        :return: ``weight_sync/adapters_loaded`` and ``weight_sync/unload_seconds``.
+        """
+        t0 = time.perf_counter()
+        lock = self.monitor.lock if self.monitor is not None else None
+        if lock is not None:
+            lock.acquire()
+        try:
+            if self.monitor is None:
+                self.adapters.record(update)
+            self.adapters.retire(self.engines, self.adapters.to_retire())
+        finally:
+            if lock is not None:
+                lock.release()
+        return {
+            "weight_sync/adapters_loaded": float(len(self.adapters.versions())),
+            "weight_sync/unload_seconds": time.perf_counter() - t0,
+        }
+
+    def sleep_engines(self) -> None:
+        """``--colocate``: every engine frees its GPU memory for the trainer (:meth:`VLLMServer.sleep`, level 1)."""
+        for engine in self.engines:
+            engine.sleep(1)
+
+    def wake_engines(self) -> None:
+        """``--colocate``: every engine takes its GPU memory back before the weight update."""
+        for engine in self.engines:
+            engine.wake_up()
+
+    def check_engines(self) -> None:
+        """Raise if an engine actor reported that its vLLM server exited (see
+        :func:`vime_core.rollout.engine_actor.engine_failures`).
+
+        With the health monitor a dead engine is replaced instead; this raises only when every engine is lost.
+
+        :raises RuntimeError: with each dead engine's address, exit code and log tail.
+        :raises EnginesLostError: (monitor) every engine is gone and no restart is left.
+        """
+        if self.monitor is not None:
+            self.monitor.raise_if_lost()
+            return
+        dead = engine_failures(self.engines)
+        if dead:
+            raise RuntimeError("vLLM engine died: " + "\n".join(dead))
+
+    def check_weight_dir(self, path: str, nonce: str) -> list[str]:
+        """Whether every engine's node reads ``nonce`` from ``path`` (``--update-weight-disk-dir`` must be a
+        filesystem the trainer and the engines share for ``disk``/``disk-delta`` weight sync).
+
+        :return: one reason per engine that cannot (empty: all can).
+        """
+        import ray
+
+        problems = []
+        for i, e in enumerate(self.engines):
+            why = (
+                ray.get(e.actor.can_read.remote(path, nonce))
+                if isinstance(e, RemoteEngine)
+                else check_nonce(path, nonce)
+            )
+            if why is not None:
+                problems.append(f"engine {i} ({e.url}): {why}")
+        return problems
+
+    async def abort_inflight(self) -> int:
+        """Abort the router client's in-flight requests on every engine (no-op without engines).
+
+        :return: the number of request ids sent.
+        """
+        if self.client is None or not self.engines:
+            return 0
+        return await self.client.abort_requests([e.url for e in self.engines])
+
+    def health_metrics(self) -> dict[str, float]:
+        """The health monitor's metrics since the last call (none without a monitor)."""
+        return self.monitor.take_metrics() if self.monitor is not None else {}
+
+
+def _engine_cpu_bind(cfg: EngineConfig, index: int) -> str | None:
+    """``--rollout-cpu-bind``'s value for engine ``index``, else :func:`_cpu_bind`."""
+    binds = cfg.rollout_cpu_bind
+    return binds[index] if binds else _cpu_bind(index, cfg.rollout_num_engines)
+
+
+def _cpu_bind(index: int, count: int) -> str | None:
+    """vllm-cpu's ``VLLM_CPU_OMP_THREADS_BIND`` for engine ``index``: engines are pinned apart when there are
+    enough cores, else left to vLLM's default."""
+    import os
+
+    cores = os.cpu_count() or 1
+    if count <= 1 or cores < count:
+        return None
+    per = cores // count
+    return f"{index * per}-{index * per + per - 1}"
