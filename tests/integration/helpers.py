@@ -21,6 +21,7 @@ from vime_core.algorithms.logprobs import sequence_log_probs
 from vime_core.plugins import get_plugins
 from vime_core.rollout.client import RouterClient, eos_token_ids
 from vime_core.rollout.context import RolloutContext, set_rollout_context
+from vime_core.rollout.process_guard import marked_processes
 
 ROOT = Path(__file__).resolve().parents[2]
 #: the interpreter of vLLM 0.24's CPU build (``scripts/install_vllm_compat.sh``)
@@ -62,26 +63,19 @@ def read_metrics(out: Path) -> list[dict]:
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
-def marked(mark: str) -> list[tuple[int, str]]:
-    """``(pid, command)`` of every live process whose environment carries ``MARK=mark``."""
+def marked(mark: str) -> list[tuple]:
+    """``(pid, command, [VIME_RUN_ID=...])`` of every live process whose environment carries ``MARK=mark`` (found by
+    :func:`vime_core.rollout.process_guard.marked_processes`)."""
     found = []
-    needle = f"{MARK}={mark}".encode()
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
+    for pid in marked_processes(MARK, mark):
         try:
-            with open(f"/proc/{entry}/environ", "rb") as f:
-                if needle not in f.read().split(b"\0"):
-                    continue
-            with open(f"/proc/{entry}/stat") as f:
-                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
-                    continue
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                found.append((int(entry), f.read().replace(b"\0", b" ").decode(errors="replace")[:120]))
-            with open(f"/proc/{entry}/environ", "rb") as f:  # the run's own marker (vime_core.rollout.process)
-                found[-1] = (*found[-1], [e for e in f.read().split(b"\0") if e.startswith(b"VIME_RUN_ID=")])
-        except OSError:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                command = f.read().replace(b"\0", b" ").decode(errors="replace")[:120]
+            with open(f"/proc/{pid}/environ", "rb") as f:  # the run's own marker (vime_core.rollout.process)
+                run_id = [e for e in f.read().split(b"\0") if e.startswith(b"VIME_RUN_ID=")]
+        except OSError:  # gone meanwhile
             continue
+        found.append((pid, command, run_id))
     return found
 
 
