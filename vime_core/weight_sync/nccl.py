@@ -265,6 +265,11 @@ class NcclWeightSync(WeightSyncStrategy):
         self._wait_sender()
         t0 = time.perf_counter()
         tensors = [(n, t.detach().clone()) for n, t in named_tensors]  # training may go on while bytes move
+        return self._start_broadcast(tensors, version, t0)
+
+    def _start_broadcast(self, tensors: list[tuple[str, torch.Tensor]], version: int, t0: float) -> WeightUpdate:
+        """Broadcast ``tensors`` (a snapshot the trainer no longer changes) as ``version`` in a background thread;
+        ``t0``: when the push began (the update's trainer-side seconds)."""
         backend = "nccl" if tensors and tensors[0][1].is_cuda else "gloo"
         init = self._group is None
         if init:  # hosted on this rank's node: engines on other nodes connect to its address
@@ -307,9 +312,11 @@ class NcclWeightSync(WeightSyncStrategy):
                 "--weight-sync nccl with LoRA needs --update-weight-disk-dir (replacement engines load "
                 "the kept adapters from there)"
             )
-        snapshot = {n: t.detach().clone() for n, t in tensors.items()}
-        update = self.push(snapshot.items(), version)
-        path = self.adapter_copy.start(version, snapshot.items(), config)
+        self._wait_sender()
+        t0 = time.perf_counter()
+        snapshot = [(n, t.detach().clone()) for n, t in tensors.items()]  # one copy serves broadcast and files
+        update = self._start_broadcast(snapshot, version, t0)
+        path = self.adapter_copy.start(version, snapshot, config)
         update.payload.update({"lora": True, "config": dict(config), "path": str(path)})
         return update
 
