@@ -1,6 +1,7 @@
 """``vime run`` arguments: framework flags, ``--vllm-*`` / ``--router-*`` pass-through, YAML config files.
 
-:func:`build_parser` defines the framework flags (plugins add theirs through ``vime_add_arguments``; the
+:func:`build_parser` is generated from the config sections' flag declarations (:mod:`vime_core.config`) and the
+plugins' registered flag classes (``vime_register_flags``; the
 ``megatron`` backend adds Megatron-LM's names); ``--vllm-<arg>`` and ``--router-<arg>`` are forwarded to every vLLM
 engine and to the router, except the flags vime owns (:data:`VIME_OWNED_VLLM_FLAGS`). :func:`parse_run_args` merges
 ``--config FILE.yaml`` (the command line wins) and runs the cross-flag checks; :func:`default_args` builds a
@@ -90,7 +91,8 @@ def flags_without_help(parser: argparse.ArgumentParser) -> list[str]:
 
 
 def build_parser(add_plugin_arguments: bool = True) -> argparse.ArgumentParser:
-    """The ``vime run`` parser (framework flags plus plugin flags from ``vime_add_arguments``)."""
+    """The ``vime run`` parser: one group per config section (:data:`vime_core.config.SECTIONS`), one per plugin flag
+    class, then the flags of deprecated ``vime_add_arguments`` hooks."""
     p = argparse.ArgumentParser(
         prog="vime run", description="Run RL post-training.", allow_abbrev=False, formatter_class=HelpFormatter
     )

@@ -17,10 +17,12 @@ from vime_core.config import (
     SECTIONS,
     AlgorithmConfig,
     ConfigError,
+    PluginConfig,
     RolloutConfig,
     RunConfig,
     SandboxConfig,
     Section,
+    add_flags,
     check_tree,
     declared_flags,
     flag,
@@ -152,8 +154,8 @@ def _plugin_sources() -> list[Path]:
 
 def test_no_plugin_reads_framework_flags_from_the_namespace():
     """Plugins read the framework's flags through a config section (``SandboxConfig.from_args(args).sandbox``),
-    like vime_core; their own prefixed flags with :func:`vime_core.plugin_flags.own_flags` (defaults from the
-    flag definition), never with an inline default (``getattr(args, "<own flag>", default)``)."""
+    like vime_core; their own prefixed flags through their :class:`~vime_core.config.PluginConfig` class (defaults from
+    the declaration), never with an inline default (``getattr(args, "<own flag>", default)``)."""
     dests = _framework_dests()
     plugin_dests = {a.dest for a in build_parser()._actions} - dests
     sources = _plugin_sources()
@@ -165,7 +167,7 @@ def test_no_plugin_reads_framework_flags_from_the_namespace():
         for line, what in _namespace_reads(tree, dests):
             offenders.append(f"{rel}:{line}: framework flag read from the Namespace: {what}")
         for line, what in _inline_defaults(tree, plugin_dests):
-            offenders.append(f"{rel}:{line}: own flag read with an inline default (use own_flags): {what}")
+            offenders.append(f"{rel}:{line}: own flag read with an inline default (use its PluginConfig): {what}")
     assert not offenders, "\n".join(offenders)
 
 
@@ -236,3 +238,25 @@ def test_a_drifted_tree_is_refused_naming_the_field():
     with pytest.raises(ConfigError, match=r"E.x: declare it with flag\(\), ref\(\) or passthrough\(\)"):
         check_tree([bare])
     check_tree([a, _section("F", lr=("float", ref()))])  # a ref of the right type is fine
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class _MyFlags(PluginConfig):
+    PREFIX = "my-plugin"
+    TITLE = "my-plugin"
+    my_plugin_timeout: float = flag(type=float, default=120.0, help="seconds")
+    my_plugin_tags: list[str] = flag(action="append", default=[], help="repeatable")
+    my_plugin_fast: bool = flag(action="store_true", help="go fast")
+
+
+def test_a_plugin_reads_its_flags_typed_with_declared_defaults_for_what_args_lacks():
+    got = _MyFlags.from_args(argparse.Namespace(my_plugin_timeout=5.0, sandbox="docker"))
+    assert got == _MyFlags(my_plugin_timeout=5.0, my_plugin_tags=[], my_plugin_fast=False)
+    assert _MyFlags.from_args(None) == _MyFlags()
+    # a list default is copied per instance: appending to one does not change the declaration's
+    _MyFlags.from_args(None).my_plugin_tags.append("x")
+    assert _MyFlags().my_plugin_tags == []
+    parser = argparse.ArgumentParser()
+    add_flags(parser, _MyFlags)
+    args = parser.parse_args(["--my-plugin-fast", "--my-plugin-tags", "a"])
+    assert _MyFlags.from_args(args) == _MyFlags(my_plugin_timeout=120.0, my_plugin_tags=["a"], my_plugin_fast=True)

@@ -5,6 +5,7 @@ options), :func:`ref` (a flag another section declares), :func:`passthrough`, th
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 from collections.abc import Callable, Iterator
 from dataclasses import MISSING, Field, field, fields, is_dataclass
@@ -103,9 +104,13 @@ def declared_flags(cls: type) -> Iterator[Field]:
 
 
 def add_flags(group: Any, cls: type) -> None:
-    """Add the flags ``cls`` declares to an argparse parser or argument group."""
+    """Add the flags ``cls`` declares to an argparse parser or argument group (a list default is copied per parser:
+    a parsed value never aliases the declaration's)."""
     for f in declared_flags(cls):
-        group.add_argument(flag_name(f), dest=f.name, **f.metadata[FLAG])
+        options = dict(f.metadata[FLAG])
+        if isinstance(options.get("default"), list | dict | set):
+            options["default"] = copy.copy(options["default"])
+        group.add_argument(flag_name(f), dest=f.name, **options)
 
 
 class Section:
