@@ -1,7 +1,7 @@
 """The docs' flag tables agree with the one declaration of each flag (vime_core/config/): every row
 ``| `--flag ...` |`` of a table in docs/ names a flag ``vime run`` has, and a table's ``default`` column states the
-declared default (a literal value: number, ``code``, off/on, none, N MiB), or — prose such as "the tokenizer's" — describes the
-fallback of a flag whose declared default is ``None``."""
+declared default (a literal value: number, ``code``, off/on, none, N MiB), or is prose ("the tokenizer's") for a
+flag whose declared default is ``None``."""
 
 import re
 from pathlib import Path
