@@ -1,6 +1,7 @@
 """The cross-flag checks of ``vime run``: combinations of flags that cannot run are refused with an
-:class:`~vime_core.argument_errors.ArgumentError` naming them, and flags that follow from others are derived
-(:func:`check_run_args`, which :func:`vime_core.arguments.parse_run_args` calls after parsing).
+:class:`~vime_core.argument_errors.ArgumentError` naming them (:func:`check_run_config`, on the typed tree), and
+flags that follow from others are derived (:func:`derive_flags`); :func:`vime_core.arguments.parse_run_args` calls
+both through :func:`check_run_args` after parsing.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import os
 
 from vime_core.algorithms.options import check_algorithm_config
 from vime_core.argument_errors import ArgumentError
-from vime_core.config import AlgorithmConfig, ClusterConfig, LoraConfig, RolloutConfig, TrainerConfig, json_object
+from vime_core.config import AlgorithmConfig, EvalConfig, RolloutConfig, RunConfig, json_object
 from vime_core.evaluation import EvalArgumentError, parse_eval_prompt_data
 from vime_core.lora.options import LoraFlagError, check_lora_config
 from vime_core.placement import PlacementError, ResourceFlags, check_resource_flags
@@ -37,11 +38,15 @@ OWN_SAMPLING_FLAGS = {
 }
 
 
-def _check_sampling_json(args: argparse.Namespace) -> None:
-    pairs = list(args.eval_set_sampling_params or [])
+def _eval_set_sampling(cfg: EvalConfig) -> dict[str, dict] | None:
+    """``--eval-set-sampling-params NAME JSON ...`` as ``{NAME: fields}`` (``None`` when not given).
+
+    :raises ArgumentError: an odd number of values, a NAME that is no eval set, a JSON that is no object.
+    """
+    pairs = list(cfg.eval_set_sampling_params or [])
     if len(pairs) % 2:
         raise ArgumentError(f"--eval-set-sampling-params expects NAME JSON pairs, got {len(pairs)} values")
-    names = [s.name for s in parse_eval_prompt_data(args.eval_prompt_data)]
+    names = [s.name for s in parse_eval_prompt_data(cfg.eval_prompt_data)]
     per_set: dict[str, dict] = {}
     for name, text in zip(pairs[::2], pairs[1::2], strict=True):
         if name not in names:
@@ -50,9 +55,13 @@ def _check_sampling_json(args: argparse.Namespace) -> None:
             per_set[name] = json_object(f"--eval-set-sampling-params {name}")(text)
         except argparse.ArgumentTypeError as e:
             raise ArgumentError(str(e)) from None
-    args.eval_set_sampling_params = per_set or None
-    sources = [("--rollout-sampling-params", args.rollout_sampling_params)]
-    sources += [("--eval-sampling-params", args.eval_sampling_params)]
+    return per_set or None
+
+
+def _check_sampling_json(cfg: RunConfig) -> None:
+    per_set = _eval_set_sampling(cfg.eval) or {}
+    sources = [("--rollout-sampling-params", cfg.rollout.rollout_sampling_params)]
+    sources += [("--eval-sampling-params", cfg.eval.eval_sampling_params)]
     sources += [(f"--eval-set-sampling-params {n}", d) for n, d in per_set.items()]
     for flag, fields in sources:
         for key in fields or {}:
@@ -64,124 +73,158 @@ def _check_sampling_json(args: argparse.Namespace) -> None:
 EVAL_SET_FIELDS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "max_tokens", "stop")
 
 
-def _check_eval(args: argparse.Namespace) -> None:
+def _check_eval(cfg: RunConfig) -> None:
+    ev = cfg.eval
     try:
-        parse_eval_prompt_data(args.eval_prompt_data)
+        parse_eval_prompt_data(ev.eval_prompt_data)
     except EvalArgumentError as e:
         raise ArgumentError(str(e)) from None
     for name in ("eval_interval", "n_samples_per_eval_prompt", "eval_max_response_len"):
-        value = getattr(args, name)
+        value = getattr(ev, name)
         if value is not None and value < 1:
             raise ArgumentError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
-    if args.eval_interval is not None and not args.eval_prompt_data:
+    if ev.eval_interval is not None and not ev.eval_prompt_data:
         raise ArgumentError("--eval-interval needs --eval-prompt-data NAME PATH [NAME PATH ...]")
-    if args.eval_prompt_data and args.debug_train_only:
+    if ev.eval_prompt_data and cfg.logging.debug_train_only:
         raise ArgumentError("--eval-prompt-data needs the rollout engines; it does not work with --debug-train-only")
-    if args.eval_reward is None:
-        args.eval_reward = args.reward
-    _check_sampling_json(args)
+    _check_sampling_json(cfg)
+
+
+def _at_least(section: object, names: tuple[str, ...], low: int) -> None:
+    """Each of ``names`` (fields of ``section``; ``None`` = unset) is at least ``low``."""
+    for name in names:
+        value = getattr(section, name)
+        if value is not None and value < low:
+            raise ArgumentError(f"--{name.replace('_', '-')} must be >= {low}, got {value}")
+
+
+def _positive(section: object, names: tuple[str, ...], unit: str = "") -> None:
+    """Each of ``names`` (fields of ``section``; ``None`` = unset) is above 0."""
+    for name in names:
+        value = getattr(section, name)
+        if value is not None and not value > 0:
+            raise ArgumentError(f"--{name.replace('_', '-')} must be > 0{unit}, got {value}")
 
 
 def check_run_args(args: argparse.Namespace, command: str = "run") -> None:
-    """Check the combination of parsed ``vime run`` flags (``command`` ``"eval"`` for ``vime eval``) and derive the
-    flags that follow from others (``--load-debug-rollout-data`` implies ``--debug-train-only``, the engine count
-    from ``--rollout-num-gpus``, ``--update-weight-disk-dir``, the CPU binding of one CPU engine, ``--eval-reward``).
+    """Check the combination of parsed ``vime run`` flags (``command`` ``"eval"`` for ``vime eval``) on the typed
+    tree (:func:`check_run_config`), then derive the flags that follow from others (:func:`derive_flags`).
 
     :raises ArgumentError: naming the flags of a combination that cannot run.
     """
     if args.load_debug_rollout_data:
         args.debug_train_only = True
-    if args.loop != "sync" and (args.debug_train_only or args.debug_rollout_only):
-        raise ArgumentError(f"--loop {args.loop} needs both engines and trainer; the debug modes use --loop sync")
-    if args.mask_offpolicy_in_partial_rollout and not args.partial_rollout:
+    cfg = RunConfig.from_args(args)
+    check_run_config(cfg, command)
+    derive_flags(args, cfg)
+
+
+def check_run_config(cfg: RunConfig, command: str = "run") -> None:
+    """Refuse flag combinations that cannot run, reading the typed sections only.
+
+    :raises ArgumentError: naming the flags of the combination.
+    """
+    ro, eng, log, rew = cfg.rollout, cfg.engine, cfg.logging, cfg.reward
+    if ro.loop != "sync" and (log.debug_train_only or log.debug_rollout_only):
+        raise ArgumentError(f"--loop {ro.loop} needs both engines and trainer; the debug modes use --loop sync")
+    if ro.mask_offpolicy_in_partial_rollout and not ro.partial_rollout:
         raise ArgumentError("--mask-offpolicy-in-partial-rollout needs --partial-rollout")
-    if args.partial_rollout and (
-        args.loop == "fully-async"
-        or (args.dynamic_sampling_filter is None and (args.over_sampling_batch_size or 0) <= args.rollout_batch_size)
+    if ro.partial_rollout and (
+        ro.loop == "fully-async"
+        or (ro.dynamic_sampling_filter is None and (ro.over_sampling_batch_size or 0) <= ro.rollout_batch_size)
     ):
         raise ArgumentError(
             "--partial-rollout resumes groups aborted by over-sampling: it needs --dynamic-sampling-filter or "
             "--over-sampling-batch-size above --rollout-batch-size, and --loop sync or one-step-off"
         )
-    if args.max_staleness < 0:
+    if ro.max_staleness < 0:
         raise ArgumentError("--max-staleness must be >= 0")
-    inflight = args.rollout_inflight_groups
-    if inflight is not None and inflight < args.rollout_batch_size:
+    inflight = ro.rollout_inflight_groups
+    if inflight is not None and inflight < ro.rollout_batch_size:
         raise ArgumentError(
-            f"--rollout-inflight-groups {inflight} is below --rollout-batch-size {args.rollout_batch_size}: "
+            f"--rollout-inflight-groups {inflight} is below --rollout-batch-size {ro.rollout_batch_size}: "
             "a fully-async step could never get its groups"
         )
-    if not args.failure_exit_timeout > 0:
-        raise ArgumentError(f"--failure-exit-timeout must be > 0 seconds, got {args.failure_exit_timeout}")
-    if args.reward == "remote" and not args.rm_url:
+    if not log.failure_exit_timeout > 0:
+        raise ArgumentError(f"--failure-exit-timeout must be > 0 seconds, got {log.failure_exit_timeout}")
+    if rew.reward == "remote" and not rew.rm_url:
         raise ArgumentError("--reward remote needs --rm-url (the reward-model service's URL)")
-    for name in ("rm_concurrency", "math_verify_workers"):
-        if getattr(args, name) < 1:
-            raise ArgumentError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
-    for name in ("rm_timeout", "math_verify_timeout", "reward_timeout"):
-        value = getattr(args, name)
-        if value is not None and value <= 0:
-            raise ArgumentError(f"--{name.replace('_', '-')} must be > 0 seconds, got {value}")
-    if args.rm_max_retries < 0:
-        raise ArgumentError(f"--rm-max-retries must be >= 0, got {args.rm_max_retries}")
-    for name in ("save_interval", "max_checkpoints", "rollout_max_prompt_len"):
-        value = getattr(args, name, None)
-        if value is not None and value < 1:
-            raise ArgumentError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
-    if getattr(args, "save_interval_minutes", None) is not None and not args.save_interval_minutes > 0:
-        raise ArgumentError(f"--save-interval-minutes must be > 0 minutes, got {args.save_interval_minutes}")
-    _check_sandbox_outlives_agent(args)
-    check_off_policy_correction(args)
-    if args.debug_rollout_only and args.debug_train_only:
+    _at_least(rew, ("rm_concurrency", "math_verify_workers"), 1)
+    _positive(rew, ("rm_timeout", "math_verify_timeout", "reward_timeout"), " seconds")
+    _at_least(rew, ("rm_max_retries",), 0)
+    _at_least(log, ("save_interval", "max_checkpoints"), 1)
+    _at_least(cfg.data, ("rollout_max_prompt_len",), 1)
+    _positive(log, ("save_interval_minutes",), " minutes")
+    _check_sandbox_outlives_agent(cfg)
+    check_off_policy_correction(ro, cfg.algorithm)
+    if log.debug_rollout_only and log.debug_train_only:
         raise ArgumentError("--debug-rollout-only and --debug-train-only exclude each other")
-    _check_eval(args)
-    if command == "run" and not args.debug_train_only and args.prompt_data is None:
+    _check_eval(cfg)
+    if command == "run" and not log.debug_train_only and cfg.data.prompt_data is None:
         raise ArgumentError("--prompt-data is required (a .jsonl or .parquet file of prompts)")
-    if args.debug_train_only and not args.load_debug_rollout_data:
+    if log.debug_train_only and not log.load_debug_rollout_data:
         raise ArgumentError("--debug-train-only needs --load-debug-rollout-data PATTERN")
-    for name in (
-        "num_rollout",
-        "rollout_batch_size",
-        "n_samples_per_prompt",
-        "micro_batch_size",
-        "rollout_num_engines",
-    ):
-        if getattr(args, name) < 1:
-            raise ArgumentError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
-    total = args.rollout_batch_size * args.n_samples_per_prompt
-    if args.global_batch_size is not None and (args.global_batch_size < 1 or total % args.global_batch_size):
+    _at_least(ro, ("num_rollout", "rollout_batch_size", "n_samples_per_prompt"), 1)
+    _at_least(cfg.trainer, ("micro_batch_size",), 1)
+    _at_least(eng, ("rollout_num_engines",), 1)
+    total = ro.rollout_batch_size * ro.n_samples_per_prompt
+    gbs = cfg.trainer.global_batch_size
+    if gbs is not None and (gbs < 1 or total % gbs):
         raise ArgumentError(
-            f"--global-batch-size {args.global_batch_size} must divide "
-            f"rollout-batch-size × n-samples-per-prompt = {total}"
+            f"--global-batch-size {gbs} must divide rollout-batch-size × n-samples-per-prompt = {total}"
         )
-    if args.rollout_cpu_bind is not None and len(args.rollout_cpu_bind) != args.rollout_num_engines:
+    if eng.rollout_cpu_bind is not None and len(eng.rollout_cpu_bind) != eng.rollout_num_engines:
         raise ArgumentError(
-            f"--rollout-cpu-bind has {len(args.rollout_cpu_bind)} values for {args.rollout_num_engines} engines"
+            f"--rollout-cpu-bind has {len(eng.rollout_cpu_bind)} values for {eng.rollout_num_engines} engines"
         )
-    if args.train_cpus is not None:
-        parse_cpu_list(args.train_cpus)
-    if not -20 <= args.ray_worker_niceness <= 19:
-        raise ArgumentError(f"--ray-worker-niceness must be in -20 … 19 (nice(2)), got {args.ray_worker_niceness}")
-    for name in ("rollout_max_engine_restarts", "rollout_max_request_retries"):
-        if getattr(args, name, 0) < 0:
-            raise ArgumentError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")
-    if getattr(args, "rollout_engine_restart_backoff", 0.0) < 0:
+    if cfg.trainer.train_cpus is not None:
+        parse_cpu_list(cfg.trainer.train_cpus)
+    if not -20 <= cfg.cluster.ray_worker_niceness <= 19:
         raise ArgumentError(
-            f"--rollout-engine-restart-backoff must be >= 0, got {args.rollout_engine_restart_backoff:g}"
+            f"--ray-worker-niceness must be in -20 … 19 (nice(2)), got {cfg.cluster.ray_worker_niceness}"
         )
-    for name in ("rollout_health_check_interval", "rollout_engine_hang_timeout"):
-        if getattr(args, name, 1.0) <= 0:
-            raise ArgumentError(f"--{name.replace('_', '-')} must be > 0, got {getattr(args, name)}")
-    if (args.vllm_router_ip is None) != (args.vllm_router_port is None):
+    _at_least(eng, ("rollout_max_engine_restarts", "rollout_max_request_retries"), 0)
+    if eng.rollout_engine_restart_backoff < 0:
+        raise ArgumentError(
+            f"--rollout-engine-restart-backoff must be >= 0, got {eng.rollout_engine_restart_backoff:g}"
+        )
+    _positive(eng, ("rollout_health_check_interval", "rollout_engine_hang_timeout"))
+    if (eng.vllm_router_ip is None) != (eng.vllm_router_port is None):
         raise ArgumentError("--vllm-router-ip and --vllm-router-port go together")
-    if args.use_wandb and importlib.util.find_spec("wandb") is None:
+    if log.use_wandb and importlib.util.find_spec("wandb") is None:
         raise ArgumentError("--use-wandb needs the wandb package: pip install 'vime[wandb]'")
-    if args.colocate and args.loop != "sync":
-        raise ArgumentError(f"--colocate needs --loop sync: with --loop {args.loop} generation overlaps training")
+    if cfg.cluster.colocate and ro.loop != "sync":
+        raise ArgumentError(f"--colocate needs --loop sync: with --loop {ro.loop} generation overlaps training")
+    _placed_engines(cfg)
     try:
-        engines = check_resource_flags(ResourceFlags.from_config(ClusterConfig.from_args(args)))
+        check_algorithm_config(cfg.algorithm)
+        check_overlong_config(ro)
+        check_lr_schedule_config(cfg.trainer)
+    except ValueError as e:
+        raise ArgumentError(str(e)) from None
+    _check_lora(cfg)
+
+
+def _placed_engines(cfg: RunConfig) -> int:
+    """The engine count the placement flags give (0 without ``--rollout-num-gpus``).
+
+    :raises ArgumentError: the placement planner's refusal.
+    """
+    try:
+        return check_resource_flags(ResourceFlags.from_config(cfg.cluster))
     except PlacementError as e:
         raise ArgumentError(str(e)) from None
+
+
+def derive_flags(args: argparse.Namespace, cfg: RunConfig) -> None:
+    """Set the flags that follow from others, on the parsed Namespace (``cfg``: the checked tree built from it):
+    ``--eval-reward`` (default ``--reward``), ``--eval-set-sampling-params`` as ``{NAME: fields}``, the engine count
+    from ``--rollout-num-gpus``, ``--update-weight-disk-dir`` (default ``OUTPUT_DIR/weights``), and the CPU binding
+    of one CPU engine."""
+    if args.eval_reward is None:
+        args.eval_reward = args.reward
+    args.eval_set_sampling_params = _eval_set_sampling(cfg.eval)
+    engines = _placed_engines(cfg)
     if args.rollout_num_gpus and engines:  # engines = --rollout-num-gpus / --rollout-num-gpus-per-engine (slime)
         args.rollout_num_engines = engines
     if args.update_weight_disk_dir is None:
@@ -199,43 +242,36 @@ def check_run_args(args: argparse.Namespace, command: str = "run") -> None:
         # core. vLLM's "auto" keeps one core for its engine-core process, which spin-waits on it: 189 vs 316 tokens/s
         # on 2 cores (bench/rollout_throughput.py, docs/performance.md)
         args.rollout_cpu_bind = [",".join(map(str, cores))]
-    try:
-        check_algorithm_config(AlgorithmConfig.from_args(args))
-        check_overlong_config(RolloutConfig.from_args(args))
-        check_lr_schedule_config(TrainerConfig.from_args(args))
-    except ValueError as e:
-        raise ArgumentError(str(e)) from None
-    _check_lora(args)
 
 
-def _check_lora(args: argparse.Namespace) -> None:
+def _check_lora(cfg: RunConfig) -> None:
     """The LoRA flags against the chosen weight-sync strategy and trainer (their classes' ``CARRIES_LORA`` and
     ``SUPPORTS_LORA``; an unknown name is left to the run's own resolution, which names it)."""
-    cfg = LoraConfig.from_args(args)
+    lora = cfg.lora
     classes: list[type | None] = [None, None]
-    if cfg.enabled:
+    if lora.enabled:
         from vime_core.plugins import get_plugins
         from vime_core.registry import RegistryError
 
-        for i, (kind, name) in enumerate((("weight_sync", cfg.weight_sync), ("trainer", cfg.trainer))):
+        for i, (kind, name) in enumerate((("weight_sync", lora.weight_sync), ("trainer", lora.trainer))):
             try:
                 classes[i] = get_plugins().resolve(kind, name)
             except RegistryError:
                 pass
     try:
-        check_lora_config(cfg, classes[0], classes[1] if not args.debug_rollout_only else None)
+        check_lora_config(lora, classes[0], classes[1] if not cfg.logging.debug_rollout_only else None)
     except LoraFlagError as e:
         raise ArgumentError(str(e)) from None
 
 
-def _check_sandbox_outlives_agent(args: argparse.Namespace) -> None:
+def _check_sandbox_outlives_agent(cfg: RunConfig) -> None:
     """``--generate coding_agent`` runs the agent and then collects and scores its workspace in the same sandbox:
     a sandbox that lives no longer than the agent expires first, and every episode would fail.
 
     :raises ArgumentError: ``--sandbox-wall-time`` (when not 0 = unlimited) is not above ``--agent-wall-time``.
     """
-    sandbox_s, agent_s = getattr(args, "sandbox_wall_time", None), getattr(args, "agent_wall_time", None)
-    if getattr(args, "generate", None) != "coding_agent" or not sandbox_s or agent_s is None:
+    sandbox_s, agent_s = cfg.sandbox.sandbox_wall_time, cfg.coding_agent.agent_wall_time
+    if cfg.rollout.generate != "coding_agent" or not sandbox_s or agent_s is None:
         return
     if sandbox_s <= agent_s:
         raise ArgumentError(
@@ -250,7 +286,7 @@ OFF_POLICY_LOOPS = ("one-step-off", "fully-async")
 OFF_POLICY_CORRECTIONS = ("--use-tis", "--use-mis", "--use-rollout-logprobs")
 
 
-def check_off_policy_correction(args: argparse.Namespace) -> None:
+def check_off_policy_correction(rollout: RolloutConfig, algorithm: AlgorithmConfig) -> None:
     """Refuse an off-policy loop (``--loop one-step-off`` / ``fully-async``) without a correction for the policy
     that generated the tokens: ``--use-tis`` or ``--use-mis`` (importance weights against the engine's log-probs)
     or ``--use-rollout-logprobs`` (the engine's log-probs as the PPO ratio's old policy). Without one, the trainer
@@ -260,17 +296,15 @@ def check_off_policy_correction(args: argparse.Namespace) -> None:
 
     :raises ArgumentError: naming the loop and the three flags.
     """
-    loop = getattr(args, "loop", "sync")
-    if loop not in OFF_POLICY_LOOPS or any(
-        getattr(args, f[2:].replace("-", "_"), False) for f in OFF_POLICY_CORRECTIONS
-    ):
+    loop = rollout.loop
+    if loop not in OFF_POLICY_LOOPS or algorithm.use_tis or algorithm.use_mis or algorithm.use_rollout_logprobs:
         return
     what = (
         f"--loop {loop} trains on tokens generated by an older policy, but none of "
         f"{', '.join(OFF_POLICY_CORRECTIONS)} is set, so the PPO ratio would be anchored to the trainer's current "
         "policy instead of the policy that generated the tokens"
     )
-    if not getattr(args, "allow_off_policy_without_correction", False):
+    if not algorithm.allow_off_policy_without_correction:
         raise ArgumentError(
             f"{what}. Add --use-tis (truncated importance sampling, the usual choice), --use-mis or "
             "--use-rollout-logprobs, or pass --allow-off-policy-without-correction to train uncorrected."
