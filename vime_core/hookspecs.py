@@ -18,12 +18,8 @@ import pluggy
 from vime_core.protocols import AdvantageEstimator, DynamicFilter, GenerateFn, GroupRewardFn, RewardFn
 
 if TYPE_CHECKING:
-    from vime_core.agent.harness import AgentHarness
     from vime_core.config import PluginConfig
-    from vime_core.sandbox.base import Sandbox
-    from vime_core.trainer.base import TrainerBackend
     from vime_core.types import Sample
-    from vime_core.weight_sync.base import WeightSyncStrategy
 
 hookspec = pluggy.HookspecMarker("vime")
 hookimpl = pluggy.HookimplMarker("vime")
@@ -35,10 +31,13 @@ RegisterReward = Callable[[str, RewardFn], None]
 RegisterGroupReward = Callable[[str, GroupRewardFn], None]
 RegisterAdvantage = Callable[[str, AdvantageEstimator], None]
 RegisterDynamicFilter = Callable[[str, DynamicFilter], None]
-RegisterSandbox = Callable[[str, "type[Sandbox]"], None]
-RegisterAgent = Callable[[str, "type[AgentHarness]"], None]
-RegisterWeightSync = Callable[[str, "type[WeightSyncStrategy]"], None]
-RegisterTrainer = Callable[[str, "type[TrainerBackend]"], None]
+# The class kinds are named, not imported: their bases live a layer above this module (the registry checks each
+# class against its base: vime_core.sandbox.base.Sandbox, vime_core.agent.harness.AgentHarness,
+# vime_core.weight_sync.base.WeightSyncStrategy, vime_core.trainer.base.TrainerBackend).
+RegisterSandbox = Callable[[str, type], None]
+RegisterAgent = Callable[[str, type], None]
+RegisterWeightSync = Callable[[str, type], None]
+RegisterTrainer = Callable[[str, type], None]
 RegisterFlags = Callable[[str, "type[PluginConfig]"], None]
 
 # --------------------------------------------------------------------------------------------------------------
