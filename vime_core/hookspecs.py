@@ -9,7 +9,6 @@ docs/architecture.md ("Which hooks run where").
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -18,7 +17,10 @@ import pluggy
 from vime_core.protocols import AdvantageEstimator, DynamicFilter, GenerateFn, GroupRewardFn, RewardFn
 
 if TYPE_CHECKING:
+    from argparse import ArgumentParser, Namespace
+
     from vime_core.agent.harness import AgentHarness
+    from vime_core.context import PluginContext
     from vime_core.sandbox.base import Sandbox
     from vime_core.trainer.base import TrainerBackend
     from vime_core.types import Sample
@@ -164,7 +166,7 @@ def vime_register_trainer_backends(register: RegisterTrainer) -> None:
 
 
 @hookspec
-def vime_add_arguments(parser: argparse.ArgumentParser) -> None:
+def vime_add_arguments(parser: ArgumentParser) -> None:
     """Add a plugin's own command-line flags, under the plugin's prefix (e.g. ``--sandbox-docker-image``).
 
     Called in the driver process when the ``vime run`` / ``vime eval`` / ``vime args`` parser is built.
@@ -176,12 +178,25 @@ def vime_add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 # --------------------------------------------------------------------------------------------------------------
-# Observation hooks (called during a run). ``args`` is the run's full Namespace; ``step`` is the training step
-# (slime's rollout id, 0 .. --num-rollout - 1).
+# Observation hooks (called during a run). ``ctx`` is the run's :class:`~vime_core.context.PluginContext`; ``step``
+# is the training step (slime's rollout id, 0 .. --num-rollout - 1). ``args`` is the deprecated Namespace of
+# vime 0.x (built from the typed tree): an implementation that names it still gets it, with a DeprecationWarning.
 
 
-@hookspec
-def vime_on_sample(args: argparse.Namespace, sample: Sample, step: int) -> None:
+def _args_deprecated(hook: str, new: str) -> DeprecationWarning:
+    return DeprecationWarning(
+        f"{hook}(args, ...) is deprecated and will stop working in the next minor version; implement {hook}({new}) "
+        "and read the configuration from ctx (vime_core.context.PluginContext; docs/hooks.md)"
+    )
+
+
+_ON_SAMPLE_ARGS = _args_deprecated("vime_on_sample", "ctx, sample, step")
+_ON_ROLLOUT_END_ARGS = _args_deprecated("vime_on_rollout_end", "ctx, step, samples, metrics")
+_ON_TRAIN_STEP_END_ARGS = _args_deprecated("vime_on_train_step_end", "ctx, step, metrics")
+
+
+@hookspec(warn_on_impl_args={"args": _ON_SAMPLE_ARGS})
+def vime_on_sample(ctx: PluginContext, sample: Sample, step: int, args: Namespace) -> None:
     """Called for every sample after generation and reward, before advantages are computed.
 
     Runs in the **rollout actor** (the Ray actor holding the :class:`~vime_core.rollout.manager.RolloutManager`),
@@ -193,8 +208,10 @@ def vime_on_sample(args: argparse.Namespace, sample: Sample, step: int) -> None:
     """
 
 
-@hookspec
-def vime_on_rollout_end(args: argparse.Namespace, step: int, samples: list[Sample], metrics: dict[str, float]) -> None:
+@hookspec(warn_on_impl_args={"args": _ON_ROLLOUT_END_ARGS})
+def vime_on_rollout_end(
+    ctx: PluginContext, step: int, samples: list[Sample], metrics: dict[str, float], args: Namespace
+) -> None:
     """Called once per step after the rollout; may add entries to ``metrics`` (they are logged).
 
     Runs in the **rollout actor**, with the step's samples (in ``--loop fully-async`` when a batch is handed to
@@ -204,8 +221,8 @@ def vime_on_rollout_end(args: argparse.Namespace, step: int, samples: list[Sampl
     """
 
 
-@hookspec
-def vime_on_train_step_end(args: argparse.Namespace, step: int, metrics: dict[str, float]) -> None:
+@hookspec(warn_on_impl_args={"args": _ON_TRAIN_STEP_END_ARGS})
+def vime_on_train_step_end(ctx: PluginContext, step: int, metrics: dict[str, float], args: Namespace) -> None:
     """Called once per step after training and weight sync, with the step's metrics (read-only by convention).
 
     Runs in the **driver process** (the ``vime run`` process, :mod:`vime_core.loop`), after the step's metrics

@@ -39,6 +39,7 @@ LAYERS: list[tuple[str, list[str]]] = [
             "vime_core.net",
             "vime_core.progress",
             "vime_core.config",
+            "vime_core.context",
             "vime_core.plugin_flags",
             "vime_core.placement",
             "vime_core.passthrough",

@@ -11,7 +11,7 @@ from __future__ import annotations
 from vime_core import hookimpl
 
 
-async def NAME_reward(args, sample) -> float:
+async def NAME_reward(ctx, sample) -> float:
     """Example reward: 1.0 if the response contains the label, else 0.0.
 
     :raises ValueError: if the sample has no label.
