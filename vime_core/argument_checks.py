@@ -7,13 +7,12 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import json
 import logging
 import os
 
 from vime_core.algorithms.options import check_algorithm_config
 from vime_core.argument_errors import ArgumentError
-from vime_core.config import AlgorithmConfig, ClusterConfig, LoraConfig, RolloutConfig, TrainerConfig
+from vime_core.config import AlgorithmConfig, ClusterConfig, LoraConfig, RolloutConfig, TrainerConfig, json_object
 from vime_core.evaluation import EvalArgumentError, parse_eval_prompt_data
 from vime_core.lora.options import LoraFlagError, check_lora_config
 from vime_core.placement import PlacementError, ResourceFlags, check_resource_flags
@@ -21,22 +20,6 @@ from vime_core.rollout.overlong import check_overlong_config
 from vime_core.trainer.lr_schedule import check_lr_schedule_config
 
 logger = logging.getLogger("vime.arguments")
-
-
-def json_object(flag: str):
-    """An argparse ``type`` that reads a JSON object (``'{"presence_penalty": 0.5}'``), naming ``flag`` otherwise."""
-
-    def parse(text: str) -> dict:
-        try:
-            value = json.loads(text)
-        except ValueError as e:
-            raise argparse.ArgumentTypeError(f"{flag}: not valid JSON ({e}): {text!r}") from None
-        if not isinstance(value, dict):
-            raise argparse.ArgumentTypeError(f"{flag}: expected a JSON object of vLLM sampling fields, got {text!r}")
-        return value
-
-    parse.__name__ = "JSON object"
-    return parse
 
 
 #: sampling fields that have their own flag (a JSON of --*-sampling-params may not set them) or that vime sets

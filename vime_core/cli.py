@@ -22,10 +22,10 @@ def _cmd_run(argv: list[str]) -> int:
     from vime_core.arguments import parse_run_args
 
     args = parse_run_args(argv)  # flag and file errors before torch, Ray and vLLM are imported
-    from vime_core.config import RunConfig
+    from vime_core.arguments import build_run_config
     from vime_core.loop import run
 
-    run(RunConfig.from_args(args), vars(args))  # from here on the configuration travels typed
+    run(build_run_config(args), vars(args))  # from here on the configuration travels typed
     return 0
 
 
@@ -63,10 +63,10 @@ def _cmd_eval(argv: list[str]) -> int:
     from vime_core.arguments import parse_run_args
 
     args = parse_run_args(argv, command="eval")  # flag and file errors before torch, Ray and vLLM are imported
-    from vime_core.config import RunConfig
+    from vime_core.arguments import build_run_config
     from vime_core.loop import evaluate
 
-    evaluate(RunConfig.from_args(args), vars(args))  # from here on the configuration travels typed
+    evaluate(build_run_config(args), vars(args))  # from here on the configuration travels typed
     return 0
 
 

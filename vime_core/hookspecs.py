@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from argparse import ArgumentParser, Namespace
 
     from vime_core.agent.harness import AgentHarness
+    from vime_core.config import PluginConfig
     from vime_core.context import PluginContext
     from vime_core.sandbox.base import Sandbox
     from vime_core.trainer.base import TrainerBackend
@@ -40,6 +41,7 @@ RegisterSandbox = Callable[[str, "type[Sandbox]"], None]
 RegisterAgent = Callable[[str, "type[AgentHarness]"], None]
 RegisterWeightSync = Callable[[str, "type[WeightSyncStrategy]"], None]
 RegisterTrainer = Callable[[str, "type[TrainerBackend]"], None]
+RegisterFlags = Callable[[str, "type[PluginConfig]"], None]
 
 # --------------------------------------------------------------------------------------------------------------
 # Registration hooks (called once when the plugin manager is built)
@@ -166,14 +168,33 @@ def vime_register_trainer_backends(register: RegisterTrainer) -> None:
 
 
 @hookspec
-def vime_add_arguments(parser: ArgumentParser) -> None:
-    """Add a plugin's own command-line flags, under the plugin's prefix (e.g. ``--sandbox-docker-image``).
+def vime_register_flags(register: RegisterFlags) -> None:
+    """Register the plugin's own ``vime run`` flags: one frozen :class:`vime_core.config.PluginConfig` dataclass
+    whose fields are declared with :func:`vime_core.config.flag` under the plugin's prefix (``PREFIX =
+    "sandbox-docker"`` → ``--sandbox-docker-*``). The parser, YAML files and ``vime args`` get them from it, and the
+    plugin reads them back typed (``DockerConfig.from_args(args)``).
 
-    Called in the driver process when the ``vime run`` / ``vime eval`` / ``vime args`` parser is built.
+    :param register: call ``register(ConfigClass.PREFIX, ConfigClass)``; the registry checks the prefix, that every
+        field is a flag with help and a default, and that no other plugin took the prefix.
+
+    .. versionadded:: 0.2
+    """
+
+
+@hookspec(
+    warn_on_impl=DeprecationWarning(
+        "the vime_add_arguments hook is deprecated and will be removed in vime 0.3: declare the plugin's flags as a "
+        "frozen vime_core.config.PluginConfig dataclass and register it with vime_register_flags(register)"
+    )
+)
+def vime_add_arguments(parser: ArgumentParser) -> None:
+    """Deprecated (use :func:`vime_register_flags`): add a plugin's own command-line flags by hand, under the
+    plugin's prefix. Still called when the parser is built; registering an implementation warns.
 
     :param parser: the ``vime run`` parser; add an argument group named after the plugin.
 
     .. versionadded:: 0.1
+    .. deprecated:: 0.2
     """
 
 

@@ -19,6 +19,7 @@ from typing import Any
 import pluggy
 
 from vime_core import hookspecs
+from vime_core.config import ConfigError, PluginConfig, check_plugin_config
 from vime_core.context import adapt_legacy
 from vime_core.protocols import AdvantageEstimator, DynamicFilter, GenerateFn, GroupRewardFn, RewardFn
 from vime_core.registry import Registry, RegistryError, check_protocol, check_subclass
@@ -47,6 +48,7 @@ REGISTER_HOOKS: dict[str, str] = {
     "agent": "vime_register_agent_harnesses",
     "weight_sync": "vime_register_weight_sync_strategies",
     "trainer": "vime_register_trainer_backends",
+    "flags": "vime_register_flags",
 }
 
 
@@ -65,7 +67,7 @@ class Plugins:
     """Loaded plugins and one :class:`Registry` per plugin kind.
 
     Build with :func:`get_plugins`; registries: ``generate``, ``reward``, ``group_reward``, ``advantage``,
-    ``dynamic_filter``, ``sandbox``, ``agent``, ``weight_sync``, ``trainer``.
+    ``dynamic_filter``, ``sandbox``, ``agent``, ``weight_sync``, ``trainer``, ``flags`` (plugins' flag classes).
     """
 
     def __init__(self) -> None:
@@ -98,6 +100,7 @@ class Plugins:
                 "weight_sync", "--weight-sync", check_subclass(WeightSyncStrategy)
             ),
             "trainer": Registry[type[TrainerBackend]]("trainer", "--trainer", check_subclass(TrainerBackend)),
+            "flags": Registry[type[PluginConfig]]("flags", "vime_register_flags", _check_flags),
         }
 
     # -- loading ---------------------------------------------------------------------------------------------
@@ -147,6 +150,10 @@ class Plugins:
 
                 impl.function(register=register)
 
+    def flag_classes(self) -> list[type[PluginConfig]]:
+        """The :class:`~vime_core.config.PluginConfig` classes the installed plugins register, in load order."""
+        return [entry.obj for entry in self.registries["flags"].entries()]
+
     # -- lookup ----------------------------------------------------------------------------------------------
     def resolve(self, kind: str, name: str) -> Any:
         """Resolve ``name`` in the ``kind`` registry.
@@ -185,6 +192,14 @@ class Plugins:
 def _adapt(kind: str) -> Callable[[str, Any], Any]:
     """The registry's ``adapt`` for a function kind: a deprecated ``(args, ...)`` function wrapped once."""
     return lambda name, obj: adapt_legacy(obj, kind, name)
+
+
+def _check_flags(prefix: str, cls: Any) -> None:
+    """The ``flags`` registry's check: :func:`vime_core.config.check_plugin_config`, as a registry error."""
+    try:
+        check_plugin_config(prefix, cls)
+    except ConfigError as e:
+        raise RegistryError(str(e)) from None
 
 
 _PLUGINS: Plugins | None = None

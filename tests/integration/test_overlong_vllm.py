@@ -57,7 +57,7 @@ def test_overlong_filter_and_penalty_single_and_multi_turn(router, vllm_server, 
         overlong_penalty_factor=FACTOR,
     )
     VOCAB[:] = range(len(m.tokenizer))
-    for row, name in zip(m.data_source.rows, ("stop", "cut", "turn_cap", "turn_cut"), strict=True):
+    for row, name in zip(m.groups.data_source.rows, ("stop", "cut", "turn_cap", "turn_cut"), strict=True):
         row["prompt"] = name
     groups, metrics = generate_step(m, router, vllm_server, tiny_model_dir)
     assert [g[0].metadata.get("stop_reason", g[0].prompt) for g in groups][:2] == ["stop", "cut"]

@@ -28,8 +28,8 @@ def test_plugin_from_template_installs_lists_and_passes_the_kit(tmp_path):
         }
         assert rows["reward-demo"]["distribution"] == "vime-reward-demo"
         assert rows["reward-demo"]["version"] == "0.1.0"
-        assert rows["reward-demo"]["provides"] == {"reward": ["demo"]}
-        assert rows["reward-demo"]["hooks"] == ["vime_add_arguments", "vime_register_reward_functions"]
+        assert rows["reward-demo"]["provides"] == {"reward": ["demo"], "flags": ["reward-demo"]}
+        assert rows["reward-demo"]["hooks"] == ["vime_register_flags", "vime_register_reward_functions"]
         result = _run(
             sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(plugin / "tests"), cwd=tmp_path
         )

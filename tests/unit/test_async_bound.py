@@ -151,7 +151,7 @@ def test_data_source_raising_inside_the_producer_ends_the_run(tiny_model_dir, tm
     request left running) and the next step raises RunFailedError carrying the original error."""
     _, overrides = _args(tiny_model_dir, tmp_path, rollout_batch_size=2, max_staleness=1000, rollout_inflight_groups=4)
     m, _ = _manager(tiny_model_dir, tmp_path, lambda box: _sleeping_generate(box, fast_s=0.0), overrides)
-    source = m.data_source
+    source = m.groups.data_source
     get = source.get_groups
 
     def failing_get(n):
@@ -213,7 +213,7 @@ def test_step_wise_loops_end_the_run_when_every_sample_fails(tiny_model_dir, tmp
     def broken(n):
         raise OSError("prompt file vanished")
 
-    m.data_source.get_groups = broken
+    m.groups.data_source.get_groups = broken
     with pytest.raises(RunFailedError, match=r"^the data source failed: OSError: prompt file vanished$"):
         m.generate(1)
 

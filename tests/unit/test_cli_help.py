@@ -12,7 +12,7 @@ pytestmark = pytest.mark.unit
 
 
 def test_every_registered_flag_has_help():
-    """Framework flags and every installed plugin's ``vime_add_arguments`` flags (``vime run`` loads them all)."""
+    """Framework flags and every installed plugin's registered flags (``vime run`` loads them all)."""
     parser = build_parser()
     assert len([a for a in parser._actions if a.option_strings]) > 150
     assert flags_without_help(parser) == []

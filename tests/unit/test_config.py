@@ -1,10 +1,10 @@
-"""The typed run configuration (vime_core/config.py): every field is a flag, every framework flag is in a section,
-defaults come from the parser alone, and no module reads the Namespace for framework flags directly."""
+"""The typed run configuration (vime_core/config/): every flag is declared once, as a section field; every field
+is a flag, a ref to one or a pass-through; defaults come from the declarations alone, and no module reads the
+Namespace for framework flags directly."""
 
 import argparse
 import ast
 import dataclasses
-import importlib
 import pickle
 from pathlib import Path
 
@@ -17,36 +17,38 @@ from vime_core.config import (
     SECTIONS,
     AlgorithmConfig,
     ConfigError,
+    PluginConfig,
     RolloutConfig,
     RunConfig,
     SandboxConfig,
+    Section,
+    add_flags,
+    check_tree,
+    declared_flags,
+    flag,
+    ref,
 )
-from vime_core.plugins import DEFAULT_PLUGINS
 
 pytestmark = pytest.mark.unit
 
 BASE = ["--model", "m", "--prompt-data", "d.jsonl"]
 # Flags only the command line itself reads (arguments.py / cli.py): the config file, help, and the opt-out checked
 # once at parse time.
-CLI_ONLY = {"help", "config", "allow_off_policy_without_correction"}
+CLI_ONLY = {"help", "config"}
 # The modules that may read the Namespace: the parser and its cross-flag checks, the config builder and the command
 # line.
 NAMESPACE_READERS = {
     "vime_core/arguments.py",
     "vime_core/argument_checks.py",
-    "vime_core/config.py",
+    "vime_core/config/flags.py",
+    "vime_core/config/run.py",
     "vime_core/cli.py",
 }
 
 
 def _framework_dests() -> set[str]:
-    """The dests of vime_core's own flags: the core parser and the built-in plugins' ``vime_add_arguments``."""
-    parser = build_parser(add_plugin_arguments=False)
-    for name in DEFAULT_PLUGINS:
-        hook = getattr(importlib.import_module(name), "vime_add_arguments", None)
-        if hook is not None:
-            hook(parser=parser)
-    return {a.dest for a in parser._actions} | set(PASSTHROUGH_DESTS)
+    """The dests of vime_core's own flags: the parser without plugins (generated from the config sections)."""
+    return {a.dest for a in build_parser(add_plugin_arguments=False)._actions} | set(PASSTHROUGH_DESTS)
 
 
 def _section_fields() -> dict[str, set[str]]:
@@ -68,7 +70,7 @@ def test_every_framework_flag_is_in_a_section():
 def test_run_config_from_parsed_flags_is_typed_and_frozen():
     args = parse_run_args(BASE + ["--rollout-batch-size", "4", "--kl-coef", "0.1", "--advantage-estimator", "ppo"])
     cfg = RunConfig.from_args(args)
-    assert [f.name for f in dataclasses.fields(RunConfig)] == list(SECTIONS)
+    assert [f.name for f in dataclasses.fields(RunConfig)] == [*SECTIONS, "plugins"]
     assert (cfg.rollout.rollout_batch_size, cfg.trainer.rollout_batch_size) == (4, 4)
     assert (cfg.algorithm.kl_coef, cfg.algorithm.advantage_estimator) == (0.1, "ppo")
     assert cfg.weight_sync.update_weight_disk_dir == Path("outputs/run/weights")  # set by parse_run_args
@@ -152,8 +154,8 @@ def _plugin_sources() -> list[Path]:
 
 def test_no_plugin_reads_framework_flags_from_the_namespace():
     """Plugins read the framework's flags through a config section (``SandboxConfig.from_args(args).sandbox``),
-    like vime_core; their own prefixed flags with :func:`vime_core.plugin_flags.own_flags` (defaults from the
-    flag definition), never with an inline default (``getattr(args, "<own flag>", default)``)."""
+    like vime_core; their own prefixed flags through their :class:`~vime_core.config.PluginConfig` class (defaults from
+    the declaration), never with an inline default (``getattr(args, "<own flag>", default)``)."""
     dests = _framework_dests()
     plugin_dests = {a.dest for a in build_parser()._actions} - dests
     sources = _plugin_sources()
@@ -165,7 +167,7 @@ def test_no_plugin_reads_framework_flags_from_the_namespace():
         for line, what in _namespace_reads(tree, dests):
             offenders.append(f"{rel}:{line}: framework flag read from the Namespace: {what}")
         for line, what in _inline_defaults(tree, plugin_dests):
-            offenders.append(f"{rel}:{line}: own flag read with an inline default (use own_flags): {what}")
+            offenders.append(f"{rel}:{line}: own flag read with an inline default (use its PluginConfig): {what}")
     assert not offenders, "\n".join(offenders)
 
 
@@ -196,3 +198,65 @@ def test_the_scan_finds_each_kind_of_read():
     got = _namespace_reads(ast.parse(src), {"rollout_batch_size", "lr", "gamma", "kl_coef", "loop"})
     assert sorted(line for line, _ in got) == [2, 3, 4, 5]
     assert [line for line, _ in _inline_defaults(ast.parse(src), {"gamma", "lr"})] == [4]
+
+
+def test_each_flag_is_declared_once_and_refs_follow_it():
+    """The tree's check: one declaration per flag; a ref names a declared flag of the same type."""
+    declaring = {}
+    for cls in SECTIONS.values():
+        for f in declared_flags(cls):
+            assert f.name not in declaring, f"{f.name} declared by {declaring[f.name]} and {cls.__name__}"
+            declaring[f.name] = cls.__name__
+    assert len(declaring) == len(_framework_dests() - CLI_ONLY - set(PASSTHROUGH_DESTS)) == 206
+    # the parser's flag for a declared field is that field: same default, same help
+    parser = build_parser(add_plugin_arguments=False)
+    action = next(a for a in parser._actions if a.dest == "rollout_batch_size")
+    field = next(f for f in dataclasses.fields(RolloutConfig) if f.name == "rollout_batch_size")
+    assert (action.default, action.help, action.type) == (field.default, field.metadata["vime_flag"]["help"], int)
+    assert RolloutConfig.__dataclass_fields__["seed"].metadata == {"vime_ref": True}
+
+
+def _section(name: str, **annotated_fields):
+    cls = type(name, (Section,), {"__annotations__": {k: t for k, (t, _) in annotated_fields.items()}, "TITLE": name})
+    for k, (_, value) in annotated_fields.items():
+        setattr(cls, k, value)
+    return dataclasses.dataclass(frozen=True, kw_only=True)(cls)
+
+
+def test_a_drifted_tree_is_refused_naming_the_field():
+    a = _section("A", lr=("float", flag(type=float, default=1.0, help="learning rate")))
+    twice = _section("B", lr=("float", flag(type=float, default=2.0, help="learning rate again")))
+    with pytest.raises(ConfigError, match="flag --lr declared twice: A and B"):
+        check_tree([a, twice])
+    dangling = _section("C", gamma=("float", ref()))
+    with pytest.raises(ConfigError, match=r"C.gamma is a ref\(\) but no section declares --gamma"):
+        check_tree([a, dangling])
+    wrong_type = _section("D", lr=("int", ref()))
+    with pytest.raises(ConfigError, match="D.lr: type int differs from the declaring A's float"):
+        check_tree([a, wrong_type])
+    bare = _section("E", x=("int", dataclasses.field(default=0)))
+    with pytest.raises(ConfigError, match=r"E.x: declare it with flag\(\), ref\(\) or passthrough\(\)"):
+        check_tree([bare])
+    check_tree([a, _section("F", lr=("float", ref()))])  # a ref of the right type is fine
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class _MyFlags(PluginConfig):
+    PREFIX = "my-plugin"
+    TITLE = "my-plugin"
+    my_plugin_timeout: float = flag(type=float, default=120.0, help="seconds")
+    my_plugin_tags: list[str] = flag(action="append", default=[], help="repeatable")
+    my_plugin_fast: bool = flag(action="store_true", help="go fast")
+
+
+def test_a_plugin_reads_its_flags_typed_with_declared_defaults_for_what_args_lacks():
+    got = _MyFlags.from_args(argparse.Namespace(my_plugin_timeout=5.0, sandbox="docker"))
+    assert got == _MyFlags(my_plugin_timeout=5.0, my_plugin_tags=[], my_plugin_fast=False)
+    assert _MyFlags.from_args(None) == _MyFlags()
+    # a list default is copied per instance: appending to one does not change the declaration's
+    _MyFlags.from_args(None).my_plugin_tags.append("x")
+    assert _MyFlags().my_plugin_tags == []
+    parser = argparse.ArgumentParser()
+    add_flags(parser, _MyFlags)
+    args = parser.parse_args(["--my-plugin-fast", "--my-plugin-tags", "a"])
+    assert _MyFlags.from_args(args) == _MyFlags(my_plugin_timeout=120.0, my_plugin_tags=["a"], my_plugin_fast=True)

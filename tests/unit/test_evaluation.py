@@ -310,7 +310,7 @@ def test_rollout_manager_evaluate(tiny_model_dir, tmp_path):
         + ["--save-eval-samples"]
     )
     manager = RolloutManager(RunConfig.from_args(args), tiny_model_dir)
-    state = manager.data_source.state_dict()
+    state = manager.groups.data_source.state_dict()
     manager.weight_version = 3
     CALLS.clear()
     m = manager.evaluate(3)
@@ -334,7 +334,7 @@ def test_rollout_manager_evaluate(tiny_model_dir, tmp_path):
         "eval/qa/pass@2": 0.5,
         "eval/qa/pass@4": 1.0,
     }
-    assert manager.data_source.state_dict() == state  # the training buffer handed out nothing
+    assert manager.groups.data_source.state_dict() == state  # the training buffer handed out nothing
     rows = [json.loads(x) for x in (tmp_path / "out" / "eval_samples" / "qa" / "step_000003.jsonl").open()]
     assert [(r["prompt_index"], r["sample_index"], r["reward"], r["weight_version"]) for r in rows[:5]] == [
         (0, 0, 1.0, 3),

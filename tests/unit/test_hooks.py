@@ -1,13 +1,14 @@
 """Every hook is documented in docs/hooks.md with its exact signature and has a test named after it."""
 
+import dataclasses
 import inspect
 from pathlib import Path
 
 import pytest
 
 from vime_core import hookimpl, hookspecs
-from vime_core.arguments import build_parser, default_args
-from vime_core.config import RunConfig
+from vime_core.arguments import build_parser, build_run_config, default_args
+from vime_core.config import ConfigError, PluginConfig, RunConfig, flag
 from vime_core.plugins import Plugins
 from vime_core.registry import RegistryError
 from vime_core.testing.plugin_context import plugin_context
@@ -162,16 +163,73 @@ def test_hook_vime_register_trainer_backends():
 
 
 def test_hook_vime_add_arguments(monkeypatch):
+    """The deprecated hook still adds its flags, and registering it warns naming its replacement."""
+
     class P:
         @staticmethod
         @hookimpl
         def vime_add_arguments(parser):
             parser.add_argument_group("test-plugin").add_argument("--test-plugin-level", type=int, default=3)
 
-    plugins = _plugins_with(P)
+    with pytest.warns(DeprecationWarning, match="vime_register_flags"):
+        plugins = _plugins_with(P)
     monkeypatch.setattr("vime_core.plugins._PLUGINS", plugins)
     args = build_parser().parse_args(["--model", "m", "--test-plugin-level", "5"])
     assert args.test_plugin_level == 5
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class _LevelFlags(PluginConfig):
+    PREFIX = "test-plugin"
+    TITLE = "test-plugin"
+    test_plugin_level: int = flag(type=int, default=3, help="a level, 0-9")
+    test_plugin_names: list[str] = flag(nargs="+", default=["a"], help="names")
+
+
+def test_hook_vime_register_flags(monkeypatch):
+    """A registered flag class becomes flags of the parser (default and help from the field), and the run's typed
+    config holds the plugin's values; a class outside its prefix is refused naming the field."""
+
+    class P:
+        @staticmethod
+        @hookimpl
+        def vime_register_flags(register):
+            register(_LevelFlags.PREFIX, _LevelFlags)
+
+    plugins = _plugins_with(P)
+    assert plugins.flag_classes()[-1] is _LevelFlags  # after the installed plugins' classes
+    monkeypatch.setattr("vime_core.plugins._PLUGINS", plugins)
+    parser = build_parser()
+    action = next(a for a in parser._actions if a.dest == "test_plugin_level")
+    assert (action.default, action.help, action.option_strings) == (3, "a level, 0-9", ["--test-plugin-level"])
+    args = parser.parse_args(["--model", "m", "--test-plugin-level", "5"])
+    args.vllm_args, args.router_args = [], []
+    cfg = build_run_config(args)
+    assert cfg.plugin(_LevelFlags) == _LevelFlags(test_plugin_level=5, test_plugin_names=["a"])
+    assert _LevelFlags.from_args(None) == _LevelFlags()  # outside vime run: the declared defaults
+    with pytest.raises(ConfigError, match=r"holds no \S*_Other flags"):
+
+        @dataclasses.dataclass(frozen=True, kw_only=True)
+        class _Other(PluginConfig):
+            PREFIX = "other"
+            TITLE = "other"
+
+        cfg.plugin(_Other)
+
+    @dataclasses.dataclass(frozen=True, kw_only=True)
+    class Outside(PluginConfig):
+        PREFIX = "test-plugin"
+        TITLE = "test-plugin"
+        level: int = flag(type=int, default=3, help="a level")
+
+    class Q:
+        @staticmethod
+        @hookimpl
+        def vime_register_flags(register):
+            register(Outside.PREFIX, Outside)
+
+    with pytest.raises(RegistryError, match=r"Outside.level: the flag --level is outside the plugin's prefix"):
+        _plugins_with(Q)
 
 
 async def _echo(args, sample, sampling_params):

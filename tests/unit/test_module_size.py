@@ -15,7 +15,6 @@ ROOT = Path(vime_core.__file__).parent
 
 #: module (relative to vime_core/) → the one concept that makes it long
 ALLOWED: dict[str, str] = {
-    "arguments.py": "the `vime run` flag definitions (build_parser: one add_argument per flag) and their parsing",
     "loop.py": "the run of every loop mode: setup, the step sequence over a RunState, checkpoints, failure paths",
     "sandbox/local.py": "the local backend: one Sandbox subclass, its namespace and process-group modes",
 }

@@ -153,7 +153,7 @@ def test_batch_full_aborts_in_flight_groups_and_they_resume_with_their_tokens(ti
     assert [g[0].prompt for g in groups] == ["p0"]
     assert metrics["rollout/aborted_groups"] == 1.0 and metrics["rollout/partial_returned_groups"] == 1.0
     assert metrics["rollout/partial_resumed_samples"] == 0.0
-    (returned,) = m.data_source.returned
+    (returned,) = m.groups.data_source.returned
     assert [(s.prompt, s.status, s.tokens, s.weight_versions) for s in returned] == [
         ("p1", Status.ABORTED, [101, 8, 9], [0, 0]),
         ("p1", Status.ABORTED, [101, 8, 9], [0, 0]),
@@ -162,7 +162,7 @@ def test_batch_full_aborts_in_flight_groups_and_they_resume_with_their_tokens(ti
     assert not m.runner.aborting
 
     # the buffer survives a checkpoint with the partial tokens
-    m.data_source.load_state_dict(m.data_source.state_dict())
+    m.groups.data_source.load_state_dict(m.groups.data_source.state_dict())
 
     m.weight_version = 1  # a weight update happened in between
     groups, metrics = m.generate(1)
@@ -180,7 +180,7 @@ def test_batch_full_aborts_in_flight_groups_and_they_resume_with_their_tokens(ti
     # p2 (requested with p1) finished in the same round: nothing was in flight, and the unused finished group
     # goes back to the buffer whole
     assert metrics["rollout/aborted_groups"] == 0.0 and metrics["rollout/partial_returned_groups"] == 1.0
-    assert [(s.prompt, s.status, s.tokens) for s in m.data_source.returned[0]] == [
+    assert [(s.prompt, s.status, s.tokens) for s in m.groups.data_source.returned[0]] == [
         ("p2", Status.COMPLETED, [102, 5]),
         ("p2", Status.COMPLETED, [102, 5]),
     ]
@@ -191,7 +191,7 @@ def test_without_partial_rollout_aborted_groups_are_discarded(tiny_model_dir, tm
     groups, metrics = m.generate(0)
     assert [g[0].prompt for g in groups] == ["p0"]
     assert metrics["rollout/aborted_groups"] == 1.0 and metrics["rollout/partial_returned_groups"] == 0.0
-    assert m.data_source.returned == []
+    assert m.groups.data_source.returned == []
     groups, _ = m.generate(1)
     assert [g[0].prompt for g in groups] == ["p2"]
 
@@ -213,7 +213,7 @@ def test_finished_samples_of_a_returned_group_are_not_generated_again(tiny_model
     )
     partial = _aborted(prompt=(101,), response=(8, 9), versions=(0, 0))
     partial.prompt, partial.label, partial.group_index, partial.index = "p1", "x", 9, 1
-    m.data_source.add_groups([[done, partial]])
+    m.groups.data_source.add_groups([[done, partial]])
     groups, _ = m.generate(3)
     g = groups[0]
     assert (g[0].tokens, g[0].reward, g[0].status) == ([101, 5], 1.0, Status.COMPLETED)  # untouched

@@ -101,7 +101,7 @@ def test_the_buffer_holds_only_prompts_that_fit(tiny_model_dir, tmp_path):
         filter_overlong_prompts=True,
     )
     # p0..p2 have the same length: all fit; one token less and none would
-    assert len(m.data_source) == 3
+    assert len(m.groups.data_source) == 3
     with pytest.raises(DataError, match="every prompt has more than"):
         _manager_with_hooks(
             tiny_model_dir,

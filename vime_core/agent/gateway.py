@@ -21,7 +21,7 @@ from typing import Any
 from fastapi import APIRouter, FastAPI, Request
 
 from vime_core.agent.apis import anthropic_messages, openai_chat, openai_responses
-from vime_core.agent.apis.common import APIError, ChatRequest, ChatResult, context_overflow_error, gateway_of
+from vime_core.agent.apis.common import APIError, ChatRequest, ChatResult, context_overflow_error
 from vime_core.agent.chat import ChatRenderer, ModelTurn
 from vime_core.agent.responders import Responder, engine_versions
 from vime_core.agent.session import Session, signature
@@ -44,7 +44,7 @@ _misc = APIRouter()
 @_misc.get("/v1/models")
 async def models(request: Request) -> Any:
     """The one served model, as an Anthropic model list (``anthropic-version`` header) or an OpenAI one."""
-    name = gateway_of(request).served_model_name
+    name = request.app.state.gateway.served_model_name
     if request.headers.get("anthropic-version"):
         return {
             "data": [{"type": "model", "id": name, "display_name": name, "created_at": "1970-01-01T00:00:00Z"}],
@@ -58,7 +58,7 @@ async def models(request: Request) -> Any:
 @_misc.get("/health")
 async def health(request: Request) -> Any:
     """``{"status": "ok", "sessions": <open sessions>}``."""
-    return {"status": "ok", "sessions": gateway_of(request).session_count}
+    return {"status": "ok", "sessions": request.app.state.gateway.session_count}
 
 
 class AgentGateway:

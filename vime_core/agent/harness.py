@@ -105,7 +105,7 @@ class AgentHarness(abc.ABC):
 
     Subclasses set :attr:`NAME` and :attr:`api` (which gateway API the agent speaks) and implement
     :meth:`install` and :meth:`run`. Construct with keyword options (:meth:`from_args` reads
-    ``--agent-<name>-*`` flags that the plugin adds through ``vime_add_arguments``).
+    ``--agent-<name>-*`` flags that the plugin registers through ``vime_register_flags``).
     """
 
     NAME: ClassVar[str] = ""

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 
-from vime_core.config import AlgorithmConfig
+from vime_core.config import LOSS_AGG_MODES, AlgorithmConfig
 
 # the estimators of vime_core.algorithms.kl.approx_kl, named here so that this module needs no torch
 KL_TYPES = ("k1", "k2", "k3", "low_var_kl")
@@ -22,7 +22,6 @@ BATCH_WHITENED_ESTIMATORS = ("reinforce_plus_plus", "reinforce_plus_plus_baselin
 CRITIC_ESTIMATORS = ("ppo",)
 DISTILL_ESTIMATOR = "on_policy_distill"
 # --loss-agg-mode: verl's names (docs/algorithms.md, "Loss aggregation")
-LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 
 
 def loss_aggregation(cfg: AlgorithmConfig) -> tuple[str, float | None]:

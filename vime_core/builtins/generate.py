@@ -14,12 +14,6 @@ def vime_register_generate_functions(register):
 
 
 @hookimpl
-def vime_add_arguments(parser):
-    multi_turn.add_arguments(parser)
-    coding_agent.add_arguments(parser)
-
-
-@hookimpl
 def vime_on_rollout_end(ctx, samples, metrics):
     generate = ctx.rollout.generate
     if generate == "multi_turn":

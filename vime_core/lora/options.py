@@ -8,55 +8,18 @@ parser imports it).
 
 from __future__ import annotations
 
-import argparse
 import json
 from collections.abc import Sequence
 from pathlib import Path
 
-from vime_core.config import LoraConfig
+from vime_core.config import ALL_LINEAR, LoraConfig
 
 #: the ``--max-lora-rank`` values vLLM accepts (``MaxLoRARanks`` of vLLM 0.24 and 0.32 alike)
 VLLM_MAX_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
-#: ``--target-modules`` value that adapts every linear layer but the output layer (PEFT's shorthand)
-ALL_LINEAR = "all-linear"
 
 
 class LoraFlagError(ValueError):
     """A LoRA flag combination that cannot run (the message names the flag)."""
-
-
-def add_arguments(group: argparse._ArgumentGroup) -> None:
-    """``--lora-rank``, ``--lora-alpha``, ``--lora-dropout``, ``--target-modules``, ``--exclude-modules``,
-    ``--lora-adapter-path``."""
-    group.add_argument(
-        "--lora-rank",
-        type=int,
-        default=0,
-        help="LoRA rank r: train a PEFT LoRA adapter (only its parameters get gradients and optimizer state) and "
-        "sync only the adapter to the engines; 0: full fine-tuning (default)",
-    )
-    group.add_argument("--lora-alpha", type=float, default=16.0, help="LoRA alpha (the update is scaled alpha / r)")
-    group.add_argument("--lora-dropout", type=float, default=0.0, help="dropout on the LoRA branch's input, in [0, 1)")
-    group.add_argument(
-        "--target-modules",
-        nargs="+",
-        default=[ALL_LINEAR],
-        help="modules that get an adapter: all-linear (every linear layer but the output layer) or module names "
-        "(q_proj v_proj, or comma-separated)",
-    )
-    group.add_argument(
-        "--exclude-modules",
-        nargs="+",
-        default=None,
-        help="module names left without an adapter (e.g. down_proj; default: none)",
-    )
-    group.add_argument(
-        "--lora-adapter-path",
-        type=Path,
-        default=None,
-        help="start from this PEFT adapter directory (adapter_config.json + adapter_model.safetensors) instead of "
-        "a fresh one; its rank must equal --lora-rank",
-    )
 
 
 def module_names(values: Sequence[str] | None) -> list[str]:

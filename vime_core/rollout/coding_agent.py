@@ -10,7 +10,6 @@ The steps, flags and metrics: docs/agents.md, "coding_agent".
 
 from __future__ import annotations
 
-import argparse  # the flag declarations (add_arguments)
 import asyncio
 import atexit
 import inspect
@@ -47,46 +46,6 @@ GIT_ENV = {
     "GIT_COMMITTER_EMAIL": "vime@localhost",
     "GIT_CONFIG_NOSYSTEM": "1",
 }
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The ``--agent*`` flags (added through ``vime_add_arguments`` by the built-in generate plugin)."""
-    g = parser.add_argument_group("coding_agent generate function (--generate coding_agent)")
-    g.add_argument("--agent", default=None, help="agent harness name (e.g. claude-code, codex) or 'pkg.mod:Class'")
-    g.add_argument("--agent-max-turns", type=int, default=8, help="LLM calls per episode (0: the CLI's default)")
-    g.add_argument("--agent-wall-time", type=float, default=600.0, help="seconds before the agent is killed")
-    g.add_argument(
-        "--agent-max-tokens",
-        type=int,
-        default=None,
-        help="output tokens per LLM call (default: --rollout-max-response-len)",
-    )
-    g.add_argument(
-        "--agent-tool-parser",
-        default="hermes",
-        help="tool-call format of the policy (gateway side): hermes (alias qwen), qwen3_coder (alias qwen3xml: "
-        "Qwen3-Coder's XML calls), openai (alias json), or 'pkg.mod:Class'",
-    )
-    g.add_argument("--agent-chat-template", type=Path, default=None, help="Jinja chat template for the gateway")
-    g.add_argument(
-        "--agent-history",
-        choices=["model", "client"],
-        default="model",
-        help="model: re-sent assistant turns are rendered as the model's own tokens (no drift); client: as sent",
-    )
-    g.add_argument(
-        "--agent-max-file-bytes",
-        type=int,
-        default=1 << 20,
-        help="workspace files larger than this are not recorded in the result (listed as skipped)",
-    )
-    g.add_argument(
-        "--agent-record-turns",
-        action="store_true",
-        default=False,
-        help="copy the gateway's record of every engine call (prompt/output ids, log-probs, versions, finish "
-        "reason) into metadata['agent_turns'] of the episode's samples, to audit token exactness in dumps",
-    )
 
 
 # -- per-process state -------------------------------------------------------------------------------------------

@@ -1,10 +1,10 @@
-"""The rollout manager: the rollout actor's face, composed of three parts, each built with its collaborators.
+"""The rollout manager: the rollout actor's face, composed of two parts, each built with its collaborators.
 
 * :class:`~vime_core.rollout.fleet.EngineFleet`: engines, router, router client, health monitor and weight
   recovery, LoRA adapters, teacher engines; weight updates.
 * :class:`~vime_core.rollout.group_producer.GroupProducer`: the group runner, over-sampling, the fully-async
-  producer and its admission, evaluations.
-* the data buffer (:class:`~vime_core.data.source.DataSource`), which the group producer draws from.
+  producer and its admission, evaluations, and the data buffer (:class:`~vime_core.data.source.DataSource`) it
+  draws from and checkpoints; the manager builds the buffer and keeps no reference to it.
 
 It runs as a Ray actor in ``vime run`` (see :mod:`vime_core.orchestration`) but is a plain class, usable
 without Ray (tests, notebooks).
@@ -74,10 +74,10 @@ class RolloutManager:
         name = cfg.dynamic_sampling_filter
         self.dynamic_filter = plugins.resolve("dynamic_filter", name) if name else None
         self.tokenizer = AutoTokenizer.from_pretrained(str(self.model_path))
-        self.data_source = None  # `vime eval` has no training data
+        data_source = None  # `vime eval` has no training data
         if data.prompt_data is not None:
             rows = read_rows(data.prompt_data, data.input_key, data.label_key, data.metadata_key)
-            self.data_source = DataSource(
+            data_source = DataSource(
                 filter_overlong_prompts(rows, self.tokenizer, data)[0],  # --rollout-max-prompt-len
                 cfg.n_samples_per_prompt,
                 shuffle=data.rollout_shuffle,
@@ -102,7 +102,7 @@ class RolloutManager:
             cfg,
             eval_cfg,
             self.runner,
-            self.data_source,
+            data_source,
             self.eval_sets,
             self.eval_reward_fn,
             self.dynamic_filter,

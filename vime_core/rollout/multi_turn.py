@@ -9,7 +9,6 @@ limit or the response budget. No token is ever re-tokenised. The steps, flags an
 
 from __future__ import annotations
 
-import argparse  # the flag declarations (add_arguments)
 import contextlib
 import functools
 import logging
@@ -35,59 +34,6 @@ logger = logging.getLogger("vime.rollout")
 # seconds a sandboxed shell call may take beyond its timeout (the sandbox kills it at the timeout; this bounds a
 # sandbox that stops answering, e.g. a stuck SSH connection)
 SANDBOX_TOOL_GRACE_S = 30.0
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The ``--multi-turn-*`` flags (added through ``vime_add_arguments`` by the built-in generate plugin)."""
-    g = parser.add_argument_group("multi_turn generate function (--generate multi_turn)")
-    g.add_argument(
-        "--multi-turn-tools",
-        nargs="*",
-        default=None,
-        metavar="SPEC",
-        help="tools: 'pkg.mod:obj' (callable, Tool, list or dict of them), a module that registers tools "
-        "with vime_core.rollout.tools.register_tool, or a registered name (default: all registered)",
-    )
-    g.add_argument(
-        "--multi-turn-tool-parser",
-        default="hermes",
-        help="tool-call format: hermes (alias qwen), qwen3_coder (alias qwen3xml: Qwen3-Coder's XML calls), "
-        "openai (alias json), or 'pkg.mod:Class'",
-    )
-    g.add_argument("--multi-turn-max-turns", type=int, default=8, help="model turns per episode")
-    g.add_argument(
-        "--multi-turn-max-tokens-per-turn",
-        type=int,
-        default=None,
-        help="tokens per model turn (default: what is left of the response budget)",
-    )
-    g.add_argument("--multi-turn-tool-timeout", type=float, default=30.0, help="seconds per tool call")
-    g.add_argument(
-        "--multi-turn-max-tool-output-tokens",
-        type=int,
-        default=512,
-        help="a tool result longer than this (tokens) is cut and marked [truncated]",
-    )
-    g.add_argument(
-        "--multi-turn-tool-prompt",
-        choices=["auto", "none"],
-        default="auto",
-        help="auto: render the tool schemas into the prompt with the chat template (or the parser's "
-        "format when the template has no tool support); none: the prompt data describes the tools",
-    )
-    g.add_argument(
-        "--multi-turn-chat-template",
-        type=Path,
-        default=None,
-        help="a Jinja chat template file to use instead of the tokenizer's",
-    )
-    g.add_argument(
-        "--multi-turn-sandbox-tool",
-        default=None,
-        metavar="NAME",
-        help="also offer a shell tool NAME(command) that runs in a sandbox of --sandbox's backend "
-        "(one sandbox per episode)",
-    )
 
 
 @functools.lru_cache(maxsize=8)

@@ -9,7 +9,6 @@ responses". This module imports no torch (the argument parser imports it).
 
 from __future__ import annotations
 
-import argparse
 import math
 
 from vime_core.config import RolloutConfig
@@ -17,32 +16,6 @@ from vime_core.types import Sample, Status
 
 # multi_turn's stop reasons for a truncation that is not the token budget's (the turn cap)
 NOT_LENGTH_STOP_REASONS = frozenset({"max_turns"})
-
-
-def add_arguments(group: argparse._ArgumentGroup) -> None:
-    """``--overlong-filter``, ``--overlong-buffer-len``, ``--overlong-penalty-factor``."""
-    group.add_argument(
-        "--overlong-filter",
-        action="store_true",
-        help="DAPO overlong filtering: a response cut by the token budget (--rollout-max-response-len, "
-        "--rollout-max-context-len; multi_turn: the response budget, not --multi-turn-max-turns) gets loss mask 0 "
-        "and is left out of its group's advantage; counted in rollout/overlong_filtered_frac. Default: off",
-    )
-    group.add_argument(
-        "--overlong-buffer-len",
-        type=int,
-        default=None,
-        help="DAPO soft overlong punishment: the last N tokens (L_cache) of --rollout-max-response-len (L_max) "
-        "where the reward gains min(-(len - (L_max - L_cache)) / L_cache × --overlong-penalty-factor, 0) "
-        "(len: response tokens). Default: none (no penalty); 0 < N <= --rollout-max-response-len",
-    )
-    group.add_argument(
-        "--overlong-penalty-factor",
-        type=float,
-        default=1.0,
-        help="with --overlong-buffer-len: the penalty at a response of --rollout-max-response-len tokens is "
-        "-factor (reward units; default 1.0)",
-    )
 
 
 def check_overlong_config(cfg: RolloutConfig) -> None:

@@ -1,5 +1,10 @@
 """The reaper: each backend's :meth:`~vime_core.sandbox.base.Sandbox.cleanup` runs once per process, at the first
-sandbox start, and sandboxes still open at interpreter exit are torn down synchronously."""
+sandbox start, and sandboxes still open at interpreter exit are torn down synchronously.
+
+It sees backends and sandboxes through the :class:`SandboxBackend` and :class:`LiveSandbox` protocols (a
+:class:`~vime_core.sandbox.base.Sandbox` subclass is the one, its instances the other), so that it imports nothing
+back from ``sandbox.base``.
+"""
 
 from __future__ import annotations
 
@@ -10,18 +15,37 @@ import logging
 import os
 import threading
 import weakref
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from vime_core.sandbox.base import Sandbox
+from vime_core.sandbox.results import CleanupReport
 
 logger = logging.getLogger("vime.sandbox")
 
+
+class SandboxBackend(Protocol):
+    """A sandbox backend class as the reaper sees it (every :class:`~vime_core.sandbox.base.Sandbox` subclass is
+    one)."""
+
+    NAME: str
+
+    def cleanup(self) -> CleanupReport:
+        """Remove the leftovers of dead vime processes (the backend's class-level reaper)."""
+
+
+class LiveSandbox(Protocol):
+    """A started sandbox as the exit-time teardown sees it (a :class:`~vime_core.sandbox.base.Sandbox` is one)."""
+
+    sandbox_id: str
+
+    def _destroy_sync(self) -> None:
+        """Tear the sandbox down without an event loop."""
+
+
 #: the sandboxes of this process started and not yet torn down
-live_sandboxes: weakref.WeakSet[Sandbox] = weakref.WeakSet()
+live_sandboxes: weakref.WeakSet[LiveSandbox] = weakref.WeakSet()
 # backend class -> its reaper run in this process (once, at the first start; every later start waits for it, so
 # that no sandbox is created while the reaper looks at what exists)
-_REAPS: dict[type, concurrent.futures.Future] = {}
+_REAPS: dict[SandboxBackend, concurrent.futures.Future] = {}
 _REAPS_LOCK = threading.Lock()
 
 
@@ -31,7 +55,7 @@ def forget_reaps() -> None:
         _REAPS.clear()
 
 
-def _reap(cls: type[Sandbox], done: concurrent.futures.Future) -> None:
+def _reap(cls: SandboxBackend, done: concurrent.futures.Future) -> None:
     try:
         report = cls.cleanup()
         if report.removed:
@@ -47,7 +71,7 @@ def _reap(cls: type[Sandbox], done: concurrent.futures.Future) -> None:
         done.set_result(None)
 
 
-async def reap_once(cls: type[Sandbox]) -> None:
+async def reap_once(cls: SandboxBackend) -> None:
     """Run ``cls.cleanup()`` once per process (in a daemon thread: a cancelled start does not stop it, and an
     interpreter exit does not wait for it); every start waits until it has finished. ``VIME_SANDBOX_NO_REAP=1``
     skips it."""

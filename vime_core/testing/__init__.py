@@ -9,10 +9,12 @@ from vime_core.testing.contracts import (
     GenerateFunctionContract,
     GroupRewardFunctionContract,
     PluginArgumentsContract,
+    PluginFlagsContract,
     RewardFunctionContract,
     SandboxBackendContract,
     TrainerBackendContract,
     WeightSyncContract,
+    flags_parser,
 )
 from vime_core.testing.trainer_args import trainer_args
 
@@ -21,9 +23,11 @@ __all__ = [
     "GenerateFunctionContract",
     "GroupRewardFunctionContract",
     "PluginArgumentsContract",
+    "PluginFlagsContract",
     "RewardFunctionContract",
     "SandboxBackendContract",
     "TrainerBackendContract",
     "WeightSyncContract",
+    "flags_parser",
     "trainer_args",
 ]

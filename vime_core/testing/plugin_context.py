@@ -5,14 +5,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from vime_core.arguments import default_args
+from vime_core.arguments import build_run_config, default_args
 from vime_core.config import RunConfig
 from vime_core.context import PluginContext
 
 
 def run_config(**overrides: Any) -> RunConfig:
-    """The :class:`RunConfig` of ``vime run`` with every flag at its default, then ``overrides``."""
-    return RunConfig.from_args(default_args(**overrides))
+    """The :class:`RunConfig` of ``vime run`` with every flag at its default, then ``overrides`` (the installed
+    plugins' flag classes included)."""
+    return build_run_config(default_args(**overrides))
 
 
 def plugin_context(**overrides: Any) -> PluginContext:

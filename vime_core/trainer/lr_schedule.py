@@ -9,14 +9,11 @@ module imports no torch (the argument parser imports it).
 
 from __future__ import annotations
 
-import argparse
 import math
 from dataclasses import dataclass
 from typing import Any
 
-from vime_core.config import TrainerConfig
-
-DECAY_STYLES = ("constant", "linear", "cosine")
+from vime_core.config import DECAY_STYLES, TrainerConfig
 
 
 @dataclass(frozen=True)
@@ -58,43 +55,6 @@ class LRSchedule:
         else:
             raise ValueError(f"--lr-decay-style must be one of {', '.join(DECAY_STYLES)}, got {self.decay_style!r}")
         return self.min_lr + coeff * (self.max_lr - self.min_lr)
-
-
-def add_arguments(group: argparse._ArgumentGroup) -> None:
-    """``--lr-warmup-iters``, ``--lr-warmup-init``, ``--lr-decay-style``, ``--lr-decay-iters``, ``--min-lr``."""
-    group.add_argument(
-        "--lr-warmup-iters",
-        type=int,
-        default=0,
-        help="optimizer steps (one per --global-batch-size samples) of linear warm-up from --lr-warmup-init to "
-        "--lr (Megatron's flag and formula; the critic has --critic-lr-warmup-iters). Default: 0 (none)",
-    )
-    group.add_argument(
-        "--lr-warmup-init",
-        type=float,
-        default=0.0,
-        help="learning rate of the first step of a --lr-warmup-iters warm-up (Megatron's flag). Default: 0.0",
-    )
-    group.add_argument(
-        "--lr-decay-style",
-        choices=DECAY_STYLES,
-        default="constant",
-        help="after the warm-up: constant --lr, or a linear / cosine decay to --min-lr at --lr-decay-iters, for the "
-        "policy and the critic (Megatron's formulas). Default: constant",
-    )
-    group.add_argument(
-        "--lr-decay-iters",
-        type=int,
-        default=None,
-        help="the optimizer step at which a linear/cosine decay reaches --min-lr. Default: every optimizer step of "
-        "the run, --num-rollout × rollout-batch-size × n-samples-per-prompt / --global-batch-size",
-    )
-    group.add_argument(
-        "--min-lr",
-        type=float,
-        default=0.0,
-        help="the learning rate a linear/cosine --lr-decay-style ends at (policy and critic). Default: 0.0",
-    )
 
 
 def total_optimizer_steps(cfg: TrainerConfig) -> int:

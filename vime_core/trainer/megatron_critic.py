@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import shutil
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -21,11 +21,9 @@ from vime_core.trainer.critic import VALUE_HEAD_FILE, CriticBase, resolve_critic
 from vime_core.trainer.lr_schedule import critic_lr_schedule
 from vime_core.trainer.megatron_convert import megatron_to_hf
 from vime_core.trainer.megatron_optim import inner_optimizers, load_optimizer, megatron_step, save_optimizer
+from vime_core.trainer.megatron_view import MegatronPolicy
 from vime_core.types import Sample
 from vime_core.weight_sync.tensor_io import safetensors_files
-
-if TYPE_CHECKING:
-    from vime_core.trainer.megatron_backend import MegatronTrainer
 
 HEAD = ("output_layer.weight", "output_layer.bias")
 
@@ -71,7 +69,7 @@ class MegatronCritic(CriticBase):
     :raises FileNotFoundError: naming ``--critic-load`` if it is neither a directory nor a known model.
     """
 
-    def __init__(self, trainer: MegatronTrainer) -> None:
+    def __init__(self, trainer: MegatronPolicy) -> None:
         from megatron.core.transformer.module import Float16Module
 
         self.trainer = trainer

@@ -12,17 +12,15 @@ from __future__ import annotations
 import copy
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from vime_core.config import LoraConfig
 from vime_core.lora.options import ALL_LINEAR, LoraFlagError, module_names
 from vime_core.trainer.megatron_convert import ArchConfig, shard, unshard
+from vime_core.trainer.megatron_view import MegatronPolicy
 from vime_core.types import Sample
-
-if TYPE_CHECKING:
-    from vime_core.trainer.megatron_backend import MegatronTrainer
 
 ADAPTER = "default"
 #: HF projection → the Megatron layer it is part of
@@ -186,7 +184,7 @@ class MegatronLora:
         adapt.
     """
 
-    def __init__(self, trainer: MegatronTrainer, cfg: LoraConfig) -> None:
+    def __init__(self, trainer: MegatronPolicy, cfg: LoraConfig) -> None:
         import peft
 
         if trainer.attention == "te":
@@ -334,7 +332,7 @@ class MegatronAdapterReference:
     :param trainer: the policy trainer (``lora``, ``token_batch``, ``token_log_probs``, ``response_slices``).
     """
 
-    def __init__(self, trainer: MegatronTrainer) -> None:
+    def __init__(self, trainer: MegatronPolicy) -> None:
         self.trainer = trainer
 
     @torch.no_grad()

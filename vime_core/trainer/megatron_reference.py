@@ -6,15 +6,13 @@ megatron-core is imported inside the functions.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from vime_core.models import resolve_model
+from vime_core.trainer.megatron_view import MegatronPolicy
 from vime_core.types import Sample
-
-if TYPE_CHECKING:
-    from vime_core.trainer.megatron_backend import MegatronTrainer
 
 
 def vocab_parallel_entropy(logits: torch.Tensor, tp_group: Any = None) -> torch.Tensor:
@@ -52,7 +50,7 @@ class MegatronReferenceModel:
     :param trainer: the policy trainer (architecture, layout, HF loading).
     """
 
-    def __init__(self, trainer: MegatronTrainer) -> None:
+    def __init__(self, trainer: MegatronPolicy) -> None:
         from megatron.core.transformer.module import Float16Module
 
         self.trainer = trainer

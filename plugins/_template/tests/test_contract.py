@@ -3,7 +3,7 @@
 import pytest
 
 from vime_core.plugins import get_plugins
-from vime_core.testing import PluginArgumentsContract, RewardFunctionContract
+from vime_core.testing import PluginFlagsContract, RewardFunctionContract
 from vime_core.types import Sample
 
 pytestmark = pytest.mark.contract
@@ -12,7 +12,7 @@ pytestmark = pytest.mark.contract
 def test_plugin_is_discovered():
     rows = {r["name"]: r for r in get_plugins().describe()}
     assert rows["KIND-NAME"]["distribution"] == "vime-KIND-NAME"
-    assert rows["KIND-NAME"]["provides"] == {"reward": ["NAME"]}
+    assert rows["KIND-NAME"]["provides"] == {"reward": ["NAME"], "flags": ["KIND-NAME"]}
 
 
 class TestReward(RewardFunctionContract):
@@ -25,9 +25,9 @@ class TestReward(RewardFunctionContract):
         return [(Sample(response="it is 42", label="42"), 1.0), (Sample(response="it is 41", label="42"), 0.0)]
 
 
-class TestFlags(PluginArgumentsContract):
+class TestFlags(PluginFlagsContract):
     @pytest.fixture
-    def add_arguments(self):
-        from vime_KIND_NAME.hooks import vime_add_arguments
+    def flags_class(self):
+        from vime_KIND_NAME.hooks import Flags
 
-        return vime_add_arguments
+        return Flags

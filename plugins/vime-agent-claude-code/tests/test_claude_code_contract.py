@@ -35,17 +35,17 @@ def sleep_turns(seconds: int) -> list[str]:
 def test_plugin_is_discovered():
     rows = {r["name"]: r for r in get_plugins().describe()}
     assert rows["agent-claude-code"]["distribution"] == "vime-agent-claude-code"
-    assert rows["agent-claude-code"]["provides"] == {"agent": ["claude-code"]}
+    assert rows["agent-claude-code"]["provides"] == {"agent": ["claude-code"], "flags": ["agent-claude-code"]}
     assert get_plugins().resolve("agent", "claude-code") is ClaudeCodeHarness
 
 
 def test_flags_and_command():
-    import argparse
 
-    from vime_agent_claude_code.hooks import vime_add_arguments
+    from vime_agent_claude_code.harness import ClaudeCodeFlags
 
-    parser = argparse.ArgumentParser()
-    vime_add_arguments(parser)
+    from vime_core.testing import flags_parser
+
+    parser = flags_parser(ClaudeCodeFlags)
     h = ClaudeCodeHarness.from_args(parser.parse_args(["--agent-claude-code-tools", "Bash,Read"]))
     assert (h.version, h.tools, h.bare) == (DEFAULT_VERSION, ["Bash", "Read"], True)
     full = ClaudeCodeHarness.from_args(parser.parse_args([]))

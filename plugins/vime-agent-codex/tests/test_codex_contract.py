@@ -35,18 +35,18 @@ def sleep_turns(seconds: int) -> list[str]:
 def test_plugin_is_discovered():
     rows = {r["name"]: r for r in get_plugins().describe()}
     assert rows["agent-codex"]["distribution"] == "vime-agent-codex"
-    assert rows["agent-codex"]["provides"] == {"agent": ["codex"]}
+    assert rows["agent-codex"]["provides"] == {"agent": ["codex"], "flags": ["agent-codex"]}
     assert get_plugins().resolve("agent", "codex") is CodexHarness
 
 
 def test_flags_config_and_command():
-    import argparse
 
     import tomllib
-    from vime_agent_codex.hooks import vime_add_arguments
+    from vime_agent_codex.harness import CodexFlags
 
-    parser = argparse.ArgumentParser()
-    vime_add_arguments(parser)
+    from vime_core.testing import flags_parser
+
+    parser = flags_parser(CodexFlags)
     h = CodexHarness.from_args(parser.parse_args(["--agent-codex-config", 'model_reasoning_effort="low"']))
     assert (h.version, h.config) == (DEFAULT_VERSION, ['model_reasoning_effort="low"'])
     cfg = tomllib.loads(h.config_toml(AgentEndpoint("http://127.0.0.1:9", "sk-1", "policy")))
@@ -121,16 +121,14 @@ class TestCodexDocker(_Turns, AgentHarnessContract):
 
 
 def test_compact_config_and_instructions_file(tmp_path):
-    import argparse
 
     import tomllib
-    from vime_agent_codex.harness import COMPACT_INSTRUCTIONS
-    from vime_agent_codex.hooks import vime_add_arguments
+    from vime_agent_codex.harness import COMPACT_INSTRUCTIONS, CodexFlags
 
     from vime_core.agent.harness import AgentHarnessError
+    from vime_core.testing import flags_parser
 
-    parser = argparse.ArgumentParser()
-    vime_add_arguments(parser)
+    parser = flags_parser(CodexFlags)
     ep = AgentEndpoint("http://127.0.0.1:9", "sk-1", "policy")
     plain = CodexHarness.from_args(parser.parse_args([]))
     assert (plain.compact, plain.instructions) == (False, None)

@@ -17,7 +17,7 @@ pytestmark = pytest.mark.contract
 def test_plugin_is_discovered():
     rows = {r["name"]: r for r in get_plugins().describe()}
     assert rows["reward-tests"]["distribution"] == "vime-reward-tests"
-    assert rows["reward-tests"]["provides"] == {"reward": ["tests"]}
+    assert rows["reward-tests"]["provides"] == {"reward": ["tests"], "flags": ["reward-tests"]}
 
 
 class TestTestsReward(RewardFunctionContract):

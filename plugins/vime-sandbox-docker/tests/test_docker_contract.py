@@ -16,23 +16,19 @@ pytestmark = pytest.mark.contract
 def test_plugin_is_discovered():
     rows = {r["name"]: r for r in get_plugins().describe()}
     assert rows["sandbox-docker"]["distribution"] == "vime-sandbox-docker"
-    assert rows["sandbox-docker"]["provides"] == {"sandbox": ["docker"]}
+    assert rows["sandbox-docker"]["provides"] == {"sandbox": ["docker"], "flags": ["sandbox-docker"]}
     assert get_plugins().resolve("sandbox", "docker") is DockerSandbox
 
 
 def test_flags_reach_from_args():
-    import argparse
-
-    from vime_sandbox_docker.hooks import vime_add_arguments
+    from vime_sandbox_docker.sandbox import DockerFlags
 
     from vime_core.arguments import build_parser
+    from vime_core.config import SandboxConfig
+    from vime_core.testing import flags_parser
 
     assert "--sandbox-docker-image" in build_parser()._option_string_actions
-    parser = argparse.ArgumentParser()
-    vime_add_arguments(parser)
-    from vime_core.builtins.sandboxes import vime_add_arguments as core_flags
-
-    core_flags(parser)
+    parser = flags_parser(SandboxConfig, DockerFlags)
     args = parser.parse_args(["--sandbox-docker-image", "img:1", "--sandbox-network", "--sandbox-memory-mb", "256"])
     sb = DockerSandbox.from_args(args)
     assert (sb.image, sb.network, sb.read_only, sb.base_url) == ("img:1", True, True, None)

@@ -19,7 +19,7 @@ pytestmark = pytest.mark.contract
 def test_plugin_is_discovered():
     rows = {r["name"]: r for r in get_plugins().describe()}
     assert rows["sandbox-e2b"]["distribution"] == "vime-sandbox-e2b"
-    assert rows["sandbox-e2b"]["provides"] == {"sandbox": ["e2b"]}
+    assert rows["sandbox-e2b"]["provides"] == {"sandbox": ["e2b"], "flags": ["sandbox-e2b"]}
     assert get_plugins().resolve("sandbox", "e2b") is E2BSandbox
 
 

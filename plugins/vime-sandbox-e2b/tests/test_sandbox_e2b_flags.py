@@ -1,15 +1,15 @@
-"""The contract kit's flag checks on this plugin's ``vime_add_arguments`` (every flag has help)."""
+"""The contract kit's flag checks on this plugin's flag class (registered, every flag has help, defaults parse)."""
 
 import pytest
 
-from vime_core.testing import PluginArgumentsContract
+from vime_core.testing import PluginFlagsContract
 
 pytestmark = pytest.mark.contract
 
 
-class TestFlags(PluginArgumentsContract):
+class TestFlags(PluginFlagsContract):
     @pytest.fixture
-    def add_arguments(self):
-        from vime_sandbox_e2b.hooks import vime_add_arguments
+    def flags_class(self):
+        from vime_sandbox_e2b.hooks import E2BFlags
 
-        return vime_add_arguments
+        return E2BFlags

@@ -1,13 +1,12 @@
 """vime-sandbox-localvm is found through its entry point, with its flags; no VM needed."""
 
-import argparse
-
 import pytest
-from vime_sandbox_localvm.hooks import vime_add_arguments
+from vime_sandbox_localvm.hooks import LocalVMFlags
 from vime_sandbox_localvm.sandbox import LocalVMSandbox
 
-from vime_core.builtins.sandboxes import vime_add_arguments as core_flags
+from vime_core.config import SandboxConfig
 from vime_core.plugins import get_plugins
+from vime_core.testing import flags_parser
 
 pytestmark = pytest.mark.contract
 
@@ -15,14 +14,12 @@ pytestmark = pytest.mark.contract
 def test_plugin_is_discovered():
     rows = {r["name"]: r for r in get_plugins().describe()}
     assert rows["sandbox-localvm"]["distribution"] == "vime-sandbox-localvm"
-    assert rows["sandbox-localvm"]["provides"] == {"sandbox": ["localvm"]}
+    assert rows["sandbox-localvm"]["provides"] == {"sandbox": ["localvm"], "flags": ["sandbox-localvm"]}
     assert get_plugins().resolve("sandbox", "localvm") is LocalVMSandbox
 
 
 def test_flags_reach_from_args(tmp_path):
-    parser = argparse.ArgumentParser()
-    core_flags(parser)
-    vime_add_arguments(parser)
+    parser = flags_parser(SandboxConfig, LocalVMFlags)
     args = parser.parse_args(["--sandbox-localvm-image-dir", str(tmp_path), "--sandbox-localvm-accel", "tcg",
                               "--sandbox-cpus", "2", "--sandbox-memory-mb", "512"])
     sb = LocalVMSandbox.from_args(args)

@@ -20,7 +20,7 @@ pytestmark = pytest.mark.contract
 def test_plugin_is_discovered():
     rows = {r["name"]: r for r in get_plugins().describe()}
     assert rows["sandbox-modal"]["distribution"] == "vime-sandbox-modal"
-    assert rows["sandbox-modal"]["provides"] == {"sandbox": ["modal"]}
+    assert rows["sandbox-modal"]["provides"] == {"sandbox": ["modal"], "flags": ["sandbox-modal"]}
     assert get_plugins().resolve("sandbox", "modal") is ModalSandbox
 
 

@@ -3,7 +3,8 @@ the HTTP plumbing of their routes (session key, JSON body, server-sent events, o
 
 Each API module (:mod:`.anthropic_messages`, :mod:`.openai_chat`, :mod:`.openai_responses`) converts its wire format
 to and from :class:`ChatRequest` / :class:`ChatResult` and holds its routes (a FastAPI ``APIRouter``); the
-:class:`~vime_core.agent.gateway.AgentGateway` serves the turn in between.
+:class:`~vime_core.agent.gateway.AgentGateway` serves the turn in between. The routes see it through the
+:class:`TurnServer` protocol, so that no import runs back from the APIs to the gateway.
 """
 
 from __future__ import annotations
@@ -13,17 +14,14 @@ import json
 import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from vime_core.agent.chat import ChatMessage
+from vime_core.agent.chat import ChatMessage, ChatRenderer
 from vime_core.agent.session import Session
 from vime_core.agent.tool_parsers import ToolCall, tool_schema
-
-if TYPE_CHECKING:
-    from vime_core.agent.gateway import AgentGateway
 
 
 class APIError(Exception):
@@ -269,7 +267,30 @@ def pair_tool_results(messages: list[ChatMessage], api: str, *, strict: bool = T
 StreamFn = Callable[[ChatRequest, Any, "asyncio.Task[ChatResult]", Session, float], AsyncIterator[bytes]]
 
 
-def gateway_of(request: Request) -> AgentGateway:
+class TurnServer(Protocol):
+    """The gateway as the routes see it (:class:`~vime_core.agent.gateway.AgentGateway` is one): sessions, the turn
+    lifecycle, the chat renderer and the keep-alive interval."""
+
+    renderer: ChatRenderer
+    ping_interval_s: float
+
+    def lookup_session(self, sid: str | None) -> Session:
+        """The open session of API key ``sid``; raises :class:`APIError` (401) for a missing or unknown one."""
+
+    def begin_turn(self, session: Session) -> None:
+        """Count a model call against the session's turn budget; raises :class:`APIError` (400) once it is spent."""
+
+    def prepare_turn(self, session: Session, req: ChatRequest) -> tuple[Any, dict[str, Any]]:
+        """The prompt plan and sampling parameters of a turn; raises :class:`APIError` for one it refuses."""
+
+    async def generate_turn(self, session: Session, req: ChatRequest, plan: Any, params: dict[str, Any]) -> ChatResult:
+        """Generate, parse and record one turn."""
+
+    def end_turn(self, session: Session) -> None:
+        """A turn started by :meth:`begin_turn` is over (answered, refused or failed)."""
+
+
+def gateway_of(request: Request) -> TurnServer:
     """The gateway serving ``request`` (``app.state.gateway``, set when the gateway builds its app)."""
     return request.app.state.gateway
 

@@ -7,7 +7,7 @@ reason, and a contract test may not be overridden except as ``@pytest.mark.xfail
 """
 
 from vime_core.testing.contracts.agent import AgentHarnessContract
-from vime_core.testing.contracts.arguments import PluginArgumentsContract
+from vime_core.testing.contracts.arguments import PluginArgumentsContract, PluginFlagsContract, flags_parser
 from vime_core.testing.contracts.generate import GenerateFunctionContract
 from vime_core.testing.contracts.reward import GroupRewardFunctionContract, RewardFunctionContract
 from vime_core.testing.contracts.sandbox import SandboxBackendContract
@@ -19,8 +19,10 @@ __all__ = [
     "GenerateFunctionContract",
     "GroupRewardFunctionContract",
     "PluginArgumentsContract",
+    "PluginFlagsContract",
     "RewardFunctionContract",
     "SandboxBackendContract",
     "TrainerBackendContract",
     "WeightSyncContract",
+    "flags_parser",
 ]

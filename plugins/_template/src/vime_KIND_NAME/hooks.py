@@ -3,12 +3,16 @@
 Replace the example reward with what your plugin provides; the other registration hooks are
 ``vime_register_generate_functions``, ``vime_register_sandbox_backends``, ``vime_register_agent_harnesses``,
 ``vime_register_weight_sync_strategies``, ``vime_register_trainer_backends``, ``vime_register_advantage_estimators``
-(see docs/hooks.md). Plugin flags go under the plugin's prefix through ``vime_add_arguments``.
+(see docs/hooks.md). The plugin's flags are the fields of one frozen ``PluginConfig`` dataclass under the
+plugin's prefix, registered through ``vime_register_flags``; read them back with ``Flags.from_args(args)``.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from vime_core import hookimpl
+from vime_core.config import PluginConfig, flag
 
 
 async def NAME_reward(ctx, sample) -> float:
@@ -26,7 +30,16 @@ def vime_register_reward_functions(register):
     register("NAME", NAME_reward)
 
 
+@dataclass(frozen=True, kw_only=True)
+class Flags(PluginConfig):
+    """The ``--KIND-NAME-*`` flags (one declaration each: type, default, help)."""
+
+    PREFIX = "KIND-NAME"
+    TITLE = "vime-KIND-NAME"
+
+    KIND_NAME_example: int = flag(type=int, default=0, help="an example plugin flag")
+
+
 @hookimpl
-def vime_add_arguments(parser):
-    group = parser.add_argument_group("vime-KIND-NAME")
-    group.add_argument("--KIND-NAME-example", type=int, default=0, help="an example plugin flag")
+def vime_register_flags(register):
+    register(Flags.PREFIX, Flags)

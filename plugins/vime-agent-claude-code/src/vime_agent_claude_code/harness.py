@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import shlex
+from dataclasses import dataclass
 from typing import Any
 
 from vime_core.agent.gateway import TURN_BUDGET_MESSAGE
@@ -40,7 +41,7 @@ from vime_core.agent.harness import (
     NpmAgentHarness,
     json_lines,
 )
-from vime_core.plugin_flags import own_flags
+from vime_core.config import PluginConfig, flag
 from vime_core.sandbox.base import ExecResult, Sandbox
 
 DEFAULT_VERSION = "2.1.197"  # what npm picks on Node 20; native executable, pinned for reproducible runs
@@ -56,28 +57,26 @@ BARE_TOOLS = frozenset({"Bash", "Read", "Edit"})
 FULL_MODE_ARGS = ("--strict-mcp-config", "--disable-slash-commands", "--setting-sources", "user")
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The ``--agent-claude-code-*`` flags (:meth:`ClaudeCodeHarness.from_args` reads them)."""
-    g = parser.add_argument_group("vime-agent-claude-code")
-    g.add_argument(
-        "--agent-claude-code-version",
+@dataclass(frozen=True, kw_only=True)
+class ClaudeCodeFlags(PluginConfig):
+    """The ``--agent-claude-code-*`` flags, registered through ``vime_register_flags``."""
+
+    PREFIX = "agent-claude-code"
+    TITLE = "vime-agent-claude-code"
+
+    agent_claude_code_version: str = flag(
         default=DEFAULT_VERSION,
         help="npm version of @anthropic-ai/claude-code (prepared with `vime agent prepare claude-code`)",
     )
-    g.add_argument(
-        "--agent-claude-code-tools",
+    agent_claude_code_tools: str = flag(
         default=",".join(DEFAULT_TOOLS),
         help="comma-separated built-in tools offered to the model ('' = Claude Code's full default set)",
     )
-    g.add_argument(
-        "--agent-claude-code-system-prompt",
-        default=None,
-        help="replace Claude Code's system prompt (shorter prompts for small context windows)",
+    agent_claude_code_system_prompt: str | None = flag(
+        default=None, help="replace Claude Code's system prompt (shorter prompts for small context windows)"
     )
-    g.add_argument(
-        "--agent-claude-code-no-bare",
-        action="store_true",
-        help="do not pass --bare (let Claude Code read CLAUDE.md, hooks, skills of the workspace)",
+    agent_claude_code_no_bare: bool = flag(
+        action="store_true", help="do not pass --bare (let Claude Code read CLAUDE.md, hooks, skills of the workspace)"
     )
 
 
@@ -129,7 +128,7 @@ class ClaudeCodeHarness(NpmAgentHarness):
     def from_args(cls, args: argparse.Namespace | None) -> ClaudeCodeHarness:
         """From ``--agent-claude-code-version``, ``-tools``, ``-system-prompt``, ``-no-bare`` (absent: ``bare``
         is chosen from the tools); a flag ``args`` lacks (or ``args`` ``None``) is at its default."""
-        own = own_flags(args, add_arguments)
+        own = ClaudeCodeFlags.from_args(args)
         return cls(
             version=own.agent_claude_code_version,
             tools=[t for t in (own.agent_claude_code_tools or "").split(",") if t],

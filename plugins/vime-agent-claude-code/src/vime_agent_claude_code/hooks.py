@@ -13,7 +13,7 @@ def vime_register_agent_harnesses(register):
 
 
 @hookimpl
-def vime_add_arguments(parser):
-    from vime_agent_claude_code.harness import add_arguments
+def vime_register_flags(register):
+    from vime_agent_claude_code.harness import ClaudeCodeFlags
 
-    add_arguments(parser)
+    register(ClaudeCodeFlags.PREFIX, ClaudeCodeFlags)

@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -56,7 +57,7 @@ from vime_core.agent.harness import (
     NpmAgentHarness,
     json_lines,
 )
-from vime_core.plugin_flags import own_flags
+from vime_core.config import PluginConfig, flag
 from vime_core.sandbox.base import ExecResult, Sandbox
 
 DEFAULT_VERSION = "0.171.0"  # native (Rust, musl) executable, pinned for reproducible runs
@@ -93,31 +94,30 @@ def _toml_str(s: str) -> str:
     return json.dumps(s)  # a JSON string is a valid TOML basic string
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The ``--agent-codex-*`` flags (:meth:`CodexHarness.from_args` reads them)."""
-    g = parser.add_argument_group("vime-agent-codex")
-    g.add_argument(
-        "--agent-codex-version",
-        default=DEFAULT_VERSION,
-        help="npm version of @openai/codex (prepared with `vime agent prepare codex`)",
+@dataclass(frozen=True, kw_only=True)
+class CodexFlags(PluginConfig):
+    """The ``--agent-codex-*`` flags, registered through ``vime_register_flags``."""
+
+    PREFIX = "agent-codex"
+    TITLE = "vime-agent-codex"
+
+    agent_codex_version: str = flag(
+        default=DEFAULT_VERSION, help="npm version of @openai/codex (prepared with `vime agent prepare codex`)"
     )
-    g.add_argument(
-        "--agent-codex-config",
+    agent_codex_config: list[str] = flag(
         action="append",
         default=[],
         metavar="KEY=VALUE",
         help="extra `codex -c KEY=VALUE` overrides (TOML values), repeatable (win over the flags below)",
     )
-    g.add_argument(
-        "--agent-codex-compact",
+    agent_codex_compact: bool = flag(
         action="store_true",
         default=False,
         help="small-context policies: Codex's first request shrinks from ~6.7k to ~1.1k tokens (short base "
         "instructions; no skills list, permissions text, goal/view_image/request_user_input/sub-agent/"
         "web_search tools; the shell tools exec_command/write_stdin stay). See the plugin README",
     )
-    g.add_argument(
-        "--agent-codex-instructions-file",
+    agent_codex_instructions_file: str | None = flag(
         default=None,
         metavar="PATH",
         help="a text file replacing Codex's base instructions (model_instructions_file); with or "
@@ -165,7 +165,7 @@ class CodexHarness(NpmAgentHarness):
 
         :raises AgentHarnessError: the instructions file cannot be read (the message names the flag).
         """
-        own = own_flags(args, add_arguments)
+        own = CodexFlags.from_args(args)
         path = own.agent_codex_instructions_file
         instructions = None
         if path:

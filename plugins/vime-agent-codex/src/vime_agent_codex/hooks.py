@@ -13,7 +13,7 @@ def vime_register_agent_harnesses(register):
 
 
 @hookimpl
-def vime_add_arguments(parser):
-    from vime_agent_codex.harness import add_arguments
+def vime_register_flags(register):
+    from vime_agent_codex.harness import CodexFlags
 
-    add_arguments(parser)
+    register(CodexFlags.PREFIX, CodexFlags)

@@ -18,7 +18,7 @@ def vime_register_reward_functions(register):
 
 
 @hookimpl
-def vime_add_arguments(parser):
-    from vime_reward_tests.reward import add_arguments
+def vime_register_flags(register):
+    from vime_reward_tests.reward import RewardTestsFlags
 
-    add_arguments(parser)
+    register(RewardTestsFlags.PREFIX, RewardTestsFlags)

@@ -57,9 +57,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from vime_core.config import SandboxConfig
+from vime_core.config import PluginConfig, SandboxConfig, flag
 from vime_core.data.workspace_task import AgentResult, WorkspaceTask, result_files
-from vime_core.plugin_flags import own_flags
 from vime_core.types import Sample
 
 logger = logging.getLogger("vime.reward.tests")
@@ -96,28 +95,28 @@ class RewardInfraError(RuntimeError):
     failure_cause = "sandbox_error"
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The ``--reward-tests-*`` flags."""
-    g = parser.add_argument_group("vime-reward-tests (--reward tests)")
-    g.add_argument(
-        "--reward-tests-mode",
+@dataclass(frozen=True, kw_only=True)
+class RewardTestsFlags(PluginConfig):
+    """The ``--reward-tests-*`` flags, registered through ``vime_register_flags``."""
+
+    PREFIX = "reward-tests"
+    TITLE = "vime-reward-tests (--reward tests)"
+
+    reward_tests_mode: str = flag(
         choices=["fraction", "all"],
         default="fraction",
         help="fraction: passed/total tests; all: 1.0 iff every test passed, else 0.0",
     )
-    g.add_argument(
-        "--reward-tests-timeout",
+    reward_tests_timeout: float = flag(
         type=float,
         default=120.0,
         help="seconds for one test run (a task's tests.timeout_s wins); killed at the limit, tests without a "
         "result count as failed",
     )
-    g.add_argument(
-        "--reward-tests-sandbox",
-        default=None,
-        help="sandbox backend for the test run (default: --sandbox); always a fresh sandbox per sample",
+    reward_tests_sandbox: str | None = flag(
+        default=None, help="sandbox backend for the test run (default: --sandbox); always a fresh sandbox per sample"
     )
-    g.add_argument("--reward-tests-python", default="python3", help="Python interpreter inside the sandbox")
+    reward_tests_python: str = flag(default="python3", help="Python interpreter inside the sandbox")
 
 
 @dataclass
@@ -262,7 +261,7 @@ async def run_tests(
     """
     from vime_core.plugins import get_plugins
 
-    backend = own_flags(args, add_arguments).reward_tests_sandbox or SandboxConfig.from_args(args).sandbox
+    backend = RewardTestsFlags.from_args(args).reward_tests_sandbox or SandboxConfig.from_args(args).sandbox
     cls = get_plugins().resolve("sandbox", backend)
     archive = build_archive(files, task.tests)
     b = uuid.uuid4().hex  # section boundary of the runner's report
@@ -343,7 +342,7 @@ async def tests_reward(args: argparse.Namespace, sample: Sample) -> float:
     task = WorkspaceTask.from_metadata(sample.metadata, need_tests=True)
     result = AgentResult.from_metadata(sample.metadata)
     files, ignored = result_files(task, result, task.tests)
-    opts = own_flags(args, add_arguments)
+    opts = RewardTestsFlags.from_args(args)
     timeout_s = float(task.timeout_s or opts.reward_tests_timeout)
     outcome = await run_tests(args, task, files, timeout_s=timeout_s, python=opts.reward_tests_python)
     outcome.ignored = ignored

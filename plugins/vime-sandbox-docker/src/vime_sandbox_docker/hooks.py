@@ -13,7 +13,7 @@ def vime_register_sandbox_backends(register):
 
 
 @hookimpl
-def vime_add_arguments(parser):
-    from vime_sandbox_docker.sandbox import add_arguments
+def vime_register_flags(register):
+    from vime_sandbox_docker.sandbox import DockerFlags
 
-    add_arguments(parser)
+    register(DockerFlags.PREFIX, DockerFlags)

@@ -33,10 +33,11 @@ import socket
 import threading
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from vime_core.plugin_flags import own_flags
+from vime_core.config import PluginConfig, flag
 from vime_core.sandbox.base import (
     BACKEND_LABEL,
     LABEL,
@@ -64,21 +65,21 @@ _API_VERSION: dict[str, str] = {}
 _POOL = concurrent.futures.ThreadPoolExecutor(max_workers=64, thread_name_prefix="vime-docker")
 
 
-def add_arguments(parser: Any) -> None:
-    """The ``--sandbox-docker-*`` flags (:meth:`DockerSandbox.from_args` reads them)."""
-    group = parser.add_argument_group("vime-sandbox-docker")
-    group.add_argument(
-        "--sandbox-docker-image",
-        default=DEFAULT_IMAGE,
-        help="local image of docker sandboxes (build it with `vime-sandbox-docker build-image`)",
+@dataclass(frozen=True, kw_only=True)
+class DockerFlags(PluginConfig):
+    """The ``--sandbox-docker-*`` flags, registered through ``vime_register_flags``."""
+
+    PREFIX = "sandbox-docker"
+    TITLE = "vime-sandbox-docker"
+
+    sandbox_docker_image: str = flag(
+        default=DEFAULT_IMAGE, help="local image of docker sandboxes (build it with `vime-sandbox-docker build-image`)"
     )
-    group.add_argument(
-        "--sandbox-docker-host", default=None, help="docker daemon address (default: DOCKER_HOST or the local socket)"
+    sandbox_docker_host: str | None = flag(
+        default=None, help="docker daemon address (default: DOCKER_HOST or the local socket)"
     )
-    group.add_argument(
-        "--sandbox-docker-writable-root",
-        action="store_true",
-        help="writable root filesystem (default: read-only except /workspace and /tmp)",
+    sandbox_docker_writable_root: bool = flag(
+        action="store_true", help="writable root filesystem (default: read-only except /workspace and /tmp)"
     )
 
 
@@ -128,8 +129,10 @@ def docker_client(base_url: str | None = None, timeout_s: float = 120.0) -> Any:
         if base_url:
             return docker.DockerClient(base_url=base_url, version=_API_VERSION[key], timeout=int(timeout_s))
         return docker.from_env(version=_API_VERSION[key], timeout=int(timeout_s))
-    client = docker.DockerClient(base_url=base_url, timeout=int(timeout_s)) if base_url else docker.from_env(
-        timeout=int(timeout_s)
+    client = (
+        docker.DockerClient(base_url=base_url, timeout=int(timeout_s))
+        if base_url
+        else docker.from_env(timeout=int(timeout_s))
     )
     _API_VERSION[key] = client.api.api_version
     return client
@@ -204,7 +207,7 @@ class DockerSandbox(Sandbox):
     def from_args(cls, args: Any, **kwargs: Any) -> DockerSandbox:
         """The generic ``--sandbox-*`` flags plus ``--sandbox-docker-image``, ``--sandbox-docker-host``
         (:attr:`FLAG_KWARGS`) and ``--sandbox-docker-writable-root`` (keywords win)."""
-        writable = own_flags(args, add_arguments).sandbox_docker_writable_root
+        writable = DockerFlags.from_args(args).sandbox_docker_writable_root
         return super().from_args(args, **{"read_only": not writable, **kwargs})  # type: ignore[return-value]
 
     @property
@@ -368,8 +371,13 @@ class DockerSandbox(Sandbox):
         try:
             exec_id = (
                 await _call(
-                    api.exec_create, self._container.id, cmd, stdin=stdin is not None, environment=env or None,
-                    workdir=cwd, user=user or "",
+                    api.exec_create,
+                    self._container.id,
+                    cmd,
+                    stdin=stdin is not None,
+                    environment=env or None,
+                    workdir=cwd,
+                    user=user or "",
                 )
             )["Id"]
             sock = await _call(api.exec_start, exec_id, socket=True)
@@ -424,12 +432,13 @@ class DockerSandbox(Sandbox):
             await _call(self._kill_exec, pid_file)
             code = TIMEOUT_EXIT_CODE
         timed_out = code == TIMEOUT_EXIT_CODE and elapsed >= timeout * 0.95
-        return RawExecResult(code, bytes(out.buf), bytes(err.buf), timed_out, out.total > out.limit,
-                             err.total > err.limit)
+        return RawExecResult(
+            code, bytes(out.buf), bytes(err.buf), timed_out, out.total > out.limit, err.total > err.limit
+        )
 
     def _kill_exec(self, pid_file: str) -> None:
         with contextlib.suppress(Exception):
-            self._container.exec_run(["/bin/sh", "-c", f'kill -9 -$(cat {pid_file}) 2>/dev/null; true'])
+            self._container.exec_run(["/bin/sh", "-c", f"kill -9 -$(cat {pid_file}) 2>/dev/null; true"])
 
     # -- reaper --------------------------------------------------------------------------------------------------
     @classmethod

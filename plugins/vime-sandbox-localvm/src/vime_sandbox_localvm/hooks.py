@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from vime_core import hookimpl
+from vime_core.config import PluginConfig, flag
 
 
 @hookimpl
@@ -12,14 +15,27 @@ def vime_register_sandbox_backends(register):
     register(LocalVMSandbox.NAME, LocalVMSandbox)
 
 
+@dataclass(frozen=True, kw_only=True)
+class LocalVMFlags(PluginConfig):
+    """The ``--sandbox-localvm-*`` flags, registered through ``vime_register_flags``."""
+
+    PREFIX = "sandbox-localvm"
+    TITLE = "vime-sandbox-localvm"
+
+    sandbox_localvm_image_dir: str | None = flag(
+        default=None,
+        help="base VM image directory (default ~/.cache/vime/localvm/bookworm; "
+        "make it with `vime-sandbox-localvm build-image`)",
+    )
+    sandbox_localvm_accel: str = flag(
+        default="auto", choices=["auto", "kvm", "tcg"], help="QEMU accelerator (auto: KVM when /dev/kvm is usable)"
+    )
+    sandbox_localvm_ssh: str | None = flag(
+        default=None, metavar="USER@HOST:PORT", help="use this already-running machine instead of booting VMs"
+    )
+    sandbox_localvm_ssh_key: str | None = flag(default=None, help="private key for --sandbox-localvm-ssh")
+
+
 @hookimpl
-def vime_add_arguments(parser):
-    group = parser.add_argument_group("vime-sandbox-localvm")
-    group.add_argument("--sandbox-localvm-image-dir", default=None,
-                       help="base VM image directory (default ~/.cache/vime/localvm/bookworm; "
-                       "make it with `vime-sandbox-localvm build-image`)")
-    group.add_argument("--sandbox-localvm-accel", default="auto", choices=["auto", "kvm", "tcg"],
-                       help="QEMU accelerator (auto: KVM when /dev/kvm is usable)")
-    group.add_argument("--sandbox-localvm-ssh", default=None, metavar="USER@HOST:PORT",
-                       help="use this already-running machine instead of booting VMs")
-    group.add_argument("--sandbox-localvm-ssh-key", default=None, help="private key for --sandbox-localvm-ssh")
+def vime_register_flags(register):
+    register(LocalVMFlags.PREFIX, LocalVMFlags)

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from vime_core import hookimpl
+from vime_core.config import PluginConfig, flag
 
 
 @hookimpl
@@ -12,15 +15,23 @@ def vime_register_sandbox_backends(register):
     register(ModalSandbox.NAME, ModalSandbox)
 
 
-@hookimpl
-def vime_add_arguments(parser):
-    group = parser.add_argument_group("vime-sandbox-modal")
-    group.add_argument(
-        "--sandbox-modal-image",
+@dataclass(frozen=True, kw_only=True)
+class ModalFlags(PluginConfig):
+    """The ``--sandbox-modal-*`` flags, registered through ``vime_register_flags``."""
+
+    PREFIX = "sandbox-modal"
+    TITLE = "vime-sandbox-modal"
+
+    sandbox_modal_image: str = flag(
         default="python:3.12-slim",
         help="registry image of modal sandboxes (needs /bin/sh, coreutils, tar, python3); "
         "credentials come from MODAL_TOKEN_ID/MODAL_TOKEN_SECRET",
     )
-    group.add_argument(
-        "--sandbox-modal-app", default="vime-sandboxes", help="Modal app the sandboxes belong to (created if missing)"
+    sandbox_modal_app: str = flag(
+        default="vime-sandboxes", help="Modal app the sandboxes belong to (created if missing)"
     )
+
+
+@hookimpl
+def vime_register_flags(register):
+    register(ModalFlags.PREFIX, ModalFlags)

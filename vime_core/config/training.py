@@ -1,0 +1,290 @@
+"""The training side's config sections: algorithm, trainer, Megatron, weight sync, LoRA. Each declares its own
+flags once (:func:`vime_core.config.flags.flag`).
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+from pathlib import Path
+
+from vime_core.config.flags import ALL_LINEAR, DECAY_STYLES, LOSS_AGG_MODES, Section, flag, passthrough, ref
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AlgorithmConfig(Section):
+    """Advantage estimators, loss terms, KL, critic, distillation and train/inference-mismatch correction."""
+
+    TITLE = "algorithm"
+    DESCRIPTION = "estimators, loss terms, KL, critic, distillation, train/inference mismatch"
+
+    allow_off_policy_without_correction: bool = flag(
+        action="store_true",
+        help="let --loop one-step-off / fully-async train without --use-tis, --use-mis or --use-rollout-logprobs "
+        "(refused by default: the PPO ratio is then anchored to the trainer's current policy instead of the policy "
+        "that generated the tokens); a warning is logged at startup. Default: off",
+    )
+    advantage_estimator: str = flag(
+        default="grpo",
+        help="advantage estimator: grpo, gspo, rloo, reinforce_plus_plus, reinforce_plus_plus_baseline, ppo, "
+        "on_policy_distill, or a plugin's name (`vime plugins`)",
+    )
+    disable_grpo_std_normalization: bool = flag(action="store_true", help="Dr.GRPO: A = r - mean(r)")
+    eps_clip: float = flag(type=float, default=0.2, help="PPO clip range: ratio clipped to [1-eps, 1+eps-high]")
+    eps_clip_high: float | None = flag(
+        type=float, default=None, help="upper clip range (DAPO clip-higher; default: --eps-clip)"
+    )
+    calculate_per_token_loss: bool = flag(
+        action="store_true",
+        help="average the loss over all tokens of the batch (default: per-sample mean, then over samples); "
+        "the same as --loss-agg-mode token-mean",
+    )
+    loss_agg_mode: str | None = flag(
+        choices=LOSS_AGG_MODES,
+        default=None,
+        help="how token losses become one loss (verl's names; docs/algorithms.md): token-mean (mean over the "
+        "batch's tokens), seq-mean-token-mean (mean over samples of each sample's token mean), "
+        "seq-mean-token-sum-norm (Dr.GRPO: mean over samples of each sample's token sum / --loss-scale-factor) "
+        "(default: token-mean with --calculate-per-token-loss, else seq-mean-token-mean)",
+    )
+    loss_scale_factor: float | None = flag(
+        type=float,
+        default=None,
+        help="the constant divisor of --loss-agg-mode seq-mean-token-sum-norm (default: --rollout-max-response-len)",
+    )
+    use_rollout_logprobs: bool = flag(action="store_true", help="engine log-probs as the old policy")
+    normalize_advantages: bool = flag(action="store_true", help="whiten advantages over the batch's tokens")
+    gamma: float = flag(type=float, default=1.0, help="discount (REINFORCE++ returns, GAE)")
+    lambd: float = flag(type=float, default=1.0, help="GAE lambda (ppo)")
+    value_clip: float = flag(type=float, default=0.2, help="critic value clip (ppo)")
+    critic_load: str | None = flag(
+        default=None,
+        help="ppo critic: HF dir or known name, or a saved critic dir (default: --model + a new value head)",
+    )
+    critic_lr: float | None = flag(type=float, default=None, help="ppo critic learning rate (default: --lr)")
+    critic_lr_warmup_iters: int = flag(
+        type=int,
+        default=0,
+        help="ppo critic: optimizer steps of linear learning-rate warm-up from --lr-warmup-init to --critic-lr "
+        "(slime's flag); --lr-decay-style, --lr-decay-iters and --min-lr apply to the critic too. Default: 0 (none)",
+    )
+    num_critic_only_steps: int = flag(type=int, default=0, help="ppo: train only the critic first N steps")
+    distill_teacher: str | None = flag(
+        default=None, help="on-policy distillation teacher (HF dir or known name), served by its own vLLM engines"
+    )
+    distill_coef: float = flag(
+        type=float, default=1.0, help="λ of the distill advantage λ·(logp_teacher - logp_student)"
+    )
+    distill_num_engines: int = flag(type=int, default=1, help="vLLM servers of the teacher engine group")
+    eps_clip_c: float | None = flag(
+        type=float, default=None, help="dual-clip PPO constant c > 1 (loss of A<0 <= -c·A)"
+    )
+    entropy_coef: float = flag(type=float, default=0.0, help="entropy bonus weight")
+    use_kl_loss: bool = flag(action="store_true", help="KL to the reference model as a loss term")
+    kl_loss_coef: float = flag(type=float, default=0.0, help="weight of the KL loss (0: logged only)")
+    kl_loss_type: str = flag(
+        default="k1",
+        choices=["k1", "k2", "k3", "low_var_kl"],
+        help="KL estimator of --use-kl-loss (Schulman's k1/k2/k3; low_var_kl = k3 clamped to [-10, 10])",
+    )
+    kl_coef: float = flag(type=float, default=0.0, help="KL as reward shaping (reinforce_plus_plus*)")
+    ref_load: str | None = flag(default=None, help="reference model: HF dir or known name (default: --model)")
+    use_tis: bool = flag(action="store_true", help="truncated IS: loss × clamp(exp(old - rollout))")
+    use_mis: bool = flag(action="store_true", help="masked IS (IcePop): drop tokens whose ratio is out of band")
+    tis_clip_low: float = flag(type=float, default=0.0, help="IS band lower bound (TIS and MIS)")
+    tis_clip: float = flag(type=float, default=2.0, help="IS band upper bound (TIS and MIS)")
+    max_train_rollout_logprob_diff: float | None = flag(
+        type=float,
+        default=None,
+        help="stop the run when mean |logp_trainer - logp_engine| exceeds this (nats per token)",
+    )
+    dynamic_sampling_filter: str | None = flag(default=None, help="DAPO group filter, e.g. check_reward_nonzero_std")
+    reward_key: str | None = ref()
+    rollout_max_response_len: int = ref()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TrainerConfig(Section):
+    """The trainer backend: optimizer, learning-rate schedule, batch split, device and precision."""
+
+    TITLE = "training"
+    DESCRIPTION = "the trainer backend, optimizer, learning-rate schedule, batch split, device"
+
+    global_batch_size: int | None = flag(type=int, default=None, help="samples per optimizer step (default: all)")
+    micro_batch_size: int = flag(type=int, default=8, help="samples per forward/backward pass")
+    trainer: str = flag(default="torch", help="trainer backend")
+    lr: float = flag(type=float, default=1e-6, help="peak policy learning rate (AdamW); see --lr-decay-style")
+    lr_warmup_iters: int = flag(
+        type=int,
+        default=0,
+        help="optimizer steps (one per --global-batch-size samples) of linear warm-up from --lr-warmup-init to "
+        "--lr (Megatron's flag and formula; the critic has --critic-lr-warmup-iters). Default: 0 (none)",
+    )
+    lr_warmup_init: float = flag(
+        type=float,
+        default=0.0,
+        help="learning rate of the first step of a --lr-warmup-iters warm-up (Megatron's flag). Default: 0.0",
+    )
+    lr_decay_style: str = flag(
+        choices=DECAY_STYLES,
+        default="constant",
+        help="after the warm-up: constant --lr, or a linear / cosine decay to --min-lr at --lr-decay-iters, for the "
+        "policy and the critic (Megatron's formulas). Default: constant",
+    )
+    lr_decay_iters: int | None = flag(
+        type=int,
+        default=None,
+        help="the optimizer step at which a linear/cosine decay reaches --min-lr. Default: every optimizer step of "
+        "the run, --num-rollout × rollout-batch-size × n-samples-per-prompt / --global-batch-size",
+    )
+    min_lr: float = flag(
+        type=float,
+        default=0.0,
+        help="the learning rate a linear/cosine --lr-decay-style ends at (policy and critic). Default: 0.0",
+    )
+    adam_beta1: float = flag(type=float, default=0.9, help="Adam beta1")
+    adam_beta2: float = flag(type=float, default=0.98, help="Adam beta2")
+    adam_eps: float = flag(type=float, default=1e-8, help="Adam epsilon")
+    weight_decay: float = flag(type=float, default=0.0, help="decoupled weight decay (AdamW)")
+    clip_grad: float = flag(type=float, default=1.0, help="clip the global gradient L2 norm to this value")
+    train_device: str = flag(default="cpu", help="torch device of the torch trainer (cpu, cuda, cuda:1)")
+    train_dtype: str = flag(
+        default="float32",
+        choices=["float32", "bfloat16", "float16"],
+        help="parameter dtype of the trainer (the engines get the weights in their own dtype)",
+    )
+    train_num_threads: int | None = flag(
+        type=int, default=None, help="torch intra-op threads of the trainer (default: every core the trainer may use)"
+    )
+    gradient_checkpointing: bool = flag(action="store_true", help="recompute activations in backward (less memory)")
+    train_cpus: str | None = flag(
+        default=None, help="CPU cores the trainer runs on, e.g. '1' or '2-3,6' (os.sched_setaffinity; default: all)"
+    )
+    seed: int = ref()
+    critic_lr: float | None = ref()
+    critic_lr_warmup_iters: int = ref()
+    num_rollout: int = ref()
+    rollout_batch_size: int = ref()
+    n_samples_per_prompt: int = ref()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MegatronConfig(Section):
+    """The megatron trainer backend's flags (Megatron-LM's names)."""
+
+    TITLE = "megatron (--trainer megatron; Megatron-LM's flag names)"
+
+    tensor_model_parallel_size: int = flag(
+        type=int,
+        default=1,
+        help="Megatron tensor parallel size (ranks that split each layer); needs that many GPUs per trainer",
+    )
+    pipeline_model_parallel_size: int = flag(type=int, default=1, help="Megatron pipeline parallel size (only 1 yet)")
+    context_parallel_size: int = flag(type=int, default=1, help="Megatron context parallel size (only 1 yet)")
+    sequence_parallel: bool = flag(
+        action="store_true", help="Megatron sequence parallelism (with --tensor-model-parallel-size > 1)"
+    )
+    recompute_granularity: str | None = flag(
+        choices=["full", "selective"],
+        default=None,
+        help="Megatron activation recomputation: full layers or selective (attention core); default: none",
+    )
+    recompute_method: str | None = flag(
+        choices=["uniform", "block"],
+        default=None,
+        help="with --recompute-granularity full: uniform (every N layers) or block (the first N layers per stage)",
+    )
+    recompute_num_layers: int | None = flag(
+        type=int, default=None, help="N of --recompute-method (layers; default: Megatron's)"
+    )
+    use_distributed_optimizer: bool = flag(
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="shard the optimizer state over data-parallel ranks (Megatron's distributed optimizer)",
+    )
+    megatron_attention: str | None = flag(
+        choices=["te", "sdpa", "local"],
+        default=None,
+        help="core attention: Transformer Engine spec (default when TE imports), torch SDPA in the local "
+        "spec (default otherwise), or Megatron's unfused local attention",
+    )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WeightSyncConfig(Section):
+    """Weight sync from the trainer to the engines: the strategy and its flags."""
+
+    TITLE = "weight sync"
+    DESCRIPTION = "the strategy and its flags (disk-delta, nccl)"
+
+    weight_sync: str = flag(default="disk", help="weight-sync strategy")
+    update_weight_disk_dir: Path | None = flag(type=Path, default=None, help="default: OUTPUT_DIR/weights")
+    keep_weight_updates: bool = flag(
+        action="store_true",
+        help="keep each weight update under --update-weight-disk-dir (default: deleted after the sync)",
+    )
+    weight_sync_timeout: float = flag(type=float, default=300.0, help="seconds per engine")
+    update_weight_delta_encoding: str = flag(
+        choices=["xor", "sub", "overwrite"],
+        default="sub",
+        help="disk-delta: xor of old and new bytes, integer difference of each element's bits (both "
+        "applied once), or changed byte positions + new bytes",
+    )
+    update_weight_delta_zstd_level: int = flag(type=int, default=1, help="disk-delta: zstandard level")
+    update_weight_delta_base: str | None = flag(
+        default=None, help="disk-delta: HF directory the engines start from (the first delta's base); default --model"
+    )
+    update_weight_buffer_size: int = flag(
+        type=int,
+        default=512 * 2**20,
+        help="nccl, ipc: bucket size in bytes (tensors are broadcast in buckets of at most this size; slime's flag)",
+    )
+    update_weight_checksums: bool = flag(
+        action="store_true", help="nccl: attach an xxh3-128 digest per tensor; receivers verify before loading"
+    )
+    model: str = ref()
+    rollout_num_engines: int = ref()
+    rollout_num_gpus_per_engine: int = ref()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LoraConfig(Section):
+    """LoRA (``--lora-rank`` > 0): the adapter the trainer trains and the engines serve (docs/lora.md)."""
+
+    TITLE = "LoRA (docs/lora.md; upstream vime's flag names)"
+
+    lora_rank: int = flag(
+        type=int,
+        default=0,
+        help="LoRA rank r: train a PEFT LoRA adapter (only its parameters get gradients and optimizer state) and "
+        "sync only the adapter to the engines; 0: full fine-tuning (default)",
+    )
+    lora_alpha: float = flag(type=float, default=16.0, help="LoRA alpha (the update is scaled alpha / r)")
+    lora_dropout: float = flag(type=float, default=0.0, help="dropout on the LoRA branch's input, in [0, 1)")
+    target_modules: list[str] = flag(
+        nargs="+",
+        default=[ALL_LINEAR],
+        help="modules that get an adapter: all-linear (every linear layer but the output layer) or module names "
+        "(q_proj v_proj, or comma-separated)",
+    )
+    exclude_modules: list[str] | None = flag(
+        nargs="+", default=None, help="module names left without an adapter (e.g. down_proj; default: none)"
+    )
+    lora_adapter_path: Path | None = flag(
+        type=Path,
+        default=None,
+        help="start from this PEFT adapter directory (adapter_config.json + adapter_model.safetensors) instead of "
+        "a fresh one; its rank must equal --lora-rank",
+    )
+    model: str = ref()
+    trainer: str = ref()
+    weight_sync: str = ref()
+    loop: str = ref()
+    max_staleness: int = ref()
+    keep_weight_updates: bool = ref()
+    vllm_args: list[str] = passthrough()
+
+    @property
+    def enabled(self) -> bool:
+        """Whether the run trains a LoRA adapter instead of every weight."""
+        return self.lora_rank > 0
