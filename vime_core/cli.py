@@ -22,9 +22,10 @@ def _cmd_run(argv: list[str]) -> int:
     from vime_core.arguments import parse_run_args
 
     args = parse_run_args(argv)  # flag and file errors before torch, Ray and vLLM are imported
+    from vime_core.arguments import build_run_config
     from vime_core.loop import run
 
-    run(args)
+    run(build_run_config(args), vars(args))  # from here on the configuration travels typed
     return 0
 
 
@@ -62,9 +63,10 @@ def _cmd_eval(argv: list[str]) -> int:
     from vime_core.arguments import parse_run_args
 
     args = parse_run_args(argv, command="eval")  # flag and file errors before torch, Ray and vLLM are imported
+    from vime_core.arguments import build_run_config
     from vime_core.loop import evaluate
 
-    evaluate(args)
+    evaluate(build_run_config(args), vars(args))  # from here on the configuration travels typed
     return 0
 
 

@@ -9,7 +9,6 @@ docs/architecture.md ("Which hooks run where").
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -18,7 +17,10 @@ import pluggy
 from vime_core.protocols import AdvantageEstimator, DynamicFilter, GenerateFn, GroupRewardFn, RewardFn
 
 if TYPE_CHECKING:
+    from argparse import ArgumentParser, Namespace
+
     from vime_core.config import PluginConfig
+    from vime_core.context import PluginContext
     from vime_core.types import Sample
 
 hookspec = pluggy.HookspecMarker("vime")
@@ -184,7 +186,7 @@ def vime_register_flags(register: RegisterFlags) -> None:
         "frozen vime_core.config.PluginConfig dataclass and register it with vime_register_flags(register)"
     )
 )
-def vime_add_arguments(parser: argparse.ArgumentParser) -> None:
+def vime_add_arguments(parser: ArgumentParser) -> None:
     """Deprecated (use :func:`vime_register_flags`): add a plugin's own command-line flags by hand, under the
     plugin's prefix. Still called when the parser is built; registering an implementation warns.
 
@@ -196,12 +198,25 @@ def vime_add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 # --------------------------------------------------------------------------------------------------------------
-# Observation hooks (called during a run). ``args`` is the run's full Namespace; ``step`` is the training step
-# (slime's rollout id, 0 .. --num-rollout - 1).
+# Observation hooks (called during a run). ``ctx`` is the run's :class:`~vime_core.context.PluginContext`; ``step``
+# is the training step (slime's rollout id, 0 .. --num-rollout - 1). ``args`` is the deprecated Namespace of
+# vime 0.x (built from the typed tree): an implementation that names it still gets it, with a DeprecationWarning.
 
 
-@hookspec
-def vime_on_sample(args: argparse.Namespace, sample: Sample, step: int) -> None:
+def _args_deprecated(hook: str, new: str) -> DeprecationWarning:
+    return DeprecationWarning(
+        f"{hook}(args, ...) is deprecated and will stop working in the next minor version; implement {hook}({new}) "
+        "and read the configuration from ctx (vime_core.context.PluginContext; docs/hooks.md)"
+    )
+
+
+_ON_SAMPLE_ARGS = _args_deprecated("vime_on_sample", "ctx, sample, step")
+_ON_ROLLOUT_END_ARGS = _args_deprecated("vime_on_rollout_end", "ctx, step, samples, metrics")
+_ON_TRAIN_STEP_END_ARGS = _args_deprecated("vime_on_train_step_end", "ctx, step, metrics")
+
+
+@hookspec(warn_on_impl_args={"args": _ON_SAMPLE_ARGS})
+def vime_on_sample(ctx: PluginContext, sample: Sample, step: int, args: Namespace) -> None:
     """Called for every sample after generation and reward, before advantages are computed.
 
     Runs in the **rollout actor** (the Ray actor holding the :class:`~vime_core.rollout.manager.RolloutManager`),
@@ -213,8 +228,10 @@ def vime_on_sample(args: argparse.Namespace, sample: Sample, step: int) -> None:
     """
 
 
-@hookspec
-def vime_on_rollout_end(args: argparse.Namespace, step: int, samples: list[Sample], metrics: dict[str, float]) -> None:
+@hookspec(warn_on_impl_args={"args": _ON_ROLLOUT_END_ARGS})
+def vime_on_rollout_end(
+    ctx: PluginContext, step: int, samples: list[Sample], metrics: dict[str, float], args: Namespace
+) -> None:
     """Called once per step after the rollout; may add entries to ``metrics`` (they are logged).
 
     Runs in the **rollout actor**, with the step's samples (in ``--loop fully-async`` when a batch is handed to
@@ -224,8 +241,8 @@ def vime_on_rollout_end(args: argparse.Namespace, step: int, samples: list[Sampl
     """
 
 
-@hookspec
-def vime_on_train_step_end(args: argparse.Namespace, step: int, metrics: dict[str, float]) -> None:
+@hookspec(warn_on_impl_args={"args": _ON_TRAIN_STEP_END_ARGS})
+def vime_on_train_step_end(ctx: PluginContext, step: int, metrics: dict[str, float], args: Namespace) -> None:
     """Called once per step after training and weight sync, with the step's metrics (read-only by convention).
 
     Runs in the **driver process** (the ``vime run`` process, :mod:`vime_core.loop`), after the step's metrics

@@ -17,7 +17,6 @@ training.
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import time
@@ -30,12 +29,13 @@ from rich.console import Console
 
 from vime_core.algorithms.batch import build_batch
 from vime_core.checkpoint import commit_checkpoint, latest_checkpoint, new_checkpoint_dir
-from vime_core.config import ClusterConfig, LoggingConfig, RolloutConfig, RunConfig
+from vime_core.config import LoggingConfig, RolloutConfig, RunConfig
+from vime_core.context import PluginContext, legacy_args
 from vime_core.data.source import read_rows
 from vime_core.evaluation import eval_line, eval_steps, load_eval_sets
 from vime_core.failures import RunFailedError
 from vime_core.lora.options import check_lora_model
-from vime_core.metrics import MetricsSink, staleness_histogram, wandb_config_from_args
+from vime_core.metrics import MetricsSink, staleness_histogram, wandb_config
 from vime_core.orchestration import (
     TrainerGroup,
     call,
@@ -85,12 +85,13 @@ def load_debug_rollout(pattern: str, step: int) -> list[list[Sample]]:
     return [[Sample.from_dict(d) for d in g] for g in data["groups"]]
 
 
-def run(args: argparse.Namespace) -> dict[str, Any]:
-    """Run training as configured by ``args`` (from :func:`vime_core.arguments.parse_run_args`).
+def run(cfg: RunConfig, flags: dict[str, Any]) -> dict[str, Any]:
+    """Run training as configured by ``cfg`` (built by the CLI from :func:`vime_core.arguments.parse_run_args`).
 
+    :param flags: every resolved flag by name, plugin flags included: what ``args.json`` and the W&B run config
+        record (the configuration itself is read from ``cfg`` only).
     :return: the summary also written to ``OUTPUT_DIR/summary.json``.
     """
-    cfg = RunConfig.from_args(args)
     log = cfg.logging
     out = Path(log.output_dir)
     # every check before the output directory changes or anything expensive starts: a typo fails in a second
@@ -116,11 +117,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     with OutputDirLock(out, "vime run"):  # one run per output directory
         # what the run records about itself: only now, each file whole or not at all
         write_json_atomic(out / "plugins.json", plugins.describe())
-        write_json_atomic(out / "args.json", vars(args))  # paths as strings
-        return _run(args, cfg, estimator, rows, model_path, overlong, t_setup)
+        write_json_atomic(out / "args.json", flags)  # paths as strings
+        return _run(flags, cfg, estimator, rows, model_path, overlong, t_setup)
 
 
-def _run(args, cfg: RunConfig, estimator, rows, model_path: Path, overlong: int, t_setup: float) -> dict[str, Any]:
+def _run(
+    flags: dict[str, Any], cfg: RunConfig, estimator, rows, model_path: Path, overlong: int, t_setup: float
+) -> dict[str, Any]:
     """:func:`run` once its checks passed and it holds the output directory."""
     import ray
 
@@ -128,7 +131,7 @@ def _run(args, cfg: RunConfig, estimator, rows, model_path: Path, overlong: int,
     init_ray(address=cfg.cluster.ray_address, worker_niceness=cfg.cluster.ray_worker_niceness)
     claim_signals()  # Ray's own SIGTERM handler would abort the driver with a core dump
     try:  # whatever happens from here (a signal while actors are created), Ray and every actor of the run stop
-        return _run_on_ray(args, cfg, estimator, rows, model_path, overlong, t_setup)
+        return _run_on_ray(flags, cfg, estimator, rows, model_path, overlong, t_setup)
     finally:
         ray.shutdown()
 
@@ -147,7 +150,7 @@ class RunState:
     :ivar failed: a failure ends the run within ``--failure-exit-timeout``.
     """
 
-    args: argparse.Namespace
+    flags: dict[str, Any]
     cfg: RunConfig
     log: LoggingConfig
     out: Path
@@ -167,10 +170,10 @@ class RunState:
 
 
 def _run_on_ray(
-    args, cfg: RunConfig, estimator, rows, model_path: Path, overlong: int, t_setup: float
+    flags: dict[str, Any], cfg: RunConfig, estimator, rows, model_path: Path, overlong: int, t_setup: float
 ) -> dict[str, Any]:
     """:func:`_run` on a started Ray: place, start the actors, set up, train, write the summary."""
-    run = _create_actors(args, cfg, model_path)
+    run = _create_actors(flags, cfg, model_path)
     try:
         ckpt = _resume(run)
         _start_engines(run, ckpt)
@@ -191,7 +194,7 @@ def _run_on_ray(
         _stop(run)
 
 
-def _create_actors(args, cfg: RunConfig, model_path: Path) -> RunState:
+def _create_actors(flags: dict[str, Any], cfg: RunConfig, model_path: Path) -> RunState:
     """Place the run (``plan.json``) and create its actors: the rollout manager and the progress board on the
     driver's node, the trainer group on its bundles; the metrics sink."""
     log, out = cfg.logging, Path(cfg.logging.output_dir)
@@ -204,11 +207,11 @@ def _create_actors(args, cfg: RunConfig, model_path: Path) -> RunState:
     rollout = (
         None
         if log.debug_train_only
-        else remote_actor(RolloutManager, args, str(model_path), placement, board, node_id=driver_node_id())
+        else remote_actor(RolloutManager, cfg, str(model_path), placement, board, node_id=driver_node_id())
     )
-    trainer = None if log.debug_rollout_only else TrainerGroup(args, model_path, plan, pg)
-    sink = MetricsSink(out, log.use_tensorboard, wandb_config_from_args(args))
-    return RunState(args, cfg, log, out, trainer, rollout, None, board, sink)
+    trainer = None if log.debug_rollout_only else TrainerGroup(cfg, model_path, plan, pg)
+    sink = MetricsSink(out, log.use_tensorboard, wandb_config(log, flags))
+    return RunState(flags, cfg, log, out, trainer, rollout, None, board, sink)
 
 
 def _resume(run: RunState) -> Path | None:
@@ -297,7 +300,9 @@ def _train(run: RunState, estimator, overlong: int) -> None:
             run.history.append(metrics)
             run.sink.log(step, metrics)
             _append_jsonl(run.out / TRAINED_PROMPTS_FILE, {"step": step, **run.source.last_taken})
-            plugins.pm.hook.vime_on_train_step_end(args=run.args, step=step, metrics=metrics)
+            plugins.pm.hook.vime_on_train_step_end(
+                ctx=PluginContext(cfg), step=step, metrics=metrics, args=legacy_args(cfg)
+            )
             progress.step_done(step, metrics)
             if step + 1 in eval_at:  # after the weight update: the engines serve version step + 1
                 run.evals.append(_evaluate(rollout, run.sink, step + 1, progress.console))
@@ -313,7 +318,7 @@ def _guarded_step(run: RunState, estimator, progress: StepProgress) -> dict[str,
     weight write raises the error of its failure path (after its checkpoint)."""
     try:
         metrics, run.version = _one_step(
-            run.args, run.step, run.source, run.rollout, run.trainer, estimator, run.version, progress
+            run.cfg, run.step, run.source, run.rollout, run.trainer, estimator, run.version, progress
         )
     except WeightWriteError as e:  # trained, but the weights could not be written for the engines
         raise _save_after_failed_write(run, e) from None
@@ -367,18 +372,18 @@ def _stop(run: RunState) -> None:
     ray.shutdown()
 
 
-def evaluate(args: argparse.Namespace) -> dict[str, Any]:
+def evaluate(cfg: RunConfig, flags: dict[str, Any]) -> dict[str, Any]:
     """``vime eval``: start the engines and router for ``--model``, evaluate every ``--eval-prompt-data`` set once
     (the code path of evaluations during ``vime run``: :meth:`RolloutManager.evaluate`), write the metrics as step 0
     of ``OUTPUT_DIR/metrics.jsonl`` (and TensorBoard) and ``OUTPUT_DIR/summary.json``, stop everything.
 
     The manager runs in this process (no Ray: there is no trainer to place).
 
-    :param args: from :func:`vime_core.arguments.parse_run_args` with ``command="eval"``.
+    :param cfg: built by the CLI from :func:`vime_core.arguments.parse_run_args` with ``command="eval"``.
+    :param flags: every resolved flag by name (``args.json``, the W&B run config).
     :return: the ``eval/*`` metrics plus ``model`` and ``output_dir``.
     :raises DataError: an unreadable eval set (before any engine starts).
     """
-    cfg = RunConfig.from_args(args)
     out = Path(cfg.logging.output_dir)
     check_output_dir(out)
     resolve_plugins(get_plugins(), cfg, train=False)
@@ -387,14 +392,14 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
     console.print(f"[vime] model: {model_path}")
     check_vllm_values(list(cfg.engine.vllm_args), engine_sampling(cfg))
     with OutputDirLock(out, "vime eval"):
-        write_json_atomic(out / "args.json", vars(args))
-        return _evaluate_locked(args, cfg, out, model_path)
+        write_json_atomic(out / "args.json", flags)
+        return _evaluate_locked(flags, cfg, out, model_path)
 
 
-def _evaluate_locked(args: argparse.Namespace, cfg: RunConfig, out: Path, model_path: Path) -> dict[str, Any]:
+def _evaluate_locked(flags: dict[str, Any], cfg: RunConfig, out: Path, model_path: Path) -> dict[str, Any]:
     """:func:`evaluate` once its checks passed and it holds the output directory."""
-    manager = RolloutManager(args, model_path)
-    sink = MetricsSink(out, cfg.logging.use_tensorboard, wandb_config_from_args(args))
+    manager = RolloutManager(cfg, model_path)
+    sink = MetricsSink(out, cfg.logging.use_tensorboard, wandb_config(cfg.logging, flags))
     try:
         info = manager.start()
         console.print(
@@ -492,17 +497,17 @@ def _wait_rollout(ref: Any, progress: StepProgress, board: Any) -> Any:
 
 
 def _one_step(
-    args, step, source, rollout, trainer, estimator, version, progress: StepProgress | None = None
+    cfg: RunConfig, step, source, rollout, trainer, estimator, version, progress: StepProgress | None = None
 ) -> tuple[dict[str, float], int]:
     """One step at weight version ``version``: take the groups, train, push the weights as ``version + 1``.
 
     A step with no trainable sample trains nothing and pushes nothing, so the version stays (the next step's
-    groups are judged against the version the engines really serve). ``args`` goes to the advantage estimator
-    (:func:`~vime_core.algorithms.batch.build_batch`); the loop's own flags are read from its config sections.
+    groups are judged against the version the engines really serve). The advantage estimator gets
+    ``PluginContext(cfg)`` (:func:`~vime_core.algorithms.batch.build_batch`).
 
     :return: ``(metrics, the weight version after the step)``.
     """
-    rollout_cfg = RolloutConfig.from_args(args)
+    rollout_cfg = cfg.rollout
     metrics: dict[str, float] = {}
     t0 = time.perf_counter()
     groups, m = source.get(step, version)
@@ -516,12 +521,12 @@ def _one_step(
         metrics.update(staleness_histogram(version, versions))
     if trainer is None:
         return metrics, version
-    batch = build_batch(args, groups, estimator, step)
+    batch = build_batch(PluginContext(cfg), groups, estimator, step)
     metrics.update(batch.metrics)
     if not batch.samples:
         logger.warning("step %d: no trainable sample (all failed/aborted); skipping the update", step)
         return metrics, version
-    colocated = rollout is not None and ClusterConfig.from_args(args).colocate
+    colocated = rollout is not None and cfg.cluster.colocate
     if colocated:  # the engines free the GPUs they share with the trainer (vLLM sleep mode)
         free_awake = call(trainer, "gpu_free_bytes")
         t_sleep = time.perf_counter()

@@ -3,9 +3,9 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,7 +28,7 @@ def staleness_histogram(current_version: int, token_versions: list[int]) -> dict
 
 @dataclass
 class WandbConfig:
-    """What ``wandb.init`` gets (from the ``--wandb-*`` flags; see :func:`wandb_config_from_args`).
+    """What ``wandb.init`` gets (from the ``--wandb-*`` flags; see :func:`wandb_config`).
 
     :param project: W&B project.
     :param mode: ``online`` (needs ``WANDB_API_KEY`` or ``wandb login``), ``offline`` (files only, ``wandb sync``
@@ -47,14 +47,13 @@ class WandbConfig:
     config: dict[str, Any] = field(default_factory=dict)
 
 
-def wandb_config_from_args(args: argparse.Namespace) -> WandbConfig | None:
+def wandb_config(cfg: LoggingConfig, flags: Mapping[str, Any]) -> WandbConfig | None:
     """The W&B settings of a ``vime run`` (``None`` without ``--use-wandb``), from the ``--wandb-*`` flags of its
-    :class:`~vime_core.config.LoggingConfig`; the W&B run config is every resolved argument (paths as strings),
-    plugin flags included."""
-    cfg = LoggingConfig.from_args(args)
+    :class:`~vime_core.config.LoggingConfig`; the W&B run config is ``flags``, every resolved flag by name (paths
+    as strings), plugin flags included."""
     if not cfg.use_wandb:
         return None
-    config = json.loads(json.dumps(vars(args), default=str))
+    config = json.loads(json.dumps(dict(flags), default=str))
     return WandbConfig(
         project=cfg.wandb_project,
         mode=cfg.wandb_mode,

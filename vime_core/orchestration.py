@@ -8,7 +8,6 @@ docs/cluster.md.
 
 from __future__ import annotations
 
-import argparse
 import inspect
 import logging
 import os
@@ -18,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from vime_core.arguments import parse_cpu_list
-from vime_core.config import ClusterConfig, LoraConfig
+from vime_core.config import ClusterConfig, RunConfig
 from vime_core.net import find_free_port, node_ip
 from vime_core.placement import (
     NodeResources,
@@ -40,7 +39,7 @@ PLACEMENT_TIMEOUT_S = 120.0
 class TrainerWorker:
     """One trainer rank: hosts a trainer backend and the trainer side of the weight-sync strategy (a Ray actor).
 
-    :param args: parsed ``vime run`` arguments.
+    :param config: the run's configuration (the backend and the strategy get it whole).
     :param model_path: HF directory of the policy.
     :param rank: this rank (0 … ``world_size - 1``).
     :param world_size: ranks in the group; above 1 the torchrun variables in ``dist_env`` are set first.
@@ -49,13 +48,13 @@ class TrainerWorker:
 
     def __init__(
         self,
-        args: argparse.Namespace,
+        config: RunConfig,
         model_path: Path,
         rank: int = 0,
         world_size: int = 1,
         dist_env: dict[str, str] | None = None,
     ) -> None:
-        cluster = ClusterConfig.from_args(args)
+        cluster = config.cluster
         if cluster.train_cpus:  # before the backend starts torch's thread pool (threads inherit it)
             os.sched_setaffinity(0, parse_cpu_list(cluster.train_cpus))
         self.rank, self.world_size = rank, world_size
@@ -73,9 +72,9 @@ class TrainerWorker:
         else:  # one rank: a rendezvous inherited from the driver's environment (torchrun, a test) is not this group's
             for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
                 os.environ.pop(key, None)
-        self.backend = backend_cls(args, Path(model_path))
-        self.weight_sync = plugins.resolve("weight_sync", cluster.weight_sync)(args)
-        self.lora = LoraConfig.from_args(args).enabled  # push the adapter, not the weights
+        self.backend = backend_cls(config, Path(model_path))
+        self.weight_sync = plugins.resolve("weight_sync", cluster.weight_sync)(config)
+        self.lora = config.lora.enabled  # push the adapter, not the weights
 
     def placement(self) -> dict[str, Any]:
         """Where this rank runs (:func:`actor_placement`), with ``rank``/``world_size`` and the torchrun variables."""
@@ -222,13 +221,13 @@ class TrainerGroup:
     which each data-parallel rank trains on its shard); metrics, weight updates and
     checkpoints are rank 0's (the backend gathers onto and writes from rank 0, as Megatron's backend does).
 
-    :param args: parsed ``vime run`` arguments.
+    :param config: the run's configuration (each rank's :class:`TrainerWorker` gets it).
     :param model_path: HF directory of the policy.
     :param plan: the placement plan (its ``trainer`` slots).
     :param pg: the plan's placement group (``None`` in a plan without bundles).
     """
 
-    def __init__(self, args: argparse.Namespace, model_path: Path, plan: PlacementPlan, pg: Any) -> None:
+    def __init__(self, config: RunConfig, model_path: Path, plan: PlacementPlan, pg: Any) -> None:
         import ray
 
         slots = plan.trainer
@@ -242,7 +241,7 @@ class TrainerGroup:
         self.workers = [
             ray.remote(TrainerWorker)
             .options(**slot_options(slot, pg), max_concurrency=1)
-            .remote(args, str(model_path), rank, self.world_size, rendezvous)
+            .remote(config, str(model_path), rank, self.world_size, rendezvous)
             for rank, slot in enumerate(slots)
         ]
 

@@ -12,6 +12,7 @@ import importlib
 import importlib.metadata as md
 import logging
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,6 +20,7 @@ import pluggy
 
 from vime_core import hookspecs
 from vime_core.config import ConfigError, PluginConfig, check_plugin_config
+from vime_core.context import adapt_legacy
 from vime_core.protocols import AdvantageEstimator, DynamicFilter, GenerateFn, GroupRewardFn, RewardFn
 from vime_core.registry import Registry, RegistryError, check_protocol, check_subclass
 from vime_core.version import __version__
@@ -81,14 +83,16 @@ class Plugins:
         self.info: dict[str, PluginInfo] = {}
         self.failed: list[PluginInfo] = []
         self.registries: dict[str, Registry[Any]] = {
-            "generate": Registry[GenerateFn]("generate", "--generate", check_protocol(GenerateFn)),
-            "reward": Registry[RewardFn]("reward", "--reward", check_protocol(RewardFn)),
-            "group_reward": Registry[GroupRewardFn]("group_reward", "--group-reward", check_protocol(GroupRewardFn)),
+            "generate": Registry[GenerateFn]("generate", "--generate", check_protocol(GenerateFn), _adapt("generate")),
+            "reward": Registry[RewardFn]("reward", "--reward", check_protocol(RewardFn), _adapt("reward")),
+            "group_reward": Registry[GroupRewardFn](
+                "group_reward", "--group-reward", check_protocol(GroupRewardFn), _adapt("group_reward")
+            ),
             "advantage": Registry[AdvantageEstimator](
-                "advantage", "--advantage-estimator", check_protocol(AdvantageEstimator)
+                "advantage", "--advantage-estimator", check_protocol(AdvantageEstimator), _adapt("advantage")
             ),
             "dynamic_filter": Registry[DynamicFilter](
-                "dynamic_filter", "--dynamic-sampling-filter", check_protocol(DynamicFilter)
+                "dynamic_filter", "--dynamic-sampling-filter", check_protocol(DynamicFilter), _adapt("dynamic_filter")
             ),
             "sandbox": Registry[type[Sandbox]]("sandbox", "--sandbox", check_subclass(Sandbox)),
             "agent": Registry[type[AgentHarness]]("agent", "--agent", check_subclass(AgentHarness)),
@@ -183,6 +187,11 @@ class Plugins:
                 }
             )
         return rows
+
+
+def _adapt(kind: str) -> Callable[[str, Any], Any]:
+    """The registry's ``adapt`` for a function kind: a deprecated ``(args, ...)`` function wrapped once."""
+    return lambda name, obj: adapt_legacy(obj, kind, name)
 
 
 def _check_flags(prefix: str, cls: Any) -> None:

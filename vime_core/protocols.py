@@ -8,10 +8,12 @@ instead (``Sandbox``, ``AgentHarness``, ``WeightSyncStrategy``, ``TrainerBackend
 
 from __future__ import annotations
 
-import argparse
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from vime_core.types import Sample
+
+if TYPE_CHECKING:
+    from vime_core.context import PluginContext
 
 #: what a reward function returns: one score, or named scores (``--reward-key`` picks the trained one)
 Reward = float | dict[str, float]
@@ -25,13 +27,14 @@ class GenerateFn(Protocol):
     (agent trajectory segments, multi-agent roles); the rollout manager gives them one ``episode_id``, scores the
     episode once and the loss counts it once.
 
-    :param args: the ``vime run`` arguments (the function reads its own flags).
+    :param ctx: the run's typed configuration (:class:`vime_core.context.PluginContext`; the function's own flags:
+        ``ctx.plugin(ItsPluginConfig)``).
     :param sample: the prompt sample (``prompt``, ``label``, ``metadata``; an aborted sample to resume).
     :param sampling_params: vLLM sampling parameters (``temperature``, ``max_tokens``, ...).
     """
 
     async def __call__(
-        self, args: argparse.Namespace, sample: Sample, sampling_params: dict[str, Any]
+        self, ctx: PluginContext, sample: Sample, sampling_params: dict[str, Any]
     ) -> Sample | list[Sample]: ...
 
 
@@ -42,7 +45,7 @@ class RewardFn(Protocol):
     ``failed`` (:mod:`vime_core.failures`): excluded from the loss, never scored 0.
     """
 
-    async def __call__(self, args: argparse.Namespace, sample: Sample) -> Reward: ...
+    async def __call__(self, ctx: PluginContext, sample: Sample) -> Reward: ...
 
 
 class GroupRewardFn(Protocol):
@@ -52,7 +55,7 @@ class GroupRewardFn(Protocol):
     them have finished generating.
     """
 
-    async def __call__(self, args: argparse.Namespace, group: list[Sample]) -> list[Reward]: ...
+    async def __call__(self, ctx: PluginContext, group: list[Sample]) -> list[Reward]: ...
 
 
 class AdvantageEstimator(Protocol):
@@ -61,11 +64,11 @@ class AdvantageEstimator(Protocol):
     Returns one list per sample with ``response_length`` float entries (GRPO broadcasts one value per sample).
     """
 
-    def __call__(self, args: argparse.Namespace, group: list[Sample]) -> list[list[float]]: ...
+    def __call__(self, ctx: PluginContext, group: list[Sample]) -> list[list[float]]: ...
 
 
 class DynamicFilter(Protocol):
     """``--dynamic-sampling-filter NAME`` (DAPO, arXiv:2503.14476): keep (True) or drop (False) a scored group; the
     rollout manager samples more prompts to refill the batch."""
 
-    def __call__(self, args: argparse.Namespace, group: list[Sample]) -> bool: ...
+    def __call__(self, ctx: PluginContext, group: list[Sample]) -> bool: ...

@@ -51,12 +51,22 @@ class Registry(Generic[T]):
     :param check: optional ``check(name, obj)`` raising :class:`RegistryError` if ``obj`` does not fit the kind
         (:func:`check_protocol`, :func:`check_subclass`); the registry prefixes its message with who registered
         what (or which flag named the dotted path). A registered class with a ``NAME`` must be registered under it.
+    :param adapt: optional ``adapt(name, obj)`` returning what the registry holds for ``obj`` once it passed the
+        check (the function kinds wrap a deprecated ``(args, ...)`` function: :func:`vime_core.context.adapt_legacy`).
     """
 
-    def __init__(self, kind: str, flag: str, check: Callable[[str, Any], None] | None = None) -> None:
+    def __init__(
+        self,
+        kind: str,
+        flag: str,
+        check: Callable[[str, Any], None] | None = None,
+        adapt: Callable[[str, Any], Any] | None = None,
+    ) -> None:
         self.kind = kind
         self.flag = flag
         self._check = check
+        self._adapt = adapt
+        self._dotted: dict[str, Any] = {}
         self._entries: dict[str, Entry] = {}
 
     def add(self, name: str, obj: T, provider: str, distribution: str) -> None:
@@ -84,6 +94,8 @@ class Registry(Generic[T]):
                 f"{where}: its NAME is {obj.NAME!r}; a class registers under its own NAME "
                 f"(register({obj.__name__}.NAME, {obj.__name__}), or set NAME = {name!r})"
             )
+        if self._adapt is not None:
+            obj = self._adapt(name, obj)
         self._entries[name] = Entry(name, obj, provider, distribution)
 
     def names(self) -> list[str]:
@@ -108,7 +120,12 @@ class Registry(Generic[T]):
                     self._check(name, obj)
                 except RegistryError as e:
                     raise RegistryError(f"{self.flag} {name!r} = {describe(obj)}: {e}") from None
-            return obj
+            if self._adapt is None:
+                return obj
+            held = self._dotted.get(name)  # adapted once per path (a deprecated form warns once)
+            if held is None or held[0] is not obj:
+                held = self._dotted[name] = (obj, self._adapt(name, obj))
+            return held[1]
         hint = KNOWN_PROVIDERS.get((self.kind, name))
         msg = f"unknown {self.kind} {name!r} for {self.flag}; available: {', '.join(self.names()) or '(none)'}"
         if hint:
@@ -175,10 +192,23 @@ def check_callable_signature(*params: str, is_async: bool | None = None) -> Call
 
 def check_protocol(protocol: type) -> Callable[[str, Any], None]:
     """A registry check against a :mod:`vime_core.protocols` class: the parameter names of its ``__call__``
-    (after ``self``) and whether it is ``async`` (see :func:`check_callable_signature`)."""
+    (after ``self``) and whether it is ``async`` (see :func:`check_callable_signature`). A first parameter ``ctx``
+    may also be named ``args``: the deprecated ``(args, ...)`` form (:func:`vime_core.context.adapt_legacy`)."""
     call = protocol.__call__
     params = list(inspect.signature(call).parameters)[1:]
-    return check_callable_signature(*params, is_async=inspect.iscoroutinefunction(call))
+    is_async = inspect.iscoroutinefunction(call)
+    new = check_callable_signature(*params, is_async=is_async)
+    if not params or params[0] != "ctx":
+        return new
+    legacy = check_callable_signature("args", *params[1:], is_async=is_async)
+
+    def check(name: str, obj: Any) -> None:
+        try:
+            legacy(name, obj)
+        except RegistryError:
+            new(name, obj)
+
+    return check
 
 
 def check_subclass(base: type) -> Callable[[str, Any], None]:

@@ -1,10 +1,7 @@
 """The built-ins run the contract kit, exactly as a third-party plugin would."""
 
-import argparse
-
 import pytest
 
-from vime_core.arguments import default_args
 from vime_core.plugins import get_plugins
 from vime_core.testing import (
     GroupRewardFunctionContract,
@@ -12,7 +9,8 @@ from vime_core.testing import (
     TrainerBackendContract,
     WeightSyncContract,
 )
-from vime_core.testing.trainer_args import trainer_args
+from vime_core.testing.plugin_context import plugin_context, run_config
+from vime_core.testing.trainer_args import trainer_config
 from vime_core.types import Sample
 
 pytestmark = pytest.mark.contract
@@ -86,8 +84,8 @@ class TestMathReward(RewardFunctionContract):
     """math-verify equivalence of the last boxed answer (in a worker process, which the first case starts)."""
 
     @pytest.fixture
-    def reward_args(self):
-        return argparse.Namespace(math_verify_timeout=30.0, math_verify_workers=1)
+    def reward_ctx(self):
+        return plugin_context(math_verify_timeout=30.0, math_verify_workers=1)
 
     @pytest.fixture
     def cases(self):
@@ -132,8 +130,8 @@ class TestMathRewardLastNumberFallback(TestMathReward):
     """``--math-last-number-fallback``: without a boxed answer the last number counts."""
 
     @pytest.fixture
-    def reward_args(self):
-        return argparse.Namespace(math_verify_timeout=30.0, math_verify_workers=1, math_last_number_fallback=True)
+    def reward_ctx(self):
+        return plugin_context(math_verify_timeout=30.0, math_verify_workers=1, math_last_number_fallback=True)
 
     @pytest.fixture
     def cases(self):
@@ -193,8 +191,8 @@ class TestRankGroupReward(GroupRewardFunctionContract):
         return get_plugins().resolve("group_reward", "rank")
 
     @pytest.fixture
-    def reward_args(self):
-        return argparse.Namespace(reward="exact_match", reward_key=None)
+    def reward_ctx(self):
+        return plugin_context(reward="exact_match", reward_key=None)
 
     @pytest.fixture
     def group_cases(self):
@@ -215,7 +213,7 @@ class TestDiskWeightSync(WeightSyncContract):
     @pytest.fixture
     def strategy(self, tmp_path):
         cls = get_plugins().resolve("weight_sync", "disk")
-        return cls(default_args(update_weight_disk_dir=tmp_path, keep_weight_updates=False))
+        return cls(run_config(update_weight_disk_dir=tmp_path, keep_weight_updates=False))
 
 
 class TestDiskDeltaWeightSyncXor(WeightSyncContract):
@@ -226,7 +224,7 @@ class TestDiskDeltaWeightSyncXor(WeightSyncContract):
     def strategy(self, tmp_path):
         cls = get_plugins().resolve("weight_sync", "disk-delta")
         return cls(
-            default_args(
+            run_config(
                 update_weight_disk_dir=tmp_path, keep_weight_updates=False, update_weight_delta_encoding=self.encoding
             )
         )
@@ -249,7 +247,7 @@ class TestNcclWeightSync(WeightSyncContract):
     def strategy(self):
         cls = get_plugins().resolve("weight_sync", "nccl")
         return cls(
-            default_args(
+            run_config(
                 rollout_num_engines=1,
                 rollout_num_gpus_per_engine=1,
                 weight_sync_timeout=20.0,
@@ -274,4 +272,4 @@ class TestTorchTrainer(TrainerBackendContract):
     @pytest.fixture
     def trainer(self, tiny_model_dir):
         cls = get_plugins().resolve("trainer", "torch")
-        return cls(trainer_args(), tiny_model_dir)
+        return cls(trainer_config(), tiny_model_dir)

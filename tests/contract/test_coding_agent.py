@@ -7,7 +7,6 @@ exactly the scripted turns' tokens. Failed episodes must come back as excluded p
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import sys
@@ -17,11 +16,12 @@ import pytest
 
 from vime_core.agent.harness import AgentHarness, AgentHarnessError, AgentRunResult
 from vime_core.agent.responders import ScriptedResponder
-from vime_core.arguments import default_args
+from vime_core.context import PluginContext
 from vime_core.data.humaneval_export import load_problems, problem_to_row
 from vime_core.plugins import get_plugins
 from vime_core.rollout.context import RolloutContext, set_rollout_context
 from vime_core.sandbox.local import LocalSandbox
+from vime_core.testing.plugin_context import plugin_context
 from vime_core.types import Sample, Status
 
 pytestmark = pytest.mark.contract
@@ -127,7 +127,7 @@ def context(tok):
             gw.stop()
 
 
-def _args(agent: str = "ScriptedOpenAIAgent", **kw) -> argparse.Namespace:
+def _args(agent: str = "ScriptedOpenAIAgent", **kw) -> PluginContext:
     base = dict(
         agent=f"{__name__}:{agent}",
         sandbox="local",
@@ -144,7 +144,7 @@ def _args(agent: str = "ScriptedOpenAIAgent", **kw) -> argparse.Namespace:
         rollout_stop_token_ids=None,
     )
     base.update(kw)
-    return default_args(**base)
+    return plugin_context(**base)
 
 
 def _sample(row, index=0) -> Sample:
@@ -244,4 +244,4 @@ def test_misconfiguration_raises(context, he0):
     context(["unused"])
     generate = get_plugins().resolve("generate", "coding_agent")
     with pytest.raises(ValueError, match="needs --agent NAME"):
-        asyncio.run(generate(_args(agent="x", **{}) if False else default_args(sandbox="local"), _sample(he0), {}))
+        asyncio.run(generate(_args(agent="x", **{}) if False else plugin_context(sandbox="local"), _sample(he0), {}))

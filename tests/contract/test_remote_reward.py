@@ -12,12 +12,12 @@ from pathlib import Path
 import httpx
 import pytest
 
-from vime_core.arguments import default_args
 from vime_core.failures import FailureCause, SampleFailure
 from vime_core.plugins import get_plugins
 from vime_core.rewards.call import call_reward
 from vime_core.rewards.remote import remote_reward
 from vime_core.testing import RewardFunctionContract
+from vime_core.testing.plugin_context import plugin_context
 from vime_core.types import Sample
 
 pytestmark = pytest.mark.contract
@@ -58,7 +58,7 @@ def rm(rm_server):
 
 def _args(url, **kw):
     base = {"rm_url": f"{url}/score", "rm_concurrency": 8, "rm_timeout": 10.0, "rm_max_retries": 3}
-    return default_args(**(base | kw))
+    return plugin_context(**(base | kw))
 
 
 def _score(args, sample):
@@ -71,7 +71,7 @@ class TestRemoteReward(RewardFunctionContract):
         return get_plugins().resolve("reward", "remote")
 
     @pytest.fixture
-    def reward_args(self, rm):
+    def reward_ctx(self, rm):
         return _args(rm)
 
     @pytest.fixture
@@ -147,7 +147,7 @@ def test_timeout(rm):
 def test_service_down_is_a_clear_error():
     url = f"http://127.0.0.1:{_free_port()}/score"  # nothing listens there
     with pytest.raises(SampleFailure) as e:
-        _score(default_args(rm_url=url, rm_max_retries=0), Sample(response="a"))
+        _score(plugin_context(rm_url=url, rm_max_retries=0), Sample(response="a"))
     assert e.value.failure_cause is FailureCause.REWARD_ERROR
     assert str(e.value).startswith(f"reward model at {url} failed 1 attempt(s) (--rm-max-retries 0); last error: Conn")
     assert str(e.value).endswith("Is the service running and reachable from this machine?")
@@ -162,4 +162,4 @@ def test_a_non_number_answer_fails_the_sample(rm):
 
 def test_missing_url_is_a_clear_error():
     with pytest.raises(ValueError, match="--reward remote needs --rm-url"):
-        _score(default_args(), Sample(response="a"))
+        _score(plugin_context(), Sample(response="a"))

@@ -10,6 +10,8 @@ from vime_core.algorithms.batch import build_batch
 from vime_core.algorithms.policy_loss import policy_loss
 from vime_core.arguments import default_args
 from vime_core.builtins.advantages import grpo
+from vime_core.config import RunConfig
+from vime_core.context import PluginContext
 from vime_core.types import Sample, Status
 
 pytestmark = pytest.mark.unit
@@ -98,7 +100,7 @@ def test_build_batch_excludes_failed_and_masked_and_computes_grpo_over_the_rest(
     ns = default_args(disable_grpo_std_normalization=True)
     g0 = [_sample(0, 0, 1.0), _sample(0, 1, 0.0), _sample(0, 2, None, status=Status.FAILED)]
     g1 = [_sample(1, 0, 1.0, mask=[0, 0, 0]), _sample(1, 1, 0.0, status=Status.ABORTED)]
-    batch = build_batch(ns, [g0, g1], grpo)
+    batch = build_batch(PluginContext(RunConfig.from_args(ns)), [g0, g1], grpo)
     assert [(s.group_index, s.index) for s in batch.samples] == [(0, 0), (0, 1)]
     assert batch.advantages == [[0.5, 0.5, 0.5], [-0.5, -0.5, -0.5]]
     assert batch.metrics == {"rollout/num_trained_samples": 2.0, "rollout/num_excluded_samples": 3.0}

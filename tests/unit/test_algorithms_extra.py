@@ -16,8 +16,9 @@ from vime_core.algorithms.options import check_algorithm_config
 from vime_core.algorithms.policy_loss import policy_loss, policy_loss_kwargs
 from vime_core.arguments import ArgumentError, default_args, parse_run_args
 from vime_core.builtins import advantages as est
-from vime_core.config import AlgorithmConfig
-from vime_core.testing.trainer_args import trainer_args
+from vime_core.config import AlgorithmConfig, RunConfig
+from vime_core.testing.plugin_context import plugin_context
+from vime_core.testing.trainer_args import trainer_args, trainer_config
 from vime_core.types import Sample, Status
 
 pytestmark = pytest.mark.unit
@@ -30,7 +31,7 @@ def _t(x):
 
 
 def _ns(**kw):
-    return default_args(**kw)
+    return plugin_context(**kw)
 
 
 def _algo(**kw):
@@ -206,7 +207,11 @@ def test_postprocess_kl_reward_shaping():
 
 def test_build_batch_with_reinforce_plus_plus_all_masked_member_no_nan():
     g = [_sample(1.0, mask=(1, 1)), _sample(1.0, mask=(0, 0))]  # the second is not trainable (no trained token)
-    batch = build_batch(_ns(advantage_estimator="reinforce_plus_plus"), [g], est.reinforce_plus_plus)
+    batch = build_batch(
+        _ns(advantage_estimator="reinforce_plus_plus"),
+        [g],
+        est.reinforce_plus_plus,
+    )
     assert batch.advantages == [[1.0, 1.0]]
     advs, _ = postprocess_advantages(
         _algo(advantage_estimator="reinforce_plus_plus"), batch.samples, [_t(a) for a in batch.advantages]
@@ -216,14 +221,14 @@ def test_build_batch_with_reinforce_plus_plus_all_masked_member_no_nan():
 
 # ------------------------------------------------------------------------------------------------- filters
 def test_check_reward_nonzero_std():
-    ns = _ns()
-    assert check_reward_nonzero_std(ns, [_sample(1.0), _sample(0.0)]) is True
-    assert check_reward_nonzero_std(ns, [_sample(1.0), _sample(1.0)]) is False
-    assert check_reward_nonzero_std(ns, [_sample(1.0)]) is False
+    ctx = plugin_context()
+    assert check_reward_nonzero_std(ctx, [_sample(1.0), _sample(0.0)]) is True
+    assert check_reward_nonzero_std(ctx, [_sample(1.0), _sample(1.0)]) is False
+    assert check_reward_nonzero_std(ctx, [_sample(1.0)]) is False
     # a failed member is excluded, not scored 0
-    assert check_reward_nonzero_std(ns, [_sample(1.0), _sample(None, status=Status.FAILED), _sample(1.0)]) is False
+    assert check_reward_nonzero_std(ctx, [_sample(1.0), _sample(None, status=Status.FAILED), _sample(1.0)]) is False
     with pytest.raises(ValueError, match="has no reward"):
-        check_reward_nonzero_std(ns, [_sample(1.0), _sample(float("nan"))])
+        check_reward_nonzero_std(ctx, [_sample(1.0), _sample(float("nan"))])
 
 
 # ------------------------------------------------------------------------------------------------- GAE / critic
@@ -493,7 +498,7 @@ def _batch(trainer, advantage=1.0):
 def test_torch_trainer_drift_budget_stops_before_any_update(tiny_model_dir):
     from vime_core.trainer.torch_backend import TorchTrainer
 
-    trainer = TorchTrainer(trainer_args(max_train_rollout_logprob_diff=0.01), tiny_model_dir)
+    trainer = TorchTrainer(trainer_config(max_train_rollout_logprob_diff=0.01), tiny_model_dir)
     before = {n: t.clone() for n, t in trainer.named_hf_tensors()}
     with pytest.raises(LogprobDriftError, match="exceeds the bound --max-train-rollout-logprob-diff 0.01"):
         trainer.train_step(_batch(trainer))  # the batch's engine log-probs are all -1.0: far from the model's
@@ -511,7 +516,7 @@ def test_torch_trainer_kl_loss_with_reference_model(tiny_model_dir):
         use_tis=True,
         global_batch_size=1,
     )
-    trainer = TorchTrainer(args, tiny_model_dir)
+    trainer = TorchTrainer(RunConfig.from_args(args), tiny_model_dir)
     assert trainer.ref_model is not None and not any(p.requires_grad for p in trainer.ref_model.model.parameters())
     batch = _batch(trainer)
     m1 = trainer.train_step(batch)

@@ -15,7 +15,7 @@ import pytest
 
 from tests.unit.test_hooks import _manager_with_hooks
 from vime_core.arguments import parse_run_args
-from vime_core.config import RolloutConfig
+from vime_core.config import RolloutConfig, RunConfig
 from vime_core.loop import _GroupSource, _one_step, load_debug_rollout
 from vime_core.orchestration import TrainerWorker
 from vime_core.plugins import get_plugins
@@ -78,7 +78,7 @@ def _manager(tiny_model_dir, tmp_path, gen, overrides):
 
 
 def _update(m, version):
-    return m.update_weights(WeightUpdate(version, {"path": str(m.args.update_weight_disk_dir / "none")}))
+    return m.update_weights(WeightUpdate(version, {"path": str(m.engine_config.update_weight_disk_dir / "none")}))
 
 
 def test_admission_is_bounded_by_the_weight_version(tiny_model_dir, tmp_path):
@@ -122,7 +122,7 @@ def test_admission_after_a_resume_at_a_later_version(tiny_model_dir, tmp_path):
 
 
 def _trainer(args, tiny_model_dir):
-    return TrainerWorker(args, tiny_model_dir)
+    return TrainerWorker(RunConfig.from_args(args), tiny_model_dir)
 
 
 def test_slow_prompts_get_a_fair_share_over_20_steps(tiny_model_dir, tmp_path):
@@ -138,7 +138,7 @@ def test_slow_prompts_get_a_fair_share_over_20_steps(tiny_model_dir, tmp_path):
     version, history = 0, []
     try:
         for step in range(20):
-            metrics, version = _one_step(args, step, source, m, trainer, estimator, version)
+            metrics, version = _one_step(RunConfig.from_args(args), step, source, m, trainer, estimator, version)
             history.append(metrics)
             trained += [s.prompt for s in _batch(args, step)]
         producer = m.groups.producer
@@ -180,11 +180,11 @@ def test_a_skipped_step_does_not_advance_the_weight_version(tiny_model_dir, tmp_
     trainer.push_weights = lambda v: pushed.append(v) or push(v)
     m.start_async()
     try:
-        metrics0, v0 = _one_step(args, 0, source, m, trainer, estimator, 0)
+        metrics0, v0 = _one_step(RunConfig.from_args(args), 0, source, m, trainer, estimator, 0)
         assert (v0, pushed, m.weight_version) == (0, [], 0)
         assert metrics0["rollout/failed_frac"] == 0.0 and metrics0["rollout/num_trained_samples"] == 0.0
         assert "weight_sync/version" not in metrics0
-        metrics1, v1 = _one_step(args, 1, source, m, trainer, estimator, v0)
+        metrics1, v1 = _one_step(RunConfig.from_args(args), 1, source, m, trainer, estimator, v0)
         assert (v1, pushed, m.weight_version) == (1, [1], 1)
         assert metrics1["weight_sync/version"] == 1.0 and metrics1["rollout/staleness_max"] == 0.0
         assert [s.status for s in _batch(args, 1)] == [Status.COMPLETED] * 4

@@ -37,10 +37,10 @@ import pytest
 from vime_core.agent.gateway import AgentGateway
 from vime_core.agent.responders import ScriptedResponder, ScriptedTurn
 from vime_core.agent.trajectory import Drift
-from vime_core.arguments import default_args
 from vime_core.plugins import get_plugins
 from vime_core.rollout.context import RolloutContext, set_rollout_context
 from vime_core.rollout.tools import register_tool, tool_from_callable
+from vime_core.testing.plugin_context import plugin_context
 from vime_core.testing.samples import chain_mask, mask_runs
 from vime_core.types import Sample, Status
 
@@ -284,7 +284,7 @@ def run_multi_turn(tok, style: Style, tmp_path) -> tuple[Sample, list]:
     backend = ScriptedResponder(tok, script(tok, style), weight_version=3)
     set_rollout_context(RolloutContext(client=backend, tokenizer=tok, weight_version=3))
     try:
-        args = default_args(
+        ctx = plugin_context(
             apply_chat_template=True,
             multi_turn_tools=["get_weather"],
             multi_turn_chat_template=path,
@@ -293,7 +293,7 @@ def run_multi_turn(tok, style: Style, tmp_path) -> tuple[Sample, list]:
         prompt = reference_conversations(style)[0]
         s = asyncio.run(
             get_plugins().resolve("generate", "multi_turn")(
-                args, Sample(prompt=prompt), {"temperature": 1.0, "max_tokens": 2000}
+                ctx, Sample(prompt=prompt), {"temperature": 1.0, "max_tokens": 2000}
             )
         )
     finally:

@@ -17,6 +17,7 @@ from vime_core.rollout.engine_api import (
     engine_dtype,
     launch_flags,
 )
+from vime_core.testing.plugin_context import run_config
 
 pytestmark = pytest.mark.unit
 
@@ -102,7 +103,6 @@ def test_host_copy_is_written_in_the_background_and_recovery_loads_it(tmp_path):
     holds exactly the pushed tensors, and the previous copy is removed."""
     from safetensors.torch import load_file
 
-    from vime_core.arguments import default_args
     from vime_core.rollout.weight_recovery import WeightRecovery
     from vime_core.weight_sync.base import WeightUpdate
     from vime_core.weight_sync.host_copy import HostCopy, wait_for_copy
@@ -116,7 +116,7 @@ def test_host_copy_is_written_in_the_background_and_recovery_loads_it(tmp_path):
     got = load_file(str(wait_for_copy(second, 5) / "model.safetensors"))
     assert set(got) == set(tensors) and all(torch.equal(got[n], t) for n, t in tensors.items())
     assert not first.exists() and second.name == "recovery_v000002"
-    strategy = IpcWeightSync(default_args(update_weight_disk_dir=tmp_path))
+    strategy = IpcWeightSync(run_config(update_weight_disk_dir=tmp_path))
     recovery = WeightRecovery(strategy, tmp_path)
     assert recovery.supported  # version 0
     recovery.applied(WeightUpdate(2, {"handles": "", "recovery_dir": str(second)}))

@@ -7,7 +7,6 @@ The engines and the router here are stand-ins that record calls (their ``/health
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import dataclasses
 import json
@@ -23,6 +22,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from vime_core.arguments import default_args
+from vime_core.config import RunConfig
 from vime_core.rollout.health import (
     EngineMonitor,
     EnginesLostError,
@@ -31,6 +31,7 @@ from vime_core.rollout.health import (
     generate_with_retries,
 )
 from vime_core.rollout.weight_recovery import WeightRecovery
+from vime_core.testing.plugin_context import plugin_context, run_config
 from vime_core.types import Sample
 from vime_core.weight_sync.disk import DiskWeightSync
 from vime_core.weight_sync.disk_delta import DiskDeltaWeightSync
@@ -124,7 +125,7 @@ class Router:
 
 
 def _disk_recovery(tmp_path: Path) -> tuple[WeightRecovery, DiskWeightSync]:
-    ws = DiskWeightSync(default_args(update_weight_disk_dir=tmp_path / "weights", keep_weight_updates=False))
+    ws = DiskWeightSync(run_config(update_weight_disk_dir=tmp_path / "weights", keep_weight_updates=False))
     return WeightRecovery(ws, tmp_path / "weights"), ws
 
 
@@ -229,7 +230,7 @@ def test_weight_sync_skips_an_engine_that_died_during_it_and_raises_for_a_living
                 raise httpx.ConnectError("connection refused")
             engine.calls.append(("apply", update.version))
 
-    dies = Dies(ws.args)
+    dies = Dies(ws.run_config)
     metrics, cleanup = monitor.sync_weights(dies, ws.push([("w", torch.ones(2))], 1), "wait", 5.0)
     assert metrics["weight_sync/engines_synced"] == 1.0 and cleanup == []
     phases = ("pause", "load", "label", "resume")
@@ -252,7 +253,7 @@ def test_weight_sync_skips_an_engine_that_died_during_it_and_raises_for_a_living
             raise RuntimeError("checksum mismatch")
 
     with pytest.raises(RuntimeError, match="checksum mismatch"):  # engine 0 answers /health: a real error
-        monitor.sync_weights(Refuses(ws.args), ws.push([("w", torch.zeros(2))], 2), "wait", 5.0)
+        monitor.sync_weights(Refuses(ws.run_config), ws.push([("w", torch.zeros(2))], 2), "wait", 5.0)
     assert monitor.slots[0].state == "up"
     monitor.stop()
 
@@ -272,7 +273,7 @@ def test_a_retried_sample_keeps_nothing_of_the_failed_attempt(tmp_path, health_u
         return sample
 
     sample = Sample(prompt="p", tokens=[1, 2])
-    out = asyncio.run(generate_with_retries(monitor, generate, argparse.Namespace(), sample, {}))
+    out = asyncio.run(generate_with_retries(monitor, generate, plugin_context(), sample, {}))
     assert attempts == [[1, 2], [1, 2]]
     assert out.tokens == [1, 2, 9] and out.rollout_log_probs == [-0.125] and out.weight_versions == [1]
     assert monitor.take_metrics()["rollout/requests_retried"] == 1.0
@@ -281,7 +282,7 @@ def test_a_retried_sample_keeps_nothing_of_the_failed_attempt(tmp_path, health_u
         raise ValueError("malformed row")
 
     with pytest.raises(ValueError, match="malformed row"):  # not an engine failure: no retry
-        asyncio.run(generate_with_retries(monitor, broken, argparse.Namespace(), Sample(prompt="p"), {}))
+        asyncio.run(generate_with_retries(monitor, broken, plugin_context(), Sample(prompt="p"), {}))
     assert monitor.take_metrics()["rollout/requests_retried"] == 0.0
     monitor.stop()
 
@@ -294,7 +295,7 @@ def test_disk_delta_recovery_writes_the_current_version_in_full(tmp_path):
     args = default_args(
         update_weight_disk_dir=tmp_path / "weights", keep_weight_updates=False, update_weight_delta_base=str(base)
     )
-    trainer, rollout = DiskDeltaWeightSync(args), DiskDeltaWeightSync(args)
+    trainer, rollout = DiskDeltaWeightSync(RunConfig.from_args(args)), DiskDeltaWeightSync(RunConfig.from_args(args))
     recovery = WeightRecovery(rollout, args.update_weight_disk_dir)
     assert recovery.full_weights() is None  # version 0: the model directory itself
     w1 = {"a": w0["a"] + 0.5, "b": w0["b"]}

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from vime_core.arguments import ArgumentError, parse_run_args
-from vime_core.config import EvalConfig
+from vime_core.config import EvalConfig, RunConfig
 from vime_core.data.source import DataError
 from vime_core.evaluation import (
     EvalArgumentError,
@@ -309,7 +309,7 @@ def test_rollout_manager_evaluate(tiny_model_dir, tmp_path):
         + ["--n-samples-per-eval-prompt", "4", "--eval-max-response-len", "7", "--eval-temperature", "0.5"]
         + ["--save-eval-samples"]
     )
-    manager = RolloutManager(args, tiny_model_dir)
+    manager = RolloutManager(RunConfig.from_args(args), tiny_model_dir)
     state = manager.groups.data_source.state_dict()
     manager.weight_version = 3
     CALLS.clear()

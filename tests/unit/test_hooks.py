@@ -1,6 +1,5 @@
 """Every hook is documented in docs/hooks.md with its exact signature and has a test named after it."""
 
-import argparse
 import dataclasses
 import inspect
 from pathlib import Path
@@ -9,9 +8,10 @@ import pytest
 
 from vime_core import hookimpl, hookspecs
 from vime_core.arguments import build_parser, build_run_config, default_args
-from vime_core.config import ConfigError, PluginConfig, flag
+from vime_core.config import ConfigError, PluginConfig, RunConfig, flag
 from vime_core.plugins import Plugins
 from vime_core.registry import RegistryError
+from vime_core.testing.plugin_context import plugin_context
 from vime_core.types import Sample, Status
 
 pytestmark = pytest.mark.unit
@@ -21,7 +21,8 @@ DOCS = (Path(__file__).parents[2] / "docs" / "hooks.md").read_text()
 
 @pytest.mark.parametrize("name", HOOKS)
 def test_hook_is_documented_with_its_signature(name):
-    sig = f"{name}({', '.join(inspect.signature(getattr(hookspecs, name)).parameters)})"
+    params = [p for p in inspect.signature(getattr(hookspecs, name)).parameters if p != "args"]  # deprecated
+    sig = f"{name}({', '.join(params)})"
     assert f"`{sig}`" in DOCS, f"docs/hooks.md lacks `{sig}`"
 
 
@@ -56,11 +57,11 @@ def _registration_case(hook_name, kind, obj):
     assert entry.provider == "test-plugin"
 
 
-async def _gen(args, sample, sampling_params):
+async def _gen(ctx, sample, sampling_params):
     return sample
 
 
-async def _rew(args, sample):
+async def _rew(ctx, sample):
     return 1.0
 
 
@@ -76,7 +77,7 @@ def test_hook_vime_register_group_reward_functions():
     """Registered like the others (a wrong signature is refused); scoring through the rollout manager is in
     tests/unit/test_reward_failures.py, the built-in ``rank`` in the contract kit."""
 
-    async def by_group(args, group):
+    async def by_group(ctx, group):
         return [1.0] * len(group)
 
     _registration_case("vime_register_group_reward_functions", "group_reward", by_group)
@@ -84,22 +85,22 @@ def test_hook_vime_register_group_reward_functions():
     where = "plugin 'test-plugin' (?) registers group_reward 'from-test' = "
     lam = f"{__name__}.test_hook_vime_register_group_reward_functions.<locals>.<lambda>"
     with pytest.raises(RegistryError) as e:
-        _registration_case("vime_register_group_reward_functions", "group_reward", lambda args: None)
-    assert str(e.value) == f"{where}{lam}: expected async def (args, group), found def (args)"
+        _registration_case("vime_register_group_reward_functions", "group_reward", lambda ctx: None)
+    assert str(e.value) == f"{where}{lam}: expected async def (ctx, group), found def (ctx)"
     with pytest.raises(RegistryError) as e:
-        _registration_case("vime_register_group_reward_functions", "group_reward", lambda args, group: None)
-    assert str(e.value) == f"{where}{lam}: expected async def (args, group), found def (args, group)"
+        _registration_case("vime_register_group_reward_functions", "group_reward", lambda ctx, group: None)
+    assert str(e.value) == f"{where}{lam}: expected async def (ctx, group), found def (ctx, group)"
 
 
 def test_hook_vime_register_advantage_estimators():
-    def est(args, group):
+    def est(ctx, group):
         return [[0.0] * s.response_length for s in group]
 
     _registration_case("vime_register_advantage_estimators", "advantage", est)
 
 
 def test_hook_vime_register_dynamic_sampling_filters():
-    def keep_all(args, group):
+    def keep_all(ctx, group):
         return True
 
     _registration_case("vime_register_dynamic_sampling_filters", "dynamic_filter", keep_all)
@@ -285,7 +286,7 @@ def _manager_with_hooks(tiny_model_dir, tmp_path, plugin=None, generate=_echo, n
     vars(args).update(overrides)
     old, vp._PLUGINS = vp._PLUGINS, p
     try:
-        m = RolloutManager(args, tiny_model_dir)
+        m = RolloutManager(RunConfig.from_args(args), tiny_model_dir)
     finally:
         vp._PLUGINS = old
     set_rollout_context(RolloutContext(client=None, tokenizer=m.tokenizer))
@@ -331,7 +332,7 @@ def test_hook_vime_on_train_step_end():
             got.append((step, dict(metrics)))
 
     plugins = _plugins_with(P)
-    plugins.pm.hook.vime_on_train_step_end(args=argparse.Namespace(), step=4, metrics={"train/pg_loss": 0.5})
+    plugins.pm.hook.vime_on_train_step_end(ctx=plugin_context(), step=4, metrics={"train/pg_loss": 0.5}, args=None)
     assert got == [(4, {"train/pg_loss": 0.5})]
 
 

@@ -40,6 +40,7 @@ LAYERS: list[tuple[str, list[str]]] = [
             "vime_core.net",
             "vime_core.progress",
             "vime_core.config",
+            "vime_core.context",
             "vime_core.placement",
             "vime_core.passthrough",
             "vime_core.models",

@@ -25,7 +25,8 @@ from vime_core.rollout.client import RouterClient
 from vime_core.rollout.engine_api import lora_launch
 from vime_core.rollout.lora_serving import AdapterServing
 from vime_core.rollout.weight_recovery import WeightRecovery
-from vime_core.testing.trainer_args import trainer_args
+from vime_core.testing.plugin_context import run_config
+from vime_core.testing.trainer_args import trainer_config
 from vime_core.types import RolloutBatch, Sample, Status
 from vime_core.weight_sync.base import WeightUpdate
 from vime_core.weight_sync.disk import DiskWeightSync
@@ -56,7 +57,7 @@ def _batch(samples: list[Sample]) -> RolloutBatch:
 def _trainer(model_dir: Path, **kw):
     from vime_core.trainer.torch_backend import TorchTrainer
 
-    return TorchTrainer(trainer_args(lora_rank=4, lora_alpha=8.0, **kw), model_dir)
+    return TorchTrainer(trainer_config(lora_rank=4, lora_alpha=8.0, **kw), model_dir)
 
 
 # -- training ------------------------------------------------------------------------------------------------------
@@ -136,7 +137,7 @@ def test_merged_weights_adapter_files_and_final_dirs(tiny_model_dir, tmp_path):
         torch.testing.assert_close(loaded(input_ids=ids).logits, want, atol=1e-6, rtol=0)
     # the weight-sync files: PEFT's names and config, loadable by PEFT, read back bit-exactly
     tensors, config = trainer.lora_adapter()
-    sync = DiskWeightSync(default_args(model="m", update_weight_disk_dir=tmp_path / "w"))
+    sync = DiskWeightSync(run_config(model="m", update_weight_disk_dir=tmp_path / "w"))
     update = sync.push_adapter(tensors, config, 3)
     assert update.payload == {"path": str(tmp_path / "w" / "weight_v000003"), "lora": True}
     assert update.num_bytes == sum(t.numel() * 4 for t in tensors.values())
@@ -204,7 +205,7 @@ def _update(sync: DiskWeightSync, version: int) -> WeightUpdate:
 
 
 def test_each_version_is_its_own_adapter_and_older_ones_are_unloaded(tmp_path):
-    sync = DiskWeightSync(default_args(model="m", update_weight_disk_dir=tmp_path))
+    sync = DiskWeightSync(run_config(model="m", update_weight_disk_dir=tmp_path))
     serving = AdapterServing("policy", keep=2, start_adapter=None, weight_sync=sync)
     assert [serving.model_for(v) for v in (0, 1, 12)] == ["policy", "policy-lora-v1", "policy-lora-v12"]
     engines = [_Engine("http://a"), _Engine("http://b", fail_unload=True)]
@@ -244,7 +245,7 @@ def test_each_version_is_its_own_adapter_and_older_ones_are_unloaded(tmp_path):
 def test_start_adapter_is_version_0_and_its_files_are_never_removed(tmp_path):
     start = tmp_path / "start"
     start.mkdir()
-    sync = DiskWeightSync(default_args(model="m", update_weight_disk_dir=tmp_path / "w"))
+    sync = DiskWeightSync(run_config(model="m", update_weight_disk_dir=tmp_path / "w"))
     serving = AdapterServing("policy", keep=1, start_adapter=start, weight_sync=sync)
     engine = _Engine()
     serving.start([engine])

@@ -9,7 +9,8 @@ import math
 import pytest
 
 from vime_core.arguments import ArgumentError, parse_run_args
-from vime_core.config import TrainerConfig
+from vime_core.config import RunConfig, TrainerConfig
+from vime_core.context import PluginContext
 from vime_core.testing.trainer_args import trainer_args
 from vime_core.trainer.lr_schedule import (
     LRSchedule,
@@ -126,7 +127,7 @@ def _train(trainer, steps):
 
     out = []
     for step in steps:
-        m = trainer.train_step(build_batch(trainer.args, [_random_samples()], est.ppo, step))
+        m = trainer.train_step(build_batch(PluginContext(trainer.run_config), [_random_samples()], est.ppo, step))
         assert trainer.optimizer.param_groups[0]["lr"] == m["train/lr"] or step == 0
         assert trainer.critic.optimizer.param_groups[0]["lr"] == m["train/critic_lr"]
         out.append((m["train/lr"], m["train/critic_lr"]))
@@ -137,7 +138,7 @@ def test_policy_and_critic_lr_per_step_and_exact_resume(tiny_model_dir, tmp_path
     from vime_core.trainer.torch_backend import TorchTrainer
 
     args = _ppo_args()
-    uninterrupted = _train(TorchTrainer(args, tiny_model_dir), range(5))
+    uninterrupted = _train(TorchTrainer(RunConfig.from_args(args), tiny_model_dir), range(5))
 
     def cosine(k, w, d, hi, lo=1e-3):
         return lo + 0.5 * (math.cos(math.pi * (k - w) / (d - w)) + 1.0) * (hi - lo)
@@ -149,10 +150,10 @@ def test_policy_and_critic_lr_per_step_and_exact_resume(tiny_model_dir, tmp_path
     assert [c for _, c in uninterrupted] == pytest.approx(critic, abs=1e-15)
     assert critic[4] == pytest.approx(4e-3, abs=1e-15)  # 1e-3 + 0.5·(cos(π/3) + 1)·4e-3
 
-    first = TorchTrainer(args, tiny_model_dir)
+    first = TorchTrainer(RunConfig.from_args(args), tiny_model_dir)
     before = _train(first, range(2))
     first.save_checkpoint(tmp_path / "ckpt")
-    resumed = TorchTrainer(args, tiny_model_dir)
+    resumed = TorchTrainer(RunConfig.from_args(args), tiny_model_dir)
     resumed.load_checkpoint(tmp_path / "ckpt")
     assert (resumed.steps_done, resumed.critic.steps_done) == (1, 2)
     after = _train(resumed, range(2, 5))

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from vime_core.arguments import default_args
-from vime_core.metrics import MetricsSink, WandbConfig, staleness_histogram, wandb_config_from_args
+from vime_core.config import LoggingConfig
+from vime_core.metrics import MetricsSink, WandbConfig, staleness_histogram, wandb_config
 
 pytestmark = pytest.mark.unit
 
@@ -21,7 +22,7 @@ def test_staleness_histogram_counts_tokens_per_version_lag():
     assert staleness_histogram(0, []) == {}
 
 
-def test_wandb_config_from_args():
+def test_wandb_config():
     args = default_args(
         use_wandb=True,
         wandb_project="p",
@@ -34,7 +35,7 @@ def test_wandb_config_from_args():
         output_dir=Path("/x/outputs/quick"),
         lr=2e-6,
     )
-    cfg = wandb_config_from_args(args)
+    cfg = wandb_config(LoggingConfig.from_args(args), vars(args))
     assert (cfg.project, cfg.mode, cfg.directory, cfg.group, cfg.name) == (
         "p",
         "offline",
@@ -44,7 +45,7 @@ def test_wandb_config_from_args():
     )
     assert cfg.config["lr"] == 2e-6 and cfg.config["output_dir"] == "/x/outputs/quick"
     args.use_wandb = False
-    assert wandb_config_from_args(args) is None
+    assert wandb_config(LoggingConfig.from_args(args), vars(args)) is None
 
 
 def test_wandb_offline_run_holds_every_step(tmp_path, monkeypatch):

@@ -16,10 +16,10 @@ from vime_core.agent.tool_parsers import (
     get_tool_parser,
     register_tool_parser,
 )
-from vime_core.arguments import default_args
 from vime_core.plugins import get_plugins
 from vime_core.rollout.context import RolloutContext, set_rollout_context
 from vime_core.rollout.tools import calculator, load_tools, register_tool, registered_tools, tool_from_callable
+from vime_core.testing.plugin_context import plugin_context
 from vime_core.testing.samples import mask_runs
 from vime_core.types import Sample, Status
 
@@ -42,11 +42,11 @@ def run(tok, script, *, prompt="What is 6 * 7?", max_tokens=200, **flags):
     set_rollout_context(RolloutContext(client=backend, tokenizer=tok, weight_version=5))
     try:
         flags.setdefault("multi_turn_tools", ["vime_core.rollout.tools:calculator"])
-        args = default_args(apply_chat_template=True, **flags)
+        ctx = plugin_context(apply_chat_template=True, **flags)
         msgs = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
         s = asyncio.run(
             get_plugins().resolve("generate", "multi_turn")(
-                args, Sample(prompt=msgs), {"temperature": 1.0, "max_tokens": max_tokens}
+                ctx, Sample(prompt=msgs), {"temperature": 1.0, "max_tokens": max_tokens}
             )
         )
     finally:
@@ -271,7 +271,7 @@ def test_rollout_metrics_through_the_hook(tok):
     s3, _ = run(tok, [CALC % "1"] * 2, multi_turn_max_turns=2)
     metrics: dict[str, float] = {}
     get_plugins().pm.hook.vime_on_rollout_end(
-        args=default_args(generate="multi_turn"), step=0, samples=[s1, s2, s3], metrics=metrics
+        ctx=plugin_context(generate="multi_turn"), step=0, samples=[s1, s2, s3], metrics=metrics, args=None
     )
     expected = {
         "multi_turn/turns_mean": 5 / 3,
@@ -283,7 +283,7 @@ def test_rollout_metrics_through_the_hook(tok):
     assert {k: metrics[k] for k in expected} == pytest.approx(expected)
     other: dict[str, float] = {}
     get_plugins().pm.hook.vime_on_rollout_end(
-        args=default_args(generate="default"), step=0, samples=[s1], metrics=other
+        ctx=plugin_context(generate="default"), step=0, samples=[s1], metrics=other, args=None
     )
     assert not any(k.startswith("multi_turn/") for k in other)
 

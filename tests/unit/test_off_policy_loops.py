@@ -13,7 +13,7 @@ import torch
 
 from vime_core.algorithms import policy_loss as policy_loss_module
 from vime_core.arguments import ArgumentError, parse_run_args
-from vime_core.testing.trainer_args import trainer_args
+from vime_core.testing.trainer_args import trainer_config
 from vime_core.types import RolloutBatch, Sample, Status
 
 pytestmark = pytest.mark.unit
@@ -70,7 +70,7 @@ def test_tis_weight_is_exp_of_trainer_v2_minus_rollout_v1_on_every_token(tiny_mo
     from vime_core.trainer.torch_backend import TorchTrainer
 
     # a band wide enough that no weight is clamped: the weights are the raw ratios
-    trainer = TorchTrainer(trainer_args(use_tis=True, tis_clip_low=0.0, tis_clip=1e6), tiny_model_dir)
+    trainer = TorchTrainer(trainer_config(use_tis=True, tis_clip_low=0.0, tis_clip=1e6), tiny_model_dir)
     vocab = int(dict(trainer.named_hf_tensors())["model.embed_tokens.weight"].shape[0])
     samples = _samples(vocab)
     with torch.no_grad():  # the engine's log-probs: policy v1 (the initial weights) sampled the tokens

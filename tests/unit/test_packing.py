@@ -5,7 +5,7 @@ position id would silently train on wrong log-probs."""
 import pytest
 import torch
 
-from vime_core.testing.trainer_args import trainer_args
+from vime_core.testing.trainer_args import trainer_config
 from vime_core.trainer.packing import PACKED_ATTENTION, packed_batch
 from vime_core.trainer.torch_backend import TorchTrainer, response_log_probs
 from vime_core.types import Sample, Status
@@ -62,7 +62,7 @@ def _log_probs(trainer, samples, packing, entropy_grad=True):
 
 
 def test_packed_log_probs_entropies_and_gradients_equal_left_padded(tiny_model_dir):
-    trainer = TorchTrainer(trainer_args(), tiny_model_dir)
+    trainer = TorchTrainer(trainer_config(), tiny_model_dir)
     assert trainer.model.config._attn_implementation == PACKED_ATTENTION
     samples = _samples()
     lp_pad, ent_pad, g_pad = _log_probs(trainer, samples, packing=False)
@@ -83,7 +83,7 @@ def test_packed_log_probs_equal_unpadded_single_sequence_forwards(tiny_model_dir
     """Against the plainest reference: each sample alone through the model, full logits, no mask."""
     from vime_core.algorithms.logprobs import token_log_probs_and_entropy
 
-    trainer = TorchTrainer(trainer_args(), tiny_model_dir)
+    trainer = TorchTrainer(trainer_config(), tiny_model_dir)
     samples = _samples()
     with torch.no_grad():
         lps, ents = trainer.policy_log_probs(samples, True)
@@ -96,10 +96,10 @@ def test_packed_log_probs_equal_unpadded_single_sequence_forwards(tiny_model_dir
 
 def test_entropy_keeps_a_graph_only_with_an_entropy_term(tiny_model_dir):
     samples = _samples(((3, 4), (5, 2)))
-    plain = TorchTrainer(trainer_args(), tiny_model_dir)
+    plain = TorchTrainer(trainer_config(), tiny_model_dir)
     lps, ents = plain.policy_log_probs(samples, True)
     assert all(lp.requires_grad for lp in lps) and not any(e.requires_grad for e in ents)
-    bonus = TorchTrainer(trainer_args(entropy_coef=0.01), tiny_model_dir)
+    bonus = TorchTrainer(trainer_config(entropy_coef=0.01), tiny_model_dir)
     lps2, ents2 = bonus.policy_log_probs(samples, True)
     assert all(e.requires_grad for e in ents2)
     for a, b in zip(ents, ents2, strict=True):  # same weights (seed 0), same values
@@ -109,8 +109,8 @@ def test_entropy_keeps_a_graph_only_with_an_entropy_term(tiny_model_dir):
 def test_packed_forward_with_gradient_checkpointing_equals_without(tiny_model_dir):
     """Checkpointing recomputes every layer in the backward pass: the recomputation must attend per sample too."""
     samples = _samples()
-    plain = TorchTrainer(trainer_args(), tiny_model_dir)
-    ckpt = TorchTrainer(trainer_args(gradient_checkpointing=True), tiny_model_dir)
+    plain = TorchTrainer(trainer_config(), tiny_model_dir)
+    ckpt = TorchTrainer(trainer_config(gradient_checkpointing=True), tiny_model_dir)
     lp_a, _, g_a = _log_probs(plain, samples, packing=True)
     lp_b, _, g_b = _log_probs(ckpt, samples, packing=True)
     for a, b in zip(lp_a, lp_b, strict=True):
@@ -128,7 +128,7 @@ def test_train_step_packed_equals_left_padded(tiny_model_dir):
     advantages = [[1.0 if i % 2 else -1.0] * s.response_length for i, s in enumerate(samples)]
     results = []
     for packing in (False, True):
-        trainer = TorchTrainer(trainer_args(micro_batch_size=2, lr=1e-3), tiny_model_dir)
+        trainer = TorchTrainer(trainer_config(micro_batch_size=2, lr=1e-3), tiny_model_dir)
         assert trainer.optimizer.param_groups[0]["fused"] is True
         trainer.use_packing(packing)
         metrics = trainer.train_step(RolloutBatch(samples=samples, advantages=advantages))

@@ -11,11 +11,12 @@ import asyncio
 import pytest
 
 from tests.unit.test_hooks import _manager_with_hooks
-from vime_core.arguments import ArgumentError, default_args, parse_run_args
+from vime_core.arguments import ArgumentError, parse_run_args
 from vime_core.rollout.client import GenerateOutput
 from vime_core.rollout.context import RolloutContext, set_rollout_context
 from vime_core.rollout.generate import generate as default_generate
 from vime_core.rollout.runner import prepare_resume
+from vime_core.testing.plugin_context import plugin_context
 from vime_core.types import Sample, Status
 
 pytestmark = pytest.mark.unit
@@ -72,8 +73,8 @@ def test_default_generate_continues_from_the_partial_response():
         s = _aborted()
         s.response = "ab"
         prepare_resume(s, current_version=1, mask_offpolicy=True)
-        args = default_args(apply_chat_template=False, rollout_max_context_len=None)
-        out = asyncio.run(default_generate(args, s, {"max_tokens": 8, "temperature": 1.0}))
+        ctx = plugin_context(apply_chat_template=False, rollout_max_context_len=None)
+        out = asyncio.run(default_generate(ctx, s, {"max_tokens": 8, "temperature": 1.0}))
     finally:
         set_rollout_context(None)
     assert engine.calls == [([1, 2, 10, 11, 12], {"max_tokens": 5, "temperature": 1.0})]  # 8 - 3 already there
@@ -92,8 +93,8 @@ def test_default_generate_with_no_budget_left_is_truncated_without_a_call():
     try:
         s = _aborted()
         prepare_resume(s, current_version=0, mask_offpolicy=False)
-        args = default_args(apply_chat_template=False)
-        out = asyncio.run(default_generate(args, s, {"max_tokens": 3}))
+        ctx = plugin_context(apply_chat_template=False)
+        out = asyncio.run(default_generate(ctx, s, {"max_tokens": 3}))
     finally:
         set_rollout_context(None)
     assert engine.calls == [] and out.status == Status.TRUNCATED and out.response_length == 3

@@ -7,6 +7,7 @@ chunks: tests/unit/test_qwen3_xml_parser.py."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import anthropic
 import openai
@@ -18,10 +19,12 @@ from vime_core.agent.qwen3_xml import Qwen3XMLToolParser
 from vime_core.agent.tool_parse_failures import ToolParseFailure
 from vime_core.arguments import default_args
 from vime_core.config import CodingAgentConfig
+from vime_core.context import PluginContext
 from vime_core.metrics import MetricsSink
 from vime_core.plugins import get_plugins
 from vime_core.rollout import coding_agent
 from vime_core.rollout.context import RolloutContext, set_rollout_context
+from vime_core.testing.plugin_context import plugin_context
 from vime_core.types import Sample
 
 pytestmark = pytest.mark.unit
@@ -145,7 +148,7 @@ def test_coding_agent_failure_counts_reach_metrics_jsonl(tmp_path):
     ]
     metrics: dict[str, float] = {"rollout/num_samples": 3.0}
     get_plugins().pm.hook.vime_on_rollout_end(
-        args=default_args(generate="coding_agent"), step=0, samples=samples, metrics=metrics
+        ctx=plugin_context(generate="coding_agent"), step=0, samples=samples, metrics=metrics, args=None
     )
     sink = MetricsSink(tmp_path, use_tensorboard=False)
     sink.log(0, metrics)
@@ -191,7 +194,11 @@ def test_multi_turn_step_types_values_and_writes_failure_counts_to_metrics_jsonl
         multi_turn_tools=[f"{__name__}:MT_TOOLS"],
         multi_turn_max_turns=6,
     )
-    m.args.generate = "multi_turn"  # the helper registers the function as "echo"; the step's hooks see multi_turn
+    # the helper registers the function as "echo"; the step's hooks see multi_turn
+    cfg = m.ctx.config
+    m.ctx = m.runner.ctx = m.groups.ctx = PluginContext(
+        replace(cfg, rollout=replace(cfg.rollout, generate="multi_turn"))
+    )
     backend = ScriptedResponder(tok, script)
     set_rollout_context(RolloutContext(client=backend, tokenizer=m.tokenizer))
     try:

@@ -14,7 +14,7 @@ from vime_core.sandbox.local import LocalSandbox
 pytestmark = pytest.mark.unit
 
 
-async def _gen(args, sample, sampling_params):
+async def _gen(ctx, sample, sampling_params):
     return sample
 
 
@@ -46,9 +46,7 @@ def test_unknown_name_lists_available_and_pip_hint():
 
 
 def test_dotted_path_goes_through_the_same_check():
-    r = Registry(
-        "generate", "--generate", check_callable_signature("args", "sample", "sampling_params", is_async=True)
-    )
+    r = Registry("generate", "--generate", check_callable_signature("ctx", "sample", "sampling_params", is_async=True))
     from vime_core.rollout.generate import generate
 
     assert r.get("vime_core.rollout.generate:generate") is generate
@@ -61,7 +59,7 @@ def test_dotted_path_goes_through_the_same_check():
         r.get("vime_core.rewards.simple:normalize_answer")
     assert str(e.value) == (
         "--generate 'vime_core.rewards.simple:normalize_answer' = vime_core.rewards.simple.normalize_answer: "
-        "expected async def (args, sample, sampling_params), found def (text)"
+        "expected async def (ctx, sample, sampling_params), found def (text)"
     )
 
 
@@ -72,23 +70,23 @@ def test_disable_plugins_env_blocks_a_builtin(monkeypatch):
     assert "vime_core.builtins.weight_sync" not in {r["name"] for r in plugins.describe()}
 
 
-async def _gen_renamed(args, s, params):
+async def _gen_renamed(ctx, s, params):
     return s
 
 
-def _gen_sync(args, sample, sampling_params):
+def _gen_sync(ctx, sample, sampling_params):
     return sample
 
 
-async def _gen_extra(args, sample, sampling_params, tokenizer, *, seed=0):
+async def _gen_extra(ctx, sample, sampling_params, tokenizer, *, seed=0):
     return sample
 
 
-async def _gen_defaults(args, sample, sampling_params, tokenizer=None, *extra, seed=0, **kw):
+async def _gen_defaults(ctx, sample, sampling_params, tokenizer=None, *extra, seed=0, **kw):
     return sample
 
 
-def _adv(args, group):
+def _adv(ctx, group):
     return [[0.0] for _ in group]
 
 
@@ -102,32 +100,32 @@ def test_protocols_give_the_checked_parameter_names():
     gen.add("defaults", _gen_defaults, "plugin-a", "vime-a 1.0")  # further parameters with defaults are fine
     assert gen.get("ok") is _gen
     cases = [
-        (_gen_renamed, "found async def (args, s, params)"),
-        (_gen_sync, "found def (args, sample, sampling_params)"),
-        (_gen_extra, "found async def (args, sample, sampling_params, tokenizer, *, seed=0)"),
+        (_gen_renamed, "found async def (ctx, s, params)"),
+        (_gen_sync, "found def (ctx, sample, sampling_params)"),
+        (_gen_extra, "found async def (ctx, sample, sampling_params, tokenizer, *, seed=0)"),
     ]
     for fn, found in cases:
         with pytest.raises(RegistryError) as e:
             gen.add("x", fn, "plugin-a", "vime-a 1.0")
-        assert str(e.value) == f"{_where('generate', fn)}: expected async def (args, sample, sampling_params), {found}"
+        assert str(e.value) == f"{_where('generate', fn)}: expected async def (ctx, sample, sampling_params), {found}"
     reward = Registry("reward", "--reward", check_protocol(RewardFn))
     with pytest.raises(RegistryError) as e:
         reward.add("x", _gen, "plugin-a", "vime-a 1.0")  # a generate function given as a reward
     assert str(e.value) == (
-        f"{_where('reward', _gen)}: expected async def (args, sample), found async def (args, sample, sampling_params)"
+        f"{_where('reward', _gen)}: expected async def (ctx, sample), found async def (ctx, sample, sampling_params)"
     )
     adv = Registry("advantage", "--advantage-estimator", check_protocol(AdvantageEstimator))
     adv.add("ok", _adv, "plugin-a", "vime-a 1.0")
     with pytest.raises(RegistryError) as e:
         adv.add("x", 3, "plugin-a", "vime-a 1.0")
     assert str(e.value) == "plugin 'plugin-a' (vime-a 1.0) registers advantage 'x' = 3: expected a callable " + (
-        "def (args, group), found a int object"
+        "def (ctx, group), found a int object"
     )
-    any_sync = Registry("x", "--x", check_callable_signature("args", "group"))  # is_async=None: either is fine
+    any_sync = Registry("x", "--x", check_callable_signature("ctx", "group"))  # is_async=None: either is fine
     any_sync.add("sync", _adv, "plugin-a", "vime-a 1.0")
     with pytest.raises(RegistryError) as e:
         any_sync.add("x", _gen, "plugin-a", "vime-a 1.0")
-    assert str(e.value).endswith(": expected def (args, group), found async def (args, sample, sampling_params)")
+    assert str(e.value).endswith(": expected def (ctx, group), found async def (ctx, sample, sampling_params)")
 
 
 class _Harness(AgentHarness):

@@ -2,7 +2,6 @@
 times out or returns NaN/inf/a non-number fails its sample with that cause (excluded, reward None, never 0);
 group rewards score whole groups. Exact statuses, causes, rewards and metrics."""
 
-import argparse
 import asyncio
 import json
 import math
@@ -17,6 +16,7 @@ from vime_core.failures import FailureCause, SampleFailure, classify_failure, fa
 from vime_core.rewards.call import call_group_reward, call_reward, validate_reward
 from vime_core.rollout.client import RouterClientError
 from vime_core.sandbox.base import SandboxInfraError
+from vime_core.testing.plugin_context import plugin_context
 from vime_core.types import Sample, Status
 
 pytestmark = pytest.mark.unit
@@ -121,7 +121,7 @@ def test_call_reward_timeout():
         await asyncio.sleep(10)
 
     with pytest.raises(SampleFailure, match=r"within 0.05 s \(--reward-timeout\)") as e:
-        asyncio.run(call_reward(slow, argparse.Namespace(), Sample(), 0.05))
+        asyncio.run(call_reward(slow, plugin_context(), Sample(), 0.05))
     assert e.value.failure_cause is FailureCause.REWARD_TIMEOUT
 
 
@@ -129,10 +129,10 @@ def test_call_group_reward_checks_length_and_each_entry():
     async def scores(args, group):
         return [1.0, math.nan, "x"][: len(group)]
 
-    got = asyncio.run(call_group_reward(scores, argparse.Namespace(), [Sample(), Sample(), Sample()]))
+    got = asyncio.run(call_group_reward(scores, plugin_context(), [Sample(), Sample(), Sample()]))
     assert got[0] == 1.0 and [e.failure_cause for e in got[1:]] == [FailureCause.REWARD_INVALID] * 2
     with pytest.raises(SampleFailure, match=r"one score per sample \(4\), got 3 entries"):
-        asyncio.run(call_group_reward(scores, argparse.Namespace(), [Sample()] * 4))
+        asyncio.run(call_group_reward(scores, plugin_context(), [Sample()] * 4))
 
 
 # -- through the rollout manager -----------------------------------------------------------------------------------

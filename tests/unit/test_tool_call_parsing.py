@@ -16,10 +16,10 @@ import pytest
 
 from vime_core.agent.responders import ScriptedResponder
 from vime_core.agent.tool_parsers import HermesToolParser, OpenAIJsonToolParser, ParseResult, get_tool_parser
-from vime_core.arguments import default_args
 from vime_core.plugins import get_plugins
 from vime_core.rollout.context import RolloutContext, set_rollout_context
 from vime_core.rollout.tools import register_tool
+from vime_core.testing.plugin_context import plugin_context
 from vime_core.types import Sample, Status
 
 pytestmark = pytest.mark.unit
@@ -162,10 +162,10 @@ def run_multi_turn(tok, script, max_tokens):
     backend = ScriptedResponder(tok, script)
     set_rollout_context(RolloutContext(client=backend, tokenizer=tok, weight_version=0))
     try:
-        args = default_args(apply_chat_template=True, multi_turn_tools=["write_file"])
+        ctx = plugin_context(apply_chat_template=True, multi_turn_tools=["write_file"])
         s = asyncio.run(
             get_plugins().resolve("generate", "multi_turn")(
-                args, Sample(prompt="Write notes.md."), {"max_tokens": max_tokens}
+                ctx, Sample(prompt="Write notes.md."), {"max_tokens": max_tokens}
             )
         )
     finally:

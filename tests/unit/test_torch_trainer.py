@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from vime_core.algorithms.logprobs import sequence_log_probs
-from vime_core.testing.trainer_args import trainer_args
+from vime_core.testing.trainer_args import trainer_config
 from vime_core.trainer.padding import left_padded_batch, response_slices
 from vime_core.trainer.torch_backend import TorchTrainer
 from vime_core.types import Sample, Status
@@ -17,7 +17,7 @@ pytestmark = pytest.mark.unit
 
 
 def test_batched_response_log_probs_match_unpadded_forward(tiny_model_dir):
-    trainer = TorchTrainer(trainer_args(), tiny_model_dir)
+    trainer = TorchTrainer(trainer_config(), tiny_model_dir)
     g = torch.Generator().manual_seed(3)
     samples = []
     for prompt_len, resp_len in ((3, 7), (11, 2), (6, 5)):
@@ -55,7 +55,7 @@ def test_fused_adamw_step_equals_the_foreach_step(tiny_model_dir):
     update (within float32 rounding), weight decay included."""
     import copy
 
-    trainer = TorchTrainer(trainer_args(lr=1e-3, weight_decay=0.1), tiny_model_dir)
+    trainer = TorchTrainer(trainer_config(lr=1e-3, weight_decay=0.1), tiny_model_dir)
     assert trainer.optimizer.param_groups[0]["fused"] is True
     other = copy.deepcopy(trainer.model)
     g = torch.Generator().manual_seed(0)
@@ -81,7 +81,7 @@ def test_a_checkpoint_restores_the_python_numpy_and_torch_rng_exactly(tiny_model
     """save → draw → load → draw: the second draws are the uninterrupted run's, bit for bit, for Python's random,
     numpy's global generator and torch's CPU generator (CUDA's too where there is a GPU); a checkpoint written
     before the Python/numpy state was saved (torch's CPU state alone) still restores torch's."""
-    trainer = TorchTrainer(trainer_args(), tiny_model_dir)
+    trainer = TorchTrainer(trainer_config(), tiny_model_dir)
     random.seed(1)
     np.random.seed(2)
     torch.manual_seed(3)

@@ -20,6 +20,7 @@ import torch
 from tests.unit.test_async_admission import _args, _sleeping_generate
 from tests.unit.test_hooks import _manager_with_hooks
 from vime_core.arguments import default_args
+from vime_core.config import RunConfig
 from vime_core.loop import TRAINED_PROMPTS_FILE, RunState, _GroupSource, _one_step, _save_after_failed_write
 from vime_core.orchestration import TrainerWorker
 from vime_core.plugins import get_plugins
@@ -88,7 +89,7 @@ def test_a_failed_write_names_the_directory_and_leaves_nothing(broken_dir, tmp_p
     make, how = broken_dir
     d = make(kind)
     args = default_args(update_weight_disk_dir=d, keep_weight_updates=False)
-    sync = strategy(args)
+    sync = strategy(RunConfig.from_args(args))
     if isinstance(sync, DiskDeltaWeightSync):
         sync.seed(iter(_tensors()), 0)  # the engines hold version 0
     with pytest.raises(WeightWriteError) as e:
@@ -112,14 +113,14 @@ def test_the_step_fails_the_engines_keep_their_version_and_the_training_is_check
     box: dict = {}
     m = _manager_with_hooks(tiny_model_dir, tmp_path, generate=_sleeping_generate(box), num_prompts=4, **overrides)
     box["m"] = m
-    trainer = TrainerWorker(args, tiny_model_dir)
+    trainer = TrainerWorker(RunConfig.from_args(args), tiny_model_dir)
     estimator = get_plugins().resolve("advantage", args.advantage_estimator)
     source = _GroupSource(args, m)
     out = Path(args.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     try:
         with pytest.raises(WeightWriteError) as e:
-            _one_step(args, 0, source, m, trainer, estimator, 0)
+            _one_step(RunConfig.from_args(args), 0, source, m, trainer, estimator, 0)
         assert m.weight_version == 0  # nothing reached the engines
         run = RunState(args, None, args, out, trainer, None, source, step=0, version=0)  # args carry the log flags
         error = _save_after_failed_write(run, e.value)

@@ -116,6 +116,14 @@ class AgentHarness(abc.ABC):
         """A harness configured from ``vime run`` arguments (``None``: defaults)."""
         return cls()
 
+    @classmethod
+    def from_context(cls, ctx: Any) -> AgentHarness:
+        """A harness configured for a run from its :class:`~vime_core.context.PluginContext`: :meth:`from_args` of
+        the Namespace built from the typed configuration (:func:`vime_core.context.legacy_args`)."""
+        from vime_core.context import legacy_args
+
+        return cls.from_args(legacy_args(ctx.config))
+
     def prepare(self, *, force: bool = False, log: Any = print) -> Path | None:
         """Host-side preparation done once per machine (download the CLI into a cache), run by
         ``vime agent prepare NAME``; idempotent. Default: nothing to prepare (``None``).

@@ -6,7 +6,6 @@ step (KL reward shaping, whitening) that a trainer backend runs once it has the 
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Callable
 
 import torch
@@ -16,14 +15,13 @@ from vime_core.algorithms.distill import distill_advantages, teacher_and_student
 from vime_core.algorithms.gae import gae
 from vime_core.algorithms.options import BATCH_WHITENED_ESTIMATORS, DISTILL_ESTIMATOR, distill_enabled
 from vime_core.config import AlgorithmConfig
+from vime_core.context import PluginContext
 from vime_core.types import RolloutBatch, Sample
 
-AdvantageFn = Callable[[argparse.Namespace, list[Sample]], list[list[float]]]
+AdvantageFn = Callable[[PluginContext, list[Sample]], list[list[float]]]
 
 
-def build_batch(
-    args: argparse.Namespace, groups: list[list[Sample]], estimator: AdvantageFn, step: int = 0
-) -> RolloutBatch:
+def build_batch(ctx: PluginContext, groups: list[list[Sample]], estimator: AdvantageFn, step: int = 0) -> RolloutBatch:
     """Keep the trainable samples of each group (:meth:`Sample.is_trainable`) and compute their advantages.
 
     Advantages are computed over the trainable members of a group only: a failed or aborted member is excluded,
@@ -34,14 +32,14 @@ def build_batch(
     advantage ``logπ_T - logπ_s`` is added to the estimator's output (slime's ``--use-opd``); for ``ppo`` that
     output is the per-token reward, so the term is reward shaping before GAE.
 
-    :param args: the ``vime run`` arguments, passed on to ``estimator`` (a plugin hook); the algorithm flags are
-        read through :class:`~vime_core.config.AlgorithmConfig`.
+    :param ctx: the run's configuration, passed on to ``estimator`` (a plugin function); the algorithm flags are
+        read from ``ctx.algorithm``.
     :return: the batch; ``metrics`` has ``rollout/num_trained_samples`` and ``rollout/num_excluded_samples``, and
         with a teacher ``rollout/distill_reverse_kl`` (mean ``logπ_s - logπ_T`` over the trained tokens, nats).
     :raises ValueError: if a trainable sample has no reward (from :meth:`Sample.reward_value`), or, with a
         teacher, no teacher log-probs.
     """
-    cfg = AlgorithmConfig.from_args(args)
+    cfg = ctx.algorithm
     samples: list[Sample] = []
     advantages: list[list[float]] = []
     excluded = 0
@@ -50,7 +48,7 @@ def build_batch(
         excluded += len(group) - len(members)
         if not members:
             continue
-        adv = estimator(args, members)
+        adv = estimator(ctx, members)
         if len(adv) != len(members) or any(len(a) != s.response_length for a, s in zip(adv, members, strict=True)):
             raise ValueError(f"advantage estimator {cfg.advantage_estimator!r} returned wrongly shaped advantages")
         if distill_enabled(cfg) and cfg.advantage_estimator != DISTILL_ESTIMATOR:

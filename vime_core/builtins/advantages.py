@@ -1,6 +1,6 @@
 """Built-in algorithm plugins: advantage estimators and dynamic sampling filters.
 
-Every estimator is ``fn(args, group: list[Sample]) -> list[list[float]]`` over the trainable members of one prompt
+Every estimator is ``fn(ctx, group: list[Sample]) -> list[list[float]]`` over the trainable members of one prompt
 group (:func:`vime_core.algorithms.batch.build_batch`), one advantage per response token; segments sharing an
 ``episode_id`` count once and share their rollout's advantage. The REINFORCE++ estimators return the group-level
 part only (the batch-level part is :func:`vime_core.algorithms.batch.postprocess_advantages`). The estimators:
@@ -12,7 +12,6 @@ from __future__ import annotations
 from vime_core.algorithms.advantages import grpo_advantages, outcome_returns, rloo_advantages
 from vime_core.algorithms.distill import distill_advantages, teacher_and_student_log_probs
 from vime_core.algorithms.filters import check_reward_nonzero_std
-from vime_core.config import AlgorithmConfig
 from vime_core.hookspecs import hookimpl
 from vime_core.types import Sample
 
@@ -49,32 +48,32 @@ def _broadcast(per_rollout: list[float], which: list[int], group: list[Sample]) 
     return [[per_rollout[j]] * s.response_length for j, s in zip(which, group, strict=True)]
 
 
-def grpo(args, group):
+def grpo(ctx, group):
     """GRPO (Shao et al. 2024, arXiv:2402.03300): ``(r - mean) / (std + 1e-6)`` over the group's rollouts, broadcast
     to every response token; Dr.GRPO (Liu et al. 2025, arXiv:2503.20783) with ``--disable-grpo-std-normalization``:
     ``r - mean``."""
-    cfg = AlgorithmConfig.from_args(args)
+    cfg = ctx.algorithm
     rewards, which = rollout_rewards(cfg.reward_key, group)
     adv = grpo_advantages(rewards, normalize_std=not cfg.disable_grpo_std_normalization)
     return _broadcast(adv, which, group)
 
 
-def gspo(args, group):
+def gspo(ctx, group):
     """GSPO (Zheng et al. 2025, "Group Sequence Policy Optimization", arXiv:2507.18071): GRPO's advantages; the
     difference is the sequence-level importance ratio in the loss, which ``--advantage-estimator gspo`` selects
     (:func:`vime_core.algorithms.policy_loss.policy_loss_kwargs`)."""
-    return grpo(args, group)
+    return grpo(ctx, group)
 
 
-def rloo(args, group):
+def rloo(ctx, group):
     """RLOO (Ahmadian et al. 2024, arXiv:2402.14740): ``r_i - mean_{j != i} r_j`` over the group's rollouts,
     broadcast to every response token. A group of one rollout gets 0."""
-    cfg = AlgorithmConfig.from_args(args)
+    cfg = ctx.algorithm
     rewards, which = rollout_rewards(cfg.reward_key, group)
     return _broadcast(rloo_advantages(rewards), which, group)
 
 
-def reinforce_plus_plus(args, group):
+def reinforce_plus_plus(ctx, group):
     """REINFORCE++ (Hu et al. 2025, arXiv:2501.03262), group-level part: the discounted return
     ``γ^(k) · r`` of the outcome reward placed on the last trained token (``k`` = trained tokens after the token;
     ``--gamma``, default 1: ``r`` on every trained token); masked tokens get 0. No baseline: the batch step adds the
@@ -83,25 +82,25 @@ def reinforce_plus_plus(args, group):
 
     :raises ValueError: on a missing/NaN reward.
     """
-    cfg = AlgorithmConfig.from_args(args)
+    cfg = ctx.algorithm
     rewards, which = rollout_rewards(cfg.reward_key, group)
     return [outcome_returns(rewards[j], s.loss_mask, cfg.gamma) for j, s in zip(which, group, strict=True)]
 
 
-def reinforce_plus_plus_baseline(args, group):
+def reinforce_plus_plus_baseline(ctx, group):
     """REINFORCE++-baseline (Hu et al. 2025, arXiv:2501.03262 v2; OpenRLHF ``reinforce_baseline``), group-level part:
     ``r - mean(r)`` over the group's rollouts (no std division), as the discounted return of the last trained token
     (``--gamma``); masked tokens get 0. The batch step adds the KL-shaped return and whitens over the batch.
 
     Differs from slime, which adds ``-β·KL_t`` per token instead of its discounted sum (equal only when ``β = 0``).
     """
-    cfg = AlgorithmConfig.from_args(args)
+    cfg = ctx.algorithm
     rewards, which = rollout_rewards(cfg.reward_key, group)
     centered = grpo_advantages(rewards, normalize_std=False)
     return [outcome_returns(centered[j], s.loss_mask, cfg.gamma) for j, s in zip(which, group, strict=True)]
 
 
-def ppo(args, group):
+def ppo(ctx, group):
     """PPO with a critic (Ouyang et al. 2022, arXiv:2203.02155; GAE, Schulman et al. 2016, arXiv:1506.02438),
     group-level part: the **per-token rewards** — the raw outcome reward on the last trained token, 0 elsewhere
     (no group baseline: the critic is the baseline). The trainer backend turns them into GAE advantages with its
@@ -109,7 +108,7 @@ def ppo(args, group):
 
     :raises ValueError: on a missing/NaN reward.
     """
-    cfg = AlgorithmConfig.from_args(args)
+    cfg = ctx.algorithm
     rewards, which = rollout_rewards(cfg.reward_key, group)
     out = []
     for j, s in zip(which, group, strict=True):
@@ -121,7 +120,7 @@ def ppo(args, group):
     return out
 
 
-def on_policy_distill(args, group):
+def on_policy_distill(ctx, group):
     """On-policy distillation (Agarwal et al. 2024, GKD, arXiv:2306.13649; Thinking Machines Lab 2025, "On-Policy
     Distillation"): the per-token reverse-KL advantage ``λ·(logπ_T - logπ_s)`` of each sampled token, from the
     teacher engines' ``teacher_log_probs`` and the student's sampling-time ``rollout_log_probs``
@@ -129,7 +128,7 @@ def on_policy_distill(args, group):
 
     :raises ValueError: if a sample has no teacher log-probs (no ``--distill-teacher``).
     """
-    coef = AlgorithmConfig.from_args(args).distill_coef
+    coef = ctx.algorithm.distill_coef
     return [distill_advantages(*teacher_and_student_log_probs(s), s.loss_mask, coef) for s in group]
 
 

@@ -1,7 +1,6 @@
 """Built-in generate functions (``default``: one engine call; ``multi_turn``: a tool loop; ``coding_agent``: an agent
 CLI in a sandbox behind the agent gateway) and their flags."""
 
-from vime_core.config import RolloutConfig
 from vime_core.hookspecs import hookimpl
 from vime_core.rollout import coding_agent, multi_turn
 from vime_core.rollout.generate import generate
@@ -15,8 +14,8 @@ def vime_register_generate_functions(register):
 
 
 @hookimpl
-def vime_on_rollout_end(args, samples, metrics):
-    generate = RolloutConfig.from_args(args).generate
+def vime_on_rollout_end(ctx, samples, metrics):
+    generate = ctx.rollout.generate
     if generate == "multi_turn":
         metrics.update(multi_turn.rollout_metrics(samples))
     elif generate == "coding_agent":

@@ -8,18 +8,18 @@ reward function that raises, exceeds its time limit, or returns anything else ra
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import math
 import numbers
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from vime_core.context import PluginContext
 from vime_core.failures import FailureCause, SampleFailure
 from vime_core.types import Sample
 
-RewardFn = Callable[[argparse.Namespace, Sample], Awaitable[Any]]
-GroupRewardFn = Callable[[argparse.Namespace, list[Sample]], Awaitable[Any]]
+RewardFn = Callable[[PluginContext, Sample], Awaitable[Any]]
+GroupRewardFn = Callable[[PluginContext, list[Sample]], Awaitable[Any]]
 
 
 def _finite(value: Any, what: str) -> float:
@@ -61,9 +61,9 @@ async def _with_timeout(coro: Awaitable[Any], timeout_s: float | None, what: str
 
 
 async def call_reward(
-    fn: RewardFn, args: argparse.Namespace, sample: Sample, timeout_s: float | None = None
+    fn: RewardFn, ctx: PluginContext, sample: Sample, timeout_s: float | None = None
 ) -> float | dict[str, float]:
-    """``await fn(args, sample)``, cut at ``timeout_s`` seconds (``None``/0: no limit), then validated.
+    """``await fn(ctx, sample)``, cut at ``timeout_s`` seconds (``None``/0: no limit), then validated.
 
     The limit cancels the coroutine; a reward that blocks the event loop with CPU work cannot be cut this way and
     must run its work elsewhere (the ``math`` reward verifies in a worker process for this reason).
@@ -71,14 +71,14 @@ async def call_reward(
     :raises SampleFailure: ``reward_timeout`` past the limit, ``reward_invalid`` for a value that is not finite.
     :raises Exception: whatever ``fn`` raises (the caller classifies it as ``reward_error``).
     """
-    value = await _with_timeout(fn(args, sample), timeout_s, "the reward function")
+    value = await _with_timeout(fn(ctx, sample), timeout_s, "the reward function")
     return validate_reward(value)
 
 
 async def call_group_reward(
-    fn: GroupRewardFn, args: argparse.Namespace, group: list[Sample], timeout_s: float | None = None
+    fn: GroupRewardFn, ctx: PluginContext, group: list[Sample], timeout_s: float | None = None
 ) -> list[float | dict[str, float] | SampleFailure]:
-    """``await fn(args, group)`` (one score per sample, in order), cut at ``timeout_s``, each entry validated.
+    """``await fn(ctx, group)`` (one score per sample, in order), cut at ``timeout_s``, each entry validated.
 
     :return: one entry per sample of ``group``: its reward, or the :class:`SampleFailure` that excludes it (an
         invalid entry fails only its own sample).
@@ -86,7 +86,7 @@ async def call_group_reward(
         ``len(group)`` entries.
     :raises Exception: whatever ``fn`` raises (every sample of the group fails with ``reward_error``).
     """
-    values = await _with_timeout(fn(args, group), timeout_s, "the group reward function")
+    values = await _with_timeout(fn(ctx, group), timeout_s, "the group reward function")
     if not isinstance(values, (list, tuple)) or len(values) != len(group):
         got = f"{len(values)} entries" if isinstance(values, (list, tuple)) else type(values).__name__
         raise SampleFailure(

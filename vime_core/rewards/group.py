@@ -1,6 +1,6 @@
 """Group rewards: score a whole group (the samples of one prompt) at once (``--group-reward NAME``).
 
-A group reward function is ``async def fn(args, group: list[Sample]) -> list[float | dict[str, float]]``, one score
+A group reward function is ``async def fn(ctx, group: list[Sample]) -> list[float | dict[str, float]]``, one score
 per sample in the order given; it is registered with ``vime_register_group_reward_functions`` and sees only the
 group's samples that finished generating (completed or truncated). It is what pairwise-preference and rank-based
 rewards need: a score that depends on the other responses to the same prompt.
@@ -10,10 +10,9 @@ Built-in: ``rank``: each sample's pairwise win rate within its group under the p
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 
-from vime_core.config import RewardConfig
+from vime_core.context import PluginContext
 from vime_core.plugins import get_plugins
 from vime_core.rewards.call import call_reward
 from vime_core.types import Sample
@@ -28,15 +27,15 @@ def win_rates(scores: list[float]) -> list[float]:
     return [(sum(o < s for o in scores) + 0.5 * (sum(o == s for o in scores) - 1)) / (n - 1) for s in scores]
 
 
-async def rank_reward(args: argparse.Namespace, group: list[Sample]) -> list[float]:
+async def rank_reward(ctx: PluginContext, group: list[Sample]) -> list[float]:
     """Score every sample with ``--reward`` (its ``--reward-key`` entry for a dict reward), then replace the scores
     by their within-group pairwise win rates (:func:`win_rates`), in [0, 1].
 
     :raises Exception: whatever the per-sample reward raises (the whole group then fails as ``reward_error``).
     """
-    cfg = RewardConfig.from_args(args)
+    cfg = ctx.reward
     fn = get_plugins().resolve("reward", cfg.reward)
-    raw = await asyncio.gather(*(call_reward(fn, args, s, cfg.reward_timeout) for s in group))
+    raw = await asyncio.gather(*(call_reward(fn, ctx, s, cfg.reward_timeout) for s in group))
     key = cfg.reward_key
     scores = []
     for s, r in zip(group, raw, strict=True):

@@ -8,7 +8,6 @@ docs/rewards.md, "math".
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import atexit
 import concurrent.futures
@@ -19,7 +18,7 @@ import threading
 
 import pebble
 
-from vime_core.config import RewardConfig
+from vime_core.context import PluginContext
 from vime_core.failures import FailureCause, SampleFailure
 from vime_core.rewards.simple import strip_thinking
 from vime_core.types import Sample
@@ -132,17 +131,17 @@ async def verify_with_timeout(answer: str, gold: str, timeout_s: float, workers:
         raise
 
 
-async def math_reward(args: argparse.Namespace, sample: Sample) -> float:
+async def math_reward(ctx: PluginContext, sample: Sample) -> float:
     """1.0 if the last boxed answer of ``sample.response`` is equivalent to ``sample.label``, else 0.0 (the rule
     is in the module docstring).
 
-    Flags (read through :class:`~vime_core.config.RewardConfig`): ``--math-verify-timeout`` (seconds),
+    Flags (``ctx.reward``, its :class:`~vime_core.config.RewardConfig`): ``--math-verify-timeout`` (seconds),
     ``--math-verify-workers``, ``--math-last-number-fallback``.
 
     :raises ValueError: the sample has no label, or the label does not parse (the sample fails as ``reward_error``).
     :raises SampleFailure: ``reward_timeout`` when verification exceeds its limit.
     """
-    cfg = RewardConfig.from_args(args)
+    cfg = ctx.reward
     if sample.label is None:
         raise ValueError(f"math reward: sample {sample.group_index}/{sample.index} has no label (--label-key)")
     answer = extract_math_answer(sample.response or "", cfg.math_last_number_fallback)

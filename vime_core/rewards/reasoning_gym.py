@@ -107,11 +107,11 @@ def score(task: str, answer: str | None, entry: dict[str, Any], config: dict[str
         return 0.0
 
 
-async def reasoning_gym_reward(args: Any, sample: Any) -> float:
+async def reasoning_gym_reward(ctx: Any, sample: Any) -> float:
     """Reward one sample with reasoning-gym's verifier for the task named in its metadata.
 
     Args:
-        args: the run's arguments (unused).
+        ctx: the run's configuration (unused).
         sample: has ``response`` (str) and ``metadata`` (dict with ``task``, ``rg_entry`` and optionally
             ``rg_config``).
 

@@ -8,7 +8,6 @@ failed is excluded, never scored 0. The protocol and the retries: docs/rewards.m
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import logging
@@ -17,7 +16,7 @@ from typing import Any
 
 import httpx
 
-from vime_core.config import RewardConfig
+from vime_core.context import PluginContext
 from vime_core.failures import FailureCause, SampleFailure
 from vime_core.types import Sample
 
@@ -66,16 +65,16 @@ def _client(concurrency: int) -> tuple[httpx.AsyncClient, asyncio.Semaphore]:
     return state
 
 
-async def remote_reward(args: argparse.Namespace, sample: Sample) -> Any:
+async def remote_reward(ctx: PluginContext, sample: Sample) -> Any:
     """POST ``sample`` to ``--rm-url`` and return the service's reward (see the module docstring).
 
-    Flags (read through :class:`~vime_core.config.RewardConfig`): ``--rm-url`` (required), ``--rm-concurrency``,
+    Flags (``ctx.reward``, its :class:`~vime_core.config.RewardConfig`): ``--rm-url`` (required), ``--rm-concurrency``,
     ``--rm-timeout`` (seconds), ``--rm-max-retries``.
 
     :raises ValueError: ``--rm-url`` is not set.
     :raises SampleFailure: the service is unreachable, keeps failing, refuses the request, or answers non-JSON.
     """
-    cfg = RewardConfig.from_args(args)
+    cfg = ctx.reward
     url = cfg.rm_url
     if not url:
         raise ValueError(

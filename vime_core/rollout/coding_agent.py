@@ -10,7 +10,6 @@ The steps, flags and metrics: docs/agents.md, "coding_agent".
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import atexit
 import inspect
@@ -26,6 +25,7 @@ from vime_core.agent.harness import AgentBudget, AgentEndpoint, AgentHarnessErro
 from vime_core.agent.responders import RouterResponder
 from vime_core.agent.tool_parse_failures import tool_parse_metrics
 from vime_core.config import CodingAgentConfig
+from vime_core.context import PluginContext
 from vime_core.data.workspace_task import AgentResult, WorkspaceTask
 from vime_core.failures import FailureCause, mark_failed
 from vime_core.plugins import get_plugins
@@ -77,18 +77,18 @@ def gateway_for(ctx: RolloutContext, cfg: CodingAgentConfig) -> Any:
     return gw
 
 
-def harness_for(ctx: RolloutContext, args: argparse.Namespace) -> Any:
-    """The ``--agent`` harness (one instance per rollout process), built by its ``from_args`` from ``args`` (a
-    harness reads its own ``--agent-NAME-*`` flags).
+def harness_for(engines: RolloutContext, ctx: PluginContext) -> Any:
+    """The ``--agent`` harness (one instance per rollout process), built by its
+    :meth:`~vime_core.agent.harness.AgentHarness.from_context` (a harness reads its own ``--agent-NAME-*`` flags).
 
     :raises ValueError: ``--agent`` is not set.
     """
-    name = CodingAgentConfig.from_args(args).agent
+    name = ctx.coding_agent.agent
     if not name:
         raise ValueError("--generate coding_agent needs --agent NAME (e.g. claude-code, codex; see `vime plugins`)")
-    cache = ctx.extras.setdefault("agent_harnesses", {})
+    cache = engines.extras.setdefault("agent_harnesses", {})
     if name not in cache:
-        cache[name] = get_plugins().resolve("agent", name).from_args(args)
+        cache[name] = get_plugins().resolve("agent", name).from_context(ctx)
     return cache[name]
 
 
@@ -195,20 +195,20 @@ def _failed(sample: Sample, why: str, cause: FailureCause, error: BaseException 
     return sample
 
 
-async def generate(args: argparse.Namespace, sample: Sample, sampling_params: dict[str, Any]) -> Sample | list[Sample]:
+async def generate(ctx: PluginContext, sample: Sample, sampling_params: dict[str, Any]) -> Sample | list[Sample]:
     """Run one agent episode (see the module docstring).
 
     :return: the episode's Samples (one per trajectory segment, shared ``episode_id``), or the input sample as a
         ``failed`` placeholder.
     :raises ValueError: ``--agent`` missing, a sandbox backend that cannot expose host ports, a malformed row.
     """
-    cfg = CodingAgentConfig.from_args(args)
-    ctx = get_rollout_context()
+    cfg = ctx.coding_agent
+    engines = get_rollout_context()
     task = WorkspaceTask.from_metadata(sample.metadata)
     prompt = _task_prompt(sample)
-    harness = harness_for(ctx, args)
-    gw = gateway_for(ctx, cfg)
-    gw.weight_version = ctx.weight_version
+    harness = harness_for(engines, ctx)
+    gw = gateway_for(engines, cfg)
+    gw.weight_version = engines.weight_version
     backend = cfg.sandbox or "local"
     sandbox_cls = get_plugins().resolve("sandbox", backend)
     max_tokens = int(cfg.agent_max_tokens or sampling_params.get("max_tokens") or 1024)
@@ -223,7 +223,7 @@ async def generate(args: argparse.Namespace, sample: Sample, sampling_params: di
     opened = False
     t0 = time.monotonic()
     try:
-        async with sandbox_cls.from_args(args) as sb:
+        async with sandbox_cls.from_context(ctx) as sb:
             base = await layout_workspace(sb, task.files)
             gw.open_session(sid, **open_kw)
             opened = True

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import argparse
 from typing import Any
 
 from vime_core.agent.responders import engine_versions
-from vime_core.config import RolloutConfig
+from vime_core.context import PluginContext
 from vime_core.rollout.context import get_rollout_context
 from vime_core.types import Sample, Status
 
@@ -30,7 +29,7 @@ def encode_prompt(tokenizer: Any, prompt: str | list[dict[str, Any]], apply_chat
     return list(ids)
 
 
-async def generate(args: argparse.Namespace, sample: Sample, sampling_params: dict[str, Any]) -> Sample:
+async def generate(ctx: PluginContext, sample: Sample, sampling_params: dict[str, Any]) -> Sample:
     """One engine call through the router: prompt ids in, response ids + log-probs out.
 
     Every response token is trainable (mask 1), carries the engine's log-prob and the weight version the engine
@@ -42,10 +41,10 @@ async def generate(args: argparse.Namespace, sample: Sample, sampling_params: di
     ``tokens`` = prompt + partial response; ``max_tokens`` counts the whole response, so the engine is asked for
     ``max_tokens - response_length`` more (none left: truncated without an engine call).
     """
-    cfg = RolloutConfig.from_args(args)
-    ctx = get_rollout_context()
+    cfg = ctx.rollout
+    engines = get_rollout_context()
     if not sample.tokens:
-        sample.tokens = encode_prompt(ctx.tokenizer, sample.prompt, cfg.apply_chat_template)
+        sample.tokens = encode_prompt(engines.tokenizer, sample.prompt, cfg.apply_chat_template)
     params = dict(sampling_params)
     if sample.response_length and params.get("max_tokens") is not None:
         params["max_tokens"] -= sample.response_length
@@ -59,7 +58,7 @@ async def generate(args: argparse.Namespace, sample: Sample, sampling_params: di
             sample.status = Status.TRUNCATED
             return sample
         params["max_tokens"] = min(params.get("max_tokens", budget), budget)
-    out = await ctx.client.generate(sample.tokens, params, session_id=sample.metadata.get("session_id"))
+    out = await engines.client.generate(sample.tokens, params, session_id=sample.metadata.get("session_id"))
     # per-token versions: the engine's tags, or the client's where the release tags none (a missing one raises)
     versions = engine_versions(out)
     sample.append_response_tokens(

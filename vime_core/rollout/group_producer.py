@@ -8,7 +8,6 @@ through :class:`~vime_core.rollout.fleet_view.EngineHealth`.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import logging
 import statistics
@@ -18,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from vime_core.config import EvalConfig, RolloutConfig
+from vime_core.context import PluginContext, legacy_args
 from vime_core.data.source import DataSource, new_group
 from vime_core.evaluation import dump_eval_samples, eval_metrics, eval_sampling_params
 from vime_core.failures import RunFailedError, failure_metrics, raise_if_all_failed
@@ -34,7 +34,7 @@ logger = logging.getLogger("vime.rollout")
 class GroupProducer:
     """Scored groups for training steps (sync, over-sampled or fully-async) and evaluations; the buffer's state.
 
-    :param args: parsed ``vime run`` arguments, passed to the dynamic filter and the hooks.
+    :param ctx: the run's configuration, passed to the dynamic filter and the hooks.
     :param config: the rollout flags.
     :param eval_config: the evaluation flags.
     :param runner: generates and scores groups (and keeps the engines' weight version).
@@ -49,7 +49,7 @@ class GroupProducer:
 
     def __init__(
         self,
-        args: argparse.Namespace,
+        ctx: PluginContext,
         config: RolloutConfig,
         eval_config: EvalConfig,
         runner: GroupRunner,
@@ -61,7 +61,7 @@ class GroupProducer:
         fleet: EngineHealth,
         loop: asyncio.AbstractEventLoop,
     ) -> None:
-        self.args = args
+        self.ctx = ctx
         self.config = config
         self.eval_config = eval_config
         self.runner = runner
@@ -133,7 +133,7 @@ class GroupProducer:
             groups, samples, extra = self.loop.run_until_complete(
                 collect_groups(
                     step,
-                    args=self.args,
+                    ctx=self.ctx,
                     config=self.config,
                     runner=self.runner,
                     data_source=self.data_source,
@@ -156,7 +156,9 @@ class GroupProducer:
         metrics.update(extra)
         metrics.update(self.fleet.health_metrics())
         metrics[time_key] = time.perf_counter() - t0
-        self.hook.vime_on_rollout_end(args=self.args, step=step, samples=samples, metrics=metrics)
+        self.hook.vime_on_rollout_end(
+            ctx=self.ctx, step=step, samples=samples, metrics=metrics, args=legacy_args(self.ctx.config)
+        )
         return metrics
 
     def start_async(self) -> None:

@@ -9,7 +9,6 @@ events: docs/engine_health.md.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import copy
 import json
@@ -26,6 +25,7 @@ from typing import Any
 import httpx
 
 from vime_core.config import EngineConfig
+from vime_core.context import PluginContext
 from vime_core.failures import FailureCause, classify_failure
 from vime_core.rollout.weight_recovery import WeightRecovery
 from vime_core.weight_sync.base import WeightSyncStrategy, WeightUpdate, call_with_timeout
@@ -511,11 +511,11 @@ class EngineMonitor:
 async def generate_with_retries(
     monitor: EngineMonitor | None,
     generate_fn: Callable[..., Awaitable[Any]],
-    args: argparse.Namespace,
+    ctx: PluginContext,
     sample: Any,
     params: dict[str, Any],
 ) -> Any:
-    """``await generate_fn(args, sample, params)``, regenerated after an engine or connection failure.
+    """``await generate_fn(ctx, sample, params)``, regenerated after an engine or connection failure.
 
     Before each attempt the sample's state is copied; after a retryable failure (:data:`RETRYABLE`) it is restored
     (so no token or log-prob of the failed attempt survives), the call waits until the monitor has seen the failure
@@ -526,13 +526,13 @@ async def generate_with_retries(
     :raises Exception: the last attempt's error, or :class:`EnginesLostError`.
     """
     if monitor is None:
-        return await generate_fn(args, sample, params)
+        return await generate_fn(ctx, sample, params)
     before = copy.deepcopy(sample.__dict__)
     attempt = 0
     while True:
         poll = monitor.polls
         try:
-            return await generate_fn(args, sample, params)
+            return await generate_fn(ctx, sample, params)
         except Exception as e:
             if attempt >= monitor.config.max_request_retries or classify_failure(e, "generate") not in RETRYABLE:
                 raise

@@ -12,14 +12,14 @@ without Ray (tests, notebooks).
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import logging
 import time
 from pathlib import Path
 from typing import Any
 
-from vime_core.config import DataConfig, EngineConfig, EvalConfig, LoraConfig, RolloutConfig
+from vime_core.config import RunConfig
+from vime_core.context import PluginContext
 from vime_core.data.source import DataSource, read_rows
 from vime_core.evaluation import load_eval_sets
 from vime_core.plugins import get_plugins
@@ -36,9 +36,9 @@ logger = logging.getLogger("vime.rollout")
 class RolloutManager:
     """Engines + router + buffer; produces scored groups and applies weight updates.
 
-    :param args: parsed ``vime run`` arguments, passed to the plugin functions and hooks; the manager reads its own
-        flags through ``config`` (:class:`~vime_core.config.RolloutConfig`), ``engine_config``, ``eval_config`` and
-        the :class:`~vime_core.config.DataConfig`.
+    :param config: the run's configuration; the manager reads its sections ``config`` (its
+        :class:`~vime_core.config.RolloutConfig`), ``engine_config``, ``eval_config``, ``data`` and ``lora``, and
+        hands ``ctx`` (a :class:`~vime_core.context.PluginContext` of it) to the plugin functions and hooks.
     :param model_path: HF directory the engines serve (and whose tokenizer prompts are encoded with).
     :param placement: ``(plan, placement_group)`` from :mod:`vime_core.orchestration`: each engine
         is then started by an engine actor on its bundle (:mod:`vime_core.rollout.engine_actor`); ``None``: engines
@@ -48,29 +48,29 @@ class RolloutManager:
     """
 
     def __init__(
-        self, args: argparse.Namespace, model_path: Path, placement: tuple | None = None, progress: Any = None
+        self, config: RunConfig, model_path: Path, placement: tuple | None = None, progress: Any = None
     ) -> None:
         from transformers import AutoTokenizer
 
-        self.args = args  # passed to the plugin functions and hooks; the framework's flags: the configs below
-        self.config = cfg = RolloutConfig.from_args(args)
-        self.engine_config = EngineConfig.from_args(args)
-        self.eval_config = eval_cfg = EvalConfig.from_args(args)
-        data = DataConfig.from_args(args)
+        self.ctx = PluginContext(config)  # passed to the plugin functions and hooks
+        self.config = cfg = config.rollout
+        self.engine_config = config.engine
+        self.eval_config = eval_cfg = config.eval
+        data = config.data
         self.model_path = Path(model_path)
         plugins = get_plugins()
         group_reward = cfg.group_reward
         self.hook = plugins.pm.hook
         # generates and scores groups; over-sampling and the fully-async producer drive it too
         self.runner = GroupRunner(
-            args,
+            self.ctx,
             generate_fn=plugins.resolve("generate", cfg.generate),
             reward_fn=plugins.resolve("reward", cfg.reward),
             hook=self.hook,
             group_reward_fn=plugins.resolve("group_reward", group_reward) if group_reward else None,
             progress=progress,
         )
-        self.weight_sync = plugins.resolve("weight_sync", self.engine_config.weight_sync)(args)
+        self.weight_sync = plugins.resolve("weight_sync", self.engine_config.weight_sync)(config)
         name = cfg.dynamic_sampling_filter
         self.dynamic_filter = plugins.resolve("dynamic_filter", name) if name else None
         self.tokenizer = AutoTokenizer.from_pretrained(str(self.model_path))
@@ -89,7 +89,7 @@ class RolloutManager:
         self.loop = asyncio.new_event_loop()
         self.fleet = EngineFleet(
             self.engine_config,
-            LoraConfig.from_args(args),
+            config.lora,
             self.model_path,
             self.tokenizer,
             self.weight_sync,
@@ -98,7 +98,7 @@ class RolloutManager:
             loop=self.loop,
         )
         self.groups = GroupProducer(
-            args,
+            self.ctx,
             cfg,
             eval_cfg,
             self.runner,

@@ -9,7 +9,6 @@ limit or the response budget. No token is ever re-tokenised. The steps, flags an
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import functools
 import logging
@@ -23,6 +22,7 @@ from vime_core.agent.responders import engine_versions
 from vime_core.agent.tool_parse_failures import tool_parse_metrics
 from vime_core.agent.tool_parsers import ToolCall, parse_with_tools
 from vime_core.config import MultiTurnConfig
+from vime_core.context import PluginContext
 from vime_core.plugins import get_plugins
 from vime_core.rollout.context import get_rollout_context
 from vime_core.rollout.generate import FINISH_TO_STATUS, encode_prompt
@@ -145,10 +145,10 @@ def _sandbox_tool(name: str, sandbox: Any, timeout_s: float) -> Tool:
 
 
 @contextlib.asynccontextmanager
-async def _episode_sandbox(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+async def _episode_sandbox(ctx: PluginContext):  # type: ignore[no-untyped-def]
     """A sandbox for one episode when ``--multi-turn-sandbox-tool`` is set, else ``None`` (the backend is built
-    from ``args``: its ``from_args`` reads its own flags)."""
-    cfg = MultiTurnConfig.from_args(args)
+    from the run's configuration: :meth:`~vime_core.sandbox.base.Sandbox.from_context`)."""
+    cfg = ctx.multi_turn
     if not cfg.multi_turn_sandbox_tool:
         yield None
         return
@@ -157,7 +157,7 @@ async def _episode_sandbox(args: argparse.Namespace):  # type: ignore[no-untyped
         raise ValueError("--multi-turn-sandbox-tool needs a sandbox backend (--sandbox NAME)")
 
     cls = get_plugins().resolve("sandbox", backend)
-    async with cls.from_args(args) as sb:
+    async with cls.from_context(ctx) as sb:
         yield sb
 
 
@@ -168,7 +168,7 @@ def _truncate(renderer: ChatRenderer, text: str, max_tokens: int) -> str:
     return renderer.visible_text(ids[:max_tokens]) + "\n[truncated]"
 
 
-async def generate(args: argparse.Namespace, sample: Sample, sampling_params: dict[str, Any]) -> Sample:
+async def generate(ctx: PluginContext, sample: Sample, sampling_params: dict[str, Any]) -> Sample:
     """Run one tool-using episode (see the module docstring).
 
     :param sampling_params: engine parameters; ``max_tokens`` is the budget of the whole response (model + tool
@@ -176,16 +176,16 @@ async def generate(args: argparse.Namespace, sample: Sample, sampling_params: di
     :raises ValueError: on a misconfiguration (sandbox tool without ``--sandbox``, a template that cannot be
         bridged, ``--multi-turn-max-turns`` < 1).
     """
-    cfg = MultiTurnConfig.from_args(args)
-    ctx = get_rollout_context()
-    renderer = _renderer(ctx.tokenizer, cfg)
+    cfg = ctx.multi_turn
+    engines = get_rollout_context()
+    renderer = _renderer(engines.tokenizer, cfg)
     specs = cfg.multi_turn_tools
     base_tools = list(_tools_for(tuple(specs) if specs is not None else None))
-    async with _episode_sandbox(args) as sb:
+    async with _episode_sandbox(ctx) as sb:
         tools = list(base_tools)
         if sb is not None:
             tools.append(_sandbox_tool(cfg.multi_turn_sandbox_tool, sb, cfg.multi_turn_tool_timeout))
-        return await _episode(cfg, sample, sampling_params, ctx, renderer, tools)
+        return await _episode(cfg, sample, sampling_params, engines, renderer, tools)
 
 
 async def _episode(

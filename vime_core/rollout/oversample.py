@@ -9,13 +9,13 @@ docs/loop_modes.md, "Over-sampling, abort and partial rollout".
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
 
 from vime_core.config import RolloutConfig
+from vime_core.context import PluginContext
 from vime_core.data.source import DataSource
 from vime_core.failures import RunFailedError
 from vime_core.rollout.async_producer import fresh_copy
@@ -48,7 +48,7 @@ def _return_to_buffer(group: list[Sample], step: int) -> list[Sample]:
 async def collect_groups(
     step: int,
     *,
-    args: argparse.Namespace,
+    ctx: PluginContext,
     config: RolloutConfig,
     runner: GroupRunner,
     data_source: DataSource,
@@ -58,7 +58,7 @@ async def collect_groups(
     """Generate until ``--rollout-batch-size`` groups pass the filter, then abort the rest (see the module doc).
 
     ``runner`` generates and scores the groups ``data_source`` hands out (``--partial-rollout`` groups go back to
-    it); ``dynamic_filter(args, group)`` keeps or drops a finished group; ``abort()`` aborts the requests in flight
+    it); ``dynamic_filter(ctx, group)`` keeps or drops a finished group; ``abort()`` aborts the requests in flight
     on every engine (:meth:`~vime_core.rollout.fleet.EngineFleet.abort_inflight`).
 
     Refill rule: a new chunk of ``--over-sampling-batch-size`` groups is requested when the groups kept plus the
@@ -102,7 +102,7 @@ async def collect_groups(
             _, g = tasks.pop(t)
             t.result()
             examined.extend(g)
-            if keep is not None and not keep(args, g):
+            if keep is not None and not keep(ctx, g):
                 dropped += 1
             elif len(kept) < want:
                 kept.append(g)

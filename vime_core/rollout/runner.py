@@ -12,7 +12,6 @@ how a sample of a group returned by partial rollout resumes (:func:`needs_genera
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import copy
 import hashlib
@@ -22,6 +21,7 @@ from typing import Any
 
 from vime_core.arguments import rollout_sampling_params
 from vime_core.config import RolloutConfig
+from vime_core.context import PluginContext, legacy_args
 from vime_core.data.source import name_prompt_source
 from vime_core.failures import FailureCause, classify_failure, mark_failed
 from vime_core.progress import Throttle
@@ -39,11 +39,10 @@ class GroupRunner:
     """Generates and scores groups of samples (see the module doc); a plain object with async methods driven by
     its owner's event loop (the rollout manager is a *sync* Ray actor, whose methods drive their own loop).
 
-    :param args: parsed ``vime run`` arguments (``--rollout-concurrency``, sampling parameters, ``--seed``,
-        ``--reward-timeout``, ``--mask-offpolicy-in-partial-rollout``, DAPO's overlong flags), also passed to the
-        generate and reward functions; the framework's flags are read through its
-        :class:`~vime_core.config.RolloutConfig` (``config``).
-    :param generate_fn: the ``--generate`` function ``async (args, sample, sampling_params) -> Sample | list``.
+    :param ctx: the run's configuration, passed to the generate and reward functions; the runner reads
+        ``ctx.rollout`` (``config``: ``--rollout-concurrency``, sampling parameters, ``--seed``, ``--reward-timeout``,
+        ``--mask-offpolicy-in-partial-rollout``, DAPO's overlong flags).
+    :param generate_fn: the ``--generate`` function ``async (ctx, sample, sampling_params) -> Sample | list``.
     :param reward_fn: the ``--reward`` function.
     :param hook: the plugin manager's hook relay (``vime_on_sample`` is called for every training sample).
     :param group_reward_fn: the ``--group-reward`` function, or ``None``.
@@ -58,15 +57,15 @@ class GroupRunner:
 
     def __init__(
         self,
-        args: argparse.Namespace,
+        ctx: PluginContext,
         generate_fn: Any,
         reward_fn: Any,
         hook: Any,
         group_reward_fn: Any = None,
         progress: Any = None,
     ) -> None:
-        self.args = args  # passed to the plugin functions; the framework's flags: config
-        self.config = RolloutConfig.from_args(args)
+        self.ctx = ctx  # passed to the plugin functions
+        self.config = ctx.rollout
         self.generate_fn = generate_fn
         self.reward_fn = reward_fn
         self.group_reward_fn = group_reward_fn
@@ -108,7 +107,7 @@ class GroupRunner:
         ``params`` / ``reward_fn`` default to the training rollout's sampling parameters and ``--reward``; with
         ``train=False`` (evaluation) the sample reward ``reward_fn`` is used even with ``--group-reward``, the
         teacher does not score, the rollout progress is not advanced and ``vime_on_sample`` is not called."""
-        args, cfg = self.args, self.config
+        ctx, cfg = self.ctx, self.config
         sem = sem or asyncio.Semaphore(cfg.rollout_concurrency)
         mask_offpolicy = cfg.mask_offpolicy_in_partial_rollout
         params = rollout_sampling_params(cfg) if params is None else params
@@ -134,7 +133,7 @@ class GroupRunner:
                     prepare_resume(sample, self.weight_version, mask_offpolicy)
                 stage = "generate"
                 try:
-                    out = await generate_with_retries(self.monitor, self.generate_fn, args, sample, sample_params)
+                    out = await generate_with_retries(self.monitor, self.generate_fn, ctx, sample, sample_params)
                     if isinstance(out, list):  # fan-out: segments of one rollout, scored once, same reward on each
                         if not out:
                             raise ValueError("the generate function returned an empty list of samples")
@@ -149,7 +148,7 @@ class GroupRunner:
                     scored = [s for s in outs if s.status in (Status.COMPLETED, Status.TRUNCATED)]
                     if scored and group_reward_fn is None:
                         stage = "reward"
-                        reward = await call_reward(reward_fn, args, scored[0], reward_timeout)
+                        reward = await call_reward(reward_fn, ctx, scored[0], reward_timeout)
                         _set_reward(cfg, outs, reward, overlong=train)
                         stage = "teacher"
                         if (
@@ -183,7 +182,7 @@ class GroupRunner:
                 await self._score_group(group_reward_fn, g, [outs or [s] for s, outs in zip(g, results, strict=True)])
             for outs in ran if train else ():
                 for s in outs:
-                    self.hook.vime_on_sample(args=args, sample=s, step=step)
+                    self.hook.vime_on_sample(ctx=ctx, sample=s, step=step, args=legacy_args(ctx.config))
 
         await asyncio.gather(*(group(g) for g in groups))
         for g in groups:  # replace fanned-out samples by their segments, in place (callers hold these lists)
@@ -201,7 +200,7 @@ class GroupRunner:
             return
         timeout = self.config.reward_timeout
         try:
-            rewards: list[Any] = await call_group_reward(fn, self.args, [outs[0] for outs in todo], timeout)
+            rewards: list[Any] = await call_group_reward(fn, self.ctx, [outs[0] for outs in todo], timeout)
         except Exception as e:  # noqa: BLE001 - every rollout of the group fails with the cause
             rewards = [e] * len(todo)
         for outs, reward in zip(todo, rewards, strict=True):

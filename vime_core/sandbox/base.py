@@ -176,6 +176,14 @@ class Sandbox(abc.ABC):
         """
         return cls(**{**sandbox_kwargs_from_args(args), **backend_kwargs_from_args(args, cls.FLAG_KWARGS), **kwargs})
 
+    @classmethod
+    def from_context(cls, ctx: Any, **kwargs: Any) -> Sandbox:
+        """Build a sandbox for a run from its :class:`~vime_core.context.PluginContext`: :meth:`from_args` of the
+        Namespace built from the typed configuration (:func:`vime_core.context.legacy_args`). Keywords win."""
+        from vime_core.context import legacy_args
+
+        return cls.from_args(legacy_args(ctx.config), **kwargs)
+
     # -- lifecycle -----------------------------------------------------------------------------------------------
     async def __aenter__(self) -> Sandbox:
         await self.start()

@@ -13,11 +13,10 @@ Use: ``vime run --generate vime_core.testing.forced_tool_call:generate --multi-t
 
 from __future__ import annotations
 
-import argparse
 import json
 from typing import Any
 
-from vime_core.config import MultiTurnConfig
+from vime_core.context import PluginContext
 from vime_core.rollout.multi_turn import generate as multi_turn
 from vime_core.types import Sample
 
@@ -31,14 +30,14 @@ def forced_call_regex(tool: str, command: str = FORCED_COMMAND) -> str:
     return "".join("\\n" if c == "\n" else f"\\{c}" if c in _REGEX_SPECIAL else c for c in call)
 
 
-async def generate(args: argparse.Namespace, sample: Sample, sampling_params: dict[str, Any]) -> Sample:
+async def generate(ctx: PluginContext, sample: Sample, sampling_params: dict[str, Any]) -> Sample:
     """``multi_turn``'s generate with every turn forced to call ``--multi-turn-sandbox-tool`` with
     :data:`FORCED_COMMAND`.
 
     :raises ValueError: ``--multi-turn-sandbox-tool`` is not set.
     """
-    tool = MultiTurnConfig.from_args(args).multi_turn_sandbox_tool
+    tool = ctx.multi_turn.multi_turn_sandbox_tool
     if not tool:
         raise ValueError("vime_core.testing.forced_tool_call needs --multi-turn-sandbox-tool NAME")
     constrained = {**sampling_params, "structured_outputs": {"regex": forced_call_regex(tool)}}
-    return await multi_turn(args, sample, constrained)
+    return await multi_turn(ctx, sample, constrained)

@@ -7,6 +7,12 @@ import argparse
 from typing import Any
 
 from vime_core.arguments import default_args
+from vime_core.config import RunConfig
+
+
+def trainer_config(**overrides: Any) -> RunConfig:
+    """:func:`trainer_args` as the :class:`~vime_core.config.RunConfig` a trainer backend is built with."""
+    return RunConfig.from_args(trainer_args(**overrides))
 
 
 def trainer_args(**overrides: Any) -> argparse.Namespace:

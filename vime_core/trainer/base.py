@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from pathlib import Path
@@ -10,7 +9,7 @@ from typing import Any
 
 import torch
 
-from vime_core.config import AlgorithmConfig, TrainerConfig
+from vime_core.config import RunConfig
 from vime_core.types import RolloutBatch
 
 
@@ -19,9 +18,9 @@ class TrainerBackend(ABC):
 
     Members:
 
-    * ``args`` — the ``vime run`` arguments, for a plugin backend's own prefixed flags; the framework's flags are
-      read from ``trainer_config`` (:class:`~vime_core.config.TrainerConfig`) and ``algorithm_config``
-      (:class:`~vime_core.config.AlgorithmConfig`), built from them in ``__init__``.
+    * ``run_config`` — the run's :class:`~vime_core.config.RunConfig` (a plugin backend's own flags:
+      ``run_config.plugin(ItsPluginConfig)``); ``trainer_config`` (:class:`~vime_core.config.TrainerConfig`) and
+      ``algorithm_config`` (:class:`~vime_core.config.AlgorithmConfig`) are its two sections every backend reads.
     * ``NAME`` — the registered name (``--trainer``).
     * :meth:`train_step` — one RL step on a batch; returns float metrics (``train/*``).
     * :meth:`named_hf_tensors` — the current weights in Hugging Face names/shapes (what vLLM loads).
@@ -42,10 +41,10 @@ class TrainerBackend(ABC):
     dp_rank: int = 0
     dp_size: int = 1
 
-    def __init__(self, args: argparse.Namespace, model_path: Path) -> None:
-        self.args = args  # the backend's own prefixed flags (plugins); framework flags: the two configs below
-        self.trainer_config = TrainerConfig.from_args(args)
-        self.algorithm_config = AlgorithmConfig.from_args(args)
+    def __init__(self, config: RunConfig, model_path: Path) -> None:
+        self.run_config = config
+        self.trainer_config = config.trainer
+        self.algorithm_config = config.algorithm
         self.model_path = Path(model_path)
 
     def dp_all_gather(self, obj: Any) -> list[Any]:

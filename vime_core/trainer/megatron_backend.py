@@ -9,7 +9,6 @@ specs, parallelism and limits: docs/gpu.md, "The megatron backend".
 
 from __future__ import annotations
 
-import argparse
 import logging
 import math
 from collections.abc import Iterator
@@ -20,7 +19,7 @@ from typing import Any
 import torch
 
 from vime_core.algorithms.options import check_algorithm_config, kl_enabled, uses_critic
-from vime_core.config import LoraConfig, MegatronConfig
+from vime_core.config import RunConfig
 from vime_core.trainer.base import TrainerBackend, lora_adapter_of
 from vime_core.trainer.lr_schedule import policy_lr_schedule, set_lr
 from vime_core.trainer.megatron_convert import (
@@ -78,8 +77,8 @@ class MegatronTrainer(TrainerBackend):
     SUPPORTS_LORA = True
     DISTRIBUTED = True  # one rank per GPU: TP × PP × CP × DP from torchrun's environment (init_distributed)
 
-    def __init__(self, args: argparse.Namespace, model_path: Path) -> None:
-        super().__init__(args, model_path)
+    def __init__(self, config: RunConfig, model_path: Path) -> None:
+        super().__init__(config, model_path)
         from megatron.core import parallel_state as mpu
         from megatron.core import tensor_parallel
         from megatron.core.models.gpt import GPTModel
@@ -87,7 +86,7 @@ class MegatronTrainer(TrainerBackend):
         from megatron.core.transformer.module import Float16Module
         from transformers import AutoConfig
 
-        mcfg = self.megatron_config = MegatronConfig.from_args(args)
+        mcfg = self.megatron_config = config.megatron
         # before any GPU/distributed setup, so a bad flag is reported at once
         check_algorithm_config(self.algorithm_config)
         self.rank, self.world, _ = init_distributed()
@@ -152,7 +151,7 @@ class MegatronTrainer(TrainerBackend):
         gpt = self.new_gpt()
         self.gpt = gpt
         self.load_hf_weights(model_path)
-        lora_cfg = LoraConfig.from_args(args)
+        lora_cfg = config.lora
         self.lora = MegatronLora(self, lora_cfg) if lora_cfg.enabled else None  # before Float16Module and DDP
         self.module = Float16Module(self.config, gpt)
         self.ddp, self.optimizer = self.wrap_for_training(self.module, policy_lr_schedule(self.trainer_config).max_lr)

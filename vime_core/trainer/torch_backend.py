@@ -10,7 +10,6 @@ ppo`` a :class:`~vime_core.trainer.critic.Critic` (value head on a copy of the p
 
 from __future__ import annotations
 
-import argparse
 import logging
 import os
 from collections.abc import Iterator
@@ -21,7 +20,7 @@ from safetensors.torch import save_file
 
 from vime_core.algorithms.logprobs import selected_log_probs_and_entropy
 from vime_core.algorithms.options import check_algorithm_config, kl_enabled, uses_critic
-from vime_core.config import LoraConfig
+from vime_core.config import RunConfig
 from vime_core.models import resolve_model
 from vime_core.trainer.base import TrainerBackend, lora_adapter_of
 from vime_core.trainer.critic import Critic, adamw_with_checkpointing, clip_and_step
@@ -172,8 +171,8 @@ class TorchTrainer(TrainerBackend):
     NAME = "torch"
     SUPPORTS_LORA = True
 
-    def __init__(self, args: argparse.Namespace, model_path: Path) -> None:
-        super().__init__(args, model_path)
+    def __init__(self, config: RunConfig, model_path: Path) -> None:
+        super().__init__(config, model_path)
         from transformers import AutoModelForCausalLM
 
         cfg, algo = self.trainer_config, self.algorithm_config
@@ -186,7 +185,7 @@ class TorchTrainer(TrainerBackend):
         self.device = torch.device(cfg.train_device)
         dtype = DTYPES[cfg.train_dtype]
         self.model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=dtype).to(self.device)
-        lora_cfg = LoraConfig.from_args(args)
+        lora_cfg = config.lora
         self.lora = LoraModel(self.model, lora_cfg) if lora_cfg.enabled else None
         if self.lora is not None:
             self.model = self.lora.model  # the HF model, its layers now with the adapter

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import shutil
 import threading
 from abc import ABC, abstractmethod
@@ -14,7 +13,7 @@ from typing import Any, TypeVar
 import torch
 from safetensors import SafetensorError
 
-from vime_core.config import WeightSyncConfig
+from vime_core.config import RunConfig
 
 T = TypeVar("T")
 
@@ -99,9 +98,9 @@ class WeightUpdate:
 class WeightSyncStrategy(ABC):
     """Moves HF-layout weights from a trainer to vLLM engines.
 
-    Members: ``NAME``; ``args`` (the ``vime run`` arguments, for a plugin strategy's own flags) and ``config``
-    (:class:`~vime_core.config.WeightSyncConfig`, the framework's weight-sync flags, built from them); :meth:`push`
-    (trainer side, returns a :class:`WeightUpdate`); :meth:`apply` (engine side,
+    Members: ``NAME``; ``run_config`` (the run's :class:`~vime_core.config.RunConfig`; a plugin strategy's own
+    flags: ``run_config.plugin(ItsPluginConfig)``) and ``config`` (its :class:`~vime_core.config.WeightSyncConfig`);
+    :meth:`push` (trainer side, returns a :class:`WeightUpdate`); :meth:`apply` (engine side,
     loads the update into one paused engine); :meth:`read` (engine-side decoding without an engine — the contract
     kit uses it to check a bit-exact round trip); :meth:`cleanup` (drop what an applied update left behind).
     The rollout manager pauses every engine, calls :meth:`apply` for each, resets prefix caches, resumes, and
@@ -115,9 +114,9 @@ class WeightSyncStrategy(ABC):
     #: (GPU strategies: no round trip through host memory)
     TENSOR_DEVICE: str | None = "cpu"
 
-    def __init__(self, args: argparse.Namespace) -> None:
-        self.args = args
-        self.config = WeightSyncConfig.from_args(args)
+    def __init__(self, config: RunConfig) -> None:
+        self.run_config = config
+        self.config = config.weight_sync
 
     @abstractmethod
     def push(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> WeightUpdate:

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from vime_core.config import RunConfig
 from vime_core.models import resolve_model
 from vime_core.weight_sync.base import WeightSyncStrategy, WeightUpdate, call_with_timeout, write_version_dir
 from vime_core.weight_sync.tensor_io import checksum, dtype_name, safetensors_files, tensor_bytes, tensor_from_bytes
@@ -432,8 +433,8 @@ class DiskDeltaWeightSync(WeightSyncStrategy):
 
     NAME = "disk-delta"
 
-    def __init__(self, args: Any) -> None:
-        super().__init__(args)
+    def __init__(self, config: RunConfig) -> None:
+        super().__init__(config)
         self.encoding = self.config.update_weight_delta_encoding
         if self.encoding not in ENCODINGS:
             raise ValueError(f"--update-weight-delta-encoding must be one of {ENCODINGS}, got {self.encoding!r}")

@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from vime_core.config import RunConfig
 from vime_core.weight_sync.base import WeightSyncStrategy, WeightUpdate, call_with_timeout
 from vime_core.weight_sync.host_copy import HostCopy
 from vime_core.weight_sync.lora_transfer import AdapterCopy, drop_staged, stage_and_load
@@ -127,8 +128,8 @@ class IpcWeightSync(WeightSyncStrategy):
     CARRIES_LORA = True
     TENSOR_DEVICE = None  # the trainer's GPU tensors go straight into the buckets
 
-    def __init__(self, args: Any) -> None:
-        super().__init__(args)
+    def __init__(self, config: RunConfig) -> None:
+        super().__init__(config)
         self.bucket_bytes = int(self.config.update_weight_buffer_size or DEFAULT_BUCKET_BYTES)
         self._buffers: dict[int, list[torch.Tensor]] = {}
         root = self.config.update_weight_disk_dir

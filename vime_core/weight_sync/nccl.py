@@ -11,7 +11,6 @@ The registered strategy is :class:`NcclWeightSync` (``--weight-sync nccl``); see
 
 from __future__ import annotations
 
-import argparse
 import threading
 import time
 from collections.abc import Iterable, Iterator
@@ -20,6 +19,7 @@ from typing import Any
 
 import torch
 
+from vime_core.config import RunConfig
 from vime_core.net import find_free_port, node_ip
 from vime_core.weight_sync.base import WeightSyncStrategy, WeightUpdate, call_with_timeout
 from vime_core.weight_sync.lora_transfer import AdapterCopy, drop_staged, stage_and_load
@@ -227,8 +227,8 @@ class NcclWeightSync(WeightSyncStrategy):
     CARRIES_LORA = True
     TENSOR_DEVICE = None  # GPU tensors from a GPU trainer (NCCL), CPU ones from a CPU trainer (Gloo)
 
-    def __init__(self, args: argparse.Namespace) -> None:
-        super().__init__(args)
+    def __init__(self, config: RunConfig) -> None:
+        super().__init__(config)
         cfg = self.config
         self.bucket_bytes = int(cfg.update_weight_buffer_size or DEFAULT_BUCKET_BYTES)
         self.checksums = bool(cfg.update_weight_checksums)

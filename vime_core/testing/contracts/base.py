@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import inspect
-from typing import ClassVar
+import warnings
+from typing import Any, ClassVar
 
 import pytest
+
+from vime_core.context import adapt_legacy
 
 #: the package every contract class lives in (``test_no_overrides`` finds the contract in a subclass's MRO by it)
 _PACKAGE = __name__.rpartition(".")[0]
@@ -31,3 +34,12 @@ class _Contract:
             if impl is not member:
                 marks = [m for m in getattr(impl, "pytestmark", []) if m.name == "xfail" and m.kwargs.get("reason")]
                 assert marks, f"{type(self).__name__}.{name} overrides a contract test without xfail(reason=...)"
+
+
+def adapted(fn: Any, kind: str) -> Any:
+    """``fn`` as the registry would hold it: a deprecated ``(args, ...)`` function wrapped to take a
+    :class:`~vime_core.context.PluginContext` (its DeprecationWarning is the signature test's to check, so it is
+    not repeated here)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return adapt_legacy(fn, kind, "contract")

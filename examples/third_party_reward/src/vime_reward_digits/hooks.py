@@ -5,7 +5,7 @@ from __future__ import annotations
 from vime_core import hookimpl
 
 
-async def digit_fraction(args, sample) -> float:
+async def digit_fraction(ctx, sample) -> float:
     """Fraction of the response's non-space characters that are ASCII digits, in [0, 1] (0.0 for an empty response).
 
     A toy reward with variance even on a random model, used by vime's end-to-end tests.

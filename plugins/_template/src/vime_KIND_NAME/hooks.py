@@ -15,7 +15,7 @@ from vime_core import hookimpl
 from vime_core.config import PluginConfig, flag
 
 
-async def NAME_reward(args, sample) -> float:
+async def NAME_reward(ctx, sample) -> float:
     """Example reward: 1.0 if the response contains the label, else 0.0.
 
     :raises ValueError: if the sample has no label.

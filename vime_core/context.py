@@ -1,0 +1,178 @@
+"""What a plugin function receives: :class:`PluginContext`, the typed run configuration it may read.
+
+Generate functions (``generate(ctx, sample, sampling_params)``), rewards (``reward(ctx, sample)``), group rewards
+(``group_reward(ctx, group)``), dynamic-sampling filters (``filter(ctx, group)``) and advantage estimators
+(``estimator(ctx, group)``) get a :class:`PluginContext` as their first argument. Functions written for the
+``(args, ...)`` form of vime 0.x still work for one minor version: :func:`adapt_legacy` wraps them once (a
+``DeprecationWarning`` naming the new signature) and hands them :func:`legacy_namespace`, a Namespace built from the
+typed tree. docs/plugins.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+from typing import Any, TypeVar
+
+from vime_core.config import (
+    AlgorithmConfig,
+    CodingAgentConfig,
+    DataConfig,
+    EngineConfig,
+    EvalConfig,
+    LoraConfig,
+    MultiTurnConfig,
+    RewardConfig,
+    RolloutConfig,
+    RunConfig,
+    SandboxConfig,
+)
+
+T = TypeVar("T")
+
+#: the signature each kind of plugin function has now (named in the deprecation warning of an ``(args, ...)`` one)
+NEW_SIGNATURES = {
+    "generate": "async def generate(ctx: PluginContext, sample, sampling_params)",
+    "reward": "async def reward(ctx: PluginContext, sample)",
+    "group_reward": "async def group_reward(ctx: PluginContext, group)",
+    "dynamic_filter": "def filter(ctx: PluginContext, group) -> bool",
+    "advantage": "def estimator(ctx: PluginContext, group) -> list[list[float]]",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class PluginContext:
+    """The run's configuration as a plugin function sees it: the sections it may read and its own plugin config.
+
+    :ivar config: the whole :class:`~vime_core.config.RunConfig`; the properties below are its sections.
+    """
+
+    config: RunConfig
+
+    @property
+    def data(self) -> DataConfig:
+        """Prompt data (``--prompt-data``, the input/label keys)."""
+        return self.config.data
+
+    @property
+    def rollout(self) -> RolloutConfig:
+        """Rollout sampling, the generate/reward plugins, over-sampling."""
+        return self.config.rollout
+
+    @property
+    def engine(self) -> EngineConfig:
+        """The vLLM engines and the router."""
+        return self.config.engine
+
+    @property
+    def reward(self) -> RewardConfig:
+        """The reward function and the built-in rewards' flags."""
+        return self.config.reward
+
+    @property
+    def eval(self) -> EvalConfig:
+        """Held-out evaluation."""
+        return self.config.eval
+
+    @property
+    def algorithm(self) -> AlgorithmConfig:
+        """Advantage estimators and loss terms."""
+        return self.config.algorithm
+
+    @property
+    def lora(self) -> LoraConfig:
+        """LoRA (``--lora-rank``)."""
+        return self.config.lora
+
+    @property
+    def sandbox(self) -> SandboxConfig:
+        """The sandbox backend and its limits."""
+        return self.config.sandbox
+
+    @property
+    def multi_turn(self) -> MultiTurnConfig:
+        """The multi_turn generate function's flags."""
+        return self.config.multi_turn
+
+    @property
+    def coding_agent(self) -> CodingAgentConfig:
+        """The coding_agent generate function's flags."""
+        return self.config.coding_agent
+
+    def plugin(self, cls: type[T]) -> T:
+        """The run's instance of the plugin config class ``cls`` (its own prefixed flags)."""
+        return self.config.plugin(cls)  # type: ignore[attr-defined]
+
+
+def legacy_namespace(config: RunConfig) -> argparse.Namespace:
+    """A Namespace for ``(args, ...)`` plugin functions and hook implementations, built from the typed tree: every
+    field of every section by name, then every plugin config's fields (never the parsed command line itself)."""
+    values: dict[str, Any] = {}
+    for f in fields(config):
+        section = getattr(config, f.name)
+        if f.name == "plugins":
+            continue
+        for sf in fields(section):
+            values[sf.name] = getattr(section, sf.name)
+    for plugin_config in getattr(config, "plugins", ()) or ():
+        for pf in fields(plugin_config):
+            values[pf.name] = getattr(plugin_config, pf.name)
+    return argparse.Namespace(**values)
+
+
+_LEGACY: dict[int, tuple[RunConfig, argparse.Namespace]] = {}
+
+
+def legacy_args(config: RunConfig) -> argparse.Namespace:
+    """:func:`legacy_namespace` of ``config``, built once per config object (the ``args`` the deprecated
+    ``(args, ...)`` hook implementations and plugin functions get)."""
+    hit = _LEGACY.get(id(config))
+    if hit is None or hit[0] is not config:
+        hit = _LEGACY[id(config)] = (config, legacy_namespace(config))
+    return hit[1]
+
+
+def is_legacy(fn: Callable[..., Any]) -> bool:
+    """Whether ``fn`` has the ``(args, ...)`` form of vime 0.x (its first parameter is named ``args``)."""
+    try:
+        params = list(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):  # a builtin without a signature: not a legacy plugin function
+        return False
+    return bool(params) and params[0] == "args"
+
+
+def adapt_legacy(fn: Callable[..., Any], kind: str, name: str) -> Callable[..., Any]:
+    """``fn`` itself in the ``(ctx, ...)`` form; an ``(args, ...)`` function wrapped to take a :class:`PluginContext`
+    (it gets :func:`legacy_namespace` of the context's config), warning once that the form is deprecated."""
+    if not is_legacy(fn):
+        return fn
+    warnings.warn(
+        f"{kind} {name!r} ({getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', fn)}) takes (args, ...), "
+        f"which is deprecated and will stop working in the next minor version; use {NEW_SIGNATURES[kind]} "
+        "(vime_core.context.PluginContext; docs/plugins.md)",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+    if inspect.iscoroutinefunction(fn):
+
+        async def async_wrapper(ctx: PluginContext, *rest: Any, **kw: Any) -> Any:
+            return await fn(legacy_args(ctx.config), *rest, **kw)
+
+        return _named_like(async_wrapper, fn)
+
+    def wrapper(ctx: PluginContext, *rest: Any, **kw: Any) -> Any:
+        return fn(legacy_args(ctx.config), *rest, **kw)
+
+    return _named_like(wrapper, fn)
+
+
+def _named_like(wrapper: Callable[..., Any], fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``wrapper`` with ``fn``'s name, module and docstring (not its signature: the wrapper takes a context)."""
+    for attr in ("__module__", "__name__", "__qualname__", "__doc__"):
+        if hasattr(fn, attr):
+            setattr(wrapper, attr, getattr(fn, attr))
+    wrapper.__vime_legacy__ = fn  # type: ignore[attr-defined]
+    return wrapper

@@ -1,0 +1,22 @@
+"""A run's :class:`~vime_core.context.PluginContext` and :class:`~vime_core.config.RunConfig` without ``vime run``,
+for tests and the contract kit: every flag at its default, overridable by keyword (flag names with underscores)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from vime_core.arguments import build_run_config, default_args
+from vime_core.config import RunConfig
+from vime_core.context import PluginContext
+
+
+def run_config(**overrides: Any) -> RunConfig:
+    """The :class:`RunConfig` of ``vime run`` with every flag at its default, then ``overrides`` (the installed
+    plugins' flag classes included)."""
+    return build_run_config(default_args(**overrides))
+
+
+def plugin_context(**overrides: Any) -> PluginContext:
+    """The :class:`PluginContext` a plugin function gets in a run with every flag at its default, then
+    ``overrides`` (e.g. ``plugin_context(reward_key="acc")``)."""
+    return PluginContext(run_config(**overrides))
