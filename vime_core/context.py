@@ -11,6 +11,7 @@ typed tree. docs/plugins.md.
 from __future__ import annotations
 
 import argparse
+import functools
 import inspect
 import warnings
 from collections.abc import Callable
@@ -124,6 +125,9 @@ def legacy_namespace(config: RunConfig) -> argparse.Namespace:
 
 
 _LEGACY: dict[int, tuple[RunConfig, argparse.Namespace]] = {}
+# id of a Namespace legacy_args built → (that Namespace, the context of its config): a built-in called by an
+# (args, ...) plugin with that Namespace gets the run's real context back (plugin configs included)
+_CONTEXT_OF: dict[int, tuple[argparse.Namespace, PluginContext]] = {}
 
 
 def legacy_args(config: RunConfig) -> argparse.Namespace:
@@ -132,7 +136,53 @@ def legacy_args(config: RunConfig) -> argparse.Namespace:
     hit = _LEGACY.get(id(config))
     if hit is None or hit[0] is not config:
         hit = _LEGACY[id(config)] = (config, legacy_namespace(config))
+        _CONTEXT_OF[id(hit[1])] = (hit[1], PluginContext(config))
     return hit[1]
+
+
+def as_context(value: PluginContext | argparse.Namespace) -> PluginContext:
+    """The :class:`PluginContext` of a built-in plugin function's first argument. An ``(args, ...)`` plugin that
+    calls a built-in (a custom generate wrapping the default one) passes its Namespace: the one vime handed it maps
+    back to the run's context; any other Namespace is read as a whole run's flags (``DeprecationWarning``).
+
+    :raises TypeError: ``value`` is neither.
+    """
+    if isinstance(value, PluginContext):
+        return value
+    hit = _CONTEXT_OF.get(id(value))
+    if hit is not None and hit[0] is value:
+        return hit[1]
+    if isinstance(value, argparse.Namespace):
+        warnings.warn(
+            "passing an argparse.Namespace to a vime plugin function is deprecated and will stop working in the "
+            "next minor version; pass the PluginContext (vime_core.context; in tests "
+            "vime_core.testing.plugin_context.plugin_context(**flags))",
+            DeprecationWarning,
+            stacklevel=3,
+        )
+        return PluginContext(RunConfig.from_args(value))
+    raise TypeError(f"a plugin function's first argument is a PluginContext, got {type(value).__name__}")
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def takes_context(fn: F) -> F:
+    """Decorator of the built-in plugin functions: their first argument goes through :func:`as_context`, so
+    ``(args, ...)`` plugins can still call them during the deprecation window."""
+    if inspect.iscoroutinefunction(fn):
+
+        @functools.wraps(fn)
+        async def async_wrapper(ctx: Any, *rest: Any, **kw: Any) -> Any:
+            return await fn(as_context(ctx), *rest, **kw)
+
+        return async_wrapper  # type: ignore[return-value]
+
+    @functools.wraps(fn)
+    def wrapper(ctx: Any, *rest: Any, **kw: Any) -> Any:
+        return fn(as_context(ctx), *rest, **kw)
+
+    return wrapper  # type: ignore[return-value]
 
 
 def is_legacy(fn: Callable[..., Any]) -> bool:
@@ -159,14 +209,20 @@ def adapt_legacy(fn: Callable[..., Any], kind: str, name: str) -> Callable[..., 
     if inspect.iscoroutinefunction(fn):
 
         async def async_wrapper(ctx: PluginContext, *rest: Any, **kw: Any) -> Any:
-            return await fn(legacy_args(ctx.config), *rest, **kw)
+            return await fn(_legacy_arg(ctx), *rest, **kw)
 
         return _named_like(async_wrapper, fn)
 
     def wrapper(ctx: PluginContext, *rest: Any, **kw: Any) -> Any:
-        return fn(legacy_args(ctx.config), *rest, **kw)
+        return fn(_legacy_arg(ctx), *rest, **kw)
 
     return _named_like(wrapper, fn)
+
+
+def _legacy_arg(ctx: PluginContext | argparse.Namespace) -> argparse.Namespace:
+    """What an ``(args, ...)`` function gets: the Namespace of the context's config, or the Namespace an
+    ``(args, ...)`` caller passed on."""
+    return ctx if isinstance(ctx, argparse.Namespace) else legacy_args(ctx.config)
 
 
 def _named_like(wrapper: Callable[..., Any], fn: Callable[..., Any]) -> Callable[..., Any]:

@@ -24,11 +24,11 @@ Per-segment metadata: ``role`` (``solver`` / ``verifier`` / ``solver_revision``)
 
 from __future__ import annotations
 
-import argparse
 import copy
 import re
 from typing import Any
 
+from vime_core.context import PluginContext
 from vime_core.rewards.reasoning_gym import extract_answer, reasoning_gym_reward, score
 from vime_core.rollout.generate import generate as default_generate
 from vime_core.types import Sample, Status
@@ -73,13 +73,13 @@ def _segment(parent: Sample, role: str, messages: list[dict[str, Any]]) -> Sampl
     )
 
 
-async def generate(args: argparse.Namespace, sample: Sample, sampling_params: dict[str, Any]) -> list[Sample]:
+async def generate(ctx: PluginContext, sample: Sample, sampling_params: dict[str, Any]) -> list[Sample]:
     """Solver → verifier → (revision) for one prompt; returns the role segments (see the module docstring).
 
     :param sampling_params: engine parameters; the verifier's ``max_tokens`` is capped at 16.
     :return: 1 to 3 samples (a solver that did not finish gets no verifier).
     """
-    solver = await default_generate(args, _segment(sample, "solver", _messages(sample.prompt)), dict(sampling_params))
+    solver = await default_generate(ctx, _segment(sample, "solver", _messages(sample.prompt)), dict(sampling_params))
     segments, final = [solver], solver
     solver_correct = None
     if solver.status in DONE:
@@ -95,7 +95,7 @@ async def generate(args: argparse.Namespace, sample: Sample, sampling_params: di
             },
         ]
         params = {**sampling_params, "max_tokens": min(sampling_params.get("max_tokens") or 16, VERIFIER_MAX_TOKENS)}
-        verifier = await default_generate(args, _segment(sample, "verifier", check), params)
+        verifier = await default_generate(ctx, _segment(sample, "verifier", check), params)
         segments.append(verifier)
         verdict = parse_verdict(verifier.response)
         verifier.metadata["verdict"] = verdict
@@ -106,7 +106,7 @@ async def generate(args: argparse.Namespace, sample: Sample, sampling_params: di
                 {"role": "assistant", "content": solver.response.strip()},
                 {"role": "user", "content": REVISION_REQUEST},
             ]
-            final = await default_generate(args, _segment(sample, "solver_revision", retry), dict(sampling_params))
+            final = await default_generate(ctx, _segment(sample, "solver_revision", retry), dict(sampling_params))
             segments.append(final)
     for s in segments:
         s.metadata["final_response"] = final.response
@@ -114,7 +114,7 @@ async def generate(args: argparse.Namespace, sample: Sample, sampling_params: di
     return segments
 
 
-async def team_reward(args: argparse.Namespace, sample: Sample) -> float:
+async def team_reward(ctx: PluginContext, sample: Sample) -> float:
     """The rollout's reward: reasoning-gym's verifier on ``metadata["final_response"]`` (0.0 … 1.0).
 
     :raises ValueError: from :func:`~vime_core.rewards.reasoning_gym.reasoning_gym_reward` when the sample's
@@ -122,4 +122,4 @@ async def team_reward(args: argparse.Namespace, sample: Sample) -> float:
     """
     final = copy.copy(sample)
     final.response = sample.metadata.get("final_response", sample.response)
-    return await reasoning_gym_reward(args, final)
+    return await reasoning_gym_reward(ctx, final)

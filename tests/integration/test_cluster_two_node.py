@@ -114,7 +114,7 @@ import json, sys, time
 import vime_core
 import ray
 from vime_core.arguments import default_args
-from vime_core.config import ClusterConfig
+from vime_core.config import ClusterConfig, RunConfig
 from vime_core.orchestration import TrainerGroup, init_ray, place
 from vime_core.rollout.engine_actor import RemoteEngine, EngineActor
 from vime_core.orchestration import slot_options
@@ -127,7 +127,7 @@ args = default_args(actor_num_nodes=2, actor_num_gpus_per_node=1, rollout_num_gp
                           trainer="tests.integration.cluster_probe:GroupProbeTrainer", weight_sync="disk",
                           train_cpus=None)
 plan, pg = place(ClusterConfig.from_args(args))
-group = TrainerGroup(args, model, plan, pg)
+group = TrainerGroup(RunConfig.from_args(args), model, plan, pg)
 out["group_train"] = group.train_step(None)
 out["group_where"] = group.placements()
 out["group_plan"] = plan.to_dict()

@@ -13,10 +13,10 @@ import shlex
 import pytest
 
 from vime_core.agent.responders import ScriptedResponder
-from vime_core.arguments import default_args
 from vime_core.data.humaneval_export import load_problems, problem_to_row
 from vime_core.plugins import get_plugins
 from vime_core.rollout.context import RolloutContext, set_rollout_context
+from vime_core.testing.plugin_context import plugin_context
 from vime_core.types import Sample, Status
 
 pytestmark = pytest.mark.integration
@@ -75,7 +75,7 @@ def test_scripted_cli_episode_reward_one_token_exact(tok, agent, sandbox):
     backend = ScriptedResponder(tok, script)
     ctx = RolloutContext(client=backend, tokenizer=tok, weight_version=0)
     set_rollout_context(ctx)
-    args = default_args(
+    args = plugin_context(
         agent=agent,
         sandbox=sandbox,
         agent_max_turns=4,

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from vime_core.arguments import default_args
 from vime_core.plugins import get_plugins
 from vime_core.rollout.client import RouterClient
 from vime_core.rollout.context import RolloutContext, set_rollout_context
+from vime_core.testing.plugin_context import plugin_context
 from vime_core.types import Sample, Status
 
 pytestmark = pytest.mark.integration
@@ -56,7 +56,7 @@ def test_multi_agent_roles(ctx, monkeypatch):
 
     row = _row("quickstart")
     sample = Sample(group_index=3, index=1, prompt=row["prompt"], label=row["label"], metadata=row["metadata"])
-    args = default_args(apply_chat_template=True)
+    args = plugin_context(apply_chat_template=True)
     # the tiny random model is steered by a regex so that both verdicts are reachable and parseable
     params = {
         "temperature": 1.0,
@@ -86,7 +86,7 @@ def test_tool_use_tools_in_the_multi_turn_loop(ctx, monkeypatch):
     loop, _ = ctx
     monkeypatch.syspath_prepend(str(EXAMPLES / "tool_use"))
     call = '<tool_call>\n{"name": "lcm", "arguments": {"a": 12, "b": 18}}\n</tool_call>'
-    args = default_args(
+    args = plugin_context(
         apply_chat_template=True,
         multi_turn_tools=["number_tools", "vime_core.rollout.tools:calculator"],
         multi_turn_max_turns=2,

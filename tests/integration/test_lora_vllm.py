@@ -66,6 +66,7 @@ def test_three_adapter_syncs_engine_log_probs_equal_the_trainers(
         monkeypatch.setenv("VIME_VLLM_PYTHON", str(COMPAT_PYTHON))
     from transformers import AutoTokenizer
 
+    from vime_core.config import RunConfig
     from vime_core.plugins import get_plugins
     from vime_core.rollout.lora_stash import stage_dir
     from vime_core.rollout.manager import RolloutManager
@@ -84,9 +85,10 @@ def test_three_adapter_syncs_engine_log_probs_equal_the_trainers(
         vllm_args=["--max-model-len", "512"],
         weight_sync=strategy,
     )
-    trainer = TorchTrainer(args, tiny_model_dir)
-    sync = get_plugins().resolve("weight_sync", strategy)(args)  # the trainer side; the manager builds its own
-    manager = RolloutManager(args, tiny_model_dir)
+    config = RunConfig.from_args(args)
+    trainer = TorchTrainer(config, tiny_model_dir)
+    sync = get_plugins().resolve("weight_sync", strategy)(config)  # the trainer side; the manager builds its own
+    manager = RolloutManager(config, tiny_model_dir)
     samples = _samples(AutoTokenizer.from_pretrained(str(tiny_model_dir)))
     diffs = []
     try:

@@ -11,10 +11,10 @@ import re
 import pytest
 
 from vime_core.agent.responders import RouterResponder
-from vime_core.arguments import default_args
 from vime_core.plugins import get_plugins
 from vime_core.rollout.context import RolloutContext, set_rollout_context
 from vime_core.testing import GenerateFunctionContract
+from vime_core.testing.plugin_context import plugin_context
 from vime_core.types import Sample, Status
 
 pytestmark = pytest.mark.integration
@@ -57,9 +57,9 @@ class TestMultiTurnContract(GenerateFunctionContract):
         return get_plugins().resolve("generate", "multi_turn")
 
     @pytest.fixture
-    def generate_args(self):
+    def generate_ctx(self):
         # the prompt data describes the tools itself (tool prompt "none"), so the prompt is encode_prompt's
-        return default_args(
+        return plugin_context(
             apply_chat_template=True,
             multi_turn_tools=["vime_core.rollout.tools:calculator"],
             multi_turn_tool_prompt="none",
@@ -80,8 +80,8 @@ class TestDefaultGenerateContract(GenerateFunctionContract):
         return get_plugins().resolve("generate", "default")
 
     @pytest.fixture
-    def generate_args(self):
-        return default_args(apply_chat_template=True)
+    def generate_ctx(self):
+        return plugin_context(apply_chat_template=True)
 
     @pytest.fixture
     def prompt_sample(self):
@@ -89,7 +89,7 @@ class TestDefaultGenerateContract(GenerateFunctionContract):
 
 
 def test_forced_tool_loop_is_exact(rollout_context, tok):
-    args = default_args(
+    args = plugin_context(
         apply_chat_template=True, multi_turn_tools=["vime_core.rollout.tools:calculator"], multi_turn_max_turns=3
     )
     params = {"temperature": 1.0, "max_tokens": 400, "seed": 0, "structured_outputs": {"regex": re.escape(CALL)}}
@@ -122,7 +122,7 @@ def test_sandbox_shell_tool(tok):
     backend = ScriptedResponder(tok, [call, "done"])
     set_rollout_context(RolloutContext(client=backend, tokenizer=tok, weight_version=0))
     try:
-        args = default_args(
+        args = plugin_context(
             apply_chat_template=True, multi_turn_tools=[], multi_turn_sandbox_tool="bash", sandbox="local"
         )
         generate = get_plugins().resolve("generate", "multi_turn")

@@ -15,8 +15,8 @@ import sys
 import pytest
 import torch
 
-from vime_core.arguments import default_args
 from vime_core.rewards.math_answer import math_reward
+from vime_core.testing.plugin_context import plugin_context
 from vime_core.types import Sample
 
 pytestmark = pytest.mark.integration
@@ -63,7 +63,7 @@ def test_vime_run_reward_math_on_exported_reasoning_gym(tiny_model_dir, tmp_path
         )
     }  # fmt: skip
     dumped = [s for g in torch.load(out / "debug" / "rollout_0.pt", weights_only=False)["groups"] for s in g]
-    args = default_args(math_verify_timeout=30.0, math_verify_workers=1)
+    args = plugin_context(math_verify_timeout=30.0, math_verify_workers=1)
     for s in dumped:
         assert s["status"] in ("completed", "truncated") and s["response_length"] >= 1
         expected = asyncio.run(math_reward(args, Sample(response=s["response"], label=s["label"])))

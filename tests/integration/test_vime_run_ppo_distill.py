@@ -20,8 +20,8 @@ import pytest
 import torch
 
 from tests.integration.helpers import read_metrics, run_flags
-from vime_core.arguments import default_args
 from vime_core.testing.cli import run_vime as _vime
+from vime_core.testing.plugin_context import plugin_context
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -159,7 +159,7 @@ def test_on_policy_distill_zero_with_the_students_weights_then_non_zero(tiny_mod
     assert sum(gaps1) / len(gaps1) > 10 * max(gaps0) and sum(gaps1) / len(gaps1) > 1e-3, (gaps0, gaps1)
     assert step1[0]["teacher_log_probs"] == pytest.approx(_hf_log_probs(tiny_model_dir, step1[0]), abs=1e-3)
     # the advantage the trainer saw is logp_T - logp_S of the dumped samples, token for token
-    args = default_args(advantage_estimator="on_policy_distill", distill_teacher="t", distill_coef=1.0)
+    args = plugin_context(advantage_estimator="on_policy_distill", distill_teacher="t", distill_coef=1.0)
     batch = build_batch(args, [[Sample.from_dict(d) for d in step1]], on_policy_distill)
     keep = torch.cat([torch.tensor(s.loss_mask, dtype=torch.bool) for s in batch.samples])
     flat = torch.tensor([a for row in batch.advantages for a in row], dtype=torch.float64)[keep]

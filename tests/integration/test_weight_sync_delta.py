@@ -15,10 +15,10 @@ import pytest
 import torch
 
 from tests.integration.helpers import MATCH_TOL, delta_batch, engine_log_probs, generate_versions, trainer_log_probs
-from vime_core.arguments import default_args
 from vime_core.plugins import get_plugins
 from vime_core.rollout.engine import VLLMServerError
-from vime_core.testing.trainer_args import trainer_args
+from vime_core.testing.plugin_context import run_config
+from vime_core.testing.trainer_args import trainer_config
 from vime_core.weight_sync.base import WeightUpdate
 
 pytestmark = pytest.mark.integration
@@ -29,7 +29,7 @@ STEPS = 3
 def _strategy(tmp_path: Path, base: Path, encoding: str = "xor"):
     cls = get_plugins().resolve("weight_sync", "disk-delta")
     return cls(
-        default_args(
+        run_config(
             update_weight_disk_dir=tmp_path / "weights",
             keep_weight_updates=False,
             update_weight_delta_encoding=encoding,
@@ -78,7 +78,7 @@ def test_disk_delta_keeps_the_engine_in_step_with_the_trainer(
     from vime_core.trainer.torch_backend import TorchTrainer
 
     server, model = engine_at_v0, engine_at_v0.served_model_name
-    trainer = TorchTrainer(trainer_args(lr=3e-3), tiny_model_dir)
+    trainer = TorchTrainer(trainer_config(lr=3e-3), tiny_model_dir)
     strategy = _strategy(tmp_path, tiny_model_dir)
     vocab = int(dict(trainer.named_hf_tensors())["model.embed_tokens.weight"].shape[0])
     start = engine_log_probs(router.url, model, prompt_ids)
@@ -106,7 +106,7 @@ def test_corrupt_and_out_of_order_deltas_are_refused_and_the_old_version_keeps_s
     from vime_core.trainer.torch_backend import TorchTrainer
 
     server, model = engine_at_v0, engine_at_v0.served_model_name
-    trainer = TorchTrainer(trainer_args(lr=3e-3), tiny_model_dir)
+    trainer = TorchTrainer(trainer_config(lr=3e-3), tiny_model_dir)
     strategy = _strategy(tmp_path, tiny_model_dir)
     vocab = int(dict(trainer.named_hf_tensors())["model.embed_tokens.weight"].shape[0])
 

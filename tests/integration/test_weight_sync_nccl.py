@@ -9,9 +9,9 @@ from __future__ import annotations
 import pytest
 
 from tests.integration.helpers import MATCH_TOL, delta_batch, engine_log_probs, generate_versions, trainer_log_probs
-from vime_core.arguments import default_args
 from vime_core.plugins import get_plugins
-from vime_core.testing.trainer_args import trainer_args
+from vime_core.testing.plugin_context import run_config
+from vime_core.testing.trainer_args import trainer_config
 
 pytestmark = pytest.mark.integration
 
@@ -38,9 +38,9 @@ def test_nccl_broadcast_keeps_the_engine_in_step_with_the_trainer(
     from vime_core.trainer.torch_backend import TorchTrainer
 
     server, model = engine_at_v0, engine_at_v0.served_model_name
-    trainer = TorchTrainer(trainer_args(), tiny_model_dir)
+    trainer = TorchTrainer(trainer_config(), tiny_model_dir)
     strategy = get_plugins().resolve("weight_sync", "nccl")(
-        default_args(
+        run_config(
             rollout_num_engines=1,
             rollout_num_gpus_per_engine=1,
             weight_sync_timeout=120.0,

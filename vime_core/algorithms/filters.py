@@ -7,10 +7,11 @@ over-samples prompts and refills until enough groups pass (slime's ``--dynamic-s
 
 from __future__ import annotations
 
-from vime_core.context import PluginContext
+from vime_core.context import PluginContext, takes_context
 from vime_core.types import Sample
 
 
+@takes_context
 def check_reward_nonzero_std(ctx: PluginContext, group: list[Sample]) -> bool:
     """Keep a group iff its rewards are not all equal (DAPO's dynamic sampling: a group whose samples are all right
     or all wrong has zero GRPO advantage everywhere and only dilutes the batch). slime's

@@ -12,6 +12,7 @@ from __future__ import annotations
 from vime_core.algorithms.advantages import grpo_advantages, outcome_returns, rloo_advantages
 from vime_core.algorithms.distill import distill_advantages, teacher_and_student_log_probs
 from vime_core.algorithms.filters import check_reward_nonzero_std
+from vime_core.context import takes_context
 from vime_core.hookspecs import hookimpl
 from vime_core.types import Sample
 
@@ -48,6 +49,7 @@ def _broadcast(per_rollout: list[float], which: list[int], group: list[Sample]) 
     return [[per_rollout[j]] * s.response_length for j, s in zip(which, group, strict=True)]
 
 
+@takes_context
 def grpo(ctx, group):
     """GRPO (Shao et al. 2024, arXiv:2402.03300): ``(r - mean) / (std + 1e-6)`` over the group's rollouts, broadcast
     to every response token; Dr.GRPO (Liu et al. 2025, arXiv:2503.20783) with ``--disable-grpo-std-normalization``:
@@ -58,6 +60,7 @@ def grpo(ctx, group):
     return _broadcast(adv, which, group)
 
 
+@takes_context
 def gspo(ctx, group):
     """GSPO (Zheng et al. 2025, "Group Sequence Policy Optimization", arXiv:2507.18071): GRPO's advantages; the
     difference is the sequence-level importance ratio in the loss, which ``--advantage-estimator gspo`` selects
@@ -65,6 +68,7 @@ def gspo(ctx, group):
     return grpo(ctx, group)
 
 
+@takes_context
 def rloo(ctx, group):
     """RLOO (Ahmadian et al. 2024, arXiv:2402.14740): ``r_i - mean_{j != i} r_j`` over the group's rollouts,
     broadcast to every response token. A group of one rollout gets 0."""
@@ -73,6 +77,7 @@ def rloo(ctx, group):
     return _broadcast(rloo_advantages(rewards), which, group)
 
 
+@takes_context
 def reinforce_plus_plus(ctx, group):
     """REINFORCE++ (Hu et al. 2025, arXiv:2501.03262), group-level part: the discounted return
     ``γ^(k) · r`` of the outcome reward placed on the last trained token (``k`` = trained tokens after the token;
@@ -87,6 +92,7 @@ def reinforce_plus_plus(ctx, group):
     return [outcome_returns(rewards[j], s.loss_mask, cfg.gamma) for j, s in zip(which, group, strict=True)]
 
 
+@takes_context
 def reinforce_plus_plus_baseline(ctx, group):
     """REINFORCE++-baseline (Hu et al. 2025, arXiv:2501.03262 v2; OpenRLHF ``reinforce_baseline``), group-level part:
     ``r - mean(r)`` over the group's rollouts (no std division), as the discounted return of the last trained token
@@ -100,6 +106,7 @@ def reinforce_plus_plus_baseline(ctx, group):
     return [outcome_returns(centered[j], s.loss_mask, cfg.gamma) for j, s in zip(which, group, strict=True)]
 
 
+@takes_context
 def ppo(ctx, group):
     """PPO with a critic (Ouyang et al. 2022, arXiv:2203.02155; GAE, Schulman et al. 2016, arXiv:1506.02438),
     group-level part: the **per-token rewards** — the raw outcome reward on the last trained token, 0 elsewhere
@@ -120,6 +127,7 @@ def ppo(ctx, group):
     return out
 
 
+@takes_context
 def on_policy_distill(ctx, group):
     """On-policy distillation (Agarwal et al. 2024, GKD, arXiv:2306.13649; Thinking Machines Lab 2025, "On-Policy
     Distillation"): the per-token reverse-KL advantage ``λ·(logπ_T - logπ_s)`` of each sampled token, from the

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 
-from vime_core.context import PluginContext
+from vime_core.context import PluginContext, takes_context
 from vime_core.rewards.simple import strip_thinking
 from vime_core.types import Sample
 
@@ -88,6 +88,7 @@ def dapo_answer(response: str) -> str:
     return normalize_final_answer(found[-1] if found else INVALID)
 
 
+@takes_context
 async def dapo_math(ctx: PluginContext, sample: Sample) -> float:
     """+1.0 if the answer after the last ``Answer:`` equals the label after normalisation, else -1.0.
 

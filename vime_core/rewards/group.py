@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 
-from vime_core.context import PluginContext
+from vime_core.context import PluginContext, takes_context
 from vime_core.plugins import get_plugins
 from vime_core.rewards.call import call_reward
 from vime_core.types import Sample
@@ -27,6 +27,7 @@ def win_rates(scores: list[float]) -> list[float]:
     return [(sum(o < s for o in scores) + 0.5 * (sum(o == s for o in scores) - 1)) / (n - 1) for s in scores]
 
 
+@takes_context
 async def rank_reward(ctx: PluginContext, group: list[Sample]) -> list[float]:
     """Score every sample with ``--reward`` (its ``--reward-key`` entry for a dict reward), then replace the scores
     by their within-group pairwise win rates (:func:`win_rates`), in [0, 1].

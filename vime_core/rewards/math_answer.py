@@ -18,7 +18,7 @@ import threading
 
 import pebble
 
-from vime_core.context import PluginContext
+from vime_core.context import PluginContext, takes_context
 from vime_core.failures import FailureCause, SampleFailure
 from vime_core.rewards.simple import strip_thinking
 from vime_core.types import Sample
@@ -131,6 +131,7 @@ async def verify_with_timeout(answer: str, gold: str, timeout_s: float, workers:
         raise
 
 
+@takes_context
 async def math_reward(ctx: PluginContext, sample: Sample) -> float:
     """1.0 if the last boxed answer of ``sample.response`` is equivalent to ``sample.label``, else 0.0 (the rule
     is in the module docstring).

@@ -16,6 +16,8 @@ import re
 from collections.abc import Callable
 from typing import Any
 
+from vime_core.context import takes_context
+
 logger = logging.getLogger("vime.rewards")
 
 _NUMBER = r"[-+]?\d+(?:,\d{3})*(?:\.\d+)?"
@@ -107,6 +109,7 @@ def score(task: str, answer: str | None, entry: dict[str, Any], config: dict[str
         return 0.0
 
 
+@takes_context
 async def reasoning_gym_reward(ctx: Any, sample: Any) -> float:
     """Reward one sample with reasoning-gym's verifier for the task named in its metadata.
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import httpx
 
-from vime_core.context import PluginContext
+from vime_core.context import PluginContext, takes_context
 from vime_core.failures import FailureCause, SampleFailure
 from vime_core.types import Sample
 
@@ -65,6 +65,7 @@ def _client(concurrency: int) -> tuple[httpx.AsyncClient, asyncio.Semaphore]:
     return state
 
 
+@takes_context
 async def remote_reward(ctx: PluginContext, sample: Sample) -> Any:
     """POST ``sample`` to ``--rm-url`` and return the service's reward (see the module docstring).
 

@@ -14,7 +14,7 @@ import string
 import unicodedata
 from typing import Any
 
-from vime_core.context import PluginContext
+from vime_core.context import PluginContext, takes_context
 from vime_core.types import Sample
 
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
@@ -73,6 +73,7 @@ def _golds(sample: Sample, name: str) -> list[str]:
     return golds
 
 
+@takes_context
 async def exact_match(ctx: PluginContext, sample: Sample) -> float:
     """1.0 if the response equals the label (or one of a list of labels) after :func:`normalize_answer`, else 0.0.
 
@@ -82,6 +83,7 @@ async def exact_match(ctx: PluginContext, sample: Sample) -> float:
     return float(any(pred == normalize_answer(g) for g in _golds(sample, "exact_match")))
 
 
+@takes_context
 async def f1(ctx: PluginContext, sample: Sample) -> float:
     """Token F1 (:func:`token_f1`) of the response against the label; the best over a list of labels. In [0, 1].
 

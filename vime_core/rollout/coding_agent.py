@@ -25,7 +25,7 @@ from vime_core.agent.harness import AgentBudget, AgentEndpoint, AgentHarnessErro
 from vime_core.agent.responders import RouterResponder
 from vime_core.agent.tool_parse_failures import tool_parse_metrics
 from vime_core.config import CodingAgentConfig
-from vime_core.context import PluginContext
+from vime_core.context import PluginContext, takes_context
 from vime_core.data.workspace_task import AgentResult, WorkspaceTask
 from vime_core.failures import FailureCause, mark_failed
 from vime_core.plugins import get_plugins
@@ -195,6 +195,7 @@ def _failed(sample: Sample, why: str, cause: FailureCause, error: BaseException 
     return sample
 
 
+@takes_context
 async def generate(ctx: PluginContext, sample: Sample, sampling_params: dict[str, Any]) -> Sample | list[Sample]:
     """Run one agent episode (see the module docstring).
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from vime_core.agent.responders import engine_versions
-from vime_core.context import PluginContext
+from vime_core.context import PluginContext, takes_context
 from vime_core.rollout.context import get_rollout_context
 from vime_core.types import Sample, Status
 
@@ -29,6 +29,7 @@ def encode_prompt(tokenizer: Any, prompt: str | list[dict[str, Any]], apply_chat
     return list(ids)
 
 
+@takes_context
 async def generate(ctx: PluginContext, sample: Sample, sampling_params: dict[str, Any]) -> Sample:
     """One engine call through the router: prompt ids in, response ids + log-probs out.
 

@@ -22,7 +22,7 @@ from vime_core.agent.responders import engine_versions
 from vime_core.agent.tool_parse_failures import tool_parse_metrics
 from vime_core.agent.tool_parsers import ToolCall, parse_with_tools
 from vime_core.config import MultiTurnConfig
-from vime_core.context import PluginContext
+from vime_core.context import PluginContext, takes_context
 from vime_core.plugins import get_plugins
 from vime_core.rollout.context import get_rollout_context
 from vime_core.rollout.generate import FINISH_TO_STATUS, encode_prompt
@@ -168,6 +168,7 @@ def _truncate(renderer: ChatRenderer, text: str, max_tokens: int) -> str:
     return renderer.visible_text(ids[:max_tokens]) + "\n[truncated]"
 
 
+@takes_context
 async def generate(ctx: PluginContext, sample: Sample, sampling_params: dict[str, Any]) -> Sample:
     """Run one tool-using episode (see the module docstring).
 

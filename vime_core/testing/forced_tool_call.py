@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from vime_core.context import PluginContext
+from vime_core.context import PluginContext, takes_context
 from vime_core.rollout.multi_turn import generate as multi_turn
 from vime_core.types import Sample
 
@@ -30,6 +30,7 @@ def forced_call_regex(tool: str, command: str = FORCED_COMMAND) -> str:
     return "".join("\\n" if c == "\n" else f"\\{c}" if c in _REGEX_SPECIAL else c for c in call)
 
 
+@takes_context
 async def generate(ctx: PluginContext, sample: Sample, sampling_params: dict[str, Any]) -> Sample:
     """``multi_turn``'s generate with every turn forced to call ``--multi-turn-sandbox-tool`` with
     :data:`FORCED_COMMAND`.

@@ -3,13 +3,13 @@ wrong, a partial and a test-tampering solution."""
 
 from __future__ import annotations
 
-import argparse
 
 import pytest
 from reward_tests_cases import HACK, PARTIAL, task_sample
 
 from vime_core.plugins import get_plugins
 from vime_core.testing import RewardFunctionContract
+from vime_core.testing.plugin_context import plugin_context
 
 pytestmark = pytest.mark.contract
 
@@ -26,8 +26,8 @@ class TestTestsReward(RewardFunctionContract):
         return get_plugins().resolve("reward", "tests")
 
     @pytest.fixture
-    def reward_args(self):
-        return argparse.Namespace(sandbox="local", reward_tests_mode="fraction", reward_tests_timeout=60.0)
+    def reward_ctx(self):
+        return plugin_context(sandbox="local", reward_tests_mode="fraction", reward_tests_timeout=60.0)
 
     @pytest.fixture
     def cases(self):

@@ -36,6 +36,9 @@ class GenerateFunctionContract(_Contract):
 
     def test_signature(self, generate_fn: Any) -> None:
         assert inspect.iscoroutinefunction(generate_fn)
+        generate_fn = getattr(
+            generate_fn, "__vime_legacy__", generate_fn
+        )  # the registry's wrapper of an (args, ...) one
         params = list(inspect.signature(generate_fn).parameters)
         if is_legacy(generate_fn):  # the deprecated (args, sample, sampling_params) form still works, with a warning
             with pytest.warns(DeprecationWarning, match=r"async def generate\(ctx: PluginContext"):

@@ -36,6 +36,7 @@ class RewardFunctionContract(_Contract):
 
     def test_is_async_with_ctx_sample(self, reward_fn: Any) -> None:
         assert inspect.iscoroutinefunction(reward_fn), "a reward function must be `async def reward(ctx, sample)`"
+        reward_fn = getattr(reward_fn, "__vime_legacy__", reward_fn)  # the registry's wrapper of an (args, ...) one
         params = list(inspect.signature(reward_fn).parameters)
         if is_legacy(reward_fn):  # the deprecated (args, sample) form still works, with a warning
             with pytest.warns(DeprecationWarning, match=r"async def reward\(ctx: PluginContext, sample\)"):
@@ -75,6 +76,9 @@ class GroupRewardFunctionContract(_Contract):
 
     def test_is_async_with_ctx_group(self, group_reward_fn: Any) -> None:
         assert inspect.iscoroutinefunction(group_reward_fn), "a group reward must be `async def fn(ctx, group)`"
+        group_reward_fn = getattr(
+            group_reward_fn, "__vime_legacy__", group_reward_fn
+        )  # the registry's wrapper of an (args, ...) one
         params = list(inspect.signature(group_reward_fn).parameters)
         if is_legacy(group_reward_fn):
             with pytest.warns(DeprecationWarning, match=r"async def group_reward\(ctx: PluginContext, group\)"):
