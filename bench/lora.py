@@ -97,12 +97,13 @@ def _batch(vocab: int, n: int = 32, prompt_len: int = 96, resp_len: int = 64, se
 
 def trainer_child(mode: str, steps: int) -> dict:
     """In a fresh process: load the trainer, train ``steps`` steps, report peak RSS and step times."""
+    from vime_core.config import RunConfig
     from vime_core.testing.trainer_args import trainer_args
     from vime_core.trainer.torch_backend import TorchTrainer
 
     lora = {"lora_rank": 16, "lora_alpha": 32.0} if mode == "lora" else {}
     args = trainer_args(lr=2e-5 if lora else 2e-6, micro_batch_size=8, **lora)
-    trainer = TorchTrainer(args, model_dir())
+    trainer = TorchTrainer(RunConfig.from_args(args), model_dir())
     rss_loaded = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     batch = _batch(int(trainer.model.config.vocab_size))
     times = []

@@ -116,6 +116,7 @@ def main() -> None:
     from safetensors.torch import load_file
 
     from vime_core.algorithms.logprobs import token_log_probs
+    from vime_core.config import RunConfig
     from vime_core.trainer.megatron_backend import MegatronTrainer
 
     res: dict = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__}
@@ -142,7 +143,7 @@ def main() -> None:
 
     for i, attention in enumerate(a.attention.split(",")):
         t0 = time.perf_counter()
-        trainer = MegatronTrainer(trainer_args(a, attention), model_dir)
+        trainer = MegatronTrainer(RunConfig.from_args(trainer_args(a, attention)), model_dir)
         print(
             f"[{attention}] MegatronTrainer ready in {time.perf_counter() - t0:.1f} s "
             f"(spec: {'TE' if attention == 'te' else 'local'}, attention {attention})",

@@ -86,6 +86,7 @@ def phase_a(work: Path, res: dict):
     from transformers import AutoModelForCausalLM
 
     from vime_core.algorithms.logprobs import token_log_probs
+    from vime_core.config import RunConfig
     from vime_core.testing.contracts import TrainerBackendContract
     from vime_core.trainer.megatron_backend import MegatronTrainer, have_transformer_engine
 
@@ -95,7 +96,7 @@ def phase_a(work: Path, res: dict):
         if dist.get_rank() == 0:
             small_model(d, family)
         dist.barrier()
-        trainer = MegatronTrainer(args_for(2, sp), d)
+        trainer = MegatronTrainer(RunConfig.from_args(args_for(2, sp)), d)
         hf = load_file(str(d / "model.safetensors"))
         if trainer.arch.tie_word_embeddings:
             hf.pop("lm_head.weight", None)
@@ -196,6 +197,7 @@ def phase_c(work: Path, res: dict, layout: str = "tp2", steps: int = 5, warmup: 
     from megatron.core import parallel_state as mpu
     from megatron_step import build_model, matmul_peak_tflops, rl_batch
 
+    from vime_core.config import RunConfig
     from vime_core.trainer.megatron_backend import MegatronTrainer, have_transformer_engine
 
     tp = int(layout.removeprefix("tp"))
@@ -209,7 +211,7 @@ def phase_c(work: Path, res: dict, layout: str = "tp2", steps: int = 5, warmup: 
     if mpu.model_parallel_is_initialized():
         mpu.destroy_model_parallel()
     sp = tp > 1 and have_transformer_engine()  # the local spec's torch norms do not support sequence parallelism
-    trainer = MegatronTrainer(args_for(tp, sp=sp, lr=1e-6), d)
+    trainer = MegatronTrainer(RunConfig.from_args(args_for(tp, sp=sp, lr=1e-6)), d)
     n_params = sum(p.numel() for p in trainer.gpt.parameters()) * tp  # TP shards (norms counted tp times: ~0.001%)
     times = []
     for step in range(warmup + steps):

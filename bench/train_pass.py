@@ -136,6 +136,7 @@ def main() -> None:
         if v not in VARIANTS:
             ap.error(f"unknown variant {v!r}; known: {', '.join(VARIANTS)}")
 
+    from vime_core.config import RunConfig
     from vime_core.models import resolve_model
     from vime_core.testing.trainer_args import trainer_args
     from vime_core.trainer.rl_step import micro_batches
@@ -155,13 +156,15 @@ def main() -> None:
     model_path = Path(a.model) if (Path(a.model) / "config.json").is_file() else resolve_model(a.model)
     samples = build_samples(a, model_path)
     trainer = TorchTrainer(
-        trainer_args(
-            lr=a.lr,
-            train_dtype=a.dtype,
-            micro_batch_size=a.micro_batch_size,
-            train_num_threads=threads,
-            rollout_batch_size=a.prompts,
-            n_samples_per_prompt=a.n,
+        RunConfig.from_args(
+            trainer_args(
+                lr=a.lr,
+                train_dtype=a.dtype,
+                micro_batch_size=a.micro_batch_size,
+                train_num_threads=threads,
+                rollout_batch_size=a.prompts,
+                n_samples_per_prompt=a.n,
+            )
         ),
         model_path,
     )

@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 from vime_core.arguments import default_args
+from vime_core.config import RunConfig
 
 
 def trainer_args(dtype: str, lr: float, threads: int | None) -> argparse.Namespace:
@@ -59,13 +60,17 @@ def run(dtype: str, a: argparse.Namespace, model_dir: Path) -> list[dict]:
     from vime_core.weight_sync.disk_delta import DiskDeltaWeightSync
 
     work = Path(tempfile.mkdtemp(prefix="vime-bench-ws-"))
-    trainer = TorchTrainer(trainer_args(dtype, a.lr, a.threads), model_dir)
+    trainer = TorchTrainer(RunConfig.from_args(trainer_args(dtype, a.lr, a.threads)), model_dir)
     vocab = int(trainer.model.config.vocab_size)
-    strategies = {"disk": DiskWeightSync(default_args(update_weight_disk_dir=work / "disk"))}
+    strategies = {"disk": DiskWeightSync(RunConfig.from_args(default_args(update_weight_disk_dir=work / "disk")))}
     for enc in a.encodings.split(","):
         strategies[f"disk-delta/{enc}"] = DiskDeltaWeightSync(
-            default_args(
-                update_weight_disk_dir=work / enc, update_weight_delta_encoding=enc, update_weight_delta_base=model_dir
+            RunConfig.from_args(
+                default_args(
+                    update_weight_disk_dir=work / enc,
+                    update_weight_delta_encoding=enc,
+                    update_weight_delta_base=model_dir,
+                )
             )
         )
     rows = []

@@ -21,13 +21,15 @@ def main() -> None:
     from tests.gpu.test_megatron_algorithms import _ppo_args, _samples
     from vime_core.algorithms.batch import build_batch
     from vime_core.builtins import advantages as est
+    from vime_core.config import RunConfig
+    from vime_core.context import PluginContext
     from vime_core.trainer.megatron_backend import MegatronTrainer
 
     policy, ref, critic, out = sys.argv[1:5]
     world = int(os.environ["WORLD_SIZE"])
     args = _ppo_args({"critic": Path(critic), "ref": Path(ref)}, tensor_model_parallel_size=world)
-    trainer = MegatronTrainer(args, Path(policy))
-    batch = build_batch(args, [_samples()], est.ppo)
+    trainer = MegatronTrainer(RunConfig.from_args(args), Path(policy))
+    batch = build_batch(PluginContext(RunConfig.from_args(args)), [_samples()], est.ppo)
     values = trainer.critic.values(batch.samples, 4)
     with torch.no_grad():
         lps = [lp.float().cpu().tolist() for lp in trainer.policy_log_probs(batch.samples, False)[0]]

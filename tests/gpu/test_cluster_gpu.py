@@ -38,7 +38,7 @@ if not torch.cuda.is_available() or torch.cuda.device_count() < 2:
 ray = pytest.importorskip("ray")
 
 from vime_core.arguments import default_args  # noqa: E402
-from vime_core.config import ClusterConfig  # noqa: E402
+from vime_core.config import ClusterConfig, RunConfig  # noqa: E402
 from vime_core.orchestration import TrainerGroup, init_ray, place, slot_options  # noqa: E402
 from vime_core.testing import TrainerBackendContract  # noqa: E402
 from vime_core.testing.trainer_args import trainer_args  # noqa: E402
@@ -79,7 +79,7 @@ def _args(tmp: Path, gpus: int, trainer: str = "megatron", **kw) -> argparse.Nam
 
 def _step1(args: argparse.Namespace, model: Path) -> tuple[dict[str, float], list[dict]]:
     plan, pg = place(ClusterConfig.from_args(args))
-    group = TrainerGroup(args, model, plan, pg)
+    group = TrainerGroup(RunConfig.from_args(args), model, plan, pg)
     try:
         metrics = group.train_step(TrainerBackendContract.make_batch(1000, 1.0))
         return metrics, group.placements()
@@ -117,7 +117,7 @@ def test_megatron_group_of_two_matches_one_gpu(one_gpu, hf_dir, tmp_path, tp):
 def test_torch_backend_group_of_two_is_refused(ray_2gpu, tmp_path, tiny_model_dir):
     args = _args(tmp_path, 2, trainer="torch")
     plan, pg = place(ClusterConfig.from_args(args))
-    group = TrainerGroup(args, tiny_model_dir, plan, pg)
+    group = TrainerGroup(RunConfig.from_args(args), tiny_model_dir, plan, pg)
     with pytest.raises(ray.exceptions.RayActorError, match="--trainer torch runs as one rank, but --actor-num-nodes"):
         group.placements()
     group.shutdown()

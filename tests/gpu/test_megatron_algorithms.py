@@ -23,6 +23,8 @@ pytest.importorskip("megatron.core")
 from tests.gpu.test_megatron_backend import build_hf  # noqa: E402
 from vime_core.algorithms.batch import build_batch  # noqa: E402
 from vime_core.builtins import advantages as est  # noqa: E402
+from vime_core.config import RunConfig  # noqa: E402
+from vime_core.context import PluginContext  # noqa: E402
 from vime_core.testing.trainer_args import trainer_args  # noqa: E402
 from vime_core.types import Sample, Status  # noqa: E402
 
@@ -89,7 +91,9 @@ def test_ppo_kl_entropy_step_matches_the_torch_backend(dirs):
     metrics = {}
     for name, cls in (("torch", TorchTrainer), ("megatron", MegatronTrainer)):
         trainer = cls(args, dirs["policy"])
-        metrics[name] = trainer.train_step(build_batch(args, [_samples()], est.ppo))
+        metrics[name] = trainer.train_step(
+            build_batch(PluginContext(RunConfig.from_args(args)), [_samples()], est.ppo)
+        )
         del trainer
         torch.cuda.empty_cache()
     t, m = metrics["torch"], metrics["megatron"]
@@ -117,7 +121,7 @@ def test_ppo_kl_entropy_step_matches_the_torch_backend(dirs):
 def test_megatron_entropy_equals_the_softmax_entropy(dirs):
     from vime_core.trainer.megatron_backend import MegatronTrainer
 
-    trainer = MegatronTrainer(_args(), dirs["policy"])
+    trainer = MegatronTrainer(RunConfig.from_args(_args()), dirs["policy"])
     samples = _samples()[:4]
     with torch.no_grad():
         lps, ents = trainer.policy_log_probs(samples, True)
@@ -138,9 +142,9 @@ def test_megatron_critic_learns_and_checkpoint_round_trips(dirs, tmp_path):
     args = _args(
         advantage_estimator="ppo", gamma=1.0, lambd=1.0, value_clip=10.0, critic_lr=3e-3, num_critic_only_steps=100
     )
-    trainer = MegatronTrainer(args, dirs["policy"])
+    trainer = MegatronTrainer(RunConfig.from_args(args), dirs["policy"])
     policy_before = {k: v.clone() for k, v in trainer.gpt.named_parameters()}
-    batch = build_batch(args, [_samples()], est.ppo)
+    batch = build_batch(PluginContext(RunConfig.from_args(args)), [_samples()], est.ppo)
     losses = [trainer.train_step(batch)["train/value_loss"] for _ in range(6)]
     print("megatron critic value_loss", losses)
     assert losses[-1] < 0.25 * losses[0], losses
@@ -159,7 +163,7 @@ def test_megatron_critic_learns_and_checkpoint_round_trips(dirs, tmp_path):
         torch.testing.assert_close(v.float().cpu(), expected[id(s)], atol=3e-2, rtol=0)
 
     # a resumed trainer continues where the saved one stops (same pre-update value loss; forward is deterministic)
-    fresh = MegatronTrainer(args, dirs["policy"])
+    fresh = MegatronTrainer(RunConfig.from_args(args), dirs["policy"])
     fresh.load_checkpoint(tmp_path / "ckpt")
     for (k, v), (k2, v2) in zip(
         trainer.critic.gpt.named_parameters(), fresh.critic.gpt.named_parameters(), strict=True

@@ -23,12 +23,14 @@ from tests.gpu.test_megatron_algorithms import _args, _samples  # noqa: E402
 from tests.gpu.test_megatron_backend import build_hf  # noqa: E402
 from vime_core.algorithms.batch import build_batch  # noqa: E402
 from vime_core.builtins import advantages as est  # noqa: E402
+from vime_core.config import RunConfig  # noqa: E402
+from vime_core.context import PluginContext  # noqa: E402
 
 
 def _train(trainer, steps):
     out = []
     for step in steps:
-        m = trainer.train_step(build_batch(trainer.args, [_samples()], est.ppo, step))
+        m = trainer.train_step(build_batch(PluginContext(trainer.run_config), [_samples()], est.ppo, step))
         assert trainer.optimizer.param_groups and all(g["lr"] == m["train/lr"] for g in trainer.optimizer.param_groups)
         assert all(g["lr"] == m["train/critic_lr"] for g in trainer.critic.optimizer.param_groups)
         out.append((m["train/lr"], m["train/critic_lr"]))
@@ -48,7 +50,7 @@ def test_megatron_lr_schedules_and_exact_resume(tmp_path):
         critic_lr=2e-4,
         critic_lr_warmup_iters=2,
     )
-    trainer = MegatronTrainer(args, policy)
+    trainer = MegatronTrainer(RunConfig.from_args(args), policy)
     uninterrupted = _train(trainer, range(4))
     # policy: warm-up 0 → 1e-4 over 1 step, then linear to 1e-5 at step 5; critic: warm-up over 2 steps to 2e-4
     policy_lr = [0.0, 1e-4, 1e-5 + 0.75 * 9e-5, 1e-5 + 0.5 * 9e-5]
@@ -57,10 +59,10 @@ def test_megatron_lr_schedules_and_exact_resume(tmp_path):
     assert [c for _, c in uninterrupted] == pytest.approx(critic_lr, abs=1e-15)
     assert all(math.isfinite(p) for p, _ in uninterrupted)
 
-    first = MegatronTrainer(args, policy)
+    first = MegatronTrainer(RunConfig.from_args(args), policy)
     before = _train(first, range(2))
     first.save_checkpoint(tmp_path / "ckpt")
-    resumed = MegatronTrainer(args, policy)
+    resumed = MegatronTrainer(RunConfig.from_args(args), policy)
     resumed.load_checkpoint(tmp_path / "ckpt")
     assert (resumed.steps_done, resumed.critic.steps_done) == (2, 2)
     assert before + _train(resumed, range(2, 4)) == uninterrupted

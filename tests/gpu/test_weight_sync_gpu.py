@@ -14,6 +14,7 @@ import torch
 import torch.multiprocessing as mp
 
 from vime_core.arguments import default_args
+from vime_core.config import RunConfig
 from vime_core.plugins import get_plugins
 from vime_core.testing import WeightSyncContract
 
@@ -28,7 +29,9 @@ class TestIpcWeightSync(WeightSyncContract):
 
     @pytest.fixture
     def strategy(self):
-        return get_plugins().resolve("weight_sync", "ipc")(default_args(update_weight_buffer_size=4096))
+        return get_plugins().resolve("weight_sync", "ipc")(
+            RunConfig.from_args(default_args(update_weight_buffer_size=4096))
+        )
 
 
 def _receiver(port: int, versions: int, conn) -> None:
@@ -50,12 +53,14 @@ def _recv(conn) -> dict[str, torch.Tensor]:
 def test_nccl_strategy_broadcasts_bit_exactly_to_a_second_gpu():
     torch.cuda.set_device(0)
     strategy = get_plugins().resolve("weight_sync", "nccl")(
-        default_args(
-            rollout_num_engines=1,
-            rollout_num_gpus_per_engine=1,
-            weight_sync_timeout=120.0,
-            update_weight_buffer_size=4096,
-            update_weight_checksums=True,
+        RunConfig.from_args(
+            default_args(
+                rollout_num_engines=1,
+                rollout_num_gpus_per_engine=1,
+                weight_sync_timeout=120.0,
+                update_weight_buffer_size=4096,
+                update_weight_checksums=True,
+            )
         )
     )
     sent = {n: t.cuda() for n, t in WeightSyncContract.reference_tensors().items()}
