@@ -260,3 +260,18 @@ def test_a_plugin_reads_its_flags_typed_with_declared_defaults_for_what_args_lac
     add_flags(parser, _MyFlags)
     args = parser.parse_args(["--my-plugin-fast", "--my-plugin-tags", "a"])
     assert _MyFlags.from_args(args) == _MyFlags(my_plugin_timeout=120.0, my_plugin_tags=["a"], my_plugin_fast=True)
+
+
+def test_flat_flag_reads_on_the_run_config_still_work_with_a_warning():
+    """A class plugin written against ``args`` (``self.args.lr``) keeps working for one minor version."""
+    import copy
+
+    cfg = RunConfig.from_args(default_args(model="m", lr=3e-4), (_MyFlags,))
+    with pytest.warns(DeprecationWarning, match=r"read config\.trainer\.lr"):
+        assert cfg.lr == 3e-4
+    with pytest.warns(DeprecationWarning, match=r"config\.plugin\(_MyFlags\)\.my_plugin_timeout"):
+        assert cfg.my_plugin_timeout == 120.0
+    with pytest.raises(AttributeError, match="no section or flag 'lrr'"):
+        cfg.lrr  # noqa: B018
+    assert not hasattr(cfg, "__deepcopy_hook__")
+    assert pickle.loads(pickle.dumps(cfg)) == cfg == copy.deepcopy(cfg)

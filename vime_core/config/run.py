@@ -5,6 +5,7 @@ tree of every section; its import-time check that each flag is declared once.
 from __future__ import annotations
 
 import argparse
+import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -220,6 +221,28 @@ class RunConfig:
         sections = {f.name: SECTIONS[f.name].from_args(args) for f in fields(cls) if f.name in SECTIONS}
         return cls(**sections, plugins=tuple(c.from_args(args) for c in plugin_configs))
 
+    def __getattr__(self, name: str) -> Any:
+        """Deprecated flat access, for class plugins (trainer backends, weight-sync strategies) written against the
+        ``args`` Namespace: ``config.lr`` is the flag of that dest in the section that holds it (or in a plugin's
+        flags), with a ``DeprecationWarning`` naming the typed path. Called only when normal lookup fails.
+
+        :raises AttributeError: ``name`` is no flag.
+        """
+        if name.startswith("_") or name in SECTIONS or name == "plugins":
+            raise AttributeError(name)
+        for section_name in SECTIONS:
+            try:
+                section = object.__getattribute__(self, section_name)
+            except AttributeError:  # not set yet (unpickling): nothing to look up
+                raise AttributeError(name) from None
+            if name in section.__dataclass_fields__:
+                return _deprecated_flat(name, f"config.{section_name}.{name}", getattr(section, name))
+        for plugin_config in object.__getattribute__(self, "plugins"):
+            if name in plugin_config.__dataclass_fields__:
+                where = f"config.plugin({type(plugin_config).__name__}).{name}"
+                return _deprecated_flat(name, where, getattr(plugin_config, name))
+        raise AttributeError(f"RunConfig has no section or flag {name!r}")
+
     def plugin(self, cls: type[P]) -> P:
         """The flags of the plugin whose flag class is ``cls``.
 
@@ -233,6 +256,16 @@ class RunConfig:
             f"this run's config holds no {cls.__qualname__} flags: the plugin that declares them is not installed "
             "or not loaded, or the config was built without plugin_configs (use vime_core.arguments.build_run_config)"
         )
+
+
+def _deprecated_flat(name: str, where: str, value: Any) -> Any:
+    warnings.warn(
+        f"reading the flag {name!r} as an attribute of the run's config (the old args.{name}) is deprecated and "
+        f"will stop working in the next minor version; read {where}",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+    return value
 
 
 # RunConfig field → its section class.
