@@ -9,15 +9,16 @@ import asyncio
 import pytest
 
 from tests.integration.helpers import sandbox_backends
-from vime_core.arguments import build_parser
+from vime_core.context import PluginContext
 from vime_core.plugins import get_plugins
+from vime_core.testing.plugin_context import plugin_context_from_argv
 
 pytestmark = pytest.mark.integration
 
 
-def _shell_tool_args(backend: str, *extra: str):
-    """Parsed flags of a multi-turn run whose ``bash`` tool runs in the ``backend`` sandbox, plus ``extra``."""
-    return build_parser().parse_args(
+def _shell_tool_args(backend: str, *extra: str) -> PluginContext:
+    """The plugin context of a multi-turn run whose ``bash`` tool runs in the ``backend`` sandbox, plus ``extra``."""
+    return plugin_context_from_argv(
         ["--model", "unused", "--generate", "multi_turn", "--multi-turn-sandbox-tool", "bash", "--sandbox", backend]
         + list(extra)
     )

@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from vime_core.testing.cli import run_vime as _vime
+from vime_core.testing.plugin_context import plugin_context
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -113,7 +114,7 @@ def test_eval_metrics_equal_the_dumped_samples_rescored(eval_run, data):
             assert x["weight_version"] == r["step"] and x["token_weight_versions"] == [r["step"]]
             assert x["prompt"].startswith("Held out") and x["label"] == labels[x["prompt_index"]]
             s = Sample(prompt=x["prompt"], response=x["response"], label=x["label"])
-            assert x["reward"] == asyncio.run(reward(None, s))
+            assert x["reward"] == asyncio.run(reward(plugin_context(), s))
         assert r["eval/held/reward_mean"] == pytest.approx(sum(x["reward"] for x in rows) / len(rows), abs=1e-12)
         lengths = [x["response_length"] for x in rows]
         assert r["eval/held/response_len_mean"] == pytest.approx(sum(lengths) / len(lengths), abs=1e-12)
@@ -196,6 +197,6 @@ def test_vime_eval_of_the_prepared_quickstart_model(tmp_path):
         row = json.loads(row)
         assert x["response"].startswith("Answer: ") and x["label"] == row["label"]
         sample = Sample(prompt=x["prompt"], response=x["response"], label=x["label"], metadata=row["metadata"])
-        assert x["reward"] == asyncio.run(reasoning_gym_reward(None, sample))
+        assert x["reward"] == asyncio.run(reasoning_gym_reward(plugin_context(), sample))
     assert record["eval/arith/reward_mean"] == pytest.approx(sum(x["reward"] for x in dumped) / 4, abs=1e-12)
     assert record["eval/arith/pass@1"] == pytest.approx(sum(x["reward"] >= 1.0 for x in dumped) / 4, abs=1e-12)

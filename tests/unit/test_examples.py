@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from vime_core.arguments import parse_run_args
+from vime_core.testing.plugin_context import plugin_context
 from vime_core.types import Sample
 
 pytestmark = pytest.mark.unit
@@ -64,6 +65,6 @@ def test_multi_agent_verdict_and_team_reward(monkeypatch):
     right, wrong = row["label"], str(int(row["label"]) + 1)
     s = Sample(prompt=row["prompt"], metadata=dict(row["metadata"]), response=f"Answer: {wrong}")
     s.metadata["final_response"] = f"Answer: {right}"  # the revision was right: the team reward follows it
-    assert asyncio.run(sv.team_reward(None, s)) == 1.0
+    assert asyncio.run(sv.team_reward(plugin_context(), s)) == 1.0
     s.metadata["final_response"] = f"Answer: {wrong}"
-    assert asyncio.run(sv.team_reward(None, s)) == 0.0
+    assert asyncio.run(sv.team_reward(plugin_context(), s)) == 0.0

@@ -7,6 +7,7 @@ import pytest
 
 from vime_core.data.reasoning_gym_export import export_reasoning_gym
 from vime_core.rewards.reasoning_gym import extract_answer, reasoning_gym_reward
+from vime_core.testing.plugin_context import plugin_context
 from vime_core.types import Sample
 
 pytestmark = pytest.mark.unit
@@ -22,7 +23,7 @@ def rows(tmp_path_factory):
 
 def reward(row, response):
     sample = Sample(prompt=row["prompt"], response=response, label=row["label"], metadata=row["metadata"])
-    return asyncio.run(reasoning_gym_reward(None, sample))
+    return asyncio.run(reasoning_gym_reward(plugin_context(), sample))
 
 
 @pytest.mark.parametrize(
@@ -82,10 +83,10 @@ def test_missing_metadata_names_the_key(rows, missing):
     metadata = {k: v for k, v in rows[0]["metadata"].items() if k != missing}
     sample = Sample(response="Answer: 1", metadata=metadata)
     with pytest.raises(ValueError, match=f"missing key '{missing}'"):
-        asyncio.run(reasoning_gym_reward(None, sample))
+        asyncio.run(reasoning_gym_reward(plugin_context(), sample))
 
 
 def test_unknown_task_is_a_clear_error(rows):
     sample = Sample(response="Answer: 1", metadata={**rows[0]["metadata"], "task": "no_such_task"})
     with pytest.raises(ValueError, match="unknown reasoning-gym task 'no_such_task'"):
-        asyncio.run(reasoning_gym_reward(None, sample))
+        asyncio.run(reasoning_gym_reward(plugin_context(), sample))

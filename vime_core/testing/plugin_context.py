@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from vime_core.arguments import build_run_config, default_args
+from vime_core.arguments import build_parser, build_run_config, complete_args, default_args
 from vime_core.config import RunConfig
 from vime_core.context import PluginContext
 
@@ -20,3 +20,12 @@ def plugin_context(**overrides: Any) -> PluginContext:
     """The :class:`PluginContext` a plugin function gets in a run with every flag at its default, then
     ``overrides`` (e.g. ``plugin_context(reward_key="acc")``)."""
     return PluginContext(run_config(**overrides))
+
+
+def plugin_context_from_argv(argv: list[str]) -> PluginContext:
+    """The :class:`PluginContext` of ``vime run argv`` without its combination checks (every flag not on ``argv``
+    at its default), e.g. ``plugin_context_from_argv(["--sandbox", "docker", "--sandbox-memory-mb", "256"])``.
+
+    :raises SystemExit: argparse's own error for an unknown flag or a bad value.
+    """
+    return PluginContext(build_run_config(complete_args(build_parser().parse_args(argv))))

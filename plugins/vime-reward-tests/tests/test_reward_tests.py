@@ -15,6 +15,7 @@ from vime_core.arguments import default_args
 from vime_core.data.workspace_task import AgentResult, TaskError, WorkspaceTask, is_guarded, result_files
 from vime_core.sandbox.base import SandboxInfraError
 from vime_core.sandbox.local import LocalSandbox
+from vime_core.testing.plugin_context import plugin_context
 from vime_core.types import Sample, Status
 
 
@@ -170,7 +171,7 @@ def test_sandbox_failure_excludes_the_sample_instead_of_scoring_zero():
 
     from vime_core.plugins import get_plugins
 
-    args = default_args(
+    ctx = plugin_context(
         sandbox="local",
         reward_tests_sandbox=spec,
         rollout_concurrency=2,
@@ -182,7 +183,7 @@ def test_sandbox_failure_excludes_the_sample_instead_of_scoring_zero():
         rollout_stop_token_ids=None,
     )
     runner = GroupRunner(
-        args, generate_fn=gen, reward_fn=get_plugins().resolve("reward", "tests"), hook=get_plugins().pm.hook
+        ctx, generate_fn=gen, reward_fn=get_plugins().resolve("reward", "tests"), hook=get_plugins().pm.hook
     )
     group = [task_sample({"solution.py": "def add(a, b):\n    return a + b\n"})]
     asyncio.run(runner.run([group], 0))

@@ -3,7 +3,6 @@ wrong, a partial and a test-tampering solution."""
 
 from __future__ import annotations
 
-
 import pytest
 from reward_tests_cases import HACK, PARTIAL, task_sample
 

@@ -141,10 +141,10 @@ def test_multi_turn_shell_tool_runs_in_e2b(e2b_env):
     flags and the model's commands run in it; at `--multi-turn-tool-timeout` the sandbox kills the command and the
     model sees its partial output."""
     from vime_core.agent.tool_parsers import ToolCall
-    from vime_core.arguments import build_parser
     from vime_core.rollout.multi_turn import _episode_sandbox, _run_tool, _sandbox_tool
+    from vime_core.testing.plugin_context import plugin_context_from_argv
 
-    args = build_parser().parse_args(
+    args = plugin_context_from_argv(
         ["--model", "unused", "--generate", "multi_turn", "--multi-turn-sandbox-tool", "bash", "--sandbox", "e2b",
          "--multi-turn-tool-timeout", "2", "--sandbox-wall-time", "120"]
     )

@@ -125,14 +125,14 @@ def test_multi_turn_generate_runs_code_in_the_vm(session_vm, vm_image, tmp_path)
     from transformers import AutoTokenizer
 
     from vime_core.agent.responders import ScriptedResponder
-    from vime_core.arguments import build_parser
     from vime_core.plugins import get_plugins
     from vime_core.rollout.context import RolloutContext, set_rollout_context
+    from vime_core.testing.plugin_context import plugin_context_from_argv
     from vime_core.testing.tiny_model import build_tiny_model
     from vime_core.types import Sample, Status
 
     tok = AutoTokenizer.from_pretrained(build_tiny_model(tmp_path / "tiny", seed=0))
-    args = build_parser().parse_args(
+    args = plugin_context_from_argv(
         ["--model", "unused", "--generate", "multi_turn", "--multi-turn-sandbox-tool", "bash", "--sandbox", "localvm",
          "--sandbox-localvm-ssh", f"root@127.0.0.1:{session_vm.sandbox.port}", "--sandbox-localvm-image-dir",
          str(vm_image), "--multi-turn-tool-timeout", "5", "--multi-turn-tools"]
