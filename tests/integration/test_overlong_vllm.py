@@ -16,7 +16,7 @@ import re
 import pytest
 
 from tests.integration.helpers import generate_step
-from tests.unit.test_hooks import _manager_with_hooks
+from tests.support.rollout import manager_with_hooks
 from vime_core.plugins import get_plugins
 from vime_core.types import Status
 
@@ -43,7 +43,7 @@ async def _by_prompt(args, sample, sampling_params):
 
 
 def test_overlong_filter_and_penalty_single_and_multi_turn(router, vllm_server, tiny_model_dir, tmp_path):
-    m = _manager_with_hooks(
+    m = manager_with_hooks(
         tiny_model_dir,
         tmp_path,
         generate=_by_prompt,

@@ -21,7 +21,7 @@ import httpx
 import pytest
 
 from tests.integration.stream_watch import StreamWatch
-from tests.unit.test_hooks import _manager_with_hooks
+from tests.support.rollout import manager_with_hooks
 from vime_core.data.source import DataSource
 from vime_core.rollout.client import RouterClient
 from vime_core.rollout.context import RolloutContext, set_rollout_context
@@ -66,7 +66,7 @@ def test_aborted_group_resumes_from_its_partial_tokens(router, vllm_server, tiny
     previous_label = vllm_server.weight_version()
     vllm_server.set_weight_version(0)
     _ENGINE[:] = [vllm_server]
-    m = _manager_with_hooks(
+    m = manager_with_hooks(
         tiny_model_dir,
         tmp_path,
         generate=_short_or_long,

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from tests.integration.helpers import generate_step
-from tests.unit.test_hooks import _manager_with_hooks
+from tests.support.rollout import manager_with_hooks
 from vime_core.plugins import get_plugins
 
 pytestmark = pytest.mark.integration
@@ -19,7 +19,7 @@ async def _default(args, sample, sampling_params):
 
 def _step_tokens(router, vllm_server, tiny_model_dir, tmp_path, seed):
     tmp_path.mkdir()
-    m = _manager_with_hooks(
+    m = manager_with_hooks(
         tiny_model_dir,
         tmp_path,
         generate=_default,

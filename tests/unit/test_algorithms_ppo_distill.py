@@ -4,6 +4,7 @@ critic's value positions, that its loss falls on a fixed batch, and that a check
 import pytest
 import torch
 
+from tests.support.samples import random_samples
 from vime_core.algorithms.batch import build_batch, gae_advantages
 from vime_core.algorithms.distill import distill_advantages
 from vime_core.algorithms.options import check_algorithm_config
@@ -166,22 +167,6 @@ def test_teacher_log_probs_round_trip_and_validation():
 
 
 # ---------------------------------------------------------------------------------------------------- critic
-def _random_samples(seed=0):
-    g = torch.Generator().manual_seed(seed)
-    out = []
-    for i, (p, r) in enumerate(((3, 5), (6, 2), (4, 4), (5, 3))):
-        s = Sample(
-            index=i,
-            tokens=torch.randint(0, 4096, (p,), generator=g).tolist(),
-            status=Status.COMPLETED,
-            reward=float(i % 2),
-        )
-        s.append_response_tokens(
-            torch.randint(0, 4096, (r,), generator=g).tolist(), trainable=True, log_probs=[-1.0] * r, weight_version=0
-        )
-        out.append(s)
-    out[2].loss_mask[1] = 0  # a context token inside a response
-    return out
 
 
 def test_critic_values_batched_equal_unpadded_forward(tiny_model_dir):
@@ -195,7 +180,7 @@ def test_critic_values_batched_equal_unpadded_forward(tiny_model_dir):
         torch.device("cpu"),
         torch.float32,
     )
-    samples = _random_samples()
+    samples = random_samples()
     batched = critic.model.response_values(samples, torch.device("cpu"))
     with torch.no_grad():
         for s, v in zip(samples, batched, strict=True):
@@ -215,7 +200,7 @@ def test_critic_loss_decreases_on_a_fixed_batch_and_checkpoint_restores_it(tiny_
     )
     trainer = TorchTrainer(RunConfig.from_args(args), tiny_model_dir)
     policy_before = {k: v.clone() for k, v in trainer.model.state_dict().items()}
-    batch = build_batch(PluginContext(RunConfig.from_args(args)), [_random_samples()], est.ppo)
+    batch = build_batch(PluginContext(RunConfig.from_args(args)), [random_samples()], est.ppo)
     losses = []
     for _ in range(6):
         m = trainer.train_step(batch)
@@ -256,7 +241,7 @@ def test_ppo_updates_policy_with_gae_advantages(tiny_model_dir):
 
     args = trainer_args(advantage_estimator="ppo", gamma=1.0, lambd=0.95)
     trainer = TorchTrainer(RunConfig.from_args(args), tiny_model_dir)
-    samples = _random_samples()
+    samples = random_samples()
     values = trainer.critic.values(samples, 8)
     batch = build_batch(PluginContext(RunConfig.from_args(args)), [samples], est.ppo)
     expected, _, _ = gae_advantages(

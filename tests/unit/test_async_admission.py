@@ -13,78 +13,27 @@ import time
 
 import pytest
 
-from tests.unit.test_hooks import _manager_with_hooks
-from vime_core.arguments import parse_run_args
+from tests.support.async_rollout import (
+    FAST_S,
+    SLOW_FACTOR,
+    async_manager,
+    async_run_args,
+    push_update,
+    sleeping_generate,
+)
 from vime_core.config import RolloutConfig, RunConfig
 from vime_core.loop import _GroupSource, _one_step, load_debug_rollout
 from vime_core.orchestration import TrainerWorker
 from vime_core.plugins import get_plugins
 from vime_core.types import Sample, Status
-from vime_core.weight_sync.base import WeightUpdate
 
 pytestmark = pytest.mark.unit
-
-FAST_S = 0.02  # seconds per generation of a fast prompt
-SLOW_FACTOR = 3  # odd-numbered prompts take 3x as long
-
-
-def _args(tiny_model_dir, tmp_path, **flags):
-    data = tmp_path / "unused.jsonl"
-    data.write_text('{"prompt": "p", "label": "x"}\n')
-    argv = ["--model", str(tiny_model_dir), "--prompt-data", str(data), "--output-dir", str(tmp_path / "out")]
-    argv += ["--loop", "fully-async", "--use-tis", "--rollout-batch-size", "4", "--n-samples-per-prompt", "1"]
-    argv += ["--max-staleness", "1", "--train-dtype", "float32", "--micro-batch-size", "4"]
-    argv += ["--save-debug-rollout-data", str(tmp_path / "debug" / "rollout_{rollout_id}.pt")]
-    for k, v in flags.items():
-        argv += [f"--{k.replace('_', '-')}", str(v)]
-    args = parse_run_args(argv)
-    skip = {"generate", "reward", "prompt_data", "input_key", "label_key", "metadata_key", "rollout_shuffle"}
-    return args, {k: v for k, v in vars(args).items() if k not in skip}
-
-
-def _sleeping_generate(box, fail_once=(), fast_s=FAST_S, untrainable_once=()):
-    """Generate function: prompt ``pN`` takes ``fast_s`` seconds (3x for odd N); one token is produced at the start and
-    one at the end, each tagged with the engines' version at that moment (a request paused across a weight update
-    mixes versions). Prompts in ``fail_once`` raise the first time they are generated; prompts in
-    ``untrainable_once`` complete the first time with no trainable token (``loss_mask`` 0)."""
-    failed: set[str] = set()
-    untrained: set[str] = set()
-
-    async def gen(args, sample, sampling_params):
-        m = box["m"]
-        no = int(sample.prompt[1:])
-        box.setdefault("calls", []).append(sample.prompt)
-        if sample.prompt in fail_once and sample.prompt not in failed:
-            failed.add(sample.prompt)
-            raise RuntimeError(f"engine error on {sample.prompt}")
-        trainable = sample.prompt not in untrainable_once or sample.prompt in untrained
-        untrained.add(sample.prompt)
-        sample.tokens = [1, 2, 3 + no]
-        sample.append_response_tokens([5], trainable=trainable, log_probs=[-0.5], weight_version=m.weight_version)
-        await asyncio.sleep(fast_s * (SLOW_FACTOR if no % 2 else 1))
-        sample.append_response_tokens([6], trainable=trainable, log_probs=[-0.6], weight_version=m.weight_version)
-        sample.response = "x"
-        sample.status = Status.COMPLETED
-        return sample
-
-    return gen
-
-
-def _manager(tiny_model_dir, tmp_path, gen, overrides):
-    box: dict = {}
-    m = _manager_with_hooks(tiny_model_dir, tmp_path, generate=gen(box), num_prompts=8, **overrides)
-    box["m"] = m
-    return m, box
-
-
-def _update(m, version):
-    return m.update_weights(WeightUpdate(version, {"path": str(m.engine_config.update_weight_disk_dir / "none")}))
 
 
 def test_admission_is_bounded_by_the_weight_version(tiny_model_dir, tmp_path):
     """batch 4, n 1, max-staleness 1: 8 groups before the first update, 4 after each (was 12, 4, 8, 4, 4, 8)."""
-    _, overrides = _args(tiny_model_dir, tmp_path)
-    m, _ = _manager(tiny_model_dir, tmp_path, _sleeping_generate, overrides)
+    _, overrides = async_run_args(tiny_model_dir, tmp_path)
+    m, _ = async_manager(tiny_model_dir, tmp_path, sleeping_generate, overrides)
     m.start_async()
     try:
         assert m.groups.producer.admitted_by_version == {0: 8}
@@ -94,7 +43,7 @@ def test_admission_is_bounded_by_the_weight_version(tiny_model_dir, tmp_path):
             groups, metrics = m.get_async_groups(step, step)
             assert len(groups) == 4 and metrics["rollout/staleness_max"] <= 1.0
             assert m.groups.producer.admitted_by_version == {0: 8, **{v: 4 for v in range(1, step + 1)}}
-            _update(m, step + 1)
+            push_update(m, step + 1)
             assert m.groups.producer.admitted_by_version == {0: 8, **{v: 4 for v in range(1, step + 2)}}
         assert metrics["rollout/async_admitted_groups"] == 28.0
     finally:
@@ -103,19 +52,19 @@ def test_admission_is_bounded_by_the_weight_version(tiny_model_dir, tmp_path):
 
 def test_admission_after_a_resume_at_a_later_version(tiny_model_dir, tmp_path):
     """A run resumed at version 5: 8 groups before its first update, not (1 + 5 + 1) x 4 = 28."""
-    _, overrides = _args(tiny_model_dir, tmp_path)
-    m, _ = _manager(tiny_model_dir, tmp_path, _sleeping_generate, overrides)
-    _update(m, 5)  # what the loop does on resume before starting the producer
+    _, overrides = async_run_args(tiny_model_dir, tmp_path)
+    m, _ = async_manager(tiny_model_dir, tmp_path, sleeping_generate, overrides)
+    push_update(m, 5)  # what the loop does on resume before starting the producer
     m.start_async()
     try:
         assert m.groups.producer.admitted_by_version == {5: 8}
         groups, _ = m.get_async_groups(10, 5)
         assert len(groups) == 4 and m.groups.producer.admitted_by_version == {5: 8}
-        _update(m, 6)
+        push_update(m, 6)
         assert m.groups.producer.admitted_by_version == {5: 8, 6: 4}
         groups, metrics = m.get_async_groups(11, 6)
         assert metrics["rollout/staleness_max"] <= 1.0
-        _update(m, 7)
+        push_update(m, 7)
         assert m.groups.producer.admitted_by_version == {5: 8, 6: 4, 7: 4}
     finally:
         m.shutdown()
@@ -128,8 +77,8 @@ def _trainer(args, tiny_model_dir):
 def test_slow_prompts_get_a_fair_share_over_20_steps(tiny_model_dir, tmp_path):
     """Half the prompts take 3x as long. Every group admitted is trained exactly once (none dropped, none
     regenerated) except those still pending at the end, so the slow prompts are half of what is trained."""
-    args, overrides = _args(tiny_model_dir, tmp_path, stale_policy="regenerate")
-    m, box = _manager(tiny_model_dir, tmp_path, _sleeping_generate, overrides)
+    args, overrides = async_run_args(tiny_model_dir, tmp_path, stale_policy="regenerate")
+    m, box = async_manager(tiny_model_dir, tmp_path, sleeping_generate, overrides)
     trainer = _trainer(args, tiny_model_dir)
     estimator = get_plugins().resolve("advantage", args.advantage_estimator)
     source = _GroupSource(RolloutConfig.from_args(args), m)
@@ -168,10 +117,10 @@ def test_a_skipped_step_does_not_advance_the_weight_version(tiny_model_dir, tmp_
     """Step 0's four groups (the fast prompts) have no trainable token: nothing is trained and no weights are pushed,
     so step 1 runs at version 0 again, its update makes version 1, and step 0's groups are dropped as
     ``untrained_step``: their places are given back to the admission budget and their prompts to the data buffer."""
-    args, overrides = _args(tiny_model_dir, tmp_path)
+    args, overrides = async_run_args(tiny_model_dir, tmp_path)
     nothing = {"p0", "p2", "p4", "p6"}  # the fast ones: the first four to finish
-    gen = lambda box: _sleeping_generate(box, untrainable_once=nothing)  # noqa: E731
-    m, box = _manager(tiny_model_dir, tmp_path, gen, overrides)
+    gen = lambda box: sleeping_generate(box, untrainable_once=nothing)  # noqa: E731
+    m, box = async_manager(tiny_model_dir, tmp_path, gen, overrides)
     trainer = _trainer(args, tiny_model_dir)
     estimator = get_plugins().resolve("advantage", args.advantage_estimator)
     source = _GroupSource(RolloutConfig.from_args(args), m)
@@ -199,13 +148,13 @@ def test_a_skipped_step_does_not_advance_the_weight_version(tiny_model_dir, tmp_
 
 def test_take_order_prefers_groups_that_would_go_stale(tiny_model_dir, tmp_path):
     """A group admitted at version u - max_staleness is taken at version u even if newer ones finished first."""
-    _, overrides = _args(tiny_model_dir, tmp_path)
-    m, _ = _manager(tiny_model_dir, tmp_path, lambda box: _sleeping_generate(box, fast_s=0.1), overrides)
+    _, overrides = async_run_args(tiny_model_dir, tmp_path)
+    m, _ = async_manager(tiny_model_dir, tmp_path, lambda box: sleeping_generate(box, fast_s=0.1), overrides)
     m.start_async()
     try:
         first, _ = m.get_async_groups(0, 0)
         assert [g[0].prompt for g in first] == ["p0", "p2", "p4", "p6"]  # the fast ones finished first
-        _update(m, 1)
+        push_update(m, 1)
         second, metrics = m.get_async_groups(1, 1)
         # the slow version-0 groups must be trained now: they are waited for although p0/p2 of version 1 are done
         assert [g[0].prompt for g in second] == ["p1", "p3", "p5", "p7"]
@@ -218,5 +167,5 @@ def test_sample_versions_come_from_the_engine_version(tiny_model_dir, tmp_path):
     """Sanity of the fake generation used above: tokens carry the manager's version at the time they appear."""
     s = Sample(prompt="p1")
     box = {"m": type("M", (), {"weight_version": 3})()}
-    out = asyncio.run(_sleeping_generate(box)(None, s, {}))
+    out = asyncio.run(sleeping_generate(box)(None, s, {}))
     assert out.weight_versions == [3, 3] and out.tokens == [1, 2, 4, 5, 6]

@@ -12,8 +12,8 @@ import time
 
 import pytest
 
-from tests.unit.test_async_admission import _args, _manager, _sleeping_generate, _update
-from tests.unit.test_hooks import _manager_with_hooks
+from tests.support.async_rollout import async_manager, async_run_args, push_update, sleeping_generate
+from tests.support.rollout import manager_with_hooks
 from vime_core.argument_errors import ArgumentError
 from vime_core.arguments import parse_run_args
 from vime_core.failures import RunFailedError
@@ -35,7 +35,7 @@ def test_production_stops_at_the_inflight_bound_with_unbounded_staleness(tiny_mo
     10 steps: 6 groups are generated and then production waits; each step the producer refills exactly what the
     trainer took, so after step k's take 6 + 2k groups were admitted (main: every finished group made room for a
     new one, ~6 + 30k); every prompt is trained exactly once and nothing is dropped."""
-    _, overrides = _args(
+    _, overrides = async_run_args(
         tiny_model_dir,
         tmp_path,
         rollout_batch_size=2,
@@ -44,7 +44,7 @@ def test_production_stops_at_the_inflight_bound_with_unbounded_staleness(tiny_mo
         rollout_inflight_groups=6,
     )
     box: dict = {}
-    m = _manager_with_hooks(tiny_model_dir, tmp_path, generate=_sleeping_generate(box), num_prompts=20, **overrides)
+    m = manager_with_hooks(tiny_model_dir, tmp_path, generate=sleeping_generate(box), num_prompts=20, **overrides)
     box["m"] = m
     m.start_async()
     trained: list[str] = []
@@ -59,7 +59,7 @@ def test_production_stops_at_the_inflight_bound_with_unbounded_staleness(tiny_mo
             trained += [g[0].prompt for g in groups]
             assert [len(g) for g in groups] == [2, 2]
             time.sleep(TRAINER_S)  # training
-            _update(m, step + 1)
+            push_update(m, step + 1)
     finally:
         m.shutdown()
     assert [h["rollout/async_admitted_groups"] for h in history] == [6.0 + 2 * k for k in range(10)]
@@ -78,14 +78,14 @@ def test_stale_groups_are_dropped_with_a_reason_and_their_prompts_return(tiny_mo
     """Staleness 1, batch 2: the two groups left over from version 0 are taken at version 5 and are too old: both
     are dropped (reason 'stale', one log line each) and their prompts go back to the data buffer, which hands them
     out again before fresh prompts; the counters add up."""
-    _, overrides = _args(tiny_model_dir, tmp_path, rollout_batch_size=2)
-    m, box = _manager(tiny_model_dir, tmp_path, lambda box: _sleeping_generate(box, fast_s=0.0), overrides)
+    _, overrides = async_run_args(tiny_model_dir, tmp_path, rollout_batch_size=2)
+    m, box = async_manager(tiny_model_dir, tmp_path, lambda box: sleeping_generate(box, fast_s=0.0), overrides)
     m.start_async()
     try:
         first, m0 = m.get_async_groups(0, 0)
         assert [g[0].prompt for g in first] == ["p0", "p1"] and m0["rollout/async_admitted_groups"] == 4.0
         time.sleep(TRAINER_S)
-        _update(m, 5)  # admits p4, p5 at version 5
+        push_update(m, 5)  # admits p4, p5 at version 5
         second, m1 = m.get_async_groups(1, 5)
         time.sleep(TRAINER_S)
         after = m.groups.producer.counters()  # quiescent: the producer refilled up to the bound and waits
@@ -118,9 +118,9 @@ def test_stale_groups_are_dropped_with_a_reason_and_their_prompts_return(tiny_mo
 def test_fully_async_batch_whose_samples_all_fail_ends_the_run(tiny_model_dir, tmp_path):
     """Every sample of the step's batch failed: RunFailedError with the first sample's own error (main: the step
     was skipped and the run went on); the groups are dropped as 'step_failed', their prompts back in the buffer."""
-    _, overrides = _args(tiny_model_dir, tmp_path)
+    _, overrides = async_run_args(tiny_model_dir, tmp_path)
     fail = {"p0", "p1", "p2", "p3"}  # fail at once: the first four to finish
-    m, _ = _manager(tiny_model_dir, tmp_path, lambda box: _sleeping_generate(box, fail_once=fail), overrides)
+    m, _ = async_manager(tiny_model_dir, tmp_path, lambda box: sleeping_generate(box, fail_once=fail), overrides)
     m.start_async()
     try:
         with pytest.raises(RunFailedError) as err:
@@ -135,8 +135,8 @@ def test_fully_async_batch_whose_samples_all_fail_ends_the_run(tiny_model_dir, t
 
 def test_fully_async_one_failed_sample_in_16_is_a_flake(tiny_model_dir, tmp_path):
     """Batch 4 x 4 samples, one sample raises: the batch is handed to the step with 15 good samples."""
-    _, overrides = _args(tiny_model_dir, tmp_path, n_samples_per_prompt=4)
-    m, _ = _manager(tiny_model_dir, tmp_path, lambda box: _sleeping_generate(box, fail_once={"p0"}), overrides)
+    _, overrides = async_run_args(tiny_model_dir, tmp_path, n_samples_per_prompt=4)
+    m, _ = async_manager(tiny_model_dir, tmp_path, lambda box: sleeping_generate(box, fail_once={"p0"}), overrides)
     m.start_async()
     try:
         groups, metrics = m.get_async_groups(0, 0)
@@ -149,8 +149,10 @@ def test_fully_async_one_failed_sample_in_16_is_a_flake(tiny_model_dir, tmp_path
 def test_data_source_raising_inside_the_producer_ends_the_run(tiny_model_dir, tmp_path):
     """The data source raises when the producer asks for its 6th group: the producer stops (its thread ends, no
     request left running) and the next step raises RunFailedError carrying the original error."""
-    _, overrides = _args(tiny_model_dir, tmp_path, rollout_batch_size=2, max_staleness=1000, rollout_inflight_groups=4)
-    m, _ = _manager(tiny_model_dir, tmp_path, lambda box: _sleeping_generate(box, fast_s=0.0), overrides)
+    _, overrides = async_run_args(
+        tiny_model_dir, tmp_path, rollout_batch_size=2, max_staleness=1000, rollout_inflight_groups=4
+    )
+    m, _ = async_manager(tiny_model_dir, tmp_path, lambda box: sleeping_generate(box, fast_s=0.0), overrides)
     source = m.groups.data_source
     get = source.get_groups
 
@@ -192,7 +194,7 @@ def test_step_wise_loops_end_the_run_when_every_sample_fails(tiny_model_dir, tmp
         return g
 
     bad = {"p0": {1}, "p2": {0, 1, 2, 3}, "p3": {0, 1, 2, 3}}
-    m = _manager_with_hooks(
+    m = manager_with_hooks(
         tiny_model_dir,
         tmp_path,
         generate=gen({}, bad),
@@ -272,8 +274,8 @@ def test_fully_async_step_waiting_for_groups_ends_when_every_engine_is_lost(tiny
     async def hang(args, sample, sampling_params):
         await asyncio.sleep(3600)
 
-    _, overrides = _args(tiny_model_dir, tmp_path)
-    m, _ = _manager(tiny_model_dir, tmp_path, lambda box: hang, overrides)
+    _, overrides = async_run_args(tiny_model_dir, tmp_path)
+    m, _ = async_manager(tiny_model_dir, tmp_path, lambda box: hang, overrides)
     lost = threading.Event()
 
     def check_engines():

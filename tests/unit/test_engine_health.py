@@ -21,26 +21,22 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from tests.support.engine_stand_ins import FAST, Engine, Router, disk_recovery
 from vime_core.arguments import default_args
 from vime_core.config import RunConfig
 from vime_core.rollout.health import (
     EngineMonitor,
     EnginesLostError,
-    MonitorConfig,
     engines_lost,
     generate_with_retries,
 )
 from vime_core.rollout.weight_recovery import WeightRecovery
-from vime_core.testing.plugin_context import plugin_context, run_config
+from vime_core.testing.plugin_context import plugin_context
 from vime_core.types import Sample
 from vime_core.weight_sync.disk import DiskWeightSync
 from vime_core.weight_sync.disk_delta import DiskDeltaWeightSync
 
 pytestmark = pytest.mark.unit
-
-FAST = MonitorConfig(
-    max_restarts=2, backoff_s=0.0, interval_s=0.05, hang_timeout_s=0.3, startup_timeout_s=5.0, max_request_retries=3
-)
 
 
 class _Health(BaseHTTPRequestHandler):
@@ -60,75 +56,6 @@ def health_url():
     server.shutdown()
 
 
-class Engine:
-    """Records the calls the monitor makes; ``alive`` is its process, ``url`` answers /health when alive."""
-
-    def __init__(self, url: str, log_path: Path, fail_restarts: int = 0) -> None:
-        self.url, self.log_path, self.alive = url, log_path, True
-        self.calls: list[tuple] = []
-        self.fail_restarts = fail_restarts
-
-    def is_running(self) -> bool:
-        return self.alive
-
-    def exit_code(self) -> int | None:
-        return None if self.alive else -9
-
-    def restart(self) -> None:
-        self.calls.append(("restart",))
-        if self.fail_restarts:
-            self.fail_restarts -= 1
-            raise RuntimeError("no memory left")
-        self.alive = True
-
-    def wait_ready(self, timeout_s: float) -> float:
-        return 0.0
-
-    def stop(self) -> None:
-        self.calls.append(("stop",))
-
-    def collective_rpc(self, method: str, args: list) -> list:
-        self.calls.append((method, *args))
-        return [1]
-
-    def __getattr__(self, name: str):  # pause, resume, reset_prefix_cache, set_weight_version
-        if name.startswith("_"):
-            raise AttributeError(name)
-        return lambda *a: self.calls.append((name, *a))
-
-
-class Router:
-    def __init__(self, urls: list[str]) -> None:
-        self.url, self.log_path, self.worker_urls = "http://127.0.0.1:1", Path("router.log"), list(urls)
-        self.calls: list[tuple] = []
-        self.alive = True
-        self.proc = None
-
-    def is_running(self) -> bool:
-        return self.alive
-
-    def remove_worker(self, url: str) -> None:
-        self.calls.append(("remove", url))
-
-    def add_worker(self, url: str) -> None:
-        self.calls.append(("add", url))
-
-    def stop(self) -> None:
-        self.calls.append(("stop",))
-
-    def start(self) -> None:
-        self.calls.append(("start", tuple(self.worker_urls)))
-        self.alive = True
-
-    def wait_ready(self, timeout_s: float, require_workers: bool) -> float:
-        return 0.0
-
-
-def _disk_recovery(tmp_path: Path) -> tuple[WeightRecovery, DiskWeightSync]:
-    ws = DiskWeightSync(run_config(update_weight_disk_dir=tmp_path / "weights", keep_weight_updates=False))
-    return WeightRecovery(ws, tmp_path / "weights"), ws
-
-
 def _wait(cond, timeout_s: float = 5.0) -> None:
     deadline = time.monotonic() + timeout_s
     while not cond():
@@ -137,7 +64,7 @@ def _wait(cond, timeout_s: float = 5.0) -> None:
 
 
 def test_dead_engine_is_removed_replaced_at_the_current_version_and_re_added(tmp_path, health_url):
-    recovery, ws = _disk_recovery(tmp_path)
+    recovery, ws = disk_recovery(tmp_path)
     update = ws.push([("w", torch.ones(2))], 3)
     assert recovery.applied(update) == []  # kept for recoveries
     engines = [Engine(health_url, tmp_path / "e0.log"), Engine(health_url, tmp_path / "e1.log")]
@@ -173,7 +100,7 @@ def test_dead_engine_is_removed_replaced_at_the_current_version_and_re_added(tmp
 
 
 def test_restarts_spent_on_every_engine_stop_the_run_with_urls_exit_codes_and_logs(tmp_path, health_url):
-    recovery, _ = _disk_recovery(tmp_path)
+    recovery, _ = disk_recovery(tmp_path)
     engine = Engine(health_url, tmp_path / "e0.log", fail_restarts=5)
     monitor = EngineMonitor([engine], Router([health_url]), recovery, FAST, log_dir=tmp_path)
     engine.alive = False
@@ -191,7 +118,7 @@ def test_restarts_spent_on_every_engine_stop_the_run_with_urls_exit_codes_and_lo
 
 
 def test_hung_engine_is_taken_down_after_the_hang_timeout(tmp_path):
-    recovery, _ = _disk_recovery(tmp_path)
+    recovery, _ = disk_recovery(tmp_path)
     engine = Engine("http://127.0.0.1:9", tmp_path / "e0.log")  # nothing listens: /health fails, process runs
     monitor = EngineMonitor([engine], Router([engine.url]), recovery, FAST)
     monitor.check_once()
@@ -205,7 +132,7 @@ def test_hung_engine_is_taken_down_after_the_hang_timeout(tmp_path):
 
 
 def test_dead_router_restarts_with_the_engines_that_are_up(tmp_path, health_url):
-    recovery, _ = _disk_recovery(tmp_path)
+    recovery, _ = disk_recovery(tmp_path)
     engines = [Engine(health_url, tmp_path / "e0.log"), Engine("http://127.0.0.1:9", tmp_path / "e1.log")]
     router = Router([e.url for e in engines])
     monitor = EngineMonitor(engines, router, recovery, FAST)
@@ -218,7 +145,7 @@ def test_dead_router_restarts_with_the_engines_that_are_up(tmp_path, health_url)
 
 
 def test_weight_sync_skips_an_engine_that_died_during_it_and_raises_for_a_living_one(tmp_path, health_url):
-    recovery, ws = _disk_recovery(tmp_path)
+    recovery, ws = disk_recovery(tmp_path)
     engines = [Engine(health_url, tmp_path / "e0.log"), Engine(health_url, tmp_path / "e1.log")]
     monitor = EngineMonitor(engines, Router([health_url] * 2), recovery, FAST)
     monitor.slots[1].restarts = FAST.max_restarts  # no replacement: keep the bookkeeping simple
@@ -259,7 +186,7 @@ def test_weight_sync_skips_an_engine_that_died_during_it_and_raises_for_a_living
 
 
 def test_a_retried_sample_keeps_nothing_of_the_failed_attempt(tmp_path, health_url):
-    recovery, _ = _disk_recovery(tmp_path)
+    recovery, _ = disk_recovery(tmp_path)
     monitor = EngineMonitor([Engine(health_url, tmp_path / "e0.log")], Router([health_url]), recovery, FAST)
     monitor.start()
     attempts = []
@@ -334,10 +261,10 @@ def test_engines_lost_is_recognised_through_a_ray_actor_error():
 
 def test_a_disk_update_without_a_path_is_refused_when_applied_and_shutdown_never_raises(tmp_path, tiny_model_dir):
     """Issue 27: a kept update without a path made RolloutManager.shutdown() raise KeyError 'path' at the end."""
-    from tests.unit.test_hooks import _manager_with_hooks
+    from tests.support.rollout import manager_with_hooks
     from vime_core.weight_sync.base import WeightUpdate
 
-    recovery, _ = _disk_recovery(tmp_path)
+    recovery, _ = disk_recovery(tmp_path)
     with pytest.raises(ValueError) as e:
         recovery.applied(WeightUpdate(3, {"dir": "x"}))
     assert str(e.value) == "--weight-sync disk: weight update 3 has no 'path' in its payload"
@@ -351,7 +278,7 @@ def test_a_disk_update_without_a_path_is_refused_when_applied_and_shutdown_never
             def close():
                 raise KeyError("path")
 
-    manager = _manager_with_hooks(tiny_model_dir, tmp_path)
+    manager = manager_with_hooks(tiny_model_dir, tmp_path)
     manager.fleet.monitor = Raising()
     manager.shutdown()  # logs, does not raise
 
@@ -360,7 +287,7 @@ def test_a_weight_update_is_bounded_by_its_timeout_while_a_replacement_loads_or_
     """--weight-sync-timeout bounds the whole update: waiting for the monitor's lock (a replacement loading holds it)
     and every engine call, not only the strategy's transfer (a paused engine that never answers, but whose /health
     does, is a real error raised within the timeout)."""
-    recovery, ws = _disk_recovery(tmp_path)
+    recovery, ws = disk_recovery(tmp_path)
     engine = Engine(health_url, tmp_path / "e0.log")
     monitor = EngineMonitor([engine], Router([health_url]), recovery, FAST)
     held, release = threading.Event(), threading.Event()

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.unit.test_hooks import _manager_with_hooks
+from tests.support.rollout import manager_with_hooks
 from vime_core.arguments import ArgumentError, parse_run_args
 from vime_core.rollout.client import RouterClient, eos_token_ids, normalize_finish_reason
 from vime_core.rollout.overlong import is_length_truncated, overlong_penalty
@@ -142,7 +142,7 @@ async def _by_prompt(args, sample, sampling_params):
 
 
 def _generate(tiny_model_dir, tmp_path, **flags):
-    m = _manager_with_hooks(
+    m = manager_with_hooks(
         tiny_model_dir,
         tmp_path,
         generate=_by_prompt,

@@ -6,9 +6,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.rollout import manager_with_hooks
 from vime_core import hookimpl, hookspecs
-from vime_core.arguments import build_parser, build_run_config, default_args
-from vime_core.config import ConfigError, PluginConfig, RunConfig, flag
+from vime_core.arguments import build_parser, build_run_config
+from vime_core.config import ConfigError, PluginConfig, flag
 from vime_core.plugins import Plugins
 from vime_core.registry import RegistryError
 from vime_core.testing.plugin_context import plugin_context
@@ -232,67 +233,6 @@ def test_hook_vime_register_flags(monkeypatch):
         _plugins_with(Q)
 
 
-async def _echo(args, sample, sampling_params):
-    sample.tokens = [1, 2]
-    sample.append_response_tokens([3, 4, 5], trainable=True, log_probs=[-0.5] * 3, weight_version=0)
-    sample.status = sample.status.COMPLETED
-    return sample
-
-
-def _manager_with_hooks(tiny_model_dir, tmp_path, plugin=None, generate=_echo, num_prompts=4, **overrides):
-    """A RolloutManager whose generate function needs no engine (``generate``, default: fixed tokens), over
-    ``num_prompts`` prompts ``p0..`` labelled ``x``, with ``plugin`` loaded and ``overrides`` applied to the args."""
-    import json
-
-    import vime_core.plugins as vp
-    from vime_core.rollout.context import RolloutContext, set_rollout_context
-    from vime_core.rollout.manager import RolloutManager
-
-    class Gen:
-        @staticmethod
-        @hookimpl
-        def vime_register_generate_functions(register):
-            register("echo", generate)
-
-    data = tmp_path / "p.jsonl"
-    data.write_text("\n".join(json.dumps({"prompt": f"p{i}", "label": "x"}) for i in range(num_prompts)))
-    p = Plugins()
-    p.pm.register(Gen, name="gen")
-    if plugin is not None:
-        p.pm.register(plugin, name="test-plugin")
-    p.load()
-    args = default_args(
-        generate="echo",
-        reward="exact_match",
-        weight_sync="disk",
-        prompt_data=data,
-        input_key="prompt",
-        label_key="label",
-        metadata_key="metadata",
-        n_samples_per_prompt=2,
-        rollout_shuffle=False,
-        seed=0,
-        rollout_batch_size=2,
-        rollout_concurrency=4,
-        rollout_temperature=1.0,
-        rollout_top_p=1.0,
-        rollout_top_k=-1,
-        rollout_max_response_len=8,
-        rollout_stop=None,
-        rollout_stop_token_ids=None,
-        reward_key=None,
-        update_weight_disk_dir=tmp_path / "w",
-    )
-    vars(args).update(overrides)
-    old, vp._PLUGINS = vp._PLUGINS, p
-    try:
-        m = RolloutManager(RunConfig.from_args(args), tiny_model_dir)
-    finally:
-        vp._PLUGINS = old
-    set_rollout_context(RolloutContext(client=None, tokenizer=m.tokenizer))
-    return m
-
-
 def test_hook_vime_on_sample(tiny_model_dir, tmp_path):
     seen = []
 
@@ -303,7 +243,7 @@ def test_hook_vime_on_sample(tiny_model_dir, tmp_path):
             seen.append((sample.group_index, sample.index, step, sample.reward))
             sample.remove_sample = sample.index == 1
 
-    groups, _ = _manager_with_hooks(tiny_model_dir, tmp_path, P).generate(5)
+    groups, _ = manager_with_hooks(tiny_model_dir, tmp_path, P).generate(5)
     assert sorted(seen) == [(0, 0, 5, 0.0), (0, 1, 5, 0.0), (1, 0, 5, 0.0), (1, 1, 5, 0.0)]
     assert [[s.is_trainable() for s in g] for g in groups] == [[True, False], [True, False]]
 
@@ -315,7 +255,7 @@ def test_hook_vime_on_rollout_end(tiny_model_dir, tmp_path):
         def vime_on_rollout_end(step, samples, metrics):
             metrics["custom/num"] = float(len(samples) + step)
 
-    _, metrics = _manager_with_hooks(tiny_model_dir, tmp_path, P).generate(3)
+    _, metrics = manager_with_hooks(tiny_model_dir, tmp_path, P).generate(3)
     assert metrics["custom/num"] == 7.0
     assert metrics["rollout/response_len_mean"] == 3.0 and metrics["rollout/reward_mean"] == 0.0
 
@@ -348,7 +288,7 @@ def test_dynamic_sampling_filter_refills_until_enough_groups_pass(tiny_model_dir
         sample.status = sample.status.COMPLETED
         return sample
 
-    m = _manager_with_hooks(
+    m = manager_with_hooks(
         tiny_model_dir,
         tmp_path,
         generate=echo,
@@ -404,7 +344,7 @@ def test_fan_out_generate_scores_each_rollout_once(tiny_model_dir, tmp_path):
         def vime_on_sample(sample, step):
             seen.append((sample.group_index, sample.index, sample.status.value))
 
-    groups, metrics = _manager_with_hooks(tiny_model_dir, tmp_path, P, generate=fan, reward="counting").generate(0)
+    groups, metrics = manager_with_hooks(tiny_model_dir, tmp_path, P, generate=fan, reward="counting").generate(0)
     assert sorted(calls) == [(0, 0), (0, 1), (1, 0)]
     assert [[(s.index, s.status.value, s.reward, s.tokens) for s in g] for g in groups] == [
         [(0, "completed", 1.0, [1, 2, 3]), (1, "completed", 2.0, [1, 2, 3]), (1, "completed", 2.0, [1, 2, 4])],

@@ -121,13 +121,13 @@ def _ppo_args():
 
 
 def _train(trainer, steps):
-    from tests.unit.test_algorithms_ppo_distill import _random_samples
+    from tests.support.samples import random_samples
     from vime_core.algorithms.batch import build_batch
     from vime_core.builtins import advantages as est
 
     out = []
     for step in steps:
-        m = trainer.train_step(build_batch(PluginContext(trainer.run_config), [_random_samples()], est.ppo, step))
+        m = trainer.train_step(build_batch(PluginContext(trainer.run_config), [random_samples()], est.ppo, step))
         assert trainer.optimizer.param_groups[0]["lr"] == m["train/lr"] or step == 0
         assert trainer.critic.optimizer.param_groups[0]["lr"] == m["train/critic_lr"]
         out.append((m["train/lr"], m["train/critic_lr"]))

@@ -10,7 +10,7 @@ import asyncio
 
 import pytest
 
-from tests.unit.test_hooks import _manager_with_hooks
+from tests.support.rollout import manager_with_hooks
 from vime_core.arguments import ArgumentError, parse_run_args
 from vime_core.rollout.client import GenerateOutput
 from vime_core.rollout.context import RolloutContext, set_rollout_context
@@ -142,7 +142,7 @@ def _abortable_manager(tiny_model_dir, tmp_path, **overrides):
         mask_offpolicy_in_partial_rollout=True,
     )
     settings.update(overrides)
-    m = _manager_with_hooks(tiny_model_dir, tmp_path, generate=gen, **settings)
+    m = manager_with_hooks(tiny_model_dir, tmp_path, generate=gen, **settings)
     box["m"] = m
     return m
 

@@ -11,7 +11,7 @@ import shutil
 
 import pytest
 
-from tests.unit.test_hooks import _manager_with_hooks
+from tests.support.rollout import manager_with_hooks
 from vime_core.data.source import DataError, read_rows
 from vime_core.rollout.generate import encode_prompt
 from vime_core.rollout.prompt_checks import check_prompts, filter_overlong_prompts, load_tokenizer
@@ -92,7 +92,7 @@ def test_overlong_prompts_are_left_out_and_counted_or_an_error(tiny_model_dir, t
 def test_the_buffer_holds_only_prompts_that_fit(tiny_model_dir, tmp_path):
     tok = load_tokenizer(tiny_model_dir)
     limit = len(encode_prompt(tok, "p1", False))
-    m = _manager_with_hooks(
+    m = manager_with_hooks(
         tiny_model_dir,
         tmp_path,
         num_prompts=3,
@@ -103,7 +103,7 @@ def test_the_buffer_holds_only_prompts_that_fit(tiny_model_dir, tmp_path):
     # p0..p2 have the same length: all fit; one token less and none would
     assert len(m.groups.data_source) == 3
     with pytest.raises(DataError, match="every prompt has more than"):
-        _manager_with_hooks(
+        manager_with_hooks(
             tiny_model_dir,
             tmp_path,
             num_prompts=3,

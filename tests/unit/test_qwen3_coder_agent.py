@@ -13,8 +13,8 @@ import anthropic
 import openai
 import pytest
 
-from tests.unit.test_hooks import _manager_with_hooks
-from tests.unit.test_qwen3_xml_parser import BAD_OFFSET, READ, REGISTER, TOOLS
+from tests.support.qwen3_xml_calls import BAD_OFFSET, READ, REGISTER, TOOLS
+from tests.support.rollout import manager_with_hooks
 from vime_core.agent.qwen3_xml import Qwen3XMLToolParser
 from vime_core.agent.tool_parse_failures import ToolParseFailure
 from vime_core.arguments import default_args
@@ -182,7 +182,7 @@ def test_multi_turn_step_types_values_and_writes_failure_counts_to_metrics_jsonl
     from vime_core.rollout import multi_turn
 
     script = [READ, REGISTER, BAD_OFFSET, CUT]
-    m = _manager_with_hooks(
+    m = manager_with_hooks(
         tiny_model_dir,
         tmp_path,
         num_prompts=1,

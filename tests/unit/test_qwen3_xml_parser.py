@@ -6,42 +6,12 @@ from __future__ import annotations
 
 import pytest
 
+from tests.support.qwen3_xml_calls import BAD_OFFSET, READ, REGISTER, TOOLS
 from vime_core.agent.tool_parse_failures import tool_parse_metrics
 from vime_core.agent.tool_parsers import ParseResult, get_tool_parser, parse_with_tools
 from vime_core.types import Sample, Status
 
 pytestmark = pytest.mark.unit
-
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "read_file",
-            "parameters": {
-                "type": "object",
-                "properties": {
-                    "path": {"type": "string"},
-                    "offset": {"type": "integer"},
-                    "limit": {"type": "integer"},
-                },
-            },
-        },
-    },
-    {
-        "name": "register",
-        "parameters": {"type": "object", "properties": {"zip_code": {"type": "string"}, "age": {"type": "integer"}}},
-    },
-]
-
-READ = (
-    "<tool_call>\n<function=read_file>\n<parameter=path>\nsrc/a.py\n</parameter>\n<parameter=offset>\n230.0\n"
-    "</parameter>\n<parameter=limit>\n140\n</parameter>\n</function>\n</tool_call>"
-)
-REGISTER = (
-    "<tool_call>\n<function=register>\n<parameter=zip_code>\n03106\n</parameter>\n<parameter=age>\n32\n"
-    "</parameter>\n</function>\n</tool_call>"
-)
-BAD_OFFSET = READ.replace("230.0", "2026-01-15")
 
 
 def _parse(text: str, chunk: int | None):

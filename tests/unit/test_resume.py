@@ -18,9 +18,9 @@ from types import SimpleNamespace
 import httpx
 import pytest
 
-from tests.unit.test_async_admission import _args, _sleeping_generate, _update
-from tests.unit.test_engine_health import FAST, Engine, Router, _disk_recovery
-from tests.unit.test_hooks import _manager_with_hooks
+from tests.support.async_rollout import async_run_args, push_update, sleeping_generate
+from tests.support.engine_stand_ins import FAST, Engine, Router, disk_recovery
+from tests.support.rollout import manager_with_hooks
 from vime_core.arguments import ArgumentError, parse_run_args
 from vime_core.checkpoint import checkpoint_root, commit_checkpoint, latest_checkpoint, new_checkpoint_dir
 from vime_core.loop import (
@@ -51,16 +51,16 @@ class _InProcessHandle:
         return SimpleNamespace(remote=getattr(self.manager, name))
 
 
-def _start(tiny_model_dir, tmp_path, loop, state=None, version=0, generate=_sleeping_generate):
+def _start(tiny_model_dir, tmp_path, loop, state=None, version=0, generate=sleeping_generate):
     tmp_path.mkdir(parents=True, exist_ok=True)
-    args, overrides = _args(tiny_model_dir, tmp_path, loop=loop, rollout_batch_size=BATCH, num_rollout=STEPS)
+    args, overrides = async_run_args(tiny_model_dir, tmp_path, loop=loop, rollout_batch_size=BATCH, num_rollout=STEPS)
     box: dict = {}
-    m = _manager_with_hooks(tiny_model_dir, tmp_path, generate=generate(box), num_prompts=NUM_PROMPTS, **overrides)
+    m = manager_with_hooks(tiny_model_dir, tmp_path, generate=generate(box), num_prompts=NUM_PROMPTS, **overrides)
     box["m"] = m
     if state is not None:
         m.load_data_state(json.loads(json.dumps(state)))  # through JSON, as data_source.json
     if version:
-        _update(m, version)  # the loop pushes the checkpoint's weights before starting
+        push_update(m, version)  # the loop pushes the checkpoint's weights before starting
     if loop == "fully-async":
         m.start_async()
     rollout = _InProcessHandle(m) if loop == "one-step-off" else m
@@ -74,7 +74,7 @@ def _steps(m, source, first, last, version, trained):
         assert len(groups) == BATCH
         trained.append(source.last_taken["prompt_index"])
         version += 1
-        _update(m, version)
+        push_update(m, version)
     return version
 
 
@@ -150,9 +150,9 @@ def test_fully_async_checkpoint_returns_groups_in_flight_in_admission_order(tiny
 
 
 def _dying_generate(box):
-    """``_sleeping_generate`` until ``box["die"] = (engine, monitor)``: from then on the engine's process is gone,
+    """``sleeping_generate`` until ``box["die"] = (engine, monitor)``: from then on the engine's process is gone,
     the monitor's check finds it, and every request fails with a connection error (what vllm-router answers)."""
-    inner = _sleeping_generate(box)
+    inner = sleeping_generate(box)
 
     async def gen(args, sample, sampling_params):
         if "die" not in box:
@@ -182,7 +182,7 @@ def test_engines_lost_mid_rollout_the_resume_trains_the_failed_steps_prompts_onc
     m, source, box = _start(tiny_model_dir, tmp_path / "a", "sync", generate=_dying_generate)
     trained: list[list[int]] = []
     engine = Engine("http://127.0.0.1:9", tmp_path / "e0.log")
-    recovery, _ = _disk_recovery(tmp_path)
+    recovery, _ = disk_recovery(tmp_path)
     monitor = EngineMonitor([engine], Router([engine.url]), recovery, dataclasses.replace(FAST, max_restarts=0))
     try:
         version = _steps(m, source, 0, 3, 0, trained)

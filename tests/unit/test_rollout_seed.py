@@ -7,7 +7,7 @@ import hashlib
 
 import pytest
 
-from tests.unit.test_hooks import _manager_with_hooks
+from tests.support.rollout import manager_with_hooks
 from vime_core.rollout.runner import sample_seed
 
 pytestmark = pytest.mark.unit
@@ -39,6 +39,6 @@ def test_manager_sends_each_sample_its_seed(tiny_model_dir, tmp_path):
         sample.status = sample.status.COMPLETED
         return sample
 
-    m = _manager_with_hooks(tiny_model_dir, tmp_path, generate=record, seed=77)
+    m = manager_with_hooks(tiny_model_dir, tmp_path, generate=record, seed=77)
     m.generate(3)
     assert seen == {(g, i): sample_seed(77, 3, g, i) for g in (0, 1) for i in (0, 1)}

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.unit.test_async_admission import _args, _sleeping_generate
-from tests.unit.test_hooks import _manager_with_hooks
+from tests.support.async_rollout import async_run_args, sleeping_generate
+from tests.support.rollout import manager_with_hooks
 from vime_core.arguments import default_args
 from vime_core.config import RunConfig
 from vime_core.loop import TRAINED_PROMPTS_FILE, RunState, _GroupSource, _one_step, _save_after_failed_write
@@ -108,10 +108,10 @@ def test_the_step_fails_the_engines_keep_their_version_and_the_training_is_check
 ):
     make, _ = broken_dir
     weights = make("full")
-    args, overrides = _args(tiny_model_dir, tmp_path, loop="sync", rollout_batch_size=2, weight_sync="disk")
+    args, overrides = async_run_args(tiny_model_dir, tmp_path, loop="sync", rollout_batch_size=2, weight_sync="disk")
     args.update_weight_disk_dir = weights
     box: dict = {}
-    m = _manager_with_hooks(tiny_model_dir, tmp_path, generate=_sleeping_generate(box), num_prompts=4, **overrides)
+    m = manager_with_hooks(tiny_model_dir, tmp_path, generate=sleeping_generate(box), num_prompts=4, **overrides)
     box["m"] = m
     trainer = TrainerWorker(RunConfig.from_args(args), tiny_model_dir)
     estimator = get_plugins().resolve("advantage", args.advantage_estimator)
