@@ -16,9 +16,9 @@ from vime_core.algorithms.options import check_algorithm_config
 from vime_core.algorithms.policy_loss import policy_loss, policy_loss_kwargs
 from vime_core.arguments import ArgumentError, default_args, parse_run_args
 from vime_core.builtins import advantages as est
-from vime_core.config import AlgorithmConfig, RunConfig
+from vime_core.config import AlgorithmConfig
 from vime_core.testing.plugin_context import plugin_context
-from vime_core.testing.trainer_args import trainer_args, trainer_config
+from vime_core.testing.trainer_args import trainer_config
 from vime_core.types import Sample, Status
 
 pytestmark = pytest.mark.unit
@@ -508,7 +508,7 @@ def test_torch_trainer_drift_budget_stops_before_any_update(tiny_model_dir):
 def test_torch_trainer_kl_loss_with_reference_model(tiny_model_dir):
     from vime_core.trainer.torch_backend import TorchTrainer
 
-    args = trainer_args(
+    cfg = trainer_config(
         use_kl_loss=True,
         kl_loss_coef=0.1,
         kl_loss_type="low_var_kl",
@@ -516,7 +516,7 @@ def test_torch_trainer_kl_loss_with_reference_model(tiny_model_dir):
         use_tis=True,
         global_batch_size=1,
     )
-    trainer = TorchTrainer(RunConfig.from_args(args), tiny_model_dir)
+    trainer = TorchTrainer(cfg, tiny_model_dir)
     assert trainer.ref_model is not None and not any(p.requires_grad for p in trainer.ref_model.model.parameters())
     batch = _batch(trainer)
     m1 = trainer.train_step(batch)

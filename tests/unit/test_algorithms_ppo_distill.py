@@ -8,13 +8,12 @@ from tests.support.samples import random_samples
 from vime_core.algorithms.batch import build_batch, gae_advantages
 from vime_core.algorithms.distill import distill_advantages
 from vime_core.algorithms.options import check_algorithm_config
-from vime_core.arguments import ArgumentError, default_args, parse_run_args
+from vime_core.arguments import ArgumentError, parse_run_args
 from vime_core.builtins import advantages as est
-from vime_core.config import AlgorithmConfig, RunConfig, TrainerConfig
 from vime_core.context import PluginContext
 from vime_core.plugins import get_plugins
-from vime_core.testing.plugin_context import plugin_context
-from vime_core.testing.trainer_args import trainer_args, trainer_config
+from vime_core.testing.plugin_context import plugin_context, run_config
+from vime_core.testing.trainer_args import trainer_config
 from vime_core.types import Sample, Status
 
 pytestmark = pytest.mark.unit
@@ -26,12 +25,8 @@ def _t(x):
     return torch.tensor(x, dtype=torch.float32)
 
 
-def _ns(**kw):
-    return default_args(**kw)
-
-
 def _algo(**kw):
-    return AlgorithmConfig.from_args(default_args(**kw))
+    return run_config(**kw).algorithm
 
 
 def _sample(reward, mask, *, rollout=None, teacher=None, index=0, prompt=(1, 2)):
@@ -141,21 +136,21 @@ def test_distill_advantages_hand_computed():
 def test_on_policy_distill_estimator_and_grpo_combination():
     a = _sample(1.0, [1, 1, 0], rollout=[-0.5, -2.0, 0.0], teacher=[-0.25, -1.0, -7.0], index=0)
     b = _sample(0.0, [1, 1, 1], rollout=[-1.0, -1.0, -1.0], teacher=[-1.0, -3.0, -0.5], index=1)
-    args = _ns(advantage_estimator="on_policy_distill", distill_teacher="t", distill_coef=2.0)
-    batch = build_batch(PluginContext(RunConfig.from_args(args)), [[a, b]], est.on_policy_distill)
+    ctx = plugin_context(advantage_estimator="on_policy_distill", distill_teacher="t", distill_coef=2.0)
+    batch = build_batch(ctx, [[a, b]], est.on_policy_distill)
     assert batch.advantages == [[0.5, 2.0, 0.0], [0.0, -4.0, 1.0]]
     # mean over trained tokens of logπ_s - logπ_T: (-0.25 - 1.0 + 0 + 2.0 - 0.5) / 5
     assert batch.metrics["rollout/distill_reverse_kl"] == pytest.approx(0.25 / 5)
     # GRPO + distillation: the GRPO advantage (±1/√2 for rewards 1, 0) plus λ·(teacher - student) per token
-    args = _ns(advantage_estimator="grpo", distill_teacher="t", distill_coef=1.0)
-    batch = build_batch(PluginContext(RunConfig.from_args(args)), [[a, b]], est.grpo)
+    ctx = plugin_context(advantage_estimator="grpo", distill_teacher="t", distill_coef=1.0)
+    batch = build_batch(ctx, [[a, b]], est.grpo)
     g = 0.5 / (0.7071067811865476 + 1e-6)
     assert batch.advantages[0] == pytest.approx([g + 0.25, g + 1.0, g])
     assert batch.advantages[1] == pytest.approx([-g, -g - 2.0, -g + 0.5])
     # a teacher run whose sample was not scored fails naming the flag
     a.teacher_log_probs = None
     with pytest.raises(ValueError, match="has no teacher_log_probs.*--distill-teacher"):
-        build_batch(PluginContext(RunConfig.from_args(args)), [[a, b]], est.grpo)
+        build_batch(ctx, [[a, b]], est.grpo)
 
 
 def test_teacher_log_probs_round_trip_and_validation():
@@ -172,10 +167,10 @@ def test_teacher_log_probs_round_trip_and_validation():
 def test_critic_values_batched_equal_unpadded_forward(tiny_model_dir):
     from vime_core.trainer.critic import Critic
 
-    args = trainer_args(advantage_estimator="ppo")
+    cfg = trainer_config(advantage_estimator="ppo")
     critic = Critic(
-        TrainerConfig.from_args(args),
-        AlgorithmConfig.from_args(args),
+        cfg.trainer,
+        cfg.algorithm,
         tiny_model_dir,
         torch.device("cpu"),
         torch.float32,
@@ -195,12 +190,13 @@ def test_critic_loss_decreases_on_a_fixed_batch_and_checkpoint_restores_it(tiny_
     from vime_core.trainer.torch_backend import TorchTrainer
 
     # γ = λ = 1: the value targets are the Monte-Carlo returns, fixed whatever the critic predicts
-    args = trainer_args(
+    flags = dict(
         advantage_estimator="ppo", critic_lr=3e-3, num_critic_only_steps=100, gamma=1.0, lambd=1.0, value_clip=10.0
     )
-    trainer = TorchTrainer(RunConfig.from_args(args), tiny_model_dir)
+    cfg = trainer_config(**flags)
+    trainer = TorchTrainer(cfg, tiny_model_dir)
     policy_before = {k: v.clone() for k, v in trainer.model.state_dict().items()}
-    batch = build_batch(PluginContext(RunConfig.from_args(args)), [random_samples()], est.ppo)
+    batch = build_batch(PluginContext(cfg), [random_samples()], est.ppo)
     losses = []
     for _ in range(6):
         m = trainer.train_step(batch)
@@ -212,7 +208,7 @@ def test_critic_loss_decreases_on_a_fixed_batch_and_checkpoint_restores_it(tiny_
 
     trainer.save_checkpoint(tmp_path / "ckpt")
     assert (tmp_path / "ckpt" / "critic" / "value_head.safetensors").is_file()
-    fresh = TorchTrainer(RunConfig.from_args(args), tiny_model_dir)
+    fresh = TorchTrainer(cfg, tiny_model_dir)
     fresh.load_checkpoint(tmp_path / "ckpt")
     for (k, v), (k2, v2) in zip(
         trainer.critic.model.state_dict().items(), fresh.critic.model.state_dict().items(), strict=True
@@ -227,9 +223,7 @@ def test_critic_loss_decreases_on_a_fixed_batch_and_checkpoint_restores_it(tiny_
         trainer.train_step(batch)["train/value_loss"], abs=1e-6
     )
     # --critic-load of a saved critic directory loads its value head too
-    loaded = TorchTrainer(
-        trainer_config(**{**vars(args), "critic_load": str(tmp_path / "ckpt" / "critic")}), tiny_model_dir
-    )
+    loaded = TorchTrainer(trainer_config(**flags, critic_load=str(tmp_path / "ckpt" / "critic")), tiny_model_dir)
     from safetensors.torch import load_file
 
     saved = load_file(str(tmp_path / "ckpt" / "critic" / "value_head.safetensors"))
@@ -239,11 +233,11 @@ def test_critic_loss_decreases_on_a_fixed_batch_and_checkpoint_restores_it(tiny_
 def test_ppo_updates_policy_with_gae_advantages(tiny_model_dir):
     from vime_core.trainer.torch_backend import TorchTrainer
 
-    args = trainer_args(advantage_estimator="ppo", gamma=1.0, lambd=0.95)
-    trainer = TorchTrainer(RunConfig.from_args(args), tiny_model_dir)
+    cfg = trainer_config(advantage_estimator="ppo", gamma=1.0, lambd=0.95)
+    trainer = TorchTrainer(cfg, tiny_model_dir)
     samples = random_samples()
     values = trainer.critic.values(samples, 8)
-    batch = build_batch(PluginContext(RunConfig.from_args(args)), [samples], est.ppo)
+    batch = build_batch(PluginContext(cfg), [samples], est.ppo)
     expected, _, _ = gae_advantages(
         trainer.algorithm_config, samples, [_t(a) for a in batch.advantages], [values[id(s)] for s in samples]
     )

@@ -7,11 +7,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.unit.test_data_parallel_step import run_dp
+from tests.support.data_parallel import run_dp
 from vime_core.algorithms.policy_loss import policy_loss, policy_loss_kwargs
 from vime_core.arguments import ArgumentError, parse_run_args
 from vime_core.config import AlgorithmConfig
-from vime_core.testing.trainer_args import trainer_args
+from vime_core.testing.trainer_args import trainer_config
 
 pytestmark = pytest.mark.unit
 
@@ -100,14 +100,14 @@ def test_contradictions_are_refused_naming_the_flags(argv, message, tmp_path):
 
 def test_dr_grpo_micro_batches_and_two_dp_ranks_give_the_one_rank_gradient():
     """The step's accumulation weighs micro-batches by trained samples: the same gradient however it is split."""
-    args = trainer_args(lr=0.5, micro_batch_size=1, loss_agg_mode="seq-mean-token-sum-norm", loss_scale_factor=16.0)
-    (m1,), (one,) = run_dp(args, 1)
-    _, two = run_dp(args, 2)
-    whole = trainer_args(lr=0.5, micro_batch_size=8, loss_agg_mode="seq-mean-token-sum-norm", loss_scale_factor=16.0)
+    cfg = trainer_config(lr=0.5, micro_batch_size=1, loss_agg_mode="seq-mean-token-sum-norm", loss_scale_factor=16.0)
+    (m1,), (one,) = run_dp(cfg, 1)
+    _, two = run_dp(cfg, 2)
+    whole = trainer_config(lr=0.5, micro_batch_size=8, loss_agg_mode="seq-mean-token-sum-norm", loss_scale_factor=16.0)
     _, (big,) = run_dp(whole, 1)
     torch.testing.assert_close(big.grads[0], one.grads[0], rtol=1e-12, atol=1e-12)
     for r in two:
         torch.testing.assert_close(r.grads[0], one.grads[0], rtol=1e-12, atol=1e-12)
-    other = trainer_args(lr=0.5, micro_batch_size=1)
+    other = trainer_config(lr=0.5, micro_batch_size=1)
     _, (mean_mode,) = run_dp(other, 1)
     assert not torch.allclose(mean_mode.grads[0], one.grads[0])  # a different loss than seq-mean-token-mean

@@ -9,9 +9,9 @@ import math
 import pytest
 
 from vime_core.arguments import ArgumentError, parse_run_args
-from vime_core.config import RunConfig, TrainerConfig
+from vime_core.config import TrainerConfig
 from vime_core.context import PluginContext
-from vime_core.testing.trainer_args import trainer_args
+from vime_core.testing.trainer_args import trainer_config
 from vime_core.trainer.lr_schedule import (
     LRSchedule,
     critic_lr_schedule,
@@ -103,8 +103,8 @@ def test_bad_schedule_flags_are_named(capsys):
     assert parse_run_args(BASE + ["--lr-warmup-iters", "50"]).lr_warmup_iters == 50
 
 
-def _ppo_args():
-    return trainer_args(
+def _ppo_config():
+    return trainer_config(
         advantage_estimator="ppo",
         lr=1e-2,
         lr_warmup_iters=2,
@@ -137,8 +137,8 @@ def _train(trainer, steps):
 def test_policy_and_critic_lr_per_step_and_exact_resume(tiny_model_dir, tmp_path):
     from vime_core.trainer.torch_backend import TorchTrainer
 
-    args = _ppo_args()
-    uninterrupted = _train(TorchTrainer(RunConfig.from_args(args), tiny_model_dir), range(5))
+    cfg = _ppo_config()
+    uninterrupted = _train(TorchTrainer(cfg, tiny_model_dir), range(5))
 
     def cosine(k, w, d, hi, lo=1e-3):
         return lo + 0.5 * (math.cos(math.pi * (k - w) / (d - w)) + 1.0) * (hi - lo)
@@ -150,10 +150,10 @@ def test_policy_and_critic_lr_per_step_and_exact_resume(tiny_model_dir, tmp_path
     assert [c for _, c in uninterrupted] == pytest.approx(critic, abs=1e-15)
     assert critic[4] == pytest.approx(4e-3, abs=1e-15)  # 1e-3 + 0.5·(cos(π/3) + 1)·4e-3
 
-    first = TorchTrainer(RunConfig.from_args(args), tiny_model_dir)
+    first = TorchTrainer(cfg, tiny_model_dir)
     before = _train(first, range(2))
     first.save_checkpoint(tmp_path / "ckpt")
-    resumed = TorchTrainer(RunConfig.from_args(args), tiny_model_dir)
+    resumed = TorchTrainer(cfg, tiny_model_dir)
     resumed.load_checkpoint(tmp_path / "ckpt")
     assert (resumed.steps_done, resumed.critic.steps_done) == (1, 2)
     after = _train(resumed, range(2, 5))
