@@ -13,8 +13,8 @@ import pytest
 from vime_core.agent.harness import AgentHarness
 from vime_core.arguments import default_args
 from vime_core.config import PluginConfig, flag
-from vime_core.sandbox.local import LocalSandbox
 from vime_core.sandbox.limits import SandboxLimits
+from vime_core.sandbox.local import LocalSandbox
 from vime_core.testing.plugin_context import plugin_context
 
 pytestmark = pytest.mark.unit
