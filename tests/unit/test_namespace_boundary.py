@@ -25,7 +25,6 @@ ALLOWED: dict[str, str] = {
     "config/training.py": "flag declarations name argparse.BooleanOptionalAction",
     "context.py": "legacy_namespace: the deprecated (args, ...) plugin path, built from the typed tree",
     "hookspecs.py": "the deprecated args parameter of the observation hooks and vime_add_arguments",
-    "agent/harness.py": "AgentHarness.from_args: harnesses still read their flags from a Namespace (left in issue 25)",
     "testing/contracts/arguments.py": "the contract kit parses plugin flags",
     "testing/sandbox_leak.py": "a test helper's own command line",
     "testing/trainer_args.py": "the deprecated Namespace helper of trainer tests",

@@ -10,7 +10,6 @@ the budget and what each CLI is told: docs/agents.md, "Agent harnesses".
 from __future__ import annotations
 
 import abc
-import argparse
 import json
 import os
 import time
@@ -104,25 +103,51 @@ class AgentHarness(abc.ABC):
     """Runs one agent CLI inside a :class:`~vime_core.sandbox.base.Sandbox`.
 
     Subclasses set :attr:`NAME` and :attr:`api` (which gateway API the agent speaks) and implement
-    :meth:`install` and :meth:`run`. Construct with keyword options (:meth:`from_args` reads
-    ``--agent-<name>-*`` flags that the plugin registers through ``vime_register_flags``).
+    :meth:`install` and :meth:`run`. Construct with keyword options (:meth:`from_config` reads the
+    ``--agent-<name>-*`` flags that the plugin declares as :attr:`FLAGS` and registers through
+    ``vime_register_flags``).
     """
 
     NAME: ClassVar[str] = ""
     api: ClassVar[AgentApi] = "anthropic"
+    #: the harness's own flag class (a :class:`~vime_core.config.PluginConfig` registered through
+    #: ``vime_register_flags``), ``None`` for a harness without flags
+    FLAGS: ClassVar[type | None] = None
 
     @classmethod
-    def from_args(cls, args: argparse.Namespace | None) -> AgentHarness:
-        """A harness configured from ``vime run`` arguments (``None``: defaults)."""
+    def from_config(cls, flags: Any = None) -> AgentHarness:
+        """A harness configured from its own flags: ``flags`` is the run's instance of :attr:`FLAGS` (``None``: the
+        defaults). Default: no options."""
         return cls()
 
     @classmethod
     def from_context(cls, ctx: Any) -> AgentHarness:
-        """A harness configured for a run from its :class:`~vime_core.context.PluginContext`: :meth:`from_args` of
-        the Namespace built from the typed configuration (:func:`vime_core.context.legacy_args`)."""
-        from vime_core.context import legacy_args
+        """A harness configured for a run from its :class:`~vime_core.context.PluginContext`: :meth:`from_config` of
+        ``ctx.plugin(FLAGS)``. A harness written for vime 0.x (it overrides :meth:`from_args` only) is built by its
+        ``from_args`` from the run's Namespace, with a ``DeprecationWarning``."""
+        if (
+            getattr(cls.from_args, "__func__", None) is not AgentHarness.from_args.__func__
+            and getattr(cls.from_config, "__func__", None) is AgentHarness.from_config.__func__
+        ):
+            import warnings
 
-        return cls.from_args(legacy_args(ctx.config))
+            from vime_core.context import legacy_args
+
+            warnings.warn(
+                f"agent harness {cls.__name__} is built from an argparse.Namespace (from_args); declare its flag "
+                "class as FLAGS and override from_config(flags) instead: from_args stops being called in the next "
+                "minor version",
+                DeprecationWarning,
+                stacklevel=2,
+            )
+            return cls.from_args(legacy_args(ctx.config))
+        return cls.from_config(ctx.plugin(cls.FLAGS) if cls.FLAGS is not None else None)
+
+    @classmethod
+    def from_args(cls, args: Any) -> AgentHarness:
+        """Deprecated (use :meth:`from_context` or :meth:`from_config`): a harness configured from a ``vime run``
+        Namespace (``None``: defaults)."""
+        return cls.from_config(cls.FLAGS.from_args(args) if cls.FLAGS is not None else None)  # type: ignore[attr-defined]
 
     def prepare(self, *, force: bool = False, log: Any = print) -> Path | None:
         """Host-side preparation done once per machine (download the CLI into a cache), run by

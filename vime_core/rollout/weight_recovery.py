@@ -1,30 +1,8 @@
-"""What a replacement vLLM engine needs to serve the rollout's current weight version.
-
-A replacement engine (:mod:`vime_core.rollout.health`) starts from the model directory, i.e. weight version 0. Before
-it takes requests it gets a *full* load of the version the other engines serve, through the worker extension's
-``vime_load_weights(path, version)`` (:mod:`vime_core.rollout.worker_extension`); that load also makes ``path`` the
-base of the engine's ``disk-delta`` receiver at that version, so the next delta (based on that version) applies to
-it like to every other engine: full load, then deltas resume.
-
-Where the full weights of the current version come from, per weight-sync strategy:
-
-* ``disk``: every version is a full ``model.safetensors``; the directory of the version last applied is kept
-  (its removal is deferred until the next version is applied) and loaded as is.
-* ``disk-delta``: every applied delta is also decoded here (:meth:`DiskDeltaWeightSync.read`, the engine-side
-  decoder, checksums verified), so this process tracks the engines' version; a recovery writes that version in
-  full to ``<--update-weight-disk-dir>/recovery_v{N:06d}/model.safetensors`` (kept: the replacement's delta receiver
-  reads unchanged tensors from it lazily) and loads it.
-* ``ipc``: the trainer writes a full host copy of every version it pushes in the background
-  (:mod:`vime_core.weight_sync.host_copy`; the update's ``recovery_dir``); a recovery waits for it and loads it.
-* LoRA (``--lora-rank`` > 0; ``disk``, ``ipc``): the engines' weights never change; a replacement loads every
-  adapter the others serve from its files (:meth:`vime_core.rollout.lora_serving.AdapterServing.restore`; ``ipc``
-  writes them in the background), which stay until retired. ``nccl`` as for full weights (the broadcast group).
-* other strategies (``nccl``, plugins): no host-side copy of the weights exists here, so an engine can be replaced
-  only while the version is still 0 (:attr:`WeightRecovery.supported`); a replaced ``nccl`` engine would also have
-  to rejoin the trainer's broadcast group.
-
-Version 0 needs no load: a fresh engine serves the model directory.
-"""
+"""What a replacement vLLM engine needs to serve the rollout's current weight version: a full load of that version
+(``vime_load_weights(path, version)``) before it takes requests, from wherever the weight-sync strategy keeps the
+full weights (the kept ``disk`` version, a ``disk-delta`` recovery file, the ``ipc`` host copy, the LoRA adapters'
+files); with no host-side copy (``nccl``, plugins) only at version 0. The rules per strategy: docs/engine_health.md,
+"What happens to a dead engine"."""
 
 from __future__ import annotations
 

@@ -1,25 +1,8 @@
-"""vLLM worker extension that reloads weights from safetensors files on disk.
-
-Start the server with ``--worker-extension-cls vime_core.rollout.worker_extension.VimeWorkerExtension``; vLLM mixes
-this class into its worker, so ``self`` is the worker (``self.reload_weights``, ``self.model_runner``). Call it with
-``POST /collective_rpc {"method": "vime_load_weights", "args": [path]}`` (dev mode), between ``/pause`` and
-``/resume``; ``{"method": "vime_apply_delta", "args": [dir, base_version, new_version]}`` applies a ``disk-delta``
-version (see :mod:`vime_core.weight_sync.disk_delta`).
-
-Before :meth:`VimeWorkerExtension.vime_load_weights` touches the model it checks the file against the checkpoint the
-engine was started from (:func:`plan_load`): an unknown tensor name or a wrong shape refuses the update and the
-engine keeps serving its previous weights (vLLM's in-place reload moves every layer to the meta device first, so a
-failure half-way would leave the engine unable to serve). A file that holds only part of one vLLM layer — only
-``k_proj`` of the fused ``qkv_proj``, only ``up_proj`` of ``gate_up_proj``, a weight without its bias — is completed
-with the engine's current values of the other parts (vLLM rebuilds a touched layer from the tensors it receives
-alone, so they must all be there), read from the worker's record of what it serves
-(:class:`vime_core.weight_sync.disk_delta.DeltaReceiver`); when that record is unknown (after a broadcast or CUDA
-IPC update) such a file is refused.
-
-Imports of vLLM happen inside the methods: this module is imported by name inside the worker process, and must stay
-importable (e.g. by tests or linters) where vLLM is not installed. The tensor file helpers it uses are shared with the
-trainers and the weight-sync strategies in :mod:`vime_core.weight_sync.tensor_io`.
-"""
+"""vLLM worker extension: the engine side of every weight-sync strategy (``vime_load_weights``,
+``vime_apply_delta``, ``vime_receive_broadcast``, ``vime_receive_ipc``, ``vime_stage_lora``/``vime_drop_lora``),
+reached through ``POST /collective_rpc`` between ``/pause`` and ``/resume``. Start the server with
+``--worker-extension-cls vime_core.rollout.worker_extension.VimeWorkerExtension``. How a load is checked before it
+touches the model, and why vLLM is imported only inside the methods: docs/weight_sync.md, "The engine side"."""
 
 from __future__ import annotations
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from vime_core.config import SandboxConfig
 from vime_core.plugins import get_plugins
 from vime_core.sandbox import base
 from vime_core.sandbox.base import *  # noqa: F403 - the contract's names, listed once: base.__all__
@@ -18,15 +17,17 @@ from vime_core.sandbox.base import CleanupReport, Sandbox
 __all__ = [*base.__all__, "cleanup_all", "open_sandbox"]
 
 
-def open_sandbox(args: Any = None, name: str | None = None, **kwargs: Any) -> Sandbox:
-    """A not-yet-started sandbox of backend ``name`` (default ``--sandbox`` of ``args``, else ``local``), built from
-    ``args`` by the backend's ``from_args``; use it as ``async with open_sandbox(args) as sb: ...``.
+def open_sandbox(ctx: Any = None, name: str | None = None, **kwargs: Any) -> Sandbox:
+    """A not-yet-started sandbox of backend ``name`` (default: the run's ``--sandbox``, else ``local``), built from
+    the run's :class:`~vime_core.context.PluginContext` ``ctx`` by the backend's
+    :meth:`~vime_core.sandbox.base.Sandbox.from_context` (``None``: the backend's defaults); use it as
+    ``async with open_sandbox(ctx) as sb: ...``. Keywords go to the constructor.
 
     :raises vime_core.registry.RegistryError: unknown backend name.
     """
-    name = name or (SandboxConfig.from_args(args).sandbox if args is not None else None) or "local"
+    name = name or (ctx.sandbox.sandbox if ctx is not None else None) or "local"
     cls = get_plugins().resolve("sandbox", name)
-    return cls.from_args(args, **kwargs)
+    return cls.from_context(ctx, **kwargs) if ctx is not None else cls.from_config(**kwargs)
 
 
 def cleanup_all(*, backend: str | None = None, everything: bool = False) -> list[CleanupReport]:

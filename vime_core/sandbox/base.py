@@ -22,6 +22,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
+from vime_core.config import SandboxConfig
 from vime_core.sandbox.cancel import finish_then_raise
 
 # Re-exported: the errors, results, limits, owner tokens, reaper and tar helpers lived in this module; plugins and
@@ -29,10 +30,12 @@ from vime_core.sandbox.cancel import finish_then_raise
 from vime_core.sandbox.errors import SandboxError, SandboxExpiredError, SandboxInfraError
 from vime_core.sandbox.limits import (
     SandboxLimits,
+    backend_kwargs,
     backend_kwargs_from_args,
     remote_lifetime_s,
     sandbox_kwargs,
     sandbox_kwargs_from_args,
+    sandbox_kwargs_from_config,
 )
 from vime_core.sandbox.owner import (
     BACKEND_LABEL,
@@ -68,6 +71,7 @@ __all__ = [
     "SandboxLimits",
     "_boot_id",
     "agents_cache_dir",
+    "backend_kwargs",
     "backend_kwargs_from_args",
     "extract_tar_safely",
     "forget_reaps",
@@ -78,6 +82,7 @@ __all__ = [
     "remote_lifetime_s",
     "sandbox_kwargs",
     "sandbox_kwargs_from_args",
+    "sandbox_kwargs_from_config",
     "wrap_argv",
 ]
 
@@ -144,7 +149,11 @@ class Sandbox(abc.ABC):
     NAME: ClassVar[str] = ""
     capabilities: ClassVar[frozenset[str]] = frozenset()
     control_dir: ClassVar[str] = CONTROL_DIR
-    #: the backend's own ``vime run`` flags read by :meth:`from_args`: ``args`` attribute → constructor keyword
+    #: the backend's own flag class (a :class:`~vime_core.config.PluginConfig` registered through
+    #: ``vime_register_flags``), ``None`` for a backend without flags of its own
+    FLAGS: ClassVar[type | None] = None
+    #: the backend's own flags given to the constructor: field of :attr:`FLAGS` → constructor keyword (a flag left
+    #: unset, ``None`` or empty, is left out, so the constructor's default applies)
     FLAG_KWARGS: ClassVar[Mapping[str, str]] = {}
 
     def __init__(
@@ -165,24 +174,54 @@ class Sandbox(abc.ABC):
         self._deadline: float | None = None
         self._close_task: asyncio.Future | None = None
 
-    # -- construction from `vime run` flags --------------------------------------------------------------------
+    # -- construction from the run's configuration --------------------------------------------------------------
     @classmethod
-    def from_args(cls, args: Any, **kwargs: Any) -> Sandbox:
-        """Build a sandbox from ``vime run`` arguments: the generic ``--sandbox-*`` flags
-        (:func:`sandbox_kwargs_from_args`) and the backend's own ``--sandbox-NAME-*`` flags (:attr:`FLAG_KWARGS`,
-        :func:`backend_kwargs_from_args`). Keywords win.
+    def from_config(cls, sandbox: SandboxConfig | None = None, flags: Any = None, **kwargs: Any) -> Sandbox:
+        """Build a sandbox from the run's typed configuration. Keywords win.
 
-        :param args: the parsed ``vime run`` namespace, or ``None`` for the defaults.
+        :param sandbox: the generic ``--sandbox-*`` limits (:func:`~vime_core.sandbox.limits.sandbox_kwargs`);
+            ``None``: the constructor's defaults.
+        :param flags: the backend's :attr:`FLAGS` instance, read through :attr:`FLAG_KWARGS`; ``None``: defaults.
         """
-        return cls(**{**sandbox_kwargs_from_args(args), **backend_kwargs_from_args(args, cls.FLAG_KWARGS), **kwargs})
+        return cls(**{**sandbox_kwargs_from_config(sandbox), **backend_kwargs(flags, cls.FLAG_KWARGS), **kwargs})
 
     @classmethod
     def from_context(cls, ctx: Any, **kwargs: Any) -> Sandbox:
-        """Build a sandbox for a run from its :class:`~vime_core.context.PluginContext`: :meth:`from_args` of the
-        Namespace built from the typed configuration (:func:`vime_core.context.legacy_args`). Keywords win."""
-        from vime_core.context import legacy_args
+        """Build a sandbox for a run from its :class:`~vime_core.context.PluginContext`: :meth:`from_config` of
+        its sandbox section and the backend's own flags (``ctx.plugin(FLAGS)``). Keywords win.
 
-        return cls.from_args(legacy_args(ctx.config), **kwargs)
+        A backend written for vime 0.x (it overrides :meth:`from_args` only, or declares :attr:`FLAG_KWARGS`
+        without :attr:`FLAGS`) is built by its ``from_args`` from the run's Namespace, with a
+        ``DeprecationWarning``.
+        """
+        legacy = cls.FLAGS is None and bool(cls.FLAG_KWARGS)
+        overridden = getattr(cls.from_args, "__func__", None) is not Sandbox.from_args.__func__
+        if legacy or (overridden and cls.from_config.__func__ is Sandbox.from_config.__func__):  # type: ignore[attr-defined]
+            import warnings
+
+            from vime_core.context import legacy_args
+
+            warnings.warn(
+                f"sandbox backend {cls.__name__} is built from an argparse.Namespace (from_args); declare its flag "
+                "class as FLAGS and override from_config(sandbox, flags, **kwargs) instead: from_args stops being "
+                "called in the next minor version",
+                DeprecationWarning,
+                stacklevel=2,
+            )
+            return cls.from_args(legacy_args(ctx.config), **kwargs)
+        own = ctx.plugin(cls.FLAGS) if cls.FLAGS is not None else None
+        return cls.from_config(ctx.sandbox, own, **kwargs)
+
+    @classmethod
+    def from_args(cls, args: Any, **kwargs: Any) -> Sandbox:
+        """Deprecated (use :meth:`from_context` or :meth:`from_config`): build a sandbox from a ``vime run``
+        Namespace, or ``None`` for the defaults. Keywords win."""
+        sandbox = SandboxConfig.from_args(args) if args is not None and hasattr(args, "sandbox_cpus") else None
+        if cls.FLAGS is not None:
+            own = cls.FLAGS.from_args(args)  # type: ignore[attr-defined]
+        else:
+            own = args  # a 0.x backend: FLAG_KWARGS names attributes of the Namespace
+        return cls.from_config(sandbox, own, **kwargs)
 
     # -- lifecycle -----------------------------------------------------------------------------------------------
     async def __aenter__(self) -> Sandbox:

@@ -1,6 +1,6 @@
-"""A sandbox's resource limits (:class:`SandboxLimits`) and its constructor keywords from ``vime run`` flags: the
-generic ``--sandbox-*`` flags (:func:`sandbox_kwargs`) and a backend's own ``--sandbox-NAME-*`` flags
-(:func:`backend_kwargs_from_args`, driven by :attr:`~vime_core.sandbox.base.Sandbox.FLAG_KWARGS`)."""
+"""A sandbox's resource limits (:class:`SandboxLimits`) and its constructor keywords from the run's configuration:
+the generic ``--sandbox-*`` flags (:func:`sandbox_kwargs`) and a backend's own ``--sandbox-NAME-*`` flags
+(:func:`backend_kwargs`, driven by :attr:`~vime_core.sandbox.base.Sandbox.FLAG_KWARGS`)."""
 
 from __future__ import annotations
 
@@ -41,9 +41,14 @@ class SandboxLimits:
                 raise ValueError(f"SandboxLimits.{name} must be positive or None, got {value!r}")
 
 
+def sandbox_kwargs_from_config(cfg: SandboxConfig | None) -> dict[str, Any]:
+    """:func:`sandbox_kwargs` of ``cfg``; ``{}`` for ``None`` (a caller outside a run: the backend's defaults)."""
+    return {} if cfg is None else sandbox_kwargs(cfg)
+
+
 def sandbox_kwargs_from_args(args: Any) -> dict[str, Any]:
-    """:func:`sandbox_kwargs` of the :class:`~vime_core.config.SandboxConfig` of ``args``; ``{}`` when ``args`` is
-    ``None`` or has none of the sandbox flags (a caller outside ``vime run``: the backend's defaults apply)."""
+    """Deprecated (use :func:`sandbox_kwargs_from_config`): :func:`sandbox_kwargs` of the sandbox section of a
+    ``vime run`` Namespace; ``{}`` when ``args`` is ``None`` or has none of the sandbox flags."""
     if args is None or not hasattr(args, "sandbox_cpus"):
         return {}
     return sandbox_kwargs(SandboxConfig.from_args(args))
@@ -73,12 +78,17 @@ def sandbox_kwargs(cfg: SandboxConfig) -> dict[str, Any]:
     return out
 
 
-def backend_kwargs_from_args(args: Any, flags: Mapping[str, str]) -> dict[str, Any]:
-    """A backend's own ``--sandbox-NAME-*`` flags as constructor keywords: ``flags`` maps the ``args`` attribute to
-    the keyword; flags left unset (``None``, empty) are left out, so the constructor's defaults apply."""
-    if args is None:
+def backend_kwargs(flags: Any, mapping: Mapping[str, str]) -> dict[str, Any]:
+    """A backend's own ``--sandbox-NAME-*`` flags as constructor keywords: ``mapping`` maps an attribute of
+    ``flags`` (the backend's flag dataclass) to the keyword; flags left unset (``None``, empty) and ``flags`` ``None``
+    give nothing, so the constructor's defaults apply."""
+    if flags is None:
         return {}
-    return {kw: getattr(args, attr) for attr, kw in flags.items() if getattr(args, attr, None)}
+    return {kw: getattr(flags, attr) for attr, kw in mapping.items() if getattr(flags, attr, None)}
+
+
+#: deprecated name of :func:`backend_kwargs` (it read a ``vime run`` Namespace, which has the same attributes)
+backend_kwargs_from_args = backend_kwargs
 
 
 def remote_lifetime_s(limits: SandboxLimits, grace_s: int, max_s: int) -> int:

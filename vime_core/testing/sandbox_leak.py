@@ -82,7 +82,7 @@ def run_once(backend: str, *, timeout_s: float = 600.0, env: dict[str, str] | No
 async def _hold(backend: str, n: int, memory_mb: int | None) -> None:
     cls = get_plugins().resolve("sandbox", backend)
     kwargs = {"limits": SandboxLimits(memory_bytes=memory_mb << 20)} if memory_mb else {}
-    boxes = [cls.from_args(None, **kwargs) for _ in range(n)]
+    boxes = [cls.from_config(**kwargs) for _ in range(n)]
     await asyncio.gather(*(b.start() for b in boxes))
     tasks = [asyncio.ensure_future(b.exec("echo $$ > running; sleep 600", timeout=3600)) for b in boxes]
     for b in boxes:  # every command is running
@@ -97,7 +97,7 @@ async def _hold(backend: str, n: int, memory_mb: int | None) -> None:
 
 async def _once(backend: str) -> None:
     cls = get_plugins().resolve("sandbox", backend)
-    async with cls.from_args(None) as sb:
+    async with cls.from_config() as sb:
         r = await sb.exec("echo ok", timeout=60)
         print(r.stdout.strip(), flush=True)
 

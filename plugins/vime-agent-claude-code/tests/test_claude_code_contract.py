@@ -18,6 +18,13 @@ from vime_core.testing import AgentHarnessContract
 pytestmark = pytest.mark.contract
 
 
+def _ctx(argv: list[str]):
+    """The plugin context of ``vime run --model m ARGV`` (every other flag at its default)."""
+    from vime_core.testing.plugin_context import plugin_context_from_argv
+
+    return plugin_context_from_argv(["--model", "m", *argv])
+
+
 def call(name: str, arguments: dict) -> str:
     """One assistant turn calling a tool, in the Hermes format the gateway parses."""
     return "<tool_call>\n" + json.dumps({"name": name, "arguments": arguments}) + "\n</tool_call>"
@@ -40,20 +47,14 @@ def test_plugin_is_discovered():
 
 
 def test_flags_and_command():
-
-    from vime_agent_claude_code.harness import ClaudeCodeFlags
-
-    from vime_core.testing import flags_parser
-
-    parser = flags_parser(ClaudeCodeFlags)
-    h = ClaudeCodeHarness.from_args(parser.parse_args(["--agent-claude-code-tools", "Bash,Read"]))
+    h = ClaudeCodeHarness.from_context(_ctx(["--agent-claude-code-tools", "Bash,Read"]))
     assert (h.version, h.tools, h.bare) == (DEFAULT_VERSION, ["Bash", "Read"], True)
-    full = ClaudeCodeHarness.from_args(parser.parse_args([]))
+    full = ClaudeCodeHarness.from_context(_ctx([]))
     assert (full.tools, full.bare) == (list(DEFAULT_TOOLS), False)  # Write is not in --bare's pool
-    assert ClaudeCodeHarness.from_args(parser.parse_args(["--agent-claude-code-tools", "Bash,Write"])).bare is False
-    assert ClaudeCodeHarness.from_args(parser.parse_args(["--agent-claude-code-tools", ""])).bare is False
-    assert ClaudeCodeHarness.from_args(
-        parser.parse_args(["--agent-claude-code-tools", "Bash", "--agent-claude-code-no-bare"])).bare is False
+    assert ClaudeCodeHarness.from_context(_ctx(["--agent-claude-code-tools", "Bash,Write"])).bare is False
+    assert ClaudeCodeHarness.from_context(_ctx(["--agent-claude-code-tools", ""])).bare is False
+    assert ClaudeCodeHarness.from_context(
+        _ctx(["--agent-claude-code-tools", "Bash", "--agent-claude-code-no-bare"])).bare is False
     with pytest.raises(ValueError, match="--agent-claude-code-tools asks for Write"):
         ClaudeCodeHarness(tools=["Bash", "Write"], bare=True)
     ep = AgentEndpoint("http://127.0.0.1:9", "sk-1", "policy")
@@ -168,7 +169,6 @@ def test_requested_tools_reach_the_gateway(prepared, tiny_tokenizer, tools):
         assert len(turns) == 2 and out["file"] == content.encode()
     else:
         assert len(turns) == 1
-
 
 
 @pytest.mark.integration

@@ -17,6 +17,13 @@ from vime_core.testing import AgentHarnessContract
 pytestmark = pytest.mark.contract
 
 
+def _ctx(argv: list[str]):
+    """The plugin context of ``vime run --model m ARGV`` (every other flag at its default)."""
+    from vime_core.testing.plugin_context import plugin_context_from_argv
+
+    return plugin_context_from_argv(["--model", "m", *argv])
+
+
 def call(name: str, arguments: dict) -> str:
     """One assistant turn calling a tool, in the Hermes format the gateway parses."""
     return "<tool_call>\n" + json.dumps({"name": name, "arguments": arguments}) + "\n</tool_call>"
@@ -40,14 +47,9 @@ def test_plugin_is_discovered():
 
 
 def test_flags_config_and_command():
-
     import tomllib
-    from vime_agent_codex.harness import CodexFlags
 
-    from vime_core.testing import flags_parser
-
-    parser = flags_parser(CodexFlags)
-    h = CodexHarness.from_args(parser.parse_args(["--agent-codex-config", 'model_reasoning_effort="low"']))
+    h = CodexHarness.from_context(_ctx(["--agent-codex-config", 'model_reasoning_effort="low"']))
     assert (h.version, h.config) == (DEFAULT_VERSION, ['model_reasoning_effort="low"'])
     cfg = tomllib.loads(h.config_toml(AgentEndpoint("http://127.0.0.1:9", "sk-1", "policy")))
     assert cfg["model"] == "policy" and cfg["model_provider"] == "vime"
@@ -121,21 +123,18 @@ class TestCodexDocker(_Turns, AgentHarnessContract):
 
 
 def test_compact_config_and_instructions_file(tmp_path):
-
     import tomllib
-    from vime_agent_codex.harness import COMPACT_INSTRUCTIONS, CodexFlags
+    from vime_agent_codex.harness import COMPACT_INSTRUCTIONS
 
     from vime_core.agent.harness import AgentHarnessError
-    from vime_core.testing import flags_parser
 
-    parser = flags_parser(CodexFlags)
     ep = AgentEndpoint("http://127.0.0.1:9", "sk-1", "policy")
-    plain = CodexHarness.from_args(parser.parse_args([]))
+    plain = CodexHarness.from_context(_ctx([]))
     assert (plain.compact, plain.instructions) == (False, None)
     assert list(plain.home_files(ep, "/h")) == ["/h/config.toml"]
     assert "model_instructions_file" not in tomllib.loads(plain.config_toml(ep, "/h"))
 
-    h = CodexHarness.from_args(parser.parse_args(["--agent-codex-compact"]))
+    h = CodexHarness.from_context(_ctx(["--agent-codex-compact"]))
     files = h.home_files(ep, "/h")
     assert files["/h/instructions.md"] == COMPACT_INSTRUCTIONS
     cfg = tomllib.loads(files["/h/config.toml"])
@@ -149,11 +148,11 @@ def test_compact_config_and_instructions_file(tmp_path):
     assert cfg["model_providers"]["vime"]["base_url"] == "http://127.0.0.1:9/v1"  # the rest is unchanged
 
     (tmp_path / "i.md").write_text("Be brief.\n")
-    own = CodexHarness.from_args(parser.parse_args(["--agent-codex-instructions-file", str(tmp_path / "i.md")]))
+    own = CodexHarness.from_context(_ctx(["--agent-codex-instructions-file", str(tmp_path / "i.md")]))
     files = own.home_files(ep, "/h")
     assert files["/h/instructions.md"] == "Be brief.\n" and "skills" not in tomllib.loads(files["/h/config.toml"])
     with pytest.raises(AgentHarnessError, match="--agent-codex-instructions-file .*missing.md"):
-        CodexHarness.from_args(parser.parse_args(["--agent-codex-instructions-file", str(tmp_path / "missing.md")]))
+        CodexHarness.from_context(_ctx(["--agent-codex-instructions-file", str(tmp_path / "missing.md")]))
 
 
 async def run_compact_codex(gw, sid: str):

@@ -11,7 +11,6 @@ from reward_tests_cases import PARTIAL, STUB, TESTS, task_sample
 from vime_reward_tests.reward import RewardInfraError, RunOutcome, read_records, record_line, score
 from vime_reward_tests.reward import tests_reward as reward_of
 
-from vime_core.arguments import default_args
 from vime_core.data.workspace_task import AgentResult, TaskError, WorkspaceTask, is_guarded, result_files
 from vime_core.sandbox.base import SandboxInfraError
 from vime_core.sandbox.local import LocalSandbox
@@ -19,8 +18,8 @@ from vime_core.testing.plugin_context import plugin_context
 from vime_core.types import Sample, Status
 
 
-def _args(**kw):
-    return default_args(**{"sandbox": "local", "reward_tests_timeout": 60.0, **kw})
+def _ctx(**kw):
+    return plugin_context(**{"sandbox": "local", "reward_tests_timeout": 60.0, **kw})
 
 
 @pytest.mark.unit
@@ -109,7 +108,7 @@ def test_score_modes():
 @pytest.mark.contract
 def test_all_mode_and_details():
     s = task_sample({"solution.py": PARTIAL})
-    assert asyncio.run(reward_of(_args(reward_tests_mode="all"), s)) == 0.0
+    assert asyncio.run(reward_of(_ctx(reward_tests_mode="all"), s)) == 0.0
     d = s.metadata["reward_tests"]
     assert (d["passed"], d["total"], d["failed"], d["errors"], d["exit_code"], d["complete"]) == (2, 3, 1, 0, 1, True)
     assert d["cases"] == {
@@ -118,23 +117,23 @@ def test_all_mode_and_details():
         "test_solution.py::test_twos": "passed",
     }
     good = task_sample({"solution.py": "def add(a, b):\n    return a + b\n"})
-    assert asyncio.run(reward_of(_args(reward_tests_mode="all"), good)) == 1.0
+    assert asyncio.run(reward_of(_ctx(reward_tests_mode="all"), good)) == 1.0
 
 
 @pytest.mark.contract
 def test_num_tests_is_the_denominator_when_collection_fails():
     # a syntax error: pytest reports one collection error; the task says 3 tests -> 0/3, and 4 declared -> 0/4
     s = task_sample({"solution.py": "def add(a, b) return 1\n"}, num_tests=3)
-    assert asyncio.run(reward_of(_args(), s)) == 0.0
+    assert asyncio.run(reward_of(_ctx(), s)) == 0.0
     assert (s.metadata["reward_tests"]["total"], s.metadata["reward_tests"]["errors"]) == (3, 1)
     s = task_sample({"solution.py": "def add(a, b):\n    return a + b\n"}, num_tests=4)
-    assert asyncio.run(reward_of(_args(), s)) == 3 / 4
+    assert asyncio.run(reward_of(_ctx(), s)) == 3 / 4
 
 
 @pytest.mark.contract
 def test_a_hanging_solution_scores_zero_at_the_timeout():
     s = task_sample({"solution.py": "import time\ntime.sleep(600)\n"}, num_tests=3, timeout_s=3)
-    assert asyncio.run(reward_of(_args(), s)) == 0.0
+    assert asyncio.run(reward_of(_ctx(), s)) == 0.0
     d = s.metadata["reward_tests"]
     assert (d["timed_out"], d["complete"], d["passed"], d["total"]) == (True, False, 0, 3)
 
@@ -143,7 +142,7 @@ def test_a_hanging_solution_scores_zero_at_the_timeout():
 def test_missing_python_in_the_sandbox_is_an_infrastructure_failure():
     s = task_sample({"solution.py": "def add(a, b):\n    return a + b\n"})
     with pytest.raises(RewardInfraError, match="pytest cannot run"):
-        asyncio.run(reward_of(_args(reward_tests_python="/nonexistent/python3"), s))
+        asyncio.run(reward_of(_ctx(reward_tests_python="/nonexistent/python3"), s))
     assert "reward_tests" not in s.metadata
 
 
@@ -160,7 +159,7 @@ def test_sandbox_failure_excludes_the_sample_instead_of_scoring_zero():
 
     spec = f"{__name__}:BrokenSandbox"
     with pytest.raises(SandboxInfraError, match="sandbox service unreachable"):
-        asyncio.run(reward_of(_args(reward_tests_sandbox=spec), task_sample({"solution.py": STUB})))
+        asyncio.run(reward_of(_ctx(reward_tests_sandbox=spec), task_sample({"solution.py": STUB})))
 
     # through the rollout manager: the sample is failed, has no reward, and is not trainable
     async def gen(args, sample, sampling_params):
@@ -248,7 +247,7 @@ FORGERIES = {
 @pytest.mark.parametrize("how", sorted(FORGERIES))
 def test_code_under_test_cannot_forge_the_results(how):
     s = task_sample({"solution.py": FORGERIES[how]})
-    assert asyncio.run(reward_of(_args(), s)) == 0.0
+    assert asyncio.run(reward_of(_ctx(), s)) == 0.0
     d = s.metadata["reward_tests"]
     assert (d["passed"], d["total"]) == (0, 3)
     ids = [f"test_solution.py::{t}" for t in ("test_small", "test_zero", "test_twos")]
@@ -270,7 +269,7 @@ def test_code_under_test_cannot_forge_the_results(how):
 def test_a_correct_solution_that_also_forges_scores_zero():
     """Tampering is scored 0 even when the tests would pass: the run cannot be trusted."""
     s = task_sample({"solution.py": FORGERIES["reporter"].replace(WRONG, "def add(a, b):\n    return a + b\n")})
-    assert asyncio.run(reward_of(_args(), s)) == 0.0
+    assert asyncio.run(reward_of(_ctx(), s)) == 0.0
     d = s.metadata["reward_tests"]
     assert d["cases"] == {f"test_solution.py::{t}": "passed" for t in ("test_small", "test_zero", "test_twos")}
     assert (d["passed"], d["total"], len(d["tampered"])) == (0, 3, 4)

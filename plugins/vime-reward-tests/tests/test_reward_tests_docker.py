@@ -8,8 +8,8 @@ import asyncio
 import pytest
 from reward_tests_cases import HACK, PARTIAL, task_sample
 
-from vime_core.arguments import default_args
 from vime_core.plugins import get_plugins
+from vime_core.testing.plugin_context import plugin_context
 
 pytestmark = pytest.mark.integration
 
@@ -25,7 +25,7 @@ def docker_args():
         reason = f"dockerd unreachable ({type(e).__name__}: {e}); start it with scripts/ci_services.sh"
         print(f"SKIP docker tests reward: {reason}")
         pytest.skip(reason)
-    return default_args(sandbox="docker", sandbox_docker_image=build_image(DEFAULT_IMAGE))
+    return plugin_context(sandbox="docker", sandbox_docker_image=build_image(DEFAULT_IMAGE))
 
 
 def test_exact_rewards_in_docker(docker_args):

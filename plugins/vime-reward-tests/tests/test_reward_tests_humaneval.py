@@ -7,9 +7,9 @@ import asyncio
 
 import pytest
 
-from vime_core.arguments import default_args
 from vime_core.data.humaneval_export import load_problems, problem_to_row
 from vime_core.plugins import get_plugins
+from vime_core.testing.plugin_context import plugin_context
 from vime_core.types import Sample
 
 pytestmark = pytest.mark.contract
@@ -34,7 +34,7 @@ def test_humaneval_rewards_exact():
         (_sample(he32, None), 0.0),
     ]
     reward = get_plugins().resolve("reward", "tests")
-    args = default_args(sandbox="local", reward_tests_timeout=60.0)
+    args = plugin_context(sandbox="local", reward_tests_timeout=60.0)
 
     async def run():
         return await asyncio.gather(*(reward(args, s) for s, _ in cases))

@@ -13,6 +13,13 @@ from vime_core.testing import SandboxBackendContract
 pytestmark = pytest.mark.contract
 
 
+def _ctx(argv: list[str]):
+    """The plugin context of ``vime run --model m ARGV`` (every other flag at its default)."""
+    from vime_core.testing.plugin_context import plugin_context_from_argv
+
+    return plugin_context_from_argv(["--model", "m", *argv])
+
+
 def test_plugin_is_discovered():
     rows = {r["name"]: r for r in get_plugins().describe()}
     assert rows["sandbox-docker"]["distribution"] == "vime-sandbox-docker"
@@ -24,16 +31,14 @@ def test_flags_reach_from_args():
     from vime_sandbox_docker.sandbox import DockerFlags
 
     from vime_core.arguments import build_parser
-    from vime_core.config import SandboxConfig
-    from vime_core.testing import flags_parser
 
     assert "--sandbox-docker-image" in build_parser()._option_string_actions
-    parser = flags_parser(SandboxConfig, DockerFlags)
-    args = parser.parse_args(["--sandbox-docker-image", "img:1", "--sandbox-network", "--sandbox-memory-mb", "256"])
-    sb = DockerSandbox.from_args(args)
+    ctx = _ctx(["--sandbox-docker-image", "img:1", "--sandbox-network", "--sandbox-memory-mb", "256"])
+    sb = DockerSandbox.from_context(ctx)
     assert (sb.image, sb.network, sb.read_only, sb.base_url) == ("img:1", True, True, None)
     assert (sb.limits.memory_bytes, sb.limits.pids) == (256 << 20, 512)
-    assert DockerSandbox.from_args(args, network=False).network is False
+    assert DockerSandbox.from_context(ctx, network=False).network is False
+    assert DockerSandbox.from_config(ctx.sandbox, ctx.plugin(DockerFlags)).image == "img:1"
 
 
 def test_missing_image_is_an_infra_error(docker_image):

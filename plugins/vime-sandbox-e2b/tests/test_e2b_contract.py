@@ -23,13 +23,13 @@ def test_plugin_is_discovered():
     assert get_plugins().resolve("sandbox", "e2b") is E2BSandbox
 
 
-def test_flags_reach_from_args():
-    from vime_core.arguments import build_parser
+def test_flags_reach_the_sandbox():
+    from vime_core.testing.plugin_context import plugin_context_from_argv
 
-    args = build_parser().parse_args(
+    ctx = plugin_context_from_argv(
         ["--model", "m", "--sandbox", "e2b", "--sandbox-e2b-template", "py-3", "--sandbox-wall-time", "90"]
     )
-    sb = E2BSandbox.from_args(args)
+    sb = E2BSandbox.from_context(ctx)
     assert (sb.template, sb.network, sb.limits.wall_time_s, sb._e2b_timeout()) == (
         "py-3",
         False,

@@ -1,14 +1,18 @@
 """vime-sandbox-localvm is found through its entry point, with its flags; no VM needed."""
 
 import pytest
-from vime_sandbox_localvm.hooks import LocalVMFlags
 from vime_sandbox_localvm.sandbox import LocalVMSandbox
 
-from vime_core.config import SandboxConfig
 from vime_core.plugins import get_plugins
-from vime_core.testing import flags_parser
 
 pytestmark = pytest.mark.contract
+
+
+def _ctx(argv: list[str]):
+    """The plugin context of ``vime run --model m ARGV`` (every other flag at its default)."""
+    from vime_core.testing.plugin_context import plugin_context_from_argv
+
+    return plugin_context_from_argv(["--model", "m", *argv])
 
 
 def test_plugin_is_discovered():
@@ -19,16 +23,15 @@ def test_plugin_is_discovered():
 
 
 def test_flags_reach_from_args(tmp_path):
-    parser = flags_parser(SandboxConfig, LocalVMFlags)
-    args = parser.parse_args(["--sandbox-localvm-image-dir", str(tmp_path), "--sandbox-localvm-accel", "tcg",
-                              "--sandbox-cpus", "2", "--sandbox-memory-mb", "512"])
-    sb = LocalVMSandbox.from_args(args)
+    ctx = _ctx(["--sandbox-localvm-image-dir", str(tmp_path), "--sandbox-localvm-accel", "tcg",
+                "--sandbox-cpus", "2", "--sandbox-memory-mb", "512"])
+    sb = LocalVMSandbox.from_context(ctx)
     assert (sb.image_dir, sb.accel, sb.ssh, sb.limits.cpus, sb.limits.memory_bytes) == (tmp_path, "tcg", None, 2.0,
                                                                                       512 << 20)
     argv = sb._qemu_argv(2222)
     assert argv[argv.index("-smp") + 1] == "2" and argv[argv.index("-m") + 1] == "512"
     assert "user,id=n0,restrict=on,hostfwd=tcp:127.0.0.1:2222-:22" in argv
-    attached = LocalVMSandbox.from_args(args, ssh="root@127.0.0.1:2200")
+    attached = LocalVMSandbox.from_context(ctx, ssh="root@127.0.0.1:2200")
     assert attached.capabilities == {"detached"}
 
 

@@ -24,10 +24,10 @@ def test_plugin_is_discovered():
     assert get_plugins().resolve("sandbox", "modal") is ModalSandbox
 
 
-def test_flags_reach_from_args():
-    from vime_core.arguments import build_parser
+def test_flags_reach_the_sandbox():
+    from vime_core.testing.plugin_context import plugin_context_from_argv
 
-    args = build_parser().parse_args(
+    ctx = plugin_context_from_argv(
         [
             "--model",
             "m",
@@ -43,7 +43,7 @@ def test_flags_reach_from_args():
             "256",
         ]
     )
-    sb = ModalSandbox.from_args(args)
+    sb = ModalSandbox.from_context(ctx)
     assert (sb.image, sb.app_name, sb.network, sb._modal_timeout(), sb.limits.memory_bytes) == (
         "python:3.11",
         "a1",

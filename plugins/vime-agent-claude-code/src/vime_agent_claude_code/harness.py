@@ -27,7 +27,6 @@ killed at ``wall_time_s`` → ``timeout``.
 
 from __future__ import annotations
 
-import argparse
 import shlex
 from dataclasses import dataclass
 from typing import Any
@@ -95,6 +94,7 @@ class ClaudeCodeHarness(NpmAgentHarness):
 
     NAME = "claude-code"
     api = "anthropic"
+    FLAGS = ClaudeCodeFlags
     NPM_PACKAGE = "@anthropic-ai/claude-code"
     DEFAULT_VERSION = DEFAULT_VERSION
     EXECUTABLE = "node_modules/@anthropic-ai/claude-code-linux-x64/claude"
@@ -125,10 +125,10 @@ class ClaudeCodeHarness(NpmAgentHarness):
         self.extra_args = list(extra_args or [])
 
     @classmethod
-    def from_args(cls, args: argparse.Namespace | None) -> ClaudeCodeHarness:
-        """From ``--agent-claude-code-version``, ``-tools``, ``-system-prompt``, ``-no-bare`` (absent: ``bare``
-        is chosen from the tools); a flag ``args`` lacks (or ``args`` ``None``) is at its default."""
-        own = ClaudeCodeFlags.from_args(args)
+    def from_config(cls, flags: ClaudeCodeFlags | None = None) -> ClaudeCodeHarness:
+        """From ``--agent-claude-code-version``, ``-tools``, ``-system-prompt``, ``-no-bare`` of ``flags``
+        (``None``: the defaults; without ``-no-bare``, ``bare`` is chosen from the tools)."""
+        own = flags if flags is not None else ClaudeCodeFlags()
         return cls(
             version=own.agent_claude_code_version,
             tools=[t for t in (own.agent_claude_code_tools or "").split(",") if t],

@@ -42,7 +42,6 @@ end: ``turn.completed`` → ``completed``; ``turn.failed``/``error`` or a non-ze
 
 from __future__ import annotations
 
-import argparse
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -138,6 +137,7 @@ class CodexHarness(NpmAgentHarness):
 
     NAME = "codex"
     api = "openai-responses"
+    FLAGS = CodexFlags
     NPM_PACKAGE = "@openai/codex"
     DEFAULT_VERSION = DEFAULT_VERSION
     EXECUTABLE = "node_modules/@openai/codex-linux-x64/vendor/x86_64-unknown-linux-musl/bin/codex"
@@ -159,13 +159,13 @@ class CodexHarness(NpmAgentHarness):
         self.instructions = instructions
 
     @classmethod
-    def from_args(cls, args: argparse.Namespace | None) -> CodexHarness:
+    def from_config(cls, flags: CodexFlags | None = None) -> CodexHarness:
         """From ``--agent-codex-version``, ``--agent-codex-config``, ``--agent-codex-compact`` and
-        ``--agent-codex-instructions-file`` (a flag ``args`` lacks, or ``args`` ``None``: its default).
+        ``--agent-codex-instructions-file`` of ``flags`` (``None``: the defaults).
 
         :raises AgentHarnessError: the instructions file cannot be read (the message names the flag).
         """
-        own = CodexFlags.from_args(args)
+        own = flags if flags is not None else CodexFlags()
         path = own.agent_codex_instructions_file
         instructions = None
         if path:

@@ -5,11 +5,12 @@ from __future__ import annotations
 from vime_core import hookimpl
 
 
-async def tests(args, sample) -> float:
-    """The ``tests`` reward (:func:`vime_reward_tests.reward.tests_reward`)."""
+async def tests(ctx, sample) -> float:
+    """The ``tests`` reward (:func:`vime_reward_tests.reward.tests_reward`); ``ctx`` is the run's
+    :class:`~vime_core.context.PluginContext`."""
     from vime_reward_tests.reward import tests_reward
 
-    return await tests_reward(args, sample)
+    return await tests_reward(ctx, sample)
 
 
 @hookimpl

@@ -40,7 +40,6 @@ itself (reading its key from memory, rewriting its code objects, ``ctypes``) is 
 
 from __future__ import annotations
 
-import argparse
 import functools
 import hashlib
 import hmac
@@ -57,7 +56,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from vime_core.config import PluginConfig, SandboxConfig, flag
+from vime_core.config import PluginConfig, flag
+from vime_core.context import PluginContext, takes_context
 from vime_core.data.workspace_task import AgentResult, WorkspaceTask, result_files
 from vime_core.types import Sample
 
@@ -250,18 +250,16 @@ def score(outcome: RunOutcome, mode: str) -> float:
 
 
 async def run_tests(
-    args: Any, task: WorkspaceTask, files: dict[str, str], *, timeout_s: float, python: str
+    ctx: PluginContext, task: WorkspaceTask, files: dict[str, str], *, timeout_s: float, python: str
 ) -> RunOutcome:
     """Run ``task.tests`` against ``files`` in a fresh sandbox (see the module docstring).
 
     :raises RewardInfraError: the preflight failed or the runner's output is unreadable.
     :raises vime_core.sandbox.SandboxError: the sandbox failed.
-    :raises vime_core.config.ConfigError: ``--reward-tests-sandbox`` is unset and ``args`` lacks the sandbox flags
-        (a hand-built Namespace: build it with :func:`vime_core.arguments.default_args`).
     """
     from vime_core.plugins import get_plugins
 
-    backend = RewardTestsFlags.from_args(args).reward_tests_sandbox or SandboxConfig.from_args(args).sandbox
+    backend = ctx.plugin(RewardTestsFlags).reward_tests_sandbox or ctx.sandbox.sandbox
     cls = get_plugins().resolve("sandbox", backend)
     archive = build_archive(files, task.tests)
     b = uuid.uuid4().hex  # section boundary of the runner's report
@@ -277,7 +275,7 @@ async def run_tests(
         f'echo "VIME-RC {b} $?"; echo "VIME-TAIL {b}"; tail -c 4000 "$ws/{RESULTS_DIR}/out.txt"; true'
     )
     t0 = time.monotonic()
-    async with cls.from_args(args) as sb:
+    async with cls.from_context(ctx) as sb:
         up = await sb.exec(
             ["/bin/sh", "-c", 'mkdir -p -- "$1" && tar -x -f - -C "$1"', "sh", sb.workspace],
             stdin=archive,
@@ -331,7 +329,8 @@ async def run_tests(
     return out
 
 
-async def tests_reward(args: argparse.Namespace, sample: Sample) -> float:
+@takes_context
+async def tests_reward(ctx: PluginContext, sample: Sample) -> float:
     """Reward from the task's hidden tests (see the module docstring); details in ``metadata["reward_tests"]``.
 
     :return: the pass fraction (``--reward-tests-mode fraction``) or 1.0/0.0 (``all``).
@@ -342,9 +341,9 @@ async def tests_reward(args: argparse.Namespace, sample: Sample) -> float:
     task = WorkspaceTask.from_metadata(sample.metadata, need_tests=True)
     result = AgentResult.from_metadata(sample.metadata)
     files, ignored = result_files(task, result, task.tests)
-    opts = RewardTestsFlags.from_args(args)
+    opts = ctx.plugin(RewardTestsFlags)
     timeout_s = float(task.timeout_s or opts.reward_tests_timeout)
-    outcome = await run_tests(args, task, files, timeout_s=timeout_s, python=opts.reward_tests_python)
+    outcome = await run_tests(ctx, task, files, timeout_s=timeout_s, python=opts.reward_tests_python)
     outcome.ignored = ignored
     sample.metadata["reward_tests"] = asdict(outcome)
     return score(outcome, opts.reward_tests_mode)

@@ -177,6 +177,7 @@ class DockerSandbox(Sandbox):
     )
 
     #: ``--sandbox-docker-image`` and ``--sandbox-docker-host`` (unset or empty: the constructor's default)
+    FLAGS = DockerFlags
     FLAG_KWARGS = {"sandbox_docker_image": "image", "sandbox_docker_host": "base_url"}
 
     def __init__(
@@ -204,11 +205,12 @@ class DockerSandbox(Sandbox):
         self._forwards: dict[tuple[str, int], tuple[Any, str]] = {}
 
     @classmethod
-    def from_args(cls, args: Any, **kwargs: Any) -> DockerSandbox:
-        """The generic ``--sandbox-*`` flags plus ``--sandbox-docker-image``, ``--sandbox-docker-host``
-        (:attr:`FLAG_KWARGS`) and ``--sandbox-docker-writable-root`` (keywords win)."""
-        writable = DockerFlags.from_args(args).sandbox_docker_writable_root
-        return super().from_args(args, **{"read_only": not writable, **kwargs})  # type: ignore[return-value]
+    def from_config(cls, sandbox: Any = None, flags: Any = None, **kwargs: Any) -> DockerSandbox:
+        """The generic ``--sandbox-*`` limits plus ``--sandbox-docker-image``, ``--sandbox-docker-host``
+        (:attr:`FLAG_KWARGS`) and ``--sandbox-docker-writable-root`` of ``flags`` (a :class:`DockerFlags`; ``None``:
+        the defaults). Keywords win."""
+        writable = (flags or DockerFlags()).sandbox_docker_writable_root
+        return super().from_config(sandbox, flags, **{"read_only": not writable, **kwargs})  # type: ignore[return-value]
 
     @property
     def container_id(self) -> str | None:

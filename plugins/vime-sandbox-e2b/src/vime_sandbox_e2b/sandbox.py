@@ -57,6 +57,7 @@ from vime_core.sandbox.base import (
     wrap_argv,
 )
 from vime_core.sandbox.cancel import finish_then_raise
+from vime_sandbox_e2b.flags import E2BFlags
 
 DEFAULT_TEMPLATE = "base"
 WALL_TIME_GRACE_S = 30  # E2B's own timeout is the wall time plus this (vime enforces the wall time itself)
@@ -102,6 +103,7 @@ class E2BSandbox(Sandbox):
 
     NAME = "e2b"
     capabilities = frozenset({"network_isolation", "detached", "wall_time", "reaper"})
+    FLAGS = E2BFlags
     FLAG_KWARGS = {"sandbox_e2b_template": "template"}
 
     def __init__(

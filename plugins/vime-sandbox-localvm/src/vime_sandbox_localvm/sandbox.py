@@ -46,6 +46,7 @@ from vime_core.sandbox.base import (
     process_start_time,
 )
 from vime_core.sandbox.cancel import finish_then_raise, wait_for
+from vime_sandbox_localvm.flags import LocalVMFlags
 from vime_sandbox_localvm.image import AGENTS_TAG, IMAGE_FORMAT, default_image_dir, image_format, image_ready
 
 ENV_ID = "VIME_SANDBOX_ID"
@@ -183,6 +184,7 @@ class LocalVMSandbox(Sandbox):
             "host_port",
         }
     )
+    FLAGS = LocalVMFlags
     FLAG_KWARGS = {"sandbox_localvm_image_dir": "image_dir", "sandbox_localvm_accel": "accel",
                    "sandbox_localvm_ssh": "ssh", "sandbox_localvm_ssh_key": "ssh_key"}
 

@@ -50,6 +50,7 @@ from vime_core.sandbox.base import (
     wrap_argv,
 )
 from vime_core.sandbox.cancel import finish_then_raise
+from vime_sandbox_modal.flags import ModalFlags
 
 DEFAULT_IMAGE = "python:3.12-slim"
 DEFAULT_APP = "vime-sandboxes"
@@ -95,6 +96,7 @@ class ModalSandbox(Sandbox):
 
     NAME = "modal"
     capabilities = frozenset({"network_isolation", "detached", "wall_time", "reaper"})
+    FLAGS = ModalFlags
     FLAG_KWARGS = {"sandbox_modal_image": "image", "sandbox_modal_app": "app_name"}
 
     def __init__(
