@@ -161,7 +161,7 @@ def sandbox_backends() -> list[str]:
 
 
 def generate_step(m, router, vllm_server, tiny_model_dir, step=0):
-    """``m.generate(step)`` of a test manager (``tests.unit.test_hooks._manager_with_hooks``) through the real
+    """``m.generate(step)`` of a test manager (``tests.support.rollout.manager_with_hooks``) through the real
     router, with a client built as the rollout manager builds it; the server's weight-version label is numeric
     meanwhile (as in a run) and put back afterwards."""
     previous_label = vllm_server.weight_version()

@@ -2,7 +2,7 @@
 the run in every loop mode, while a flake does not (kind of verl #6395).
 
 The rollout manager and its background producer are the real ones, in-process; only the engines are replaced by a
-generate function that sleeps (``tests/unit/test_async_admission.py``).
+generate function that sleeps (``tests/support/async_rollout.py``).
 """
 
 from __future__ import annotations

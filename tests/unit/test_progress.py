@@ -71,7 +71,7 @@ def test_rollout_phase_text():
 
 def test_rollout_manager_reports_finished_samples(tiny_model_dir, tmp_path):
     """The rollout manager tells the progress counter how many samples of the step finished."""
-    from test_hooks import _manager_with_hooks
+    from tests.support.rollout import manager_with_hooks
 
     board = RolloutProgress()
     seen = []
@@ -80,7 +80,7 @@ def test_rollout_manager_reports_finished_samples(tiny_model_dir, tmp_path):
         seen.append((done, total))
         board.set(done, total)
 
-    mgr = _manager_with_hooks(tiny_model_dir, tmp_path)
+    mgr = manager_with_hooks(tiny_model_dir, tmp_path)
     mgr.runner.progress = SimpleNamespace(set=SimpleNamespace(remote=record))  # an actor handle's .set.remote
     mgr.runner.progress_throttle.interval_s = 0.0  # report every sample
     groups, _ = mgr.generate(0)

@@ -8,8 +8,8 @@ import math
 
 import httpx
 import pytest
-from test_hooks import _manager_with_hooks
 
+from tests.support.rollout import manager_with_hooks
 from vime_core import hookimpl
 from vime_core.arguments import ArgumentError, parse_run_args
 from vime_core.failures import FailureCause, SampleFailure, classify_failure, failure_metrics, mark_failed
@@ -153,7 +153,7 @@ def test_reward_errors_fail_the_sample_by_cause(tiny_model_dir, tmp_path):
         def vime_register_reward_functions(register):
             register("bad", bad_reward)
 
-    m = _manager_with_hooks(
+    m = manager_with_hooks(
         tiny_model_dir,
         tmp_path,
         P,
@@ -210,7 +210,7 @@ def test_generate_failures_by_cause_and_policy_timeouts(tiny_model_dir, tmp_path
         sample.metadata["policy_timeout"] = n == 5  # p5: the agent hit its own wall time; still trained
         return sample
 
-    m = _manager_with_hooks(
+    m = manager_with_hooks(
         tiny_model_dir, tmp_path, generate=generate, num_prompts=7, rollout_batch_size=7, n_samples_per_prompt=1
     )
     groups, metrics = m.generate(0)
@@ -276,7 +276,7 @@ def test_group_reward_scores_each_group_at_once(tiny_model_dir, tmp_path):
         sample.status = Status.COMPLETED
         return sample
 
-    m = _manager_with_hooks(
+    m = manager_with_hooks(
         tiny_model_dir,
         tmp_path,
         P,
@@ -319,7 +319,7 @@ def test_group_reward_failures(tiny_model_dir, tmp_path):
         sample.status = Status.COMPLETED
         return sample
 
-    m = _manager_with_hooks(
+    m = manager_with_hooks(
         tiny_model_dir, tmp_path, P, generate=generate, num_prompts=2, group_reward="scorer", n_samples_per_prompt=3
     )
     groups, metrics = m.generate(0)
@@ -341,7 +341,7 @@ def test_group_reward_failures(tiny_model_dir, tmp_path):
 def test_math_reward_timeout_fails_one_sample_and_the_rollout_goes_on(tiny_model_dir, tmp_path):
     """A pathological boxed answer (sympy would expand x + 9^(9^(9^9))) is cut at --math-verify-timeout: that sample
     fails as reward_timeout, the other is scored 1.0, and the step finishes."""
-    m = _manager_with_hooks(
+    m = manager_with_hooks(
         tiny_model_dir,
         tmp_path,
         generate=_text_generate([r"\boxed{x + 9^{9^{9^{9}}}}", r"so \boxed{x}"]),
@@ -396,7 +396,7 @@ def test_a_label_the_math_reward_cannot_parse_fails_its_sample_not_scored_0(tiny
     data.write_text(
         "\n" + "".join(json.dumps({"prompt": f"p{i}", "label": lab}) + "\n" for i, lab in enumerate(["", "2", "2"]))
     )
-    m = _manager_with_hooks(
+    m = manager_with_hooks(
         tiny_model_dir,
         tmp_path,
         generate=_text_generate(["\\boxed{1}", "\\boxed{2}", "\\boxed{3}"]),
