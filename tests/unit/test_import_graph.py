@@ -50,6 +50,7 @@ LAYERS: list[tuple[str, list[str]]] = [
         "interfaces",
         [
             "vime_core.sandbox.base",
+            "vime_core.sandbox.construction",
             "vime_core.sandbox.errors",
             "vime_core.sandbox.results",
             "vime_core.sandbox.limits",

@@ -20,10 +20,10 @@ import time
 import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import ClassVar
 
-from vime_core.config import SandboxConfig
 from vime_core.sandbox.cancel import finish_then_raise
+from vime_core.sandbox.construction import SandboxConstruction
 
 # Re-exported: the errors, results, limits, owner tokens, reaper and tar helpers lived in this module; plugins and
 # callers import them from here (``from vime_core.sandbox.base import SandboxInfraError, owner_token``).
@@ -131,7 +131,7 @@ CAPABILITIES = frozenset(
 )
 
 
-class Sandbox(abc.ABC):
+class Sandbox(SandboxConstruction, abc.ABC):
     """An isolated place to run commands: ``async with Backend(...) as sb: await sb.exec("...")``.
 
     Created on ``__aenter__``; torn down on ``__aexit__`` — also on exception, cancellation and timeout; at
@@ -143,18 +143,13 @@ class Sandbox(abc.ABC):
     :param default_timeout_s: timeout of ``exec`` calls that give none, in seconds.
 
     Backends set :attr:`NAME`, :attr:`workspace` (the default working directory inside the sandbox) and
-    implement :meth:`_create`, :meth:`_destroy`, :meth:`_exec_raw` and :meth:`cleanup`.
+    implement :meth:`_create`, :meth:`_destroy`, :meth:`_exec_raw` and :meth:`cleanup`; a run builds them with
+    :meth:`~vime_core.sandbox.construction.SandboxConstruction.from_context`.
     """
 
     NAME: ClassVar[str] = ""
     capabilities: ClassVar[frozenset[str]] = frozenset()
     control_dir: ClassVar[str] = CONTROL_DIR
-    #: the backend's own flag class (a :class:`~vime_core.config.PluginConfig` registered through
-    #: ``vime_register_flags``), ``None`` for a backend without flags of its own
-    FLAGS: ClassVar[type | None] = None
-    #: the backend's own flags given to the constructor: field of :attr:`FLAGS` → constructor keyword (a flag left
-    #: unset, ``None`` or empty, is left out, so the constructor's default applies)
-    FLAG_KWARGS: ClassVar[Mapping[str, str]] = {}
 
     def __init__(
         self,
@@ -173,55 +168,6 @@ class Sandbox(abc.ABC):
         self._state = "new"  # new | started | closed
         self._deadline: float | None = None
         self._close_task: asyncio.Future | None = None
-
-    # -- construction from the run's configuration --------------------------------------------------------------
-    @classmethod
-    def from_config(cls, sandbox: SandboxConfig | None = None, flags: Any = None, **kwargs: Any) -> Sandbox:
-        """Build a sandbox from the run's typed configuration. Keywords win.
-
-        :param sandbox: the generic ``--sandbox-*`` limits (:func:`~vime_core.sandbox.limits.sandbox_kwargs`);
-            ``None``: the constructor's defaults.
-        :param flags: the backend's :attr:`FLAGS` instance, read through :attr:`FLAG_KWARGS`; ``None``: defaults.
-        """
-        return cls(**{**sandbox_kwargs_from_config(sandbox), **backend_kwargs(flags, cls.FLAG_KWARGS), **kwargs})
-
-    @classmethod
-    def from_context(cls, ctx: Any, **kwargs: Any) -> Sandbox:
-        """Build a sandbox for a run from its :class:`~vime_core.context.PluginContext`: :meth:`from_config` of
-        its sandbox section and the backend's own flags (``ctx.plugin(FLAGS)``). Keywords win.
-
-        A backend written for vime 0.x (it overrides :meth:`from_args` only, or declares :attr:`FLAG_KWARGS`
-        without :attr:`FLAGS`) is built by its ``from_args`` from the run's Namespace, with a
-        ``DeprecationWarning``.
-        """
-        legacy = cls.FLAGS is None and bool(cls.FLAG_KWARGS)
-        overridden = getattr(cls.from_args, "__func__", None) is not Sandbox.from_args.__func__
-        if legacy or (overridden and cls.from_config.__func__ is Sandbox.from_config.__func__):  # type: ignore[attr-defined]
-            import warnings
-
-            from vime_core.context import legacy_args
-
-            warnings.warn(
-                f"sandbox backend {cls.__name__} is built from an argparse.Namespace (from_args); declare its flag "
-                "class as FLAGS and override from_config(sandbox, flags, **kwargs) instead: from_args stops being "
-                "called in the next minor version",
-                DeprecationWarning,
-                stacklevel=2,
-            )
-            return cls.from_args(legacy_args(ctx.config), **kwargs)
-        own = ctx.plugin(cls.FLAGS) if cls.FLAGS is not None else None
-        return cls.from_config(ctx.sandbox, own, **kwargs)
-
-    @classmethod
-    def from_args(cls, args: Any, **kwargs: Any) -> Sandbox:
-        """Deprecated (use :meth:`from_context` or :meth:`from_config`): build a sandbox from a ``vime run``
-        Namespace, or ``None`` for the defaults. Keywords win."""
-        sandbox = SandboxConfig.from_args(args) if args is not None and hasattr(args, "sandbox_cpus") else None
-        if cls.FLAGS is not None:
-            own = cls.FLAGS.from_args(args)  # type: ignore[attr-defined]
-        else:
-            own = args  # a 0.x backend: FLAG_KWARGS names attributes of the Namespace
-        return cls.from_config(sandbox, own, **kwargs)
 
     # -- lifecycle -----------------------------------------------------------------------------------------------
     async def __aenter__(self) -> Sandbox:
