@@ -140,6 +140,28 @@ def legacy_args(config: RunConfig) -> argparse.Namespace:
     return hit[1]
 
 
+def built_from_args(cls: type, base: type, what: str, new_form: str) -> bool:
+    """Whether ``cls`` (a sandbox backend or agent harness written for vime 0.x) overrides ``from_args`` but not
+    ``from_config`` of ``base``: then it must still be built by its ``from_args``, and a ``DeprecationWarning``
+    naming ``new_form`` is issued. ``what`` names the kind in the warning (``"sandbox backend"``)."""
+    own_args = getattr(cls.from_args, "__func__", None) is not base.from_args.__func__  # type: ignore[attr-defined]
+    own_config = getattr(cls.from_config, "__func__", None) is not base.from_config.__func__  # type: ignore[attr-defined]
+    if not own_args or own_config:
+        return False
+    warn_built_from_args(cls, what, new_form)
+    return True
+
+
+def warn_built_from_args(cls: type, what: str, new_form: str) -> None:
+    """The ``DeprecationWarning`` of a class plugin still built by its ``from_args`` from a Namespace."""
+    warnings.warn(
+        f"{what} {cls.__name__} is built from an argparse.Namespace (from_args); declare its flag class as FLAGS "
+        f"and override {new_form} instead: from_args stops being called in the next minor version",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+
+
 def as_context(value: PluginContext | argparse.Namespace) -> PluginContext:
     """The :class:`PluginContext` of a built-in plugin function's first argument. An ``(args, ...)`` plugin that
     calls a built-in (a custom generate wrapping the default one) passes its Namespace: the one vime handed it maps

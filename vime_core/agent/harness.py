@@ -125,21 +125,9 @@ class AgentHarness(abc.ABC):
         """A harness configured for a run from its :class:`~vime_core.context.PluginContext`: :meth:`from_config` of
         ``ctx.plugin(FLAGS)``. A harness written for vime 0.x (it overrides :meth:`from_args` only) is built by its
         ``from_args`` from the run's Namespace, with a ``DeprecationWarning``."""
-        if (
-            getattr(cls.from_args, "__func__", None) is not AgentHarness.from_args.__func__
-            and getattr(cls.from_config, "__func__", None) is AgentHarness.from_config.__func__
-        ):
-            import warnings
+        from vime_core.context import built_from_args, legacy_args
 
-            from vime_core.context import legacy_args
-
-            warnings.warn(
-                f"agent harness {cls.__name__} is built from an argparse.Namespace (from_args); declare its flag "
-                "class as FLAGS and override from_config(flags) instead: from_args stops being called in the next "
-                "minor version",
-                DeprecationWarning,
-                stacklevel=2,
-            )
+        if built_from_args(cls, AgentHarness, "agent harness", "from_config(flags)"):
             return cls.from_args(legacy_args(ctx.config))
         return cls.from_config(ctx.plugin(cls.FLAGS) if cls.FLAGS is not None else None)
 

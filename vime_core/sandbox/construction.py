@@ -40,20 +40,13 @@ class SandboxConstruction:
         without :attr:`FLAGS`) is built by its ``from_args`` from the run's Namespace, with a
         ``DeprecationWarning``.
         """
-        legacy = cls.FLAGS is None and bool(cls.FLAG_KWARGS)
-        overridden = getattr(cls.from_args, "__func__", None) is not SandboxConstruction.from_args.__func__
-        if legacy or (overridden and cls.from_config.__func__ is SandboxConstruction.from_config.__func__):  # type: ignore[attr-defined]
-            import warnings
+        from vime_core.context import built_from_args, legacy_args, warn_built_from_args
 
-            from vime_core.context import legacy_args
-
-            warnings.warn(
-                f"sandbox backend {cls.__name__} is built from an argparse.Namespace (from_args); declare its flag "
-                "class as FLAGS and override from_config(sandbox, flags, **kwargs) instead: from_args stops being "
-                "called in the next minor version",
-                DeprecationWarning,
-                stacklevel=2,
-            )
+        new_form = "from_config(sandbox, flags, **kwargs)"
+        if cls.FLAGS is None and cls.FLAG_KWARGS:  # 0.x: FLAG_KWARGS names attributes of the Namespace
+            warn_built_from_args(cls, "sandbox backend", new_form)
+            return cls.from_args(legacy_args(ctx.config), **kwargs)
+        if built_from_args(cls, SandboxConstruction, "sandbox backend", new_form):
             return cls.from_args(legacy_args(ctx.config), **kwargs)
         own = ctx.plugin(cls.FLAGS) if cls.FLAGS is not None else None
         return cls.from_config(ctx.sandbox, own, **kwargs)
