@@ -7,6 +7,9 @@
   the original weights back after a weight update).
 - ``router``: one real vllm-router (round_robin) in front of ``vllm_server``.
 
+Under pytest-xdist (``-n 2 --dist loadgroup``, the README's command) the files are grouped and ordered by
+:mod:`tests.support.xdist_plan`.
+
 Heavy imports happen inside the fixtures so that collecting unit tests stays fast. Environment knobs:
 ``VIME_TEST_KV_CACHE_GIB`` (default 1), ``VIME_TEST_OMP_THREADS_BIND`` (default ``nobind``),
 ``VIME_TEST_SERVER_STARTUP_TIMEOUT`` (seconds, default 600).
@@ -21,11 +24,26 @@ from pathlib import Path
 
 import pytest
 
+from tests.support import xdist_plan
+
 TINY_MODEL_NAME = "tiny-qwen2"
 
 #: seconds per test file (setup + call + teardown of its tests), printed at the end of the session; under
 #: pytest-xdist the controller receives every worker's reports, so the sums are per file wherever it ran
 FILE_SECONDS: defaultdict[str, float] = defaultdict(float)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if getattr(config.option, "dist", "no") == "loadgroup":
+        config.option.loadscopereorder = False  # xdist would order the units by test count: keep the planned order
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # a worker: `exclusive` tests run alone
+        config.pluginmanager.register(xdist_plan.ExclusiveLock(config.rootpath), "vime-exclusive-lock")
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the xdist_group marks
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if getattr(config.option, "dist", "no") == "loadgroup" and hasattr(config, "workerinput"):
+        items[:] = xdist_plan.plan(items)
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
@@ -38,6 +56,8 @@ def pytest_terminal_summary(terminalreporter) -> None:
         terminalreporter.write_sep("=", f"seconds per test file ({sum(FILE_SECONDS.values()):.0f} s in all)")
         for seconds, path in rows:
             terminalreporter.write_line(f"{seconds:8.1f}  {path}")
+    if os.environ.get("VIME_TEST_FILE_SECONDS_OUT"):
+        xdist_plan.write_seconds(os.environ["VIME_TEST_FILE_SECONDS_OUT"], FILE_SECONDS)
 
 
 @pytest.fixture(scope="session")

@@ -15,7 +15,7 @@ from vime_core.sandbox import SandboxLimits
 from vime_core.sandbox.local import LocalSandbox, host_mode, leftover_counts
 from vime_core.testing.sandbox_leak import run_once, spawn_and_kill
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.exclusive]  # counts every process's leftovers
 N = 20
 
 

@@ -16,7 +16,7 @@ import torch
 from tests.integration.helpers import run_flags, sandbox_backends
 from vime_core.testing.cli import run_vime as _vime
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.exclusive]  # reaps every dead owner's sandboxes
 
 
 def _run_backends() -> list[str]:

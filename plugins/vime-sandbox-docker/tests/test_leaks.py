@@ -12,7 +12,7 @@ from vime_sandbox_docker.sandbox import leftover_counts
 
 from vime_core.testing.sandbox_leak import run_once, spawn_and_kill
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.exclusive]  # counts every process's leftovers
 N = 20
 
 

@@ -82,6 +82,7 @@ def test_wall_time_limit_kills_the_vm(vm_image):
     print(f"\nwall-time limit 20 s: command killed after {took:.1f} s, VM gone, overlay deleted")
 
 
+@pytest.mark.exclusive  # counts every process's VMs
 def test_sigkill_mid_command_leaves_no_vm_after_the_reaper(vm_image):
     n = int(os.environ.get("VIME_LOCALVM_LEAK_N", "20" if _kvm(vm_image) else "2"))
     before = leftover_counts()  # the session VM, if it is up, belongs to this live process and must survive
