@@ -40,10 +40,18 @@ def pytest_configure(config: pytest.Config) -> None:
         config.pluginmanager.register(xdist_plan.ExclusiveLock(config.rootpath), "vime-exclusive-lock")
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the xdist_group marks
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: absent with `-p no:xdist`
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    if config.getvalue("dist") == "loadgroup":
+        return xdist_plan.GroupScheduling(config, log)
+    return None
+
+
+@pytest.hookimpl(trylast=True)  # after `-m` deselected: the order and check see the tests that run
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if getattr(config.option, "dist", "no") == "loadgroup" and hasattr(config, "workerinput"):
-        items[:] = xdist_plan.plan(items)
+    if hasattr(config, "workerinput") and config.getvalue("loadgroup"):  # an xdist worker of `--dist loadgroup`
+        xdist_plan.check_groups(items)
+        items[:] = xdist_plan.order(items)
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:

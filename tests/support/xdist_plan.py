@@ -8,9 +8,13 @@ Files are put together in one unit where running them side by side would cost mo
 - ``memory-heavy``: the files that boot VMs or several engines at once (localvm, the coding-agent runs, the two-node
   cluster): never two of them at the same time on the 24 GiB machine.
 
-Units start longest first (``tests/file_seconds.json``: seconds per file from an earlier serial session; a file not
+Units start longest first (``tests/file_seconds.json``: seconds per file from an earlier session; a file not
 listed counts 0), so the two workers finish close together. Write a new table with
 ``VIME_TEST_FILE_SECONDS_OUT=PATH``.
+
+xdist's own ``loadgroup`` reads ``xdist_group`` marks by renaming node ids, which pytest 9 no longer allows, so
+:class:`GroupScheduling` (installed by tests/conftest.py) groups by file path instead, and each worker checks that
+:data:`SESSION_ENGINE_FILES` names exactly the files whose tests use the session engine (:func:`check_groups`).
 """
 
 from __future__ import annotations
@@ -20,11 +24,28 @@ from collections import defaultdict
 from pathlib import Path
 
 import pytest
+from xdist.scheduler import LoadScopeScheduling
 
 SECONDS_FILE = Path(__file__).resolve().parents[1] / "file_seconds.json"
 
 #: fixtures of tests/conftest.py that start the session's one vLLM server
 SESSION_ENGINE_FIXTURES = ("vllm_server", "router")
+
+#: the files with a test that uses one of :data:`SESSION_ENGINE_FIXTURES` (checked on every xdist run)
+SESSION_ENGINE_FILES = frozenset(
+    {
+        "tests/integration/test_agent_gateway_vllm.py",
+        "tests/integration/test_examples_vllm.py",
+        "tests/integration/test_multi_turn_vllm.py",
+        "tests/integration/test_overlong_vllm.py",
+        "tests/integration/test_partial_rollout_vllm.py",
+        "tests/integration/test_rollout_engine.py",
+        "tests/integration/test_rollout_seed_vllm.py",
+        "tests/integration/test_sampling_params_vllm.py",
+        "tests/integration/test_weight_sync_delta.py",
+        "tests/integration/test_weight_sync_nccl.py",
+    }
+)
 
 #: files (or folders, ending in "/") that must not run beside each other
 MEMORY_HEAVY = (
@@ -41,6 +62,13 @@ def file_of(nodeid: str) -> str:
     return nodeid.split("::", 1)[0]
 
 
+def group_of(path: str) -> str:
+    """The unit of work of a test file: ``memory-heavy``, ``session-engine`` or the file's own path."""
+    if any(path == p or (p.endswith("/") and path.startswith(p)) for p in MEMORY_HEAVY):
+        return "memory-heavy"
+    return "session-engine" if path in SESSION_ENGINE_FILES else path
+
+
 def expected_seconds() -> dict[str, float]:
     """Seconds per test file from :data:`SECONDS_FILE` (empty when the file is missing)."""
     if not SECONDS_FILE.exists():
@@ -48,36 +76,43 @@ def expected_seconds() -> dict[str, float]:
     return {str(k): float(v) for k, v in json.loads(SECONDS_FILE.read_text()).items()}
 
 
-def groups(items: list) -> dict[str, str]:
-    """The xdist group of each test file among ``items`` (pytest items): ``session-engine``, ``memory-heavy`` or the
-    file's own path."""
-    files: dict[str, str] = {}
-    for item in items:
-        path = file_of(item.nodeid)
-        if any(path == p or (p.endswith("/") and path.startswith(p)) for p in MEMORY_HEAVY):
-            files[path] = "memory-heavy"
-        elif any(f in getattr(item, "fixturenames", ()) for f in SESSION_ENGINE_FIXTURES):
-            files[path] = "session-engine"
-        else:
-            files.setdefault(path, path)
-    return files
+def check_groups(items: list) -> None:
+    """Refuse a run where :data:`SESSION_ENGINE_FILES` is out of date.
+
+    :raises pytest.UsageError: naming the files to add to or drop from it.
+    """
+    using = {
+        file_of(item.nodeid)
+        for item in items
+        if any(f in getattr(item, "fixturenames", ()) for f in SESSION_ENGINE_FIXTURES)
+    }
+    collected = {file_of(item.nodeid) for item in items}
+    missing, stale = sorted(using - SESSION_ENGINE_FILES), sorted((SESSION_ENGINE_FILES & collected) - using)
+    if missing or stale:
+        raise pytest.UsageError(
+            f"tests/support/xdist_plan.py: SESSION_ENGINE_FILES is out of date: add {missing}, drop {stale}"
+        )
 
 
-def plan(items: list) -> list:
-    """Mark each item with its ``xdist_group`` and return the items with the longest groups first (a stable sort:
-    within a group, collection order).
+def order(items: list) -> list:
+    """The items with the longest units first (a stable sort: within a unit, collection order).
 
-    :param items: the collected pytest items (marked in place).
+    :param items: the collected pytest items.
     :return: the same items, reordered.
     """
-    group_of = groups(items)
     seconds = expected_seconds()
     total: dict[str, float] = defaultdict(float)
-    for path, group in group_of.items():
-        total[group] += seconds.get(path, 0.0)
-    for item in items:
-        item.add_marker(pytest.mark.xdist_group(group_of[file_of(item.nodeid)]))
-    return sorted(items, key=lambda item: -total[group_of[file_of(item.nodeid)]])
+    for path in {file_of(item.nodeid) for item in items}:
+        total[group_of(path)] += seconds.get(path, 0.0)
+    return sorted(items, key=lambda item: -total[group_of(file_of(item.nodeid))])
+
+
+class GroupScheduling(LoadScopeScheduling):
+    """xdist's load-scope scheduling with :func:`group_of` as the scope: a unit of work goes to one worker whole,
+    units in collection order (:func:`order` on the workers)."""
+
+    def _split_scope(self, nodeid: str) -> str:
+        return group_of(file_of(nodeid))
 
 
 def write_seconds(path: str, file_seconds: dict[str, float]) -> None:
