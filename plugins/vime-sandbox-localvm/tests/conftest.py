@@ -53,7 +53,7 @@ def vm_image():
     return build_vm_image()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")  # only test_localvm.py uses it: an idle TCG VM costs a fifth of a core while it lives
 def session_vm(vm_image):
     from vime_core.sandbox import SandboxLimits
 
