@@ -140,20 +140,18 @@ def legacy_args(config: RunConfig) -> argparse.Namespace:
     return hit[1]
 
 
-def built_from_args(cls: type, base: type, what: str, new_form: str) -> bool:
+def overrides_from_args_only(cls: type, base: type) -> bool:
     """Whether ``cls`` (a sandbox backend or agent harness written for vime 0.x) overrides ``from_args`` but not
-    ``from_config`` of ``base``: then it must still be built by its ``from_args``, and a ``DeprecationWarning``
-    naming ``new_form`` is issued. ``what`` names the kind in the warning (``"sandbox backend"``)."""
+    ``from_config`` of ``base``: then it must still be built by its ``from_args``."""
     own_args = getattr(cls.from_args, "__func__", None) is not base.from_args.__func__  # type: ignore[attr-defined]
     own_config = getattr(cls.from_config, "__func__", None) is not base.from_config.__func__  # type: ignore[attr-defined]
-    if not own_args or own_config:
-        return False
-    warn_built_from_args(cls, what, new_form)
-    return True
+    return own_args and not own_config
 
 
 def warn_built_from_args(cls: type, what: str, new_form: str) -> None:
-    """The ``DeprecationWarning`` of a class plugin still built by its ``from_args`` from a Namespace."""
+    """The ``DeprecationWarning`` of a class plugin still built by its ``from_args`` from a Namespace, attributed to
+    the caller of the ``from_context`` that calls this. ``what`` names the kind (``"sandbox backend"``), ``new_form``
+    the method to override instead."""
     warnings.warn(
         f"{what} {cls.__name__} is built from an argparse.Namespace (from_args); declare its flag class as FLAGS "
         f"and override {new_form} instead: from_args stops being called in the next minor version",

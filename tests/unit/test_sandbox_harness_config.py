@@ -53,9 +53,12 @@ def test_a_backend_that_overrides_only_from_args_is_built_by_it_with_a_warning()
             seen.append(args.sandbox_memory_mb)
             return super().from_args(args, **kwargs)
 
-    with pytest.warns(DeprecationWarning, match=r"OldBackend is built from an argparse.Namespace .*from_config"):
+    match = r"OldBackend is built from an argparse.Namespace .*from_config"
+    with pytest.warns(DeprecationWarning, match=match) as rec:
         sb = OldBackend.from_context(plugin_context(**FLAGS))
     assert seen == [256] and _facts(sb) == EXPECTED
+    # the warning points at the line that called from_context
+    assert [w.filename for w in rec if "OldBackend is built" in str(w.message)] == [__file__]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -111,6 +114,7 @@ def test_a_harness_that_overrides_only_from_args_is_built_by_it_with_a_warning()
         def from_args(cls, args):
             return cls(greeting=f"model {args.model}")
 
-    with pytest.warns(DeprecationWarning, match=r"agent harness Old is built from an argparse.Namespace"):
+    with pytest.warns(DeprecationWarning, match=r"agent harness Old is built from an argparse.Namespace") as rec:
         h = Old.from_context(plugin_context(model="m"))
     assert h.greeting == "model m"
+    assert [w.filename for w in rec if "Old is built" in str(w.message)] == [__file__]

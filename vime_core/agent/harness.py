@@ -125,9 +125,10 @@ class AgentHarness(abc.ABC):
         """A harness configured for a run from its :class:`~vime_core.context.PluginContext`: :meth:`from_config` of
         ``ctx.plugin(FLAGS)``. A harness written for vime 0.x (it overrides :meth:`from_args` only) is built by its
         ``from_args`` from the run's Namespace, with a ``DeprecationWarning``."""
-        from vime_core.context import built_from_args, legacy_args
+        from vime_core.context import legacy_args, overrides_from_args_only, warn_built_from_args
 
-        if built_from_args(cls, AgentHarness, "agent harness", "from_config(flags)"):
+        if overrides_from_args_only(cls, AgentHarness):
+            warn_built_from_args(cls, "agent harness", "from_config(flags)")
             return cls.from_args(legacy_args(ctx.config))
         return cls.from_config(ctx.plugin(cls.FLAGS) if cls.FLAGS is not None else None)
 

@@ -40,13 +40,11 @@ class SandboxConstruction:
         without :attr:`FLAGS`) is built by its ``from_args`` from the run's Namespace, with a
         ``DeprecationWarning``.
         """
-        from vime_core.context import built_from_args, legacy_args, warn_built_from_args
+        from vime_core.context import legacy_args, overrides_from_args_only, warn_built_from_args
 
-        new_form = "from_config(sandbox, flags, **kwargs)"
-        if cls.FLAGS is None and cls.FLAG_KWARGS:  # 0.x: FLAG_KWARGS names attributes of the Namespace
-            warn_built_from_args(cls, "sandbox backend", new_form)
-            return cls.from_args(legacy_args(ctx.config), **kwargs)
-        if built_from_args(cls, SandboxConstruction, "sandbox backend", new_form):
+        legacy = cls.FLAGS is None and bool(cls.FLAG_KWARGS)  # 0.x: FLAG_KWARGS names attributes of the Namespace
+        if legacy or overrides_from_args_only(cls, SandboxConstruction):
+            warn_built_from_args(cls, "sandbox backend", "from_config(sandbox, flags, **kwargs)")
             return cls.from_args(legacy_args(ctx.config), **kwargs)
         own = ctx.plugin(cls.FLAGS) if cls.FLAGS is not None else None
         return cls.from_config(ctx.sandbox, own, **kwargs)
