@@ -34,8 +34,6 @@ FILE_SECONDS: defaultdict[str, float] = defaultdict(float)
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    if getattr(config.option, "dist", "no") == "loadgroup":
-        config.option.loadscopereorder = False  # xdist would order the units by test count: keep the planned order
     if os.environ.get("PYTEST_XDIST_WORKER"):  # a worker: `exclusive` tests run alone
         config.pluginmanager.register(xdist_plan.ExclusiveLock(config.rootpath), "vime-exclusive-lock")
 
@@ -55,7 +53,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    FILE_SECONDS[report.nodeid.split("::")[0]] += report.duration
+    FILE_SECONDS[xdist_plan.file_of(report.nodeid)] += report.duration
 
 
 def pytest_terminal_summary(terminalreporter) -> None:

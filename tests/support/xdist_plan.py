@@ -111,6 +111,10 @@ class GroupScheduling(LoadScopeScheduling):
     """xdist's load-scope scheduling with :func:`group_of` as the scope: a unit of work goes to one worker whole,
     units in collection order (:func:`order` on the workers)."""
 
+    def __init__(self, config: pytest.Config, log=None) -> None:
+        config.option.loadscopereorder = False  # xdist would order the units by test count, not by :func:`order`
+        super().__init__(config, log)
+
     def _split_scope(self, nodeid: str) -> str:
         return group_of(file_of(nodeid))
 
