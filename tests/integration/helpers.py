@@ -30,6 +30,8 @@ COMPAT_PYTHON = ROOT / ".venv-vllm-0.24" / "bin" / "python"
 MARK = "VIME_TEST_RUN_MARK"
 #: engine vs trainer, max abs log-prob difference (the skeleton's tolerance)
 MATCH_TOL = 1e-2
+#: LoRA: engine (serving the adapter) vs trainer, max abs log-prob difference, both fp32 on the CPU
+LORA_TOLERANCE = 1e-4
 #: the weight-sync tests' prompt
 PROMPT_TEXT = "import os\n\ndef walk(path):\n    for root, dirs, files in os.walk(path):\n        yield root\n"
 

@@ -3,7 +3,7 @@
 Cheap smoke tests (a few engine calls each, on the shared server): the multi_agent roles produce well-formed,
 token-correct segments and the team reward follows the final answer; the tool_use tools run inside the real
 ``multi_turn`` loop. The full SmolLM2 runs are in each example's README; ``--loop fully-async`` itself is covered
-by tests/integration/test_loop_modes.py.
+by tests/integration/test_loop_modes.py and test_resume_kill.py.
 """
 
 from __future__ import annotations

@@ -4,7 +4,11 @@ steps as a run without the kill), and the first step after the resume has exactl
 run's same step (sync loop, fixed seed: same samples, rewards, advantages, loss and gradient norm).
 
 Real vLLM engine, vllm-router, Ray and torch trainer on the tiny model; 12 prompts, 2 groups of 4 per step, 6 steps
-(one epoch), 12 response tokens. The sync case runs with full weights and with a LoRA adapter.
+(one epoch), 12 response tokens. The sync case runs with full weights over ``--weight-sync disk-delta`` and with a
+LoRA adapter; the off-policy loops run with their evaluations and rollout dumps. Each run also carries the checks of
+the run of its setup that formerly ran on its own (docs/testing.md, "Shared runs"): the disk-delta run of
+test_vime_run_delta.py, the LoRA run of test_lora_vllm.py and the one-step-off and fully-async runs of
+test_loop_modes.py.
 """
 
 from __future__ import annotations
@@ -18,8 +22,9 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
-from tests.integration.helpers import run_flags
+from tests.integration.helpers import LORA_TOLERANCE, run_flags
 from vime_core.loop import TRAINED_PROMPTS_FILE
 from vime_core.testing.cli import run_vime
 
@@ -105,18 +110,26 @@ def _kill_after_step_3_and_rerun(argv: list[str], out: Path) -> None:
     assert [r["step"] for r in got] == list(range(STEPS))  # the steps after the checkpoint were rolled back
     assert sorted(p for r in got for p in r["prompt_index"]) == list(range(NUM_PROMPTS))  # no repeat, no skip
     assert sorted(g for r in got for g in r["group_index"]) == list(range(NUM_PROMPTS))
-    assert [r["step"] for r in _records(out, "metrics.jsonl")] == list(range(STEPS))
+    training = [r for r in _records(out, "metrics.jsonl") if not any(k.startswith("eval/") for k in r)]
+    assert [r["step"] for r in training] == list(range(STEPS))
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["latest", "step_000005", "step_000006"]
 
 
 def test_kill_9_after_step_3_then_rerun_trains_each_prompt_once(tiny_model_dir, tmp_path):
-    """sync: also the same prompts per step and the same metrics as the uninterrupted run."""
+    """sync: also the same prompts per step and the same metrics as the uninterrupted run.
+
+    Both runs sync the weights as XOR deltas (``--weight-sync disk-delta``, formerly test_vime_run_delta.py): every
+    update is smaller than the full weights, the trainer agrees with the engine on the samples of every step after
+    the first (a missed or wrong delta gives a far larger gap at lr 1e-3), applied deltas are cleaned up, and the
+    resumed run's fresh engine, which starts at version 0, is brought to the checkpoint's version 3 by one delta
+    0 → 3 before step 3 generates."""
+    delta = ("--weight-sync", "disk-delta", "--update-weight-delta-encoding", "xor")
     prompts = _write_prompts(tmp_path)
     ref, out = tmp_path / "ref", tmp_path / "killed"
     t0 = time.monotonic()
-    run_vime(*_argv(tiny_model_dir, prompts, ref))
+    run_vime(*_argv(tiny_model_dir, prompts, ref, "sync", *delta))
     t_ref = time.monotonic() - t0
-    _kill_after_step_3_and_rerun(_argv(tiny_model_dir, prompts, out), out)
+    _kill_after_step_3_and_rerun(_argv(tiny_model_dir, prompts, out, "sync", *delta), out)
 
     want, got = _records(ref, TRAINED_PROMPTS_FILE), _records(out, TRAINED_PROMPTS_FILE)
     assert got == want  # the same prompts in the same steps
@@ -124,34 +137,137 @@ def test_kill_9_after_step_3_then_rerun_trains_each_prompt_once(tiny_model_dir, 
     # the first step after the resume: same samples, rewards, advantages, loss, gradient norm and weight version
     assert _compared(m[3]) == _compared(m_ref[3])
     assert m[3]["rollout/reward_std"] > 0 and m[3]["train/grad_norm"] > 0  # a step that really trained
+
+    full = (tiny_model_dir / "model.safetensors").stat().st_size
+    for records in (m_ref, m):
+        assert [r["weight_sync/version"] for r in records] == [float(v) for v in range(1, STEPS + 1)]
+        assert all(0 < r["weight_sync/bytes"] < full for r in records), [r["weight_sync/bytes"] for r in records]
+        # each step after the first generated after a delta: the trainer agrees with the engine on its samples
+        assert all(r["train/train_rollout_logprob_abs_diff"] < 1e-2 for r in records[1:]), records
+    assert m[3]["weight_sync/version"] == 4.0 and m[3]["train/train_rollout_logprob_abs_diff"] < 1e-2
+    for run in (ref, out):
+        assert not list((run / "weights").glob("weight_v*")), "applied deltas are cleaned up"
     print(f"fault-free run {t_ref:.0f} s, killed + resumed {time.monotonic() - t0 - t_ref:.0f} s")
 
 
 def test_kill_9_after_step_3_then_rerun_lora(tiny_model_dir, tmp_path):
     """LoRA (``--lora-rank 8``, docs/lora.md): the checkpoint holds the adapter and its optimizer state, the resume
     loads the adapter into the fresh engine as its own name, and the first step after it has exactly the
-    uninterrupted run's metrics (and prompts)."""
-    lora = ("--lora-rank", "8", "--lr", "5e-3")
+    uninterrupted run's metrics (and prompts).
+
+    The runs add the KL loss against the base model, and the uninterrupted one saves the final model (formerly
+    test_lora_vllm.py's three-step `vime run --lora-rank 8`): at every step the engine's sampling log-probs equal
+    the trainer's (the engine serves each new adapter version), only the adapter travels, the KL term is non-zero,
+    and the run ends with the merged final_hf/ and final_adapter/."""
+    lora = ("--lora-rank", "8", "--lr", "5e-3", "--use-kl-loss", "--kl-loss-coef", "0.01")
     prompts = _write_prompts(tmp_path)
     ref, out = tmp_path / "ref", tmp_path / "killed"
-    run_vime(*_argv(tiny_model_dir, prompts, ref, "sync", *lora))
+    run_vime(*_argv(tiny_model_dir, prompts, ref, "sync", *lora, "--save-hf"))
     _kill_after_step_3_and_rerun(_argv(tiny_model_dir, prompts, out, "sync", *lora), out)
-    assert sorted(p.name for p in (out / "checkpoints" / "step_000006" / "trainer").iterdir()) == [
-        "adapter",
-        "optimizer.pt",
-        "trainer_state.pt",
-    ]
+    for run in (ref, out):
+        assert sorted(p.name for p in (run / "checkpoints" / "step_000006" / "trainer").iterdir()) == [
+            "adapter",
+            "optimizer.pt",
+            "trainer_state.pt",
+        ]
     assert _records(out, TRAINED_PROMPTS_FILE) == _records(ref, TRAINED_PROMPTS_FILE)
     m_ref, m = _records(ref, "metrics.jsonl"), _records(out, "metrics.jsonl")
     assert _compared(m[3]) == _compared(m_ref[3])
     assert m[3]["train/grad_norm"] > 0 and m[3]["weight_sync/bytes"] == m_ref[3]["weight_sync/bytes"]
 
+    diffs = [r["train/train_rollout_logprob_abs_diff"] for r in m_ref]
+    print("vime run --lora-rank 8: |Δlogp| per step", [f"{d:.2e}" for d in diffs])
+    assert all(d <= LORA_TOLERANCE for d in diffs), diffs
+    assert all(r["rollout/staleness_max"] == 0 for r in m_ref)
+    assert [r["weight_sync/version"] for r in m_ref] == list(range(1, STEPS + 1))
+    assert len({r["weight_sync/bytes"] for r in m_ref}) == 1 and m_ref[0]["weight_sync/bytes"] < 2e6  # the adapter
+    assert m_ref[-1]["train/kl_loss"] != 0.0  # the reference (base) differs from the trained policy
+    assert (ref / "final_hf" / "model.safetensors").is_file()
+    assert {"adapter_config.json", "adapter_model.safetensors"} <= {p.name for p in (ref / "final_adapter").iterdir()}
 
-@pytest.mark.parametrize("loop", ["one-step-off", "fully-async"])
-def test_kill_9_after_step_3_then_rerun_off_policy_loops(tiny_model_dir, tmp_path, loop):
-    """one-step-off (step 4's groups were generated before the kill: saved with the checkpoint) and fully-async
-    (groups in flight at the checkpoint go back as prompts): each prompt of the epoch is trained exactly once."""
+
+def _eval_flags(tmp_path: Path) -> list[str]:
+    """Two held-out prompts evaluated before training, every 2 steps and at the end, their samples saved."""
+    path = tmp_path / "eval.jsonl"
+    path.write_text("".join(json.dumps({"prompt": f"Held out {i}:", "label": str(i)}) + "\n" for i in range(2)))
+    return ["--eval-prompt-data", "held", str(path), "--eval-interval", "2", "--eval-max-response-len", "4"] + [
+        "--save-eval-samples"
+    ]
+
+
+def _check_evals(out: Path, expected_steps: list[int]) -> list[dict]:
+    """Each evaluation ran at the weight version of its step; returns the training records."""
+    records = _records(out, "metrics.jsonl")
+    evals = [r for r in records if "eval/held/reward_mean" in r]
+    assert [(r["step"], r["eval/weight_version"]) for r in evals] == [(s, float(s)) for s in expected_steps]
+    for step in expected_steps:
+        rows = [json.loads(x) for x in (out / "eval_samples" / "held" / f"step_{step:06d}.jsonl").open()]
+        assert len(rows) == 2 and all(r["token_weight_versions"] == [step] for r in rows), (step, rows)
+    return [r for r in records if "eval/held/reward_mean" not in r]
+
+
+def _dumped(out: Path, step: int) -> list[dict]:
+    data = torch.load(out / "debug" / f"rollout_{step}.pt", weights_only=False)
+    return [s for g in data["groups"] for s in g]
+
+
+def test_kill_9_after_step_3_then_rerun_one_step_off(tiny_model_dir, tmp_path):
+    """one-step-off: step 3's groups were generated before the kill and are saved with the checkpoint; each prompt
+    of the epoch is trained exactly once.
+
+    Formerly also test_loop_modes.py's one-step-off run, whose checks hold across the kill: the end-to-end run of
+    ``--weight-sync nccl`` (a trainer-hosted Gloo group on the CPU); step s trains samples generated at exactly
+    version max(s - 1, 0) (the per-token versions of the rollout dumps; step 3's come from before the kill, step 4's
+    from the resumed run's fresh engine at version 3); the evaluations (before training, every 2 steps, at the end:
+    0 and 2 before the kill, 4 and 6 after the resume) each ran at the weight version of its step, the one after
+    step 2 following the prefetch and the weight update."""
     out = tmp_path / "killed"
+    flags = ("--weight-sync", "nccl", "--save-debug-rollout-data", str(out / "debug" / "rollout_{rollout_id}.pt"))
     t0 = time.monotonic()
-    _kill_after_step_3_and_rerun(_argv(tiny_model_dir, _write_prompts(tmp_path), out, loop), out)
-    print(f"{loop}: killed + resumed {time.monotonic() - t0:.0f} s")
+    argv = _argv(tiny_model_dir, _write_prompts(tmp_path), out, "one-step-off", *flags, *_eval_flags(tmp_path))
+    _kill_after_step_3_and_rerun(argv, out)
+    print(f"one-step-off: killed + resumed {time.monotonic() - t0:.0f} s")
+    for step in range(STEPS):
+        expected_version = max(step - 1, 0)
+        for s in _dumped(out, step):
+            assert s["weight_versions"] == [expected_version] * s["response_length"], (step, s["weight_versions"])
+    metrics = _check_evals(out, [0, 2, 4, 6])
+    assert [m["rollout/staleness_max"] for m in metrics] == [0.0] + [1.0] * (STEPS - 1)
+    assert [m["weight_sync/version"] for m in metrics] == [float(v) for v in range(1, STEPS + 1)]
+    assert all(m["weight_sync/bytes"] > 0 for m in metrics)
+
+
+def test_kill_9_after_step_3_then_rerun_fully_async(tiny_model_dir, tmp_path):
+    """fully-async (groups in flight at the checkpoint go back as prompts): each prompt of the epoch is trained
+    exactly once.
+
+    Formerly also test_loop_modes.py's fully-async run (``--max-staleness 1``, 4 groups in flight), whose checks
+    hold across the kill: no step trains a token generated more than one version before the trainer's, every step
+    trains 8 samples, some samples come from after a weight update, and the evaluations (0 and 2 before the kill,
+    4 and 6 after the resume) ran alongside the background producer at the weight version of their step, with no
+    weight update in the middle of one."""
+    out = tmp_path / "killed"
+    flags = (
+        "--rollout-inflight-groups",
+        "4",
+        "--save-debug-rollout-data",
+        str(out / "debug" / "rollout_{rollout_id}.pt"),
+    )
+    t0 = time.monotonic()
+    argv = _argv(tiny_model_dir, _write_prompts(tmp_path), out, "fully-async", *flags, *_eval_flags(tmp_path))
+    _kill_after_step_3_and_rerun(argv, out)
+    print(f"fully-async: killed + resumed {time.monotonic() - t0:.0f} s")
+    metrics = _check_evals(out, [0, 2, 4, 6])
+    assert len(metrics) == STEPS
+    seen_versions = set()
+    for step in range(STEPS):
+        samples = _dumped(out, step)
+        assert len(samples) == 8
+        for s in samples:
+            trained = [v for v, m in zip(s["weight_versions"], s["loss_mask"], strict=True) if m]
+            seen_versions.update(trained)
+            # the trainer is at version `step` when it trains on this batch
+            assert all(0 <= step - v <= 1 for v in trained), (step, s["weight_versions"])
+        assert metrics[step]["rollout/staleness_max"] <= 1.0
+    assert seen_versions - {0}, "no sample was generated after a weight update"
+    assert sum(m["rollout/stale_dropped"] for m in metrics) >= 0.0
