@@ -195,6 +195,7 @@ def check_run_config(cfg: RunConfig, command: str = "run") -> None:
         raise ArgumentError("--use-wandb needs the wandb package: pip install 'vime[wandb]'")
     if cfg.cluster.colocate and ro.loop != "sync":
         raise ArgumentError(f"--colocate needs --loop sync: with --loop {ro.loop} generation overlaps training")
+    _check_external_engines(cfg)
     _placed_engines(cfg)
     try:
         check_algorithm_config(cfg.algorithm)
@@ -203,6 +204,39 @@ def check_run_config(cfg: RunConfig, command: str = "run") -> None:
     except ValueError as e:
         raise ArgumentError(str(e)) from None
     _check_lora(cfg)
+
+
+def _check_external_engines(cfg: RunConfig) -> None:
+    """``--rollout-external`` with ``--rollout-external-engine-addrs HOST:PORT ...`` (slime's flags): the flags that
+    start, place or restart engines have nothing to act on, and LoRA serving is not attached to running engines.
+
+    :raises ArgumentError: one flag without the other, an address that is not ``HOST:PORT``, or a flag that
+        conflicts (named).
+    """
+    eng = cfg.engine
+    addrs = eng.rollout_external_engine_addrs or []
+    if eng.rollout_external != bool(addrs):
+        raise ArgumentError("--rollout-external and --rollout-external-engine-addrs HOST:PORT [...] go together")
+    if not addrs:
+        return
+    for addr in addrs:
+        host, _, port = addr.rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ArgumentError(f"--rollout-external-engine-addrs: expected HOST:PORT, got {addr!r}")
+    if len(set(addrs)) != len(addrs):
+        raise ArgumentError(f"--rollout-external-engine-addrs names an engine twice: {' '.join(addrs)}")
+    conflicts = [
+        (cfg.cluster.rollout_num_gpus, "--rollout-num-gpus (the external engines' GPUs are not vime's to place)"),
+        (eng.rollout_num_engines not in (1, len(addrs)), "--rollout-num-engines (the engine count is the addresses')"),
+        (cfg.cluster.colocate, "--colocate (vime cannot put engines it did not start to sleep)"),
+        (cfg.lora.enabled, "--lora-rank (the adapters are loaded into engines vime starts with LoRA serving)"),
+        (bool(eng.vllm_args), f"the --vllm-* flags ({' '.join(eng.vllm_args)}; set them where the engines start)"),
+        (eng.rollout_cpu_bind is not None, "--rollout-cpu-bind (set VLLM_CPU_OMP_THREADS_BIND where they start)"),
+        (cfg.logging.debug_train_only, "--debug-train-only (it generates nothing)"),
+    ]
+    for conflict, what in conflicts:
+        if conflict:
+            raise ArgumentError(f"--rollout-external: {what} does not apply to engines vime does not start")
 
 
 def _placed_engines(cfg: RunConfig) -> int:
@@ -227,11 +261,14 @@ def derive_flags(args: argparse.Namespace, cfg: RunConfig) -> None:
     engines = _placed_engines(cfg)
     if args.rollout_num_gpus and engines:  # engines = --rollout-num-gpus / --rollout-num-gpus-per-engine (slime)
         args.rollout_num_engines = engines
+    if args.rollout_external_engine_addrs:  # --rollout-external: one engine per address
+        args.rollout_num_engines = len(args.rollout_external_engine_addrs)
     if args.update_weight_disk_dir is None:
         args.update_weight_disk_dir = args.output_dir / "weights"
     cores = sorted(os.sched_getaffinity(0))
     if (
         args.rollout_cpu_bind is None
+        and not args.rollout_external
         and args.loop == "sync"
         and args.rollout_num_engines == 1
         and not args.rollout_num_gpus

@@ -49,6 +49,7 @@ class ResourceFlags:
     colocate: bool = False
     train: bool = True  # False with --debug-rollout-only
     rollout: bool = True  # False with --debug-train-only
+    external_engines: bool = False  # --rollout-external: the engines run elsewhere, the plan places none
 
     @classmethod
     def from_config(cls, cfg: ClusterConfig) -> ResourceFlags:
@@ -62,6 +63,7 @@ class ResourceFlags:
             colocate=bool(cfg.colocate),
             train=not cfg.debug_rollout_only,
             rollout=not cfg.debug_train_only,
+            external_engines=bool(cfg.rollout_external),
         )
 
 
@@ -174,6 +176,8 @@ def plan_placement(flags: ResourceFlags, nodes: list[NodeResources]) -> Placemen
             f"--rollout-num-gpus-per-engine {tp} (tensor parallel) needs GPU engines: set --rollout-num-gpus"
         )
     num_engines = (rollout_gpus // tp if rollout_gpus else flags.rollout_num_engines) if flags.rollout else 0
+    if flags.external_engines:  # --rollout-external: engines vime neither starts nor places
+        num_engines = 0
     order = ordered_nodes(nodes)
     driver = _driver(order)
     total = sum(n.gpus for n in order)

@@ -36,6 +36,7 @@ SESSION_ENGINE_FILES = frozenset(
     {
         "tests/integration/test_agent_gateway_vllm.py",
         "tests/integration/test_examples_vllm.py",
+        "tests/integration/test_external_engines.py",
         "tests/integration/test_multi_turn_vllm.py",
         "tests/integration/test_overlong_vllm.py",
         "tests/integration/test_partial_rollout_vllm.py",

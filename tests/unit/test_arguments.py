@@ -89,3 +89,43 @@ def test_sandbox_that_does_not_outlive_the_agent_is_refused_with_the_fix(tmp_pat
     assert (
         parse_run_args(["--model", "m", "--prompt-data", str(data), "--sandbox-wall-time", "10"]).generate == "default"
     )
+
+
+def test_external_engines_set_the_engine_count_and_refuse_what_does_not_apply():
+    """``--rollout-external --rollout-external-engine-addrs`` (slime's flags): one engine per address, no CPU binding
+    derived for them, and each flag that would start, place or shape engines vime does not start is named."""
+    ext = ["--rollout-external", "--rollout-external-engine-addrs", "127.0.0.1:8001", "10.0.0.2:8002"]
+    args = parse_run_args(BASE + ext)
+    assert args.rollout_num_engines == 2 and args.rollout_cpu_bind is None
+    assert args.rollout_external_engine_addrs == ["127.0.0.1:8001", "10.0.0.2:8002"]
+    refused = [
+        (["--rollout-external"], "--rollout-external and --rollout-external-engine-addrs HOST:PORT [...] go together"),
+        (ext[1:], "--rollout-external and --rollout-external-engine-addrs HOST:PORT [...] go together"),
+        (
+            ["--rollout-external", "--rollout-external-engine-addrs", "localhost"],
+            "--rollout-external-engine-addrs: expected HOST:PORT, got 'localhost'",
+        ),
+        (
+            ["--rollout-external", "--rollout-external-engine-addrs", "h:1", "h:1"],
+            "--rollout-external-engine-addrs names an engine twice: h:1 h:1",
+        ),
+        (
+            ext + ["--vllm-max-model-len", "512"],
+            "--rollout-external: the --vllm-* flags (--max-model-len 512; set them where the engines start) does not "
+            "apply to engines vime does not start",
+        ),
+        (
+            ext + ["--rollout-num-engines", "3"],
+            "--rollout-external: --rollout-num-engines (the engine count is the addresses') does not apply to "
+            "engines vime does not start",
+        ),
+        (
+            ext + ["--lora-rank", "8"],
+            "--rollout-external: --lora-rank (the adapters are loaded into engines vime starts with LoRA serving) "
+            "does not apply to engines vime does not start",
+        ),
+    ]
+    for extra, message in refused:
+        with pytest.raises(ArgumentError) as e:
+            parse_run_args(BASE + extra)
+        assert str(e.value) == message, extra

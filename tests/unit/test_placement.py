@@ -94,6 +94,15 @@ def test_debug_modes_plan_only_their_side():
     assert plan.trainer == [] and [e.bundles for e in plan.engines] == [[0]]
 
 
+def test_external_engines_are_not_placed():
+    """``--rollout-external``: the engines run elsewhere, so the plan holds the trainer alone (its GPU bundle only)."""
+    flags = ResourceFlags(actor_num_gpus_per_node=1, rollout_num_engines=2, external_engines=True)
+    plan = plan_placement(flags, nodes(1))
+    assert layout(plan) == ([(0, "n0", 1, ["trainer rank 0"])], [("trainer rank 0", "n0", [0], 1.0)], [])
+    cpu = plan_placement(ResourceFlags(rollout_num_engines=2, external_engines=True), nodes(0))
+    assert layout(cpu) == ([], [("trainer rank 0", "n0", [], 0.0)], [])
+
+
 def refusal(flags: ResourceFlags, ns: list[NodeResources]) -> str:
     with pytest.raises(PlacementError) as e:
         plan_placement(flags, ns)

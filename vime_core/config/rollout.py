@@ -230,6 +230,18 @@ class EngineConfig(Section):
         help="keep vLLM's access log (one line per HTTP request) in OUTPUT_DIR/logs/vllm_engine_*.log; off by "
         "default (--disable-uvicorn-access-log): the engine log holds what the engine itself reports",
     )
+    rollout_external: bool = flag(
+        action="store_true",
+        help="use vLLM servers that are already running (--rollout-external-engine-addrs) instead of starting any "
+        "(slime's flag): vime loads the run's --model weights into them at the start, updates them every step, "
+        "never restarts them and leaves them running at the end. Each must be started with vime's worker "
+        "extension (docs/external_engines.md)",
+    )
+    rollout_external_engine_addrs: list[str] | None = flag(
+        nargs="+",
+        default=None,
+        help="HOST:PORT of each running vLLM server (with --rollout-external); the engine count is their number",
+    )
     vllm_router_ip: str | None = flag(default=None, help="use this running router instead of starting one")
     vllm_router_port: int | None = flag(
         type=int, default=None, help="port of the running router (with --vllm-router-ip)"

@@ -96,6 +96,7 @@ class ClusterConfig(Section):
     )
     rollout_num_engines: int = ref()
     rollout_num_gpus_per_engine: int = ref()
+    rollout_external: bool = ref()
     debug_rollout_only: bool = ref()
     debug_train_only: bool = ref()
     trainer: str = ref()

