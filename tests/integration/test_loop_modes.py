@@ -13,12 +13,14 @@ import time
 
 import pytest
 
-from tests.integration.helpers import Run, run_flags
+from tests.integration.helpers import Run, external_engine_flags, run_flags
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
-def test_fully_async_is_bounded_and_a_run_whose_rollouts_all_fail_fails(tiny_model_dir, prompt_file, tmp_path, runs):
+def test_fully_async_is_bounded_and_a_run_whose_rollouts_all_fail_fails(
+    tiny_model_dir, prompt_file, tmp_path, runs, engine_at_v0
+):
     """Staleness unbounded, at most 4 groups in flight, 2 per step, a trainer slowed by 2 s a step, prompts in file
     order; the reward raises for rows 6 and later (tests/integration/async_faults.py).
 
@@ -35,7 +37,7 @@ def test_fully_async_is_bounded_and_a_run_whose_rollouts_all_fail_fails(tiny_mod
         *("--loop", "fully-async", "--use-tis", "--max-staleness", "1000", "--rollout-inflight-groups", "4"),
         *("--no-rollout-shuffle", "--reward", "tests.integration.async_faults:reward"),
         *("--advantage-estimator", "tests.integration.async_faults:slow_grpo", "--failure-exit-timeout", "60"),
-        *("--no-report", "--no-use-tensorboard"),
+        *("--no-report", "--no-use-tensorboard", *external_engine_flags(engine_at_v0)),  # the session's engine
     ]
     run = Run(argv, tmp_path / "run.log")
     runs.append(run)

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.integration.helpers import read_metrics, run_flags
+from tests.integration.helpers import external_engine_flags, read_metrics, run_flags
 from vime_core.testing.cli import run_vime as _vime
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -122,16 +122,19 @@ def test_weights_changed_and_final_checkpoint_loads(two_step_run, tiny_model_dir
     assert meta == {"step": 2, "weight_version": 2}
 
 
-def test_resume_continues_from_checkpoint(two_step_run, tiny_model_dir, prompt_file):
+def test_resume_continues_from_checkpoint(two_step_run, tiny_model_dir, prompt_file, engine_at_v0):
+    """On the session's running engine (``--rollout-external``): it starts from ``--model``, and the resume's weight
+    sync brings it to the checkpoint's weights."""
     out, _ = two_step_run
     state_before = json.loads((out / "checkpoints" / "step_000002" / "data_source.json").read_text())
-    proc = _vime("run", *run_flags(tiny_model_dir, prompt_file, out), "--num-rollout", "3")
+    external = external_engine_flags(engine_at_v0)
+    proc = _vime("run", *run_flags(tiny_model_dir, prompt_file, out), "--num-rollout", "3", *external)
     assert "resuming from" in proc.stdout
     summary = json.loads((out / "summary.json").read_text())
     assert summary["first_step"] == 2 and summary["steps_run"] == 1
     m = read_metrics(out)
     assert m[-1]["step"] == 2 and m[-1]["weight_sync/version"] == 3.0
-    # the engine restarted from the checkpoint's weights: the trainer agrees with it on the new samples
+    # the engine serves the checkpoint's weights: the trainer agrees with it on the new samples
     assert m[-1]["train/train_rollout_logprob_abs_diff"] < 1e-2, m[-1]
     state_after = json.loads((out / "checkpoints" / "step_000003" / "data_source.json").read_text())
     assert state_after["next_group_index"] == state_before["next_group_index"] + 2  # no prompt repeated or skipped
@@ -163,9 +166,10 @@ def test_debug_train_only_replays_dumped_rollouts(two_step_run, tiny_model_dir, 
     assert m[0]["rollout/reward_mean"] == pytest.approx(first["rollout/reward_mean"])
 
 
-def test_debug_rollout_only_through_an_external_router(tiny_model_dir, prompt_file, tmp_path):
-    """--debug-rollout-only starts no trainer; --vllm-router-ip/port register vime's engine with a router that is
-    already running (vime starts none) and deregister it at the end."""
+def test_debug_rollout_only_through_an_external_router(tiny_model_dir, prompt_file, tmp_path, engine_at_v0):
+    """--debug-rollout-only starts no trainer; --vllm-router-ip/port register the run's engine (here the session's
+    running one, ``--rollout-external``) with a router that is already running (vime starts none) and deregister it
+    at the end."""
     from vime_core.rollout.router import VLLMRouter
 
     out = tmp_path / "ro"
@@ -181,6 +185,7 @@ def test_debug_rollout_only_through_an_external_router(tiny_model_dir, prompt_fi
             "127.0.0.1",
             "--vllm-router-port",
             str(router.port),
+            *external_engine_flags(engine_at_v0),
         )
         assert f"router http://127.0.0.1:{router.port} " in proc.stdout
         assert router.list_workers() == []  # deregistered at shutdown
