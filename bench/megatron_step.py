@@ -26,8 +26,12 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from vime_core.config import RunConfig
 
 
 def matmul_peak_tflops(n: int = 8192, iters: int = 10) -> float:
@@ -91,10 +95,13 @@ def rl_batch(vocab: int, n: int, seq: int, seed: int):
     return RolloutBatch(samples=samples, advantages=advs)
 
 
-def trainer_args(a: argparse.Namespace, attention: str) -> argparse.Namespace:
-    from vime_core.testing.trainer_args import trainer_args as base
+def trainer_run_config(a: argparse.Namespace, attention: str) -> RunConfig:
+    """The trainer's typed configuration for this bench (``a``: the bench's own command line)."""
+    from vime_core.testing.trainer_args import trainer_config
 
-    return base(lr=1e-6, micro_batch_size=a.micro_batch, megatron_attention=attention, recompute_granularity=None)
+    return trainer_config(
+        lr=1e-6, micro_batch_size=a.micro_batch, megatron_attention=attention, recompute_granularity=None
+    )
 
 
 def main() -> None:
@@ -116,7 +123,6 @@ def main() -> None:
     from safetensors.torch import load_file
 
     from vime_core.algorithms.logprobs import token_log_probs
-    from vime_core.config import RunConfig
     from vime_core.trainer.megatron_backend import MegatronTrainer
 
     res: dict = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__}
@@ -143,7 +149,7 @@ def main() -> None:
 
     for i, attention in enumerate(a.attention.split(",")):
         t0 = time.perf_counter()
-        trainer = MegatronTrainer(RunConfig.from_args(trainer_args(a, attention)), model_dir)
+        trainer = MegatronTrainer(trainer_run_config(a, attention), model_dir)
         print(
             f"[{attention}] MegatronTrainer ready in {time.perf_counter() - t0:.1f} s "
             f"(spec: {'TE' if attention == 'te' else 'local'}, attention {attention})",

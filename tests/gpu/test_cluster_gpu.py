@@ -23,7 +23,6 @@ layouts through ``vime run``.)
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
 import pytest
@@ -41,7 +40,7 @@ from vime_core.arguments import default_args  # noqa: E402
 from vime_core.config import ClusterConfig, RunConfig  # noqa: E402
 from vime_core.orchestration import TrainerGroup, init_ray, place, slot_options  # noqa: E402
 from vime_core.testing import TrainerBackendContract  # noqa: E402
-from vime_core.testing.trainer_args import trainer_args  # noqa: E402
+from vime_core.testing.trainer_args import trainer_config  # noqa: E402
 
 BF16_RTOL = 2e-2
 
@@ -62,8 +61,8 @@ def hf_dir(tmp_path_factory) -> Path:
     return build_hf(tmp_path_factory.mktemp("llama") / "llama", "llama")
 
 
-def _args(tmp: Path, gpus: int, trainer: str = "megatron", **kw) -> argparse.Namespace:
-    return trainer_args(
+def _config(tmp: Path, gpus: int, trainer: str = "megatron", **kw) -> RunConfig:
+    return trainer_config(
         lr=1e-3,
         trainer=trainer,
         weight_sync="disk",
@@ -77,9 +76,9 @@ def _args(tmp: Path, gpus: int, trainer: str = "megatron", **kw) -> argparse.Nam
     )
 
 
-def _step1(args: argparse.Namespace, model: Path) -> tuple[dict[str, float], list[dict]]:
-    plan, pg = place(ClusterConfig.from_args(args))
-    group = TrainerGroup(RunConfig.from_args(args), model, plan, pg)
+def _step1(cfg: RunConfig, model: Path) -> tuple[dict[str, float], list[dict]]:
+    plan, pg = place(cfg.cluster)
+    group = TrainerGroup(cfg, model, plan, pg)
     try:
         metrics = group.train_step(TrainerBackendContract.make_batch(1000, 1.0))
         return metrics, group.placements()
@@ -91,13 +90,13 @@ def _step1(args: argparse.Namespace, model: Path) -> tuple[dict[str, float], lis
 
 @pytest.fixture(scope="module")
 def one_gpu(ray_2gpu, hf_dir, tmp_path_factory):
-    return _step1(_args(tmp_path_factory.mktemp("g1"), 1), hf_dir)
+    return _step1(_config(tmp_path_factory.mktemp("g1"), 1), hf_dir)
 
 
 @pytest.mark.parametrize("tp", [2, 1], ids=["tp2", "dp2"])
 def test_megatron_group_of_two_matches_one_gpu(one_gpu, hf_dir, tmp_path, tp):
     ref, (r0,) = one_gpu
-    metrics, where = _step1(_args(tmp_path, 2, tensor_model_parallel_size=tp), hf_dir)
+    metrics, where = _step1(_config(tmp_path, 2, tensor_model_parallel_size=tp), hf_dir)
     assert [(w["rank"], w["world_size"], w["env"]["LOCAL_RANK"]) for w in where] == [(0, 2, "0"), (1, 2, "0")]
     assert len({w["cuda_visible_devices"] for w in where}) == 2  # one distinct GPU per rank, chosen by Ray
     assert [w["cuda_visible_devices"] for w in where] == [",".join(w["gpu_ids"]) for w in where]
@@ -115,9 +114,9 @@ def test_megatron_group_of_two_matches_one_gpu(one_gpu, hf_dir, tmp_path, tp):
 
 
 def test_torch_backend_group_of_two_is_refused(ray_2gpu, tmp_path, tiny_model_dir):
-    args = _args(tmp_path, 2, trainer="torch")
-    plan, pg = place(ClusterConfig.from_args(args))
-    group = TrainerGroup(RunConfig.from_args(args), tiny_model_dir, plan, pg)
+    cfg = _config(tmp_path, 2, trainer="torch")
+    plan, pg = place(cfg.cluster)
+    group = TrainerGroup(cfg, tiny_model_dir, plan, pg)
     with pytest.raises(ray.exceptions.RayActorError, match="--trainer torch runs as one rank, but --actor-num-nodes"):
         group.placements()
     group.shutdown()

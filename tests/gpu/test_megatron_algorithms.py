@@ -8,7 +8,6 @@ Marked ``gpu``; run on the lent H200 with megatron-core carried as a wheel (see 
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
 import pytest
@@ -25,13 +24,13 @@ from vime_core.algorithms.batch import build_batch  # noqa: E402
 from vime_core.builtins import advantages as est  # noqa: E402
 from vime_core.config import RunConfig  # noqa: E402
 from vime_core.context import PluginContext  # noqa: E402
-from vime_core.testing.trainer_args import trainer_args  # noqa: E402
+from vime_core.testing.trainer_args import trainer_config  # noqa: E402
 from vime_core.types import Sample, Status  # noqa: E402
 
 
-def _args(**kw) -> argparse.Namespace:
+def _config(**kw) -> RunConfig:
     """bf16 on the GPU for both backends (the torch backend's HF model too), small learning rate."""
-    return trainer_args(
+    return trainer_config(
         train_device="cuda", train_dtype="bfloat16", lr=1e-4, micro_batch_size=4, megatron_attention="sdpa", **kw
     )
 
@@ -67,8 +66,8 @@ def dirs(tmp_path_factory) -> dict[str, Path]:
     return {"policy": policy, "ref": ref, "critic": root / "critic"}
 
 
-def _ppo_args(d: dict[str, Path], **kw) -> argparse.Namespace:
-    return _args(
+def _ppo_config(d: dict[str, Path], **kw) -> RunConfig:
+    return _config(
         advantage_estimator="ppo",
         gamma=1.0,
         lambd=0.95,
@@ -87,13 +86,11 @@ def test_ppo_kl_entropy_step_matches_the_torch_backend(dirs):
     from vime_core.trainer.megatron_backend import MegatronTrainer
     from vime_core.trainer.torch_backend import TorchTrainer
 
-    args = _ppo_args(dirs)
+    cfg = _ppo_config(dirs)
     metrics = {}
     for name, cls in (("torch", TorchTrainer), ("megatron", MegatronTrainer)):
-        trainer = cls(args, dirs["policy"])
-        metrics[name] = trainer.train_step(
-            build_batch(PluginContext(RunConfig.from_args(args)), [_samples()], est.ppo)
-        )
+        trainer = cls(cfg, dirs["policy"])
+        metrics[name] = trainer.train_step(build_batch(PluginContext(cfg), [_samples()], est.ppo))
         del trainer
         torch.cuda.empty_cache()
     t, m = metrics["torch"], metrics["megatron"]
@@ -121,7 +118,7 @@ def test_ppo_kl_entropy_step_matches_the_torch_backend(dirs):
 def test_megatron_entropy_equals_the_softmax_entropy(dirs):
     from vime_core.trainer.megatron_backend import MegatronTrainer
 
-    trainer = MegatronTrainer(RunConfig.from_args(_args()), dirs["policy"])
+    trainer = MegatronTrainer(_config(), dirs["policy"])
     samples = _samples()[:4]
     with torch.no_grad():
         lps, ents = trainer.policy_log_probs(samples, True)
@@ -139,12 +136,12 @@ def test_megatron_critic_learns_and_checkpoint_round_trips(dirs, tmp_path):
     from vime_core.trainer.megatron_backend import MegatronTrainer
 
     # γ = λ = 1: value targets are the Monte-Carlo returns, fixed whatever the critic predicts
-    args = _args(
+    cfg = _config(
         advantage_estimator="ppo", gamma=1.0, lambd=1.0, value_clip=10.0, critic_lr=3e-3, num_critic_only_steps=100
     )
-    trainer = MegatronTrainer(RunConfig.from_args(args), dirs["policy"])
+    trainer = MegatronTrainer(cfg, dirs["policy"])
     policy_before = {k: v.clone() for k, v in trainer.gpt.named_parameters()}
-    batch = build_batch(PluginContext(RunConfig.from_args(args)), [_samples()], est.ppo)
+    batch = build_batch(PluginContext(cfg), [_samples()], est.ppo)
     losses = [trainer.train_step(batch)["train/value_loss"] for _ in range(6)]
     print("megatron critic value_loss", losses)
     assert losses[-1] < 0.25 * losses[0], losses
@@ -163,7 +160,7 @@ def test_megatron_critic_learns_and_checkpoint_round_trips(dirs, tmp_path):
         torch.testing.assert_close(v.float().cpu(), expected[id(s)], atol=3e-2, rtol=0)
 
     # a resumed trainer continues where the saved one stops (same pre-update value loss; forward is deterministic)
-    fresh = MegatronTrainer(RunConfig.from_args(args), dirs["policy"])
+    fresh = MegatronTrainer(cfg, dirs["policy"])
     fresh.load_checkpoint(tmp_path / "ckpt")
     for (k, v), (k2, v2) in zip(
         trainer.critic.gpt.named_parameters(), fresh.critic.gpt.named_parameters(), strict=True

@@ -10,9 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from vime_core.config import RunConfig
 from vime_core.testing import TrainerBackendContract
-from vime_core.testing.trainer_args import trainer_args
+from vime_core.testing.trainer_args import trainer_config
 
 pytestmark = pytest.mark.gpu
 
@@ -56,7 +55,7 @@ def test_hf_megatron_hf_round_trip_is_bit_exact(hf_dir):
 
     from vime_core.trainer.megatron_backend import MegatronTrainer
 
-    trainer = MegatronTrainer(RunConfig.from_args(trainer_args(lr=1e-3)), hf_dir)
+    trainer = MegatronTrainer(trainer_config(lr=1e-3), hf_dir)
     original = load_file(str(hf_dir / "model.safetensors"))
     if trainer.arch.tie_word_embeddings:
         original.pop("lm_head.weight", None)
@@ -74,7 +73,7 @@ def test_logits_match_hugging_face_within_bf16_tolerance(hf_dir):
     from vime_core.algorithms.logprobs import token_log_probs
     from vime_core.trainer.megatron_backend import MegatronTrainer
 
-    trainer = MegatronTrainer(RunConfig.from_args(trainer_args(lr=1e-3)), hf_dir)
+    trainer = MegatronTrainer(trainer_config(lr=1e-3), hf_dir)
     ids = torch.randint(0, 1000, (2, 256), generator=torch.Generator().manual_seed(3))
     meg = token_log_probs(trainer.model(input_ids=ids).logits, ids)
     with torch.no_grad():
@@ -99,7 +98,7 @@ class TestMegatronTrainerContract(TrainerBackendContract):
     def trainer(self, model_dir):
         from vime_core.plugins import get_plugins
 
-        return get_plugins().resolve("trainer", "megatron")(RunConfig.from_args(trainer_args(lr=1e-3)), model_dir)
+        return get_plugins().resolve("trainer", "megatron")(trainer_config(lr=1e-3), model_dir)
 
 
 def _optimizer_state(trainer) -> dict[tuple, torch.Tensor]:
@@ -123,7 +122,7 @@ def test_checkpoint_after_steps_restores_the_optimizer(tmp_path):
     from vime_core.trainer.megatron_backend import MegatronTrainer
 
     model_dir = build_hf(tmp_path / "llama", "llama", seed=1)
-    trainer = MegatronTrainer(RunConfig.from_args(trainer_args(lr=1e-3)), model_dir)
+    trainer = MegatronTrainer(trainer_config(lr=1e-3), model_dir)
     for adv in (1.0, -0.5):
         trainer.train_step(TrainerBackendContract.make_batch(1000, adv))
     saved_state = _optimizer_state(trainer)
