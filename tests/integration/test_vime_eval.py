@@ -5,7 +5,9 @@ One 2-step run with ``--eval-interval 1`` (evaluations at steps 0, 1, 2) checks 
 and after every step, at the engines' current weight version (the engine's own per-token version tags), that the
 metrics equal those recomputed from the dumped eval samples with the same reward function, and that no eval prompt
 reaches the training batch or the data buffer. Then ``vime eval`` evaluates the run's ``final_hf`` through the same
-code path and, greedy, reproduces the run's last evaluation exactly.
+code path and, greedy, reproduces the run's last evaluation exactly. The run and that ``vime eval`` use the session's
+running engine (``--rollout-external``), each loading its own weights into it first; the quickstart model's
+``vime eval`` starts its own.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.integration.helpers import external_engine_flags
 from vime_core.testing.cli import run_vime as _vime
 from vime_core.testing.plugin_context import plugin_context
 
@@ -37,17 +40,19 @@ def data(tmp_path_factory) -> tuple[Path, Path]:
     return d / "train.jsonl", d / "eval.jsonl"
 
 
-def _eval_flags(eval_file: Path) -> list[str]:
+def _eval_flags(eval_file: Path, engine) -> list[str]:
+    """The evaluation flags of the run and of ``vime eval``; both use ``engine``, the session's running one
+    (``--rollout-external``: each loads its own weights into it first)."""
     return [
         *("--eval-prompt-data", "held", str(eval_file)),
         *("--n-samples-per-eval-prompt", str(N_EVAL), "--eval-max-response-len", "8", "--eval-temperature", "0"),
         *("--reward", "digit_fraction", "--no-apply-chat-template", "--save-eval-samples"),
-        *("--vllm-max-model-len", "256"),
+        *external_engine_flags(engine),
     ]
 
 
 @pytest.fixture(scope="module")
-def eval_run(tiny_model_dir, data, tmp_path_factory):
+def eval_run(tiny_model_dir, data, tmp_path_factory, module_engine_at_v0):
     train, eval_file = data
     out = tmp_path_factory.mktemp("run")
     proc = _vime(
@@ -56,7 +61,7 @@ def eval_run(tiny_model_dir, data, tmp_path_factory):
         *("--num-rollout", "2", "--rollout-batch-size", "2", "--n-samples-per-prompt", "2"),
         *("--rollout-max-response-len", "8", "--lr", "1e-3", "--eval-interval", "1"),
         *("--save-debug-rollout-data", str(out / "debug" / "rollout_{rollout_id}.pt")),
-        *_eval_flags(eval_file),
+        *_eval_flags(eval_file, module_engine_at_v0),
     )
     return out, proc
 
@@ -143,13 +148,15 @@ def test_eval_samples_are_never_trained(eval_run, data):
     assert state["next_group_index"] == 4 and state["returned"] == []
 
 
-def test_vime_eval_of_final_hf_reproduces_the_last_evaluation(eval_run, data, tmp_path):
-    """``vime eval`` starts its own engine + router for the trained ``final_hf``, evaluates through the same code
-    path, stops them; greedy, it gives the run's last evaluation (the engine then served the same weights)."""
+def test_vime_eval_of_final_hf_reproduces_the_last_evaluation(eval_run, data, tmp_path, module_engine_at_v0):
+    """``vime eval`` loads the trained ``final_hf`` into the running engine, starts its own router, evaluates through
+    the same code path, stops the router; greedy, it gives the run's last evaluation (the engine then served the
+    same weights)."""
     out, _ = eval_run
     _, eval_file = data
     dest = tmp_path / "eval"
-    proc = _vime("eval", "--model", str(out / "final_hf"), "--output-dir", str(dest), *_eval_flags(eval_file))
+    eval_flags = _eval_flags(eval_file, module_engine_at_v0)
+    proc = _vime("eval", "--model", str(out / "final_hf"), "--output-dir", str(dest), *eval_flags)
     assert "[vime] eval step 0 (weight version 0) | held reward" in proc.stdout
     (record,) = _records(dest)
     last = [r for r in _records(out) if "eval/held/reward_mean" in r][-1]
