@@ -16,6 +16,7 @@ from vime_core.argument_errors import ArgumentError
 from vime_core.config import AlgorithmConfig, EvalConfig, RolloutConfig, RunConfig, json_object
 from vime_core.evaluation import EvalArgumentError, parse_eval_prompt_data
 from vime_core.lora.options import LoraFlagError, check_lora_config
+from vime_core.net import split_host_port
 from vime_core.placement import PlacementError, ResourceFlags, check_resource_flags
 from vime_core.rollout.overlong import check_overlong_config
 from vime_core.trainer.lr_schedule import check_lr_schedule_config
@@ -220,9 +221,10 @@ def _check_external_engines(cfg: RunConfig) -> None:
     if not addrs:
         return
     for addr in addrs:
-        host, _, port = addr.rpartition(":")
-        if not host or not port.isdigit() or not 0 < int(port) < 65536:
-            raise ArgumentError(f"--rollout-external-engine-addrs: expected HOST:PORT, got {addr!r}")
+        try:
+            split_host_port(addr)
+        except ValueError as e:
+            raise ArgumentError(f"--rollout-external-engine-addrs: {e}") from None
     if len(set(addrs)) != len(addrs):
         raise ArgumentError(f"--rollout-external-engine-addrs names an engine twice: {' '.join(addrs)}")
     conflicts = [

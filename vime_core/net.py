@@ -1,9 +1,20 @@
-"""Network addresses of this process: a free TCP port, whether a port is free, this node's address (a leaf module:
-imports nothing of vime)."""
+"""Network addresses of this process: a free TCP port, whether a port is free, this node's address, ``HOST:PORT``
+parsing (a leaf module: imports nothing of vime)."""
 
 from __future__ import annotations
 
 import socket
+
+
+def split_host_port(addr: str) -> tuple[str, int]:
+    """``HOST:PORT`` as ``(host, port)``.
+
+    :raises ValueError: no host, or a port that is not a number in 1 … 65535 (the message quotes ``addr``).
+    """
+    host, _, port = addr.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"expected HOST:PORT, got {addr!r}")
+    return host, int(port)
 
 
 def find_free_port(host: str = "127.0.0.1") -> int:

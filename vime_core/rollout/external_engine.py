@@ -12,6 +12,7 @@ from typing import Any
 
 import httpx
 
+from vime_core.net import split_host_port
 from vime_core.rollout.engine import WORKER_EXTENSION_CLS, VLLMServer, VLLMServerError
 
 logger = logging.getLogger("vime.rollout")
@@ -36,14 +37,11 @@ class ExternalVLLMServer(VLLMServer):
     display_name = log_name = "external vLLM server"
 
     def __init__(self, addr: str, *, request_timeout_s: float = 120.0) -> None:
-        host, _, port = addr.rpartition(":")
-        if not host or not port.isdigit():
-            raise ValueError(f"an external engine address is HOST:PORT, got {addr!r}")
+        self.host, self.port = split_host_port(addr)
         self.addr = addr
         self.model = f"(external engine {addr})"
         self.python = None
         self.capabilities = None
-        self.host, self.port = host, int(port)
         self.served_model_name = ""  # what GET /v1/models answers (wait_ready)
         self.log_path = EXTERNAL_LOG  # type: ignore[assignment]  # messages name it like a log file
         self.request_timeout_s = request_timeout_s

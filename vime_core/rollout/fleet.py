@@ -108,31 +108,7 @@ class EngineFleet:
         t0 = time.perf_counter()
         log_dir = Path(self.engine_config.output_dir) / "logs"
         log_dir.mkdir(parents=True, exist_ok=True)
-        on_gpu = self.engines_on_gpu
         cfg = self.engine_config
-        vllm_args = list(cfg.vllm_args) + engine_dtype(cfg.vllm_args, cfg.train_dtype, on_gpu)  # bf16 on a GPU
-        if not cfg.rollout_engine_access_log and "--disable-uvicorn-access-log" not in vllm_args:
-            vllm_args.append("--disable-uvicorn-access-log")  # one log line per request drowns the engine's own
-        env: dict[str, str] = {}
-        if self.adapters is not None:  # vLLM's LoRA serving with the runtime adapter routes
-            flags, env = lora_launch(
-                cfg.vllm_args, engine_max_lora_rank(self.lora_config), adapters_to_keep(self.lora_config)
-            )
-            vllm_args += flags
-        server_kwargs = [
-            dict(
-                model=str(self.model_path),
-                served_model_name="policy",
-                enforce_eager=enforce_eager(cfg.rollout_enforce_eager, on_gpu),
-                extra_args=vllm_args + ["--seed", str(self.engine_config.seed + i)],
-                kv_cache_space_gib=self.engine_config.rollout_kv_cache_gib,
-                omp_threads_bind=_engine_cpu_bind(self.engine_config, i),
-                log_path=log_dir / f"vllm_engine_{i}.log",
-                request_timeout_s=self.engine_config.weight_sync_timeout,
-                env=env,
-            )
-            for i in range(self.engine_config.rollout_num_engines)
-        ]
         if self.external:  # --rollout-external: engines someone else started; vime loads its weights into them
             self.engines = [
                 ExternalVLLMServer(addr, request_timeout_s=cfg.weight_sync_timeout)
@@ -140,9 +116,9 @@ class EngineFleet:
             ]
         elif self.placement is not None:  # engine actors on their placement bundles (vime run)
             plan, pg = self.placement
-            self.engines = start_engine_actors(server_kwargs, plan, pg, self.engine_config.weight_sync_timeout)
+            self.engines = start_engine_actors(self._server_kwargs(log_dir), plan, pg, cfg.weight_sync_timeout)
         else:
-            self.engines = [VLLMServer(**kw) for kw in server_kwargs]
+            self.engines = [VLLMServer(**kw) for kw in self._server_kwargs(log_dir)]
         if self.engine_config.distill_teacher:  # the teacher engine group starts alongside
             self.teacher = TeacherEngines(self.engine_config, self.tokenizer, log_dir)  # checks the tokenizer first
         for engine in self.engines:
@@ -216,6 +192,36 @@ class EngineFleet:
         if self.teacher is not None:
             info["teacher_router_url"] = self.teacher.wait_ready(self.engine_config.rollout_engine_startup_timeout)
         return {**info, "startup_seconds": time.perf_counter() - t0}
+
+    def _server_kwargs(self, log_dir: Path) -> list[dict[str, Any]]:
+        """The :class:`~vime_core.rollout.engine.VLLMServer` arguments of each engine vime starts: the ``--vllm-*``
+        flags, the dtype (bf16 on a GPU), no access log unless ``--rollout-engine-access-log``, LoRA serving with
+        ``--lora-rank``, one ``--seed`` per engine, its CPU binding and its log file under ``log_dir``."""
+        on_gpu = self.engines_on_gpu
+        cfg = self.engine_config
+        vllm_args = list(cfg.vllm_args) + engine_dtype(cfg.vllm_args, cfg.train_dtype, on_gpu)  # bf16 on a GPU
+        if not cfg.rollout_engine_access_log and "--disable-uvicorn-access-log" not in vllm_args:
+            vllm_args.append("--disable-uvicorn-access-log")  # one log line per request drowns the engine's own
+        env: dict[str, str] = {}
+        if self.adapters is not None:  # vLLM's LoRA serving with the runtime adapter routes
+            flags, env = lora_launch(
+                cfg.vllm_args, engine_max_lora_rank(self.lora_config), adapters_to_keep(self.lora_config)
+            )
+            vllm_args += flags
+        return [
+            dict(
+                model=str(self.model_path),
+                served_model_name="policy",
+                enforce_eager=enforce_eager(cfg.rollout_enforce_eager, on_gpu),
+                extra_args=vllm_args + ["--seed", str(self.engine_config.seed + i)],
+                kv_cache_space_gib=self.engine_config.rollout_kv_cache_gib,
+                omp_threads_bind=_engine_cpu_bind(self.engine_config, i),
+                log_path=log_dir / f"vllm_engine_{i}.log",
+                request_timeout_s=self.engine_config.weight_sync_timeout,
+                env=env,
+            )
+            for i in range(self.engine_config.rollout_num_engines)
+        ]
 
     def stop_monitor(self) -> None:
         """Stop the engine health monitor and close its weight recovery; never raises."""
