@@ -67,6 +67,22 @@ def external_engine_flags(engine) -> list[str]:
     return ["--rollout-external", "--rollout-external-engine-addrs", engine.url.removeprefix("http://")]
 
 
+#: metric keys that differ between two runs with the same seed: wall times, and where the weights went on the disk
+NOT_REPRODUCED = ("perf/", "_seconds", "_time")
+
+
+def reproduced(record: dict) -> dict:
+    """A metrics record without the keys of :data:`NOT_REPRODUCED`: what two runs of the same seed must agree on."""
+    return {k: v for k, v in record.items() if not any(x in k for x in NOT_REPRODUCED)}
+
+
+def dumped_samples(out: Path, step: int) -> list[dict]:
+    """The samples of step ``step`` that ``--save-debug-rollout-data OUT/debug/rollout_{rollout_id}.pt`` wrote, every
+    group's in order."""
+    data = torch.load(out / "debug" / f"rollout_{step}.pt", weights_only=False)
+    return [s for g in data["groups"] for s in g]
+
+
 def read_metrics(out: Path) -> list[dict]:
     """The records of ``OUT/metrics.jsonl``, one per line."""
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]

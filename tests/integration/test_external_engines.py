@@ -12,14 +12,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.integration.helpers import external_engine_flags, read_metrics, run_flags
+from tests.integration.helpers import external_engine_flags, read_metrics, reproduced, run_flags
 from vime_core.net import find_free_port
 from vime_core.testing.cli import run_vime
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
-
-# what differs between two runs with the same seed: wall times, and where the weights went on the disk
-NOT_COMPARED = ("perf/", "_seconds", "_time")
 
 
 def _argv(model: Path, prompts: Path, out: Path, external: list[str], *extra: str) -> list[str]:
@@ -57,8 +54,7 @@ def test_two_runs_on_one_external_engine_train_the_same_steps(engine_at_v0, tiny
     for step in (0, 1):  # the second run started from --model, not from the first run's trained weights
         assert _samples(second, step) == _samples(first, step), step
     m2 = read_metrics(second)
-    compared = [[{k: v for k, v in r.items() if not any(x in k for x in NOT_COMPARED)} for r in m] for m in (m1, m2)]
-    assert compared[1] == compared[0]
+    assert [reproduced(r) for r in m2] == [reproduced(r) for r in m1]
     assert m1[0]["rollout/reward_std"] > 0 and m1[0]["train/grad_norm"] > 0  # steps that really trained
 
 

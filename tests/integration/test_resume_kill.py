@@ -22,9 +22,8 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
 
-from tests.integration.helpers import LORA_TOLERANCE, run_flags
+from tests.integration.helpers import LORA_TOLERANCE, dumped_samples, reproduced, run_flags
 from vime_core.loop import TRAINED_PROMPTS_FILE
 from vime_core.testing.cli import run_vime
 
@@ -32,8 +31,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 NUM_PROMPTS = 12
 STEPS = 6
-# what differs between two runs with the same seed: wall times, and where the weights went on the disk
-NOT_COMPARED = ("perf/", "_seconds", "_time")
 
 
 def _argv(tiny_model_dir: Path, prompts: Path, out: Path, loop: str = "sync", *extra: str) -> list[str]:
@@ -63,10 +60,6 @@ def _argv(tiny_model_dir: Path, prompts: Path, out: Path, loop: str = "sync", *e
 
 def _records(out: Path, name: str) -> list[dict]:
     return [json.loads(line) for line in (out / name).read_text().splitlines()]
-
-
-def _compared(record: dict) -> dict:
-    return {k: v for k, v in record.items() if not any(x in k for x in NOT_COMPARED)}
 
 
 def _write_prompts(tmp_path: Path) -> Path:
@@ -135,7 +128,7 @@ def test_kill_9_after_step_3_then_rerun_trains_each_prompt_once(tiny_model_dir, 
     assert got == want  # the same prompts in the same steps
     m_ref, m = _records(ref, "metrics.jsonl"), _records(out, "metrics.jsonl")
     # the first step after the resume: same samples, rewards, advantages, loss, gradient norm and weight version
-    assert _compared(m[3]) == _compared(m_ref[3])
+    assert reproduced(m[3]) == reproduced(m_ref[3])
     assert m[3]["rollout/reward_std"] > 0 and m[3]["train/grad_norm"] > 0  # a step that really trained
 
     full = (tiny_model_dir / "model.safetensors").stat().st_size
@@ -172,7 +165,7 @@ def test_kill_9_after_step_3_then_rerun_lora(tiny_model_dir, tmp_path):
         ]
     assert _records(out, TRAINED_PROMPTS_FILE) == _records(ref, TRAINED_PROMPTS_FILE)
     m_ref, m = _records(ref, "metrics.jsonl"), _records(out, "metrics.jsonl")
-    assert _compared(m[3]) == _compared(m_ref[3])
+    assert reproduced(m[3]) == reproduced(m_ref[3])
     assert m[3]["train/grad_norm"] > 0 and m[3]["weight_sync/bytes"] == m_ref[3]["weight_sync/bytes"]
 
     diffs = [r["train/train_rollout_logprob_abs_diff"] for r in m_ref]
@@ -206,11 +199,6 @@ def _check_evals(out: Path, expected_steps: list[int]) -> list[dict]:
     return [r for r in records if "eval/held/reward_mean" not in r]
 
 
-def _dumped(out: Path, step: int) -> list[dict]:
-    data = torch.load(out / "debug" / f"rollout_{step}.pt", weights_only=False)
-    return [s for g in data["groups"] for s in g]
-
-
 def test_kill_9_after_step_3_then_rerun_one_step_off(tiny_model_dir, tmp_path):
     """one-step-off: step 3's groups were generated before the kill and are saved with the checkpoint; each prompt
     of the epoch is trained exactly once.
@@ -229,7 +217,7 @@ def test_kill_9_after_step_3_then_rerun_one_step_off(tiny_model_dir, tmp_path):
     print(f"one-step-off: killed + resumed {time.monotonic() - t0:.0f} s")
     for step in range(STEPS):
         expected_version = max(step - 1, 0)
-        for s in _dumped(out, step):
+        for s in dumped_samples(out, step):
             assert s["weight_versions"] == [expected_version] * s["response_length"], (step, s["weight_versions"])
     metrics = _check_evals(out, [0, 2, 4, 6])
     assert [m["rollout/staleness_max"] for m in metrics] == [0.0] + [1.0] * (STEPS - 1)
@@ -261,7 +249,7 @@ def test_kill_9_after_step_3_then_rerun_fully_async(tiny_model_dir, tmp_path):
     assert len(metrics) == STEPS
     seen_versions = set()
     for step in range(STEPS):
-        samples = _dumped(out, step)
+        samples = dumped_samples(out, step)
         assert len(samples) == 8
         for s in samples:
             trained = [v for v, m in zip(s["weight_versions"], s["loss_mask"], strict=True) if m]

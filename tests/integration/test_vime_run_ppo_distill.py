@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.integration.helpers import external_engine_flags, read_metrics, run_flags
+from tests.integration.helpers import dumped_samples, external_engine_flags, read_metrics, run_flags
 from vime_core.testing.cli import run_vime as _vime
 from vime_core.testing.plugin_context import plugin_context
 
@@ -36,11 +36,6 @@ def _common(model: Path, prompts: Path, out: Path, engine) -> list[str]:
         "--save-debug-rollout-data",
         str(out / "debug" / "rollout_{rollout_id}.pt"),
     ]
-
-
-def _dumped(out: Path, step: int) -> list[dict]:
-    data = torch.load(out / "debug" / f"rollout_{step}.pt", weights_only=False)
-    return [s for g in data["groups"] for s in g]
 
 
 def _trained_mean(samples: list[dict], per_token) -> float:
@@ -105,7 +100,7 @@ def test_ppo_critic_with_a_distillation_teacher(tiny_model_dir, prompt_file, tmp
     m = read_metrics(out)
     assert [r["step"] for r in m] == [0, 1]
     for step, r in enumerate(m):
-        samples = _dumped(out, step)
+        samples = dumped_samples(out, step)
         assert len(samples) == 8 and all(len(s["teacher_log_probs"]) == s["response_length"] for s in samples)
         assert r["train/critic_only"] == 0.0 and r["train/critic_lr"] == 1e-3
         assert r["train/value_loss"] > 0.0 and "train/pg_loss" in r
@@ -115,14 +110,14 @@ def test_ppo_critic_with_a_distillation_teacher(tiny_model_dir, prompt_file, tmp
         # two random models disagree by far more than engine noise: a non-zero distillation term
         assert r["rollout/distill_reverse_kl"] == pytest.approx(_trained_mean(samples, _gap), abs=1e-6)
         assert _trained_mean(samples, lambda s: [abs(g) for g in _gap(s)]) > 0.1
-    for s in _dumped(out, 1)[:2]:  # the log-probs are the (never synced) teacher's, not the student's
+    for s in dumped_samples(out, 1)[:2]:  # the log-probs are the (never synced) teacher's, not the student's
         assert s["teacher_log_probs"] == pytest.approx(_hf_log_probs(teacher, s), abs=1e-3)
     assert m[1]["train/train_rollout_logprob_abs_diff"] < 1e-2, m[1]  # the engine serves the trained policy
     # the critic checkpointed after step 1 is the one step 2 used: its values on step 2's samples match
     critic_dir = out / "checkpoints" / "step_000001" / "trainer" / "critic"
     assert (critic_dir / "optimizer.pt").is_file()
     critic = ValueModel.from_pretrained(critic_dir)
-    samples = [Sample.from_dict(d) for d in _dumped(out, 1)]
+    samples = [Sample.from_dict(d) for d in dumped_samples(out, 1)]
     with torch.no_grad():
         values = critic.response_values(samples, torch.device("cpu"))
     keep = torch.cat([torch.tensor(s.loss_mask, dtype=torch.bool) for s in samples])
@@ -151,7 +146,7 @@ def test_on_policy_distill_zero_with_the_students_weights_then_non_zero(
         "2",
     )
     m = read_metrics(out)
-    step0, step1 = _dumped(out, 0), _dumped(out, 1)
+    step0, step1 = dumped_samples(out, 0), dumped_samples(out, 1)
     # step 1: teacher == student weights: A_t = logp_T - logp_S = 0 on every token
     gaps0 = [abs(t - r) for s in step0 for t, r in zip(s["teacher_log_probs"], s["rollout_log_probs"], strict=True)]
     assert max(gaps0) < 1e-3, gaps0
