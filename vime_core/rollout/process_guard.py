@@ -3,7 +3,9 @@ imports nothing of vime).
 
 The guard leads the server's process group and stops the whole group (SIGTERM, then SIGKILL after ``GRACE_S``) when
 the process that started it dies, ``kill -9`` included; a watcher child stops the group if the guard itself is
-killed. ``--reap-run KEY VALUE GRACE_S`` is the run reaper (:func:`vime_core.rollout.process.start_run_reaper`).
+killed. With ``VIME_CPU_AFFINITY=0,1,...`` in its environment the guard starts the server on those cores only (Linux
+``sched_setaffinity``; every process and thread the server starts inherits it). ``--reap-run KEY VALUE GRACE_S`` is
+the run reaper (:func:`vime_core.rollout.process.start_run_reaper`).
 How and why: docs/engine_health.md, "No process outlives the run".
 """
 
@@ -16,6 +18,9 @@ import sys
 import time
 
 PARENT_DEATH_SIGNAL = signal.SIGUSR1
+
+#: environment variable: comma-separated CPU ids the guarded server is pinned to
+CPU_AFFINITY_ENV = "VIME_CPU_AFFINITY"
 
 
 def _set_parent_death_signal(sig: int) -> None:
@@ -179,6 +184,9 @@ def main(argv: list[str]) -> int:
     pgid = os.getpgrp()
     parent, gone = _watch_parent()
     watcher = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--watch", str(grace_s)])
+    cpus = os.environ.get(CPU_AFFINITY_ENV)
+    if cpus:  # pin the server (it inherits the guard's affinity), not the watcher started above
+        os.sched_setaffinity(0, {int(c) for c in cpus.split(",")})
     child = subprocess.Popen(command, restore_signals=True)
     spare = (watcher.pid,)
     deadline = None
