@@ -15,12 +15,26 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Sequence
 from functools import lru_cache
 from importlib import metadata
 from pathlib import Path
 
 # flag name (without "--") -> nargs: 0 for switches, 1 for one value, "?" optional value, "+"/"*" lists
 FlagTable = dict[str, object]
+
+
+def passthrough_value(vllm_args: Sequence[str], flag: str) -> str | None:
+    """The value of ``--<flag>`` among the ``--vllm-*`` pass-through arguments (``--flag V`` or ``--flag=V``), or
+    ``None``; given twice, the last one, as vLLM's parser takes it."""
+    args = list(vllm_args)
+    value = None
+    for i, a in enumerate(args):
+        if a == f"--{flag}" and i + 1 < len(args):
+            value = args[i + 1]
+        elif a.startswith(f"--{flag}="):
+            value = a.split("=", 1)[1]
+    return value
 
 
 def _table_from_parser(parser: argparse.ArgumentParser, strip: str = "") -> FlagTable:

