@@ -69,8 +69,8 @@ def bind_cpus(bind: str | None) -> list[int] | None:
             lo, _, hi = part.partition("-")
             cpus += range(int(lo), int(hi or lo) + 1)
     except ValueError:
-        raise ValueError(f"CPU bind {bind!r}: expected CPU ids like '0-3', '0,2' or 'auto'") from None
-    if not cpus:
+        cpus = []
+    if not cpus:  # not numbers, or a range like "3-1" that names no CPU
         raise ValueError(f"CPU bind {bind!r}: expected CPU ids like '0-3', '0,2' or 'auto'")
     return cpus
 
