@@ -1,6 +1,6 @@
 """`tests.integration.helpers.assert_reproduced`, the comparison of two seeded runs' metrics, on the step-3 records of
-the stop-36 suite run where two uninterrupted-vs-resumed runs of test_resume_kill.py's sync case differed by float
-rounding only."""
+the stop-36 suite run where the uninterrupted and the resumed run of test_resume_kill.py's sync case differed by
+float rounding only."""
 
 from __future__ import annotations
 
