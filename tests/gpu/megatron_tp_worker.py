@@ -18,18 +18,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 def main() -> None:
     import torch
 
-    from tests.gpu.test_megatron_algorithms import _ppo_args, _samples
+    from tests.gpu.test_megatron_algorithms import _ppo_config, _samples
     from vime_core.algorithms.batch import build_batch
     from vime_core.builtins import advantages as est
-    from vime_core.config import RunConfig
     from vime_core.context import PluginContext
     from vime_core.trainer.megatron_backend import MegatronTrainer
 
     policy, ref, critic, out = sys.argv[1:5]
     world = int(os.environ["WORLD_SIZE"])
-    args = _ppo_args({"critic": Path(critic), "ref": Path(ref)}, tensor_model_parallel_size=world)
-    trainer = MegatronTrainer(RunConfig.from_args(args), Path(policy))
-    batch = build_batch(PluginContext(RunConfig.from_args(args)), [_samples()], est.ppo)
+    config = _ppo_config({"critic": Path(critic), "ref": Path(ref)}, tensor_model_parallel_size=world)
+    trainer = MegatronTrainer(config, Path(policy))
+    batch = build_batch(PluginContext(config), [_samples()], est.ppo)
     values = trainer.critic.values(batch.samples, 4)
     with torch.no_grad():
         lps = [lp.float().cpu().tolist() for lp in trainer.policy_log_probs(batch.samples, False)[0]]

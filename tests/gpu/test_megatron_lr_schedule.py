@@ -19,11 +19,10 @@ if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU", allow_module_level=True)
 pytest.importorskip("megatron.core")
 
-from tests.gpu.test_megatron_algorithms import _args, _samples  # noqa: E402
+from tests.gpu.test_megatron_algorithms import _config, _samples  # noqa: E402
 from tests.gpu.test_megatron_backend import build_hf  # noqa: E402
 from vime_core.algorithms.batch import build_batch  # noqa: E402
 from vime_core.builtins import advantages as est  # noqa: E402
-from vime_core.config import RunConfig  # noqa: E402
 from vime_core.context import PluginContext  # noqa: E402
 
 
@@ -41,7 +40,7 @@ def test_megatron_lr_schedules_and_exact_resume(tmp_path):
     from vime_core.trainer.megatron_backend import MegatronTrainer
 
     policy = build_hf(tmp_path / "policy", "llama", seed=0)
-    args = _args(
+    config = _config(
         advantage_estimator="ppo",
         lr_warmup_iters=1,
         lr_decay_style="linear",
@@ -50,7 +49,7 @@ def test_megatron_lr_schedules_and_exact_resume(tmp_path):
         critic_lr=2e-4,
         critic_lr_warmup_iters=2,
     )
-    trainer = MegatronTrainer(RunConfig.from_args(args), policy)
+    trainer = MegatronTrainer(config, policy)
     uninterrupted = _train(trainer, range(4))
     # policy: warm-up 0 → 1e-4 over 1 step, then linear to 1e-5 at step 5; critic: warm-up over 2 steps to 2e-4
     policy_lr = [0.0, 1e-4, 1e-5 + 0.75 * 9e-5, 1e-5 + 0.5 * 9e-5]
@@ -59,10 +58,10 @@ def test_megatron_lr_schedules_and_exact_resume(tmp_path):
     assert [c for _, c in uninterrupted] == pytest.approx(critic_lr, abs=1e-15)
     assert all(math.isfinite(p) for p, _ in uninterrupted)
 
-    first = MegatronTrainer(RunConfig.from_args(args), policy)
+    first = MegatronTrainer(config, policy)
     before = _train(first, range(2))
     first.save_checkpoint(tmp_path / "ckpt")
-    resumed = MegatronTrainer(RunConfig.from_args(args), policy)
+    resumed = MegatronTrainer(config, policy)
     resumed.load_checkpoint(tmp_path / "ckpt")
     assert (resumed.steps_done, resumed.critic.steps_done) == (2, 2)
     assert before + _train(resumed, range(2, 4)) == uninterrupted
