@@ -293,9 +293,28 @@ class EngineMonitor:
                         if self.router.is_running() or not self.manage_router:
                             raise
                         # the router is down: its restart (under this lock) includes every engine that is up
+                    seconds = time.monotonic() - (slot.down_since or t0)
+                    # logged and recorded before the slot reads "up": whoever sees it up finds its engine_up event
+                    logger.warning(
+                        "engine %d (%s) replaced: serving weight version %d again %.1f s after it went down "
+                        "(load %.2f s)",
+                        slot.index,
+                        slot.engine.url,
+                        self.recovery.version,
+                        seconds,
+                        load_s,
+                    )
+                    self._event(
+                        "engine_up",
+                        engine=slot.index,
+                        url=slot.engine.url,
+                        restart=slot.restarts,
+                        seconds=round(seconds, 3),
+                        load_seconds=round(load_s, 3),
+                        weight_version=self.recovery.version,
+                    )
                     with self._state:
                         slot.state, slot.unhealthy_since = "up", None
-                        seconds = time.monotonic() - (slot.down_since or t0)
                         self.recoveries.append(seconds)
                         self.counts["engine_restarts"] += 1
                         self.totals["engine_restarts"] += 1
@@ -310,23 +329,6 @@ class EngineMonitor:
                 except Exception:  # noqa: BLE001
                     logger.exception("stopping the failed replacement of engine %d", slot.index)
                 continue
-            logger.warning(
-                "engine %d (%s) replaced: serving weight version %d again %.1f s after it went down (load %.2f s)",
-                slot.index,
-                slot.engine.url,
-                self.recovery.version,
-                seconds,
-                load_s,
-            )
-            self._event(
-                "engine_up",
-                engine=slot.index,
-                url=slot.engine.url,
-                restart=slot.restarts,
-                seconds=round(seconds, 3),
-                load_seconds=round(load_s, 3),
-                weight_version=self.recovery.version,
-            )
             return
 
     def _restart_router(self) -> None:
