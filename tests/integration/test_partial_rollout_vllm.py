@@ -66,8 +66,8 @@ def _running(server) -> float:
 ATTEMPTS = 3
 
 
-def _first_phase(router, vllm_server, tiny_model_dir, path):
-    """A manager over-sampling ``short`` and ``long`` for a batch of one group, and its first ``generate``."""
+def _manager(router, vllm_server, tiny_model_dir, path):
+    """A manager over-sampling ``short`` and ``long`` for a batch of one group."""
     path.mkdir()
     m = manager_with_hooks(
         tiny_model_dir,
@@ -90,8 +90,7 @@ def _first_phase(router, vllm_server, tiny_model_dir, path):
     m.fleet.client._http._transport = _WATCH[0]
     m.fleet.engines = [vllm_server]
     set_rollout_context(RolloutContext(client=m.fleet.client, tokenizer=m.tokenizer, weight_version=0))
-    groups, metrics = m.generate(0)
-    return m, groups, metrics
+    return m
 
 
 def _close(m) -> None:
@@ -111,7 +110,8 @@ def test_aborted_group_resumes_from_its_partial_tokens(router, vllm_server, tiny
     m = None
     try:
         for attempt in range(ATTEMPTS):
-            m, groups, metrics = _first_phase(router, vllm_server, tiny_model_dir, tmp_path / f"attempt{attempt}")
+            m = _manager(router, vllm_server, tiny_model_dir, tmp_path / f"attempt{attempt}")
+            groups, metrics = m.generate(0)  # raising, m is still closed by the finally below
             assert len(_WATCH[0].first_tokens) == 2, f"long's streams never delivered tokens within {GATE_S} s"
             print(f"attempt {attempt}: {_events()}")
             outran = metrics["rollout/aborted_groups"] == 0.0 and f"long: done, truncated {LONG} tokens" in _events()
