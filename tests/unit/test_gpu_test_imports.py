@@ -70,6 +70,11 @@ def test_the_check_finds_a_renamed_helper():
     assert unresolved_imports("from vime_core.nothing_here import x\n", "t.py") == [
         "t.py:1: no module vime_core.nothing_here"
     ]
+    # vime_core.sandbox has SandboxLimits only through `from vime_core.sandbox.base import *`
+    assert unresolved_imports("from vime_core.sandbox import SandboxLimits\n", "t.py") == []
+    assert unresolved_imports("from vime_core.sandbox import NoSuchLimits\n", "t.py") == [
+        "t.py:1: vime_core.sandbox has no NoSuchLimits"
+    ]
 
 
 @pytest.mark.parametrize(
