@@ -297,19 +297,19 @@ def check_trainer_model(trainer: str, config: Mapping, where: str) -> None:
 
 def families_table() -> list[dict]:
     """One row per (trainer, family) for ``vime models``: ``trainer``, ``family``, ``model_types``, ``examples``,
-    ``tp``, ``ep``, ``routing_replay``, ``lora``, ``notes``; a trainer taking any causal LM also gets a row with
-    family ``any causal LM``."""
+    ``tp``, ``ep``, ``routing_replay``, ``lora``, ``notes``. A trainer taking any causal LM gets a first row with
+    family ``any causal LM``, then rows only for the families it offers more for (an entry in their ``features``)."""
     rows = []
     families = sorted({id(f): f for f in FAMILIES.values()}.values(), key=lambda f: f.name)
     for trainer, spec in TRAINERS.items():
+        if spec.any_causal_lm:
+            rows.append(_row(trainer, "any causal LM", ("*",), "AutoModelForCausalLM", spec.default_features, ""))
         for f in families:
             feats = f.features.get(trainer)
             if feats is None or (trainer == "megatron" and f.read_arch is None):
                 continue
             notes = f.notes if trainer == "megatron" else ""
             rows.append(_row(trainer, f.name, f.model_types, f.examples, feats, notes))
-        if spec.any_causal_lm:
-            rows.append(_row(trainer, "any causal LM", ("*",), "AutoModelForCausalLM", spec.default_features, ""))
     return rows
 
 
@@ -328,19 +328,34 @@ def _row(trainer: str, name: str, types: tuple, examples: str, f: Features, note
 
 
 # ------------------------------------------------------------------------------------------------- dense families
-def dense_arch(cfg: HFConfig, *, qkv_bias: bool, qk_layernorm: bool = False) -> ArchConfig:
+#: HF config fields that make a layer a mixture of experts (a dense family with one of them set is refused)
+MOE_FIELDS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
+
+
+def dense_arch(
+    cfg: HFConfig, *, qkv_bias: bool, qk_layernorm: bool = False, rope_types: tuple[str, ...] = ("default",)
+) -> ArchConfig:
     """The :class:`ArchConfig` of a dense decoder with gated SiLU MLP, RMSNorm and RoPE (Llama layout).
 
-    :param qkv_bias: q/k/v projections have biases (Qwen2 always; Llama/Mistral with ``attention_bias``).
+    :param qkv_bias: q/k/v projections have biases (Qwen2 always; Llama/Mistral/Qwen3 with ``attention_bias``).
     :param qk_layernorm: per-head q/k RMSNorm (Qwen3).
-    :raises UnsupportedFeature: an activation other than SiLU, ``mlp_bias``, partial rotary embeddings.
+    :param rope_types: the RoPE types the family builds (``default``, ``linear``, ``llama3``).
+    :raises UnsupportedFeature: an activation other than SiLU, ``mlp_bias``, partial rotary embeddings, a RoPE type
+        not in ``rope_types``, MoE fields, multi-latent attention fields.
     :raises ConversionError: heads not a multiple of key/value heads, or a missing size.
     """
     if cfg.get("hidden_act", "silu") != "silu":
         raise UnsupportedFeature(f"hidden_act {cfg.get('hidden_act')!r}", "hidden_act silu")
     if cfg.get("mlp_bias", False):
         raise UnsupportedFeature("mlp_bias", "MLP without biases")
-    _, rope, theta = cfg.rope()
+    for name in MOE_FIELDS:
+        if cfg.get(name, 0):
+            raise UnsupportedFeature(f"MoE layers ({name} {cfg.get(name)})", "dense MLP layers")
+    if cfg.get("kv_lora_rank") or cfg.get("q_lora_rank"):
+        raise UnsupportedFeature("multi-latent attention (kv_lora_rank)", "grouped-query attention")
+    rope_type, rope, theta = cfg.rope()
+    if rope_type not in rope_types:
+        raise UnsupportedFeature(f"rope_type {rope_type!r}", "rope_type " + _alternatives(rope_types))
     if float(rope.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0))) != 1.0:
         raise UnsupportedFeature("partial_rotary_factor < 1", "rotary embeddings over the whole head")
     heads = int(cfg.require("num_attention_heads"))
@@ -363,61 +378,115 @@ def dense_arch(cfg: HFConfig, *, qkv_bias: bool, qk_layernorm: bool = False) -> 
         max_position_embeddings=int(cfg.get("max_position_embeddings", 4096)),
         model_type=str(cfg.get("model_type", "llama")),
         qk_layernorm=qk_layernorm,
+        rope_scaling=_rope_scaling(rope_type, rope),
     )
 
 
-def _plain_rope(cfg: HFConfig) -> None:
-    """Refuse RoPE scaling (the Qwen2/Mistral readers: plain RoPE only)."""
-    rope_type, _, _ = cfg.rope()
-    if rope_type != "default":
-        raise UnsupportedFeature(f"rope_type {rope_type!r}", "rope_type default")
+def _alternatives(names: tuple[str, ...]) -> str:
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " or " + names[-1]
+
+
+def _rope_scaling(rope_type: str, rope: dict) -> RopeScaling | None:
+    """The :class:`RopeScaling` of a ``linear`` / ``llama3`` config (``None`` for ``default``).
+
+    :raises ConversionError: naming a missing parameter (transformers needs them too).
+    """
+    if rope_type == "default":
+        return None
+    need = (
+        ("factor",)
+        if rope_type == "linear"
+        else ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+    )
+    missing = [k for k in need if rope.get(k) is None]
+    if missing:
+        raise ConversionError(f"rope_type {rope_type!r} needs {', '.join(missing)} in rope_parameters/rope_scaling")
+    if rope_type == "linear":
+        return RopeScaling("linear", float(rope["factor"]))
+    return RopeScaling(
+        "llama3",
+        float(rope["factor"]),
+        float(rope["low_freq_factor"]),
+        float(rope["high_freq_factor"]),
+        int(rope["original_max_position_embeddings"]),
+    )
+
+
+def _full_attention(cfg: HFConfig, *, use_flag: bool) -> None:
+    """Refuse sliding-window attention: the Megatron trainer computes full causal attention.
+
+    :param use_flag: the family switches it on with ``use_sliding_window`` (Qwen2/Qwen3); else (Mistral) a
+        ``sliding_window`` shorter than the context is in use.
+    """
+    window = cfg.get("sliding_window")
+    if use_flag:
+        used = bool(cfg.get("use_sliding_window", False)) and window is not None
+    else:
+        used = window is not None and int(window) < int(cfg.get("max_position_embeddings", 0) or 0)
+    layer_types = cfg.get("layer_types") or []
+    if used or any(t != "full_attention" for t in layer_types):
+        raise UnsupportedFeature(f"sliding-window attention (sliding_window {window})", "full attention")
 
 
 def _read_llama(cfg: HFConfig) -> ArchConfig:
-    _plain_rope(cfg)
-    return dense_arch(cfg, qkv_bias=bool(cfg.get("attention_bias", False)))
+    return dense_arch(cfg, qkv_bias=bool(cfg.get("attention_bias", False)), rope_types=("default", "linear", "llama3"))
 
 
 def _read_mistral(cfg: HFConfig) -> ArchConfig:
-    _plain_rope(cfg)
+    _full_attention(cfg, use_flag=False)
     return dense_arch(cfg, qkv_bias=bool(cfg.get("attention_bias", False)))
 
 
 def _read_qwen2(cfg: HFConfig) -> ArchConfig:
-    _plain_rope(cfg)
+    _full_attention(cfg, use_flag=True)
     return dense_arch(cfg, qkv_bias=True)
 
 
+def _read_qwen3(cfg: HFConfig) -> ArchConfig:
+    _full_attention(cfg, use_flag=True)
+    return dense_arch(cfg, qkv_bias=bool(cfg.get("attention_bias", False)), qk_layernorm=True)
+
+
+#: the dense families on the Megatron trainer (the torch trainer takes them as any causal LM)
 DENSE_MEGATRON = Features(tp=True, lora=True)
-DENSE_TORCH = Features(lora=True)
 
 LLAMA = register_family(
     ModelFamily(
         name="Llama",
         model_types=("llama",),
-        examples="Llama-3-8B, SmolLM2",
+        examples="Llama-3/3.1/3.2/3.3, SmolLM2",
         read_arch=_read_llama,
-        features={"megatron": DENSE_MEGATRON, "torch": DENSE_TORCH},
-        notes="RoPE default",
+        features={"megatron": DENSE_MEGATRON},
+        notes="RoPE default, linear or llama3 (Llama 3.1+); attention_bias",
     )
 )
 MISTRAL = register_family(
     ModelFamily(
         name="Mistral",
         model_types=("mistral",),
-        examples="Mistral-7B-v0.3 (dense)",
+        examples="Mistral-7B-v0.2/v0.3 (dense)",
         read_arch=_read_mistral,
-        features={"megatron": DENSE_MEGATRON, "torch": DENSE_TORCH},
-        notes="RoPE default",
+        features={"megatron": DENSE_MEGATRON},
+        notes="RoPE default; full attention (no sliding window)",
     )
 )
 QWEN2 = register_family(
     ModelFamily(
         name="Qwen2",
         model_types=("qwen2",),
-        examples="Qwen2.5-0.5B ... 72B, Qwen2.5-Coder",
+        examples="Qwen2/Qwen2.5 0.5B-72B, Qwen2.5-Coder",
         read_arch=_read_qwen2,
-        features={"megatron": DENSE_MEGATRON, "torch": DENSE_TORCH},
-        notes="q/k/v biases; RoPE default",
+        features={"megatron": DENSE_MEGATRON},
+        notes="q/k/v biases; RoPE default; full attention",
+    )
+)
+QWEN3 = register_family(
+    ModelFamily(
+        name="Qwen3",
+        model_types=("qwen3",),
+        examples="Qwen3-0.6B-32B (dense), tied or untied",
+        read_arch=_read_qwen3,
+        features={"megatron": DENSE_MEGATRON},
+        notes="q/k RMSNorm; head_dim of its own; RoPE default; full attention",
     )
 )

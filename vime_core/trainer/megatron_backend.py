@@ -38,6 +38,7 @@ from vime_core.trainer.megatron_model import (
     gpt_model_fields,
     have_transformer_engine,
     init_distributed,
+    install_rope,
     layer_spec,
     transformer_config_fields,
 )
@@ -177,6 +178,7 @@ class MegatronTrainer(TrainerBackend):
             share_embeddings_and_output_weights=a.tie_word_embeddings if tied is None else tied,
             **gpt_model_fields(a),
         )
+        install_rope(gpt, a)  # RoPE scaling (Llama 3.1+): transformers' inverse frequencies
         return gpt.cuda(torch.cuda.current_device())
 
     def wrap_for_training(self, module: Any, lr: float) -> tuple[Any, Any]:

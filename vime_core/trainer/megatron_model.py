@@ -5,6 +5,7 @@ a one-process group) and the transformer-layer spec (Transformer Engine's, or Me
 
 from __future__ import annotations
 
+import math
 import os
 from typing import Any
 
@@ -173,3 +174,42 @@ def gpt_model_fields(arch: ArchConfig) -> dict[str, Any]:
         rotary_base=int(arch.rope_theta),
         rotary_percent=1.0,
     )
+
+
+def rope_inv_freq(arch: ArchConfig) -> torch.Tensor:
+    """``[head_dim / 2]`` float32 RoPE inverse frequencies of ``arch``, computed as transformers does
+    (``modeling_rope_utils``: default, ``linear`` = default / factor, ``llama3`` = Llama 3.1's frequency-dependent
+    scaling: wavelengths above ``original_max_position_embeddings / low_freq_factor`` divided by ``factor``, below
+    ``... / high_freq_factor`` kept, smoothly interpolated between), operation for operation, on the CPU."""
+    d = arch.head_dim
+    inv_freq = 1.0 / (arch.rope_theta ** (torch.arange(0, d, 2, dtype=torch.int64).to(dtype=torch.float) / d))
+    r = arch.rope_scaling
+    if r is None:
+        return inv_freq
+    if r.rope_type == "linear":
+        return inv_freq / r.factor
+    if r.rope_type != "llama3":
+        raise ValueError(f"RoPE type {r.rope_type!r} has no inverse frequencies here")
+    old_context_len = r.original_max_position_embeddings
+    low_freq_wavelen = old_context_len / r.low_freq_factor
+    high_freq_wavelen = old_context_len / r.high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    inv_freq_llama = torch.where(wavelen > low_freq_wavelen, inv_freq / r.factor, inv_freq)
+    smooth_factor = (old_context_len / wavelen - r.low_freq_factor) / (r.high_freq_factor - r.low_freq_factor)
+    smoothed_inv_freq = (1 - smooth_factor) * inv_freq_llama / r.factor + smooth_factor * inv_freq_llama
+    is_medium_freq = ~(wavelen < high_freq_wavelen) * ~(wavelen > low_freq_wavelen)
+    return torch.where(is_medium_freq, smoothed_inv_freq, inv_freq_llama)
+
+
+def install_rope(gpt: Any, arch: ArchConfig) -> None:
+    """Give a new ``GPTModel``'s rotary embedding the inverse frequencies of :func:`rope_inv_freq` where
+    megatron-core cannot compute them from the HF config itself: RoPE scaling (its ``rope_scaling`` knows only
+    llama3's factor, with low/high frequency factors and original context fixed at 1 / 4 / 8192, and its
+    ``seq_len_interpolation_factor`` scales positions rather than frequencies, which rounds differently from
+    transformers' ``linear``) or a fractional ``rope_theta`` (``GPTModel`` takes an int). Plain RoPE with an
+    integral base is left to megatron-core. Call before the first forward (megatron-core caches the embedding by
+    sequence length)."""
+    if arch.rope_scaling is None and arch.rope_theta == int(arch.rope_theta):
+        return
+    rotary = gpt.rotary_pos_emb
+    rotary.inv_freq = rope_inv_freq(arch).to(rotary.inv_freq.device)
