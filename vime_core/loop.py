@@ -114,7 +114,8 @@ def run(cfg: RunConfig, flags: dict[str, Any]) -> dict[str, Any]:
     )
     t_setup = time.perf_counter()
     model_path = checked_model(log.model)
-    check_trainer_model(cfg.trainer.trainer, log.model, model_path)  # family and features against --trainer
+    if not log.debug_rollout_only:  # family and features against --trainer
+        check_trainer_model(cfg.trainer.trainer, log.model, model_path)
     console.print(f"[vime] model: {model_path}")
     # no tokenizer, no chat template, an over-long prompt: fails here, before any engine starts
     overlong = 0 if rows is None else check_prompts(data, model_path, rows)
