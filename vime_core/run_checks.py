@@ -165,3 +165,67 @@ def check_model_weights(model_path: Path) -> None:
         return
     held = ", ".join(sorted(f.name for f in p.iterdir())[:8]) or "nothing"
     raise ArgumentError(f"--model {p}: no weights there (*.safetensors or *.bin); it holds {held}")
+
+
+def check_trainer_model(trainer: str, model: str, model_path: Path | None = None) -> None:
+    """``--model`` against ``--trainer``: its ``config.json``'s family and features (RoPE type, attention type, MoE
+    layout, ...) by :func:`vime_core.models.families.check_trainer_model` — no torch, no transformers. Without
+    ``model_path`` the model is found without preparing anything: a local HF directory, or a known name already in
+    the cache; a known name not prepared yet is checked by :func:`vime_core.loop.run` once prepared.
+
+    :raises ArgumentError: one line naming the model type, what ``--trainer`` supports and that ``--trainer torch``
+        takes any Hugging Face causal LM.
+    """
+    from vime_core.models.families import TRAINERS, UnsupportedModelError, read_model_config
+    from vime_core.models.families import check_trainer_model as check
+
+    spec = TRAINERS.get(trainer)
+    if spec is None or spec.any_causal_lm:
+        return
+    if model_path is None:
+        from vime_core.models import KNOWN_MODELS, default_cache_dir, is_prepared
+
+        path = Path(model).expanduser()
+        if model in KNOWN_MODELS and not (path / "config.json").is_file():
+            path = default_cache_dir() / model
+            if not is_prepared(path):
+                return
+        if not (path / "config.json").is_file():
+            return  # not a model directory: checked_model says so
+        model_path = path
+    try:
+        check(trainer, read_model_config(model_path), model)
+    except UnsupportedModelError as e:
+        raise ArgumentError(str(e)) from None
+
+
+def check_trainer_model_early(argv: list[str]) -> None:
+    """:func:`check_trainer_model` from the raw ``vime run`` argv, before the parser (which loads every plugin, and
+    with them torch) is built: ``--model`` and ``--trainer`` from the command line, else from ``--config``'s YAML.
+    Anything it cannot read (no ``--trainer``, a bad YAML) is left to the full parse and :func:`vime_core.loop.run`.
+
+    :raises ArgumentError: as :func:`check_trainer_model`.
+    """
+    import argparse
+
+    pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    pre.add_argument("--config", type=Path)
+    pre.add_argument("--model")
+    pre.add_argument("--trainer")
+    try:
+        known, _ = pre.parse_known_args(argv)
+    except SystemExit:  # e.g. a flag without its value: the full parser says so
+        return
+    model, trainer = known.model, known.trainer
+    if known.config is not None and (model is None or trainer is None):
+        import yaml
+
+        try:
+            data = yaml.safe_load(known.config.read_text())
+        except (OSError, yaml.YAMLError):
+            return
+        if isinstance(data, dict):
+            model = model if model is not None else data.get("model")
+            trainer = trainer if trainer is not None else data.get("trainer")
+    if isinstance(model, str) and isinstance(trainer, str):
+        check_trainer_model(trainer, model)

@@ -33,7 +33,15 @@ from vime_core.trainer.megatron_convert import (
 )
 from vime_core.trainer.megatron_critic import MegatronCritic
 from vime_core.trainer.megatron_lora import MegatronAdapterReference, MegatronLora
-from vime_core.trainer.megatron_model import SDPACoreAttention, have_transformer_engine, init_distributed, layer_spec
+from vime_core.trainer.megatron_model import (
+    SDPACoreAttention,
+    gpt_model_fields,
+    have_transformer_engine,
+    init_distributed,
+    install_rope,
+    layer_spec,
+    transformer_config_fields,
+)
 from vime_core.trainer.megatron_optim import inner_optimizers, load_optimizer, megatron_step, save_optimizer
 from vime_core.trainer.megatron_reference import MegatronReferenceModel, vocab_parallel_entropy
 from vime_core.trainer.rl_step import rl_train_step
@@ -117,20 +125,8 @@ class MegatronTrainer(TrainerBackend):
         self.te = have_transformer_engine()
         self.attention = mcfg.megatron_attention or ("te" if self.te else "sdpa")
         self.padded_vocab = math.ceil(self.arch.vocab_size / self.tp) * self.tp
-        a = self.arch
         self.config = TransformerConfig(
-            num_layers=a.num_layers,
-            hidden_size=a.hidden_size,
-            num_attention_heads=a.num_attention_heads,
-            num_query_groups=a.num_query_groups,
-            kv_channels=a.head_dim,
-            ffn_hidden_size=a.ffn_hidden_size,
-            normalization="RMSNorm",
-            layernorm_epsilon=a.rms_norm_eps,
-            gated_linear_unit=True,
-            activation_func=torch.nn.functional.silu,
-            add_bias_linear=False,
-            add_qkv_bias=a.qkv_bias,
+            **transformer_config_fields(self.arch),
             hidden_dropout=0.0,
             attention_dropout=0.0,
             bf16=True,
@@ -174,17 +170,15 @@ class MegatronTrainer(TrainerBackend):
         a = self.arch
         gpt = self._GPTModel(
             config=self.config,
-            transformer_layer_spec=layer_spec(self.attention, self.te),
+            transformer_layer_spec=layer_spec(self.attention, self.te, a),
             vocab_size=self.padded_vocab,
-            max_sequence_length=a.max_position_embeddings,
             pre_process=True,
             post_process=True,
             parallel_output=True,
             share_embeddings_and_output_weights=a.tie_word_embeddings if tied is None else tied,
-            position_embedding_type="rope",
-            rotary_base=int(a.rope_theta),
-            rotary_percent=1.0,
+            **gpt_model_fields(a),
         )
+        install_rope(gpt, a)  # RoPE scaling (Llama 3.1+): transformers' inverse frequencies
         return gpt.cuda(torch.cuda.current_device())
 
     def wrap_for_training(self, module: Any, lr: float) -> tuple[Any, Any]:
