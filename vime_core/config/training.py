@@ -209,6 +209,18 @@ class MegatronConfig(Section):
         default=True,
         help="shard the optimizer state over data-parallel ranks (Megatron's distributed optimizer)",
     )
+    expert_model_parallel_size: int = flag(
+        type=int,
+        default=1,
+        help="Megatron expert parallel size (MoE models): the routed experts are split over this many ranks, tokens "
+        "exchanged by all-to-all; must divide the experts and, times --tensor-model-parallel-size, the trainer's GPUs",
+    )
+    moe_aux_loss_coeff: float = flag(
+        type=float,
+        default=0.0,
+        help="MoE models on the megatron trainer: weight of megatron-core's load-balancing (aux) loss, added to every "
+        "micro-batch's loss (Megatron's flag). Default: 0.0 (none)",
+    )
     megatron_attention: str | None = flag(
         choices=["te", "sdpa", "local"],
         default=None,

@@ -178,3 +178,24 @@ def padded_routes(samples: list[Sample], seq_len: int, replay: RoutingReplay) ->
     for i, s in enumerate(samples):
         out[i, seq_len - len(s.tokens) :] = sample_routes(s, replay.layers, replay.top_k, replay.num_experts)
     return out.reshape(-1, replay.layers, replay.top_k).permute(1, 0, 2).contiguous()
+
+
+def megatron_routes(
+    samples: list[Sample], seq_len: int, layers: int, top_k: int, num_experts: int, tp_rank: int = 0, tp_size: int = 1
+) -> torch.Tensor:
+    """``[layers, N, top_k]`` routes of the megatron trainer's right-padded ``[batch, seq_len]`` batch, in the order
+    megatron-core's routers see its tokens: sequence-major (``[seq_len, batch]`` flattened), this TP rank's slice of
+    the sequence under sequence parallelism (``tp_size`` > 1; ``seq_len`` a multiple of it). Positions without a
+    recorded route (each sample's last token, padding) get experts ``0 … top_k - 1``: megatron-core's replay has no
+    live fall-back, and those positions predict no trained token.
+
+    :raises ValueError: naming a sample whose routes are missing or do not fit (:func:`sample_routes`).
+    """
+    out = torch.arange(top_k, dtype=torch.long).expand(seq_len, len(samples), layers, top_k).clone()
+    for i, s in enumerate(samples):
+        routes = sample_routes(s, layers, top_k, num_experts)[:-1]  # the last token's NO_ROUTE row stays 0 … k-1
+        out[: routes.shape[0], i] = routes
+    if tp_size > 1:
+        per = seq_len // tp_size
+        out = out[tp_rank * per : (tp_rank + 1) * per]
+    return out.reshape(-1, layers, top_k).permute(1, 0, 2).contiguous()
