@@ -100,11 +100,19 @@ def run_case(family: str, attention: str) -> dict:
     hf, gpt, arch, names_match = build(family, attention, routing_replay=True)
     ids = torch.randint(0, arch.vocab_size, (BATCH, SEQ), generator=torch.Generator().manual_seed(1))
     pos = torch.arange(SEQ).unsqueeze(0).expand_as(ids)
+    from vime_core.trainer.routing_replay import RoutingReplay
+
+    hf_replay = RoutingReplay.of(hf)  # no routes set: records transformers' own choices ([batch * seq] order)
     chosen, handles = selected(gpt)
     with torch.no_grad():
         meg = gpt(ids, pos, None).float()
         ref = hf(input_ids=ids).logits.float()
     live = dict(chosen)
+    # megatron-core's routers see the tokens sequence-major ([seq, batch] flattened), transformers' batch-major
+    seq_major = all(
+        torch.equal(live[layer].view(SEQ, BATCH, -1).transpose(0, 1), hf_ids.sort(-1).values.view(BATCH, SEQ, -1))
+        for layer, hf_ids in hf_replay.chosen.items()
+    )
     moe_layers = sorted(live)
     k, e_n = arch.moe.top_k, arch.moe.num_experts
     # crafted routes: experts the live top-k does not hold, for every token in every MoE layer
@@ -134,6 +142,7 @@ def run_case(family: str, attention: str) -> dict:
     meg_lp, ref_lp = torch.log_softmax(meg, -1), torch.log_softmax(ref, -1)
     return {
         "params": names_match,
+        "live_routes_equal_transformers_seq_major": seq_major,
         "moe_layers": moe_layers,
         "logits_max_abs_diff": (meg - ref).abs().max().item(),
         "logprob_max_abs_diff": (meg_lp - ref_lp).abs().max().item(),

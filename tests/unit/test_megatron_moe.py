@@ -296,6 +296,9 @@ def test_megatron_moe_models_match_transformers_fp32_and_replay_the_recorded_exp
     for case, r in got.items():
         print(case, r)
         assert r["params"], case  # the mapping fills every parameter and correction bias the model has
+        # live routing equals transformers' token by token, megatron-core's routers seeing [seq, batch] flattened
+        # (the order vime_core.trainer.routing_replay.megatron_routes lays the recorded routes out in)
+        assert r["live_routes_equal_transformers_seq_major"], case
         assert r["moe_layers"] == ([1, 2] if case.startswith("deepseek") else [0, 1]), case
         assert r["logprob_max_abs_diff"] < 1e-5 and r["logits_max_abs_diff"] < 1e-5 * r["logits_scale"] + 1e-5, case
         assert r["replayed_experts_equal_routes"] and r["live_routing_differs_everywhere"], case

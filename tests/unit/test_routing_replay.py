@@ -388,3 +388,26 @@ def test_a_torch_trainer_refuses_replay_on_a_dense_model(tiny_model_dir):
         RoutingReplayError, match=r"^--use-rollout-routing-replay needs an MoE model; model_type 'qwen2'"
     ):
         TorchTrainer(trainer_config(use_rollout_routing_replay=True), tiny_model_dir)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_transformers_routes_are_what_replay_reproduces_exactly(models, family):
+    """The recorded routes the GPU tests feed the megatron trainer (vime_core.testing.tiny_moe.transformers_routes):
+    int16 ``[len(tokens) - 1, layers, top_k]``, 0 in dense layers; replayed (packed, several samples per pass) they
+    give transformers' own log-probs bit for bit."""
+    from vime_core.testing.tiny_moe import random_samples, transformers_routes
+
+    model, path = models[family]
+    samples = random_samples(model.config.vocab_size, n=3, prompt_len=5, response_len=7)
+    routes, lps = transformers_routes(path, samples)
+    layers, top_k, _ = moe_shape(model.config)
+    for s, r in zip(samples, routes, strict=True):
+        assert r.dtype == np.int16 and r.shape == (len(s.tokens) - 1, layers, top_k)
+        s.routed_experts = r
+    if family == "deepseek_v3":
+        assert all((r[:, 0] == 0).all() for r in routes)  # the dense first layer
+    with torch.no_grad():
+        replayed = response_log_probs(model, samples, torch.device("cpu"), routing_replay=True)[0]
+    for a, b in zip(replayed, lps, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=2e-6)  # packed vs one-at-a-time: float32 summation order
+    RoutingReplay.of(model).set_routes(None)

@@ -162,3 +162,46 @@ def build_tiny_moe(out_dir: Path, family: str = "qwen3_moe", seed: int = 0, toke
         shutil.rmtree(tmp, ignore_errors=True)
     logger.info("built tiny %s model in %s", family, out_dir)
     return out_dir
+
+
+def random_samples(vocab_size: int, n: int = 4, prompt_len: int = 24, response_len: int = 40, seed: int = 3) -> list:
+    """``n`` completed samples of random tokens (``prompt_len`` + ``response_len``; a fixed generator), every
+    response token trainable with engine log-prob -3.0, rewards alternating 0 / 1."""
+    import torch
+
+    from vime_core.types import Sample, Status
+
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for i in range(n):
+        s = Sample(group_index=0, index=i, tokens=torch.randint(0, vocab_size, (prompt_len,), generator=g).tolist())
+        response = torch.randint(0, vocab_size, (response_len,), generator=g).tolist()
+        s.append_response_tokens(response, trainable=True, log_probs=[-3.0] * response_len)
+        s.status, s.reward = Status.COMPLETED, float(i % 2)
+        out.append(s)
+    return out
+
+
+def transformers_routes(model_dir: Path, samples: list) -> tuple[list, list]:
+    """What an engine would record for ``samples``, computed by transformers in fp32 on the CPU: each sample's routes
+    (int16 ``[len(tokens) - 1, layers, top_k]``, 0 in dense layers) and its response log-probs (float32 tensors;
+    one sample per forward pass, the torch trainer's left-padded path)."""
+    import numpy as np
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from vime_core.trainer.routing_replay import RoutingReplay, moe_shape
+    from vime_core.trainer.torch_backend import response_log_probs
+
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+    layers, top_k, _ = moe_shape(model.config)
+    replay = RoutingReplay.of(model)  # no routes set: it records the routers' own choices
+    routes, log_probs = [], []
+    for s in samples:
+        with torch.no_grad():
+            log_probs.append(response_log_probs(model, [s], torch.device("cpu"), packing=False)[0][0])
+        r = np.zeros((len(s.tokens) - 1, layers, top_k), dtype=np.int16)
+        for layer, ids in replay.chosen.items():
+            r[:, layer] = ids[: len(s.tokens) - 1].numpy()
+        routes.append(r)
+    return routes, log_probs
