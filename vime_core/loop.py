@@ -115,7 +115,8 @@ def run(cfg: RunConfig, flags: dict[str, Any]) -> dict[str, Any]:
     )
     t_setup = time.perf_counter()
     model_path = checked_model(log.model)
-    check_trainer_model(cfg.trainer.trainer, log.model, model_path)  # family and features against --trainer
+    if not log.debug_rollout_only:  # family and features against --trainer
+        check_trainer_model(cfg.trainer.trainer, log.model, model_path)
     check_moe_flags(cfg, model_path)  # --use-rollout-routing-replay, --expert-model-parallel-size against the model
     console.print(f"[vime] model: {model_path}")
     # no tokenizer, no chat template, an over-long prompt: fails here, before any engine starts

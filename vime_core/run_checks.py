@@ -201,34 +201,17 @@ def check_trainer_model(trainer: str, model: str, model_path: Path | None = None
 
 def check_trainer_model_early(argv: list[str]) -> None:
     """:func:`check_trainer_model` from the raw ``vime run`` argv, before the parser (which loads every plugin, and
-    with them torch) is built: ``--model`` and ``--trainer`` from the command line, else from ``--config``'s YAML.
-    Anything it cannot read (no ``--trainer``, a bad YAML) is left to the full parse and :func:`vime_core.loop.run`.
+    with them torch) is built: ``--model`` and ``--trainer`` as :func:`vime_core.arguments.early_trainer_and_model`
+    reads them. Anything it cannot read (no ``--trainer``, a bad YAML) is left to the full parse and
+    :func:`vime_core.loop.run`.
 
     :raises ArgumentError: as :func:`check_trainer_model`.
     """
-    import argparse
+    from vime_core.arguments import early_trainer_and_model
 
-    pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
-    pre.add_argument("--config", type=Path)
-    pre.add_argument("--model")
-    pre.add_argument("--trainer")
-    try:
-        known, _ = pre.parse_known_args(argv)
-    except SystemExit:  # e.g. a flag without its value: the full parser says so
-        return
-    model, trainer = known.model, known.trainer
-    if known.config is not None and (model is None or trainer is None):
-        import yaml
-
-        try:
-            data = yaml.safe_load(known.config.read_text())
-        except (OSError, yaml.YAMLError):
-            return
-        if isinstance(data, dict):
-            model = model if model is not None else data.get("model")
-            trainer = trainer if trainer is not None else data.get("trainer")
-    if isinstance(model, str) and isinstance(trainer, str):
-        check_trainer_model(trainer, model)
+    found = early_trainer_and_model(argv)
+    if found is not None:
+        check_trainer_model(*found)
 
 
 def check_moe_flags(cfg: RunConfig, model_path: Path) -> None:

@@ -187,6 +187,8 @@ def test_the_early_check_passes_supported_models_and_leaves_what_it_cannot_read(
     check_trainer_model_early(["--trainer", "megatron", "--model", str(tmp_path / "missing")])  # checked_model's
     check_trainer_model_early(["--model", str(write_model(tmp_path / "g", {"model_type": "gpt2"}))])  # torch
     check_trainer_model_early(["--trainer", "megatron", "--model"])  # the parser's error, not this check's
+    gpt2_dir = write_model(tmp_path / "g1", {"model_type": "gpt2"})
+    check_trainer_model_early(["--trainer", "megatron", "--model", str(gpt2_dir), "--debug-rollout-only"])
     bad = tmp_path / "bad.yaml"
     bad.write_text("model: [unclosed\n")
     check_trainer_model_early(["--config", str(bad), "--trainer", "megatron"])
