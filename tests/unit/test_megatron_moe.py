@@ -303,3 +303,37 @@ def test_megatron_moe_models_match_transformers_fp32_and_replay_the_recorded_exp
         assert r["logprob_max_abs_diff"] < 1e-5 and r["logits_max_abs_diff"] < 1e-5 * r["logits_scale"] + 1e-5, case
         assert r["replayed_experts_equal_routes"] and r["live_routing_differs_everywhere"], case
         assert r["replay_changes_logits"] and r["replaying_live_routes_max_abs_diff"] == 0.0, case
+
+
+def test_moe_flags_are_checked_against_the_model_before_anything_starts(tmp_path, tiny_model_dir):
+    """``vime run`` (vime_core/loop.py, once ``--model`` is resolved): one line naming the flag and the model."""
+    from vime_core.argument_errors import ArgumentError
+    from vime_core.run_checks import check_moe_flags
+    from vime_core.testing.tiny_moe import build_tiny_moe
+    from vime_core.testing.trainer_args import trainer_config
+
+    moe = build_tiny_moe(tmp_path / "qwen3_moe", "qwen3_moe")
+    check_moe_flags(trainer_config(model=str(moe), use_rollout_routing_replay=True), moe)  # torch: replays it
+    check_moe_flags(trainer_config(model=str(moe), trainer="megatron", expert_model_parallel_size=4), moe)
+    for path, flags, error in [
+        (
+            tiny_model_dir,
+            {"use_rollout_routing_replay": True},
+            f"--use-rollout-routing-replay needs an MoE model; --model {tiny_model_dir} (model_type 'qwen2') has no "
+            "routed experts",
+        ),
+        (
+            moe,
+            {"expert_model_parallel_size": 2},
+            "--expert-model-parallel-size 2 needs --trainer megatron (got --trainer torch)",
+        ),
+        (
+            moe,
+            {"expert_model_parallel_size": 3, "trainer": "megatron"},
+            f"--expert-model-parallel-size 3 must divide the routed experts of --model {moe} (model_type "
+            "'qwen3_moe': 8)",
+        ),
+    ]:
+        with pytest.raises(ArgumentError) as e:
+            check_moe_flags(trainer_config(model=str(path), **flags), path)
+        assert str(e.value) == error

@@ -1,7 +1,7 @@
 """Rollout routing replay (R3) on the ``torch`` trainer: every MoE router of a Hugging Face model routes each token to
 the experts the engine routed it to, with the gate weights computed from the trainer's own router scores.
 
-A forward hook on each router (transformers' ``Qwen3MoeTopKRouter``, ``Qwen2MoeTopKRouter``, ``DeepseekV3TopkRouter``:
+A forward hook on each router (transformers' ``Qwen3MoeTopKRouter``, ``DeepseekV3TopkRouter``:
 :data:`REPLAY_GATES`) replaces the router's top-k choice with the recorded one and recomputes the gate weights as the
 router would for those experts; the model's code is left as it is. The routes of a forward pass are laid out like its
 tokens (:func:`packed_routes`, :func:`padded_routes`) and stay set until the next pass's, so a gradient-checkpointed
@@ -25,7 +25,7 @@ NO_ROUTE = -1
 
 
 def _softmax_topk_weights(router: torch.nn.Module, logits: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
-    """Qwen3-MoE / Qwen2-MoE: softmax over every expert in fp32, the chosen experts' probabilities, renormalised over
+    """Qwen3-MoE: softmax over every expert in fp32, the chosen experts' probabilities, renormalised over
     them with ``norm_topk_prob``, cast back to the logits' dtype (transformers' ``Qwen3MoeTopKRouter.forward``)."""
     probs = torch.softmax(logits, dim=-1, dtype=torch.float).gather(1, idx)
     if router.norm_topk_prob:
@@ -45,7 +45,6 @@ def _sigmoid_topk_weights(router: torch.nn.Module, logits: torch.Tensor, idx: to
 #: router class name → the gate weights of given experts from the router's logits (``[N, E]``) and ``[N, K]`` ids
 REPLAY_GATES: dict[str, Callable[[torch.nn.Module, torch.Tensor, torch.Tensor], torch.Tensor]] = {
     "Qwen3MoeTopKRouter": _softmax_topk_weights,
-    "Qwen2MoeTopKRouter": _softmax_topk_weights,
     "DeepseekV3TopkRouter": _sigmoid_topk_weights,
 }
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
