@@ -411,3 +411,26 @@ def test_transformers_routes_are_what_replay_reproduces_exactly(models, family):
     for a, b in zip(replayed, lps, strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=2e-6)  # packed vs one-at-a-time: float32 summation order
     RoutingReplay.of(model).set_routes(None)
+
+
+def test_the_torch_trainer_syncs_moe_weights_under_the_checkpoints_per_expert_names(models, tmp_path):
+    """What weight sync sends vLLM is the checkpoint's layout (transformers 5 fuses the experts in memory): the same
+    names and bytes as the model's ``model.safetensors``; a trainer checkpoint restores the weights exactly."""
+    from safetensors.torch import load_file
+
+    from vime_core.testing.trainer_args import trainer_config
+    from vime_core.trainer.torch_backend import TorchTrainer
+
+    _, path = models["deepseek_v3"]
+    trainer = TorchTrainer(trainer_config(), path)
+    sent = dict(trainer.named_hf_tensors())
+    on_disk = load_file(str(path / "model.safetensors"))
+    on_disk.pop("lm_head.weight", None)  # tied
+    assert sorted(sent) == sorted(on_disk) and "model.layers.2.mlp.experts.7.gate_proj.weight" in sent
+    assert all(torch.equal(sent[k], on_disk[k]) for k in on_disk)
+    trainer.save_checkpoint(tmp_path / "ckpt")
+    with torch.no_grad():
+        for p in trainer.model.parameters():
+            p.add_(1.0)
+    trainer.load_checkpoint(tmp_path / "ckpt")
+    assert all(torch.equal(t, on_disk[k]) for k, t in trainer.named_hf_tensors() if k in on_disk)

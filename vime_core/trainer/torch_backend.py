@@ -171,6 +171,17 @@ class ReferenceModel:
         return out
 
 
+def checkpoint_layout(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``state`` (the model's ``state_dict``) under the names and shapes its checkpoint has: transformers 5 fuses some
+    weights in memory (an MoE layer's experts into ``gate_up_proj`` / ``down_proj``) and ``save_pretrained`` splits
+    them back with ``revert_weight_conversion``; the same here. Unchanged for models without such conversions."""
+    try:
+        from transformers.core_model_loading import revert_weight_conversion
+    except ImportError:  # transformers 4: the in-memory layout is the checkpoint's
+        return dict(state)
+    return revert_weight_conversion(model, dict(state))
+
+
 class TorchTrainer(TrainerBackend):
     """HF model + AdamW; gradient accumulation over micro-batches, each packed into one row without padding
     (:mod:`vime_core.trainer.packing`; :meth:`use_packing` selects left-padded batches instead).
@@ -301,11 +312,17 @@ class TorchTrainer(TrainerBackend):
 
     # -- weights ---------------------------------------------------------------------------------------------------
     def named_hf_tensors(self, device: str | None = "cpu") -> Iterator[tuple[str, torch.Tensor]]:
-        """HF names and tensors (detached, contiguous) on ``device`` (``None``: where the model is); a tied
+        """The checkpoint's HF names and tensors (detached, contiguous) on ``device`` (``None``: where the model is),
+        what vLLM and ``from_pretrained`` load: transformers' in-memory layout turned back into the saved one where
+        they differ (MoE experts: per-expert ``mlp.experts.{e}.*_proj.weight``, not the fused ``gate_up_proj``;
+        ``transformers.core_model_loading.revert_weight_conversion``, as ``save_pretrained`` does); a tied
         ``lm_head.weight`` is left out (vLLM ties it). With LoRA: the merged weights
         (:meth:`~vime_core.trainer.lora_torch.LoraModel.merged_tensors`)."""
         tied = bool(getattr(self.model.config, "tie_word_embeddings", False))
-        items = self.lora.merged_tensors() if self.lora is not None else self.model.state_dict().items()
+        if self.lora is not None:
+            items = self.lora.merged_tensors()
+        else:
+            items = checkpoint_layout(self.model, self.model.state_dict()).items()
         for name, tensor in items:
             if tied and name == "lm_head.weight":
                 continue
@@ -351,8 +368,13 @@ class TorchTrainer(TrainerBackend):
         path.mkdir(parents=True, exist_ok=True)
         if self.lora is not None:  # the adapter alone: the base weights never change
             self.lora.save_adapter(path / "adapter")
-        else:
-            save_file(dict(self.named_hf_tensors()), str(path / "model.safetensors"))
+        else:  # the in-memory names, which load_checkpoint's load_state_dict reads back
+            tied = bool(getattr(self.model.config, "tie_word_embeddings", False))
+            state = {k: t.detach().cpu().contiguous() for k, t in self.model.state_dict().items()}
+            save_file(
+                {k: t for k, t in state.items() if not (tied and k == "lm_head.weight")},
+                str(path / "model.safetensors"),
+            )
         torch.save(self.optimizer.state_dict(), path / "optimizer.pt")
         if self.critic is not None:
             self.critic.save(path / "critic")
