@@ -139,6 +139,16 @@ def run_case(family: str, attention: str) -> dict:
     set_replay_routes(gpt, None)
     for h in handles:
         h.remove()
+    bias_kept = None
+    if arch.moe.expert_bias:  # the correction bias stays fp32 and exact through the bf16 wrap
+        import dataclasses
+
+        from vime_core.trainer.megatron_experts import expert_bias_buffers, float16_module
+
+        loaded = {n: b.clone() for n, b in expert_bias_buffers(gpt).items()}
+        float16_module(dataclasses.replace(gpt.config, bf16=True), gpt)
+        now = expert_bias_buffers(gpt)
+        bias_kept = all(now[n].dtype == torch.float32 and torch.equal(now[n], b) for n, b in loaded.items())
     meg_lp, ref_lp = torch.log_softmax(meg, -1), torch.log_softmax(ref, -1)
     return {
         "params": names_match,
@@ -151,6 +161,7 @@ def run_case(family: str, attention: str) -> dict:
         "live_routing_differs_everywhere": live_differs,
         "replay_changes_logits": not torch.equal(replayed, meg),
         "replaying_live_routes_max_abs_diff": (same - meg).abs().max().item(),
+        "expert_bias_kept_fp32_through_bf16": bias_kept,
     }
 
 

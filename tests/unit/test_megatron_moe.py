@@ -303,6 +303,8 @@ def test_megatron_moe_models_match_transformers_fp32_and_replay_the_recorded_exp
         assert r["logprob_max_abs_diff"] < 1e-5 and r["logits_max_abs_diff"] < 1e-5 * r["logits_scale"] + 1e-5, case
         assert r["replayed_experts_equal_routes"] and r["live_routing_differs_everywhere"], case
         assert r["replay_changes_logits"] and r["replaying_live_routes_max_abs_diff"] == 0.0, case
+        # DeepSeek-V3: megatron_experts.float16_module keeps the loaded correction bias exact in fp32
+        assert r["expert_bias_kept_fp32_through_bf16"] is (True if case.startswith("deepseek") else None), case
 
 
 def test_moe_flags_are_checked_against_the_model_before_anything_starts(tmp_path, tiny_model_dir):
@@ -326,6 +328,18 @@ def test_moe_flags_are_checked_against_the_model_before_anything_starts(tmp_path
             moe,
             {"expert_model_parallel_size": 2},
             "--expert-model-parallel-size 2 needs --trainer megatron (got --trainer torch)",
+        ),
+        (
+            moe,
+            {"use_rollout_routing_replay": True, "generate": "coding_agent"},
+            "--use-rollout-routing-replay: --generate coding_agent's agent gateway does not record the engine's "
+            "routes yet (the default and multi_turn generate functions do)",
+        ),
+        (
+            moe,
+            {"trainer": "megatron", "lora_rank": 8},
+            "--lora-rank 8: the megatron trainer has no LoRA for MoE models (model_type 'qwen3_moe'); --trainer torch "
+            "trains their LoRA adapters",
         ),
         (
             moe,

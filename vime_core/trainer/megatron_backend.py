@@ -36,6 +36,7 @@ from vime_core.trainer.megatron_experts import (
     check_expert_parallel,
     check_routing_replay,
     expert_bias_buffers,
+    float16_module,
     gather_experts,
 )
 from vime_core.trainer.megatron_lora import MegatronAdapterReference, MegatronLora
@@ -99,7 +100,6 @@ class MegatronTrainer(TrainerBackend):
         from megatron.core import parallel_state as mpu
         from megatron.core import tensor_parallel
         from megatron.core.models.gpt import GPTModel
-        from megatron.core.transformer.module import Float16Module
         from transformers import AutoConfig
 
         mcfg = self.megatron_config = config.megatron
@@ -169,7 +169,7 @@ class MegatronTrainer(TrainerBackend):
         self.load_hf_weights(model_path)
         lora_cfg = config.lora
         self.lora = MegatronLora(self, lora_cfg) if lora_cfg.enabled else None  # before Float16Module and DDP
-        self.module = Float16Module(self.config, gpt)
+        self.module = float16_module(self.config, gpt)  # correction biases kept in fp32
         self.ddp, self.optimizer = self.wrap_for_training(self.module, policy_lr_schedule(self.trainer_config).max_lr)
         self.steps_done = 0
         self.model = _HFStyleForward(self)  # the contract kit's view: model(input_ids=...).logits

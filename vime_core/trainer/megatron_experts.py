@@ -71,3 +71,16 @@ def gather_experts(local: dict[str, torch.Tensor], ep: int, group: Any) -> dict[
         for rank, part in enumerate(parts):
             out[f"{prefix}{rank * per + e}{suffix}"] = part
     return out
+
+
+def float16_module(config: Any, gpt: Any) -> Any:
+    """megatron-core's ``Float16Module`` around ``gpt`` with the routers' correction biases kept exactly as loaded:
+    ``Float16Module`` casts every buffer to bf16 and the router turns its bias back to fp32 only at its next
+    forward, rounded; the bias ranks experts, where one ulp can flip a near-tie."""
+    from megatron.core.transformer.module import Float16Module
+
+    saved = {n: b.detach().float().clone() for n, b in expert_bias_buffers(gpt).items()}
+    module = Float16Module(config, gpt)
+    for name, bias in expert_bias_buffers(gpt).items():
+        bias.data = saved[name].to(bias.device)
+    return module
