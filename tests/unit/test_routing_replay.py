@@ -434,3 +434,56 @@ def test_the_torch_trainer_syncs_moe_weights_under_the_checkpoints_per_expert_na
             p.add_(1.0)
     trainer.load_checkpoint(tmp_path / "ckpt")
     assert all(torch.equal(t, on_disk[k]) for k, t in trainer.named_hf_tensors() if k in on_disk)
+
+
+class _RoutingResponder:
+    """A scripted engine that also returns routes, as vLLM does with ``--enable-return-routed-experts``: one row per
+    forwarded token (prompt + output - 1), row ``t`` = ``[t % 8, (t + 1) % 8]`` in each of 2 layers."""
+
+    def __init__(self, tok, script) -> None:
+        from vime_core.agent.responders import ScriptedResponder
+
+        self.inner = ScriptedResponder(tok, script, weight_version=5)
+
+    @property
+    def calls(self):
+        return self.inner.calls
+
+    async def generate(self, prompt_token_ids, sampling_params, session_id=None):
+        out = await self.inner.generate(prompt_token_ids, sampling_params, session_id)
+        rows = np.arange(len(prompt_token_ids) + len(out.token_ids) - 1)
+        out.routed_experts = np.stack([rows % 8, (rows + 1) % 8], -1)[:, None, :].repeat(2, 1).astype(np.int16)
+        return out
+
+
+@pytest.mark.parametrize("generate", ["default", "multi_turn"])
+def test_generate_functions_carry_the_whole_sequences_routes(tiny_model_dir, generate):
+    """The default and multi_turn generate functions keep the routes of their last request, which covered every
+    token of the sample but the last (multi-turn: the tool output between turns too)."""
+    import asyncio
+
+    from transformers import AutoTokenizer
+
+    from vime_core.plugins import get_plugins
+    from vime_core.rollout.context import RolloutContext, set_rollout_context
+    from vime_core.testing.plugin_context import plugin_context
+
+    tok = AutoTokenizer.from_pretrained(str(tiny_model_dir))
+    call = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "6 * 7"}}\n</tool_call>'
+    engine = _RoutingResponder(tok, [call, "The answer is 42."] if generate == "multi_turn" else ["def f(): pass"])
+    set_rollout_context(RolloutContext(client=engine, tokenizer=tok, weight_version=5))
+    try:
+        flags = {"multi_turn_tools": ["vime_core.rollout.tools:calculator"]} if generate == "multi_turn" else {}
+        ctx = plugin_context(apply_chat_template=True, **flags)
+        s = asyncio.run(
+            get_plugins().resolve("generate", generate)(
+                ctx, Sample(prompt="What is 6 * 7?"), {"temperature": 1.0, "max_tokens": 200}
+            )
+        )
+    finally:
+        set_rollout_context(None)
+    s.validate()  # routed_experts: [len(tokens) - 1, layers, top_k]
+    assert len(engine.calls) == (2 if generate == "multi_turn" else 1)
+    rows = np.arange(len(s.tokens) - 1)
+    assert s.routed_experts.tolist() == np.stack([rows % 8, (rows + 1) % 8], -1)[:, None, :].repeat(2, 1).tolist()
+    assert s.routed_experts is engine.calls[-1].output.routed_experts
