@@ -2,8 +2,8 @@
 ``--expert-model-parallel-size`` = world size (EP = 1 on one GPU, EP = 2 on two: then DP = 2 for the dense part),
 with ``--use-rollout-routing-replay`` and transformers' fp32 routes as the recorded ones. Every rank checks that its
 routers select exactly the recorded experts for every token, and that the weights it gathers (experts of every EP
-rank under their global names) equal the checkpoint bit for bit; then one GRPO step. Each rank writes
-``OUT.rank{r}.json``; rank 0 adds the step's metrics.
+rank under their global names) equal the checkpoint bit for bit; then one GRPO step (its metrics: rank 0) and three
+more, timed (seconds per step on the same global batch). Each rank writes ``OUT.rank{r}.json``.
 
 Usage: ``torchrun --nproc-per-node N tests/gpu/moe_ep_worker.py MODEL_DIR OUT``
 """
@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
@@ -64,6 +65,13 @@ def main() -> None:
         h.remove()
     advantages = [[1.0 if s.reward else -1.0] * s.response_length for s in samples]
     metrics = trainer.train_step(RolloutBatch(samples, advantages))
+    # speed: three more steps on the same global batch (the first one above warmed up), seconds per step
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(3):
+        trainer.train_step(RolloutBatch(samples, advantages))
+    torch.cuda.synchronize()
+    step_seconds = (time.perf_counter() - t0) / 3
     result = {
         "rank": trainer.rank,
         "ep_rank": trainer.ep_rank,
@@ -73,6 +81,7 @@ def main() -> None:
         "weights_equal": weights_equal,
         "replay_equal": replay_equal,
         "moe_layers": sorted(chosen),
+        "step_seconds": step_seconds,
     }
     if trainer.rank == 0:
         result["metrics"] = metrics

@@ -4,8 +4,9 @@ across the EP ranks, and a colocated ``vime run`` at EP = 2 with one vLLM engine
 
 * ``test_ep2_step_matches_ep1``: step-1 loss and gradient norm equal within bf16 tolerance; each rank holds half of
   every layer's experts; the weights gathered across EP ranks equal the checkpoint bit for bit; on both ranks every
-  router selects exactly the recorded experts (``--use-rollout-routing-replay``) for every token
-  (tests/gpu/moe_ep_worker.py under torchrun).
+  router selects exactly the recorded experts (``--use-rollout-routing-replay``; transformers' routes, as an engine
+  records them) for every token; seconds per step on the same global batch, EP = 1 on one GPU vs EP = 2 on two, and
+  the scaling efficiency (tests/gpu/moe_ep_worker.py under torchrun).
 * ``test_vime_run_ep2_with_and_without_replay``: ``vime run --trainer megatron --colocate --weight-sync ipc
   --actor-num-gpus-per-node 2 --expert-model-parallel-size 2`` (two engines, one per GPU), 3 steps, with and without
   ``--use-rollout-routing-replay``: |Δlogp| every step (the experts' weights reach the engines under the right names)
@@ -98,6 +99,11 @@ def test_ep2_step_matches_ep1(model, tmp_path):
     one, two = results[1][0]["metrics"], results[2][0]["metrics"]
     for key in ("train/pg_loss", "train/grad_norm", "train/num_tokens"):
         print(f"{key}: EP=1 {one[key]!r}  EP=2 {two[key]!r}")
+    t1, t2 = results[1][0]["step_seconds"], max(r["step_seconds"] for r in results[2])
+    print(
+        f"seconds per step, same global batch: EP=1 (1 GPU) {t1:.3f}, EP=2 (2 GPUs) {t2:.3f}; scaling efficiency "
+        f"{t1 / (2 * t2):.2f}"
+    )
     assert two["train/num_tokens"] == one["train/num_tokens"]
     assert two["train/pg_loss"] == pytest.approx(one["train/pg_loss"], rel=BF16_RTOL, abs=1e-3)
     assert two["train/grad_norm"] == pytest.approx(one["train/grad_norm"], rel=0.05)
