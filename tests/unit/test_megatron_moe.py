@@ -351,3 +351,25 @@ def test_moe_flags_are_checked_against_the_model_before_anything_starts(tmp_path
         with pytest.raises(ArgumentError) as e:
             check_moe_flags(trainer_config(model=str(path), **flags), path)
         assert str(e.value) == error
+
+
+def test_gathering_the_experts_of_two_ep_ranks_gives_the_full_model(tmp_path):
+    """The trainer's gather over the EP group (gloo, two CPU processes here; NCCL on GPUs): each rank holds 4 of the 8
+    experts per layer (fc1 and fc2: 8 tensors in layer 0) and gathers all 8 back under their global names, equal to
+    the unsplit tensors (tests/unit/megatron_ep_gather_main.py)."""
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(Path(__file__).with_name("megatron_ep_gather_main.py")),
+            str(find_free_port()),
+            str(tmp_path / "out"),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    for rank in (0, 1):
+        got = json.loads((tmp_path / f"out.rank{rank}.json").read_text())
+        assert got == {"gathered_equals_full": True, "local_expert_tensors_layer0": 8}, (rank, got)
