@@ -125,6 +125,12 @@ def test_arch_configs_of_the_tiny_moe_families():
         ),
         (
             "qwen3_moe",
+            {"num_experts_per_tok": 1},
+            "Qwen3-MoE (model_type 'qwen3_moe') with num_experts_per_tok 1 with norm_topk_prob is not supported by "
+            "--trainer megatron (it supports num_experts_per_tok >= 2)",
+        ),
+        (
+            "qwen3_moe",
             {"hidden_act": "gelu"},
             "Qwen3-MoE (model_type 'qwen3_moe') with hidden_act 'gelu' is not supported by --trainer megatron (it "
             "supports hidden_act silu)",

@@ -109,7 +109,10 @@ def _read_qwen3_moe(cfg: HFConfig) -> ArchConfig:
     if heads % groups:
         raise ConversionError(f"{heads} attention heads are not a multiple of {groups} key/value heads")
     hidden = int(cfg.require("hidden_size"))
-    rope_type, rope, theta = cfg.rope()
+    _, _, theta = cfg.rope()
+    top_k, norm = int(cfg.require("num_experts_per_tok")), bool(cfg.get("norm_topk_prob", False))
+    if top_k == 1 and norm:  # megatron-core refuses a softmax over a single logit (zero gradient)
+        raise UnsupportedFeature("num_experts_per_tok 1 with norm_topk_prob", "num_experts_per_tok >= 2")
     return ArchConfig(
         num_layers=layers,
         hidden_size=hidden,
@@ -127,10 +130,10 @@ def _read_qwen3_moe(cfg: HFConfig) -> ArchConfig:
         qk_layernorm=True,
         moe=MoEConfig(
             num_experts=_experts(cfg, "num_experts"),
-            top_k=int(cfg.require("num_experts_per_tok")),
+            top_k=top_k,
             expert_hidden_size=int(cfg.require("moe_intermediate_size")),
             score_function="softmax",
-            norm_topk_prob=bool(cfg.get("norm_topk_prob", False)),
+            norm_topk_prob=norm,
             dense_layers=dense,
         ),
     )
