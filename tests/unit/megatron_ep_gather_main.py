@@ -1,5 +1,5 @@
-"""Run by tests/unit/test_megatron_moe.py: two CPU processes (gloo) each hold one EP rank's part of the tiny
-Qwen3-MoE's Megatron tensors (:func:`~vime_core.trainer.megatron_moe.ep_shard`) and gather every rank's experts with
+"""Run by tests/unit/test_megatron_moe.py: two CPU processes (gloo) each hold one EP rank's part of two MoE
+layers' Megatron tensors (:func:`~vime_core.trainer.megatron_moe.ep_shard`) and gather every rank's experts with
 :func:`~vime_core.trainer.megatron_experts.gather_experts` (what the megatron trainer's ``named_hf_tensors`` does
 under ``--expert-model-parallel-size 2``); each writes whether its gathered dict equals the full one bit for bit.
 
@@ -17,21 +17,28 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 
+def full_tensors() -> dict[str, torch.Tensor]:
+    """Megatron tensors of two MoE layers with 8 SequentialMLP experts each, plus a router and a norm (random, the
+    same on every rank)."""
+    g = torch.Generator().manual_seed(0)
+    out = {}
+    for layer in (0, 1):
+        m = f"decoder.layers.{layer}."
+        out[m + "pre_mlp_layernorm.weight"] = torch.randn(16, generator=g)
+        out[m + "mlp.router.weight"] = torch.randn(8, 16, generator=g)
+        for e in range(8):
+            out[f"{m}mlp.experts.local_experts.{e}.linear_fc1.weight"] = torch.randn(8, 16, generator=g)
+            out[f"{m}mlp.experts.local_experts.{e}.linear_fc2.weight"] = torch.randn(16, 4, generator=g)
+    return out
+
+
 def rank_main(rank: int, port: int, out: str) -> None:
-    from vime_core.testing.tiny_moe import tiny_moe_config
-    from vime_core.trainer.megatron_convert import ArchConfig, hf_to_megatron
     from vime_core.trainer.megatron_experts import gather_experts
     from vime_core.trainer.megatron_moe import ep_shard
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=2)
-    import transformers
-
-    config = tiny_moe_config("qwen3_moe", 256, {"<|endoftext|>": 0, "<|im_end|>": 2})
-    torch.manual_seed(0)  # the same model on both ranks
-    model = transformers.AutoModelForCausalLM.from_config(config)
-    sd = {k: v for k, v in model.state_dict().items() if k != "lm_head.weight"}
-    full = hf_to_megatron(sd, ArchConfig.from_hf(config))
+    full = full_tensors()
     local = ep_shard(full, rank, 2, 8)
     got = gather_experts(local, 2, dist.group.WORLD)
     equal = sorted(got) == sorted(full) and all(torch.equal(got[k], full[k]) for k in full)

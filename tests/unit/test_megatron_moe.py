@@ -8,6 +8,7 @@ fp32 log-probs, and megatron-core's ``RouterReplay`` selecting exactly the recor
 
 from __future__ import annotations
 
+import functools
 import json
 import subprocess
 import sys
@@ -42,9 +43,11 @@ FAMILIES = ("qwen3_moe", "deepseek_v3")
 SPECIAL = {"<|endoftext|>": 0, "<|im_end|>": 2}
 
 
+@functools.cache
 def tiny_hf(family: str):
-    """The tiny ``family`` model of vime_core/testing/tiny_moe.py (vocabulary 256) and its checkpoint tensors (the
-    per-expert names ``save_pretrained`` writes)."""
+    """The tiny ``family`` model of vime_core/testing/tiny_moe.py (vocabulary 256), its in-memory tensors (experts
+    fused) and its checkpoint tensors (the per-expert names ``save_pretrained`` writes); built once per family, read
+    only."""
     import transformers
     from transformers.core_model_loading import revert_weight_conversion
 
