@@ -49,8 +49,8 @@ LLAMA = {**QWEN3, "model_type": "llama", "rope_parameters": {"rope_theta": 50000
 REFUSED = {
     "unknown family": (
         {"model_type": "gpt2", "n_layer": 2},
-        "model_type 'gpt2' is not supported by --trainer megatron (it takes llama, mistral, qwen2, qwen3; "
-        f"`vime models` lists them); {TORCH}",
+        "model_type 'gpt2' is not supported by --trainer megatron (it takes deepseek_v3, llama, mistral, qwen2, "
+        f"qwen3, qwen3_moe; `vime models` lists them); {TORCH}",
     ),
     "no model_type": (
         {"hidden_size": 64},

@@ -71,7 +71,10 @@ class ArchConfig:
         add their own).
     :ivar moe: ``None`` for dense models. Extension point for MoE families: an object of theirs with
         ``mlp_kind(layer) -> str`` (a key of ``megatron_convert.MLP``; DeepSeek-V3's first dense layers say
-        ``dense``) and the router/expert sizes their mapping, spec and ``TransformerConfig`` fields read.
+        ``dense``) and the router/expert sizes their mapping, spec and ``TransformerConfig`` fields read
+        (:class:`vime_core.models.moe_families.MoEConfig`).
+    :ivar mla: ``None`` unless ``attention == "mla"``: the multi-latent attention sizes
+        (:class:`vime_core.models.moe_families.MLAConfig`).
     """
 
     num_layers: int
@@ -91,6 +94,7 @@ class ArchConfig:
     rope_scaling: RopeScaling | None = None
     attention: str = "gqa"
     moe: Any = None
+    mla: Any = None
 
     def mlp_kind(self, layer: int) -> str:
         """The MLP part's mapping of decoder layer ``layer`` (0-based): ``dense`` unless an MoE family says else."""

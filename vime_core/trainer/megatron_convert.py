@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from vime_core.models.families import ArchConfig, ConversionError
+from vime_core.trainer.megatron_moe import MOE_TP_RULES, mla_to_hf, mla_to_megatron, moe_to_hf, moe_to_megatron
 
 __all__ = [
     "ATTENTION",
@@ -144,11 +145,18 @@ def _per(cfg: ArchConfig) -> int:
 
 
 #: attention parts by :attr:`ArchConfig.attention`: ``gqa`` (MHA/GQA/MQA, fused ``linear_qkv`` in Megatron's
-#: per-group [q…, k, v] order, optional q/k/v bias and q/k RMSNorm). Extension point: MLA families add ``mla``.
-ATTENTION: dict[str, LayerPart] = {"gqa": LayerPart(_gqa_to_megatron, _gqa_to_hf)}
-#: MLP parts by :meth:`ArchConfig.mlp_kind`: ``dense`` (gated SiLU, fused ``linear_fc1`` = [gate; up]). Extension
-#: point: MoE families add ``moe`` (router, experts, shared experts).
-MLP: dict[str, LayerPart] = {"dense": LayerPart(_dense_mlp_to_megatron, _dense_mlp_to_hf)}
+#: per-group [q…, k, v] order, optional q/k/v bias and q/k RMSNorm), ``mla`` (multi-latent attention,
+#: :mod:`vime_core.trainer.megatron_moe`).
+ATTENTION: dict[str, LayerPart] = {
+    "gqa": LayerPart(_gqa_to_megatron, _gqa_to_hf),
+    "mla": LayerPart(mla_to_megatron, mla_to_hf),
+}
+#: MLP parts by :meth:`ArchConfig.mlp_kind`: ``dense`` (gated SiLU, fused ``linear_fc1`` = [gate; up]), ``moe``
+#: (router, correction bias, experts, shared experts: :mod:`vime_core.trainer.megatron_moe`).
+MLP: dict[str, LayerPart] = {
+    "dense": LayerPart(_dense_mlp_to_megatron, _dense_mlp_to_hf),
+    "moe": LayerPart(moe_to_megatron, moe_to_hf),
+}
 
 
 def _parts(cfg: ArchConfig, layer: int) -> tuple[LayerPart, LayerPart]:
@@ -218,9 +226,11 @@ def megatron_to_hf(mc: dict[str, torch.Tensor], cfg: ArchConfig, *, te: bool = F
 # ---------------------------------------------------------------------------------------------- tensor parallel
 #: how each Megatron tensor splits over tensor-parallel ranks, first match wins, no match: replicated (norms, q/k
 #: norms): ``column`` (dim 0), ``row`` (dim 1), ``gated`` (dim 0 of each half [gate; up] of a fused fc1).
-#: Extension point: MoE families insert rules for routers (replicated) and experts; expert parallelism (which
-#: experts a rank holds) is a separate split of theirs, on top of this one.
+#: The MoE/MLA names' rules come first (:data:`vime_core.trainer.megatron_moe.MOE_TP_RULES`; routers stay replicated,
+#: each expert splits like a dense MLP over the expert-TP ranks); expert parallelism (which experts a rank holds) is
+#: a separate split on top of this one (:func:`vime_core.trainer.megatron_moe.ep_shard`).
 TP_RULES: list[tuple[re.Pattern[str], str]] = [
+    *MOE_TP_RULES,
     (re.compile(r"linear_fc1\.weight$"), "gated"),
     (re.compile(r"(linear_qkv\.(weight|bias)|word_embeddings\.weight|output_layer\.weight)$"), "column"),
     (re.compile(r"(linear_proj|linear_fc2)\.weight$"), "row"),

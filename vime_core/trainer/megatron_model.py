@@ -13,6 +13,7 @@ import torch
 
 from vime_core.models.families import ArchConfig
 from vime_core.net import find_free_port
+from vime_core.trainer.megatron_moe_model import moe_block_spec
 
 
 def have_transformer_engine() -> bool:
@@ -115,28 +116,37 @@ class SDPACoreAttention(torch.nn.Module):
             is_causal=self.causal and mask is None,
             scale=self.scale,
         )
-        return out.permute(2, 0, 1, 3).reshape(sq, b, heads * hn)
+        return out.permute(2, 0, 1, 3).reshape(sq, b, -1)  # heads × the value's width (MLA: v_head_dim)
 
 
-def layer_spec(attention: str, te: bool, arch: ArchConfig | None = None) -> Any:
+def layer_spec(attention: str, te: bool, arch: ArchConfig | None = None, config: Any = None) -> Any:
     """The transformer-layer ``ModuleSpec`` of ``arch``: TE's (``attention == "te"``), or the local spec with SDPA
     (``"sdpa"``) or Megatron's own unfused attention (``"local"``); with ``arch.qk_layernorm`` its attention has
-    ``q_layernorm`` / ``k_layernorm`` (RMSNorm over each head, Qwen3).
+    ``q_layernorm`` / ``k_layernorm`` (RMSNorm over each head, Qwen3). An MoE or MLA ``arch`` gets a decoder block
+    spec of one layer spec per layer built from ``config`` (its ``TransformerConfig``:
+    :func:`vime_core.trainer.megatron_moe_model.moe_block_spec`).
 
-    Extension point: MoE and MLA families pass ``num_experts`` / ``moe_grouped_gemm`` / ``multi_latent_attention``
-    here (megatron-core's spec functions take them), from their ``arch.moe`` / ``arch.attention``.
-
-    :raises ValueError: on an unknown ``attention`` or ``"te"`` without Transformer Engine.
+    :raises ValueError: on an unknown ``attention``, ``"te"`` without Transformer Engine, an MoE/MLA ``arch``
+        without ``config``, or MLA with ``"local"``.
     """
     from megatron.core.models.gpt import gpt_layer_specs as specs
 
     qk = bool(arch is not None and arch.qk_layernorm)
-    if attention == "te":
-        if not te:
-            raise ValueError("--megatron-attention te needs transformer_engine, which does not import here")
-        return specs.get_gpt_layer_with_transformer_engine_spec(qk_layernorm=qk)
-    if attention not in ("sdpa", "local"):
+    if attention == "te" and not te:
+        raise ValueError("--megatron-attention te needs transformer_engine, which does not import here")
+    if attention not in ("te", "sdpa", "local"):
         raise ValueError(f"--megatron-attention must be te, sdpa or local, got {attention!r}")
+    if arch is not None and (arch.moe is not None or arch.attention == "mla"):
+        if config is None:
+            raise ValueError(f"model_type {arch.model_type!r}: its layer spec needs the TransformerConfig")
+        if arch.attention == "mla" and attention == "local":
+            raise ValueError(
+                "--megatron-attention local cannot build multi-latent attention (megatron-core's DotProductAttention "
+                "has no key width of its own); use sdpa or te"
+            )
+        return moe_block_spec(config, attention == "te", SDPACoreAttention if attention == "sdpa" else None)
+    if attention == "te":
+        return specs.get_gpt_layer_with_transformer_engine_spec(qk_layernorm=qk)
     spec = specs.get_gpt_layer_local_spec(normalization="RMSNorm", qk_layernorm=qk)
     if attention == "sdpa":
         spec.submodules.self_attention.submodules.core_attention = SDPACoreAttention
@@ -146,8 +156,9 @@ def layer_spec(attention: str, te: bool, arch: ArchConfig | None = None) -> Any:
 def transformer_config_fields(arch: ArchConfig) -> dict[str, Any]:
     """The ``TransformerConfig`` fields that come from the model's architecture (the trainer adds parallelism,
     precision and recomputation): sizes, ``kv_channels = head_dim`` (independent of hidden / heads), RMSNorm and its
-    epsilon, gated SiLU MLP, biases, ``qk_layernorm``. Extension point: MoE/MLA families add their fields here
-    (``num_moe_experts``, ``moe_router_topk``, ..., or an ``MLATransformerConfig``'s)."""
+    epsilon, gated SiLU MLP, biases, ``qk_layernorm``. The MoE/MLA families' own fields (experts, router, MLA sizes)
+    come from :func:`vime_core.trainer.megatron_moe_model.moe_config_fields`, their config class from
+    :func:`~vime_core.trainer.megatron_moe_model.transformer_config_class`."""
     return dict(
         num_layers=arch.num_layers,
         hidden_size=arch.hidden_size,
