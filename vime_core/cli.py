@@ -19,13 +19,19 @@ from vime_core.version import __version__
 
 
 def _cmd_run(argv: list[str]) -> int:
-    from vime_core.arguments import parse_run_args
+    from vime_core.arguments import build_run_config, parse_run_args
+    from vime_core.run_checks import preflight
+    from vime_core.run_dir import finished_run
 
-    args = parse_run_args(argv)  # flag and file errors before torch, Ray and vLLM are imported
-    from vime_core.arguments import build_run_config
+    args = parse_run_args(argv)  # flag errors before torch, Ray and vLLM are imported
+    cfg = build_run_config(args)  # from here on the configuration travels typed
+    if cfg.logging.resume and (note := finished_run(cfg.logging.output_dir, cfg.rollout.num_rollout)):
+        print(note)  # a finished run: nothing starts, nothing is written
+        return 0
+    checked = preflight(cfg)  # file, name and value errors, still before the heavy imports
     from vime_core.loop import run
 
-    run(build_run_config(args), vars(args))  # from here on the configuration travels typed
+    run(cfg, vars(args), checked)
     return 0
 
 
@@ -60,13 +66,15 @@ def _cmd_report(argv: list[str]) -> int:
 
 
 def _cmd_eval(argv: list[str]) -> int:
-    from vime_core.arguments import parse_run_args
+    from vime_core.arguments import build_run_config, parse_run_args
+    from vime_core.run_checks import preflight
 
-    args = parse_run_args(argv, command="eval")  # flag and file errors before torch, Ray and vLLM are imported
-    from vime_core.arguments import build_run_config
+    args = parse_run_args(argv, command="eval")  # flag errors before torch, Ray and vLLM are imported
+    cfg = build_run_config(args)  # from here on the configuration travels typed
+    checked = preflight(cfg, "eval")  # file, name and value errors, still before the heavy imports
     from vime_core.loop import evaluate
 
-    evaluate(build_run_config(args), vars(args))  # from here on the configuration travels typed
+    evaluate(cfg, vars(args), checked)
     return 0
 
 
@@ -181,7 +189,7 @@ def _cmd_plugins(argv: list[str]) -> int:
 
 
 def _cmd_args(argv: list[str]) -> int:
-    from vime_core.arguments import build_parser
+    from vime_core.arguments import build_parser, plugin_choices
 
     parser = build_parser()
     FRAMEWORK_GROUPS = {g.title for g in build_parser(add_plugin_arguments=False)._action_groups}
@@ -195,7 +203,9 @@ def _cmd_args(argv: list[str]) -> int:
             default = str(a.default) if isinstance(a.default, PurePath) else repr(a.default)
             print(f"  {', '.join(a.option_strings):45s} owner={owner} default={default}")
             if a.help:
-                print(f"      {a.help.replace('%(default)s', str(a.default))}")
+                names = plugin_choices(a.dest)
+                available = f"; available: {', '.join(names)}" if names else ""
+                print(f"      {a.help.replace('%(default)s', str(a.default))}{available}")
     from vime_core.arguments import VIME_OWNED_ROUTER_FLAGS, VIME_OWNED_VLLM_FLAGS
     from vime_core.passthrough import router_flags, vllm_engine_flags
 

@@ -47,8 +47,9 @@ def summary_lines(summary: dict) -> list[str]:
     evaluations' reward first → last per set, where the outputs are. Fields the record lacks are left out."""
     lines = []
     if "steps_run" in summary:
-        first = summary["first_step"]
-        text = f"[vime] done: {summary['steps_run']} step(s), {first} → {first + summary['steps_run']}"
+        text = f"[vime] done: {summary['steps_run']} step(s)"
+        if summary.get("resumed_at"):
+            text += f" (resumed at step {', '.join(map(str, summary['resumed_at']))})"
         if summary.get("mean_step_seconds") is not None:
             text += f", {summary['mean_step_seconds']:.1f} s a step"
         if summary.get("reward_first") is not None:

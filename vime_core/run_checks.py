@@ -1,18 +1,80 @@
-"""The up-front checks of ``vime run`` / ``vime eval`` that need more than the flags: every plugin name the run
-will use resolved, and the ``--vllm-*`` values parsed by vLLM's own parser — all before anything is written or
-started (docs/plugins.md, "Names are checked at start-up")."""
+"""The up-front checks of ``vime run`` / ``vime eval`` that need more than the flags, all before anything is
+written or started (:func:`preflight`, cheapest first): the output directory, every plugin name the run will use
+(docs/plugins.md, "Names are checked at start-up"), the eval sets and the prompt data, the model's files, the prompts
+against its tokenizer, and the ``--vllm-*`` values parsed by vLLM's own parser. The ``vime`` command runs them
+before it imports torch, Ray or vLLM, so a flag or file error takes a second, not the imports' time."""
 
 from __future__ import annotations
 
 import json
 import re
+import struct
 import subprocess
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from vime_core.argument_errors import ArgumentError
 from vime_core.config import RunConfig
 from vime_core.passthrough import engine_python
-from vime_core.plugins import Plugins
+from vime_core.plugins import Plugins, get_plugins
+from vime_core.run_dir import check_output_dir, is_training_run
+
+
+@dataclass
+class Preflight:
+    """What :func:`preflight` found, for the run that follows (it does not read or check them again).
+
+    :ivar model_path: the ``--model`` directory.
+    :ivar rows: the ``--prompt-data`` rows (``None`` for ``vime eval`` and ``--debug-train-only``).
+    :ivar overlong: prompts left out for ``--rollout-max-prompt-len``.
+    """
+
+    model_path: Path
+    rows: list[dict[str, Any]] | None
+    overlong: int = 0
+
+
+def preflight(cfg: RunConfig, command: str = "run") -> Preflight:
+    """Every up-front check of ``vime run`` (``command="eval"``: of ``vime eval``), cheapest first: the output
+    directory, the plugin names (known, or a dotted path that imports), the eval sets and the prompt data, the model
+    directory and its weight files (:func:`check_model_weights`); then those that import a library: the prompts
+    against the tokenizer (transformers), the LoRA targets, and the ``--vllm-*`` values and sampling parameters
+    (vLLM, in a subprocess: :func:`check_vllm_values`).
+
+    :raises ArgumentError: (or the checks' own one-line errors: ``DataError``, ``RegistryError``,
+        ``LoraFlagError``) naming the flag or file.
+    """
+    from vime_core.data.source import read_rows
+    from vime_core.evaluation import load_eval_sets
+
+    log, data = cfg.logging, cfg.data
+    out = Path(log.output_dir)
+    check_output_dir(out)
+    if command == "eval" and is_training_run(out):
+        raise ArgumentError(
+            f"--output-dir {out} holds a training run's records (checkpoints, summary.json): vime eval would write "
+            "its own summary.json and metrics.jsonl there; give it another --output-dir (default: outputs/eval)"
+        )
+    check_plugin_names(get_plugins(), cfg, train=command == "run")
+    load_eval_sets(cfg.eval)  # a bad eval set fails before any engine starts
+    rows = None
+    if command == "run" and not log.debug_train_only:
+        rows = read_rows(data.prompt_data, data.input_key, data.label_key, data.metadata_key)
+    model_path = checked_model(log.model)
+    overlong = 0
+    if rows is not None:
+        from vime_core.rollout.prompt_checks import check_prompts
+
+        # no tokenizer, no chat template, an over-long prompt: fails here, before any engine starts
+        overlong = check_prompts(data, model_path, rows)
+    if command == "run":
+        from vime_core.lora.options import check_lora_model
+
+        check_lora_model(cfg.lora, model_path)  # --target-modules / --lora-adapter-path against the model
+    if not log.debug_train_only:  # vLLM's own parser and SamplingParams, before Ray starts
+        check_vllm_values(list(cfg.engine.vllm_args), engine_sampling(cfg))
+    return Preflight(model_path, rows, overlong)
 
 
 def plugin_names(cfg: RunConfig, *, train: bool = True) -> list[tuple[str, str]]:
@@ -37,6 +99,21 @@ def plugin_names(cfg: RunConfig, *, train: bool = True) -> list[tuple[str, str]]
     return names
 
 
+def check_plugin_names(plugins: Plugins, cfg: RunConfig, *, train: bool = True) -> None:
+    """Every plugin name of :func:`plugin_names` is registered (nothing is imported for it: a built-in trainer or
+    weight-sync strategy is resolved when the run creates it) or a dotted path that imports, and the tool-call
+    parser is known.
+
+    :raises RegistryError: an unknown name (the registry's message names the flag and what exists), or a dotted
+        path that does not import (naming the flag, the module and its error).
+    :raises ArgumentError: an unknown tool-call parser.
+    """
+    for kind, name in plugin_names(cfg, train=train):
+        if name not in plugins.registries[kind].names():
+            plugins.resolve(kind, name)
+    _check_tool_parser(cfg)
+
+
 def resolve_plugins(plugins: Plugins, cfg: RunConfig, *, train: bool = True) -> None:
     """Resolve every plugin name of :func:`plugin_names` and the tool-call parsers the generate function will use.
 
@@ -45,6 +122,10 @@ def resolve_plugins(plugins: Plugins, cfg: RunConfig, *, train: bool = True) -> 
     """
     for kind, name in plugin_names(cfg, train=train):
         plugins.resolve(kind, name)
+    _check_tool_parser(cfg)
+
+
+def _check_tool_parser(cfg: RunConfig) -> None:
     from vime_core.agent.tool_parsers import available_tool_parsers
 
     used = {"multi_turn": ("--multi-turn-tool-parser", cfg.multi_turn.multi_turn_tool_parser)}
@@ -154,14 +235,51 @@ def checked_model(model: str) -> Path:
 
 
 def check_model_weights(model_path: Path) -> None:
-    """A local HF model directory needs its weights (``*.safetensors`` or ``*.bin``, sharded or not).
+    """A local HF model directory needs its weights (``*.safetensors`` or ``*.bin``, sharded or not), and each
+    ``*.safetensors`` file must be whole (:func:`check_safetensors`).
 
-    :raises ArgumentError: naming the directory and what it holds instead.
+    :raises ArgumentError: naming the directory and what it holds instead, or the broken file.
     """
     p = Path(model_path)
     if not p.is_dir():
         return
-    if any(p.glob("*.safetensors")) or any(p.glob("*.bin")):
+    safetensors = sorted(p.glob("*.safetensors"))
+    for f in safetensors:
+        check_safetensors(f)
+    if safetensors or any(p.glob("*.bin")):
         return
     held = ", ".join(sorted(f.name for f in p.iterdir())[:8]) or "nothing"
     raise ArgumentError(f"--model {p}: no weights there (*.safetensors or *.bin); it holds {held}")
+
+
+def check_safetensors(path: Path) -> None:
+    """Check a ``.safetensors`` file's framing without reading its tensors: the format's 8-byte little-endian
+    header length, a JSON header of that length, and the tensors' byte ranges (``data_offsets``, after the header)
+    ending exactly at the end of the file (https://github.com/huggingface/safetensors, "Format").
+
+    :raises ArgumentError: naming ``--model``, the file and what is wrong (shorter than its header, a header that
+        is not JSON, tensors that end beyond the file: truncated, or before it: trailing garbage).
+    """
+    size = path.stat().st_size
+    where = f"--model: {path} is not a valid safetensors file"
+    with open(path, "rb") as f:
+        head = f.read(8)
+        if len(head) < 8:
+            raise ArgumentError(f"{where} ({size} bytes: shorter than the 8-byte header length)")
+        (n,) = struct.unpack("<Q", head)
+        if n > size - 8:
+            raise ArgumentError(f"{where} (its header claims {n} bytes, the file has {size}: truncated or not "
+                                "safetensors)")
+        try:
+            header = json.loads(f.read(n))
+        except (ValueError, UnicodeDecodeError) as e:
+            raise ArgumentError(f"{where} (its {n}-byte header is not JSON: {e})") from None
+    if not isinstance(header, dict):
+        raise ArgumentError(f"{where} (its header is not a JSON object)")
+    try:
+        end = max((int(t["data_offsets"][1]) for k, t in header.items() if k != "__metadata__"), default=0)
+    except (KeyError, TypeError, ValueError, IndexError):
+        raise ArgumentError(f"{where} (a tensor of its header has no data_offsets)") from None
+    if 8 + n + end != size:
+        what = "truncated" if 8 + n + end > size else "trailing bytes after the tensors"
+        raise ArgumentError(f"{where} ({what}: the header needs {8 + n + end} bytes, the file has {size})")
