@@ -120,8 +120,8 @@ def test_the_edges_of_each_range_pass(prompts):
 def test_a_group_estimator_with_one_sample_per_prompt_is_warned_about_and_the_std_filter_refused(prompts, caplog):
     _parse(prompts, "--n-samples-per-prompt", "1")
     assert [r.getMessage() for r in caplog.records if r.name == "vime.arguments"] == [
-        "WARNING: --advantage-estimator grpo compares the samples of a prompt's group, but --n-samples-per-prompt is 1: "
-        "every advantage is 0 and nothing will be trained; give --n-samples-per-prompt 2 or more, or use "
+        "WARNING: --advantage-estimator grpo compares the samples of a prompt's group, but --n-samples-per-prompt "
+        "is 1: every advantage is 0 and nothing will be trained; give --n-samples-per-prompt 2 or more, or use "
         "reinforce_plus_plus or ppo"
     ]
     caplog.clear()
@@ -185,16 +185,18 @@ def test_no_help_states_its_default_twice(monkeypatch):
             if re.search(r"(?i)default", a.help):
                 assert "(default: %(default)s)" not in text, (command, a.option_strings[0], text)
     text = " ".join(build_parser().format_help().split())
-    assert "--eval-temperature EVAL_TEMPERATURE sampling temperature of eval rollouts. Default: --rollout-temperature " \
-        "--eval-top-p" in text  # fmt: skip
+    expected = "--eval-temperature EVAL_TEMPERATURE sampling temperature of eval rollouts. Default: "
+    assert expected + "--rollout-temperature --eval-top-p" in text
 
 
 def test_plugin_name_flags_list_the_available_names(monkeypatch, capsys):
     monkeypatch.setenv("COLUMNS", "1000")
     text = " ".join(build_parser().format_help().split())
     assert "--trainer TRAINER trainer backend (default: torch); available: megatron, torch" in text
-    assert "--weight-sync WEIGHT_SYNC weight-sync strategy (default: disk); available: disk, disk-delta, ipc, nccl" in text
-    assert "--generate GENERATE generate function (default: default); available: coding_agent, default, multi_turn" in text
+    assert "--weight-sync WEIGHT_SYNC weight-sync strategy (default: disk); available: disk, disk-delta, ipc, " \
+        "nccl" in text  # fmt: skip
+    assert "--generate GENERATE generate function (default: default); available: coding_agent, default, " \
+        "multi_turn" in text  # fmt: skip
     for dest in ("reward", "eval_reward", "advantage_estimator", "sandbox", "agent", "dynamic_sampling_filter",
                  "group_reward", "multi_turn_tool_parser", "agent_tool_parser"):  # fmt: skip
         action = next(a for a in build_parser()._actions if a.dest == dest)
