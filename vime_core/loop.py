@@ -58,6 +58,7 @@ from vime_core.run_dir import (
     finished_run,
     read_summary,
     rotate_logs,
+    share_like_outputs,
     write_json_atomic,
 )
 from vime_core.run_signals import INTERRUPT_GRACE_S, claim_signals, interrupted
@@ -353,9 +354,11 @@ def _write_summary(run: RunState) -> dict[str, Any]:
     summary["ray_node_ip"] = ray.util.get_node_ip_address()
     if trainer is not None and log.save_hf:
         trainer.save_hf(str(out / "final_hf"))  # with LoRA: the merged model
+        share_like_outputs(out / "final_hf")  # transformers writes model.safetensors readable by its owner only
         summary["final_hf"] = str(out / "final_hf")
         if run.cfg.lora.enabled:
             trainer.save_adapter(str(out / "final_adapter"))
+            share_like_outputs(out / "final_adapter")
             summary["final_adapter"] = str(out / "final_adapter")
     write_json_atomic(out / "summary.json", summary)
     for line in summary_lines(summary):
@@ -593,7 +596,7 @@ def _save_checkpoint(
     trainer.save_checkpoint(str(tmp / "trainer"))
     data_state = call(rollout, "data_state", unconsumed) if rollout is not None else None
     meta = {"step": step, "weight_version": version}
-    return commit_checkpoint(tmp, meta, data_state, log.max_checkpoints)
+    return commit_checkpoint(tmp, meta, data_state, log.keep_checkpoints or None)  # 0: keep all
 
 
 class _LostAfterTraining(Exception):

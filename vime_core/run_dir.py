@@ -23,6 +23,7 @@ from typing import Any
 import filelock
 
 from vime_core.argument_errors import ArgumentError
+from vime_core.checkpoint import complete_checkpoints
 
 LOCK_NAME = ".vime.lock"
 
@@ -72,6 +73,36 @@ def make_output_dir(out: Path) -> None:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise ArgumentError(f"--output-dir {out}: cannot create it ({e.strerror or e})") from None
+
+
+def current_umask() -> int:
+    """This process's umask (``/proc/self/status``; elsewhere set and restored)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except OSError:
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def share_like_outputs(root: Path) -> None:
+    """Give every file and directory under ``root`` the permissions the run's other outputs get (``0o666`` /
+    ``0o777`` less the umask): a library that writes through a private temporary file (transformers'
+    ``save_pretrained`` leaves ``model.safetensors`` at ``0o600``) would otherwise leave an export that only its
+    owner can read. Nothing under ``root`` (a model saved on another node): nothing to do."""
+    root = Path(root)
+    if not root.exists():
+        return
+    mask = current_umask()
+    for dirpath, _, filenames in os.walk(root):
+        os.chmod(dirpath, 0o777 & ~mask)
+        for name in filenames:
+            path = os.path.join(dirpath, name)
+            exec_bits = os.stat(path).st_mode & 0o111
+            os.chmod(path, (0o666 | exec_bits) & ~mask)
 
 
 #: what a run (or an evaluation) writes into its output directory: the records :func:`archive_records` moves
@@ -148,23 +179,23 @@ def finished_run(out: Path, num_rollout: int) -> str | None:
         trains nothing and saves none) and ``--num-rollout`` asks for more steps: starting it again from step 0
         would overwrite the finished run's records.
     """
-    from vime_core.checkpoint import complete_checkpoints
-
+    out = Path(out)
     summary = read_summary(out)
     if summary is None or summary.get("status") != "completed":
         return None
     done = complete_checkpoints(out)
-    start_over = f"start over with --no-resume (the finished run's files move to {next_archive(out)}/)"
+    archive = next_archive(out)
+    start_over = f"add --no-resume (the finished run's files move to {archive}/) or give another --output-dir"
     if not done:
         steps = summary.get("steps_run")
         if isinstance(steps, int) and steps < num_rollout:
             raise ArgumentError(
                 f"--output-dir {out} holds a finished run of {steps} step(s) without a checkpoint to resume from, "
-                f"so --num-rollout {num_rollout} cannot continue it: {start_over}, or give another --output-dir"
+                f"so --num-rollout {num_rollout} cannot continue it: to start over, {start_over}"
             )
         return (
             f"vime run: nothing to do: --output-dir {out} holds a finished run ({steps} step(s); summary.json). To "
-            f"run it again, {start_over}, or give another --output-dir"
+            f"run it again, {start_over}"
         )
     step, ckpt = done[-1]
     if step < num_rollout:
@@ -172,7 +203,7 @@ def finished_run(out: Path, num_rollout: int) -> str | None:
     return (
         f"vime run: nothing to do: --output-dir {out} holds a finished run of {step} step(s) "
         f"(--num-rollout {num_rollout}; {ckpt.relative_to(out)}). To train on, raise --num-rollout (it resumes from "
-        f"step {step}); to {start_over}, or give another --output-dir"
+        f"step {step}); to start over, {start_over}"
     )
 
 
