@@ -336,6 +336,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"vime: unknown command {argv[0]!r}; commands: {', '.join(COMMANDS)}", file=sys.stderr)
         return 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    for chatty in ("httpx", "httpcore"):  # one INFO line per HTTP request (vime eval's engine calls): not for users
+        logging.getLogger(chatty).setLevel(logging.WARNING)
     from vime_core.run_signals import exit_code, handle_signals, received, signal_name
 
     try:
@@ -343,7 +345,11 @@ def main(argv: list[str] | None = None) -> int:
             return cmd(argv[1:])
     except KeyboardInterrupt:  # SIGINT / SIGTERM: the run's cleanup has stopped what it started
         signum = received()
-        print(f"vime {argv[0]}: stopped by {signal_name(signum)}; every process it started is gone", file=sys.stderr)
+        if _run_processes_gone():
+            tail = "every process it started is gone"
+        else:
+            tail = "some of its processes are still stopping; the run reaper kills them within seconds"
+        print(f"vime {argv[0]}: stopped by {signal_name(signum)}; {tail}", file=sys.stderr)
         return exit_code(signum)
     except BrokenPipeError:  # `vime args | head`: the reader left; not an error of ours
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error when Python flushes
@@ -371,6 +377,14 @@ _ONE_LINE_ERRORS = (
     ("vime_core.failures", "RunFailedError", 1),
     ("vime_core.orchestration", "ComponentFailedError", 1),  # an actor died during setup: its own error
 )
+
+
+def _run_processes_gone() -> bool:
+    """After a run stopped by a signal: have its reaper finish at once and wait for it
+    (:func:`vime_core.rollout.process.finish_run_reaper`), so the line that says every process is gone is true
+    when it is printed. Without the module loaded no run started a process."""
+    process = sys.modules.get("vime_core.rollout.process")
+    return True if process is None else process.finish_run_reaper()
 
 
 def _known_error_code(e: BaseException) -> int | None:

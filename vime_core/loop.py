@@ -418,7 +418,10 @@ def _evaluate_locked(flags: dict[str, Any], cfg: RunConfig, out: Path, model_pat
             f"[vime] router {info['router_url']} → engines {info['engine_urls']} "
             f"(ready in {info['startup_seconds']:.1f} s)"
         )
-        metrics = _evaluate(manager, sink, 0)
+        metrics = manager.evaluate(0)
+        metrics.pop("eval/weight_version", None)  # the model as given, not a weight version of a run
+        sink.log(0, metrics)
+        console.print(eval_line(0, metrics, model=str(model_path)))
     finally:
         sink.close()
         manager.shutdown()

@@ -57,7 +57,7 @@ def test_two_steps_complete_with_progress_and_summary(two_step_run):
     for n, line in enumerate(step_lines, 1):
         assert re.fullmatch(
             rf"\[vime\] step {n}/2 \| reward \d\.\d{{3}} \| resp_len [\d.]+ \| rollout [\d.]+s \| train [\d.]+s "
-            r"\| sync [\d.]+s \| \|Δlogp\| \d\.\d{4}",
+            r"\| sync [\d.]+s \| \|Δlogp\| (0|\d(\.\d+)?(e-\d\d)?|0\.0*\d{1,2})",  # significant digits
             line,
         ), line
     assert "\x1b[" not in proc.stdout and "━" not in proc.stdout
