@@ -16,7 +16,7 @@ from typing import Any
 
 from vime_core.argument_errors import ArgumentError
 from vime_core.config import RunConfig
-from vime_core.passthrough import engine_python
+from vime_core.passthrough import cheap_value_error, engine_python, vllm_flag_values
 from vime_core.plugins import Plugins, get_plugins
 from vime_core.run_dir import check_output_dir, is_training_run
 
@@ -57,6 +57,8 @@ def preflight(cfg: RunConfig, command: str = "run") -> Preflight:
             "its own summary.json and metrics.jsonl there; give it another --output-dir (default: outputs/eval)"
         )
     check_plugin_names(get_plugins(), cfg, train=command == "run")
+    vllm_args = [] if log.debug_train_only else list(cfg.engine.vllm_args)
+    decided = _flags_checked_here(vllm_args, engine_python()) if vllm_args else True  # milliseconds, cached rules
     load_eval_sets(cfg.eval)  # a bad eval set fails before any engine starts
     rows = None
     if command == "run" and not log.debug_train_only:
@@ -72,8 +74,8 @@ def preflight(cfg: RunConfig, command: str = "run") -> Preflight:
         from vime_core.lora.options import check_lora_model
 
         check_lora_model(cfg.lora, model_path)  # --target-modules / --lora-adapter-path against the model
-    if not log.debug_train_only:  # vLLM's own parser and SamplingParams, before Ray starts
-        check_vllm_values(list(cfg.engine.vllm_args), engine_sampling(cfg))
+    if not log.debug_train_only:  # vLLM's own parser and SamplingParams (where needed), before Ray starts
+        check_vllm_values([] if decided else vllm_args, engine_sampling(cfg))
     return Preflight(model_path, rows, overlong)
 
 
@@ -190,7 +192,9 @@ def check_vllm_values(
     """Check what the engines will be given with the vLLM they run (a subprocess of
     :func:`~vime_core.passthrough.engine_python`: vLLM is imported there, not here): the ``--vllm-*`` flags (as
     forwarded: ``--max-model-len 512``) with its server parser, and each of ``sampling`` (``{where: params}``) as
-    its ``SamplingParams``. Nothing beyond the basic sampling fields and no flag: returns at once.
+    its ``SamplingParams``. Nothing beyond the basic sampling fields and no flag: returns at once. Flags whose
+    values the cached rules decide (:func:`_flags_checked_here`: nearly all) need no vLLM import: a bad value fails in
+    milliseconds, not the 15-20 s vLLM's import takes; the subprocess runs only for the others.
 
     :raises ArgumentError: naming the ``--vllm-*`` flag and vLLM's reason, e.g. ``--vllm-max-model-len: invalid
         human_readable_int_or_auto value: 'banana'``, or the sampling flags and vLLM's reason.
@@ -199,6 +203,8 @@ def check_vllm_values(
     if not vllm_args and not sampling:
         return
     python = python or engine_python()
+    if (not vllm_args or _flags_checked_here(list(vllm_args), python)) and not sampling:
+        return  # every value decided from the cached rules: vLLM need not be imported (seconds) for the check
     proc = subprocess.run(
         [python, "-c", _PARSE_SCRIPT, json.dumps(list(vllm_args)), json.dumps(sampling)],
         capture_output=True,
@@ -214,8 +220,53 @@ def check_vllm_values(
         return
     if error["kind"] == "sampling":
         raise ArgumentError(f"vLLM cannot honour the sampling parameters of {error['where']}: {error['error']}")
-    # vLLM names its own flag (--max-model-len); the user typed --vllm-max-model-len
-    raise ArgumentError("vLLM refuses " + re.sub(r"--(?!vllm-)([a-z0-9][a-z0-9-]*)", r"--vllm-\1", error["error"]))
+    raise _vllm_refusal(error["error"])
+
+
+def forwarded_flags(vllm_args: list[str]) -> list[tuple[str, list[str]]]:
+    """The forwarded vLLM argv (``["--max-model-len", "512", "--enforce-eager", "--dtype=half"]``) as ``(name,
+    values)`` pairs: ``[("max-model-len", ["512"]), ("enforce-eager", []), ("dtype", ["half"])]``."""
+    pairs: list[tuple[str, list[str]]] = []
+    for token in vllm_args:
+        if token.startswith("--"):
+            name, eq, value = token[2:].partition("=")
+            pairs.append((name, [value] if eq else []))
+        elif pairs:
+            pairs[-1][1].append(token)
+    return pairs
+
+
+def _vllm_refusal(message: str) -> ArgumentError:
+    """vLLM names its own flag (``--max-model-len``); the user typed ``--vllm-max-model-len``."""
+    return ArgumentError("vLLM refuses " + re.sub(r"--(?!vllm-)([a-z0-9][a-z0-9-]*)", r"--vllm-\1", message))
+
+
+def _flags_checked_here(vllm_args: list[str], python: str) -> bool:
+    """Check each forwarded value against the cached value rules of the engines' vLLM
+    (:func:`~vime_core.passthrough.vllm_flag_values`: ints, floats, choices, vLLM's human-readable ints), in
+    milliseconds.
+
+    :return: whether every value was decided here (else vLLM's own parser must see them).
+    :raises ArgumentError: a value the rules refuse, in vLLM's parser's words with the ``--vllm-`` name.
+    """
+    try:
+        rules = vllm_flag_values(python)
+    except RuntimeError:
+        return False  # no vLLM to ask: the subprocess reports it
+    decided = True
+    for name, values in forwarded_flags(vllm_args):
+        rule = rules.get(name)
+        if rule is None or len(values) > 1 or (not values and rule["type"] != "switch"):
+            decided = False
+            continue
+        try:
+            error = cheap_value_error(name, values[0] if values else "", rule)
+        except LookupError:
+            decided = False
+            continue
+        if error is not None:
+            raise _vllm_refusal(error)
+    return decided
 
 
 def checked_model(model: str) -> Path:
