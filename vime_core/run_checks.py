@@ -64,6 +64,8 @@ def preflight(cfg: RunConfig, command: str = "run") -> Preflight:
     if command == "run" and not log.debug_train_only:
         rows = read_rows(data.prompt_data, data.input_key, data.label_key, data.metadata_key)
     model_path = checked_model(log.model)
+    if not log.debug_train_only:
+        check_response_room(cfg, model_path)
     overlong = 0
     if rows is not None:
         from vime_core.rollout.prompt_checks import check_prompts
@@ -267,6 +269,46 @@ def _flags_checked_here(vllm_args: list[str], python: str) -> bool:
         if error is not None:
             raise _vllm_refusal(error)
     return decided
+
+
+def context_length(vllm_args: list[str], model_path: Path) -> tuple[int, str] | None:
+    """The engines' context length in tokens and where it comes from: ``--vllm-max-model-len`` when given as an
+    integer, else the model's ``max_position_embeddings`` (what vLLM takes by default); ``None`` when neither says
+    (``auto``, a suffixed size, a config without the field)."""
+    from vime_core.passthrough import passthrough_value
+
+    value = passthrough_value(vllm_args, "max-model-len")
+    if value is not None:
+        value = value.strip()
+        return (int(value), "--vllm-max-model-len") if re.fullmatch(r"[1-9]\d*", value) else None
+    try:
+        config = json.loads((Path(model_path) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    n = config.get("max_position_embeddings") if isinstance(config, dict) else None
+    return (n, f"the model's max_position_embeddings ({model_path}/config.json)") if isinstance(n, int) else None
+
+
+def check_response_room(cfg: RunConfig, model_path: Path) -> None:
+    """A response budget must leave room for a prompt in the engines' context: vLLM answers 400 to every request
+    whose prompt plus ``max_tokens`` does not fit.
+
+    :raises ArgumentError: ``--rollout-max-response-len`` (or ``--eval-max-response-len``) is not below the
+        context length (:func:`context_length`), naming both.
+    """
+    context = context_length(list(cfg.engine.vllm_args), model_path)
+    if context is None:
+        return
+    n, where = context
+    for flag, value in (
+        ("--rollout-max-response-len", cfg.rollout.rollout_max_response_len),
+        ("--eval-max-response-len", cfg.eval.eval_max_response_len),
+    ):
+        if value is not None and value >= n:
+            raise ArgumentError(
+                f"{flag} {value} leaves no room for a prompt in the engines' context of {n} tokens ({where}): "
+                "vLLM would refuse every request; lower it or raise --vllm-max-model-len"
+            )
 
 
 def checked_model(model: str) -> Path:

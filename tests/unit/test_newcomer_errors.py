@@ -386,3 +386,57 @@ def test_flag_and_file_errors_come_before_torch_transformers_vllm_and_ray_are_im
                           env=env, timeout=120)  # fmt: skip
     assert proc.stdout.strip() == "2 []", (proc.stdout, proc.stderr[-2000:])
     assert proc.stderr.startswith("vime: error: ") and proc.stderr.count("\n") == 1, proc.stderr
+
+
+def test_a_response_budget_that_leaves_no_room_for_a_prompt_is_refused(tiny_model_dir):
+    from vime_core.arguments import default_args
+    from vime_core.config import RunConfig
+    from vime_core.run_checks import check_response_room
+
+    def cfg(**kw):
+        return RunConfig.from_args(default_args(model=str(tiny_model_dir), **kw))
+
+    with pytest.raises(ArgumentError) as e:
+        check_response_room(cfg(rollout_max_response_len=2048), tiny_model_dir)
+    assert str(e.value) == (
+        "--rollout-max-response-len 2048 leaves no room for a prompt in the engines' context of 2048 tokens (the "
+        f"model's max_position_embeddings ({tiny_model_dir}/config.json)): vLLM would refuse every request; lower it "
+        "or raise --vllm-max-model-len"
+    )
+    with pytest.raises(ArgumentError) as e:
+        check_response_room(cfg(eval_max_response_len=600, vllm_args=["--max-model-len", "512"]), tiny_model_dir)
+    assert str(e.value) == (
+        "--eval-max-response-len 600 leaves no room for a prompt in the engines' context of 512 tokens "
+        "(--vllm-max-model-len): vLLM would refuse every request; lower it or raise --vllm-max-model-len"
+    )
+    check_response_room(cfg(rollout_max_response_len=2047), tiny_model_dir)
+    check_response_room(cfg(rollout_max_response_len=4096, vllm_args=["--max-model-len", "auto"]), tiny_model_dir)
+
+
+def test_the_vime_command_sends_no_http_access_lines_to_the_log(caplog):
+    """vime eval runs its rollout manager in the command's process: httpx logs every request at INFO, which the
+    command's logging would print (281 of vime eval's 294 lines)."""
+    import logging
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    import httpx
+
+    class Ok(BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *a):
+            pass
+
+    assert main(["plugins"]) == 0  # any command: the logging set-up is the command's
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Ok)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    assert logging.getLogger("httpx").level == logging.WARNING
+    caplog.set_level(logging.INFO)  # the root logger, as the command's basicConfig sets it
+    try:
+        assert httpx.get(f"http://127.0.0.1:{server.server_address[1]}/", trust_env=False).status_code == 200
+    finally:
+        server.shutdown()
+    assert [r.getMessage() for r in caplog.records if r.name.startswith(("httpx", "httpcore"))] == []
