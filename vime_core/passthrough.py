@@ -213,8 +213,8 @@ def _flag_values_here() -> dict[str, dict[str, object]]:
 @lru_cache(maxsize=8)
 def vllm_flag_values(python: str | None = None) -> dict[str, dict[str, object]]:
     """The value rule of every vLLM server flag (:func:`_value_rule`), from the vLLM installed for ``python``
-    (default: this interpreter), cached per release under ``~/.cache/vime`` as :func:`vllm_engine_flags` is: vLLM
-    is imported once per release and machine, not at every start.
+    (default: this interpreter; asked in a subprocess), cached per release under ``~/.cache/vime`` as
+    :func:`vllm_engine_flags` is: vLLM is imported once per release and machine, not at every start.
 
     :raises RuntimeError: if that interpreter has no vLLM, or its parser cannot be built.
     """
@@ -222,10 +222,8 @@ def vllm_flag_values(python: str | None = None) -> dict[str, dict[str, object]]:
     cache = _cache_dir() / f"vllm-flag-rules-{dist}-{version}.json"
     if cache.exists():
         return json.loads(cache.read_text())
-    if _same_interpreter(python):
-        table = _flag_values_here()
-    else:
-        table = _run_script(str(python), _VALUES_SCRIPT, str(Path(__file__).resolve().parents[1]))
+    # always in a subprocess: vLLM's import sets environment variables the driver's Ray workers would inherit
+    table = _run_script(str(python or sys.executable), _VALUES_SCRIPT, str(Path(__file__).resolve().parents[1]))
     cache.parent.mkdir(parents=True, exist_ok=True)
     tmp = cache.with_suffix(f".tmp{os.getpid()}")
     tmp.write_text(json.dumps(table))
