@@ -9,7 +9,9 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import logging
+import math
 import os
+from typing import Any
 
 from vime_core.algorithms.options import check_algorithm_config
 from vime_core.argument_errors import ArgumentError
@@ -72,6 +74,95 @@ def _check_sampling_json(cfg: RunConfig) -> None:
 
 #: per eval set, these may be set in the JSON (there is no per-set flag for them)
 EVAL_SET_FIELDS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "max_tokens", "stop")
+
+
+def _finite(v: float) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _whole(v: float) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+#: what vLLM's ``SamplingParams`` accepts per field (the same from 0.24 to 0.33): the test and its wording
+SAMPLING_RANGES: dict[str, tuple[Any, str]] = {
+    "temperature": (lambda v: _finite(v) and 0.0 <= v <= 2.0, "in [0, 2] (0: greedy)"),
+    "top_p": (lambda v: _finite(v) and 0.0 < v <= 1.0, "in (0, 1] (1: off)"),
+    "top_k": (lambda v: _whole(v) and v >= -1, "-1 or 0 (off) or a whole number >= 1"),
+    "min_p": (lambda v: _finite(v) and 0.0 <= v <= 1.0, "in [0, 1] (0: off)"),
+    "repetition_penalty": (lambda v: _finite(v) and v > 0.0, "a number > 0 (1: off)"),
+    "max_tokens": (lambda v: _whole(v) and v >= 1, ">= 1 (tokens)"),
+    "presence_penalty": (lambda v: _finite(v) and -2.0 <= v <= 2.0, "in [-2, 2]"),
+    "frequency_penalty": (lambda v: _finite(v) and -2.0 <= v <= 2.0, "in [-2, 2]"),
+}
+#: the flags that set each field of :data:`SAMPLING_RANGES`, for training rollouts and for evaluation
+_SAMPLING_FLAGS = {
+    "temperature": ("rollout_temperature", "eval_temperature"),
+    "top_p": ("rollout_top_p", "eval_top_p"),
+    "top_k": ("rollout_top_k", "eval_top_k"),
+    "min_p": ("rollout_min_p", "eval_min_p"),
+    "repetition_penalty": ("rollout_repetition_penalty", "eval_repetition_penalty"),
+    "max_tokens": ("rollout_max_response_len", "eval_max_response_len"),
+}
+
+
+def check_sampling_values(cfg: RunConfig) -> None:
+    """Every sampling value the engines will get, against vLLM's ranges (:data:`SAMPLING_RANGES`), named by the
+    flag that sets it: ``--rollout-*`` and ``--eval-*`` (temperature, top-p, top-k, min-p, repetition penalty,
+    response length) and the fields of ``--rollout-sampling-params``, ``--eval-sampling-params`` and
+    ``--eval-set-sampling-params NAME``. Checked here, in a millisecond, so no engine answers 400 to every request
+    a minute later.
+
+    :raises ArgumentError: e.g. ``--rollout-temperature must be in [0, 2] (0: greedy), got -1.0``.
+    """
+    sections = (cfg.rollout, cfg.eval)
+    for field, dests in _SAMPLING_FLAGS.items():
+        ok, what = SAMPLING_RANGES[field]
+        for section, dest in zip(sections, dests, strict=True):
+            value = getattr(section, dest)
+            if value is not None and not ok(value):
+                raise ArgumentError(f"--{dest.replace('_', '-')} must be {what}, got {value}")
+    sources = [("--rollout-sampling-params", cfg.rollout.rollout_sampling_params)]
+    sources += [("--eval-sampling-params", cfg.eval.eval_sampling_params)]
+    sources += [(f"--eval-set-sampling-params {n}", d) for n, d in (_eval_set_sampling(cfg.eval) or {}).items()]
+    for flag, fields in sources:
+        for key, value in (fields or {}).items():
+            if key in SAMPLING_RANGES and value is not None and not SAMPLING_RANGES[key][0](value):
+                raise ArgumentError(f"{flag}: {key} must be {SAMPLING_RANGES[key][1]}, got {value!r}")
+
+
+#: the built-in estimators whose advantage compares a sample with the others of its prompt's group
+GROUP_ESTIMATORS = ("grpo", "gspo", "rloo", "reinforce_plus_plus_baseline")
+
+
+def check_group_size(cfg: RunConfig) -> None:
+    """A group-relative estimator needs a group: with one sample per prompt every advantage is 0, so the run trains
+    nothing (warned about: a run that only tests the plumbing may want that); ``check_reward_nonzero_std`` would
+    drop every group (refused: the run could never fill a step). Greedy sampling (temperature 0) makes the samples
+    of a group equal, so their advantages are 0 too: warned about (a reward may still differ).
+
+    :raises ArgumentError: ``--n-samples-per-prompt 1`` with the std filter.
+    """
+    ro, estimator = cfg.rollout, cfg.algorithm.advantage_estimator
+    if ro.n_samples_per_prompt == 1 and ro.dynamic_sampling_filter == "check_reward_nonzero_std":
+        raise ArgumentError(
+            "--dynamic-sampling-filter check_reward_nonzero_std keeps groups whose rewards differ, but "
+            "--n-samples-per-prompt is 1: no group could ever pass"
+        )
+    if ro.n_samples_per_prompt == 1 and estimator in GROUP_ESTIMATORS:
+        logger.warning(
+            "WARNING: --advantage-estimator %s compares the samples of a prompt's group, but --n-samples-per-prompt "
+            "is 1: every advantage is 0 and nothing will be trained; give --n-samples-per-prompt 2 or more, or use "
+            "reinforce_plus_plus or ppo",
+            estimator,
+        )
+    if ro.rollout_temperature == 0 and ro.n_samples_per_prompt > 1 and estimator in GROUP_ESTIMATORS:
+        logger.warning(
+            "WARNING: --rollout-temperature 0 samples greedily: the %d samples of a prompt are the same response, "
+            "so --advantage-estimator %s gives them advantage 0 unless the reward differs between equal responses",
+            ro.n_samples_per_prompt,
+            estimator,
+        )
 
 
 def _check_eval(cfg: RunConfig) -> None:
@@ -153,7 +244,8 @@ def check_run_config(cfg: RunConfig, command: str = "run") -> None:
     _at_least(rew, ("rm_concurrency", "math_verify_workers"), 1)
     _positive(rew, ("rm_timeout", "math_verify_timeout", "reward_timeout"), " seconds")
     _at_least(rew, ("rm_max_retries",), 0)
-    _at_least(log, ("save_interval", "max_checkpoints"), 1)
+    _at_least(log, ("save_interval",), 1)
+    _at_least(log, ("keep_checkpoints",), 0)
     _at_least(cfg.data, ("rollout_max_prompt_len",), 1)
     _positive(log, ("save_interval_minutes",), " minutes")
     _check_sandbox_outlives_agent(cfg)
@@ -161,6 +253,9 @@ def check_run_config(cfg: RunConfig, command: str = "run") -> None:
     if log.debug_rollout_only and log.debug_train_only:
         raise ArgumentError("--debug-rollout-only and --debug-train-only exclude each other")
     _check_eval(cfg)
+    check_sampling_values(cfg)
+    if command == "run" and not log.debug_train_only:
+        check_group_size(cfg)
     if command == "run" and not log.debug_train_only and cfg.data.prompt_data is None:
         raise ArgumentError("--prompt-data is required (a .jsonl or .parquet file of prompts)")
     if log.debug_train_only and not log.load_debug_rollout_data:

@@ -16,7 +16,7 @@ import difflib
 import functools
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from vime_core.argument_checks import (
     OFF_POLICY_CORRECTIONS,
@@ -72,13 +72,51 @@ VIME_OWNED_ROUTER_FLAGS = {
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
-    """``--help`` that appends ``(default: X)`` to every flag whose help does not already say its default."""
+    """``--help`` that appends ``(default: X)`` to every flag whose help does not already say its default (in any
+    case: ``Default: --rollout-temperature``), and the available names to a flag that names a plugin
+    (:func:`plugin_choices`)."""
 
     def _get_help_string(self, action: argparse.Action) -> str:
         text = action.help or ""
-        if "default" in text:
-            return text
-        return super()._get_help_string(action) or ""
+        if "default" not in text.lower():
+            text = super()._get_help_string(action) or ""
+        names = plugin_choices(action.dest)
+        return f"{text}; available: {', '.join(names)}" if names else text
+
+
+#: flags (by dest) whose value names a plugin: the registry kind it is resolved in
+PLUGIN_NAME_FLAGS = {
+    "generate": "generate",
+    "reward": "reward",
+    "eval_reward": "reward",
+    "group_reward": "group_reward",
+    "advantage_estimator": "advantage",
+    "dynamic_sampling_filter": "dynamic_filter",
+    "trainer": "trainer",
+    "weight_sync": "weight_sync",
+    "sandbox": "sandbox",
+    "agent": "agent",
+}
+
+
+def plugin_choices(dest: str) -> list[str]:
+    """The names a plugin-naming flag (:data:`PLUGIN_NAME_FLAGS`, or a tool-call parser flag) accepts from the
+    installed plugins (a dotted ``pkg.mod:obj`` path is accepted too); ``[]`` for any other flag."""
+    if dest in ("multi_turn_tool_parser", "agent_tool_parser"):
+        from vime_core.agent.tool_parsers import available_tool_parsers
+
+        return list(available_tool_parsers())
+    kind = PLUGIN_NAME_FLAGS.get(dest)
+    return get_plugins().registries[kind].names() if kind else []
+
+
+class RunArgumentParser(argparse.ArgumentParser):
+    """The ``vime run`` / ``vime eval`` parser: a parse error (a missing required flag, a value of the wrong type,
+    not a choice) is an :class:`ArgumentError` — one ``vime: error:`` line from the ``vime`` command, without
+    argparse's usage block of every flag."""
+
+    def error(self, message: str) -> NoReturn:
+        raise ArgumentError(f"{message} (`{self.prog} --help` lists the flags)")
 
 
 def flags_without_help(parser: argparse.ArgumentParser) -> list[str]:
@@ -90,20 +128,89 @@ def flags_without_help(parser: argparse.ArgumentParser) -> list[str]:
     ]
 
 
-def build_parser(add_plugin_arguments: bool = True) -> argparse.ArgumentParser:
+#: what ``vime eval`` has no use for (it trains nothing): the sections of training, and single flags of the others
+EVAL_SKIPPED_SECTIONS = ("algorithm", "trainer", "megatron", "weight_sync", "lora", "cluster")
+EVAL_SKIPPED_FLAGS = frozenset(
+    {
+        "prompt_data",
+        "rollout_shuffle",
+        "rollout_max_prompt_len",
+        "filter_overlong_prompts",
+        "num_rollout",
+        "rollout_batch_size",
+        "n_samples_per_prompt",
+        "loop",
+        "max_staleness",
+        "stale_policy",
+        "rollout_inflight_groups",
+        "over_sampling_batch_size",
+        "dynamic_sampling_max_rounds",
+        "overlong_filter",
+        "overlong_buffer_len",
+        "overlong_penalty_factor",
+        "partial_rollout",
+        "mask_offpolicy_in_partial_rollout",
+        "group_reward",
+        "eval_interval",
+        "skip_eval_before_train",
+        "failure_exit_timeout",
+        "save_interval",
+        "save_interval_minutes",
+        "keep_checkpoints",
+        "resume",
+        "save_hf",
+        "report",
+        "debug_rollout_only",
+        "debug_train_only",
+        "save_debug_rollout_data",
+        "load_debug_rollout_data",
+    }
+)
+#: ``vime eval``'s output directory unless ``--output-dir`` is on its command line
+EVAL_OUTPUT_DIR = Path("outputs/eval")
+
+
+def build_parser(add_plugin_arguments: bool = True, command: str = "run") -> argparse.ArgumentParser:
     """The ``vime run`` parser: one group per config section (:data:`vime_core.config.SECTIONS`), one per plugin flag
-    class, then the flags of deprecated ``vime_add_arguments`` hooks."""
-    p = argparse.ArgumentParser(
-        prog="vime run", description="Run RL post-training.", allow_abbrev=False, formatter_class=HelpFormatter
-    )
+    class, then the flags of deprecated ``vime_add_arguments`` hooks.
+
+    :param command: ``"eval"``: the flags ``vime eval`` reads (for its ``--help`` and to refuse a training flag on
+        its command line): without :data:`EVAL_SKIPPED_SECTIONS` and :data:`EVAL_SKIPPED_FLAGS`, ``--output-dir``
+        defaulting to :data:`EVAL_OUTPUT_DIR`.
+    """
+    if command == "eval":
+        p = RunArgumentParser(
+            prog="vime eval",
+            description="Evaluate a model (a known name, a HF directory, a run's final_hf/) on --eval-prompt-data "
+            "sets without training: the engines and router start, every set is generated and scored once, the "
+            "metrics go to OUTPUT_DIR/metrics.jsonl and summary.json. A `vime run` config is accepted (--config): "
+            "its training keys are ignored, its output_dir too.",
+            allow_abbrev=False,
+            formatter_class=HelpFormatter,
+        )
+    else:
+        p = RunArgumentParser(
+            prog="vime run", description="Run RL post-training.", allow_abbrev=False, formatter_class=HelpFormatter
+        )
     p.add_argument(
         "--config",
         type=Path,
         help="YAML file of flags: keys are flag names with dashes or underscores; the command line wins",
     )
 
-    for section in SECTIONS.values():
-        add_flags(p.add_argument_group(section.TITLE, section.DESCRIPTION), section)
+    skip = EVAL_SKIPPED_FLAGS if command == "eval" else frozenset()
+    for key, section in SECTIONS.items():
+        if command == "eval" and key in EVAL_SKIPPED_SECTIONS:
+            continue
+        add_flags(p.add_argument_group(section.TITLE, section.DESCRIPTION), section, skip=skip)
+    if command == "eval":
+        p.set_defaults(output_dir=EVAL_OUTPUT_DIR)
+        for a in p._actions:
+            if a.dest == "output_dir":
+                a.help = "where the evaluation's metrics.jsonl, summary.json and logs/ go (never a --config's)"
+            elif a.dest == "model":
+                a.required = False  # here or in --config; parse_run_args says so when neither has it
+                a.help += " to evaluate, e.g. a run's final_hf/ (required: here or in --config; no default)"
 
     if add_plugin_arguments:
         plugins = get_plugins()
@@ -161,6 +268,8 @@ def parse_run_args(argv: list[str] | None = None, command: str = "run") -> argpa
     """
     argv = list(sys.argv[1:] if argv is None else argv)
     cli_argv = list(argv)
+    if command == "eval" and any(a in ("-h", "--help") for a in argv):
+        build_parser(command="eval").parse_args(["--help"])  # prints eval's flags and exits
     parser = build_parser()
     parser.prog = f"vime {command}"
     pre = argparse.ArgumentParser(add_help=False)
@@ -182,8 +291,9 @@ def parse_run_args(argv: list[str] | None = None, command: str = "run") -> argpa
         hint = f"; did you mean {close[0]}?" if close else "; see `vime args` for every flag"
         raise ArgumentError(f"unknown flag {bad}{hint}")
     if command == "eval":
+        _refuse_training_flags(cli_argv, parser)
         if "--output-dir" not in cli_argv and not any(a.startswith("--output-dir=") for a in cli_argv):
-            args.output_dir = Path("outputs/eval")  # never a config's training output dir
+            args.output_dir = EVAL_OUTPUT_DIR  # never a config's training output dir
         if not args.eval_prompt_data:
             raise ArgumentError("vime eval needs --eval-prompt-data NAME PATH [NAME PATH ...]")
         args.prompt_data = None  # evaluation only: no training data is read (a config's prompt_data is ignored)
@@ -221,6 +331,20 @@ def early_trainer_and_model(argv: list[str]) -> tuple[str, str] | None:
     if isinstance(model, str) and isinstance(trainer, str) and not no_trainer:
         return trainer, model
     return None
+
+
+def _refuse_training_flags(cli_argv: list[str], run_parser: argparse.ArgumentParser) -> None:
+    """``vime eval`` with a flag of training on its command line (a ``--config`` may hold them: they are ignored).
+
+    :raises ArgumentError: naming the first such flag.
+    """
+    eval_flags = build_parser(command="eval")._option_string_actions
+    for token in cli_argv:
+        name = token.split("=", 1)[0]
+        if name.startswith("--") and name in run_parser._option_string_actions and name not in eval_flags:
+            raise ArgumentError(
+                f"{name} is a training flag: vime eval trains nothing (`vime eval --help` lists its flags)"
+            )
 
 
 def rollout_sampling_params(cfg: RolloutConfig) -> dict[str, Any]:

@@ -2,7 +2,7 @@
 
 ``OUTPUT_DIR/checkpoints/step_{N:06d}/`` holds ``trainer/``, ``data_source.json`` and ``meta.json``; it is written
 as ``step_{N:06d}.tmp/``, fsynced and renamed (:func:`commit_checkpoint`), so :func:`latest_checkpoint` never picks
-a torn one, and :func:`prune_checkpoints` applies ``--max-checkpoints`` only after a new checkpoint is complete.
+a torn one, and :func:`prune_checkpoints` applies ``--keep-checkpoints`` only after a new checkpoint is complete.
 The layout and the resume: docs/checkpoints.md.
 """
 

@@ -19,15 +19,20 @@ from vime_core.version import __version__
 
 
 def _cmd_run(argv: list[str]) -> int:
-    from vime_core.arguments import parse_run_args
-    from vime_core.run_checks import check_trainer_model_early
+    from vime_core.arguments import build_run_config, parse_run_args
+    from vime_core.run_checks import check_trainer_model_early, preflight
+    from vime_core.run_dir import finished_run
 
     check_trainer_model_early(argv)  # --model's family against --trainer, before plugins (and torch) load
-    args = parse_run_args(argv)  # flag and file errors before torch, Ray and vLLM are imported
-    from vime_core.arguments import build_run_config
+    args = parse_run_args(argv)  # flag errors before torch, Ray and vLLM are imported
+    cfg = build_run_config(args)  # from here on the configuration travels typed
+    if cfg.logging.resume and (note := finished_run(cfg.logging.output_dir, cfg.rollout.num_rollout)):
+        print(note)  # a finished run: nothing starts, nothing is written
+        return 0
+    checked = preflight(cfg)  # file, name and value errors, still before the heavy imports
     from vime_core.loop import run
 
-    run(build_run_config(args), vars(args))  # from here on the configuration travels typed
+    run(cfg, vars(args), checked)
     return 0
 
 
@@ -62,13 +67,15 @@ def _cmd_report(argv: list[str]) -> int:
 
 
 def _cmd_eval(argv: list[str]) -> int:
-    from vime_core.arguments import parse_run_args
+    from vime_core.arguments import build_run_config, parse_run_args
+    from vime_core.run_checks import preflight
 
-    args = parse_run_args(argv, command="eval")  # flag and file errors before torch, Ray and vLLM are imported
-    from vime_core.arguments import build_run_config
+    args = parse_run_args(argv, command="eval")  # flag errors before torch, Ray and vLLM are imported
+    cfg = build_run_config(args)  # from here on the configuration travels typed
+    checked = preflight(cfg, "eval")  # file, name and value errors, still before the heavy imports
     from vime_core.loop import evaluate
 
-    evaluate(build_run_config(args), vars(args))  # from here on the configuration travels typed
+    evaluate(cfg, vars(args), checked)
     return 0
 
 
@@ -209,7 +216,7 @@ def _cmd_models(argv: list[str]) -> int:
 
 
 def _cmd_args(argv: list[str]) -> int:
-    from vime_core.arguments import build_parser
+    from vime_core.arguments import build_parser, plugin_choices
 
     parser = build_parser()
     FRAMEWORK_GROUPS = {g.title for g in build_parser(add_plugin_arguments=False)._action_groups}
@@ -223,7 +230,9 @@ def _cmd_args(argv: list[str]) -> int:
             default = str(a.default) if isinstance(a.default, PurePath) else repr(a.default)
             print(f"  {', '.join(a.option_strings):45s} owner={owner} default={default}")
             if a.help:
-                print(f"      {a.help.replace('%(default)s', str(a.default))}")
+                names = plugin_choices(a.dest)
+                available = f"; available: {', '.join(names)}" if names else ""
+                print(f"      {a.help.replace('%(default)s', str(a.default))}{available}")
     from vime_core.arguments import VIME_OWNED_ROUTER_FLAGS, VIME_OWNED_VLLM_FLAGS
     from vime_core.passthrough import router_flags, vllm_engine_flags
 
@@ -356,6 +365,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"vime: unknown command {argv[0]!r}; commands: {', '.join(COMMANDS)}", file=sys.stderr)
         return 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    for chatty in ("httpx", "httpcore"):  # one INFO line per HTTP request (vime eval's engine calls): not for users
+        logging.getLogger(chatty).setLevel(logging.WARNING)
     from vime_core.run_signals import exit_code, handle_signals, received, signal_name
 
     try:
@@ -363,7 +374,11 @@ def main(argv: list[str] | None = None) -> int:
             return cmd(argv[1:])
     except KeyboardInterrupt:  # SIGINT / SIGTERM: the run's cleanup has stopped what it started
         signum = received()
-        print(f"vime {argv[0]}: stopped by {signal_name(signum)}; every process it started is gone", file=sys.stderr)
+        if _run_processes_gone():
+            tail = "every process it started is gone"
+        else:
+            tail = "some of its processes are still stopping; the run reaper kills them within seconds"
+        print(f"vime {argv[0]}: stopped by {signal_name(signum)}; {tail}", file=sys.stderr)
         return exit_code(signum)
     except BrokenPipeError:  # `vime args | head`: the reader left; not an error of ours
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error when Python flushes
@@ -391,6 +406,14 @@ _ONE_LINE_ERRORS = (
     ("vime_core.failures", "RunFailedError", 1),
     ("vime_core.orchestration", "ComponentFailedError", 1),  # an actor died during setup: its own error
 )
+
+
+def _run_processes_gone() -> bool:
+    """After a run stopped by a signal: have its reaper finish at once and wait for it
+    (:func:`vime_core.rollout.process.finish_run_reaper`), so the line that says every process is gone is true
+    when it is printed. Without the module loaded no run started a process."""
+    process = sys.modules.get("vime_core.rollout.process")
+    return True if process is None else process.finish_run_reaper()
 
 
 def _known_error_code(e: BaseException) -> int | None:

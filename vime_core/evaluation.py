@@ -231,8 +231,9 @@ def dump_eval_samples(
     return path
 
 
-def eval_line(step: int, metrics: dict[str, float]) -> str:
-    """The progress line of one evaluation: reward and the largest pass@k per set."""
+def eval_line(step: int, metrics: dict[str, float], model: str | None = None) -> str:
+    """The progress line of one evaluation: reward and the largest pass@k per set. During a run it is labelled by
+    the step and the engines' weight version; ``model`` (``vime eval``): by the model evaluated instead."""
     names = sorted(k.split("/")[1] for k in metrics if k.startswith("eval/") and k.endswith("/reward_mean"))
     parts = []
     for name in names:
@@ -243,7 +244,7 @@ def eval_line(step: int, metrics: dict[str, float]) -> str:
             text += f" pass@{ks[-1]} {metrics[p + f'pass@{ks[-1]}']:.3f}"
         text += f" resp_len {metrics[p + 'response_len_mean']:.1f} truncated {metrics[p + 'truncated_frac']:.2f}"
         parts.append(text)
-    head = f"[vime] eval step {step}"
-    if "eval/weight_version" in metrics:
+    head = f"[vime] eval step {step}" if model is None else f"[vime] eval of {model}"
+    if model is None and "eval/weight_version" in metrics:
         head += f" (weight version {int(metrics['eval/weight_version'])})"
     return head + " | " + " | ".join(parts)

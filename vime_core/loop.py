@@ -31,10 +31,8 @@ from vime_core.algorithms.batch import build_batch
 from vime_core.checkpoint import commit_checkpoint, latest_checkpoint, new_checkpoint_dir
 from vime_core.config import LoggingConfig, RolloutConfig, RunConfig
 from vime_core.context import PluginContext, legacy_args
-from vime_core.data.source import read_rows
-from vime_core.evaluation import eval_line, eval_steps, load_eval_sets
+from vime_core.evaluation import eval_line, eval_steps
 from vime_core.failures import RunFailedError
-from vime_core.lora.options import check_lora_model
 from vime_core.metrics import MetricsSink, staleness_histogram, wandb_config
 from vime_core.orchestration import (
     TrainerGroup,
@@ -53,16 +51,16 @@ from vime_core.rollout.group_producer import rollout_metrics
 from vime_core.rollout.health import EnginesLostError, engines_lost
 from vime_core.rollout.manager import RolloutManager
 from vime_core.rollout.process import start_run_reaper
-from vime_core.rollout.prompt_checks import check_prompts
-from vime_core.run_checks import (
-    check_moe_flags,
-    check_trainer_model,
-    check_vllm_values,
-    checked_model,
-    engine_sampling,
-    resolve_plugins,
+from vime_core.run_checks import Preflight, preflight, resolve_plugins
+from vime_core.run_dir import (
+    OutputDirLock,
+    archive_records,
+    finished_run,
+    read_summary,
+    rotate_logs,
+    share_like_outputs,
+    write_json_atomic,
 )
-from vime_core.run_dir import OutputDirLock, check_output_dir, write_json_atomic
 from vime_core.run_signals import INTERRUPT_GRACE_S, claim_signals, interrupted
 from vime_core.run_summary import completed_summary, failed_summary
 from vime_core.types import Sample
@@ -92,43 +90,42 @@ def load_debug_rollout(pattern: str, step: int) -> list[list[Sample]]:
     return [[Sample.from_dict(d) for d in g] for g in data["groups"]]
 
 
-def run(cfg: RunConfig, flags: dict[str, Any]) -> dict[str, Any]:
+def run(cfg: RunConfig, flags: dict[str, Any], checked: Preflight | None = None) -> dict[str, Any]:
     """Run training as configured by ``cfg`` (built by the CLI from :func:`vime_core.arguments.parse_run_args`).
+
+    An output directory that holds a finished run of ``--num-rollout`` steps (:func:`~vime_core.run_dir.finished_run`)
+    is left as it is: one line says so and its ``summary.json`` is returned. With ``--no-resume`` the records of an
+    earlier run there move to ``OUTPUT_DIR/previous/N/`` first; the logs of earlier invocations are rotated
+    (``logs/router.1.log``, ...).
 
     :param flags: every resolved flag by name, plugin flags included: what ``args.json`` and the W&B run config
         record (the configuration itself is read from ``cfg`` only).
+    :param checked: the result of :func:`~vime_core.run_checks.preflight` when the caller ran it (the ``vime``
+        command, before importing this module); ``None``: run it here.
     :return: the summary also written to ``OUTPUT_DIR/summary.json``.
     """
     log = cfg.logging
     out = Path(log.output_dir)
+    t_setup = time.perf_counter()
+    if log.resume:
+        note = finished_run(out, cfg.rollout.num_rollout)
+        if note is not None:
+            console.print(note)
+            return read_summary(out) or {}
     # every check before the output directory changes or anything expensive starts: a typo fails in a second
-    check_output_dir(out)
+    checked = checked or preflight(cfg)
     plugins = get_plugins()
     resolve_plugins(plugins, cfg)
     estimator = plugins.resolve("advantage", cfg.algorithm.advantage_estimator)
-    load_eval_sets(cfg.eval)  # a bad eval set fails before any engine starts
-    data = cfg.data
-    rows = (
-        None
-        if log.debug_train_only
-        else read_rows(data.prompt_data, data.input_key, data.label_key, data.metadata_key)
-    )
-    t_setup = time.perf_counter()
-    model_path = checked_model(log.model)
-    if not log.debug_rollout_only:  # family and features against --trainer
-        check_trainer_model(cfg.trainer.trainer, log.model, model_path)
-    check_moe_flags(cfg, model_path)  # --use-rollout-routing-replay, --expert-model-parallel-size against the model
-    console.print(f"[vime] model: {model_path}")
-    # no tokenizer, no chat template, an over-long prompt: fails here, before any engine starts
-    overlong = 0 if rows is None else check_prompts(data, model_path, rows)
-    check_lora_model(cfg.lora, model_path)  # --target-modules / --lora-adapter-path against the model
-    if not log.debug_train_only:  # vLLM's own parser and SamplingParams, before Ray starts
-        check_vllm_values(list(cfg.engine.vllm_args), engine_sampling(cfg))
+    console.print(f"[vime] model: {checked.model_path}")
     with OutputDirLock(out, "vime run"):  # one run per output directory
+        if not log.resume and (moved := archive_records(out)) is not None:
+            console.print(f"[vime] --no-resume: the earlier run's records moved to {moved}")
+        rotate_logs(out / "logs")  # an earlier invocation's logs stay, as router.1.log, ...
         # what the run records about itself: only now, each file whole or not at all
         write_json_atomic(out / "plugins.json", plugins.describe())
         write_json_atomic(out / "args.json", flags)  # paths as strings
-        return _run(flags, cfg, estimator, rows, model_path, overlong, t_setup)
+        return _run(flags, cfg, estimator, checked.rows, checked.model_path, checked.overlong, t_setup)
 
 
 def _run(
@@ -158,6 +155,7 @@ class RunState:
     :ivar info: what the rollout actor's ``start`` answered (router and engine addresses, startup seconds).
     :ivar setup_done: until then a failure or a signal may find the rollout manager busy starting the engines.
     :ivar failed: a failure ends the run within ``--failure-exit-timeout``.
+    :ivar resumed_at: the steps at which earlier invocations resumed the run (from its last ``summary.json``).
     """
 
     flags: dict[str, Any]
@@ -177,6 +175,7 @@ class RunState:
     info: dict[str, Any] = field(default_factory=dict)
     setup_done: bool = False
     failed: bool = False
+    resumed_at: list[int] = field(default_factory=list)
 
 
 def _run_on_ray(
@@ -194,7 +193,7 @@ def _run_on_ray(
         run.failed = True
         error = getattr(e, "cause", None) or e  # raised in a Ray actor: the actor's own exception
         try:
-            write_json_atomic(run.out / "summary.json", failed_summary(run.out, run.history, run.start_step, error))
+            write_json_atomic(run.out / "summary.json", failed_summary(run.out, run.start_step, error, run.resumed_at))
         except Exception:  # noqa: BLE001 - the run's own error is the one to report
             logger.exception("writing the failed run's summary.json")
         if isinstance(error, RunFailedError) and type(e) is not RunFailedError:
@@ -233,10 +232,13 @@ def _resume(run: RunState) -> Path | None:
     import ray
 
     ckpt = latest_checkpoint(run.out) if run.log.resume else None
-    if ckpt is not None:
+    if ckpt is None:
+        roll_back_records(run.out, 0)  # an invocation killed before its first checkpoint: every step runs again
+    else:
         meta = json.loads((ckpt / "meta.json").read_text())
         run.start_step, run.version = meta["step"], meta["weight_version"]
         run.step = run.start_step
+        run.resumed_at = list((read_summary(run.out) or {}).get("resumed_at") or [])
         console.print(f"[vime] resuming from {ckpt} (step {run.start_step}, weight version {run.version})")
         roll_back_records(run.out, run.start_step)  # steps after the checkpoint are trained again
         if run.trainer is not None:
@@ -348,15 +350,15 @@ def _write_summary(run: RunState) -> dict[str, Any]:
     import ray
 
     log, out, trainer = run.log, run.out, run.trainer
-    summary = completed_summary(out, run.history, run.start_step)
-    if run.evals:
-        summary["eval_first"], summary["eval_last"] = run.evals[0], run.evals[-1]
+    summary = completed_summary(out, run.start_step, run.resumed_at)  # the whole run, every invocation
     summary["ray_node_ip"] = ray.util.get_node_ip_address()
     if trainer is not None and log.save_hf:
         trainer.save_hf(str(out / "final_hf"))  # with LoRA: the merged model
+        share_like_outputs(out / "final_hf")  # transformers writes model.safetensors readable by its owner only
         summary["final_hf"] = str(out / "final_hf")
         if run.cfg.lora.enabled:
             trainer.save_adapter(str(out / "final_adapter"))
+            share_like_outputs(out / "final_adapter")
             summary["final_adapter"] = str(out / "final_adapter")
     write_json_atomic(out / "summary.json", summary)
     for line in summary_lines(summary):
@@ -382,7 +384,7 @@ def _stop(run: RunState) -> None:
     ray.shutdown()
 
 
-def evaluate(cfg: RunConfig, flags: dict[str, Any]) -> dict[str, Any]:
+def evaluate(cfg: RunConfig, flags: dict[str, Any], checked: Preflight | None = None) -> dict[str, Any]:
     """``vime eval``: start the engines and router for ``--model``, evaluate every ``--eval-prompt-data`` set once
     (the code path of evaluations during ``vime run``: :meth:`RolloutManager.evaluate`), write the metrics as step 0
     of ``OUTPUT_DIR/metrics.jsonl`` (and TensorBoard) and ``OUTPUT_DIR/summary.json``, stop everything.
@@ -391,19 +393,19 @@ def evaluate(cfg: RunConfig, flags: dict[str, Any]) -> dict[str, Any]:
 
     :param cfg: built by the CLI from :func:`vime_core.arguments.parse_run_args` with ``command="eval"``.
     :param flags: every resolved flag by name (``args.json``, the W&B run config).
+    :param checked: :func:`~vime_core.run_checks.preflight`'s result when the caller ran it (``None``: run it here).
     :return: the ``eval/*`` metrics plus ``model`` and ``output_dir``.
     :raises DataError: an unreadable eval set (before any engine starts).
     """
     out = Path(cfg.logging.output_dir)
-    check_output_dir(out)
+    checked = checked or preflight(cfg, "eval")
     resolve_plugins(get_plugins(), cfg, train=False)
-    load_eval_sets(cfg.eval)  # a bad eval set fails before any engine starts
-    model_path = checked_model(cfg.logging.model)
-    console.print(f"[vime] model: {model_path}")
-    check_vllm_values(list(cfg.engine.vllm_args), engine_sampling(cfg))
+    console.print(f"[vime] model: {checked.model_path}")
     with OutputDirLock(out, "vime eval"):
+        if (moved := archive_records(out)) is not None:  # an earlier evaluation's records are kept
+            console.print(f"[vime] the earlier evaluation's records moved to {moved}")
         write_json_atomic(out / "args.json", flags)
-        return _evaluate_locked(flags, cfg, out, model_path)
+        return _evaluate_locked(flags, cfg, out, checked.model_path)
 
 
 def _evaluate_locked(flags: dict[str, Any], cfg: RunConfig, out: Path, model_path: Path) -> dict[str, Any]:
@@ -416,7 +418,10 @@ def _evaluate_locked(flags: dict[str, Any], cfg: RunConfig, out: Path, model_pat
             f"[vime] router {info['router_url']} → engines {info['engine_urls']} "
             f"(ready in {info['startup_seconds']:.1f} s)"
         )
-        metrics = _evaluate(manager, sink, 0)
+        metrics = manager.evaluate(0)
+        metrics.pop("eval/weight_version", None)  # the model as given, not a weight version of a run
+        sink.log(0, metrics)
+        console.print(eval_line(0, metrics, model=str(model_path)))
     finally:
         sink.close()
         manager.shutdown()
@@ -594,7 +599,7 @@ def _save_checkpoint(
     trainer.save_checkpoint(str(tmp / "trainer"))
     data_state = call(rollout, "data_state", unconsumed) if rollout is not None else None
     meta = {"step": step, "weight_version": version}
-    return commit_checkpoint(tmp, meta, data_state, log.max_checkpoints)
+    return commit_checkpoint(tmp, meta, data_state, log.keep_checkpoints or None)  # 0: keep all
 
 
 class _LostAfterTraining(Exception):
@@ -665,7 +670,8 @@ def roll_back_records(out: Path, start_step: int) -> None:
     """On a resume from a checkpoint after ``start_step`` steps: drop the records of the steps after it (a run
     killed after the checkpoint trained them, and trains them again now) from ``metrics.jsonl`` and
     ``trained_prompts.jsonl`` — training records with ``step >= start_step`` and evaluation records (``eval/*``
-    keys) with ``step > start_step``. Torn last lines (a kill mid-write) are dropped too."""
+    keys) with ``step > start_step`` (``start_step`` 0, a start without a checkpoint: every evaluation too, the
+    one before training runs again). Torn last lines (a kill mid-write) are dropped too."""
     for name in ("metrics.jsonl", TRAINED_PROMPTS_FILE):
         path = out / name
         if not path.exists():
@@ -677,7 +683,7 @@ def roll_back_records(out: Path, start_step: int) -> None:
             except json.JSONDecodeError:
                 continue
             is_eval = any(k.startswith("eval/") for k in rec)
-            if rec.get("step", 0) < start_step or (is_eval and rec["step"] == start_step):
+            if rec.get("step", 0) < start_step or (is_eval and rec["step"] == start_step and start_step > 0):
                 kept.append(line + "\n")
         tmp = path.with_name(path.name + ".tmp")
         tmp.write_text("".join(kept))

@@ -13,6 +13,7 @@ import argparse
 import difflib
 import json
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -149,6 +150,135 @@ def vllm_engine_flags(python: str | None = None) -> FlagTable:
     tmp.write_text(json.dumps(table))
     tmp.replace(cache)
     return table
+
+
+#: run by :func:`vllm_flag_values` in another interpreter (an engine venv)
+_VALUES_SCRIPT = """
+import json, sys
+sys.path.insert(0, sys.argv[1])
+from vime_core.passthrough import _flag_values_here
+print(json.dumps(_flag_values_here()))
+"""
+
+#: vLLM's own value parsers a value rule may name (their grammar: :func:`cheap_value_error`)
+HUMAN_INT_TYPES = ("human_readable_int", "human_readable_int_or_auto")
+
+
+def _value_rule(action: argparse.Action) -> dict[str, object]:
+    """What a flag's value must be, as far as it can be checked without vLLM: ``{"type": "int" | "float" | "str" |
+    "human_readable_int" | "human_readable_int_or_auto" | "switch" | "other", "optional": bool, "choices": [...] |
+    None, "name": "--a/--b"}`` (``optional``: vLLM's ``optional_type``, which also takes ``""`` and ``"None"``;
+    ``name``: how argparse names the flag in its errors)."""
+    kind, optional = action.type, False
+    inner = getattr(kind, "__closure__", None) or ()
+    if getattr(kind, "__qualname__", "").startswith("optional_type.") and inner:
+        kind, optional = inner[0].cell_contents, True
+    if action.nargs == 0:
+        name = "switch"
+    elif action.nargs not in (None, 1, "?"):
+        name = "other"  # lists: left to vLLM's parser
+    elif kind is None or kind is str:
+        name = "str"
+    elif kind in (int, float):
+        name = kind.__name__
+    elif getattr(kind, "__name__", "") in HUMAN_INT_TYPES:
+        name = kind.__name__
+    else:
+        name = "other"
+    choices = action.choices if name in ("str", "int", "float") else None
+    if choices is not None:
+        choices = list(choices)
+        if not all(isinstance(c, str | int | float) for c in choices):
+            name, choices = "other", None
+    return {"type": name, "optional": optional, "choices": choices, "name": "/".join(action.option_strings)}
+
+
+def _flag_values_here() -> dict[str, dict[str, object]]:
+    """The value rules (:func:`_value_rule`) of this interpreter's vLLM server flags (imports vLLM: seconds)."""
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    try:
+        from vllm.entrypoints.launchers.cli_args import make_arg_parser
+    except ImportError:
+        from vllm.entrypoints.openai.cli_args import make_arg_parser
+    parser = make_arg_parser(FlexibleArgumentParser())
+    return {
+        opt[2:]: _value_rule(action)
+        for action in parser._actions
+        for opt in action.option_strings
+        if opt.startswith("--") and opt != "--help"
+    }
+
+
+@lru_cache(maxsize=8)
+def vllm_flag_values(python: str | None = None) -> dict[str, dict[str, object]]:
+    """The value rule of every vLLM server flag (:func:`_value_rule`), from the vLLM installed for ``python``
+    (default: this interpreter; asked in a subprocess), cached per release under ``~/.cache/vime`` as
+    :func:`vllm_engine_flags` is: vLLM is imported once per release and machine, not at every start.
+
+    :raises RuntimeError: if that interpreter has no vLLM, or its parser cannot be built.
+    """
+    dist, version = vllm_release(python)
+    cache = _cache_dir() / f"vllm-flag-rules-{dist}-{version}.json"
+    if cache.exists():
+        return json.loads(cache.read_text())
+    # always in a subprocess: vLLM's import sets environment variables the driver's Ray workers would inherit
+    table = _run_script(str(python or sys.executable), _VALUES_SCRIPT, str(Path(__file__).resolve().parents[1]))
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    tmp = cache.with_suffix(f".tmp{os.getpid()}")
+    tmp.write_text(json.dumps(table))
+    tmp.replace(cache)
+    return table
+
+
+def _human_int_error(value: str, auto: bool) -> str | None:
+    """Why vLLM's ``human_readable_int`` (``auto``: ``human_readable_int_or_auto``) refuses ``value`` (``None``: it
+    takes it): it takes ``-1`` or ``auto`` (with ``auto``), a number with a decimal suffix (``25.6k``), an integer
+    with a binary one (``1K``), or an integer (vllm/utils/argparse_utils.py, the same in 0.24 and 0.33)."""
+    value = value.strip()
+    if auto and (value == "-1" or value.lower() == "auto"):
+        return None
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)([kKmMgGtT])", value)
+    if m:
+        number, suffix = m.groups()
+        if suffix in "kmgt" or "." not in number:
+            return None
+        return (
+            f"Decimals are not allowed with binary suffixes like {suffix}. Did you mean to use "
+            f"{number}{suffix.lower()} instead?"
+        )
+    try:
+        int(value)
+    except ValueError:
+        return f"invalid {'human_readable_int_or_auto' if auto else 'human_readable_int'} value: {value!r}"
+    return None
+
+
+def cheap_value_error(flag: str, value: str, rule: dict[str, object]) -> str | None:
+    """vLLM's parser's refusal of ``--flag value`` (argparse's wording: ``argument --flag: invalid int value:
+    'x'``) where ``rule`` (:func:`vllm_flag_values`) lets it be decided here; ``None`` when the value passes.
+
+    :raises LookupError: the rule is one only vLLM's parser can apply (``type`` ``"other"``).
+    """
+    kind, name = rule["type"], rule.get("name") or f"--{flag}"
+    if kind == "other":
+        raise LookupError(flag)
+    if kind == "switch" or (rule.get("optional") and value in ("", "None")):
+        return None
+    if kind in HUMAN_INT_TYPES:
+        error = _human_int_error(value, kind.endswith("_or_auto"))
+        return None if error is None else f"argument {name}: {error}"
+    converted: object = value
+    if kind in ("int", "float"):
+        try:
+            converted = int(value) if kind == "int" else float(value)
+        except ValueError:
+            return f"argument {name}: invalid {kind} value: {value!r}"
+    choices = rule.get("choices")
+    if choices is not None and converted not in choices:
+        shown = ", ".join(repr(c) for c in choices)
+        return f"argument {name}: invalid choice: {converted!r} (choose from {shown})"
+    return None
 
 
 @lru_cache(maxsize=1)

@@ -71,13 +71,10 @@ class Plugins:
     """
 
     def __init__(self) -> None:
-        # imported here, not at the top: the trainer and weight-sync bases import torch, and `arguments` and
-        # `sandbox` import this module for get_plugins only
-        from vime_core.agent.harness import AgentHarness
-        from vime_core.sandbox.base import Sandbox
-        from vime_core.trainer.base import TrainerBackend
-        from vime_core.weight_sync.base import WeightSyncStrategy
-
+        # the base classes by path, imported at their first check: the trainer and weight-sync bases import torch,
+        # and `arguments` (flag errors in under a second) and `sandbox` import this module for get_plugins only
+        sandbox, agent = "vime_core.sandbox.base:Sandbox", "vime_core.agent.harness:AgentHarness"
+        weight_sync, trainer = "vime_core.weight_sync.base:WeightSyncStrategy", "vime_core.trainer.base:TrainerBackend"
         self.pm = pluggy.PluginManager("vime")
         self.pm.add_hookspecs(hookspecs)
         self.info: dict[str, PluginInfo] = {}
@@ -94,12 +91,10 @@ class Plugins:
             "dynamic_filter": Registry[DynamicFilter](
                 "dynamic_filter", "--dynamic-sampling-filter", check_protocol(DynamicFilter), _adapt("dynamic_filter")
             ),
-            "sandbox": Registry[type[Sandbox]]("sandbox", "--sandbox", check_subclass(Sandbox)),
-            "agent": Registry[type[AgentHarness]]("agent", "--agent", check_subclass(AgentHarness)),
-            "weight_sync": Registry[type[WeightSyncStrategy]](
-                "weight_sync", "--weight-sync", check_subclass(WeightSyncStrategy)
-            ),
-            "trainer": Registry[type[TrainerBackend]]("trainer", "--trainer", check_subclass(TrainerBackend)),
+            "sandbox": Registry[type]("sandbox", "--sandbox", check_subclass(sandbox)),
+            "agent": Registry[type]("agent", "--agent", check_subclass(agent)),
+            "weight_sync": Registry[type]("weight_sync", "--weight-sync", check_subclass(weight_sync)),
+            "trainer": Registry[type]("trainer", "--trainer", check_subclass(trainer)),
             "flags": Registry[type[PluginConfig]]("flags", "vime_register_flags", _check_flags),
         }
 

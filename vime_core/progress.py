@@ -2,7 +2,7 @@
 
 * stdout is not a terminal (a log file, CI, a pipe): exactly one line per step, no bar redraws
   (:func:`step_line`, e.g. ``[vime] step 3/10 | reward 0.500 | resp_len 12.0 | rollout 2.0s | train 3.0s | sync
-  1.0s | |Δlogp| 0.0012``);
+  1.0s | |Δlogp| 0.0012``; ``|Δlogp|`` in two significant digits: ``6.4e-06``, never ``0.0000``);
 * a terminal: the same step lines, plus a live rich bar under them with the current phase (``rollout 12/32
   samples``, ``train``, ``sync``), removed when the run ends;
 * at the end, a short summary (:func:`summary_lines`); the whole record stays in ``OUTPUT_DIR/summary.json``.
@@ -38,7 +38,8 @@ def step_line(step: int, total: int, m: dict[str, float]) -> str:
         if key in m:
             parts.append(f"{label} {m[key]:.1f}s")
     if "train/train_rollout_logprob_abs_diff" in m:
-        parts.append(f"|Δlogp| {m['train/train_rollout_logprob_abs_diff']:.4f}")
+        # significant digits, not decimals: a drift of 6e-6 must not print as 0.0000
+        parts.append(f"|Δlogp| {m['train/train_rollout_logprob_abs_diff']:.2g}")
     return "[vime] " + " | ".join(parts)
 
 
@@ -47,8 +48,9 @@ def summary_lines(summary: dict) -> list[str]:
     evaluations' reward first → last per set, where the outputs are. Fields the record lacks are left out."""
     lines = []
     if "steps_run" in summary:
-        first = summary["first_step"]
-        text = f"[vime] done: {summary['steps_run']} step(s), {first} → {first + summary['steps_run']}"
+        text = f"[vime] done: {summary['steps_run']} step(s)"
+        if summary.get("resumed_at"):
+            text += f" (resumed at step {', '.join(map(str, summary['resumed_at']))})"
         if summary.get("mean_step_seconds") is not None:
             text += f", {summary['mean_step_seconds']:.1f} s a step"
         if summary.get("reward_first") is not None:

@@ -34,6 +34,15 @@ class RegistryError(ValueError):
 
 
 @dataclass(frozen=True)
+class Lazy:
+    """An implementation registered by its import path ``"pkg.module:object"``: the name is known (listed, checked)
+    at once, the module is imported only when the name is resolved (:meth:`Registry.get`), where the registry's
+    checks run. Built-ins whose modules import torch register this way, so flag and name errors need no torch."""
+
+    path: str
+
+
+@dataclass(frozen=True)
 class Entry:
     """A registered implementation and where it came from."""
 
@@ -83,6 +92,16 @@ class Registry(Generic[T]):
                 f"duplicate {self.kind} name {name!r}: provided by plugin {old.provider!r} ({old.distribution}) "
                 f"and by plugin {provider!r} ({distribution}); uninstall one or block it with VIME_DISABLE_PLUGINS"
             )
+        if isinstance(obj, Lazy):  # checked when resolved
+            self._entries[name] = Entry(name, obj, provider, distribution)
+            return
+        self._entries[name] = self._checked(name, obj, provider, distribution)
+
+    def _checked(self, name: str, obj: Any, provider: str, distribution: str) -> Entry:
+        """The entry of ``obj`` once it passed the check, the ``NAME`` rule and ``adapt``.
+
+        :raises RegistryError: ``obj`` fails the check or its ``NAME`` is not ``name``.
+        """
         where = f"plugin {provider!r} ({distribution}) registers {self.kind} {name!r} = {describe(obj)}"
         if self._check is not None:
             try:
@@ -96,7 +115,7 @@ class Registry(Generic[T]):
             )
         if self._adapt is not None:
             obj = self._adapt(name, obj)
-        self._entries[name] = Entry(name, obj, provider, distribution)
+        return Entry(name, obj, provider, distribution)
 
     def names(self) -> list[str]:
         """Registered names, sorted."""
@@ -112,7 +131,12 @@ class Registry(Generic[T]):
         :raises RegistryError: unknown name (listing the available ones), or a dotted path that does not import.
         """
         if name in self._entries:
-            return self._entries[name].obj
+            entry = self._entries[name]
+            if isinstance(entry.obj, Lazy):
+                where = f"{self.kind} {name!r} of plugin {entry.provider!r} ({entry.distribution})"
+                obj = _load_dotted(entry.obj.path, where)
+                entry = self._entries[name] = self._checked(name, obj, entry.provider, entry.distribution)
+            return entry.obj
         if ":" in name or "." in name:
             obj = _load_dotted(name, self.flag)
             if self._check is not None:
@@ -136,15 +160,32 @@ class Registry(Generic[T]):
 
 
 def _load_dotted(path: str, flag: str) -> Any:
+    """The object at ``path`` (``pkg.mod:obj`` or ``pkg.mod.obj``).
+
+    :raises RegistryError: naming ``flag`` and the path: the module cannot be found, raises while it is imported
+        (its exception as one line: the type, the message and where it was raised), or lacks the object.
+    """
     mod_name, _, attr = path.partition(":") if ":" in path else path.rpartition(".")
     try:
         module = importlib.import_module(mod_name)
-    except ImportError as e:
-        raise RegistryError(f"{flag} {path!r}: cannot import module {mod_name!r}: {e}") from e
+    except ModuleNotFoundError as e:
+        raise RegistryError(f"{flag} {path!r}: cannot import module {mod_name!r}: {e}") from None
+    except Exception as e:  # the module itself raised: one line, not its traceback
+        raise RegistryError(
+            f"{flag} {path!r}: importing module {mod_name!r} raised {type(e).__name__}: {e}{_raised_at(e)}"
+        ) from None
     try:
         return getattr(module, attr)
     except AttributeError as e:
         raise RegistryError(f"{flag} {path!r}: module {mod_name!r} has no attribute {attr!r}") from e
+
+
+def _raised_at(error: BaseException) -> str:
+    """`` (at FILE:LINE)``: the innermost frame of ``error``'s traceback outside the import machinery."""
+    import traceback
+
+    frames = [f for f in traceback.extract_tb(error.__traceback__) if "importlib" not in f.filename]
+    return f" (at {frames[-1].filename}:{frames[-1].lineno})" if frames else ""
 
 
 def describe(obj: Any) -> str:
@@ -211,11 +252,16 @@ def check_protocol(protocol: type) -> Callable[[str, Any], None]:
     return check
 
 
-def check_subclass(base: type) -> Callable[[str, Any], None]:
-    """A registry check: ``obj`` is a subclass of ``base``."""
+def check_subclass(base: type | str) -> Callable[[str, Any], None]:
+    """A registry check: ``obj`` is a subclass of ``base`` (a class, or its ``"pkg.module:Class"`` path, imported
+    at the first check: the trainer and weight-sync bases import torch)."""
 
     def check(name: str, obj: Any) -> None:
-        if not (isinstance(obj, type) and issubclass(obj, base)):
-            raise RegistryError(f"expected a subclass of {base.__module__}.{base.__qualname__}, found {describe(obj)}")
+        cls = base
+        if isinstance(cls, str):
+            module, _, qualname = cls.partition(":")
+            cls = getattr(importlib.import_module(module), qualname)
+        if not (isinstance(obj, type) and issubclass(obj, cls)):
+            raise RegistryError(f"expected a subclass of {cls.__module__}.{cls.__qualname__}, found {describe(obj)}")
 
     return check

@@ -166,6 +166,78 @@ def _label(run: Run, key: str, multi: bool) -> str:
     return f"{run.name} · {key}" if multi else key
 
 
+def _args_flag(run: Run, dest: str, default: Any = None) -> Any:
+    """A flag of ``run`` from its ``args.json`` (``default`` when the run did not record it)."""
+    return run.args.get(dest, default)
+
+
+def kl_note(run: Run) -> str | None:
+    """Why ``run`` has no KL-loss curve, from its flags: the KL loss was off (``--use-kl-loss`` not set) or only
+    logged (``--kl-loss-coef 0``); ``None`` when the run trained on it (or recorded no flags)."""
+    if not run.args:
+        return None
+    if not _args_flag(run, "use_kl_loss", False):
+        coef = _args_flag(run, "kl_coef", 0.0)
+        shaping = f"; KL reward shaping --kl-coef {coef:g}" if coef else ""
+        return f"KL loss off (--use-kl-loss not set{shaping})"
+    if not _args_flag(run, "kl_loss_coef", 0.0):
+        return "KL loss logged, not trained on (--kl-loss-coef 0)"
+    return None
+
+
+#: a curve whose values differ by less than this (relative to 1 or its largest magnitude) is drawn flat
+FLAT_TOLERANCE = 1e-6
+
+
+def flat_note(run: Run, key: str, values: list[float]) -> str | None:
+    """Why the curve of ``key`` is flat (its values within :data:`FLAT_TOLERANCE` of each other), or ``None`` when
+    it is not flat (or has one point): the reasons known from the metric and the run's flags (an on-policy ratio of
+    1, advantages centred on 0, a group of one), else the value it stays at."""
+    if len(values) < 2:
+        return None
+    scale = max(1.0, *(abs(v) for v in values))
+    if max(values) - min(values) > FLAT_TOLERANCE * scale:
+        return None
+    zero = all(abs(v) <= FLAT_TOLERANCE for v in values)
+    if key == "train/ppo_kl" and zero:
+        return (
+            "train/ppo_kl is 0 at every step: each rollout is trained in one optimizer step (on-policy), so the "
+            "ratio to the sampling policy is 1"
+        )
+    if key in ("train/pg_loss", "train/loss") and zero:
+        n, estimator = _args_flag(run, "n_samples_per_prompt"), _args_flag(run, "advantage_estimator")
+        if n == 1 and estimator in ("grpo", "gspo", "rloo", "reinforce_plus_plus_baseline"):
+            return (
+                f"{key} is 0 at every step: --advantage-estimator {estimator} with --n-samples-per-prompt 1 makes "
+                "every advantage 0, so nothing was trained"
+            )
+        return (
+            f"{key} is ~0 at every step (|value| <= {FLAT_TOLERANCE:g}): on-policy the ratio is 1 and the loss is "
+            "minus the mean advantage, which the estimator centres on 0; its gradient is not 0 (see the reward "
+            "and |Δlogp| panels)"
+        )
+    return f"{key} stays at {values[0]:.4g} at every step"
+
+
+#: the panels whose flat curves are explained (a flat reward or byte count needs no note)
+FLAT_EXPLAINED = ("kl", "pg_loss")
+
+
+def panel_notes(panel: Panel, runs: list[Run]) -> list[str]:
+    """The notes printed on a panel and under it: why a curve of the KL or loss panel is flat (:func:`flat_note`)
+    and, on the KL panel,
+    why there is no KL-loss curve (:func:`kl_note`); each prefixed with the run's name when several are shown."""
+    notes = []
+    for run in runs:
+        prefix = f"{run.name}: " if len(runs) > 1 else ""
+        if panel.id == "kl" and (note := kl_note(run)):
+            notes.append(prefix + note)
+        for key in panel.matching(run) if panel.id in FLAT_EXPLAINED else ():
+            if (note := flat_note(run, key, run.series(key)[1])) is not None:
+                notes.append(prefix + note)
+    return notes
+
+
 def _line_figure(panel: Panel, runs: list[Run]) -> Figure | None:
     multi = len(runs) > 1
     fig, ax = _new_axes()
@@ -189,6 +261,10 @@ def _line_figure(panel: Panel, runs: list[Run]) -> Figure | None:
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="best")
+    notes = panel_notes(panel, runs)
+    if notes:  # a flat line says why, on the plot itself (the PNG may be seen alone)
+        ax.text(0.01, 0.02, "\n".join(notes), transform=ax.transAxes, fontsize=7, va="bottom", wrap=True,
+                bbox={"facecolor": "white", "alpha": 0.85, "edgecolor": "#bbb"})  # fmt: skip
     return fig
 
 
@@ -312,11 +388,14 @@ def render_html(runs: list[Run], pngs: dict[str, bytes]) -> str:
         _summary_rows(runs),
         '<div class="grid">',
     ]
+    panels = {p.id: p for p in LINE_PANELS}
     for pid, png in pngs.items():
         data = base64.b64encode(png).decode("ascii")
+        notes = panel_notes(panels[pid], runs) if pid in panels else []
+        why = "".join(f"<br>{html.escape(n)}" for n in notes)
         parts.append(
             f'<figure id="{pid}"><img alt="{html.escape(PANEL_TITLES[pid])}" src="data:image/png;base64,{data}">'
-            f"<figcaption>{html.escape(PANEL_TITLES[pid])} ({pid}.png)</figcaption></figure>"
+            f"<figcaption>{html.escape(PANEL_TITLES[pid])} ({pid}.png){why}</figcaption></figure>"
         )
     parts.append("</div>")
     missing = [PANEL_TITLES[p] for p in ALL_PANEL_IDS if p not in pngs]

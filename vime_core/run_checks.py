@@ -1,18 +1,89 @@
-"""The up-front checks of ``vime run`` / ``vime eval`` that need more than the flags: every plugin name the run
-will use resolved, and the ``--vllm-*`` values parsed by vLLM's own parser — all before anything is written or
-started (docs/plugins.md, "Names are checked at start-up")."""
+"""The up-front checks of ``vime run`` / ``vime eval`` that need more than the flags, all before anything is
+written or started (:func:`preflight`, cheapest first): the output directory, every plugin name the run will use
+(docs/plugins.md, "Names are checked at start-up"), the eval sets and the prompt data, the model's files, the prompts
+against its tokenizer, and the ``--vllm-*`` values parsed by vLLM's own parser. The ``vime`` command runs them
+before it imports torch, Ray or vLLM, so a flag or file error takes a second, not the imports' time."""
 
 from __future__ import annotations
 
 import json
 import re
+import struct
 import subprocess
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from vime_core.argument_errors import ArgumentError
 from vime_core.config import RunConfig
-from vime_core.passthrough import engine_python
-from vime_core.plugins import Plugins
+from vime_core.passthrough import cheap_value_error, engine_python, vllm_flag_values
+from vime_core.plugins import Plugins, get_plugins
+from vime_core.run_dir import check_output_dir, is_training_run
+
+
+@dataclass
+class Preflight:
+    """What :func:`preflight` found, for the run that follows (it does not read or check them again).
+
+    :ivar model_path: the ``--model`` directory.
+    :ivar rows: the ``--prompt-data`` rows (``None`` for ``vime eval`` and ``--debug-train-only``).
+    :ivar overlong: prompts left out for ``--rollout-max-prompt-len``.
+    """
+
+    model_path: Path
+    rows: list[dict[str, Any]] | None
+    overlong: int = 0
+
+
+def preflight(cfg: RunConfig, command: str = "run") -> Preflight:
+    """Every up-front check of ``vime run`` (``command="eval"``: of ``vime eval``), cheapest first: the output
+    directory, the plugin names (known, or a dotted path that imports), the eval sets and the prompt data, the model
+    directory and its weight files (:func:`check_model_weights`); then those that import a library: the prompts
+    against the tokenizer (transformers), the LoRA targets, and the ``--vllm-*`` values and sampling parameters
+    (vLLM, in a subprocess: :func:`check_vllm_values`).
+
+    :raises ArgumentError: (or the checks' own one-line errors: ``DataError``, ``RegistryError``,
+        ``LoraFlagError``) naming the flag or file.
+    """
+    from vime_core.data.source import read_rows
+    from vime_core.evaluation import load_eval_sets
+
+    log, data = cfg.logging, cfg.data
+    out = Path(log.output_dir)
+    check_output_dir(out)
+    if command == "eval" and is_training_run(out):
+        raise ArgumentError(
+            f"--output-dir {out} holds a training run's records (checkpoints, summary.json): vime eval would write "
+            "its own summary.json and metrics.jsonl there; give it another --output-dir (default: outputs/eval)"
+        )
+    check_plugin_names(get_plugins(), cfg, train=command == "run")
+    vllm_args = [] if log.debug_train_only else list(cfg.engine.vllm_args)
+    decided = _flags_checked_here(vllm_args, engine_python()) if vllm_args else True  # milliseconds, cached rules
+    load_eval_sets(cfg.eval)  # a bad eval set fails before any engine starts
+    rows = None
+    if command == "run" and not log.debug_train_only:
+        rows = read_rows(data.prompt_data, data.input_key, data.label_key, data.metadata_key)
+    model_path = resolved_model(log.model)
+    if command == "run":  # the family (config.json) before the weights: the one fact that decides the rest
+        if not log.debug_rollout_only:  # family and features against --trainer
+            check_trainer_model(cfg.trainer.trainer, log.model, model_path)
+        check_moe_flags(cfg, model_path)  # --use-rollout-routing-replay, --expert-model-parallel-size vs the model
+    check_model_weights(model_path)
+    if not log.debug_train_only:
+        check_response_room(cfg, model_path)
+    overlong = 0
+    if rows is not None:
+        from vime_core.rollout.prompt_checks import check_prompts
+
+        # no tokenizer, no chat template, an over-long prompt: fails here, before any engine starts
+        overlong = check_prompts(data, model_path, rows)
+    if command == "run":
+        from vime_core.lora.options import check_lora_model
+
+        check_lora_model(cfg.lora, model_path)  # --target-modules / --lora-adapter-path against the model
+    if not log.debug_train_only:  # vLLM's own parser and SamplingParams (where needed), before Ray starts
+        check_vllm_values([] if decided else vllm_args, engine_sampling(cfg))
+    return Preflight(model_path, rows, overlong)
 
 
 def plugin_names(cfg: RunConfig, *, train: bool = True) -> list[tuple[str, str]]:
@@ -37,6 +108,21 @@ def plugin_names(cfg: RunConfig, *, train: bool = True) -> list[tuple[str, str]]
     return names
 
 
+def check_plugin_names(plugins: Plugins, cfg: RunConfig, *, train: bool = True) -> None:
+    """Every plugin name of :func:`plugin_names` is registered (nothing is imported for it: a built-in trainer or
+    weight-sync strategy is resolved when the run creates it) or a dotted path that imports, and the tool-call
+    parser is known.
+
+    :raises RegistryError: an unknown name (the registry's message names the flag and what exists), or a dotted
+        path that does not import (naming the flag, the module and its error).
+    :raises ArgumentError: an unknown tool-call parser.
+    """
+    for kind, name in plugin_names(cfg, train=train):
+        if name not in plugins.registries[kind].names():
+            plugins.resolve(kind, name)
+    _check_tool_parser(cfg)
+
+
 def resolve_plugins(plugins: Plugins, cfg: RunConfig, *, train: bool = True) -> None:
     """Resolve every plugin name of :func:`plugin_names` and the tool-call parsers the generate function will use.
 
@@ -45,6 +131,10 @@ def resolve_plugins(plugins: Plugins, cfg: RunConfig, *, train: bool = True) -> 
     """
     for kind, name in plugin_names(cfg, train=train):
         plugins.resolve(kind, name)
+    _check_tool_parser(cfg)
+
+
+def _check_tool_parser(cfg: RunConfig) -> None:
     from vime_core.agent.tool_parsers import available_tool_parsers
 
     used = {"multi_turn": ("--multi-turn-tool-parser", cfg.multi_turn.multi_turn_tool_parser)}
@@ -109,7 +199,9 @@ def check_vllm_values(
     """Check what the engines will be given with the vLLM they run (a subprocess of
     :func:`~vime_core.passthrough.engine_python`: vLLM is imported there, not here): the ``--vllm-*`` flags (as
     forwarded: ``--max-model-len 512``) with its server parser, and each of ``sampling`` (``{where: params}``) as
-    its ``SamplingParams``. Nothing beyond the basic sampling fields and no flag: returns at once.
+    its ``SamplingParams``. Nothing beyond the basic sampling fields and no flag: returns at once. Flags whose
+    values the cached rules decide (:func:`_flags_checked_here`: nearly all) need no vLLM import: a bad value fails in
+    milliseconds, not the 15-20 s vLLM's import takes; the subprocess runs only for the others.
 
     :raises ArgumentError: naming the ``--vllm-*`` flag and vLLM's reason, e.g. ``--vllm-max-model-len: invalid
         human_readable_int_or_auto value: 'banana'``, or the sampling flags and vLLM's reason.
@@ -118,6 +210,8 @@ def check_vllm_values(
     if not vllm_args and not sampling:
         return
     python = python or engine_python()
+    if (not vllm_args or _flags_checked_here(list(vllm_args), python)) and not sampling:
+        return  # every value decided from the cached rules: vLLM need not be imported (seconds) for the check
     proc = subprocess.run(
         [python, "-c", _PARSE_SCRIPT, json.dumps(list(vllm_args)), json.dumps(sampling)],
         capture_output=True,
@@ -133,35 +227,132 @@ def check_vllm_values(
         return
     if error["kind"] == "sampling":
         raise ArgumentError(f"vLLM cannot honour the sampling parameters of {error['where']}: {error['error']}")
-    # vLLM names its own flag (--max-model-len); the user typed --vllm-max-model-len
-    raise ArgumentError("vLLM refuses " + re.sub(r"--(?!vllm-)([a-z0-9][a-z0-9-]*)", r"--vllm-\1", error["error"]))
+    raise _vllm_refusal(error["error"])
 
 
-def checked_model(model: str) -> Path:
-    """:func:`~vime_core.models.resolve_model` of ``--model``, with its weights there (:func:`check_model_weights`).
+def forwarded_flags(vllm_args: list[str]) -> list[tuple[str, list[str]]]:
+    """The forwarded vLLM argv (``["--max-model-len", "512", "--enforce-eager", "--dtype=half"]``) as ``(name,
+    values)`` pairs: ``[("max-model-len", ["512"]), ("enforce-eager", []), ("dtype", ["half"])]``."""
+    pairs: list[tuple[str, list[str]]] = []
+    for token in vllm_args:
+        if token.startswith("--"):
+            name, eq, value = token[2:].partition("=")
+            pairs.append((name, [value] if eq else []))
+        elif pairs:
+            pairs[-1][1].append(token)
+    return pairs
 
-    :raises ArgumentError: naming ``--model`` (unknown name, not a model directory, no weights).
+
+def _vllm_refusal(message: str) -> ArgumentError:
+    """vLLM names its own flag (``--max-model-len``); the user typed ``--vllm-max-model-len``."""
+    return ArgumentError("vLLM refuses " + re.sub(r"--(?!vllm-)([a-z0-9][a-z0-9-]*)", r"--vllm-\1", message))
+
+
+def _flags_checked_here(vllm_args: list[str], python: str) -> bool:
+    """Check each forwarded value against the cached value rules of the engines' vLLM
+    (:func:`~vime_core.passthrough.vllm_flag_values`: ints, floats, choices, vLLM's human-readable ints), in
+    milliseconds.
+
+    :return: whether every value was decided here (else vLLM's own parser must see them).
+    :raises ArgumentError: a value the rules refuse, in vLLM's parser's words with the ``--vllm-`` name.
+    """
+    try:
+        rules = vllm_flag_values(python)
+    except RuntimeError:
+        return False  # no vLLM to ask: the subprocess reports it
+    decided = True
+    for name, values in forwarded_flags(vllm_args):
+        rule = rules.get(name)
+        if rule is None or len(values) > 1 or (not values and rule["type"] != "switch"):
+            decided = False
+            continue
+        try:
+            error = cheap_value_error(name, values[0] if values else "", rule)
+        except LookupError:
+            decided = False
+            continue
+        if error is not None:
+            raise _vllm_refusal(error)
+    return decided
+
+
+def context_length(vllm_args: list[str], model_path: Path) -> tuple[int, str] | None:
+    """The engines' context length in tokens and where it comes from: ``--vllm-max-model-len`` when given as an
+    integer, else the model's ``max_position_embeddings`` (what vLLM takes by default); ``None`` when neither says
+    (``auto``, a suffixed size, a config without the field)."""
+    from vime_core.passthrough import passthrough_value
+
+    value = passthrough_value(vllm_args, "max-model-len")
+    if value is not None:
+        value = value.strip()
+        return (int(value), "--vllm-max-model-len") if re.fullmatch(r"[1-9]\d*", value) else None
+    try:
+        config = json.loads((Path(model_path) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    n = config.get("max_position_embeddings") if isinstance(config, dict) else None
+    return (n, f"the model's max_position_embeddings ({model_path}/config.json)") if isinstance(n, int) else None
+
+
+def check_response_room(cfg: RunConfig, model_path: Path) -> None:
+    """A response budget must leave room for a prompt in the engines' context: vLLM answers 400 to every request
+    whose prompt plus ``max_tokens`` does not fit.
+
+    :raises ArgumentError: ``--rollout-max-response-len`` (or ``--eval-max-response-len``) is not below the
+        context length (:func:`context_length`), naming both.
+    """
+    context = context_length(list(cfg.engine.vllm_args), model_path)
+    if context is None:
+        return
+    n, where = context
+    for flag, value in (
+        ("--rollout-max-response-len", cfg.rollout.rollout_max_response_len),
+        ("--eval-max-response-len", cfg.eval.eval_max_response_len),
+    ):
+        if value is not None and value >= n:
+            raise ArgumentError(
+                f"{flag} {value} leaves no room for a prompt in the engines' context of {n} tokens ({where}): "
+                "vLLM would refuse every request; lower it or raise --vllm-max-model-len"
+            )
+
+
+def resolved_model(model: str) -> Path:
+    """:func:`~vime_core.models.resolve_model` of ``--model`` (a known name is prepared on first use).
+
+    :raises ArgumentError: naming ``--model`` (unknown name, not a model directory).
     """
     from vime_core.models import resolve_model
     from vime_core.models.prepare import ModelPrepareError
 
     try:
-        model_path = resolve_model(model)
+        return resolve_model(model)
     except (ValueError, ModelPrepareError) as e:
         raise ArgumentError(f"--model {model}: {e}") from None
+
+
+def checked_model(model: str) -> Path:
+    """:func:`resolved_model`, with its weights there (:func:`check_model_weights`).
+
+    :raises ArgumentError: naming ``--model`` (unknown name, not a model directory, no weights).
+    """
+    model_path = resolved_model(model)
     check_model_weights(model_path)
     return model_path
 
 
 def check_model_weights(model_path: Path) -> None:
-    """A local HF model directory needs its weights (``*.safetensors`` or ``*.bin``, sharded or not).
+    """A local HF model directory needs its weights (``*.safetensors`` or ``*.bin``, sharded or not), and each
+    ``*.safetensors`` file must be whole (:func:`check_safetensors`).
 
-    :raises ArgumentError: naming the directory and what it holds instead.
+    :raises ArgumentError: naming the directory and what it holds instead, or the broken file.
     """
     p = Path(model_path)
     if not p.is_dir():
         return
-    if any(p.glob("*.safetensors")) or any(p.glob("*.bin")):
+    safetensors = sorted(p.glob("*.safetensors"))
+    for f in safetensors:
+        check_safetensors(f)
+    if safetensors or any(p.glob("*.bin")):
         return
     held = ", ".join(sorted(f.name for f in p.iterdir())[:8]) or "nothing"
     raise ArgumentError(f"--model {p}: no weights there (*.safetensors or *.bin); it holds {held}")
@@ -262,3 +453,36 @@ def check_moe_flags(cfg: RunConfig, model_path: Path) -> None:
             f"--expert-model-parallel-size {ep} must divide the routed experts of --model {cfg.logging.model} "
             f"(model_type {model_type!r}: {experts})"
         )
+
+
+def check_safetensors(path: Path) -> None:
+    """Check a ``.safetensors`` file's framing without reading its tensors: the format's 8-byte little-endian
+    header length, a JSON header of that length, and the tensors' byte ranges (``data_offsets``, after the header)
+    ending exactly at the end of the file (https://github.com/huggingface/safetensors, "Format").
+
+    :raises ArgumentError: naming ``--model``, the file and what is wrong (shorter than its header, a header that
+        is not JSON, tensors that end beyond the file: truncated, or before it: trailing garbage).
+    """
+    size = path.stat().st_size
+    where = f"--model: {path} is not a valid safetensors file"
+    with open(path, "rb") as f:
+        head = f.read(8)
+        if len(head) < 8:
+            raise ArgumentError(f"{where} ({size} bytes: shorter than the 8-byte header length)")
+        (n,) = struct.unpack("<Q", head)
+        if n > size - 8:
+            raise ArgumentError(f"{where} (its header claims {n} bytes, the file has {size}: truncated or not "
+                                "safetensors)")
+        try:
+            header = json.loads(f.read(n))
+        except (ValueError, UnicodeDecodeError) as e:
+            raise ArgumentError(f"{where} (its {n}-byte header is not JSON: {e})") from None
+    if not isinstance(header, dict):
+        raise ArgumentError(f"{where} (its header is not a JSON object)")
+    try:
+        end = max((int(t["data_offsets"][1]) for k, t in header.items() if k != "__metadata__"), default=0)
+    except (KeyError, TypeError, ValueError, IndexError):
+        raise ArgumentError(f"{where} (a tensor of its header has no data_offsets)") from None
+    if 8 + n + end != size:
+        what = "truncated" if 8 + n + end > size else "trailing bytes after the tensors"
+        raise ArgumentError(f"{where} ({what}: the header needs {8 + n + end} bytes, the file has {size})")

@@ -100,7 +100,8 @@ def _kill_after_step_3_and_rerun(argv: list[str], out: Path) -> None:
     assert [r["step"] for r in _records(out, TRAINED_PROMPTS_FILE)][:3] == [0, 1, 2]
     resumed = run_vime(*argv)
     assert f"resuming from {out / 'checkpoints' / 'step_000003'} (step 3, weight version 3)" in resumed.stdout
-    assert json.loads((out / "summary.json").read_text())["first_step"] == 3
+    summary = json.loads((out / "summary.json").read_text())  # the whole run, the killed invocation's steps too
+    assert (summary["steps_run"], summary["resumed_at"]) == (STEPS, [3])
     got = _records(out, TRAINED_PROMPTS_FILE)
     assert [r["step"] for r in got] == list(range(STEPS))  # the steps after the checkpoint were rolled back
     assert sorted(p for r in got for p in r["prompt_index"]) == list(range(NUM_PROMPTS))  # no repeat, no skip

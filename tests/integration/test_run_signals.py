@@ -111,11 +111,20 @@ def test_sigterm_during_training_ends_within_seconds(tiny_model_dir, prompts, tm
 
 
 def test_a_trainer_that_cannot_load_its_weights_ends_the_run_within_seconds(tiny_model_dir, prompts, tmp_path, runs):
+    """The weights file is framed correctly (the up-front safetensors check passes: a truncated or garbage file is
+    refused before Ray starts, tests/unit/test_newcomer_errors.py), but no tensor has its shape."""
+    import torch
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
     broken = tmp_path / "broken_model"
     broken.mkdir()
     for f in tiny_model_dir.iterdir():
-        if f.is_file():
-            (broken / f.name).write_bytes(b"not a safetensors file" if f.suffix == ".safetensors" else f.read_bytes())
+        if f.is_file() and f.suffix == ".safetensors":
+            with safe_open(str(f), "pt") as src:
+                save_file({name: torch.zeros(1) for name in src.keys()}, str(broken / f.name), {"format": "pt"})
+        elif f.is_file():
+            (broken / f.name).write_bytes(f.read_bytes())
     run = Run(_argv(broken, prompts, tmp_path / "out"), tmp_path / "run.log")
     runs.append(run)
     rc, seconds = run.wait_exit(120)

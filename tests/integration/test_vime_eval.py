@@ -157,8 +157,11 @@ def test_vime_eval_of_final_hf_reproduces_the_last_evaluation(eval_run, data, tm
     dest = tmp_path / "eval"
     eval_flags = _eval_flags(eval_file, module_engine_at_v0)
     proc = _vime("eval", "--model", str(out / "final_hf"), "--output-dir", str(dest), *eval_flags)
-    assert "[vime] eval step 0 (weight version 0) | held reward" in proc.stdout
+    # labelled by the model evaluated, not "weight version 0"; no access line per HTTP request
+    assert f"[vime] eval of {out / 'final_hf'} | held reward" in proc.stdout
+    assert "HTTP Request:" not in proc.stdout + proc.stderr and "weight version" not in proc.stdout
     (record,) = _records(dest)
+    assert "eval/weight_version" not in record
     last = [r for r in _records(out) if "eval/held/reward_mean" in r][-1]
     for key in ("reward_mean", "response_len_mean", "truncated_frac", "pass@1", "pass@2"):
         assert record[f"eval/held/{key}"] == last[f"eval/held/{key}"], key
@@ -196,7 +199,9 @@ def test_vime_eval_of_the_prepared_quickstart_model(tmp_path):
         *("--eval-prompt-data", "arith", str(tmp_path / "eval4.jsonl"), "--eval-temperature", "0"),
         *("--eval-max-response-len", "16", "--save-eval-samples", "--vllm-max-model-len", "512"),
     )
-    assert "[vime] eval step 0 (weight version 0) | arith reward" in proc.stdout
+    assert "[vime] eval of smollm2-135m-instruct" not in proc.stdout  # the prepared directory, by its path
+    assert f"[vime] eval of {default_cache_dir() / 'smollm2-135m-instruct'} | arith reward" in proc.stdout
+    assert "HTTP Request:" not in proc.stdout + proc.stderr
     (record,) = _records(out)
     dumped = [json.loads(x) for x in (out / "eval_samples" / "arith" / "step_000000.jsonl").read_text().splitlines()]
     assert [x["prompt_index"] for x in dumped] == [0, 1, 2, 3] and record["eval/arith/num_samples"] == 4.0

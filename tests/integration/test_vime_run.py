@@ -57,7 +57,7 @@ def test_two_steps_complete_with_progress_and_summary(two_step_run):
     for n, line in enumerate(step_lines, 1):
         assert re.fullmatch(
             rf"\[vime\] step {n}/2 \| reward \d\.\d{{3}} \| resp_len [\d.]+ \| rollout [\d.]+s \| train [\d.]+s "
-            r"\| sync [\d.]+s \| \|Δlogp\| \d\.\d{4}",
+            r"\| sync [\d.]+s \| \|Δlogp\| (0|\d(\.\d+)?(e-\d\d)?|0\.0*\d{1,2})",  # significant digits
             line,
         ), line
     assert "\x1b[" not in proc.stdout and "━" not in proc.stdout
@@ -67,7 +67,7 @@ def test_two_steps_complete_with_progress_and_summary(two_step_run):
     assert f"[vime] outputs: {out} (summary.json, metrics.jsonl, final_hf/)" in proc.stdout
     assert "[vime] summary:" not in proc.stdout
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["steps_run"] == 2 and summary["first_step"] == 0 and summary["status"] == "completed"
+    assert (summary["steps_run"], summary["resumed_at"], summary["status"]) == (2, [], "completed")
     assert summary["ray_node_ip"] == "127.0.0.1"  # Ray stayed on loopback in a real run
     assert list((out / "tensorboard").iterdir()), "no TensorBoard event file"
     plugins = {p["name"]: p for p in json.loads((out / "plugins.json").read_text())}
@@ -117,26 +117,63 @@ def test_weights_changed_and_final_checkpoint_loads(two_step_run, tiny_model_dir
     changed = [k for k, v in before.items() if k in after and not torch.equal(v, after[k])]
     assert changed, "training did not change any weight"
     assert (out / "checkpoints" / "latest").read_text() == "step_000002"
+    # the export is readable as the run's other outputs are (transformers writes model.safetensors 0600)
+    mode = (out / "final_hf" / "model.safetensors").stat().st_mode & 0o777
+    assert mode == (out / "metrics.jsonl").stat().st_mode & 0o777 == 0o666 & ~_umask()
     meta = json.loads((out / "checkpoints" / "step_000002" / "meta.json").read_text())
     assert meta == {"step": 2, "weight_version": 2}
 
 
+def _umask() -> int:
+    from vime_core.run_dir import current_umask
+
+    return current_umask()
+
+
+def _tree(root: Path) -> dict[str, bytes]:
+    """Every file under ``root``, by relative path, with its bytes."""
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
 def test_resume_continues_from_checkpoint(two_step_run, tiny_model_dir, prompt_file, engine_at_v0):
     """On the session's running engine (``--rollout-external``): it starts from ``--model``, and the resume's weight
-    sync brings it to the checkpoint's weights."""
+    sync brings it to the checkpoint's weights. The resumed run's summary covers the whole run, the first
+    invocation's logs are kept (rotated, not overwritten), and the same command once more, on the finished run,
+    starts nothing and changes no file (issue 35)."""
     out, _ = two_step_run
     state_before = json.loads((out / "checkpoints" / "step_000002" / "data_source.json").read_text())
+    logs_before = {name: (out / "logs" / name).read_text() for name in ("router.log", "vllm_engine_0.log")}
     external = external_engine_flags(engine_at_v0)
-    proc = _vime("run", *run_flags(tiny_model_dir, prompt_file, out), "--num-rollout", "3", *external)
+    argv = ("run", *run_flags(tiny_model_dir, prompt_file, out), "--num-rollout", "3", *external)
+    proc = _vime(*argv)
     assert "resuming from" in proc.stdout
-    summary = json.loads((out / "summary.json").read_text())
-    assert summary["first_step"] == 2 and summary["steps_run"] == 1
     m = read_metrics(out)
+    train = [r for r in m if "rollout/reward_mean" in r]
+    summary = json.loads((out / "summary.json").read_text())
+    assert (summary["steps_run"], summary["resumed_at"], summary["status"]) == (3, [2], "completed")
+    assert (summary["reward_first"], summary["reward_last"]) == (train[0]["rollout/reward_mean"],
+                                                                 train[2]["rollout/reward_mean"])  # fmt: skip
+    assert "[vime] done: 3 step(s) (resumed at step 2)" in proc.stdout
+    assert (out / "logs" / "router.1.log").read_text() == logs_before["router.log"]
+    assert (out / "logs" / "vllm_engine_0.1.log").read_text() == logs_before["vllm_engine_0.log"]
+    assert (out / "logs" / "router.log").read_text() != logs_before["router.log"]  # the resumed run's router
+    assert not (out / "logs" / "vllm_engine_0.log").exists()  # external engine: vime started none this time
     assert m[-1]["step"] == 2 and m[-1]["weight_sync/version"] == 3.0
     # the engine serves the checkpoint's weights: the trainer agrees with it on the new samples
     assert m[-1]["train/train_rollout_logprob_abs_diff"] < 1e-2, m[-1]
     state_after = json.loads((out / "checkpoints" / "step_000003" / "data_source.json").read_text())
     assert state_after["next_group_index"] == state_before["next_group_index"] + 2  # no prompt repeated or skipped
+    # the default --keep-checkpoints 1: only the checkpoint a resume needs
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["latest", "step_000003"]
+
+    before = _tree(out)
+    again = _vime(*argv)
+    assert again.stdout.splitlines() == [
+        f"vime run: nothing to do: --output-dir {out} holds a finished run of 3 step(s) (--num-rollout 3; "
+        "checkpoints/step_000003). To train on, raise --num-rollout (it resumes from step 3); to start over, add "
+        f"--no-resume (the finished run's files move to {out}/previous/1/) or give another --output-dir"
+    ]
+    assert _tree(out) == before  # summary.json, logs/, metrics.jsonl, args.json: byte for byte
 
 
 def test_debug_train_only_replays_dumped_rollouts(two_step_run, tiny_model_dir, prompt_file, tmp_path):

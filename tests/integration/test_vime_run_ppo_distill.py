@@ -94,6 +94,8 @@ def test_ppo_critic_with_a_distillation_teacher(tiny_model_dir, prompt_file, tmp
         "2",
         "--save-interval",
         "1",
+        "--keep-checkpoints",  # the step-1 checkpoint is read below (the default keeps only the latest)
+        "2",
     )
     assert f"[vime] teacher {teacher}: router http://127.0.0.1:" in proc.stdout
     assert (out / "logs" / "vllm_teacher_0.log").is_file() and (out / "logs" / "teacher_router.log").is_file()

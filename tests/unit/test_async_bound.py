@@ -221,26 +221,33 @@ def test_step_wise_loops_end_the_run_when_every_sample_fails(tiny_model_dir, tmp
 
 
 def test_failed_summary_records_the_error_and_the_last_completed_step(tmp_path):
-    history = [
-        {"rollout/reward_mean": 0.5, "perf/step_time": 2.0},
-        {"rollout/reward_mean": 0.7, "perf/step_time": 4.0},
+    """The summary covers the whole run (every invocation): its records in metrics.jsonl, evaluations apart."""
+    records = [
+        {"step": 0, "rollout/reward_mean": 0.5, "perf/step_time": 2.0},
+        {"step": 1, "eval/arith/reward_mean": 0.25},
+        {"step": 1, "rollout/reward_mean": 0.7, "perf/step_time": 4.0},
+        {"step": 2, "rollout/reward_mean": 0.9, "perf/step_time": 6.0},
     ]
-    summary = failed_summary(tmp_path, history, 3, RunFailedError("every sample of step 5 failed"))
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records) + '{"step": 3, "rol')
+    summary = failed_summary(tmp_path, 2, RunFailedError("every sample of step 3 failed"), resumed_at=[1])
     assert summary == {
         "output_dir": str(tmp_path),
         "status": "failed",
-        "steps_run": 2,
-        "first_step": 3,
+        "steps_run": 3,
+        "resumed_at": [1, 2],
         "reward_first": 0.5,
-        "reward_last": 0.7,
-        "reward_mean": 0.6,
-        "mean_step_seconds": 3.0,
-        "error": "every sample of step 5 failed",
-        "last_completed_step": 4,
-        "failed_step": 5,
+        "reward_last": 0.9,
+        "reward_mean": pytest.approx(0.7),
+        "mean_step_seconds": 4.0,
+        "eval_first": {"eval/arith/reward_mean": 0.25},
+        "eval_last": {"eval/arith/reward_mean": 0.25},
+        "error": "every sample of step 3 failed",
+        "last_completed_step": 2,
+        "failed_step": 3,
     }
-    assert failed_summary(tmp_path, [], 0, ValueError("x"))["last_completed_step"] is None
-    assert failed_summary(tmp_path, [], 0, ValueError("x"))["error"] == "ValueError: x"
+    empty = tmp_path / "empty"
+    assert failed_summary(empty, 0, ValueError("x"))["last_completed_step"] is None
+    assert failed_summary(empty, 0, ValueError("x"))["error"] == "ValueError: x"
     json.dumps(summary)
 
 

@@ -65,8 +65,8 @@ def test_the_closing_summary_is_a_few_short_lines():
 
     run = {
         "output_dir": "/o",
-        "steps_run": 2,
-        "first_step": 3,
+        "steps_run": 5,
+        "resumed_at": [3],
         "reward_first": 0.390625,
         "reward_last": 0.484375,
         "reward_mean": 0.4375,
@@ -77,7 +77,7 @@ def test_the_closing_summary_is_a_few_short_lines():
         "ray_node_ip": "127.0.0.1",
     }
     assert summary_lines(run) == [
-        "[vime] done: 2 step(s), 3 → 5, 26.0 s a step | reward 0.391 → 0.484 (mean 0.438)",
+        "[vime] done: 5 step(s) (resumed at step 3), 26.0 s a step | reward 0.391 → 0.484 (mean 0.438)",
         "[vime] eval reward: arith 0.455 → 0.566 | gsm 0.100 → 0.250",
         "[vime] outputs: /o (summary.json, metrics.jsonl, final_hf/)",
     ]

@@ -139,6 +139,10 @@ def test_eval_line_shows_reward_and_largest_pass_at_k():
     m["eval/weight_version"] = 3.0
     line = "[vime] eval step 3 (weight version 3) | gsm reward 0.500 pass@2 1.000 resp_len 5.0 truncated 0.00"
     assert eval_line(3, m) == line
+    # vime eval: labelled by the model it evaluates, never by a weight version (issue 35)
+    assert eval_line(0, m, model="outputs/q/final_hf") == (
+        "[vime] eval of outputs/q/final_hf | gsm reward 0.500 pass@2 1.000 resp_len 5.0 truncated 0.00"
+    )
 
 
 def test_dump_eval_samples_records(tmp_path):

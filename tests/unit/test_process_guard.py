@@ -228,3 +228,45 @@ def test_the_guard_pins_the_server_to_the_cores_it_is_given():
     free = subprocess.run(guarded(probe, 1.0), env={k: v for k, v in os.environ.items() if k != "VIME_CPU_AFFINITY"},
                           capture_output=True, text=True, timeout=60, start_new_session=True)  # fmt: skip
     assert free.stdout.strip() == str(sorted(os.sched_getaffinity(0))), free
+
+
+SIGINT_DRIVER = textwrap.dedent(
+    """
+    import os, signal, subprocess, sys, time
+    from vime_core import cli
+    from vime_core.rollout.process import start_run_reaper
+
+    def fake_run(argv):
+        start_run_reaper(grace_s=30.0)  # far longer than the test waits: only the driver's "reap now" can end it
+        # a process of the run that ignores SIGTERM and outlives the driver's own cleanup
+        core = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"
+        child = subprocess.Popen([sys.executable, "-c", core], start_new_session=True)
+        print(child.pid, flush=True)
+        time.sleep(1.0)  # the reaper notes the driver's descendants every 0.5 s
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(600)
+
+    cli.COMMANDS["fake"] = fake_run
+    code = cli.main(["fake"])
+    print("exit", code, flush=True)
+    """
+)
+
+
+def test_the_sigint_line_says_every_process_is_gone_only_once_the_reaper_has_finished():
+    """The driver's line comes after its run reaper, told to reap at once, killed the run's leftover process and
+    exited: when the line is printed nothing of the run is left (it was printed 6 s before the reaper's end)."""
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    driver = subprocess.Popen([sys.executable, "-c", SIGINT_DRIVER], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True, env=env)  # fmt: skip
+    child = int(driver.stdout.readline())
+    try:
+        out, err = driver.communicate(timeout=60)
+        assert err.strip().splitlines()[-1] == "vime fake: stopped by SIGINT; every process it started is gone"
+        assert not _alive(child)  # already when the driver exited, not 30 s later
+        assert out.strip() == "exit 130"
+    finally:
+        try:
+            os.kill(child, signal.SIGKILL)
+        except ProcessLookupError:
+            pass

@@ -28,6 +28,9 @@ def test_step_line_format():
         "[vime] step 3/10 | reward 0.500 | resp_len 12.0 | rollout 2.0s | train 3.0s | sync 1.0s | |Δlogp| 0.0012"
     )
     assert step_line(0, 1, {}) == "[vime] step 1/1"
+    # |Δlogp| in significant digits: an engine that serves the trainer's weights agrees to ~1e-6 (issue 35)
+    for drift, shown in ((6.4e-6, "6.4e-06"), (1e-6, "1e-06"), (0.0, "0"), (0.0123, "0.012"), (0.31, "0.31")):
+        assert step_line(0, 1, {"train/train_rollout_logprob_abs_diff": drift}) == f"[vime] step 1/1 | |Δlogp| {shown}"
 
 
 def test_not_a_terminal_prints_one_line_per_step_and_nothing_else():

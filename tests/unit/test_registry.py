@@ -165,12 +165,14 @@ def test_a_class_registers_under_its_own_name():
 
 
 def test_every_builtin_fits_its_kind():
-    """The built-ins (and installed plugins) all pass their kind's check; classes are registered under NAME."""
+    """The built-ins (and installed plugins) all pass their kind's check; classes are registered under NAME. Names
+    registered by import path (``Lazy``) are resolved here, which runs their check."""
     plugins = get_plugins()
     for kind, registry in plugins.registries.items():
         for entry in registry.entries():
+            obj = registry.get(entry.name)
             if kind == "flags":  # flag classes are registered under their PREFIX
-                assert entry.obj.PREFIX == entry.name, entry.name
-            elif isinstance(entry.obj, type):
-                assert entry.obj.NAME == entry.name, (kind, entry.name)
+                assert obj.PREFIX == entry.name, entry.name
+            elif isinstance(obj, type):
+                assert obj.NAME == entry.name, (kind, entry.name)
             assert re.fullmatch(r"[a-z0-9_-]+", entry.name), (kind, entry.name)

@@ -207,3 +207,60 @@ def test_bad_metrics_lines_name_file_and_line(tmp_path):
 def test_every_line_panel_id_is_unique():
     ids = [p.id for p in LINE_PANELS]
     assert len(ids) == len(set(ids)) and set(ids) < set(ALL_PANEL_IDS)
+
+
+def _texts(fig) -> list[str]:
+    return [t.get_text() for t in fig.axes[0].texts]
+
+
+def test_flat_kl_and_loss_curves_say_why_on_the_plot_and_under_it(tmp_path):
+    """The quickstart's recorded run: no KL loss, one optimizer step per rollout (ppo_kl exactly 0) and GRPO's policy
+    loss within 1e-8 of 0 — each flat curve is explained, in the PNG and in the page (issue 35)."""
+    figs = build_figures([load_run(SYNC)])
+    assert _texts(figs["kl"]) == [
+        "KL loss off (--use-kl-loss not set)\n"
+        "train/ppo_kl is 0 at every step: each rollout is trained in one optimizer step (on-policy), so the ratio to "
+        "the sampling policy is 1"
+    ]
+    assert _texts(figs["pg_loss"]) == [
+        "train/pg_loss is ~0 at every step (|value| <= 1e-06): on-policy the ratio is 1 and the loss is minus the "
+        "mean advantage, which the estimator centres on 0; its gradient is not 0 (see the reward and |Δlogp| panels)"
+    ]
+    assert _texts(figs["reward"]) == [] and _texts(figs["weight_sync_bytes"]) == []  # flat or not: no note needed
+    out = write_report(SYNC, [], tmp_path / "r.html")
+    assert "(kl.png)<br>KL loss off (--use-kl-loss not set)<br>train/ppo_kl is 0 at every step" in out.read_text()
+
+
+@pytest.mark.parametrize(
+    ("args", "values", "notes"),
+    [
+        ({"use_kl_loss": True, "kl_loss_coef": 0.0}, [0.5, 0.75],
+         ["KL loss logged, not trained on (--kl-loss-coef 0)"]),
+        ({"use_kl_loss": True, "kl_loss_coef": 0.1}, [0.5, 0.75], []),
+        ({"use_kl_loss": False, "kl_coef": 0.05}, [0.5, 0.75],
+         ["KL loss off (--use-kl-loss not set; KL reward shaping --kl-coef 0.05)"]),
+        ({"use_kl_loss": True, "kl_loss_coef": 0.1}, [0.25, 0.25], ["train/ppo_kl stays at 0.25 at every step"]),
+        ({}, [0.0, 0.0], ["train/ppo_kl is 0 at every step: each rollout is trained in one optimizer step "
+                          "(on-policy), so the ratio to the sampling policy is 1"]),
+    ],
+)  # fmt: skip
+def test_kl_panel_notes_follow_the_runs_flags(tmp_path, args, values, notes):
+    from vime_core.report import panel_notes
+
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps({"step": i, "train/ppo_kl": v}) + "\n"
+                                                    for i, v in enumerate(values)))  # fmt: skip
+    (tmp_path / "args.json").write_text(json.dumps(args))
+    kl = next(p for p in LINE_PANELS if p.id == "kl")
+    assert panel_notes(kl, [load_run(tmp_path)]) == notes
+
+
+def test_a_zero_policy_loss_of_a_group_of_one_says_nothing_was_trained(tmp_path):
+    from vime_core.report import panel_notes
+
+    (tmp_path / "metrics.jsonl").write_text('{"step": 0, "train/pg_loss": 0.0}\n{"step": 1, "train/pg_loss": 0.0}\n')
+    (tmp_path / "args.json").write_text('{"advantage_estimator": "grpo", "n_samples_per_prompt": 1}')
+    loss = next(p for p in LINE_PANELS if p.id == "pg_loss")
+    assert panel_notes(loss, [load_run(tmp_path)]) == [
+        "train/pg_loss is 0 at every step: --advantage-estimator grpo with --n-samples-per-prompt 1 makes every "
+        "advantage 0, so nothing was trained"
+    ]

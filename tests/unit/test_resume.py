@@ -190,7 +190,7 @@ def test_engines_lost_mid_rollout_the_resume_trains_the_failed_steps_prompts_onc
         box["die"] = (engine, monitor)
         with pytest.raises(EnginesLostError) as lost:
             source.get(3, version)
-        log = SimpleNamespace(max_checkpoints=None)
+        log = SimpleNamespace(keep_checkpoints=0)
         run = RunState(None, None, log, out, _Trainer(), m, source, step=3, version=version)
         error = _stop_engines_lost(run, lost.value)
     finally:
@@ -225,7 +225,7 @@ def test_engines_lost_in_the_weight_update_after_training_count_the_step_as_fini
         source.get(3, version)  # generated; trained as version 4 (trained_version below)
         trained.append(source.last_taken["prompt_index"])
         lost = EnginesLostError("every vLLM engine is gone and no restart is left:\nengine 0 (u): exited with code -9")
-        log = SimpleNamespace(max_checkpoints=None)
+        log = SimpleNamespace(keep_checkpoints=0)
         run = RunState(None, None, log, out, _Trainer(), m, source, step=3, version=version)
         error = _stop_engines_lost(run, lost, trained_version=version + 1)
     finally:
@@ -313,7 +313,8 @@ def test_max_checkpoints_keeps_the_newest(tmp_path):
 @pytest.mark.parametrize(
     ("flag", "value", "message"),
     [
-        ("--max-checkpoints", "0", "--max-checkpoints must be >= 1, got 0"),
+        ("--keep-checkpoints", "-1", "--keep-checkpoints must be >= 0, got -1"),
+        ("--max-checkpoints", "-2", "--keep-checkpoints must be >= 0, got -2"),
         ("--save-interval", "0", "--save-interval must be >= 1, got 0"),
         ("--save-interval-minutes", "0", "--save-interval-minutes must be > 0 minutes, got 0.0"),
     ],

@@ -160,9 +160,9 @@ def finished_run(tmp_path) -> Path:
             "'banana'",
         ),
         (
-            ["--rollout-min-p", "1.5"],
+            ["--rollout-sampling-params", '{"min_tokens": -1}'],
             "vime: error: vLLM cannot honour the sampling parameters of training rollouts (--rollout-*): "
-            "VLLMValidationError: min_p must be in [0, 1], got 1.5.",
+            "VLLMValidationError: min_tokens must be greater than or equal to 0, got -1.",
         ),
     ],
     ids=["reward", "dynamic-filter", "sandbox", "agent", "vllm-value", "sampling-value"],

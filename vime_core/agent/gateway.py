@@ -24,7 +24,7 @@ from vime_core.agent.apis import anthropic_messages, openai_chat, openai_respons
 from vime_core.agent.apis.common import APIError, ChatRequest, ChatResult, context_overflow_error
 from vime_core.agent.chat import ChatRenderer, ModelTurn
 from vime_core.agent.responders import Responder, engine_versions
-from vime_core.agent.session import Session, signature
+from vime_core.agent.session import TURN_BUDGET_MESSAGE, Session, signature
 from vime_core.agent.tool_parsers import ToolCall, ToolParser, parse_with_tools
 from vime_core.agent.trajectory import DEFAULT_MAX_REALIGN_TOKENS, Trajectory, TurnRecord
 from vime_core.types import Sample
@@ -34,7 +34,6 @@ logger = logging.getLogger("vime.agent")
 #: vLLM's refusal of a prompt longer than the engine's context (``max_model_len``); group 1 is that length
 _ENGINE_CONTEXT_LIMIT = re.compile(r"maximum (?:context|model) length (?:is |of )?(\d+)")
 #: error message of a request beyond the session's ``max_turns`` (harnesses look for it to report ``max_turns``)
-TURN_BUDGET_MESSAGE = "vime agent gateway: the episode's turn budget is spent"
 
 
 #: the routes that are no API's: the model list and the health check

@@ -11,6 +11,10 @@ from vime_core.agent.chat import ChatMessage, ModelTurn
 from vime_core.agent.tool_parsers import ToolCall
 from vime_core.agent.trajectory import Placement, Trajectory, TurnRecord
 
+#: the error text of a model call refused because the episode's turn budget is spent (the harnesses look for it;
+#: here, not in the gateway, so a harness module imports no web framework)
+TURN_BUDGET_MESSAGE = "vime agent gateway: the episode's turn budget is spent"
+
 
 def signature(content: str, calls: list[ToolCall]) -> str:
     """What identifies an assistant message when a client re-sends it: its text (surrounding whitespace ignored) and
@@ -28,7 +32,7 @@ class Session:
     :ivar sampling_params: engine parameters that override the request's.
     :ivar max_context_len: prompt + output token limit (``None``: the gateway's).
     :ivar max_turns: model calls allowed (``None``: no limit); later requests get a 400 with
-        :data:`~vime_core.agent.gateway.TURN_BUDGET_MESSAGE` and are not recorded.
+        :data:`TURN_BUDGET_MESSAGE` and are not recorded.
     """
 
     sid: str

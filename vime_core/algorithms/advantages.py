@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # torch is imported where it computes: registering the estimators (a flag check) needs none
+    import torch
 
 GRPO_EPS = 1e-6
 
@@ -30,6 +32,8 @@ def grpo_advantages(rewards: Sequence[float], *, normalize_std: bool = True, eps
         raise ValueError(f"non-finite reward in group: {list(rewards)}")
     if max(rewards) == min(rewards):  # also a group of one; the float mean of equal values can be off by an ulp
         return [0.0] * len(rewards)
+    import torch
+
     r = torch.tensor(rewards, dtype=torch.float64)
     centered = r - r.mean()
     if normalize_std:
@@ -132,6 +136,8 @@ def masked_whiten(
     :param eps: added to the variance (same units as ``values``²).
     :return: one ``[T_i]`` float32 tensor per sample.
     """
+    import torch
+
     flat = torch.cat([v.double() for v in values]) if values else torch.zeros(0, dtype=torch.float64)
     keep = torch.cat([m.bool() for m in masks]) if masks else torch.zeros(0, dtype=torch.bool)
     picked = flat[keep]

@@ -1,13 +1,11 @@
 """Built-in trainer backends and the Megatron flags of the ``megatron`` backend."""
 
 from vime_core.hookspecs import hookimpl
+from vime_core.registry import Lazy
 
 
 @hookimpl
 def vime_register_trainer_backends(register):
-    # imported when the hook runs, not with the module: the backends import torch (and megatron-core)
-    from vime_core.trainer.megatron_backend import MegatronTrainer
-    from vime_core.trainer.torch_backend import TorchTrainer
-
-    register(TorchTrainer.NAME, TorchTrainer)
-    register(MegatronTrainer.NAME, MegatronTrainer)
+    # by import path: the backends import torch (and megatron-core), which a flag or name check does not need
+    register("torch", Lazy("vime_core.trainer.torch_backend:TorchTrainer"))
+    register("megatron", Lazy("vime_core.trainer.megatron_backend:MegatronTrainer"))

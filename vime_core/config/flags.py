@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import MISSING, Field, field, fields, is_dataclass
 from typing import Any, ClassVar, Self, TypeVar
 
@@ -66,7 +66,8 @@ def flag(
         ``None``. A list default is copied for each instance.
     :param required: the flag must be given (the field then has no default).
     :param argparse_options: passed to ``add_argument`` as they are (``type``, ``action``, ``choices``, ``nargs``,
-        ``metavar``).
+        ``metavar``), but ``aliases``: older option strings of the same flag (``("--max-checkpoints",)``), which
+        ``--help`` shows and a ``--config`` file's keys may use.
     """
     if not help.strip():
         raise ConfigError("flag(): help must not be blank")
@@ -103,14 +104,18 @@ def declared_flags(cls: type) -> Iterator[Field]:
     return (f for f in fields(cls) if FLAG in f.metadata)
 
 
-def add_flags(group: Any, cls: type) -> None:
+def add_flags(group: Any, cls: type, skip: Collection[str] = ()) -> None:
     """Add the flags ``cls`` declares to an argparse parser or argument group (a list default is copied per parser:
-    a parsed value never aliases the declaration's)."""
+    a parsed value never aliases the declaration's), but those whose field name is in ``skip``; a flag's
+    ``aliases`` (older names, :func:`flag`) are option strings of the same flag."""
     for f in declared_flags(cls):
+        if f.name in skip:
+            continue
         options = dict(f.metadata[FLAG])
+        aliases = options.pop("aliases", ())
         if isinstance(options.get("default"), list | dict | set):
             options["default"] = copy.copy(options["default"])
-        group.add_argument(flag_name(f), dest=f.name, **options)
+        group.add_argument(flag_name(f), *aliases, dest=f.name, **options)
 
 
 class Section:

@@ -37,7 +37,32 @@ ENGINE_REQUEST_PREFIX = "generate-tokens-"
 
 
 class RouterClientError(RuntimeError):
-    """The router or server answered with an error status or a malformed body."""
+    """The router or server answered with an error status or a malformed body.
+
+    :ivar status: the HTTP status of an error answer (``None``: a malformed body or a stream's error event).
+    """
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def is_client_error(error: BaseException) -> bool:
+    """Whether ``error`` is an engine's or router's 4xx answer other than 408 and 429: the request itself is refused
+    (a sampling parameter out of range, a prompt over the context), so sending it again cannot succeed."""
+    status = error.status if isinstance(error, RouterClientError) else None
+    return status is not None and 400 <= status < 500 and status not in (408, 429)
+
+
+def _error_answer(path: str, status: int, text: str) -> RouterClientError:
+    """The error of an answer with status ``status``: vLLM's own message (``{"error": {"message": ...}}``) when
+    the body has one, else the body (4000 characters at most)."""
+    try:
+        body = json.loads(text)
+        message = body["error"]["message"] if isinstance(body.get("error"), dict) else body["message"]
+    except (ValueError, KeyError, TypeError, AttributeError):
+        message = text[:4000]
+    return RouterClientError(f"POST {path} returned {status}: {message}", status)
 
 
 @dataclass
@@ -250,7 +275,7 @@ class RouterClient:
             self.api = "completions"
             return None
         if resp.status_code != 200:
-            raise RouterClientError(f"POST {self.base_url}{path} returned {resp.status_code}: {resp.text[:4000]}")
+            raise _error_answer(f"{self.base_url}{path}", resp.status_code, resp.text)
         return resp.json()
 
     async def _post_stream(
@@ -272,7 +297,7 @@ class RouterClient:
                 return None
             if resp.status_code != 200:
                 text = (await resp.aread()).decode(errors="replace")
-                raise RouterClientError(f"POST {self.base_url}{path} returned {resp.status_code}: {text[:4000]}")
+                raise _error_answer(f"{self.base_url}{path}", resp.status_code, text)
             async for line in resp.aiter_lines():
                 if not line.startswith("data:"):
                     continue

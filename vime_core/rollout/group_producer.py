@@ -213,7 +213,8 @@ class GroupProducer:
         :param step: finished training steps (the metric step and the dump's file name).
         :return: ``eval/<name>/*`` metrics of every set (:func:`vime_core.evaluation.eval_metrics`) plus
             ``eval/weight_version`` and ``perf/eval_time`` (seconds).
-        :raises RuntimeError: if every sample of a set failed (the first error is included).
+        :raises RunFailedError: if every sample of a set failed (the first error is included; one ``vime: error:``
+            line).
         """
         t0 = time.perf_counter()
         version = self.runner.weight_version
@@ -232,7 +233,7 @@ class GroupProducer:
             failed = [s for s in samples if s.status == Status.FAILED]
             if failed and len(failed) == len(samples):
                 self.fleet.check_engines()  # a dead engine is the likelier cause: report it, with its log tail
-                raise RuntimeError(
+                raise RunFailedError(
                     f"eval set {eval_set.name!r}: every sample failed; first error: {failed[0].metadata.get('error')}"
                     f" (engine and router logs: {Path(self.eval_config.output_dir) / 'logs'})"
                 )

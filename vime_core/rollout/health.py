@@ -27,6 +27,7 @@ import httpx
 from vime_core.config import EngineConfig
 from vime_core.context import PluginContext
 from vime_core.failures import FailureCause, classify_failure
+from vime_core.rollout.client import is_client_error
 from vime_core.rollout.weight_recovery import WeightRecovery
 from vime_core.weight_sync.base import WeightSyncStrategy, WeightUpdate, call_with_timeout
 
@@ -170,6 +171,7 @@ class EngineMonitor:
         self.recoveries: list[float] = []
         self.router_restarts = 0
         self.polls = 0
+        self._retrying: list[tuple[str, str]] = []  # samples waiting to be regenerated: (group/index, error)
         self.fatal: str | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -402,6 +404,27 @@ class EngineMonitor:
             self.recoveries.clear()
         return m
 
+    def note_retry(self, sample: str, error: BaseException) -> None:
+        """Count a sample whose generation failed on an engine error and that waits to be regenerated (reported in
+        one line by :meth:`report_retries`, not one line per sample)."""
+        with self._state:
+            self._retrying.append((sample, f"{type(error).__name__}: {str(error)[:300]}"))
+            self.counts["requests_retried"] += 1
+            self.totals["requests_retried"] += 1
+
+    def report_retries(self) -> None:
+        """Log one line for the samples :meth:`note_retry` counted since the last report (the first sample to be
+        regenerated after an engine came back reports them all): how many, and the first one's error."""
+        with self._state:
+            waiting, self._retrying = self._retrying, []
+        if waiting:
+            logger.warning(
+                "%d sample(s) failed on an engine error and are generated again now that an engine serves "
+                "(first: sample %s: %s)",
+                len(waiting),
+                *waiting[0],
+            )
+
     async def wait_serving(self, after_poll: int) -> None:
         """Wait until a health check started after ``after_poll`` finished, an engine is up and the router runs.
 
@@ -523,7 +546,9 @@ async def generate_with_retries(
     Before each attempt the sample's state is copied; after a retryable failure (:data:`RETRYABLE`) it is restored
     (so no token or log-prob of the failed attempt survives), the call waits until the monitor has seen the failure
     and an engine and the router serve (:meth:`EngineMonitor.wait_serving`), and the attempt is repeated, at most
-    ``--rollout-max-request-retries`` times; each repeat counts in ``rollout/requests_retried``.
+    ``--rollout-max-request-retries`` times; each repeat counts in ``rollout/requests_retried``. The samples
+    regenerated after one engine failure are logged in one line (:meth:`EngineMonitor.report_retries`). A 4xx
+    answer (:func:`~vime_core.rollout.client.is_client_error`: the request itself is refused) is never retried.
 
     :param monitor: the engine monitor (``None``: a single attempt).
     :raises Exception: the last attempt's error, or :class:`EnginesLostError`.
@@ -537,18 +562,15 @@ async def generate_with_retries(
         try:
             return await generate_fn(ctx, sample, params)
         except Exception as e:
-            if attempt >= monitor.config.max_request_retries or classify_failure(e, "generate") not in RETRYABLE:
+            if (
+                attempt >= monitor.config.max_request_retries
+                or is_client_error(e)
+                or classify_failure(e, "generate") not in RETRYABLE
+            ):
                 raise
             attempt += 1
-            monitor.count("requests_retried")
-            logger.warning(
-                "sample %s/%s: generation failed (%s: %s); regenerating it once an engine serves (retry %d)",
-                getattr(sample, "group_index", "?"),
-                getattr(sample, "index", "?"),
-                type(e).__name__,
-                str(e)[:300],
-                attempt,
-            )
+            monitor.note_retry(f"{getattr(sample, 'group_index', '?')}/{getattr(sample, 'index', '?')}", e)
             sample.__dict__.clear()
             sample.__dict__.update(copy.deepcopy(before))
             await monitor.wait_serving(poll)
+            monitor.report_retries()

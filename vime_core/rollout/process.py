@@ -86,14 +86,40 @@ def start_run_reaper(grace_s: float = 6.0) -> str:
     run_id = uuid.uuid4().hex
     os.environ[RUN_ENV] = run_id
     guard = Path(__file__).with_name("process_guard.py")
-    subprocess.Popen(
-        [sys.executable, str(guard), "--reap-run", RUN_ENV, run_id, str(grace_s)],
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
+    _reapers.append(
+        subprocess.Popen(
+            [sys.executable, str(guard), "--reap-run", RUN_ENV, run_id, str(grace_s)],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
     )
     return run_id
+
+
+_reapers: list[subprocess.Popen] = []
+
+
+def finish_run_reaper(timeout_s: float = 10.0) -> bool:
+    """After the run's own cleanup (a signal ended it): have the run reaper kill what is left of the run at once
+    (:data:`~vime_core.rollout.process_guard.REAP_NOW_SIGNAL`) and wait for it to exit.
+
+    :return: whether no process of the run is left: the reaper exited within ``timeout_s`` (``True`` when no
+        reaper was started: the run started no process).
+    """
+    from vime_core.rollout.process_guard import REAP_NOW_SIGNAL
+
+    done = True
+    while _reapers:
+        reaper = _reapers.pop()
+        if reaper.poll() is None:
+            reaper.send_signal(REAP_NOW_SIGNAL)
+        try:
+            reaper.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            done = False
+    return done
 
 
 def stop_process_group(proc: subprocess.Popen | None, grace_s: float = 20.0) -> None:

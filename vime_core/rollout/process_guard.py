@@ -19,6 +19,8 @@ import time
 
 PARENT_DEATH_SIGNAL = signal.SIGUSR1
 
+#: sent by the driver to the run reaper once its own cleanup is done: reap now (see :func:`reap_run`)
+REAP_NOW_SIGNAL = signal.SIGUSR1
 #: environment variable: comma-separated CPU ids the guarded server is pinned to
 CPU_AFFINITY_ENV = "VIME_CPU_AFFINITY"
 
@@ -146,13 +148,21 @@ def reap_run(key: str, value: str, grace_s: float) -> int:
 
     A process may overwrite its environment with its title (Ray's agents do: ``ray::DashboardAgent`` reads an empty
     ``/proc/<pid>/environ``), so the reaper also remembers the driver's descendants while the driver lives (every
-    0.5 s) and kills those still alive as the same process (same start time) after it."""
+    0.5 s) and kills those still alive as the same process (same start time) after it.
+
+    :data:`REAP_NOW_SIGNAL` from the driver (:func:`vime_core.rollout.process.finish_run_reaper`, after its own
+    cleanup on a signal) starts the reaping at once, without the grace, and ends it after 1 quiet second, so the
+    driver can wait for the reaper before it says that every process is gone."""
     parent, gone = _watch_parent()
+    now = [False]
+    signal.signal(REAP_NOW_SIGNAL, lambda *_: now.__setitem__(0, True))
     seen: dict[int, str] = {}
-    while not gone[0] and os.getppid() == parent:
+    while not gone[0] and not now[0] and os.getppid() == parent:
         seen.update(descendants(parent, process_table()))
         time.sleep(0.5)
     seen.pop(os.getpid(), None)
+    if now[0]:
+        grace_s = 0.0
 
     def left() -> list[int]:
         table = process_table()
@@ -162,13 +172,14 @@ def reap_run(key: str, value: str, grace_s: float) -> int:
     end = time.monotonic() + grace_s
     while left() and time.monotonic() < end:
         time.sleep(0.2)
-    quiet_until = time.monotonic() + 3.0  # until no process of the run was seen for 3 s
+    quiet_s = 1.0 if now[0] else 3.0
+    quiet_until = time.monotonic() + quiet_s  # until no process of the run was seen for quiet_s
     while time.monotonic() < quiet_until:
         pids = left()
         for pid in pids:
             _signal(pid, signal.SIGKILL)
         if pids:
-            quiet_until = time.monotonic() + 3.0
+            quiet_until = time.monotonic() + quiet_s
         time.sleep(0.3)
     return 0
 

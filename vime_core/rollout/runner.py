@@ -116,6 +116,7 @@ class GroupRunner:
         group_reward_fn = self.group_reward_fn if train else None
         fanned: dict[int, list[Sample]] = {}  # id(sample) -> the segments a fan-out generate function returned
         seed = cfg.seed
+        repeats: dict[tuple[str, str], int] = {}  # (cause, error) -> samples that failed so after the first
 
         async def one(sample: Sample) -> list[Sample] | None:
             """Generate (and, without a group reward, score) one sample; its output samples, or None if skipped."""
@@ -159,14 +160,12 @@ class GroupRunner:
                         fanned[id(sample)] = outs
                 except Exception as e:  # noqa: BLE001 - recorded on the sample, excluded, counted in metrics
                     cause = classify_failure(e, stage)
-                    logger.warning(
-                        "sample %d/%d failed (%s): %s: %s",
-                        sample.group_index,
-                        sample.index,
-                        cause.value,
-                        type(e).__name__,
-                        e,
-                    )
+                    key = (cause.value, f"{type(e).__name__}: {e}")
+                    if key in repeats:  # the same error again: counted, one line for all of them below
+                        repeats[key] += 1
+                    else:
+                        repeats[key] = 0
+                        logger.warning("sample %d/%d failed (%s): %s", sample.group_index, sample.index, *key)
                     fanned.pop(id(sample), None)
                     outs = [mark_failed(sample, cause, e)]
                     if cause == FailureCause.REWARD_ERROR:  # a reward that raises: often a row it cannot handle
@@ -185,6 +184,9 @@ class GroupRunner:
                     self.hook.vime_on_sample(ctx=ctx, sample=s, step=step, args=legacy_args(ctx.config))
 
         await asyncio.gather(*(group(g) for g in groups))
+        for (cause, error), n in repeats.items():
+            if n:
+                logger.warning("%d more sample(s) failed (%s) with the same error: %s", n, cause, error[:500])
         for g in groups:  # replace fanned-out samples by their segments, in place (callers hold these lists)
             if any(id(s) in fanned for s in g):
                 g[:] = [x for s in g for x in fanned.get(id(s), [s])]

@@ -42,7 +42,7 @@ def cleanup_all(*, backend: str | None = None, everything: bool = False) -> list
         if backend is not None and entry.name != backend:
             continue
         try:
-            reports.append(entry.obj.cleanup(everything=everything))
+            reports.append(reg.get(entry.name).cleanup(everything=everything))  # resolved: a Lazy entry imports
         except Exception as e:  # noqa: BLE001 - one backend's service being down must not hide the others
             reports.append(CleanupReport(entry.name, errors=[f"{type(e).__name__}: {e}"]))
     return reports

@@ -31,7 +31,6 @@ import shlex
 from dataclasses import dataclass
 from typing import Any
 
-from vime_core.agent.gateway import TURN_BUDGET_MESSAGE
 from vime_core.agent.harness import (
     AgentBudget,
     AgentEndpoint,
@@ -40,6 +39,7 @@ from vime_core.agent.harness import (
     NpmAgentHarness,
     json_lines,
 )
+from vime_core.agent.session import TURN_BUDGET_MESSAGE
 from vime_core.config import PluginConfig, flag
 from vime_core.sandbox.base import ExecResult, Sandbox
 

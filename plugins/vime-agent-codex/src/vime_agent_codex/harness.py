@@ -47,7 +47,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from vime_core.agent.gateway import TURN_BUDGET_MESSAGE
 from vime_core.agent.harness import (
     AgentBudget,
     AgentEndpoint,
@@ -56,6 +55,7 @@ from vime_core.agent.harness import (
     NpmAgentHarness,
     json_lines,
 )
+from vime_core.agent.session import TURN_BUDGET_MESSAGE
 from vime_core.config import PluginConfig, flag
 from vime_core.sandbox.base import ExecResult, Sandbox
 
