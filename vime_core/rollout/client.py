@@ -18,8 +18,16 @@ from pathlib import Path
 from typing import Any, Literal
 
 import httpx
+import msgspec
 
-from vime_core.rollout.engine_api import EngineCapabilities, decode_text
+from vime_core.rollout.engine_api import (
+    COMPLETION_DECODER,
+    GENERATE_DECODER,
+    EngineCapabilities,
+    GenerateChoice,
+    decode_text,
+    lean_generate_params,
+)
 
 logger = logging.getLogger("vime.rollout")
 
@@ -132,6 +140,40 @@ def _prompt_logprob(entry: dict[str, Any] | None, token_id: int, pos: int) -> fl
     return float(entry[str(token_id)]["logprob"])
 
 
+def _decode(decoder: msgspec.json.Decoder, raw: bytes | str, where: str) -> Any:
+    """``raw`` decoded into the answer's shape; a missing or mistyped field is a :class:`RouterClientError` naming
+    the route and where in the answer it is (msgspec's path, e.g. ``$.choices[0].token_ids``)."""
+    try:
+        return decoder.decode(raw)
+    except msgspec.DecodeError as e:
+        text = raw if isinstance(raw, bytes) else raw.encode()
+        raise RouterClientError(f"{where}: {e}: {text[:1000]!r}") from None
+
+
+def _fold(acc: dict[str, Any], ch: GenerateChoice, where: str, text: bool, arrival_version: str) -> None:
+    """Add one generate choice (a whole answer, or a stream chunk's) to ``acc``, the client's form of an answer
+    (:meth:`RouterClient._new_choice`): ids, the sampled tokens' log-probs as floats, text, finish reason, the
+    engine's weight-version spans (the final chunk's cover every token).
+
+    :raises RouterClientError: tokens without ``logprobs``, or no ``text`` from a release that sends it.
+    """
+    ids = ch.token_ids or []  # a chunk may carry no new token (null or [])
+    if ids:
+        if ch.logprobs is None:
+            raise RouterClientError(f"{where}: the answer has no 'logprobs' for its {len(ids)} tokens")
+        acc["log_probs"].extend([e.logprob for e in ch.logprobs.content])
+    acc["token_ids"].extend(ids)
+    acc["arrival_versions"].extend([arrival_version] * len(ids))
+    if text:
+        if ch.text is msgspec.UNSET:
+            raise RouterClientError(f"{where}: the answer has no 'text'")
+        acc["text"] += ch.text
+    if ch.finish_reason is not None:
+        acc["finish_reason"] = ch.finish_reason
+    if ch.weight_versions:  # spans over all output tokens (a stream sends them with its final chunk)
+        acc["weight_versions"] = ch.weight_versions
+
+
 class RouterClient:
     """Async generation client (one ``httpx.AsyncClient``; call :meth:`aclose` or use ``async with``).
 
@@ -151,6 +193,9 @@ class RouterClient:
     :param capabilities: what the engines' release answers (:attr:`vime_core.rollout.engine.VLLMServer.capabilities`);
         default :meth:`EngineCapabilities.latest` (every field expected).
     :param tokenizer: the policy's tokenizer; needed where the release sends no text.
+    :param lean: ask a release that sends no text (0.24) not to build what it would not send
+        (:func:`~vime_core.rollout.engine_api.lean_generate_params`); ``False`` sends the request as it was before
+        (the tests compare both: same outputs).
     :raises ValueError: a release without text and no ``tokenizer``.
 
     :ivar weight_version: the version the engines serve now (the rollout manager sets it after each update); tokens
@@ -175,6 +220,7 @@ class RouterClient:
         eos_token_ids: Iterable[int] = (),
         capabilities: EngineCapabilities | None = None,
         tokenizer: Any = None,
+        lean: bool = True,
     ) -> None:
         if api not in ("auto", "generate", "completions"):
             raise ValueError(f"api must be 'auto', 'generate' or 'completions', not {api!r}")
@@ -188,6 +234,7 @@ class RouterClient:
         self.model = model
         self.api: Api = api if self.capabilities.generate else "completions"
         self.stream = stream
+        self.lean = lean
         self.eos_token_ids = frozenset(int(t) for t in eos_token_ids)
         limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
         self._http = httpx.AsyncClient(base_url=self.base_url, timeout=timeout_s, limits=limits, trust_env=False)
@@ -209,8 +256,11 @@ class RouterClient:
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
 
-    async def _post(self, path: str, body: dict[str, Any], session_id: str | None) -> dict[str, Any] | None:
-        """POST; ``None`` on a 404 in ``auto`` mode for the generate route (the caller falls back)."""
+    async def _post(
+        self, path: str, body: dict[str, Any], session_id: str | None, decoder: msgspec.json.Decoder | None = None
+    ) -> Any:
+        """POST; the answer as a dict, or decoded into ``decoder``'s shape (:func:`_decode`); ``None`` on a 404 in
+        ``auto`` mode for the generate route (the caller falls back)."""
         headers = {"x-session-id": session_id} if session_id else None
         resp = await self._http.post(path, json=body, headers=headers)
         if resp.status_code == 404 and path == _GENERATE and self.api == "auto":
@@ -219,14 +269,29 @@ class RouterClient:
             return None
         if resp.status_code != 200:
             raise RouterClientError(f"POST {self.base_url}{path} returned {resp.status_code}: {resp.text[:4000]}")
+        if decoder is not None:
+            return _decode(decoder, resp.content, f"POST {self.base_url}{path}")
         return resp.json()
+
+    async def _post_generate(self, body: dict[str, Any], session_id: str | None) -> dict[str, Any] | None:
+        """A plain (non-streamed) generate request, its answer in the client's form (:func:`_fold`); ``None`` on a
+        404 in ``auto`` mode."""
+        data = await self._post(_GENERATE, body, session_id, GENERATE_DECODER)
+        if data is None:
+            return None
+        where = f"POST {self.base_url}{_GENERATE}"
+        if data.choices is msgspec.UNSET or not data.choices:
+            raise RouterClientError(f"{where}: the answer has no 'choices'")
+        acc = self._new_choice()
+        _fold(acc, data.choices[0], where, self.capabilities.generate_text, str(self.weight_version))
+        return acc
 
     async def _post_stream(
         self, path: str, body: dict[str, Any], session_id: str | None, choice: dict[str, Any]
     ) -> dict[str, Any] | None:
-        """POST a streaming generate request and fold its SSE chunks into ``choice``, the non-streaming response
-        shape (``{"token_ids", "logprobs": {"content"}, "text", "finish_reason", "weight_versions"}``; see
-        :meth:`_new_choice`), so what arrived survives an abort; ``None`` on a 404 in ``auto`` mode.
+        """POST a streaming generate request and fold its SSE chunks into ``choice``, the client's form of an
+        answer (:meth:`_new_choice`, :func:`_fold`), so what arrived survives an abort; ``choice`` itself, or
+        ``None`` on a 404 in ``auto`` mode.
 
         :raises RouterClientError: on an error status, an error event in the stream, or a chunk without a field
             the release sends.
@@ -247,25 +312,16 @@ class RouterClient:
                 payload = line[5:].strip()
                 if payload == "[DONE]":
                     break
-                event = json.loads(payload)
-                if "error" in event:
-                    raise RouterClientError(f"POST {self.base_url}{path} stream error: {event['error']!r:.2000}")
-                for ch in _field(event, "choices", where):
-                    ids = _field(ch, "token_ids", where) or []  # a chunk may carry no new token (null or [])
-                    logprobs = _field(ch, "logprobs", where)
-                    content = _field(logprobs, "content", where) if ids else (logprobs or {}).get("content") or []
-                    choice["token_ids"].extend(ids)
-                    choice["logprobs"]["content"].extend(content)
-                    choice["arrival_versions"].extend([str(self.weight_version)] * len(ids))
-                    if self.capabilities.generate_text:
-                        choice["text"] += _field(ch, "text", where)
-                    if ch.get("finish_reason") is not None:
-                        choice["finish_reason"] = ch["finish_reason"]
-                    if ch.get("weight_versions"):  # spans over all output tokens, sent with the final chunk
-                        choice["weight_versions"] = ch["weight_versions"]
+                event = _decode(GENERATE_DECODER, payload, where)
+                if event.error is not msgspec.UNSET:
+                    raise RouterClientError(f"POST {self.base_url}{path} stream error: {event.error!r:.2000}")
+                if event.choices is msgspec.UNSET:
+                    raise RouterClientError(f"{where}: the answer has no 'choices': {payload[:1000]}")
+                for ch in event.choices:
+                    _fold(choice, ch, where, self.capabilities.generate_text, str(self.weight_version))
         if choice["finish_reason"] is None and not choice["token_ids"]:
             raise RouterClientError(f"POST {self.base_url}{path}: the stream ended without a finish reason")
-        return {"choices": [choice]}  # a reason missing after tokens is derived from them (normalize_finish_reason)
+        return choice  # a reason missing after tokens is derived from them (normalize_finish_reason)
 
     async def generate(
         self, prompt_token_ids: list[int], sampling_params: dict[str, Any], session_id: str | None = None
@@ -295,7 +351,7 @@ class RouterClient:
                 "model": model,
                 "token_ids": list(prompt_token_ids),
                 "output_mode": "text",
-                "sampling_params": sp,
+                "sampling_params": lean_generate_params(sp, self.capabilities, self.stream) if self.lean else sp,
                 "request_id": request_id,
             }
             engine_id = ENGINE_REQUEST_PREFIX + request_id
@@ -306,19 +362,15 @@ class RouterClient:
                 if self.stream:
                     request = self._post_stream(_GENERATE, {**body, "stream": True}, session_id, choice)
                 else:
-                    request = self._post(_GENERATE, body, session_id)
-                data = await (
-                    request if self.capabilities.abort_route else self._abortable(engine_id, request, choice)
-                )
+                    request = self._post_generate(body, session_id)
+                got = await (request if self.capabilities.abort_route else self._abortable(engine_id, request, choice))
             finally:
                 self._inflight.discard(engine_id)
-            if data is not None:
+            if got is not None:
                 where = f"POST {self.base_url}{_GENERATE}"
-                choice = _field(data, "choices", where)[0]
+                choice = got
                 aborted_here = bool(choice.get("client_aborted"))
-                ids = _field(choice, "token_ids", where)
-                content = _field(_field(choice, "logprobs", where), "content", where) if ids else []
-                lps = [float(_field(c, "logprob", where)) for c in content]
+                lps = choice["log_probs"]
                 if not lps:
                     versions: list[str] = []
                 elif self.capabilities.token_weight_versions and not aborted_here and not adapter:
@@ -329,22 +381,27 @@ class RouterClient:
                 return self._output(choice, lps, versions, sp, where, decode=decode)
         started = str(version)
         body = {"model": model, "prompt": list(prompt_token_ids), "return_token_ids": True, **sp}
-        data = await self._post(_COMPLETIONS, body, session_id)
+        data = await self._post(_COMPLETIONS, body, session_id, COMPLETION_DECODER)
         assert data is not None
         where = f"POST {self.base_url}{_COMPLETIONS}"
-        choice = _field(data, "choices", where)[0]
-        token_ids = _field(choice, "token_ids", where)
-        lps = (
-            [float(x) for x in _field(_field(choice, "logprobs", where), "token_logprobs", where)] if token_ids else []
-        )
+        if not data.choices:
+            raise RouterClientError(f"{where}: the answer has no 'choices'")
+        ch = data.choices[0]
+        token_ids = ch.token_ids or []
+        if token_ids and ch.logprobs is None:
+            raise RouterClientError(f"{where}: the answer has no 'logprobs' for its {len(token_ids)} tokens")
+        lps = list(ch.logprobs.token_logprobs) if token_ids and ch.logprobs is not None else []
+        choice = {"token_ids": token_ids, "text": ch.text, "finish_reason": ch.finish_reason}
         return self._output(choice, lps, [started] * len(lps), sp, where, decode=False)
 
     @staticmethod
     def _new_choice() -> dict[str, Any]:
-        """The accumulator of a streamed answer (``arrival_versions``: the client's label of each token)."""
+        """The client's form of a generate answer, filled by :func:`_fold` (a stream's accumulator):
+        ``token_ids``, ``log_probs`` (floats), ``text``, ``finish_reason``, ``arrival_versions`` (the client's label
+        of each token) and, once the engine sent them, ``weight_versions`` (its spans)."""
         return {
             "token_ids": [],
-            "logprobs": {"content": []},
+            "log_probs": [],
             "text": "",
             "finish_reason": None,
             "arrival_versions": [],
@@ -366,7 +423,7 @@ class RouterClient:
             await asyncio.gather(task, return_exceptions=True)
             if not self.stream:
                 choice = self._new_choice()
-            return {"choices": [{**choice, "finish_reason": "abort", "client_aborted": True}]}
+            return {**choice, "finish_reason": "abort", "client_aborted": True}
         finally:
             waiter.cancel()
             self._abort.pop(engine_id, None)
