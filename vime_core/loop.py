@@ -530,7 +530,7 @@ def _one_step(
     if colocated:  # the engines free the GPUs they share with the trainer (vLLM sleep mode)
         free_awake = call(trainer, "gpu_free_bytes")
         t_sleep = time.perf_counter()
-        call(rollout, "sleep_engines")
+        metrics.update(call(rollout, "sleep_engines") or {})
         metrics["perf/sleep_time"] = time.perf_counter() - t_sleep
         metrics.update(_free_gib("awake", free_awake) | _free_gib("asleep", call(trainer, "gpu_free_bytes")))
     t1 = time.perf_counter()
@@ -538,11 +538,13 @@ def _one_step(
         progress.phase("train")
     metrics.update(call(trainer, "train_step", batch))
     metrics["perf/train_time"] = time.perf_counter() - t1
+    if "perf/train_worker_time" in metrics:  # the rest: the batch to the trainer, the call and its answer
+        metrics["perf/train_transfer_time"] = metrics["perf/train_time"] - metrics["perf/train_worker_time"]
     t2 = time.perf_counter()
     if progress is not None:
         progress.phase("sync")
     if colocated:
-        call(rollout, "wake_engines")
+        metrics.update(call(rollout, "wake_engines") or {})
         metrics["perf/wake_time"] = time.perf_counter() - t2
         metrics.update(_free_gib("woken", call(trainer, "gpu_free_bytes")))
     update = call(trainer, "push_weights", version + 1)

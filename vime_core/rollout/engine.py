@@ -340,12 +340,15 @@ class VLLMServer(ManagedServer):
         """
         self._post("/sleep", params={"level": level})
 
-    def wake_up(self) -> None:
-        """Reallocate weights and KV cache after :meth:`sleep` (``POST /wake_up``).
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        """Reallocate what :meth:`sleep` freed (``POST /wake_up``): everything, or only the memory of ``tags``
+        (``["weights"]``, ``["kv_cache"]``: ``/wake_up?tags=...``). After a level-2 sleep the weights come back
+        mapped but not restored: the next weight update writes them. vLLM resumes scheduling once every tag is
+        awake again.
 
         :raises VLLMServerError: on a non-200 answer.
         """
-        self._post("/wake_up")
+        self._post("/wake_up", params={"tags": list(tags)} if tags else None)
 
     def collective_rpc(self, method: str, args: list[Any] | None = None, kwargs: dict[str, Any] | None = None) -> Any:
         """Call ``method`` on every worker (``POST /collective_rpc``); returns the per-worker results list.
