@@ -135,6 +135,9 @@ class VLLMServer(ManagedServer):
     :param host: address the server binds and is reached at (default 127.0.0.1; an engine actor on another Ray node
         passes its node's address, see :mod:`vime_core.rollout.engine_actor`).
     :param python: interpreter whose vLLM runs the server (default :func:`vime_core.passthrough.engine_python`).
+    :param fp32_lm_head: once ready (and after every restart), switch the LM head of a bf16/fp16 model to float32
+        logits (``--fp32-lm-head``: the worker extension's ``vime_fp32_lm_head``); :attr:`fp32_lm_head_report` keeps
+        what the workers answered.
 
     :ivar capabilities: what the server answers (:class:`~vime_core.rollout.engine_api.EngineCapabilities`), probed
         by :meth:`wait_ready`; ``None`` before.
@@ -161,8 +164,11 @@ class VLLMServer(ManagedServer):
         request_timeout_s: float = 120.0,
         host: str = "127.0.0.1",
         python: str | None = None,
+        fp32_lm_head: bool = False,
     ) -> None:
         self.model = str(model)
+        self.fp32_lm_head = fp32_lm_head
+        self.fp32_lm_head_report: list[Any] | None = None
         self.python = python or engine_python()
         self.capabilities: EngineCapabilities | None = None
         self.host = host
@@ -284,6 +290,9 @@ class VLLMServer(ManagedServer):
             self._check_alive("on the smoke request")
             raise VLLMServerError(f"smoke completion on {self.url} returned {resp.status_code}: {resp.text[:2000]}")
         self.capabilities = self.probe()
+        if self.fp32_lm_head:
+            self.fp32_lm_head_report = self.collective_rpc("vime_fp32_lm_head")
+            logger.info("vLLM server on %s: float32 LM head %s", self.url, self.fp32_lm_head_report)
         elapsed = time.monotonic() - t0
         logger.info("vLLM server on %s ready after %.1f s: %s", self.url, elapsed, self.capabilities.describe())
         return elapsed

@@ -203,6 +203,8 @@ class EngineFleet:
         if not cfg.rollout_engine_access_log and "--disable-uvicorn-access-log" not in vllm_args:
             vllm_args.append("--disable-uvicorn-access-log")  # one log line per request drowns the engine's own
         env: dict[str, str] = {}
+        if cfg.vllm_enable_deterministic_inference:  # vLLM's batch-invariant kernels (docs/gpu.md, "|Δlogp|")
+            env["VLLM_BATCH_INVARIANT"] = "1"
         if self.adapters is not None:  # vLLM's LoRA serving with the runtime adapter routes
             flags, env = lora_launch(
                 cfg.vllm_args, engine_max_lora_rank(self.lora_config), adapters_to_keep(self.lora_config)
@@ -219,6 +221,7 @@ class EngineFleet:
                 log_path=log_dir / f"vllm_engine_{i}.log",
                 request_timeout_s=self.engine_config.weight_sync_timeout,
                 env=env,
+                fp32_lm_head=bool(cfg.fp32_lm_head) and on_gpu,  # a CPU engine computes in float32 already
             )
             for i in range(self.engine_config.rollout_num_engines)
         ]
