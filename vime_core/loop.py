@@ -526,8 +526,9 @@ def _one_step(
     if not batch.samples:
         logger.warning("step %d: no trainable sample (all failed/aborted); skipping the update", step)
         return metrics, version
-    colocated = rollout is not None and cfg.cluster.colocate
-    if colocated:  # the engines free the GPUs they share with the trainer (vLLM sleep mode)
+    # the engines free the GPUs they share with the trainer (vLLM sleep mode), unless --no-offload-rollout
+    colocated = rollout is not None and cfg.cluster.colocate and cfg.cluster.offload_rollout
+    if colocated:
         free_awake = call(trainer, "gpu_free_bytes")
         t_sleep = time.perf_counter()
         metrics.update(call(rollout, "sleep_engines") or {})

@@ -58,7 +58,7 @@ class TrainerWorker:
         if cluster.train_cpus:  # before the backend starts torch's thread pool (threads inherit it)
             os.sched_setaffinity(0, parse_cpu_list(cluster.train_cpus))
         self.rank, self.world_size = rank, world_size
-        self.colocate = cluster.colocate
+        self.colocate = cluster.colocate and cluster.offload_rollout  # an engine wakes into the freed memory
         plugins = get_plugins()
         backend_cls = plugins.resolve("trainer", cluster.trainer)
         if world_size > 1:
@@ -94,8 +94,8 @@ class TrainerWorker:
         return int(torch.cuda.mem_get_info()[0]) if torch.cuda.is_available() else None
 
     def train_step(self, batch: Any) -> dict[str, float]:
-        """The backend's step; with ``--colocate`` on a GPU, then the allocator's cached blocks go back to the device
-        (the engine that wakes up next on the same GPU needs them).
+        """The backend's step; with ``--colocate`` on a GPU (and not ``--no-offload-rollout``), then the allocator's
+        cached blocks go back to the device (the engine that wakes up next on the same GPU needs them).
 
         Adds to the backend's metrics ``perf/train_worker_time`` (this call, seconds), ``perf/empty_cache_time`` and,
         when the weight sync writes host copies (``ipc``), ``perf/host_copy_overlap_time`` (seconds of this step
