@@ -149,7 +149,8 @@ def rl_train_step(backend: PolicyOps, batch: RolloutBatch) -> dict[str, float]:
         per-token advantages (per-token rewards for ``ppo``).
     :return: metrics ``train/loss``, ``train/pg_loss``, ``train/pg_clipfrac``, ``train/ppo_kl``,
         ``train/entropy_loss``, ``train/grad_norm``, ``train/train_rollout_logprob_abs_diff`` (exact token mean over
-        the batch, before the update), ``train/lr``, ``train/num_tokens``, ``train/adv/*``, and when enabled
+        the batch, before the update), ``train/lr``, ``train/num_tokens`` (response tokens),
+        ``train/num_seq_tokens`` (prompt and response tokens the passes ran on), ``train/adv/*``, and when enabled
         ``train/kl_loss``, ``train/tis``, ``train/tis_clipfrac``, ``train/pg_dual_clipfrac``; with ``ppo``
         ``train/value_loss``, ``train/value_clipfrac``, ``train/critic_grad_norm``, ``train/critic_lr``,
         ``train/critic/values_mean``, ``train/critic/returns_mean``, ``train/critic_only``;
@@ -302,6 +303,7 @@ def _rl_train_step(backend: PolicyOps, batch: RolloutBatch) -> dict[str, float]:
         metrics["train/critic_lr"] = critic.lr
         metrics["train/critic_only"] = float(critic_only)
     metrics["train/num_tokens"] = float(batch.num_response_tokens())
+    metrics["train/num_seq_tokens"] = float(sum(len(s.tokens) for s in samples))  # prompt + response: the FLOPs
     timer.lap("setup")
     metrics.update(timer.metrics())
     metrics["perf/train_compute_time"] = time.perf_counter() - t0
