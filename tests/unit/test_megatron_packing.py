@@ -43,6 +43,9 @@ def test_thd_batch_exact_layout_and_the_sequence_parallel_pad_segment():
     assert [t.tolist() for t in p.split(torch.arange(6.0))] == [[0.0, 1.0], [2.0, 3.0], [4.0, 5.0]]
     big = thd_batch([Sample(tokens=[1, 2], response_length=1)], multiple=8)  # the pad segment is the longest
     assert big.cu_seq_lens.tolist() == [0, 2, 8] and big.max_len == 6
+    moved = thd_batch(_three(), device="meta")  # the row moves; its bounds stay on the CPU (read as ints per layer)
+    assert moved.input_ids.device.type == moved.predict_index.device.type == "meta"
+    assert moved.cu_seq_lens.device.type == "cpu"
 
 
 def _core_attention():

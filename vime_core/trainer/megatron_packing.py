@@ -23,6 +23,9 @@ def thd_batch(samples: list[Sample], multiple: int = 1, device: torch.device | s
     tokens (sequence parallelism splits the row over the tensor-parallel ranks) by one more segment of token 0 at the
     end, which ``cu_seq_lens`` closes like a sample's (so no sample attends to it) and no prediction reads.
 
+    Every tensor goes to ``device`` but ``cu_seq_lens``, which stays on the CPU: megatron-core's ``thd`` RoPE and
+    :func:`thd_sdpa` read it as Python ints in every layer, which from a GPU tensor would wait for the GPU each time.
+
     :param multiple: the row length must be a multiple of this (the tensor-parallel size under sequence parallelism).
     :raises ValueError: as :func:`~vime_core.trainer.packing.packed_batch`.
     """
@@ -37,7 +40,7 @@ def thd_batch(samples: list[Sample], multiple: int = 1, device: torch.device | s
     return PackedBatch(
         input_ids=ids.to(device),
         position_ids=pos.to(device),
-        cu_seq_lens=cu.to(device),
+        cu_seq_lens=cu,
         max_len=max_len,
         predict_index=b.predict_index.to(device),
         targets=b.targets.to(device),
