@@ -29,9 +29,9 @@ Sections (default order; rough seconds on one H100/H200 with warm compile caches
 * ``run1b_thd`` (~120 s): ``run1b`` with packed micro-batches (``--qkv-format thd``).
 * ``run1b_disk``, ``run135m_disk``: the ``disk`` weight sync (not in the default list).
 
-``--profile`` profiles the train step of rollout step 1 of every ``vime run`` (``VIME_PROFILE_TRAIN_STEP``) and prints
-its top operators by GPU time. MFU = 6 · parameters · tokens / seconds / the bf16 matmul peak measured by
-``bench_train`` (else ``--peak-tflops``).
+``--profile`` adds one step to every ``vime run``, profiles its train step (``VIME_PROFILE_TRAIN_STEP``; left out of
+the medians) and prints its top operators by GPU time, and prints ``bench_train``'s. MFU = 6 · parameters · prompt
+and response tokens / seconds / the bf16 matmul peak ``bench_train`` measured (else ``--peak-tflops``).
 """
 
 from __future__ import annotations
@@ -254,18 +254,19 @@ def vime_run(name: str, argv: list[str], env: dict[str, str], params: float | No
     subprocess.run(["rm", "-rf", str(out)], check=False)
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **env}
     full_env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
+    total = steps + 1 if ARGS.profile else steps  # the profiled step is one more, left out of the medians
     if ARGS.profile:
-        full_env.update(VIME_PROFILE_TRAIN_STEP="1", VIME_PROFILE_DIR=str(out / "profile"))
-    cmd = [sys.executable, "-m", "vime_core.cli", "run", *argv, "--output-dir", str(out), "--num-rollout", str(steps)]
+        full_env.update(VIME_PROFILE_TRAIN_STEP=str(steps), VIME_PROFILE_DIR=str(out / "profile"))
+    cmd = [sys.executable, "-m", "vime_core.cli", "run", *argv, "--output-dir", str(out), "--num-rollout", str(total)]
     t0 = time.perf_counter()
-    rc = run_until_metrics(cmd, full_env, OUT / f"run-{name}.log", out / "metrics.jsonl", steps)
+    rc = run_until_metrics(cmd, full_env, OUT / f"run-{name}.log", out / "metrics.jsonl", total)
     metrics_file = out / "metrics.jsonl"
     lines = metrics_file.read_text().splitlines() if metrics_file.exists() else []
-    if len(lines) < steps:
+    if len(lines) < total:
         tail = (OUT / f"run-{name}.log").read_text()[-4000:]
-        log(f"{name}: vime run failed ({rc}, {len(lines)} of {steps} steps); last lines of run-{name}.log:\n{tail}")
+        log(f"{name}: vime run failed ({rc}, {len(lines)} of {total} steps); last lines of run-{name}.log:\n{tail}")
         return
-    m = [json.loads(line) for line in lines]
+    m = [json.loads(line) for line in lines][:steps]
     later = m[1:] or m
 
     def med(key: str) -> float:
