@@ -53,10 +53,11 @@ def api_server_pid(root_pid: int) -> int | None:
     while todo:
         pid = todo.pop()
         try:
-            if b"vllm.entrypoints.openai.api_server" in Path(f"/proc/{pid}/cmdline").read_bytes():
-                return pid
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
         except OSError:
-            pass
+            argv = []
+        if argv[1:3] == [b"-m", b"vllm.entrypoints.openai.api_server"]:  # not the guard that runs it
+            return pid
         todo += children.get(pid, [])
     return None
 
