@@ -1,17 +1,37 @@
-"""The GPU production loop's figures on this machine, in one table: rollout tokens/s through vime (router → engine)
-vs a bare ``vllm serve`` of the same model, and short ``vime run``s (Megatron + colocated CUDA vLLM engine) that give
-the weight sync per step split into its phases, the step time split, the training MFU inside the loop and |Δlogp|
-(engine vs trainer) with the default bf16 engine, an fp32 engine and vLLM's batch-invariant mode. Prints numbers
-as it goes (and ``--json``); asserts nothing. Sections run in order until ``--budget-s`` is spent.
+"""The GPU production loop's figures on this machine, in one table (issue 40's four rows and the step split): rollout
+tokens/s of vime's default route against a bare vLLM returning log-probs; the training step inside ``vime run``
+against ``bench/megatron_step.py`` on the same shapes, with MFU; the weight sync per step with the wake; and |Δlogp|
+(engine vs trainer) on the GPU quickstart and the ~1B Llama, by default and in the deterministic opt-in mode. Prints
+numbers as it goes (and ``--json``); asserts nothing. Sections run in order until ``--budget-s`` is spent; each
+failure is printed and the next section runs.
 
-    PYTHONPATH=/tmp/site:$PWD python3 bench/gpu_loop.py [--sections throughput,run135m,...] [--json out.json]
-    python3 bench/gpu_loop.py --build-1b DIR      # the ~1B Llama-shaped model with random weights (speed only)
+    python3 bench/gpu_loop.py --build-1b /tmp/llama-1b     # once: the ~1B Llama with random weights (~20 s)
+    PYTHONPATH=/tmp/site:$PWD python3 bench/gpu_loop.py [--sections a,b,...] [--json out.json] [--profile]
 
-Sections: ``throughput`` (SmolLM2, ``--prompts`` × ``--max-tokens``, CUDA graphs on, as users serve),
-``run135m`` (ipc), ``run135m_disk``, ``logp_fp32`` (``--vllm-dtype float32``), ``logp_batch_invariant``
-(``VLLM_BATCH_INVARIANT=1``), ``run1b`` (ipc, 8 × ~1,100-token sequences: the shape of bench/megatron_step.py),
-``run1b_disk``, ``throughput1b``. MFU = 6 · parameters · trained tokens / train seconds / ``--peak-tflops``
-(790: the bf16 matmul peak measured on an H200; docs/gpu.md).
+Sections (default order; rough seconds on one H100/H200 with warm compile caches, cold ones add ~1-2 min per model):
+
+* ``throughput`` (~90 s): SmolLM2, ``--prompts`` × ``--max-tokens`` (256 × 256), one engine (CUDA graphs, bf16) and
+  vllm-router: ``/v1/completions`` with and without ``logprobs: 0`` straight to the engine (the bare server), vime's
+  default route through the router (before issue 40's change and now) and straight, ``/v1/completions`` through vime;
+  API-server CPU per 1k tokens per shape; then the float32 LM head switched on in the same engine (its cost).
+* ``run1b`` (~120 s): ``vime run``, the 1B, ``ipc``, 3 steps of 8 × (prompt + 1,024) tokens: step split, trainer split,
+  weight sync split with the wake, MFU inside the loop, |Δlogp|.
+* ``bench_train`` (~80 s): ``bench/megatron_step.py`` on the same 1B and shapes (8 and 16 × 1,124 tokens, 100 of
+  them prompt; bshd and thd; ``--empty-cache`` as in the loop) — the bench column of the training row.
+* ``run135m`` (~90 s): the GPU quickstart (examples/gpu/quickstart.yaml, 3 steps): |Δlogp|, sync split.
+* ``run1b_16`` (~120 s): as ``run1b`` with 16 samples a step.
+* ``run1b_resident`` (~120 s): ``run1b`` with ``--no-offload-rollout --vllm-gpu-memory-utilization 0.3``: engine and
+  trainer both resident (no sleep, no wake, no ``empty_cache``): what the offload costs the sync and the train step.
+* ``throughput1b`` (~60 s): the 1B, 8 prompts × 1,024 tokens, bare with log-probs vs vime's default route.
+* ``run135m_det`` (~90 s): the quickstart with ``--vllm-enable-deterministic-inference --deterministic-mode``:
+  |Δlogp| and step time of the true-on-policy mode.
+* ``throughput_det`` (~70 s): the engine in batch-invariant mode (``VLLM_BATCH_INVARIANT=1``): its tokens/s.
+* ``run1b_thd`` (~120 s): ``run1b`` with packed micro-batches (``--qkv-format thd``).
+* ``run1b_disk``, ``run135m_disk``: the ``disk`` weight sync (not in the default list).
+
+``--profile`` adds one step to every ``vime run``, profiles its train step (``VIME_PROFILE_TRAIN_STEP``; left out of
+the medians) and prints its top operators by GPU time, and prints ``bench_train``'s. MFU = 6 · parameters · prompt
+and response tokens / seconds / the bf16 matmul peak ``bench_train`` measured (else ``--peak-tflops``).
 """
 
 from __future__ import annotations
@@ -27,8 +47,12 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
 SMOLLM = Path.home() / ".cache" / "vime" / "models" / "smollm2-135m-instruct"
 RESULTS: dict[str, dict] = {}
+OUT = Path(os.environ.get("VIME_BENCH_DIR", "/tmp/vime-gpu-loop"))
 
 
 def log(msg: str) -> None:
@@ -66,34 +90,22 @@ def build_1b(out: Path, tokenizer_dir: Path = SMOLLM) -> Path:
     return out
 
 
-# -- throughput -------------------------------------------------------------------------------------------------------
-async def _drive_completions(
-    url: str, prompts: list[list[int]], max_tokens: int, logprobs: bool = False
-) -> tuple[int, float]:
-    import httpx
+def params_of(model: Path) -> float:
+    """Parameters in ``model``'s safetensors files (a tied LM head counted once)."""
+    from safetensors import safe_open
 
-    async with httpx.AsyncClient(base_url=url, timeout=1200, limits=httpx.Limits(max_connections=1024)) as http:
-
-        async def one(p: list[int]) -> int:
-            body = {"model": "policy", "prompt": p, "max_tokens": max_tokens, "ignore_eos": True, "temperature": 1.0}
-            if logprobs:  # what RL needs from every token: the sampled token's log-prob
-                body["logprobs"] = 0
-            resp = await http.post("/v1/completions", json=body)
-            resp.raise_for_status()
-            return resp.json()["usage"]["completion_tokens"]
-
-        t0 = time.perf_counter()
-        counts = await asyncio.gather(*(one(p) for p in prompts))
-        return sum(counts), time.perf_counter() - t0
+    n = 0
+    for f in model.glob("*.safetensors"):
+        with safe_open(str(f), "pt") as st:
+            for k in st.keys():  # noqa: SIM118
+                size = 1
+                for d in st.get_slice(k).get_shape():
+                    size *= d
+                n += size
+    return float(n)
 
 
-async def _drive_vime(client, prompts: list[list[int]], max_tokens: int) -> tuple[int, float]:
-    params = {"temperature": 1.0, "max_tokens": max_tokens, "ignore_eos": True}
-    t0 = time.perf_counter()
-    outs = await asyncio.gather(*(client.generate(p, params) for p in prompts))
-    return sum(len(o.token_ids) for o in outs), time.perf_counter() - t0
-
-
+# -- rollout throughput -----------------------------------------------------------------------------------------------
 def _prompts(model: Path, n: int) -> list[list[int]]:
     from transformers import AutoTokenizer
 
@@ -106,192 +118,346 @@ def _prompts(model: Path, n: int) -> list[list[int]]:
     return out
 
 
-def throughput(name: str, model: Path, n: int, max_tokens: int, repeats: int = 2) -> None:
-    """Bare ``vllm.entrypoints.openai.api_server`` (vLLM's defaults, bf16) vs vime's engine + router + client."""
+async def _bare_no_logprobs(url: str, prompts: list[list[int]], max_tokens: int) -> int:
     import httpx
 
-    from vime_core.net import find_free_port
-    from vime_core.rollout.client import RouterClient
+    limits = httpx.Limits(max_connections=1024, max_keepalive_connections=1024)
+    async with httpx.AsyncClient(base_url=url, timeout=1200, limits=limits, trust_env=False) as http:
+
+        async def one(p: list[int]) -> int:
+            body = {"model": "policy", "prompt": p, "max_tokens": max_tokens, "ignore_eos": True, "temperature": 1.0}
+            resp = await http.post("/v1/completions", json=body)
+            resp.raise_for_status()
+            return resp.json()["usage"]["completion_tokens"]
+
+        return sum(await asyncio.gather(*(one(p) for p in prompts)))
+
+
+def throughput(name: str, model: Path, n: int, max_tokens: int, repeats: int, env: dict | None = None) -> None:
+    """One engine as vime starts it (its worker extension; vLLM's defaults otherwise: CUDA graphs, bf16) and a
+    router: every request shape of :mod:`bench.route_cost` (bare = ``/v1/completions`` straight to the engine),
+    vime's routes through the router and straight; then with the float32 LM head switched on (its cost)."""
+    from transformers import AutoTokenizer
+
+    from bench.route_cost import api_server_pid, measure, run_shape
     from vime_core.rollout.engine import VLLMServer
     from vime_core.rollout.router import VLLMRouter
 
     prompts = _prompts(model, n)
-    out: dict[str, float] = {}
-    port = find_free_port("127.0.0.1")
-    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model), "--dtype", "bfloat16"]
-    cmd += ["--host", "127.0.0.1", "--port", str(port), "--served-model-name", "policy", "--seed", "0"]
-    t0 = time.perf_counter()
-    logf = open(f"/tmp/bench-bare-{name}.log", "w")  # noqa: SIM115
-    proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        while True:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if proc.poll() is not None:
-                raise RuntimeError(f"bare vLLM exited: see /tmp/bench-bare-{name}.log")
-            time.sleep(1)
-        out["bare_start_s"] = time.perf_counter() - t0
-        url = f"http://127.0.0.1:{port}"
-        asyncio.run(_drive_completions(url, prompts[:8], 16))  # warm-up
-        runs = [asyncio.run(_drive_completions(url, prompts, max_tokens)) for _ in range(repeats)]
-        out["bare_tok_s"] = max(t / s for t, s in runs)
-        runs = [asyncio.run(_drive_completions(url, prompts, max_tokens, logprobs=True)) for _ in range(repeats)]
-        out["bare_logprobs_tok_s"] = max(t / s for t, s in runs)  # what RL needs: each sampled token's log-prob
-    finally:
-        os.killpg(proc.pid, 15)
-        proc.wait(60)
+    tok = AutoTokenizer.from_pretrained(str(model))
+    out: dict = {"prompts": n, "max_tokens": max_tokens}
     t0 = time.perf_counter()
     server = VLLMServer(
         model,
         served_model_name="policy",
         enforce_eager=False,
         dtype="bfloat16",
-        extra_args=["--seed", "0"],
-        log_path=f"/tmp/bench-vime-{name}.log",
+        extra_args=["--seed", "0", "--disable-uvicorn-access-log"],
+        log_path=OUT / f"{name}-vllm.log",
+        env=env,
     )
     server.start()
     try:
         server.wait_ready(900)
-        router = VLLMRouter([server.url], policy="round_robin", log_path=f"/tmp/bench-router-{name}.log").start()
+        router = VLLMRouter([server.url], policy="round_robin", log_path=OUT / f"{name}-router.log").start()
         try:
             router.wait_ready(120)
-            out["vime_start_s"] = time.perf_counter() - t0
-            from transformers import AutoTokenizer
-
-            tok = AutoTokenizer.from_pretrained(str(model))
-
-            async def go(base, ps, mt, api="auto"):
-                caps = server.capabilities
-                async with RouterClient(base, "policy", capabilities=caps, tokenizer=tok, api=api) as c:
-                    return await _drive_vime(c, ps, mt)
-
-            asyncio.run(go(router.url, prompts[:8], 16))
-            runs = [asyncio.run(go(router.url, prompts, max_tokens)) for _ in range(repeats)]
-            out["vime_tok_s"] = max(t / s for t, s in runs)
-            runs = [asyncio.run(go(server.url, prompts, max_tokens)) for _ in range(repeats)]
-            out["vime_no_router_tok_s"] = max(t / s for t, s in runs)  # the router's share of the gap
-            runs = [asyncio.run(go(router.url, prompts, max_tokens, "completions")) for _ in range(repeats)]
-            out["vime_completions_tok_s"] = max(t / s for t, s in runs)  # log-probs as a float list, not objects
+            out["start_s"] = time.perf_counter() - t0
+            caps, pid = server.capabilities, api_server_pid(server.proc.pid)
+            out["engine"] = caps.describe()
+            t1 = time.perf_counter()
+            n_bare = asyncio.run(_bare_no_logprobs(server.url, prompts, max_tokens))
+            out["bare_no_logprobs_tok_s"] = n_bare / (time.perf_counter() - t1)
+            direct = measure(server.url, pid, prompts, max_tokens, caps, tok, repeats, ("bare+logprobs", "generate"))
+            routed = measure(
+                router.url,
+                pid,
+                prompts,
+                max_tokens,
+                caps,
+                tok,
+                repeats,
+                ("generate (before)", "generate", "completions"),
+            )
+            out["shapes"] = {
+                **{f"{k} direct": v for k, v in direct.items()},
+                **{f"{k} router": v for k, v in routed.items()},
+            }
+            bare = out["shapes"]["bare+logprobs direct"]["tok_s"]
+            out["ratio_default_route"] = out["shapes"]["generate router"]["tok_s"] / bare
+            out["ratio_before"] = out["shapes"]["generate (before) router"]["tok_s"] / bare
+            report = server.collective_rpc("vime_fp32_lm_head", kwargs={"enable": True})
+            out["fp32_lm_head"] = report
+            fp32 = measure(router.url, pid, prompts, max_tokens, caps, tok, repeats, ("generate",))["generate"]
+            out["fp32_lm_head_generate_router_tok_s"] = fp32["tok_s"]
+            server.collective_rpc("vime_fp32_lm_head", kwargs={"enable": False})
+            run_shape("generate", router.url, prompts[:2], 4, caps, tok)  # still serving after switching back
         finally:
             router.stop()
     finally:
         server.stop()
-    out["ratio"] = out["vime_tok_s"] / out["bare_tok_s"]
-    out["ratio_logprobs"] = out["vime_tok_s"] / out["bare_logprobs_tok_s"]
+        wait_gpu_idle()
     RESULTS[f"throughput_{name}"] = out
+    rows = "\n".join(
+        f"    {k:26s} {v['tok_s']:9.0f} tok/s  {100 * v['tok_s'] / bare:6.1f}% of bare+logprobs  "
+        f"server CPU {v['server_cpu_ms_per_1k']:6.0f} ms/1k tok  client CPU {v['client_cpu_ms_per_1k']:6.0f} ms/1k tok"
+        for k, v in out["shapes"].items()
+    )
     log(
-        f"throughput {name} ({n} prompts × {max_tokens} tokens): bare vLLM {out['bare_tok_s']:.0f} tok/s "
-        f"({out['bare_logprobs_tok_s']:.0f} with log-probs); vime {out['vime_tok_s']:.0f} tok/s through the router "
-        f"({out['vime_no_router_tok_s']:.0f} direct, {out['vime_completions_tok_s']:.0f} on /v1/completions) = "
-        f"{100 * out['ratio']:.1f}% of bare "
-        f"({100 * out['ratio_logprobs']:.1f}% of bare with log-probs); starts {out['bare_start_s']:.0f} s / "
-        f"{out['vime_start_s']:.0f} s"
+        f"throughput {name} ({n} prompts x {max_tokens} tokens; {out['engine']}): bare without log-probs "
+        f"{out['bare_no_logprobs_tok_s']:.0f} tok/s; vime's default route through the router = "
+        f"{100 * out['ratio_default_route']:.1f}% of bare with log-probs (before: {100 * out['ratio_before']:.1f}%); "
+        f"float32 LM head on: {out['fp32_lm_head_generate_router_tok_s']:.0f} tok/s ({report}); start "
+        f"{out['start_s']:.0f} s\n{rows}"
     )
 
 
 # -- vime runs --------------------------------------------------------------------------------------------------------
-def vime_run(
-    name: str,
-    model: Path,
-    weight_sync: str,
-    steps: int,
-    extra: list[str],
-    env: dict[str, str],
-    params: float | None = None,
-) -> None:
-    out = Path(f"/tmp/bench-run-{name}")
+SPLIT_KEYS = (
+    "perf/rollout_time",
+    "perf/train_time",
+    "perf/sync_time",
+    "perf/step_time",
+    "perf/sleep_time",
+    "perf/sleep_level",
+    "perf/wake_time",
+    "perf/wake_weights_time",
+    "perf/wake_kv_cache_time",
+    "perf/train_compute_time",
+    "perf/train_worker_time",
+    "perf/train_transfer_time",
+    "perf/train_setup_time",
+    "perf/train_old_logprob_time",
+    "perf/train_forward_time",
+    "perf/train_backward_time",
+    "perf/train_optimizer_time",
+    "perf/empty_cache_time",
+    "perf/host_copy_overlap_time",
+    "weight_sync/host_copy_seconds",
+    "weight_sync/trainer_seconds",
+    "weight_sync/engine_seconds",
+    "weight_sync/pause_seconds",
+    "weight_sync/load_seconds",
+    "weight_sync/label_seconds",
+    "weight_sync/resume_seconds",
+    "weight_sync/bytes",
+    "train/num_tokens",
+    "train/num_seq_tokens",
+    "rollout/response_len_mean",
+)
+
+
+def vime_run(name: str, argv: list[str], env: dict[str, str], params: float | None, steps: int) -> None:
+    """``vime run`` ``argv`` (plus the output dir and ``--num-rollout steps``) in a subprocess; the medians over steps
+    1.. (step 0 holds first-call warm-ups) of :data:`SPLIT_KEYS`, |Δlogp| per step, MFU inside the loop."""
+    out = OUT / f"run-{name}"
     subprocess.run(["rm", "-rf", str(out)], check=False)
-    argv = [
-        *("run", "--model", str(model), "--output-dir", str(out), "--trainer", "megatron", "--colocate"),
-        *("--actor-num-gpus-per-node", "1", "--weight-sync", weight_sync, "--num-rollout", str(steps)),
-        *("--prompt-data", str(ROOT / "examples/quickstart/data/train.jsonl"), "--no-report", "--no-save-hf"),
-        *("--reward", "tests.integration.text_reward.text_length_mod3", "--lr", "1e-5"),
-        *extra,
-    ]
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **env}
     full_env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
+    total = steps + 1 if ARGS.profile else steps  # the profiled step is one more, left out of the medians
+    if ARGS.profile:
+        full_env.update(VIME_PROFILE_TRAIN_STEP=str(steps), VIME_PROFILE_DIR=str(out / "profile"))
+    cmd = [sys.executable, "-m", "vime_core.cli", "run", *argv, "--output-dir", str(out), "--num-rollout", str(total)]
     t0 = time.perf_counter()
-    proc = subprocess.run(
-        [sys.executable, "-m", "vime_core.cli", *argv],
-        capture_output=True,
-        text=True,
-        env=full_env,
-        cwd=ROOT,
-        timeout=900,
-    )
-    if proc.returncode != 0:
-        log(f"{name}: vime run failed ({proc.returncode}): {proc.stdout[-1500:]} {proc.stderr[-3000:]}")
+    rc = run_until_metrics(cmd, full_env, OUT / f"run-{name}.log", out / "metrics.jsonl", total)
+    metrics_file = out / "metrics.jsonl"
+    lines = metrics_file.read_text().splitlines() if metrics_file.exists() else []
+    if len(lines) < total:
+        tail = (OUT / f"run-{name}.log").read_text()[-4000:]
+        log(f"{name}: vime run failed ({rc}, {len(lines)} of {total} steps); last lines of run-{name}.log:\n{tail}")
         return
-    m = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    later = m[1:] or m  # step 0 includes first-call warm-ups
+    m = [json.loads(line) for line in lines][:steps]
+    later = m[1:] or m
 
     def med(key: str) -> float:
         vals = [r[key] for r in later if key in r]
         return statistics.median(vals) if vals else float("nan")
 
-    res = {
-        k: med(k)
-        for k in (
-            "perf/rollout_time",
-            "perf/train_time",
-            "perf/sync_time",
-            "perf/step_time",
-            "perf/sleep_time",
-            "perf/wake_time",
-            "weight_sync/trainer_seconds",
-            "weight_sync/engine_seconds",
-            "weight_sync/pause_seconds",
-            "weight_sync/load_seconds",
-            "weight_sync/label_seconds",
-            "weight_sync/resume_seconds",
-            "weight_sync/bytes",
-            "train/num_tokens",
-            "rollout/response_len_mean",
-        )
-    }
+    res: dict = {k: med(k) for k in SPLIT_KEYS}
     res["logp_abs_diff"] = [round(r["train/train_rollout_logprob_abs_diff"], 5) for r in m]
+    res["logp_abs_diff_mean"] = statistics.fmean(res["logp_abs_diff"])
     res["wall_s"] = time.perf_counter() - t0
-    other = res["perf/step_time"] - res["perf/rollout_time"] - res["perf/train_time"] - res["perf/sync_time"]
-    res["other_time"] = other
-    if params:
-        res["mfu"] = 6 * params * res["train/num_tokens"] / res["perf/train_time"] / (ARGS.peak_tflops * 1e12)
-    RESULTS[name] = res
-    log(
-        f"{name}: step {res['perf/step_time']:.2f} s = rollout {res['perf/rollout_time']:.2f} + train "
-        f"{res['perf/train_time']:.2f} + sync {res['perf/sync_time']:.3f} + other {other:.2f}; sync: trainer push "
-        f"{res['weight_sync/trainer_seconds']:.3f}, pause {res['weight_sync/pause_seconds']:.3f}, transfer+load "
-        f"{res['weight_sync/load_seconds']:.3f}, reset+label {res['weight_sync/label_seconds']:.3f}, resume "
-        f"{res['weight_sync/resume_seconds']:.3f} (engine side {res['weight_sync/engine_seconds']:.3f}), wake "
-        f"{res['perf/wake_time']:.3f}, sleep {res['perf/sleep_time']:.3f}; {res['weight_sync/bytes'] / 1e6:.0f} MB; "
-        f"|Δlogp| per step {res['logp_abs_diff']}" + (f"; MFU {100 * res['mfu']:.1f}%" if params else "")
+    res["other_time"] = (
+        res["perf/step_time"] - res["perf/rollout_time"] - res["perf/train_time"] - res["perf/sync_time"]
     )
+    res["rollout_tok_s"] = res["train/num_tokens"] / res["perf/rollout_time"]
+    if params:
+        res["params"] = params
+        set_mfu(res)
+    RESULTS[name] = res
+    split = ", ".join(
+        f"{k.removeprefix('perf/train_').removesuffix('_time')} {res[k]:.3f}"
+        for k in SPLIT_KEYS
+        if k.startswith("perf/train_") and k not in ("perf/train_time", "perf/train_compute_time") and res[k] == res[k]
+    )
+    log(
+        f"{name}: step {res['perf/step_time']:.2f} s = rollout {res['perf/rollout_time']:.2f} "
+        f"({res['rollout_tok_s']:.0f} tok/s) + train {res['perf/train_time']:.3f} + sync {res['perf/sync_time']:.3f} "
+        f"+ other {res['other_time']:.2f}\n"
+        f"    train: trainer step {res['perf/train_compute_time']:.3f} s ({split}), empty_cache "
+        f"{res['perf/empty_cache_time']:.3f}, host copy overlapping {res['perf/host_copy_overlap_time']:.3f} (copy "
+        f"{res['weight_sync/host_copy_seconds']:.2f} s); {res['train/num_seq_tokens']:.0f} tokens"
+        + (
+            f"; MFU {100 * res['mfu_compute']:.1f}% (trainer step), {100 * res['mfu_train_time']:.1f}% (train time)"
+            if params
+            else ""
+        )
+        + f"\n    sync: sleep level {res['perf/sleep_level']:.0f} ({res['perf/sleep_time']:.3f} s before training), "
+        f"wake "
+        f"{res['perf/wake_time']:.3f} (weights {res['perf/wake_weights_time']:.3f}, kv cache "
+        f"{res['perf/wake_kv_cache_time']:.3f}), trainer push {res['weight_sync/trainer_seconds']:.3f}, pause "
+        f"{res['weight_sync/pause_seconds']:.3f}, transfer+load {res['weight_sync/load_seconds']:.3f}, reset+label "
+        f"{res['weight_sync/label_seconds']:.3f}, resume {res['weight_sync/resume_seconds']:.3f} (engine side "
+        f"{res['weight_sync/engine_seconds']:.3f}); {res['weight_sync/bytes'] / 1e6:.0f} MB\n"
+        f"    |Δlogp| per step {res['logp_abs_diff']} (mean {res['logp_abs_diff_mean']:.4f})"
+    )
+    for f in sorted((out / "profile").glob("*.txt")) if ARGS.profile else ():
+        log(f"{name}: {f}\n" + "\n".join(f.read_text().splitlines()[:45]))
 
 
-SMALL = [
-    "--rollout-batch-size",
-    "8",
-    "--n-samples-per-prompt",
-    "4",
-    "--rollout-max-response-len",
-    "64",
-    "--micro-batch-size",
-    "32",
+def set_mfu(res: dict) -> None:
+    """``mfu_compute`` (the trainer's step) and ``mfu_train_time`` (the driver's train time) of a run's medians:
+    6 · parameters · prompt and response tokens / seconds / :func:`peak_tflops`."""
+    flops = 6 * res["params"] * res["train/num_seq_tokens"]
+    res["peak_tflops"] = peak = peak_tflops()
+    res["mfu_compute"] = flops / res["perf/train_compute_time"] / (peak * 1e12)
+    res["mfu_train_time"] = flops / res["perf/train_time"] / (peak * 1e12)
+
+
+def run_until_metrics(cmd: list[str], env: dict, log_path: Path, metrics: Path, steps: int) -> int | None:
+    """Run ``cmd`` (a ``vime run``) until ``metrics`` has ``steps`` lines, then SIGTERM it (vime stops what it
+    started within seconds, skipping the final checkpoint the figures do not need) and wait until no process uses
+    the GPU. :return: its exit code (143 after the SIGTERM), ``None`` if it had to be killed."""
+    import signal
+
+    with open(log_path, "w") as logf:
+        proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
+        deadline = time.monotonic() + ARGS.run_timeout
+        while proc.poll() is None and time.monotonic() < deadline:
+            if metrics.exists() and len(metrics.read_text().splitlines()) >= steps:
+                proc.send_signal(signal.SIGTERM)
+                break
+            time.sleep(0.5)
+        else:
+            if proc.poll() is None:
+                log(f"{cmd[4:6]}...: over --run-timeout {ARGS.run_timeout:g} s: SIGTERM")
+                proc.send_signal(signal.SIGTERM)
+        try:
+            rc: int | None = proc.wait(90)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            rc = None
+    wait_gpu_idle()
+    return rc
+
+
+def wait_gpu_idle(timeout_s: float = 90.0) -> None:
+    """Wait until ``nvidia-smi`` lists no compute process (the last run's engine and trainer are gone)."""
+    query = ["nvidia-smi", "--query-compute-apps=pid", "--format=csv,noheader"]
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            busy = subprocess.run(query, capture_output=True, text=True, timeout=20).stdout.split()
+        except (OSError, subprocess.SubprocessError):
+            return  # no nvidia-smi: nothing to wait for here
+        if not busy:
+            return
+        time.sleep(1)
+    log(f"processes still on the GPU after {timeout_s:g} s: {busy}")
+
+
+def run_args(model: Path, samples: int, extra: list[str] = ()) -> list[str]:
+    """The 1B's run (examples/gpu/throughput_1b.yaml) with ``samples`` samples a step (2 per prompt)."""
+    return [
+        *("--config", str(ROOT / "examples/gpu/throughput_1b.yaml"), "--model", str(model)),
+        *("--rollout-batch-size", str(samples // 2), "--no-report"),
+        *extra,
+    ]
+
+
+QUICKSTART = [
+    *("--config", str(ROOT / "examples/gpu/quickstart.yaml"), "--no-report", "--no-save-hf"),
+    *("--skip-eval-before-train", "--save-interval", "1000"),
 ]
-BIG = [
-    "--rollout-batch-size",
-    "4",
-    "--n-samples-per-prompt",
-    "2",
-    "--rollout-max-response-len",
-    "1024",
-    "--micro-batch-size",
-    "8",
-    "--rollout-temperature",
-    "1.0",
-]
+
+
+def bench_train(model: Path) -> None:
+    """``bench/megatron_step.py`` on ``model`` at the loop's shapes (subprocess: its own GPU process)."""
+    out = OUT / "bench_train.json"
+    cmd = [
+        sys.executable,
+        str(ROOT / "bench/megatron_step.py"),
+        *("--model", str(model), "--batch", "8,16", "--micro-batch", "8", "--prompt-len", "100", "--seq", "1124"),
+        *("--attention", "sdpa", "--qkv-format", "bshd,thd", "--empty-cache", "--skip-checks"),
+        *("--steps", "3", "--warmup", "1", "--json", str(out)),
+        *(["--profile"] if ARGS.profile else []),
+    ]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
+    with open(OUT / "bench_train.log", "w") as logf:
+        proc = subprocess.run(cmd, stdout=logf, stderr=subprocess.STDOUT, env=env, cwd=ROOT, timeout=ARGS.run_timeout)
+    wait_gpu_idle()
+    text = (OUT / "bench_train.log").read_text()
+    if proc.returncode != 0 or not out.exists():
+        log(f"bench_train failed ({proc.returncode}):\n{text[-4000:]}")
+        return
+    RESULTS["bench_train"] = json.loads(out.read_text())
+    log("bench_train:\n" + "\n".join(line for line in text.splitlines() if "median step" in line or "profile" in line))
+
+
+def peak_tflops() -> float:
+    """The bf16 matmul peak ``bench_train`` measured on this GPU, else ``--peak-tflops``."""
+    return float(RESULTS.get("bench_train", {}).get("peak_bf16_tflops") or ARGS.peak_tflops)
+
+
+# -- the table --------------------------------------------------------------------------------------------------------
+def table() -> str:
+    """Issue 40's table from what ran (``—`` for what did not)."""
+
+    def g(section: str, *keys, fmt="{:.3f}", scale=1.0) -> str:
+        v = RESULTS.get(section)
+        for k in keys:
+            v = v.get(k) if isinstance(v, dict) else None
+        return "—" if v is None or v != v else fmt.format(v * scale)
+
+    bt = RESULTS.get("bench_train", {})
+
+    def bench(fmt: str, n: int, key: str, scale: float = 1.0) -> str:
+        r = bt.get(f"train_sdpa{'' if fmt == 'bshd' else '-' + fmt}_{n}x1124", {})
+        v = r.get(key)
+        return "—" if v is None else f"{v * scale:.3f}" if scale == 1.0 else f"{v * scale:.1f}%"
+
+    rows = [
+        "| figure | measured | target |",
+        "|---|---|---|",
+        f"| rollout, SmolLM2 256 × 256: default route via router / bare with log-probs | "
+        f"{g('throughput_135m', 'shapes', 'generate router', 'tok_s', fmt='{:.0f}')} / "
+        f"{g('throughput_135m', 'shapes', 'bare+logprobs direct', 'tok_s', fmt='{:.0f}')} tok/s = "
+        f"{g('throughput_135m', 'ratio_default_route', fmt='{:.1f}%', scale=100)} (before: "
+        f"{g('throughput_135m', 'ratio_before', fmt='{:.1f}%', scale=100)}) | ≥ 97 % |",
+        f"| rollout, 1B 8 × 1,024 | {g('throughput_1b', 'shapes', 'generate router', 'tok_s', fmt='{:.0f}')} / "
+        f"{g('throughput_1b', 'shapes', 'bare+logprobs direct', 'tok_s', fmt='{:.0f}')} tok/s = "
+        f"{g('throughput_1b', 'ratio_default_route', fmt='{:.1f}%', scale=100)} | ≥ 97 % |",
+        f"| training 8 × 1,124 tokens: in loop (trainer step / train time) vs bench (bshd, thd) | "
+        f"{g('run1b', 'perf/train_compute_time')} / {g('run1b', 'perf/train_time')} s vs "
+        f"{bench('bshd', 8, 'step_s_median')}, {bench('thd', 8, 'step_s_median')} s; MFU "
+        f"{g('run1b', 'mfu_compute', fmt='{:.1f}%', scale=100)} vs {bench('bshd', 8, 'mfu_6nt', 100)} | within 10 % |",
+        f"| training 16 × 1,124 tokens | {g('run1b_16', 'perf/train_compute_time')} / "
+        f"{g('run1b_16', 'perf/train_time')} s vs {bench('bshd', 16, 'step_s_median')}, "
+        f"{bench('thd', 16, 'step_s_median')} s; MFU {g('run1b_16', 'mfu_compute', fmt='{:.1f}%', scale=100)} vs "
+        f"{bench('bshd', 16, 'mfu_6nt', 100)} | within 10 % |",
+        f"| weight sync per step, 1B ipc, with the wake | {g('run1b', 'perf/sync_time')} s (wake "
+        f"{g('run1b', 'perf/wake_time')}, engine side {g('run1b', 'weight_sync/engine_seconds')}; sleep "
+        f"{g('run1b', 'perf/sleep_time')} before training); engine and trainer resident (--no-offload-rollout): "
+        f"{g('run1b_resident', 'perf/sync_time')} s, trainer step {g('run1b_resident', 'perf/train_compute_time')} s "
+        f"| ≤ 0.15 s |",
+        f"| mean \\|Δlogp\\| quickstart / 1B (default) | {g('run135m', 'logp_abs_diff_mean', fmt='{:.4f}')} / "
+        f"{g('run1b', 'logp_abs_diff_mean', fmt='{:.4f}')} | ≤ 0.01 |",
+        f"| mean \\|Δlogp\\| quickstart, deterministic mode | {g('run135m_det', 'logp_abs_diff_mean', fmt='{:.4f}')} "
+        f"(step {g('run135m_det', 'perf/step_time')} s vs {g('run135m', 'perf/step_time')} s; batch-invariant engine "
+        f"{g('throughput_det', 'shapes', 'generate router', 'tok_s', fmt='{:.0f}')} vs "
+        f"{g('throughput_135m', 'shapes', 'generate router', 'tok_s', fmt='{:.0f}')} tok/s) | ≤ 1e-3 |",
+    ]
+    return "\n".join(rows)
 
 
 def main() -> None:
@@ -299,58 +465,78 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument(
         "--sections",
-        default="throughput,run135m,run1b,logp_fp32,logp_batch_invariant,run135m_disk,run1b_disk,throughput1b",
+        default="throughput,run1b,bench_train,run135m,run1b_16,run1b_resident,throughput1b,run135m_det,"
+        "throughput_det,run1b_thd",
     )
-    p.add_argument("--budget-s", type=float, default=540.0, help="start no section after this many seconds")
+    p.add_argument("--budget-s", type=float, default=1800.0, help="start no section after this many seconds")
+    p.add_argument("--run-timeout", type=float, default=480.0, help="seconds one vime run / bench may take")
     p.add_argument("--prompts", type=int, default=256)
     p.add_argument("--max-tokens", type=int, default=256)
-    p.add_argument("--peak-tflops", type=float, default=790.0)
+    p.add_argument("--repeats", type=int, default=2, help="runs of each throughput shape (best kept)")
+    p.add_argument("--peak-tflops", type=float, default=790.0, help="bf16 peak when bench_train did not measure it")
     p.add_argument("--model-1b", type=Path, default=Path("/tmp/llama-1b"))
     p.add_argument("--build-1b", type=Path, default=None)
+    p.add_argument("--profile", action="store_true", help="profile one train step of every run and print the top")
     p.add_argument("--json", type=Path, default=None)
     ARGS = p.parse_args()
     if ARGS.build_1b:
         build_1b(ARGS.build_1b)
         return
+    OUT.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    n135 = 134_515_008  # SmolLM2-135M (tied embeddings counted once)
+    one_b = ARGS.model_1b
+    det = ["--vllm-enable-deterministic-inference", "--deterministic-mode"]
     sections = {
-        "throughput": lambda: throughput("135m", SMOLLM, ARGS.prompts, ARGS.max_tokens),
-        "run135m": lambda: vime_run("run135m", SMOLLM, "ipc", 4, SMALL, {}, n135),
-        "run135m_disk": lambda: vime_run("run135m_disk", SMOLLM, "disk", 3, SMALL, {}, n135),
-        "logp_fp32": lambda: vime_run("logp_fp32", SMOLLM, "ipc", 3, [*SMALL, "--vllm-dtype", "float32"], {}),
-        "logp_batch_invariant": lambda: vime_run(
-            "logp_batch_invariant", SMOLLM, "ipc", 3, SMALL, {"VLLM_BATCH_INVARIANT": "1"}
+        "throughput": lambda: throughput("135m", SMOLLM, ARGS.prompts, ARGS.max_tokens, ARGS.repeats),
+        "run1b": lambda: vime_run("run1b", run_args(build_1b(one_b), 8), {}, params_of(one_b), 3),
+        "bench_train": lambda: bench_train(build_1b(one_b)),
+        "run135m": lambda: vime_run("run135m", QUICKSTART, {}, None, 3),
+        "run1b_16": lambda: vime_run("run1b_16", run_args(build_1b(one_b), 16), {}, params_of(one_b), 3),
+        "throughput1b": lambda: throughput("1b", build_1b(one_b), 8, 1024, ARGS.repeats),
+        "run135m_det": lambda: vime_run("run135m_det", [*QUICKSTART, *det], {}, None, 3),
+        "throughput_det": lambda: throughput(
+            "det", SMOLLM, ARGS.prompts, ARGS.max_tokens, 1, env={"VLLM_BATCH_INVARIANT": "1"}
         ),
-        "run1b": lambda: vime_run("run1b", build_1b(ARGS.model_1b), "ipc", 3, BIG, {}, _params(ARGS.model_1b)),
-        "run1b_disk": lambda: vime_run("run1b_disk", build_1b(ARGS.model_1b), "disk", 3, BIG, {}),
-        "throughput1b": lambda: throughput("1b", build_1b(ARGS.model_1b), ARGS.prompts, ARGS.max_tokens, 1),
+        "run1b_resident": lambda: vime_run(
+            "run1b_resident",
+            run_args(build_1b(one_b), 8, ["--no-offload-rollout", "--vllm-gpu-memory-utilization", "0.3"]),
+            {},
+            params_of(one_b),
+            3,
+        ),
+        "run1b_thd": lambda: vime_run(
+            "run1b_thd", run_args(build_1b(one_b), 8, ["--qkv-format", "thd"]), {}, params_of(one_b), 3
+        ),
+        "run1b_disk": lambda: vime_run(
+            "run1b_disk", run_args(build_1b(one_b), 8, ["--weight-sync", "disk"]), {}, params_of(one_b), 3
+        ),
+        "run135m_disk": lambda: vime_run("run135m_disk", [*QUICKSTART, "--weight-sync", "disk"], {}, None, 3),
     }
+    unknown = [s for s in ARGS.sections.split(",") if s not in sections]
+    if unknown:
+        p.error(f"--sections: unknown {unknown}; known: {', '.join(sections)}")
     for name in ARGS.sections.split(","):
         if time.perf_counter() - t0 > ARGS.budget_s:
             log(f"{name}: skipped (budget of {ARGS.budget_s:g} s spent)")
             continue
+        s0 = time.perf_counter()
         try:
             sections[name]()
         except Exception as e:  # noqa: BLE001 - a bench reports and goes on
             log(f"{name}: failed: {e!r}")
+        log(f"{name}: {time.perf_counter() - s0:.0f} s")
         if ARGS.json:
             ARGS.json.write_text(json.dumps(RESULTS, indent=1))
+    for res in RESULTS.values():  # MFU against the peak bench_train measured, also for the runs before it
+        if "params" in res:
+            set_mfu(res)
+    if ARGS.json:
+        ARGS.json.write_text(json.dumps(RESULTS, indent=1))
+    import torch
+
+    card = torch.cuda.get_device_name() if torch.cuda.is_available() else "no GPU"
+    log(f"issue 40's table ({card}, torch {torch.__version__}):\n{table()}")
     log("results: " + json.dumps(RESULTS))
-
-
-def _params(model: Path) -> float:
-    from safetensors import safe_open
-
-    n = 0
-    for f in model.glob("*.safetensors"):
-        with safe_open(str(f), "pt") as st:
-            for k in st.keys():  # noqa: SIM118
-                size = 1
-                for d in st.get_slice(k).get_shape():
-                    size *= d
-                n += size
-    return float(n)
 
 
 ARGS: argparse.Namespace

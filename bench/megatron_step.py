@@ -26,6 +26,18 @@ On the lent H200 (no package index there), with megatron-core carried as a wheel
     python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/megatron_core-*.whl
     PYTHONPATH=/tmp/site:. python3 bench/megatron_step.py [--steps 5] [--attention sdpa,local] \
         [--shapes llama-0.95b,qwen3-0.6b,qwen3-moe-small]
+
+The shapes of a step inside ``vime run`` (``bench/gpu_loop.py`` runs this as its ``bench_train`` section)::
+
+    python3 bench/megatron_step.py --model /tmp/llama-1b --batch 8,16 --prompt-len 100 --seq 1124 \
+        --attention sdpa --qkv-format bshd,thd --empty-cache --skip-checks --json out.json [--profile]
+
+``--model`` trains an existing HF checkpoint instead of ``--shapes`` (its parameter count in the MFU);
+``--prompt-len`` sets the prompt part of each ``--seq``-token sample; ``--empty-cache`` returns the allocator's
+cache to the GPU after every step, as the colocated loop does for the sleeping engine; ``--qkv-format`` the
+micro-batch layout; ``--profile`` prints the operators that took the most GPU time in one step. Each step's split
+(forward, backward, optimizer, ...) is the
+trainer's own ``perf/train_*_time``.
 """
 
 from __future__ import annotations
@@ -148,11 +160,12 @@ def shape_sizes(model_dir: Path, hf: dict[str, torch.Tensor]) -> dict[str, int]:
     }
 
 
-def rl_batch(vocab: int, n: int, seq: int, seed: int):
+def rl_batch(vocab: int, n: int, seq: int, seed: int, prompt_len: int | None = None):
     from vime_core.types import RolloutBatch, Sample, Status
 
     g = torch.Generator().manual_seed(seed)
-    prompt, resp = seq // 2, seq - seq // 2
+    prompt = seq // 2 if prompt_len is None else prompt_len
+    resp = seq - prompt
     samples, advs = [], []
     for i in range(n):
         s = Sample(
@@ -173,18 +186,34 @@ def rl_batch(vocab: int, n: int, seq: int, seed: int):
     return RolloutBatch(samples=samples, advantages=advs)
 
 
-def trainer_run_config(a: argparse.Namespace, attention: str) -> RunConfig:
+def trainer_run_config(a: argparse.Namespace, attention: str, qkv_format: str = "bshd") -> RunConfig:
     """The trainer's typed configuration for this bench (``a``: the bench's own command line)."""
     from vime_core.testing.trainer_args import trainer_config
 
     return trainer_config(
-        lr=1e-6, micro_batch_size=a.micro_batch, megatron_attention=attention, recompute_granularity=None
+        lr=1e-6,
+        micro_batch_size=a.micro_batch,
+        megatron_attention=attention,
+        recompute_granularity=None,
+        qkv_format=qkv_format,
+        fp32_lm_head=not a.bf16_lm_head,
     )
 
 
-def bench_shape(a: argparse.Namespace, shape: str, work: Path, peak: float, summary: list[str]) -> dict:
-    """Build ``shape``, check its round trip and log-probs, time ``--steps`` RL steps per ``--attention``; appends
-    one MFU line per attention to ``summary`` and returns the figures."""
+def profile_step(trainer, batch, rows: int = 25) -> str:
+    """One training step under ``torch.profiler``: the ``rows`` operators with the most GPU time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        trainer.train_step(batch)
+        torch.cuda.synchronize()
+    return prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=rows)
+
+
+def bench_shape(a: argparse.Namespace, shape: str, model_dir: Path, peak: float, summary: list[str]) -> dict:
+    """Check ``model_dir``'s round trip and log-probs (unless ``--skip-checks``), time ``--steps`` RL steps per
+    ``--attention`` × ``--qkv-format`` × ``--batch``; appends one MFU line per variant to ``summary`` and returns the
+    figures."""
     from safetensors.torch import load_file
 
     from vime_core.algorithms.logprobs import token_log_probs
@@ -192,32 +221,33 @@ def bench_shape(a: argparse.Namespace, shape: str, work: Path, peak: float, summ
     from vime_core.trainer.megatron_convert import ConversionError
 
     res: dict = {}
-    t0 = time.perf_counter()
-    model_dir = build_model(work / shape, a, shape)
-    print(f"[{shape}] built HF checkpoint in {time.perf_counter() - t0:.1f} s", flush=True)
     hf = {}
     for f in sorted(model_dir.glob("*.safetensors")):
         hf.update(load_file(str(f)))
     sizes = shape_sizes(model_dir, hf)
     res.update(sizes)
-    n_params, n_active = sizes["params"], sizes["active_params"]
+    n_params = sizes["params"]
     vocab = sizes["vocab"]
+    if a.skip_checks:
+        hf = {}
 
-    for i, attention in enumerate(a.attention.split(",")):
+    variants = [(att, fmt) for att in a.attention.split(",") for fmt in a.qkv_format.split(",")]
+    for i, (attention, fmt) in enumerate(variants):
         t0 = time.perf_counter()
         try:
-            trainer = MegatronTrainer(trainer_run_config(a, attention), model_dir)
-        except ConversionError as e:  # e.g. the MoE shape before the MoE family exists on the megatron trainer
+            trainer = MegatronTrainer(trainer_run_config(a, attention, fmt), model_dir)
+        except ConversionError as e:  # a family the megatron trainer does not build
             res["skipped"] = str(e)
-            summary.append(f"[{shape}] skipped: the megatron trainer does not build it yet ({e})")
+            summary.append(f"[{shape}] skipped: the megatron trainer does not build it ({e})")
             print(summary[-1], flush=True)
             return res
+        name = attention if fmt == "bshd" else f"{attention}-{fmt}"
         print(
-            f"[{shape} {attention}] MegatronTrainer ready in {time.perf_counter() - t0:.1f} s "
-            f"(spec: {'TE' if attention == 'te' else 'local'}, attention {attention})",
+            f"[{shape} {name}] MegatronTrainer ready in {time.perf_counter() - t0:.1f} s "
+            f"(spec: {'TE' if attention == 'te' else 'local'}, attention {attention}, qkv-format {fmt})",
             flush=True,
         )
-        if i == 0:
+        if i == 0 and not a.skip_checks:
             exported = dict(trainer.named_hf_tensors())
             exact = sorted(exported) == sorted(hf) and all(
                 torch.equal(exported[k].view(torch.uint8), hf[k].view(torch.uint8)) for k in hf
@@ -249,53 +279,20 @@ def bench_shape(a: argparse.Namespace, shape: str, work: Path, peak: float, summ
                 f"{res['logprob_maxdiff_megatron_vs_hf_bf16']:.4f}",
                 flush=True,
             )
-        times, metrics = [], {}
-        for step in range(a.warmup + a.steps):
-            batch = rl_batch(vocab, a.batch, a.seq, seed=step)
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            metrics = trainer.train_step(batch)
-            torch.cuda.synchronize()
-            dt = time.perf_counter() - t0
-            if step >= a.warmup:
-                times.append(dt)
-            print(
-                f"[{shape} {attention}] step {step}: {dt:.3f} s, pg_loss {metrics.get('train/pg_loss', 0):.4f}, "
-                f"grad_norm {metrics['train/grad_norm']:.3f}",
-                flush=True,
+        batches = [int(b) for b in a.batch.split(",")]
+        for batch_size in batches:
+            r = measure_steps(trainer, a, f"{shape} {name}", batch_size, sizes, peak)
+            res[f"train_{name}_{batch_size}x{a.seq}"] = r
+            if len(batches) == 1:
+                res[f"train_{name}"] = r  # the key of earlier runs
+            summary.append(
+                f"MFU {shape:16s} [{name}]: {r['mfu_6nt']:.1%} (6NT), {r['mfu_with_attention']:.1%} with attention; "
+                f"{r['step_s_median']:.3f} s/step, {r['tokens_per_s']:.0f} tok/s at {batch_size}x{a.seq}"
             )
-        step_s = statistics.median(times)
-        tokens = a.batch * a.seq
-        flops_6nt = 6 * n_active * tokens
-        # causal QK^T + AV, forward + backward
-        flops_attn = flops_6nt + 6 * sizes["layers"] * a.seq * sizes["attention_width"] * tokens
-        r = {
-            "step_s_median": step_s,
-            "step_s_all": times,
-            "tokens_per_s": tokens / step_s,
-            "tflops_6nt": flops_6nt / step_s / 1e12,
-            "tflops_with_attention": flops_attn / step_s / 1e12,
-            "max_memory_gib": torch.cuda.max_memory_allocated() / 2**30,
-        }
-        r["mfu_6nt"] = r["tflops_6nt"] / peak
-        r["mfu_with_attention"] = r["tflops_with_attention"] / peak
-        res[f"train_{attention}"] = r
-        print(
-            f"[{shape} {attention}] {n_params / 1e9:.3f} B params ({n_active / 1e9:.3f} B active), batch "
-            f"{a.batch}x{a.seq} tokens: median step "
-            f"{step_s:.3f} s, {r['tokens_per_s']:.0f} tok/s, {r['tflops_6nt']:.0f} TFLOP/s (6NT) = MFU "
-            f"{r['mfu_6nt']:.1%}; with attention FLOPs {r['tflops_with_attention']:.0f} TFLOP/s = "
-            f"{r['mfu_with_attention']:.1%}; peak memory {r['max_memory_gib']:.1f} GiB",
-            flush=True,
-        )
         del trainer
         gc.collect()
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
-        summary.append(
-            f"MFU {shape:16s} [{attention}]: {r['mfu_6nt']:.1%} (6NT), {r['mfu_with_attention']:.1%} with attention; "
-            f"{r['step_s_median']:.3f} s/step, {r['tokens_per_s']:.0f} tok/s at {a.batch}x{a.seq}"
-        )
     return res
 
 
@@ -307,7 +304,7 @@ def main() -> None:
     ap.add_argument("--kv-heads", type=int, default=16)
     ap.add_argument("--ffn", type=int, default=5632)
     ap.add_argument("--vocab", type=int, default=32000)
-    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--batch", default="8", help="samples per step; a comma list runs each")
     ap.add_argument("--micro-batch", type=int, default=8)
     ap.add_argument("--seq", type=int, default=1024)
     ap.add_argument("--steps", type=int, default=5)
@@ -317,6 +314,14 @@ def main() -> None:
         "--shapes", default="llama-0.95b", help=f"comma-separated: llama-0.95b, {', '.join(SHAPES)} (module doc)"
     )
     ap.add_argument("--out", default=os.environ.get("OUT"))
+    ap.add_argument("--model", type=Path, default=None, help="an HF checkpoint to train instead of a built one")
+    ap.add_argument("--prompt-len", type=int, default=None, help="prompt tokens of each sample (default: seq / 2)")
+    ap.add_argument("--qkv-format", default="bshd", help="bshd, thd or both (comma list)")
+    ap.add_argument("--empty-cache", action="store_true", help="torch.cuda.empty_cache() after every step")
+    ap.add_argument("--bf16-lm-head", action="store_true", help="the LM head's logits rounded to bf16 (as before)")
+    ap.add_argument("--skip-checks", action="store_true", help="no round trip, no comparison with HF")
+    ap.add_argument("--profile", action="store_true", help="print the top GPU operators of one step")
+    ap.add_argument("--json", type=Path, default=None, help="write the results here")
     a = ap.parse_args()
     res: dict = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__}
     try:
@@ -332,17 +337,81 @@ def main() -> None:
         flush=True,
     )
 
-    work = Path(tempfile.mkdtemp(prefix="vime-meg-"))
-    summary = []
-    for shape in a.shapes.split(","):
-        res[shape] = bench_shape(a, shape, work, res["peak_bf16_tflops"], summary)
-        gc.collect()
-        torch.cuda.empty_cache()
+    summary: list[str] = []
+    if a.model is not None:  # an existing checkpoint: its figures at the top level (bench/gpu_loop.py reads them)
+        res.update(bench_shape(a, a.model.name, a.model, res["peak_bf16_tflops"], summary))
+    else:
+        work = Path(tempfile.mkdtemp(prefix="vime-meg-"))
+        for shape in a.shapes.split(","):
+            t0 = time.perf_counter()
+            model_dir = build_model(work / shape, a, shape)
+            print(f"[{shape}] built HF checkpoint in {time.perf_counter() - t0:.1f} s", flush=True)
+            res[shape] = bench_shape(a, shape, model_dir, res["peak_bf16_tflops"], summary)
+            gc.collect()
+            torch.cuda.empty_cache()
     for line in summary:
         print(line, flush=True)
     print("RESULT " + json.dumps(res))
     if a.out:
         Path(a.out, "megatron_step.json").write_text(json.dumps(res, indent=1))
+    if a.json:
+        a.json.write_text(json.dumps(res, indent=1))
+
+
+def measure_steps(trainer, a: argparse.Namespace, name: str, batch_size: int, sizes: dict, peak: float) -> dict:
+    """``a.warmup + a.steps`` training steps of ``batch_size`` samples of ``a.seq`` tokens: median step time, MFU
+    (6·N·tokens with N the active parameters, and with causal attention) against ``peak`` TFLOP/s, tokens/s, peak
+    memory and the median of the trainer's own split (``perf/train_*_time``)."""
+    times, splits, metrics = [], [], {}
+    for step in range(a.warmup + a.steps):
+        batch = rl_batch(sizes["vocab"], batch_size, a.seq, seed=step, prompt_len=a.prompt_len)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        metrics = trainer.train_step(batch)
+        torch.cuda.synchronize()
+        dt = time.perf_counter() - t0
+        if a.empty_cache:  # as the colocated loop does for the engine that wakes next (not timed: its own figure)
+            t1 = time.perf_counter()
+            torch.cuda.empty_cache()
+            metrics["perf/empty_cache_time"] = time.perf_counter() - t1
+        if step >= a.warmup:
+            times.append(dt)
+            splits.append({k: v for k, v in metrics.items() if k.startswith("perf/")})
+        print(
+            f"[{name}] {batch_size}x{a.seq} step {step}: {dt:.3f} s, pg_loss {metrics.get('train/pg_loss', 0):.4f}, "
+            f"grad_norm {metrics['train/grad_norm']:.3f}",
+            flush=True,
+        )
+    step_s = statistics.median(times)
+    tokens = batch_size * a.seq
+    flops_6nt = 6 * sizes["active_params"] * tokens
+    # causal QK^T + AV, forward + backward
+    flops_attn = flops_6nt + 6 * sizes["layers"] * a.seq * sizes["attention_width"] * tokens
+    r = {
+        "step_s_median": step_s,
+        "step_s_all": times,
+        "tokens_per_s": tokens / step_s,
+        "tflops_6nt": flops_6nt / step_s / 1e12,
+        "tflops_with_attention": flops_attn / step_s / 1e12,
+        "max_memory_gib": torch.cuda.max_memory_allocated() / 2**30,
+        "split": {k: statistics.median(s.get(k, 0.0) for s in splits) for k in sorted({k for s in splits for k in s})},
+    }
+    r["mfu_6nt"] = r["tflops_6nt"] / peak
+    r["mfu_with_attention"] = r["tflops_with_attention"] / peak
+    split = ", ".join(f"{k.removeprefix('perf/')} {v:.3f}" for k, v in r["split"].items())
+    print(
+        f"[{name}] {sizes['params'] / 1e9:.3f} B params ({sizes['active_params'] / 1e9:.3f} B active), "
+        f"batch {batch_size}x{a.seq} tokens: median step "
+        f"{step_s:.3f} s, {r['tokens_per_s']:.0f} tok/s, {r['tflops_6nt']:.0f} TFLOP/s (6NT) = MFU "
+        f"{r['mfu_6nt']:.1%}; with attention FLOPs {r['tflops_with_attention']:.0f} TFLOP/s = "
+        f"{r['mfu_with_attention']:.1%}; peak memory {r['max_memory_gib']:.1f} GiB; split: {split}",
+        flush=True,
+    )
+    if a.profile:
+        batch = rl_batch(sizes["vocab"], batch_size, a.seq, seed=99, prompt_len=a.prompt_len)
+        print(f"[{name}] {batch_size}x{a.seq} profile of one step:\n{profile_step(trainer, batch)}", flush=True)
+    torch.cuda.reset_peak_memory_stats()
+    return r
 
 
 if __name__ == "__main__":

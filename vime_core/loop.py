@@ -541,11 +541,12 @@ def _one_step(
     if not batch.samples:
         logger.warning("step %d: no trainable sample (all failed/aborted); skipping the update", step)
         return metrics, version
-    colocated = rollout is not None and cfg.cluster.colocate
-    if colocated:  # the engines free the GPUs they share with the trainer (vLLM sleep mode)
+    # the engines free the GPUs they share with the trainer (vLLM sleep mode), unless --no-offload-rollout
+    colocated = rollout is not None and cfg.cluster.colocate and cfg.cluster.offload_rollout
+    if colocated:
         free_awake = call(trainer, "gpu_free_bytes")
         t_sleep = time.perf_counter()
-        call(rollout, "sleep_engines")
+        metrics.update(call(rollout, "sleep_engines") or {})
         metrics["perf/sleep_time"] = time.perf_counter() - t_sleep
         metrics.update(_free_gib("awake", free_awake) | _free_gib("asleep", call(trainer, "gpu_free_bytes")))
     t1 = time.perf_counter()
@@ -553,11 +554,13 @@ def _one_step(
         progress.phase("train")
     metrics.update(call(trainer, "train_step", batch))
     metrics["perf/train_time"] = time.perf_counter() - t1
+    if "perf/train_worker_time" in metrics:  # the rest: the batch to the trainer, the call and its answer
+        metrics["perf/train_transfer_time"] = metrics["perf/train_time"] - metrics["perf/train_worker_time"]
     t2 = time.perf_counter()
     if progress is not None:
         progress.phase("sync")
     if colocated:
-        call(rollout, "wake_engines")
+        metrics.update(call(rollout, "wake_engines") or {})
         metrics["perf/wake_time"] = time.perf_counter() - t2
         metrics.update(_free_gib("woken", call(trainer, "gpu_free_bytes")))
     update = call(trainer, "push_weights", version + 1)

@@ -58,7 +58,7 @@ class TrainerWorker:
         if cluster.train_cpus:  # before the backend starts torch's thread pool (threads inherit it)
             os.sched_setaffinity(0, parse_cpu_list(cluster.train_cpus))
         self.rank, self.world_size = rank, world_size
-        self.colocate = cluster.colocate
+        self.colocate = cluster.colocate and cluster.offload_rollout  # an engine wakes into the freed memory
         plugins = get_plugins()
         backend_cls = plugins.resolve("trainer", cluster.trainer)
         if world_size > 1:
@@ -94,14 +94,30 @@ class TrainerWorker:
         return int(torch.cuda.mem_get_info()[0]) if torch.cuda.is_available() else None
 
     def train_step(self, batch: Any) -> dict[str, float]:
-        """The backend's step; with ``--colocate`` on a GPU, then the allocator's cached blocks go back to the device
-        (the engine that wakes up next on the same GPU needs them)."""
-        metrics = self.backend.train_step(batch)
-        if self.colocate:
-            import torch
+        """The backend's step; with ``--colocate`` on a GPU (and not ``--no-offload-rollout``), then the allocator's
+        cached blocks go back to the device (the engine that wakes up next on the same GPU needs them).
 
-            if torch.cuda.is_available():
-                torch.cuda.empty_cache()
+        Adds to the backend's metrics ``perf/train_worker_time`` (this call, seconds), ``perf/empty_cache_time`` and,
+        when the weight sync writes host copies (``ipc``), ``perf/host_copy_overlap_time`` (seconds of this step
+        during which the previous version's host copy was still being written in this process) and
+        ``weight_sync/host_copy_seconds`` (how long the last finished copy took).
+        """
+        import time
+
+        import torch
+
+        t0 = time.perf_counter()
+        metrics = self.backend.train_step(batch)
+        t1 = time.perf_counter()
+        if self.colocate and torch.cuda.is_available():
+            torch.cuda.empty_cache()
+            metrics["perf/empty_cache_time"] = time.perf_counter() - t1
+        end = time.perf_counter()
+        metrics["perf/train_worker_time"] = end - t0
+        copy = getattr(self.weight_sync, "host_copy", None)
+        if copy is not None:
+            metrics["perf/host_copy_overlap_time"] = copy.overlap(t0, end)
+            metrics["weight_sync/host_copy_seconds"] = copy.last_seconds
         return metrics
 
     def push_weights(self, version: int) -> WeightUpdate | None:

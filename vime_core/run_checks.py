@@ -471,8 +471,9 @@ def check_safetensors(path: Path) -> None:
             raise ArgumentError(f"{where} ({size} bytes: shorter than the 8-byte header length)")
         (n,) = struct.unpack("<Q", head)
         if n > size - 8:
-            raise ArgumentError(f"{where} (its header claims {n} bytes, the file has {size}: truncated or not "
-                                "safetensors)")
+            raise ArgumentError(
+                f"{where} (its header claims {n} bytes, the file has {size}: truncated or not safetensors)"
+            )
         try:
             header = json.loads(f.read(n))
         except (ValueError, UnicodeDecodeError) as e:

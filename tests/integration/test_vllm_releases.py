@@ -118,6 +118,38 @@ def test_text_equals_vllms_own_detokenization(release, stream):
     assert stopped.text == decode_text(tok, stopped.token_ids, {"stop": [stop]}, "stop")
 
 
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
+def test_the_lean_generate_request_answers_what_the_full_one_did(release, stream):
+    """The generate request vime sends (``lean``: on 0.24 no detokenization without stop strings and the final
+    output only; answers decoded with msgspec) gives exactly the outputs of the request as sent before issue 40
+    (``lean=False``): token ids, log-probs (bit for bit), finish reasons, weight versions and text, for seeded
+    sampling, an EOS stop, a stop string and stop token ids."""
+    name, server, tok = release
+    prompt = _ids(tok)
+    greedy = {"temperature": 0.0, "max_tokens": 24, "ignore_eos": True}
+
+    async def both(sp):
+        async with _client(server, tok, stream=stream) as lean, _client(server, tok, stream=stream, lean=False) as old:
+            lean.weight_version = old.weight_version = 3
+            return await lean.generate(prompt, sp), await old.generate(prompt, sp)
+
+    first = asyncio.run(both(greedy))[0]
+    text, ids = first.text, first.token_ids
+    cases = [
+        {"temperature": 1.0, "seed": 3, "max_tokens": 40, "ignore_eos": True},
+        {"temperature": 1.0, "seed": 4, "max_tokens": 60},  # may end at EOS
+        {**greedy, "stop": [text[len(text) // 2 : len(text) // 2 + 2]]},
+        {"temperature": 0.7, "top_p": 0.9, "seed": 5, "max_tokens": 30, "stop_token_ids": [ids[5]]},
+    ]
+    reasons = set()
+    for sp in cases:
+        lean, full = asyncio.run(both(sp))
+        assert lean == full, (name, sp)
+        assert len(lean.log_probs) == len(lean.token_ids) == len(lean.weight_versions) > 0
+        reasons.add(lean.finish_reason)
+    assert "stop" in reasons and "length" in reasons
+
+
 def test_weight_version_label_and_per_token_versions(release):
     name, server, tok = release
     server.set_weight_version(7)

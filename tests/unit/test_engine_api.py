@@ -146,3 +146,93 @@ def test_engines_on_gpu_needs_gpu_shares_and_the_cuda_build(monkeypatch):
         monkeypatch.setattr(fleet, "is_vllm_cpu", lambda vllm_cpu=vllm_cpu: vllm_cpu)
         assert on_gpu(SimpleNamespace(placement=(plan, None))) is expected, (vllm_cpu, plan.mode)
     assert on_gpu(SimpleNamespace(placement=None)) is False
+
+
+def test_lean_generate_params_ask_0_24_for_what_the_client_reads():
+    from vime_core.rollout.engine_api import FINAL_ONLY, lean_generate_params
+
+    sp = {"temperature": 1.0, "max_tokens": 8, "logprobs": 0}
+    assert lean_generate_params(sp, V024, stream=False) == {**sp, "detokenize": False, "output_kind": FINAL_ONLY}
+    assert lean_generate_params(sp, V024, stream=True) == {**sp, "detokenize": False}  # the server streams deltas
+    stop = {**sp, "stop": ["\n\n"]}  # vLLM matches stop strings on the text: detokenization stays on
+    assert lean_generate_params(stop, V024, stream=False) == {**stop, "output_kind": FINAL_ONLY}
+    assert lean_generate_params({**sp, "stop": []}, V024, stream=True)["detokenize"] is False
+    assert lean_generate_params(sp, EngineCapabilities.latest(), stream=False) == sp  # 0.32 sends text: unchanged
+    assert "detokenize" not in sp  # the caller's dict is not changed
+
+
+def _answer_024(ids, lps, reason="length") -> bytes:
+    """A vLLM 0.24 ``/inference/v1/generate`` answer as its ``GenerateResponse.model_dump()`` writes it."""
+    import json
+
+    content = [
+        {
+            "token": f"token_id:{t}",
+            "logprob": lp,
+            "bytes": None,
+            "top_logprobs": [{"token": f"token_id:{t}", "logprob": lp, "bytes": None}],
+        }  # noqa: E501
+        for t, lp in zip(ids, lps, strict=True)
+    ]
+    choice = {"index": 0, "logprobs": {"content": content}, "finish_reason": reason, "token_ids": ids}
+    body = {"request_id": "generate-tokens-x", "choices": [{**choice, "routed_experts": None}], "usage": {}}
+    return json.dumps({**body, "prompt_logprobs": None, "kv_transfer_params": None}).encode()
+
+
+def _client_answering(body: bytes, capabilities=None, tokenizer=None, **kw):
+    import httpx
+
+    client = RouterClient("http://127.0.0.1:9", "m", capabilities=capabilities, tokenizer=tokenizer, **kw)
+    transport = httpx.MockTransport(lambda request: httpx.Response(200, content=body))
+    client._http = httpx.AsyncClient(base_url=client.base_url, transport=transport)
+    return client
+
+
+def test_a_0_24_answer_is_decoded_into_ids_log_probs_text_and_versions(tok):
+    import asyncio
+
+    ids = tok("def f(x):\n    return x", add_special_tokens=False)["input_ids"]
+    lps = [-0.1 * (i + 1) - 1e-9 * i for i in range(len(ids))]  # floats with many digits: read back bit for bit
+    client = _client_answering(_answer_024(ids, lps), V024, tok)
+    client.weight_version = 4
+    out = asyncio.run(client.generate([1, 2, 3], {"max_tokens": len(ids)}))
+    assert out.token_ids == ids and out.log_probs == lps and out.finish_reason == "length"
+    assert out.text == "def f(x):\n    return x" and out.weight_versions == ["4"] * len(ids)
+
+
+def test_a_0_32_answer_without_a_field_it_sends_is_an_error_naming_it(tok):
+    import asyncio
+    import json
+
+    latest = EngineCapabilities.latest()
+    choice = {"index": 0, "token_ids": [5, 6], "finish_reason": "length", "text": "ab"}
+    choice["logprobs"] = {"content": [{"token_id": 5, "logprob": -0.5}, {"token_id": 6, "logprob": -0.25}]}
+    choice["weight_versions"] = [{"start": 0, "end": 2, "version": "7"}]
+    ok = asyncio.run(_client_answering(json.dumps({"choices": [choice]}).encode(), latest).generate([1], {}))
+    assert (ok.token_ids, ok.log_probs, ok.text, ok.weight_versions) == ([5, 6], [-0.5, -0.25], "ab", ["7", "7"])
+    cases = [
+        ({k: v for k, v in choice.items() if k != "text"}, "the answer has no 'text'"),
+        ({k: v for k, v in choice.items() if k != "weight_versions"}, "the answer has no 'weight_versions'"),
+        ({k: v for k, v in choice.items() if k != "token_ids"}, r"missing required field `token_ids`"),
+        ({**choice, "logprobs": None}, "has no 'logprobs' for its 2 tokens"),
+        ({**choice, "logprobs": {"content": [{"token_id": 5}, {"token_id": 6}]}}, "missing required field `logprob`"),
+    ]
+    for bad, message in cases:
+        client = _client_answering(json.dumps({"choices": [bad]}).encode(), latest)
+        with pytest.raises(RouterClientError, match=message):
+            asyncio.run(client.generate([1], {}))
+
+
+def test_msgspec_reads_every_float_as_json_does():
+    import json
+    import random
+    import struct
+
+    import msgspec
+
+    rng = random.Random(0)
+    values = [-rng.random() * 10 ** rng.randint(-12, 3) for _ in range(20000)]
+    values += [struct.unpack("d", struct.pack("Q", rng.getrandbits(64)))[0] for _ in range(20000)]
+    values = [v for v in values if v == v and abs(v) != float("inf")]
+    text = json.dumps(values)
+    assert msgspec.json.decode(text, type=list[float]) == json.loads(text)

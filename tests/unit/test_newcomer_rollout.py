@@ -20,7 +20,8 @@ import pytest
 
 from tests.support.engine_stand_ins import FAST, Engine, Router, disk_recovery
 from vime_core.failures import FailureCause, classify_failure
-from vime_core.rollout.client import RouterClient, RouterClientError, is_client_error
+from vime_core.rollout.answers import is_client_error
+from vime_core.rollout.client import RouterClient, RouterClientError
 from vime_core.rollout.health import EngineMonitor, generate_with_retries
 from vime_core.testing.plugin_context import plugin_context
 from vime_core.types import Sample

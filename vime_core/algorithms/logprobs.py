@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import logging
+
 import torch
+
+logger = logging.getLogger("vime.algorithms")
 
 # rows per chunk of the no-grad entropy (a [rows, vocab] float32 temporary: 256 × 152k vocab ≈ 150 MB)
 ENTROPY_CHUNK_ROWS = 256
@@ -79,3 +83,38 @@ def selected_log_probs_and_entropy(
         parts = [-(c.exp() * c).sum(-1) for c in torch.split(logp_all.detach(), ENTROPY_CHUNK_ROWS)]
         entropy = torch.cat(parts) if parts else logp_all.new_zeros(0)
     return log_probs, entropy
+
+
+_MM_OUT_DTYPE: bool | None = None  # whether torch.mm(..., out_dtype=float32) works here (None: not tried yet)
+
+
+def fp32_logits(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """``x @ weight.T`` in float32 without differentiating (the engine's logits).
+
+    :param x: ``[..., hidden]`` (bf16 or fp16; float32 is multiplied as it is).
+    :param weight: ``[vocab, hidden]``, the dtype of ``x``.
+    :return: ``[..., vocab]`` float32: every product exact and summed in float32 — torch's ``mm`` with
+        ``out_dtype=float32`` on CUDA, else (CPU, or a torch without it) the inputs widened to float32 and multiplied
+        with TF32 allowed, which is exact for bf16 inputs (a bf16 value is a TF32 value) and as fast as TF32.
+    """
+    global _MM_OUT_DTYPE
+    flat = x.reshape(-1, x.shape[-1])
+    if x.dtype == torch.float32:
+        out = flat @ weight.t()
+    else:
+        out = None
+        if x.is_cuda and _MM_OUT_DTYPE is not False:
+            try:
+                out = torch.mm(flat, weight.t(), out_dtype=torch.float32)
+                _MM_OUT_DTYPE = True
+            except (RuntimeError, TypeError, NotImplementedError) as e:
+                _MM_OUT_DTYPE = False
+                logger.info("torch.mm(out_dtype=float32) is not available (%s): widening to float32 instead", e)
+        if out is None:
+            prev = torch.backends.cuda.matmul.allow_tf32
+            torch.backends.cuda.matmul.allow_tf32 = True  # exact for bf16 inputs; only this product
+            try:
+                out = flat.float() @ weight.float().t()
+            finally:
+                torch.backends.cuda.matmul.allow_tf32 = prev
+    return out.reshape(*x.shape[:-1], weight.shape[0])

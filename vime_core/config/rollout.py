@@ -246,6 +246,19 @@ class EngineConfig(Section):
     vllm_router_port: int | None = flag(
         type=int, default=None, help="port of the running router (with --vllm-router-ip)"
     )
+    fp32_lm_head: bool = flag(
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="float32 logits on both sides: a bf16/fp16 engine's LM head and the megatron trainer's output layer "
+        "multiply in bf16 but sum and return float32 instead of rounding every logit to bf16, which alone puts "
+        "~0.01-0.03 nats between engine and trainer log-probs (docs/gpu.md)",
+    )
+    vllm_enable_deterministic_inference: bool = flag(
+        action="store_true",
+        help="engines in vLLM's batch-invariant mode (VLLM_BATCH_INVARIANT=1: a token's log-prob does not depend on "
+        "what else is in its batch); with --deterministic-mode the true-on-policy mode (upstream vime's flag; "
+        "docs/gpu.md)",
+    )
     model: str = ref()
     output_dir: Path = ref()
     generate: str = ref()

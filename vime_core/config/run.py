@@ -94,6 +94,13 @@ class ClusterConfig(Section):
         help="engines share the trainer's GPUs (each bundle half trainer rank, half engine) instead of GPUs of "
         "their own (default: disaggregated); needs --actor-num-gpus-per-node",
     )
+    offload_rollout: bool = flag(
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="with --colocate: the engines sleep while the trainer trains and the trainer returns its cached GPU "
+        "memory after each step (slime's flag); --no-offload-rollout keeps both resident, for GPUs that hold the "
+        "engine (size it with --vllm-gpu-memory-utilization) and the trainer's peak together: no sleep, no wake",
+    )
     rollout_num_engines: int = ref()
     rollout_num_gpus_per_engine: int = ref()
     rollout_external: bool = ref()

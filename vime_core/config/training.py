@@ -227,6 +227,26 @@ class MegatronConfig(Section):
         help="core attention: Transformer Engine spec (default when TE imports), torch SDPA in the local "
         "spec (default otherwise), or Megatron's unfused local attention",
     )
+    qkv_format: str = flag(
+        choices=["bshd", "thd"],
+        default="bshd",
+        help="micro-batch layout: bshd right-pads every sample to the longest; thd packs a micro-batch into one row "
+        "without padding (megatron-core's packed format: RoPE and attention per sample; needs "
+        "--megatron-attention sdpa or te). slime's flag",
+    )
+    bias_swiglu_fusion: bool = flag(
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="SiLU(gate)·up in one fused kernel (Megatron-LM's flag; torch.compile): one bf16 rounding, as vLLM's "
+        "kernel does, and less memory traffic; off where it does not compile (the trainer logs it)",
+    )
+    deterministic_mode: bool = flag(
+        action="store_true",
+        help="deterministic kernels in the trainer (Megatron-LM's flag): torch's deterministic algorithms, and "
+        "vLLM's batch-invariant matmul/softmax/mean where vLLM is installed; with "
+        "--vllm-enable-deterministic-inference the true-on-policy mode (docs/gpu.md)",
+    )
+    fp32_lm_head: bool = ref()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

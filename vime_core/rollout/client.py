@@ -9,9 +9,6 @@ release does not send is supplied here; a field it sends is required. Per releas
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
-import io
 import json
 import logging
 import uuid
@@ -21,9 +18,26 @@ from pathlib import Path
 from typing import Any, Literal
 
 import httpx
+import msgspec
 import numpy as np
 
-from vime_core.rollout.engine_api import EngineCapabilities, decode_text
+from vime_core.rollout.answers import (
+    RouterClientError,
+    _decode,
+    _error_answer,
+    _expand_versions,
+    _field,
+    _fold,
+    _prompt_logprob,
+    decode_routed_experts,
+)
+from vime_core.rollout.engine_api import (
+    COMPLETION_DECODER,
+    GENERATE_DECODER,
+    EngineCapabilities,
+    decode_text,
+    lean_generate_params,
+)
 
 logger = logging.getLogger("vime.rollout")
 
@@ -34,35 +48,6 @@ _COMPLETIONS = "/v1/completions"
 _ABORT = "/abort_requests"
 # vLLM names a /inference/v1/generate request "generate-tokens-<request_id>" inside the engine (serving.py)
 ENGINE_REQUEST_PREFIX = "generate-tokens-"
-
-
-class RouterClientError(RuntimeError):
-    """The router or server answered with an error status or a malformed body.
-
-    :ivar status: the HTTP status of an error answer (``None``: a malformed body or a stream's error event).
-    """
-
-    def __init__(self, message: str, status: int | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-
-
-def is_client_error(error: BaseException) -> bool:
-    """Whether ``error`` is an engine's or router's 4xx answer other than 408 and 429: the request itself is refused
-    (a sampling parameter out of range, a prompt over the context), so sending it again cannot succeed."""
-    status = error.status if isinstance(error, RouterClientError) else None
-    return status is not None and 400 <= status < 500 and status not in (408, 429)
-
-
-def _error_answer(path: str, status: int, text: str) -> RouterClientError:
-    """The error of an answer with status ``status``: vLLM's own message (``{"error": {"message": ...}}``) when
-    the body has one, else the body (4000 characters at most)."""
-    try:
-        body = json.loads(text)
-        message = body["error"]["message"] if isinstance(body.get("error"), dict) else body["message"]
-    except (ValueError, KeyError, TypeError, AttributeError):
-        message = text[:4000]
-    return RouterClientError(f"POST {path} returned {status}: {message}", status)
 
 
 @dataclass
@@ -137,53 +122,6 @@ def eos_token_ids(tokenizer: Any, model_dir: str | Path | None = None) -> list[i
     return sorted(ids)
 
 
-def _expand_versions(spans: list[dict[str, Any]], n: int, where: str) -> list[str]:
-    """Per-token labels from vLLM's ``[{"start", "end", "version"}]`` spans over ``n`` tokens.
-
-    :raises RouterClientError: a token no span covers.
-    """
-    out: list[str | None] = [None] * n
-    for s in spans:
-        for i in range(max(0, int(s["start"])), min(n, int(s["end"]))):
-            out[i] = str(s["version"])
-    if None in out:
-        raise RouterClientError(f"{where}: weight_versions {spans!r:.500} do not cover all {n} tokens")
-    return out  # type: ignore[return-value]
-
-
-def _field(obj: dict[str, Any], name: str, where: str) -> Any:
-    """``obj[name]``; a missing field is an error naming where it was expected, never an empty default."""
-    try:
-        return obj[name]
-    except (KeyError, TypeError):
-        raise RouterClientError(f"{where}: the answer has no {name!r}: {obj!r:.1000}") from None
-
-
-def decode_routed_experts(value: Any, where: str) -> np.ndarray:
-    """An answer's ``routed_experts`` (vLLM: base64 of a ``.npy`` file, uint8/uint16/int32) as an int16
-    ``[tokens, layers, top_k]`` array.
-
-    :param where: the route, for the error.
-    :raises RouterClientError: naming ``where``: not base64 ``.npy`` data, not 3-D integers, or an id outside int16.
-    """
-    try:
-        arr = np.load(io.BytesIO(base64.b64decode(value, validate=True)), allow_pickle=False)
-    except (TypeError, ValueError, OSError, EOFError, binascii.Error) as e:
-        raise RouterClientError(f"{where}: routed_experts is not base64 .npy data ({e}): {value!r:.200}") from None
-    if not isinstance(arr, np.ndarray) or arr.ndim != 3 or arr.dtype.kind not in "iu":
-        got = f"{arr.dtype} {arr.shape}" if isinstance(arr, np.ndarray) else type(arr).__name__
-        raise RouterClientError(f"{where}: routed_experts is {got}, expected integers [tokens, layers, top_k]")
-    if arr.size and (int(arr.min()) < 0 or int(arr.max()) > np.iinfo(np.int16).max):
-        raise RouterClientError(f"{where}: routed_experts holds ids {int(arr.min())}..{int(arr.max())}, not int16")
-    return arr.astype(np.int16)
-
-
-def _prompt_logprob(entry: dict[str, Any] | None, token_id: int, pos: int) -> float:
-    if not entry or str(token_id) not in entry:
-        raise RouterClientError(f"no prompt log-prob for token {token_id} at position {pos}: {entry!r}")
-    return float(entry[str(token_id)]["logprob"])
-
-
 class RouterClient:
     """Async generation client (one ``httpx.AsyncClient``; call :meth:`aclose` or use ``async with``).
 
@@ -206,6 +144,9 @@ class RouterClient:
     :param routed_experts: the engines were started with ``--enable-return-routed-experts``
         (``--use-rollout-routing-replay``): every answer that is not an abort must carry ``routed_experts`` covering
         its prompt and output (:attr:`GenerateOutput.routed_experts`).
+    :param lean: ask a release that sends no text (0.24) not to build what it would not send
+        (:func:`~vime_core.rollout.engine_api.lean_generate_params`); ``False`` sends the request as it was before
+        (the tests compare both: same outputs).
     :raises ValueError: a release without text and no ``tokenizer``.
 
     :ivar weight_version: the version the engines serve now (the rollout manager sets it after each update); tokens
@@ -231,6 +172,7 @@ class RouterClient:
         capabilities: EngineCapabilities | None = None,
         tokenizer: Any = None,
         routed_experts: bool = False,
+        lean: bool = True,
     ) -> None:
         if api not in ("auto", "generate", "completions"):
             raise ValueError(f"api must be 'auto', 'generate' or 'completions', not {api!r}")
@@ -245,6 +187,7 @@ class RouterClient:
         self.model = model
         self.api: Api = api if self.capabilities.generate else "completions"
         self.stream = stream
+        self.lean = lean
         self.eos_token_ids = frozenset(int(t) for t in eos_token_ids)
         limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
         self._http = httpx.AsyncClient(base_url=self.base_url, timeout=timeout_s, limits=limits, trust_env=False)
@@ -266,8 +209,11 @@ class RouterClient:
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
 
-    async def _post(self, path: str, body: dict[str, Any], session_id: str | None) -> dict[str, Any] | None:
-        """POST; ``None`` on a 404 in ``auto`` mode for the generate route (the caller falls back)."""
+    async def _post(
+        self, path: str, body: dict[str, Any], session_id: str | None, decoder: msgspec.json.Decoder | None = None
+    ) -> Any:
+        """POST; the answer as a dict, or decoded into ``decoder``'s shape (:func:`_decode`); ``None`` on a 404 in
+        ``auto`` mode for the generate route (the caller falls back)."""
         headers = {"x-session-id": session_id} if session_id else None
         resp = await self._http.post(path, json=body, headers=headers)
         if resp.status_code == 404 and path == _GENERATE and self.api == "auto":
@@ -276,14 +222,29 @@ class RouterClient:
             return None
         if resp.status_code != 200:
             raise _error_answer(f"{self.base_url}{path}", resp.status_code, resp.text)
+        if decoder is not None:
+            return _decode(decoder, resp.content, f"POST {self.base_url}{path}")
         return resp.json()
+
+    async def _post_generate(self, body: dict[str, Any], session_id: str | None) -> dict[str, Any] | None:
+        """A plain (non-streamed) generate request, its answer in the client's form (:func:`_fold`); ``None`` on a
+        404 in ``auto`` mode."""
+        data = await self._post(_GENERATE, body, session_id, GENERATE_DECODER)
+        if data is None:
+            return None
+        where = f"POST {self.base_url}{_GENERATE}"
+        if data.choices is msgspec.UNSET or not data.choices:
+            raise RouterClientError(f"{where}: the answer has no 'choices'")
+        acc = self._new_choice()
+        _fold(acc, data.choices[0], where, self.capabilities.generate_text, str(self.weight_version))
+        return acc
 
     async def _post_stream(
         self, path: str, body: dict[str, Any], session_id: str | None, choice: dict[str, Any]
     ) -> dict[str, Any] | None:
-        """POST a streaming generate request and fold its SSE chunks into ``choice``, the non-streaming response
-        shape (``{"token_ids", "logprobs": {"content"}, "text", "finish_reason", "weight_versions"}``; see
-        :meth:`_new_choice`), so what arrived survives an abort; ``None`` on a 404 in ``auto`` mode.
+        """POST a streaming generate request and fold its SSE chunks into ``choice``, the client's form of an
+        answer (:meth:`_new_choice`, :func:`_fold`), so what arrived survives an abort; ``choice`` itself, or
+        ``None`` on a 404 in ``auto`` mode.
 
         :raises RouterClientError: on an error status, an error event in the stream, or a chunk without a field
             the release sends.
@@ -304,27 +265,16 @@ class RouterClient:
                 payload = line[5:].strip()
                 if payload == "[DONE]":
                     break
-                event = json.loads(payload)
-                if "error" in event:
-                    raise RouterClientError(f"POST {self.base_url}{path} stream error: {event['error']!r:.2000}")
-                for ch in _field(event, "choices", where):
-                    ids = _field(ch, "token_ids", where) or []  # a chunk may carry no new token (null or [])
-                    logprobs = _field(ch, "logprobs", where)
-                    content = _field(logprobs, "content", where) if ids else (logprobs or {}).get("content") or []
-                    choice["token_ids"].extend(ids)
-                    choice["logprobs"]["content"].extend(content)
-                    choice["arrival_versions"].extend([str(self.weight_version)] * len(ids))
-                    if self.capabilities.generate_text:
-                        choice["text"] += _field(ch, "text", where)
-                    if ch.get("finish_reason") is not None:
-                        choice["finish_reason"] = ch["finish_reason"]
-                    if ch.get("weight_versions"):  # spans over all output tokens, sent with the final chunk
-                        choice["weight_versions"] = ch["weight_versions"]
-                    if ch.get("routed_experts") is not None:  # the whole request's, sent with the final chunk
-                        choice["routed_experts"] = ch["routed_experts"]
+                event = _decode(GENERATE_DECODER, payload, where)
+                if event.error is not msgspec.UNSET:
+                    raise RouterClientError(f"POST {self.base_url}{path} stream error: {event.error!r:.2000}")
+                if event.choices is msgspec.UNSET:
+                    raise RouterClientError(f"{where}: the answer has no 'choices': {payload[:1000]}")
+                for ch in event.choices:
+                    _fold(choice, ch, where, self.capabilities.generate_text, str(self.weight_version))
         if choice["finish_reason"] is None and not choice["token_ids"]:
             raise RouterClientError(f"POST {self.base_url}{path}: the stream ended without a finish reason")
-        return {"choices": [choice]}  # a reason missing after tokens is derived from them (normalize_finish_reason)
+        return choice  # a reason missing after tokens is derived from them (normalize_finish_reason)
 
     async def generate(
         self, prompt_token_ids: list[int], sampling_params: dict[str, Any], session_id: str | None = None
@@ -354,7 +304,7 @@ class RouterClient:
                 "model": model,
                 "token_ids": list(prompt_token_ids),
                 "output_mode": "text",
-                "sampling_params": sp,
+                "sampling_params": lean_generate_params(sp, self.capabilities, self.stream) if self.lean else sp,
                 "request_id": request_id,
             }
             engine_id = ENGINE_REQUEST_PREFIX + request_id
@@ -365,19 +315,15 @@ class RouterClient:
                 if self.stream:
                     request = self._post_stream(_GENERATE, {**body, "stream": True}, session_id, choice)
                 else:
-                    request = self._post(_GENERATE, body, session_id)
-                data = await (
-                    request if self.capabilities.abort_route else self._abortable(engine_id, request, choice)
-                )
+                    request = self._post_generate(body, session_id)
+                got = await (request if self.capabilities.abort_route else self._abortable(engine_id, request, choice))
             finally:
                 self._inflight.discard(engine_id)
-            if data is not None:
+            if got is not None:
                 where = f"POST {self.base_url}{_GENERATE}"
-                choice = _field(data, "choices", where)[0]
+                choice = got
                 aborted_here = bool(choice.get("client_aborted"))
-                ids = _field(choice, "token_ids", where)
-                content = _field(_field(choice, "logprobs", where), "content", where) if ids else []
-                lps = [float(_field(c, "logprob", where)) for c in content]
+                lps = choice["log_probs"]
                 if not lps:
                     versions: list[str] = []
                 elif self.capabilities.token_weight_versions and not aborted_here and not adapter:
@@ -388,24 +334,34 @@ class RouterClient:
                 return self._output(choice, lps, versions, sp, where, decode=decode, prompt_len=len(prompt_token_ids))
         started = str(version)
         body = {"model": model, "prompt": list(prompt_token_ids), "return_token_ids": True, **sp}
-        data = await self._post(_COMPLETIONS, body, session_id)
+        data = await self._post(_COMPLETIONS, body, session_id, COMPLETION_DECODER)
         assert data is not None
         where = f"POST {self.base_url}{_COMPLETIONS}"
-        choice = _field(data, "choices", where)[0]
-        token_ids = _field(choice, "token_ids", where)
-        lps = (
-            [float(x) for x in _field(_field(choice, "logprobs", where), "token_logprobs", where)] if token_ids else []
-        )
+        if not data.choices:
+            raise RouterClientError(f"{where}: the answer has no 'choices'")
+        ch = data.choices[0]
+        token_ids = ch.token_ids or []
+        if token_ids and ch.logprobs is None:
+            raise RouterClientError(f"{where}: the answer has no 'logprobs' for its {len(token_ids)} tokens")
+        lps = list(ch.logprobs.token_logprobs) if token_ids and ch.logprobs is not None else []
+        choice = {
+            "token_ids": token_ids,
+            "text": ch.text,
+            "finish_reason": ch.finish_reason,
+            "routed_experts": ch.routed_experts,
+        }
         return self._output(
             choice, lps, [started] * len(lps), sp, where, decode=False, prompt_len=len(prompt_token_ids)
         )
 
     @staticmethod
     def _new_choice() -> dict[str, Any]:
-        """The accumulator of a streamed answer (``arrival_versions``: the client's label of each token)."""
+        """The client's form of a generate answer, filled by :func:`_fold` (a stream's accumulator):
+        ``token_ids``, ``log_probs`` (floats), ``text``, ``finish_reason``, ``arrival_versions`` (the client's label
+        of each token) and, once the engine sent them, ``weight_versions`` (its spans)."""
         return {
             "token_ids": [],
-            "logprobs": {"content": []},
+            "log_probs": [],
             "text": "",
             "finish_reason": None,
             "arrival_versions": [],
@@ -427,7 +383,7 @@ class RouterClient:
             await asyncio.gather(task, return_exceptions=True)
             if not self.stream:
                 choice = self._new_choice()
-            return {"choices": [{**choice, "finish_reason": "abort", "client_aborted": True}]}
+            return {**choice, "finish_reason": "abort", "client_aborted": True}
         finally:
             waiter.cancel()
             self._abort.pop(engine_id, None)

@@ -135,6 +135,9 @@ class VLLMServer(ManagedServer):
     :param host: address the server binds and is reached at (default 127.0.0.1; an engine actor on another Ray node
         passes its node's address, see :mod:`vime_core.rollout.engine_actor`).
     :param python: interpreter whose vLLM runs the server (default :func:`vime_core.passthrough.engine_python`).
+    :param fp32_lm_head: once ready (and after every restart), switch the LM head of a bf16/fp16 model to float32
+        logits (``--fp32-lm-head``: the worker extension's ``vime_fp32_lm_head``); :attr:`fp32_lm_head_report` keeps
+        what the workers answered.
 
     :ivar capabilities: what the server answers (:class:`~vime_core.rollout.engine_api.EngineCapabilities`), probed
         by :meth:`wait_ready`; ``None`` before.
@@ -161,8 +164,11 @@ class VLLMServer(ManagedServer):
         request_timeout_s: float = 120.0,
         host: str = "127.0.0.1",
         python: str | None = None,
+        fp32_lm_head: bool = False,
     ) -> None:
         self.model = str(model)
+        self.fp32_lm_head = fp32_lm_head
+        self.fp32_lm_head_report: list[Any] | None = None
         self.python = python or engine_python()
         self.capabilities: EngineCapabilities | None = None
         self.host = host
@@ -284,6 +290,9 @@ class VLLMServer(ManagedServer):
             self._check_alive("on the smoke request")
             raise VLLMServerError(f"smoke completion on {self.url} returned {resp.status_code}: {resp.text[:2000]}")
         self.capabilities = self.probe()
+        if self.fp32_lm_head:
+            self.fp32_lm_head_report = self.collective_rpc("vime_fp32_lm_head")
+            logger.info("vLLM server on %s: float32 LM head %s", self.url, self.fp32_lm_head_report)
         elapsed = time.monotonic() - t0
         logger.info("vLLM server on %s ready after %.1f s: %s", self.url, elapsed, self.capabilities.describe())
         return elapsed
@@ -340,12 +349,15 @@ class VLLMServer(ManagedServer):
         """
         self._post("/sleep", params={"level": level})
 
-    def wake_up(self) -> None:
-        """Reallocate weights and KV cache after :meth:`sleep` (``POST /wake_up``).
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        """Reallocate what :meth:`sleep` freed (``POST /wake_up``): everything, or only the memory of ``tags``
+        (``["weights"]``, ``["kv_cache"]``: ``/wake_up?tags=...``). After a level-2 sleep the weights come back
+        mapped but not restored: the next weight update writes them. vLLM resumes scheduling once every tag is
+        awake again.
 
         :raises VLLMServerError: on a non-200 answer.
         """
-        self._post("/wake_up")
+        self._post("/wake_up", params={"tags": list(tags)} if tags else None)
 
     def collective_rpc(self, method: str, args: list[Any] | None = None, kwargs: dict[str, Any] | None = None) -> Any:
         """Call ``method`` on every worker (``POST /collective_rpc``); returns the per-worker results list.

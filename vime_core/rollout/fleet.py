@@ -217,6 +217,8 @@ class EngineFleet:
         if not cfg.rollout_engine_access_log and "--disable-uvicorn-access-log" not in vllm_args:
             vllm_args.append("--disable-uvicorn-access-log")  # one log line per request drowns the engine's own
         env: dict[str, str] = {}
+        if cfg.vllm_enable_deterministic_inference:  # vLLM's batch-invariant kernels (docs/gpu.md, "|Δlogp|")
+            env["VLLM_BATCH_INVARIANT"] = "1"
         if self.adapters is not None:  # vLLM's LoRA serving with the runtime adapter routes
             flags, env = lora_launch(
                 cfg.vllm_args, engine_max_lora_rank(self.lora_config), adapters_to_keep(self.lora_config)
@@ -235,6 +237,7 @@ class EngineFleet:
                 log_path=log_dir / f"vllm_engine_{i}.log",
                 request_timeout_s=self.engine_config.weight_sync_timeout,
                 env=env,
+                fp32_lm_head=bool(cfg.fp32_lm_head) and on_gpu,  # a CPU engine computes in float32 already
             )
             for i in range(self.engine_config.rollout_num_engines)
         ]
@@ -338,15 +341,40 @@ class EngineFleet:
             "weight_sync/unload_seconds": time.perf_counter() - t0,
         }
 
-    def sleep_engines(self) -> None:
-        """``--colocate``: every engine frees its GPU memory for the trainer (:meth:`VLLMServer.sleep`, level 1)."""
-        for engine in self.engines:
-            engine.sleep(1)
+    @property
+    def sleep_level(self) -> int:
+        """The vLLM sleep level of :meth:`sleep_engines`: 2 (weights discarded, KV cache freed) when the weight sync
+        writes every weight after the wake (``RELOADS_ALL_WEIGHTS``: ``ipc``, ``disk``) and no LoRA adapter rides on
+        the base weights; else 1 (weights kept in host memory, KV cache freed)."""
+        reloads_all = bool(getattr(self.weight_sync, "RELOADS_ALL_WEIGHTS", False))
+        return 2 if reloads_all and self.adapters is None else 1
 
-    def wake_engines(self) -> None:
-        """``--colocate``: every engine takes its GPU memory back before the weight update."""
+    def sleep_engines(self) -> dict[str, float]:
+        """``--colocate``: every engine frees its GPU memory for the trainer (:meth:`VLLMServer.sleep` at
+        :attr:`sleep_level`). :return: ``{"perf/sleep_level": level}``."""
+        level = self.sleep_level
         for engine in self.engines:
-            engine.wake_up()
+            engine.sleep(level)
+        return {"perf/sleep_level": float(level)}
+
+    def wake_engines(self) -> dict[str, float]:
+        """``--colocate``: every engine takes its GPU memory back before the weight update: after a level-2 sleep the
+        weights first (``/wake_up?tags=weights``: mapped, nothing copied back; the update writes them), then the KV
+        cache (``tags=kv_cache``), as verl and slime wake; after level 1 everything at once.
+
+        :return: ``perf/wake_weights_time`` and ``perf/wake_kv_cache_time`` (seconds; level 2 only).
+        """
+        if self.sleep_level != 2:
+            for engine in self.engines:
+                engine.wake_up()
+            return {}
+        out: dict[str, float] = {}
+        for tag in ("weights", "kv_cache"):
+            t0 = time.perf_counter()
+            for engine in self.engines:
+                engine.wake_up([tag])
+            out[f"perf/wake_{tag}_time"] = time.perf_counter() - t0
+        return out
 
     def check_engines(self) -> None:
         """Raise if an engine actor reported that its vLLM server exited (see

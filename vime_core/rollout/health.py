@@ -27,7 +27,7 @@ import httpx
 from vime_core.config import EngineConfig
 from vime_core.context import PluginContext
 from vime_core.failures import FailureCause, classify_failure
-from vime_core.rollout.client import is_client_error
+from vime_core.rollout.answers import is_client_error
 from vime_core.rollout.weight_recovery import WeightRecovery
 from vime_core.weight_sync.base import WeightSyncStrategy, WeightUpdate, call_with_timeout
 
@@ -548,7 +548,7 @@ async def generate_with_retries(
     and an engine and the router serve (:meth:`EngineMonitor.wait_serving`), and the attempt is repeated, at most
     ``--rollout-max-request-retries`` times; each repeat counts in ``rollout/requests_retried``. The samples
     regenerated after one engine failure are logged in one line (:meth:`EngineMonitor.report_retries`). A 4xx
-    answer (:func:`~vime_core.rollout.client.is_client_error`: the request itself is refused) is never retried.
+    answer (:func:`~vime_core.rollout.answers.is_client_error`: the request itself is refused) is never retried.
 
     :param monitor: the engine monitor (``None``: a single attempt).
     :raises Exception: the last attempt's error, or :class:`EnginesLostError`.

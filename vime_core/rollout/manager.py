@@ -184,13 +184,16 @@ class RolloutManager:
     def _set_weight_version(self, version: int) -> None:
         self.weight_version = version
 
-    def sleep_engines(self) -> None:
-        """``--colocate``: every engine frees its GPU memory for the trainer (:meth:`VLLMServer.sleep`, level 1)."""
-        self.fleet.sleep_engines()
+    def sleep_engines(self) -> dict[str, float]:
+        """``--colocate``: every engine frees its GPU memory for the trainer (:meth:`EngineFleet.sleep_engines
+        <vime_core.rollout.fleet.EngineFleet.sleep_engines>`: level 2 when the weight sync rewrites every weight).
+        :return: ``perf/sleep_level``."""
+        return self.fleet.sleep_engines()
 
-    def wake_engines(self) -> None:
-        """``--colocate``: every engine takes its GPU memory back before the weight update."""
-        self.fleet.wake_engines()
+    def wake_engines(self) -> dict[str, float]:
+        """``--colocate``: every engine takes its GPU memory back before the weight update (:meth:`EngineFleet.
+        wake_engines <vime_core.rollout.fleet.EngineFleet.wake_engines>`). :return: its ``perf/wake_*`` split."""
+        return self.fleet.wake_engines()
 
     def check_engines(self) -> None:
         """Raise if an engine is lost (:meth:`EngineFleet.check_engines

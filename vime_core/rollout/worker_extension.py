@@ -128,6 +128,24 @@ def quiet_benign_reload_warnings(worker: Any) -> None:
     log.addFilter(BenignReloadWarnings(bool(getattr(hf_config, "tie_word_embeddings", False))))
 
 
+def fp32_head_method(method: Any) -> Any:
+    """A copy of vLLM's unquantized LM-head method ``method`` whose ``apply`` returns float32 logits
+    (:func:`vime_core.algorithms.logprobs.fp32_logits`): a subclass of its class (vLLM's ``isinstance`` checks still
+    hold), its other methods (``embedding`` of a tied head, weight processing) unchanged."""
+    from vime_core.algorithms.logprobs import fp32_logits
+
+    def apply(self: Any, layer: Any, x: Any, bias: Any = None) -> Any:
+        out = fp32_logits(x, layer.weight)
+        return out if bias is None else out + bias.float()
+
+    cls = type(method)
+    sub = type(f"FP32Logits{cls.__name__}", (cls,), {"apply": apply, "vime_fp32_logits": True})
+    copy = object.__new__(sub)
+    copy.__dict__.update(getattr(method, "__dict__", {}))
+    copy.vime_original = method
+    return copy
+
+
 class VimeWorkerExtension:
     """Mixed into the vLLM worker by ``--worker-extension-cls``; adds :meth:`vime_load_weights` (full or partial
     safetensors reload) and :meth:`vime_apply_delta` (``disk-delta`` weight sync)."""
@@ -419,6 +437,53 @@ class VimeWorkerExtension:
         self._vime_delta_receiver().reset(None, None)
         logger.info("received version %s by CUDA IPC: %d tensors", version, counter[0])
         return {"version": int(version), "loaded": counter[0]}
+
+    def vime_fp32_lm_head(self, enable: bool = True) -> dict[str, Any]:
+        """``--fp32-lm-head``, engine side: the LM head's logits in float32 (bf16 products summed and returned in
+        float32, :func:`vime_core.algorithms.logprobs.fp32_logits`) instead of rounded to bf16, as the megatron
+        trainer computes them (:mod:`vime_core.trainer.fp32_head`). vLLM's sampler and log-probs take float32 logits
+        anyway; the logits are computed outside the CUDA graphs, so this holds with graphs on.
+
+        The head's ``quant_method`` (vLLM's ``UnquantizedEmbeddingMethod``) is replaced by a subclass whose
+        ``apply`` multiplies that way; a quantized or float32 head is left alone. Then the model's own
+        ``compute_logits`` on a random hidden state is checked against :func:`fp32_logits` (one tensor-parallel rank).
+
+        :param enable: ``False`` puts vLLM's own method back (``bench/gpu_loop.py`` measures the cost with one engine).
+        :return: ``{"applied": bool, "reason"?, "logits_dtype"?, "max_abs_diff"?}``.
+        """
+        import torch
+
+        from vime_core.algorithms.logprobs import fp32_logits
+
+        runner = self.model_runner  # type: ignore[attr-defined]
+        model = runner.get_model() if hasattr(runner, "get_model") else runner.model
+        head = getattr(model, "lm_head", None)
+        method = getattr(head, "quant_method", None)
+        weight = getattr(head, "weight", None)
+        if method is None or not isinstance(weight, torch.Tensor):
+            return {"applied": False, "reason": f"{type(model).__name__} has no lm_head with a quant_method"}
+        if weight.dtype == torch.float32:
+            return {"applied": False, "reason": "the LM head is float32 already"}
+        if not enable:
+            head.quant_method = getattr(method, "vime_original", method)
+            return {"applied": False, "reason": "switched off"}
+        if not getattr(method, "vime_fp32_logits", False):
+            if type(method).__name__ != "UnquantizedEmbeddingMethod":
+                return {"applied": False, "reason": f"quantized LM head ({type(method).__name__})"}
+            head.quant_method = fp32_head_method(method)
+        out: dict[str, Any] = {"applied": True}
+        try:  # the path vLLM calls: model.compute_logits (one rank's check; others gather or return None)
+            h = torch.randn(3, weight.shape[1], dtype=weight.dtype, device=weight.device)
+            logits = model.compute_logits(h)
+            if logits is not None:
+                ref = fp32_logits(h, weight)[..., : logits.shape[-1]]
+                out["logits_dtype"] = str(logits.dtype).removeprefix("torch.")
+                if logits.shape == ref.shape:
+                    out["max_abs_diff"] = float((logits.float() - ref).abs().max())
+        except Exception as e:  # noqa: BLE001 - the check is informative; the head is switched either way
+            out["check_error"] = repr(e)[:300]
+        logger.info("float32 LM head: %s", out)
+        return out
 
     def vime_set_weight_version(self, label: str) -> str:
         """Keep ``label`` as the weight version this worker serves (releases without ``/update_weight_version``,

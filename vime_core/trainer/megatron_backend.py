@@ -21,6 +21,8 @@ import torch
 from vime_core.algorithms.options import check_algorithm_config, kl_enabled, uses_critic
 from vime_core.config import RunConfig
 from vime_core.trainer.base import TrainerBackend, lora_adapter_of
+from vime_core.trainer.determinism import enable_trainer_determinism
+from vime_core.trainer.fp32_head import install_fp32_output_layer
 from vime_core.trainer.lr_schedule import policy_lr_schedule, set_lr
 from vime_core.trainer.megatron_convert import (
     ArchConfig,
@@ -52,6 +54,7 @@ from vime_core.trainer.megatron_model import (
 from vime_core.trainer.megatron_moe import ep_shard, expert_of
 from vime_core.trainer.megatron_moe_model import moe_config_fields, set_replay_routes, transformer_config_class
 from vime_core.trainer.megatron_optim import inner_optimizers, load_optimizer, megatron_step, save_optimizer
+from vime_core.trainer.megatron_packing import packed_seq_params, thd_batch
 from vime_core.trainer.megatron_reference import MegatronReferenceModel, vocab_parallel_entropy
 from vime_core.trainer.rl_step import rl_train_step
 from vime_core.trainer.rng_state import load_trainer_state, save_trainer_state
@@ -77,6 +80,22 @@ __all__ = [
 logger = logging.getLogger("vime.trainer")
 
 
+def swiglu_fusion_works() -> bool:
+    """Whether megatron-core's fused SwiGLU (``bias_activation_fusion``: ``torch.compile`` of ``silu(a) * b``)
+    compiles and runs here, tried once on a small CUDA tensor; ``False`` (logged) sends the trainer back to the
+    unfused ops."""
+    try:
+        from megatron.core.fusions.fused_bias_swiglu import bias_swiglu_impl
+
+        x = torch.randn(4, 2, 16, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        bias_swiglu_impl(x, None).sum().backward()
+        torch.cuda.synchronize()
+    except Exception as e:  # noqa: BLE001 - any failure means: do not fuse
+        logger.warning("--bias-swiglu-fusion: megatron-core's fused SwiGLU does not run here (%r); unfused", e)
+        return False
+    return True
+
+
 class MegatronTrainer(TrainerBackend):
     """megatron-core GPTModel + Megatron's distributed optimizer; one optimizer step per ``--global-batch-size``
     samples (default: the whole rollout), gradient accumulation over ``--micro-batch-size`` micro-batches.
@@ -85,7 +104,11 @@ class MegatronTrainer(TrainerBackend):
     ``--weight-decay``, ``--clip-grad``, batch sizes, loss options) and Megatron's own (``megatron_config``, a
     :class:`~vime_core.config.MegatronConfig`: ``--tensor-model-parallel-size``, ``--pipeline-model-parallel-size``,
     ``--context-parallel-size``, ``--sequence-parallel``, ``--recompute-*``, ``--use-distributed-optimizer``,
-    ``--megatron-attention``, default te if TE imports, else sdpa).
+    ``--megatron-attention``, default te if TE imports, else sdpa; ``--bias-swiglu-fusion``
+    (:func:`swiglu_fusion_works`); ``--qkv-format`` (thd: packed micro-batches,
+    :mod:`vime_core.trainer.megatron_packing`); ``--deterministic-mode``
+    (:func:`~vime_core.trainer.determinism.enable_trainer_determinism`)) and ``--fp32-lm-head`` (float32 logits,
+    :mod:`vime_core.trainer.fp32_head`).
 
     :raises RuntimeError: without CUDA. :raises NotImplementedError: for pipeline or context parallelism.
     :raises vime_core.trainer.megatron_convert.ConversionError: if the checkpoint is not a supported architecture.
@@ -105,6 +128,8 @@ class MegatronTrainer(TrainerBackend):
         mcfg = self.megatron_config = config.megatron
         # before any GPU/distributed setup, so a bad flag is reported at once
         check_algorithm_config(self.algorithm_config)
+        if mcfg.deterministic_mode:  # before the first cuBLAS handle
+            enable_trainer_determinism()
         self.rank, self.world, _ = init_distributed()
         self.tp = int(mcfg.tensor_model_parallel_size or 1)
         pp = int(mcfg.pipeline_model_parallel_size or 1)
@@ -140,6 +165,11 @@ class MegatronTrainer(TrainerBackend):
 
         self.te = have_transformer_engine()
         self.attention = mcfg.megatron_attention or ("te" if self.te else "sdpa")
+        if mcfg.qkv_format == "thd" and self.attention == "local":
+            raise ValueError(
+                "--qkv-format thd (packed micro-batches) needs --megatron-attention sdpa or te: Megatron's unfused "
+                "local attention takes no packed sequences"
+            )
         self.padded_vocab = math.ceil(self.arch.vocab_size / self.tp) * self.tp
         moe_fields = moe_config_fields(
             self.arch, aux_loss_coeff=float(mcfg.moe_aux_loss_coeff or 0.0), routing_replay=self.routing_replay
@@ -158,13 +188,16 @@ class MegatronTrainer(TrainerBackend):
             recompute_method=mcfg.recompute_method,
             recompute_num_layers=mcfg.recompute_num_layers,
             masked_softmax_fusion=False,
-            bias_activation_fusion=False,
+            bias_activation_fusion=bool(mcfg.bias_swiglu_fusion) and swiglu_fusion_works(),
             apply_rope_fusion=False,
             persist_layer_norm=False,
             gradient_accumulation_fusion=False,
+            deterministic_mode=bool(mcfg.deterministic_mode),
         )
         self._GPTModel = GPTModel
         gpt = self.new_gpt()
+        if mcfg.fp32_lm_head:
+            install_fp32_output_layer(gpt, self.tp, self.tp_group)
         self.gpt = gpt
         self.load_hf_weights(model_path)
         lora_cfg = config.lora
@@ -350,12 +383,25 @@ class MegatronTrainer(TrainerBackend):
     def _vocab_parallel_logits(self, ids: torch.Tensor, pos: torch.Tensor, module: Any = None) -> torch.Tensor:
         """``[b, s, padded_vocab / tp]`` float32 logits of ``module`` (default: the policy) with padded vocabulary
         columns at ``-inf``."""
-        logits = (self.ddp if module is None else module)(ids, pos, None).float()
+        return self._mask_vocab_padding((self.ddp if module is None else module)(ids, pos, None).float())
+
+    def _mask_vocab_padding(self, logits: torch.Tensor) -> torch.Tensor:
+        """``logits`` (``[..., padded_vocab / tp]``, this rank's shard) with the padded vocabulary columns set to
+        ``-inf`` in place."""
         per = self.padded_vocab // self.tp
         first_pad = self.arch.vocab_size - self.tp_rank * per
         if first_pad < per:
             logits[..., max(first_pad, 0) :] = float("-inf")
         return logits
+
+    def _entropy(self, logits: torch.Tensor) -> torch.Tensor:
+        """Next-token entropies of vocab-parallel float32 ``logits``: with a graph only when ``--entropy-coef`` is
+        non-zero and grad is on (otherwise a metric: no graph, less memory)."""
+        group = self.tp_group if self.tp > 1 else None
+        if torch.is_grad_enabled() and self.algorithm_config.entropy_coef:
+            return vocab_parallel_entropy(logits, group)  # saves only tensors it creates
+        with torch.no_grad():
+            return vocab_parallel_entropy(logits, group)
 
     def token_log_probs(
         self, ids: torch.Tensor, pos: torch.Tensor, module: Any = None, with_entropy: bool = False
@@ -366,20 +412,35 @@ class MegatronTrainer(TrainerBackend):
         from megatron.core import tensor_parallel
 
         logits = self._vocab_parallel_logits(ids, pos, module)[:, :-1].contiguous()
-        ent = None
-        if with_entropy:  # before the cross entropy, which overwrites ``logits`` in place (with the softmax)
-            group = self.tp_group if self.tp > 1 else None
-            if torch.is_grad_enabled() and self.algorithm_config.entropy_coef:
-                ent = vocab_parallel_entropy(logits, group)  # saves only tensors it creates
-            else:
-                with torch.no_grad():
-                    ent = vocab_parallel_entropy(logits, group)
+        # the entropy before the cross entropy, which overwrites ``logits`` in place (with the softmax)
+        ent = self._entropy(logits) if with_entropy else None
         lp = -tensor_parallel.vocab_parallel_cross_entropy(logits, ids[:, 1:].contiguous())
         return lp, ent
 
     def response_slices(self, samples: list[Sample], x: torch.Tensor) -> list[torch.Tensor]:
         """Per sample the ``[response_length]`` slice of a ``[b, s - 1]`` next-token tensor (right-padded batch)."""
         return [x[i, s.prompt_length - 1 : s.prompt_length - 1 + s.response_length] for i, s in enumerate(samples)]
+
+    def sample_log_probs(
+        self, samples: list[Sample], module: Any = None, with_entropy: bool = False
+    ) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
+        """Per sample ``[response_length]`` float32 log-probs of the response tokens under ``module`` (default: the
+        policy; differentiable when grad is on) and, with ``with_entropy``, the next-token entropies
+        (:meth:`token_log_probs`). ``--qkv-format bshd``: one right-padded batch; ``thd``: one packed row
+        (:func:`~vime_core.trainer.megatron_packing.thd_batch`), the log-softmax on the response positions only."""
+        if self.megatron_config.qkv_format != "thd":
+            ids, pos = self.token_batch(samples)
+            lp, ent = self.token_log_probs(ids, pos, module=module, with_entropy=with_entropy)
+            return self.response_slices(samples, lp), None if ent is None else self.response_slices(samples, ent)
+        from megatron.core import tensor_parallel
+
+        b = thd_batch(samples, self.tp if self.config.sequence_parallel else 1, self.loss_device)
+        model = self.ddp if module is None else module
+        logits = model(b.input_ids, b.position_ids, None, packed_seq_params=packed_seq_params(b)).float()
+        logits = self._mask_vocab_padding(logits[0].index_select(0, b.predict_index)).unsqueeze(0)  # [1, M, V/tp]
+        ent = self._entropy(logits) if with_entropy else None  # before the cross entropy overwrites the logits
+        lp = -tensor_parallel.vocab_parallel_cross_entropy(logits, b.targets.unsqueeze(0))
+        return b.split(lp[0]), None if ent is None else b.split(ent[0])
 
     # -- what the shared RL step needs (vime_core.trainer.rl_step.PolicyOps) ----------------------------------------
     @property
@@ -389,10 +450,9 @@ class MegatronTrainer(TrainerBackend):
     def policy_log_probs(
         self, samples: list[Sample], with_entropy: bool
     ) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
-        """Per sample ``[response_length]`` float32 log-probs (and entropies) of the response, graph attached."""
-        ids, pos = self.token_batch(samples)
-        lp, ent = self.token_log_probs(ids, pos, with_entropy=with_entropy)
-        return self.response_slices(samples, lp), None if ent is None else self.response_slices(samples, ent)
+        """Per sample ``[response_length]`` float32 log-probs (and entropies) of the response, graph attached
+        (:meth:`sample_log_probs`)."""
+        return self.sample_log_probs(samples, with_entropy=with_entropy)
 
     def dp_all_gather(self, obj: Any) -> list[Any]:
         """Every data-parallel rank's ``obj`` (picklable), in DP-rank order (``all_gather_object`` on Megatron's

@@ -329,7 +329,7 @@ class MegatronAdapterReference:
     """The KL reference with LoRA on the megatron backend: the policy with its adapter disabled (no second
     ``GPTModel``).
 
-    :param trainer: the policy trainer (``lora``, ``token_batch``, ``token_log_probs``, ``response_slices``).
+    :param trainer: the policy trainer (``lora``, ``sample_log_probs``).
     """
 
     def __init__(self, trainer: MegatronPolicy) -> None:
@@ -344,9 +344,7 @@ class MegatronAdapterReference:
         try:
             for i in range(0, len(samples), micro_batch_size):
                 mb = samples[i : i + micro_batch_size]
-                ids, pos = t.token_batch(mb)
-                lp, _ = t.token_log_probs(ids, pos)
-                for s, x in zip(mb, t.response_slices(mb, lp), strict=True):
+                for s, x in zip(mb, t.sample_log_probs(mb)[0], strict=True):
                     out[id(s)] = x.float().cpu()
         finally:
             t.lora.set_enabled(True)

@@ -59,8 +59,9 @@ class SDPACoreAttention(torch.nn.Module):
 
     Same interface as ``megatron.core.transformer.dot_product_attention.DotProductAttention``: ``query``
     ``[sq, b, np, hn]``, ``key``/``value`` ``[sk, b, ng, hn]`` (bf16), returns ``[sq, b, np * hn]``. Causal masks
-    are implicit (``is_causal``); an explicit Megatron mask (``True`` = masked out) is inverted for SDPA. Context
-    parallelism and packed sequences are not supported.
+    are implicit (``is_causal``); an explicit Megatron mask (``True`` = masked out) is inverted for SDPA. Packed
+    sequences (``thd``, ``--qkv-format thd``): :func:`vime_core.trainer.megatron_packing.thd_sdpa`. Context
+    parallelism is not supported.
     """
 
     def __init__(
@@ -98,8 +99,13 @@ class SDPACoreAttention(torch.nn.Module):
     ) -> torch.Tensor:
         import torch.nn.functional as F
 
-        if packed_seq_params is not None:
-            raise ValueError("SDPACoreAttention does not support packed sequences")
+        if packed_seq_params is not None:  # --qkv-format thd: [t, heads, head_dim], one causal pass per sample
+            from vime_core.trainer.megatron_packing import thd_sdpa
+
+            if getattr(packed_seq_params, "qkv_format", None) != "thd" or not self.causal:
+                raise ValueError("SDPACoreAttention takes packed sequences in the causal thd format only")
+            dropout = self.dropout if self.training else 0.0
+            return thd_sdpa(query, key, value, packed_seq_params.cu_seqlens_q, self.scale, dropout)
         sq, b, heads, hn = query.shape
         if key.shape[2] != heads:  # GQA: expand key/value groups (flash kernels want equal head counts)
             rep = heads // key.shape[2]

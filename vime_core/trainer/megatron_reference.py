@@ -60,6 +60,10 @@ class MegatronReferenceModel:
             path = resolve_model(str(ref))
         self.path = path
         gpt = trainer.new_gpt()
+        if trainer.megatron_config.fp32_lm_head:  # the policy's logits, float32 (vime_core.trainer.fp32_head)
+            from vime_core.trainer.fp32_head import install_fp32_output_layer
+
+            install_fp32_output_layer(gpt, trainer.tp, trainer.tp_group)
         trainer.load_hf_tensors(trainer.read_hf(path), gpt=gpt)
         gpt.requires_grad_(False)
         self.module = float16_module(trainer.config, gpt)
@@ -72,8 +76,6 @@ class MegatronReferenceModel:
         out: dict[int, torch.Tensor] = {}
         for i in range(0, len(samples), micro_batch_size):
             mb = samples[i : i + micro_batch_size]
-            ids, pos = t.token_batch(mb)
-            lp, _ = t.token_log_probs(ids, pos, module=self.module)
-            for s, x in zip(mb, t.response_slices(mb, lp), strict=True):
+            for s, x in zip(mb, t.sample_log_probs(mb, module=self.module)[0], strict=True):
                 out[id(s)] = x.float().cpu()
         return out

@@ -15,7 +15,7 @@ from vime_core.trainer.megatron_convert import ArchConfig
 from vime_core.types import Sample
 
 if TYPE_CHECKING:
-    from vime_core.config import AlgorithmConfig, TrainerConfig
+    from vime_core.config import AlgorithmConfig, MegatronConfig, TrainerConfig
 
 
 class AdapterSwitch(Protocol):
@@ -38,6 +38,10 @@ class MegatronPolicy(Protocol):
     @property
     def algorithm_config(self) -> AlgorithmConfig:
         """The algorithm's flags."""
+
+    @property
+    def megatron_config(self) -> MegatronConfig:
+        """The megatron backend's flags (``--qkv-format``, ``--fp32-lm-head``, ...)."""
 
     @property
     def model_path(self) -> Path:
@@ -106,3 +110,9 @@ class MegatronPolicy(Protocol):
 
     def response_slices(self, samples: list[Sample], x: torch.Tensor) -> list[torch.Tensor]:
         """Per sample the ``[response_length]`` slice of a ``[b, s - 1]`` next-token tensor."""
+
+    def sample_log_probs(
+        self, samples: list[Sample], module: Any = None, with_entropy: bool = False
+    ) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
+        """Per sample ``[response_length]`` log-probs under ``module`` (default: the policy), padded or packed as
+        ``--qkv-format`` says, and entropies."""

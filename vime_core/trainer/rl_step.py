@@ -21,6 +21,7 @@ from vime_core.algorithms.policy_loss import policy_loss, policy_loss_kwargs
 from vime_core.config import AlgorithmConfig, TrainerConfig
 from vime_core.trainer.critic import CriticBase
 from vime_core.trainer.lr_schedule import policy_lr_schedule, set_lr
+from vime_core.trainer.profile import profiled
 from vime_core.types import RolloutBatch, Sample
 
 
@@ -62,6 +63,34 @@ class PolicyOps(Protocol):
 
     def dp_all_gather(self, obj: Any) -> list[Any]:
         """Every DP rank's ``obj`` (picklable), in DP-rank order (a collective of the DP group)."""
+
+
+class StepTimer:
+    """Wall seconds of a train step's phases (``perf/train_<phase>_time``): each :meth:`lap` charges the time since
+    the previous one to a phase, after waiting for the GPU's queued work (``torch.cuda.synchronize``), so a phase is
+    charged what it ran, not what it launched. The forward pass already waits for its log-probs (they go to the
+    CPU), so the waits cost little."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        self.device = device
+        self.seconds: dict[str, float] = {}
+        self._last = self._now()
+
+    def _now(self) -> float:
+        if self.cuda:
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter()
+
+    def lap(self, phase: str) -> None:
+        """Charge the time since the last lap (or the start) to ``phase``."""
+        now = self._now()
+        self.seconds[phase] = self.seconds.get(phase, 0.0) + now - self._last
+        self._last = now
+
+    def metrics(self) -> dict[str, float]:
+        """``perf/train_<phase>_time`` for every phase charged."""
+        return {f"perf/train_{k}_time": v for k, v in self.seconds.items()}
 
 
 def dp_shard(items: list[Any], dp_rank: int, dp_size: int) -> list[Any]:
@@ -120,17 +149,31 @@ def rl_train_step(backend: PolicyOps, batch: RolloutBatch) -> dict[str, float]:
         per-token advantages (per-token rewards for ``ppo``).
     :return: metrics ``train/loss``, ``train/pg_loss``, ``train/pg_clipfrac``, ``train/ppo_kl``,
         ``train/entropy_loss``, ``train/grad_norm``, ``train/train_rollout_logprob_abs_diff`` (exact token mean over
-        the batch, before the update), ``train/lr``, ``train/num_tokens``, ``train/adv/*``, and when enabled
+        the batch, before the update), ``train/lr``, ``train/num_tokens`` (response tokens),
+        ``train/num_seq_tokens`` (prompt and response tokens the passes ran on), ``train/adv/*``, and when enabled
         ``train/kl_loss``, ``train/tis``, ``train/tis_clipfrac``, ``train/pg_dual_clipfrac``; with ``ppo``
         ``train/value_loss``, ``train/value_clipfrac``, ``train/critic_grad_norm``, ``train/critic_lr``,
         ``train/critic/values_mean``, ``train/critic/returns_mean``, ``train/critic_only``;
-        ``perf/train_compute_time`` (seconds).
+        ``perf/train_compute_time`` (seconds) and its split (:class:`StepTimer`): ``perf/train_forward_time``
+        (policy forward passes and the loss), ``perf/train_backward_time``, ``perf/train_optimizer_time`` (gradient
+        finalisation, norm, clipping and the update), ``perf/train_setup_time`` (the rest: batch tensors, advantages,
+        the drift check), and when they run ``perf/train_old_logprob_time`` (the no-grad pass of several
+        mini-batches or KL), ``perf/train_ref_logprob_time``, ``perf/train_critic_time``. The train step of
+        rollout step ``$VIME_PROFILE_TRAIN_STEP`` runs under ``torch.profiler`` (:mod:`vime_core.trainer.profile`).
+
     :raises LogprobDriftError: if ``--max-train-rollout-logprob-diff`` is exceeded (no update is made).
     :raises FloatingPointError: on a non-finite gradient norm.
     """
+    with profiled(batch.step, backend):
+        return _rl_train_step(backend, batch)
+
+
+def _rl_train_step(backend: PolicyOps, batch: RolloutBatch) -> dict[str, float]:
+    """The body of :func:`rl_train_step`."""
     t0 = time.perf_counter()
     cfg, algo = backend.trainer_config, backend.algorithm_config
     dev = backend.loss_device
+    timer = StepTimer(dev)
     samples = batch.samples
     use_rollout = bool(algo.use_rollout_logprobs)
     rollout_of = {id(s): torch.tensor(s.rollout_log_probs, dtype=torch.float32) for s in samples}
@@ -145,12 +188,15 @@ def rl_train_step(backend: PolicyOps, batch: RolloutBatch) -> dict[str, float]:
     dp_rank, dp_size = backend.dp_rank, backend.dp_size
     # trainer-side behaviour-policy log-probs, before any update (else filled by the first, only, mini-batch)
     old_of = {}
+    timer.lap("setup")
     if len(minibatches) > 1 or kl_coef != 0.0:
         old_of = dp_log_probs(backend, samples, lambda part: old_log_probs(backend, part))
+        timer.lap("old_logprob")
     ref_of = {}
     if backend.ref_model is not None:
         ref = backend.ref_model
         ref_of = dp_log_probs(backend, samples, lambda part: ref.log_probs(part, cfg.micro_batch_size))
+        timer.lap("ref_logprob")
     kl = None
     if kl_coef != 0.0:
         behaviour = rollout_of if use_rollout else old_of
@@ -159,6 +205,7 @@ def rl_train_step(backend: PolicyOps, batch: RolloutBatch) -> dict[str, float]:
     critic_only = False
     if critic is not None:  # ppo: the estimator gave per-token rewards; GAE with the critic's values
         old_values = critic.values(samples, cfg.micro_batch_size)
+        timer.lap("critic")
         advantages, returns, adv_metrics = gae_advantages(
             algo, samples, estimator_out, [old_values[id(s)] for s in samples], kl=kl
         )
@@ -182,6 +229,7 @@ def rl_train_step(backend: PolicyOps, batch: RolloutBatch) -> dict[str, float]:
     weight_total = 0.0
     grad_norms: list[float] = []
     critic_sums: dict[str, float] = {}
+    timer.lap("setup")
     for minibatch in minibatches:
         if critic is not None:
             cm = critic.train_minibatch(
@@ -189,11 +237,13 @@ def rl_train_step(backend: PolicyOps, batch: RolloutBatch) -> dict[str, float]:
             )
             for k, v in cm.items():
                 critic_sums[k] = critic_sums.get(k, 0.0) + v / len(minibatches)
+            timer.lap("critic")
         if critic_only:
             continue
         total = weight(minibatch)  # global: every DP rank holds the whole mini-batch
         backend.zero_grad()
         for mb in micro_batches(dp_shard(minibatch, dp_rank, dp_size), cfg.micro_batch_size):
+            timer.lap("setup")
             lps, ents = backend.policy_log_probs(mb, True)
             lps = [lp.float() for lp in lps]
             for s, lp in zip(mb, lps, strict=True):
@@ -212,10 +262,12 @@ def rl_train_step(backend: PolicyOps, batch: RolloutBatch) -> dict[str, float]:
                 **loss_kwargs,
             )
             count = weight(mb)
+            timer.lap("forward")
             if count == 0:
                 continue
             # × dp_size: the backend's gradient reduction averages over the DP ranks (see the module docstring)
             (out.loss * (count * dp_size / total)).backward()
+            timer.lap("backward")
             for k, v in out.metrics.items():
                 sums[k] = sums.get(k, 0.0) + float(v) * count
             weight_total += count
@@ -228,10 +280,12 @@ def rl_train_step(backend: PolicyOps, batch: RolloutBatch) -> dict[str, float]:
                 algo.max_train_rollout_logprob_diff,
                 step=backend.steps_done,
             )
+        timer.lap("setup")
         lr_used.append(lr_schedule.lr_at(backend.steps_done))
         set_lr(backend.optimizer, lr_used[-1])
         grad_norms.append(backend.optimizer_step())
         backend.steps_done += 1
+        timer.lap("optimizer")
     if dp_size > 1:  # the loss metrics of every DP rank's shard
         parts = backend.dp_all_gather((sums, weight_total))
         sums = {k: sum(p[0].get(k, 0.0) for p in parts) for k in sorted({k for p in parts for k in p[0]})}
@@ -249,7 +303,8 @@ def rl_train_step(backend: PolicyOps, batch: RolloutBatch) -> dict[str, float]:
         metrics["train/critic_lr"] = critic.lr
         metrics["train/critic_only"] = float(critic_only)
     metrics["train/num_tokens"] = float(batch.num_response_tokens())
-    if dev.type == "cuda":
-        torch.cuda.synchronize(dev)
+    metrics["train/num_seq_tokens"] = float(sum(len(s.tokens) for s in samples))  # prompt + response: the FLOPs
+    timer.lap("setup")
+    metrics.update(timer.metrics())
     metrics["perf/train_compute_time"] = time.perf_counter() - t0
     return metrics

@@ -113,6 +113,10 @@ class WeightSyncStrategy(ABC):
     #: where :meth:`push` wants the trainer's tensors: ``"cpu"``, or ``None`` for wherever the trainer holds them
     #: (GPU strategies: no round trip through host memory)
     TENSOR_DEVICE: str | None = "cpu"
+    #: whether :meth:`apply` writes every weight of the model (a full reload, not a delta on top of the engine's
+    #: weights): then a colocated engine sleeps at level 2 (its weights discarded, not kept in host memory) and
+    #: wakes them without restoring them (docs/gpu.md, "The one-GPU layout")
+    RELOADS_ALL_WEIGHTS: bool = False
 
     def __init__(self, config: RunConfig) -> None:
         self.run_config = config

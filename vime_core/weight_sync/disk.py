@@ -29,6 +29,7 @@ class DiskWeightSync(WeightSyncStrategy):
 
     NAME = "disk"
     CARRIES_LORA = True
+    RELOADS_ALL_WEIGHTS = True  # every tensor of the model, each version
 
     def _dir(self, version: int) -> Path:
         return Path(self.config.update_weight_disk_dir) / f"weight_v{version:06d}"

@@ -46,6 +46,9 @@ class HostCopy:
         self._thread: threading.Thread | None = None
         self.last_seconds = 0.0
         self.last_error: BaseException | None = None
+        #: ``time.perf_counter()`` when the newest copy started and when it finished (``None``: not yet)
+        self.started_at: float | None = None
+        self.finished_at: float | None = None
 
     def start(self, version: int, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> Path:
         """Start writing ``version`` (waits for the previous copy first) and return its directory.
@@ -56,6 +59,7 @@ class HostCopy:
         self.wait()
         tensors = list(named_tensors)
         out = recovery_dir(self.root, version)
+        self.started_at, self.finished_at = time.perf_counter(), None
         self._thread = threading.Thread(
             target=self._write, args=(version, tensors, out), name=f"vime-host-copy-{version}", daemon=True
         )
@@ -68,6 +72,14 @@ class HostCopy:
             self._thread.join(timeout_s)
             if not self._thread.is_alive():
                 self._thread = None
+
+    def overlap(self, start: float, end: float) -> float:
+        """Seconds of ``[start, end]`` (``time.perf_counter()`` values) during which a copy was being written (the
+        newest one; one still running counts up to ``end``): time it shared the trainer's process with a train step."""
+        if self.started_at is None:
+            return 0.0
+        stop = end if self.finished_at is None else min(self.finished_at, end)
+        return max(0.0, stop - max(self.started_at, start))
 
     def _write(self, version: int, tensors: list[tuple[str, torch.Tensor]], out: Path) -> None:
         t0 = time.perf_counter()
@@ -85,6 +97,8 @@ class HostCopy:
         except BaseException as e:  # noqa: BLE001 - a replacement engine reports it when it needs the copy
             self.last_error = e
             logger.error("host copy of weight version %d into %s failed: %s", version, out, e)
+        finally:
+            self.finished_at = time.perf_counter()
 
 
 def wait_for_copy(path: str | Path, timeout_s: float, done_file: str = DONE_FILE) -> Path:

@@ -126,6 +126,7 @@ class IpcWeightSync(WeightSyncStrategy):
 
     NAME = "ipc"
     CARRIES_LORA = True
+    RELOADS_ALL_WEIGHTS = True  # every tensor of the model, each version
     TENSOR_DEVICE = None  # the trainer's GPU tensors go straight into the buckets
 
     def __init__(self, config: RunConfig) -> None:
