@@ -11,7 +11,8 @@
    without a call goes to the user, whose answer is the next message; the episode ends when the user says
    ``###STOP###``, after ``--agent-max-turns`` model calls or when a call is cut by its token budget;
 3. the session closes into token-exact Samples (one per trajectory segment, one ``episode_id``), with
-   ``metadata["tau"]``: the final database hash, the agent's messages, the tool calls and how the episode ended.
+   ``metadata["tau"]``: the final database hash, the agent's messages, the tool calls and how the episode ended
+   (and, with ``--agent-record-turns``, ``metadata["agent_turns"]``: the gateway's record of every engine call).
 
 :func:`reward` is tau-bench's (:func:`tau_retail.task_reward`). The user is :class:`ScriptedUser` (the task's
 ``user_turns``, then ``###STOP###``) unless ``TAU_USER=llm``: then :class:`LLMUser`, a model behind any
@@ -33,7 +34,7 @@ import tau_retail
 from vime_core.agent.gateway import TURN_BUDGET_MESSAGE
 from vime_core.context import PluginContext
 from vime_core.failures import FailureCause, mark_failed
-from vime_core.rollout.coding_agent import gateway_for
+from vime_core.rollout.coding_agent import gateway_for, turn_record_dict
 from vime_core.rollout.context import get_rollout_context
 from vime_core.types import Sample
 
@@ -209,6 +210,8 @@ async def generate(ctx: PluginContext, sample: Sample, sampling_params: dict[str
             "user": type(user).__name__,
         }
     }
+    if cfg.agent_record_turns:  # --agent-record-turns: the engine calls, to audit the samples (check_token_exact)
+        meta["agent_turns"] = [turn_record_dict(t) for t in gw.session_turns(sid)]
     samples = await asyncio.to_thread(gw.close_session, sid, sample, None, extra_metadata=meta)
     if not samples:
         sample.metadata.update(meta)
