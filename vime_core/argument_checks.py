@@ -61,6 +61,27 @@ def _eval_set_sampling(cfg: EvalConfig) -> dict[str, dict] | None:
     return per_set or None
 
 
+def eval_set_rewards(cfg: EvalConfig) -> dict[str, str] | None:
+    """``--eval-set-reward NAME REWARD ...`` as ``{NAME: REWARD}`` (``None`` when not given).
+
+    :raises ArgumentError: an odd number of values, a NAME that is no eval set or is given twice.
+    """
+    pairs = cfg.eval_set_reward or []
+    if isinstance(pairs, dict):  # already derived (a config built from a parsed Namespace)
+        return dict(pairs) or None
+    if len(pairs) % 2:
+        raise ArgumentError(f"--eval-set-reward expects NAME REWARD pairs, got {len(pairs)} values: {' '.join(pairs)}")
+    names = [s.name for s in parse_eval_prompt_data(cfg.eval_prompt_data)]
+    per_set: dict[str, str] = {}
+    for name, reward in zip(pairs[::2], pairs[1::2], strict=True):
+        if name not in names:
+            raise ArgumentError(f"--eval-set-reward {name}: no such --eval-prompt-data set (sets: {names})")
+        if name in per_set:
+            raise ArgumentError(f"--eval-set-reward {name}: given twice")
+        per_set[name] = reward
+    return per_set or None
+
+
 def _check_sampling_json(cfg: RunConfig) -> None:
     per_set = _eval_set_sampling(cfg.eval) or {}
     sources = [("--rollout-sampling-params", cfg.rollout.rollout_sampling_params)]
@@ -180,6 +201,7 @@ def _check_eval(cfg: RunConfig) -> None:
     if ev.eval_prompt_data and cfg.logging.debug_train_only:
         raise ArgumentError("--eval-prompt-data needs the rollout engines; it does not work with --debug-train-only")
     _check_sampling_json(cfg)
+    eval_set_rewards(ev)
 
 
 def _at_least(section: object, names: tuple[str, ...], low: int) -> None:
@@ -349,12 +371,14 @@ def _placed_engines(cfg: RunConfig) -> int:
 
 def derive_flags(args: argparse.Namespace, cfg: RunConfig) -> None:
     """Set the flags that follow from others, on the parsed Namespace (``cfg``: the checked tree built from it):
-    ``--eval-reward`` (default ``--reward``), ``--eval-set-sampling-params`` as ``{NAME: fields}``, the engine count
+    ``--eval-reward`` (default ``--reward``), ``--eval-set-sampling-params`` as ``{NAME: fields}``,
+    ``--eval-set-reward`` as ``{NAME: reward}``, the engine count
     from ``--rollout-num-gpus``, ``--update-weight-disk-dir`` (default ``OUTPUT_DIR/weights``), and the CPU binding
     of one CPU engine."""
     if args.eval_reward is None:
         args.eval_reward = args.reward
     args.eval_set_sampling_params = _eval_set_sampling(cfg.eval)
+    args.eval_set_reward = eval_set_rewards(cfg.eval)
     engines = _placed_engines(cfg)
     if args.rollout_num_gpus and engines:  # engines = --rollout-num-gpus / --rollout-num-gpus-per-engine (slime)
         args.rollout_num_engines = engines

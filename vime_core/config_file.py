@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import json
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +55,23 @@ def _check_config_value(where: str, key: str, action: argparse.Action, value: An
             raise ArgumentError(f"{where}: key {key!r} ({flag}): expected one of {choices}, got {v!r}")
 
 
+#: flags of NAME VALUE pairs, one per eval set, that a config may also give as a mapping ``{NAME: VALUE}`` (a mapping
+#: value of ``eval_set_sampling_params`` is written as its JSON)
+PER_EVAL_SET = ("--eval-set-sampling-params", "--eval-set-reward")
+
+
+def _per_set_value(where: str, key: str, value: Any) -> str:
+    """One value of a per-eval-set mapping as its argv string: a mapping as JSON, a string as it is.
+
+    :raises ArgumentError: naming ``where`` and ``key`` for anything else (a list, a number, a boolean, null).
+    """
+    if isinstance(value, dict):
+        return json.dumps(value)
+    if isinstance(value, str):
+        return value
+    raise ArgumentError(f"{where}: key {key!r}: expected a mapping of eval set NAME to a value, got {value!r}")
+
+
 def config_to_argv(path: Path, parser: argparse.ArgumentParser) -> list[str]:
     """The argv equivalent of a YAML config (keys are flag names, dashes or underscores).
 
@@ -90,6 +108,8 @@ def config_to_argv(path: Path, parser: argparse.ArgumentParser) -> list[str]:
                     else "; see `vime args` for every flag"
                 )
                 raise ArgumentError(f"{where}: unknown key {key!r}{hint}")
+            if flag in PER_EVAL_SET and isinstance(value, dict):  # NAME: value, as NAME VALUE pairs
+                value = [x for name, v in value.items() for x in (name, _per_set_value(where, str(key), v))]
             if flag != "--eval-prompt-data":  # a mapping or a list; checked by _config_eval_sets
                 _check_config_value(where, str(key), actions[flag], value)
         if value is False and not passthrough:

@@ -89,6 +89,7 @@ def preflight(cfg: RunConfig, command: str = "run") -> Preflight:
 def plugin_names(cfg: RunConfig, *, train: bool = True) -> list[tuple[str, str]]:
     """``(kind, name)`` of every plugin the run uses (``train=False``: those of ``vime eval``)."""
     names = [("generate", cfg.rollout.generate), ("reward", cfg.eval.eval_reward or cfg.eval.reward)]
+    names += [("reward", name) for name in (cfg.eval.eval_set_reward or {}).values()]  # --eval-set-reward
     if train:
         names += [
             ("reward", cfg.rollout.reward),

@@ -35,6 +35,7 @@ SESSION_ENGINE_FIXTURES = ("vllm_server", "router")
 SESSION_ENGINE_FILES = frozenset(
     {
         "tests/integration/test_agent_gateway_vllm.py",
+        "tests/integration/test_examples_runs.py",
         "tests/integration/test_examples_vllm.py",
         "tests/integration/test_external_engines.py",
         "tests/integration/test_loop_modes.py",

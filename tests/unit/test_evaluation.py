@@ -361,3 +361,55 @@ def test_rollout_manager_evaluate(tiny_model_dir, tmp_path):
         "status": "truncated",
         "token_weight_versions": [0],
     }
+
+
+async def half(args: argparse.Namespace, sample: Sample) -> float:
+    return 0.5
+
+
+def test_eval_set_reward_scores_each_set_with_its_own_reward(tiny_model_dir, tmp_path):
+    """``--eval-set-reward``: one set keeps ``--eval-reward``, the other is scored by its own function, with its own
+    sampling (``--eval-set-sampling-params``): several tasks in one evaluation (examples/multi_task_eval)."""
+    from vime_core.rollout.manager import RolloutManager
+
+    train = tmp_path / "train.jsonl"
+    train.write_text(json.dumps({"prompt": "t", "label": "x"}) + "\n")
+    ev = tmp_path / "eval.jsonl"
+    ev.write_text("".join(json.dumps({"prompt": f"q{i}", "label": f"a{i}"}) + "\n" for i in range(2)))
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(
+        f"model: {tiny_model_dir}\nprompt_data: {train}\noutput_dir: {tmp_path / 'out'}\n"
+        f"generate: {__name__}:scripted_generate\nreward: {__name__}:never_called\n"
+        f"eval_reward: {__name__}:exact_match\neval_prompt_data: {{qa: {ev}, qb: {ev}}}\n"
+        f"eval_set_reward: {{qb: '{__name__}:half'}}\neval_set_sampling_params: {{qb: {{max_tokens: 5}}}}\n"
+        "n_samples_per_eval_prompt: 2\n"
+    )
+    args = parse_run_args(["--config", str(cfg)])
+    assert args.eval_set_reward == {"qb": f"{__name__}:half"}
+    assert args.eval_set_sampling_params == {"qb": {"max_tokens": 5}}
+    manager = RolloutManager(RunConfig.from_args(args), tiny_model_dir)
+    CALLS.clear()
+    m = manager.evaluate(0)
+    assert sorted(c["max_tokens"] for c in CALLS) == [5] * 4 + [128] * 4
+    assert (m["eval/qa/reward_mean"], m["eval/qa/pass@2"]) == (0.5, 1.0)  # exact_match: index 0 answers the label
+    assert (m["eval/qb/reward_mean"], m["eval/qb/pass@2"]) == (0.5, 0.0)  # 0.5 for every sample: never correct
+
+
+def test_eval_set_reward_errors_name_the_flag(tmp_path):
+    with pytest.raises(ArgumentError, match=r"^--eval-set-reward expects NAME REWARD pairs, got 1 values: a$"):
+        parse_run_args(BASE + ["--eval-prompt-data", "a", "a.jsonl", "--eval-set-reward", "a"])
+    with pytest.raises(ArgumentError, match=r"^--eval-set-reward b: no such --eval-prompt-data set \(sets: \['a'\]\)"):
+        parse_run_args(BASE + ["--eval-prompt-data", "a", "a.jsonl", "--eval-set-reward", "b", "math"])
+    with pytest.raises(ArgumentError, match=r"^--eval-set-reward a: given twice"):
+        parse_run_args(BASE + ["--eval-prompt-data", "a", "a.jsonl", "--eval-set-reward", "a", "math", "a", "f1"])
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("model: m\nprompt_data: d.jsonl\neval_prompt_data: {a: a.jsonl}\neval_set_reward: {a: [math]}\n")
+    with pytest.raises(ArgumentError, match=rf"^{cfg}:4: key 'eval_set_reward': expected a mapping of eval set NAME"):
+        parse_run_args(["--config", str(cfg)])
+    from vime_core.plugins import get_plugins
+    from vime_core.registry import RegistryError
+    from vime_core.run_checks import resolve_plugins
+
+    args = parse_run_args(BASE + ["--eval-prompt-data", "a", "a.jsonl", "--eval-set-reward", "a", "no_such_reward"])
+    with pytest.raises(RegistryError, match="no_such_reward"):
+        resolve_plugins(get_plugins(), RunConfig.from_args(args))

@@ -406,6 +406,13 @@ class EvalConfig(Section):
         help="reward function that scores eval samples (a registered name or 'pkg.mod:obj'). Default: --reward; "
         "a dict reward is reduced with --reward-key",
     )
+    eval_set_reward: dict[str, str] | None = flag(
+        nargs="+",
+        default=None,
+        metavar="NAME REWARD",
+        help="per eval set: NAME REWARD pairs, the reward function of that set (a registered name or 'pkg.mod:obj'), "
+        "e.g. --eval-set-reward gsm8k math arith reasoning_gym. Default: --eval-reward for every set",
+    )
     eval_pass_threshold: float = flag(
         type=float,
         default=1.0,

@@ -40,7 +40,8 @@ class GroupProducer:
     :param runner: generates and scores groups (and keeps the engines' weight version).
     :param data_source: the training data buffer (``None`` for ``vime eval``).
     :param eval_sets: ``[(eval set, rows)]`` of ``--eval-prompt-data``.
-    :param eval_reward_fn: the ``--eval-reward`` (default ``--reward``) function.
+    :param eval_reward_fns: eval set name → its reward function (``--eval-set-reward``, else ``--eval-reward``,
+        default ``--reward``).
     :param dynamic_filter: the ``--dynamic-sampling-filter`` function, or ``None``.
     :param hook: the plugin manager's hook relay (``vime_on_rollout_end``).
     :param fleet: the engines' health and abort (:class:`~vime_core.rollout.fleet_view.EngineHealth`).
@@ -55,7 +56,7 @@ class GroupProducer:
         runner: GroupRunner,
         data_source: DataSource | None,
         eval_sets: list,
-        eval_reward_fn: Callable,
+        eval_reward_fns: dict[str, Callable],
         dynamic_filter: Callable | None,
         hook: Any,
         fleet: EngineHealth,
@@ -67,7 +68,7 @@ class GroupProducer:
         self.runner = runner
         self.data_source = data_source
         self.eval_sets = eval_sets
-        self.eval_reward_fn = eval_reward_fn
+        self.eval_reward_fns = eval_reward_fns
         self.dynamic_filter = dynamic_filter
         self.hook = hook
         self.fleet = fleet
@@ -206,7 +207,8 @@ class GroupProducer:
         """Generate and score every ``--eval-prompt-data`` set at the engines' current weight version.
 
         Each prompt gets ``--n-samples-per-eval-prompt`` samples with the ``--eval-*`` sampling parameters, through
-        the training generate function and ``--eval-reward`` (default ``--reward``). Eval samples never enter the
+        the training generate function and the set's reward (``--eval-set-reward``, else ``--eval-reward``, default
+        ``--reward``). Eval samples never enter the
         training buffer, and the ``vime_on_sample`` / ``vime_on_rollout_end`` hooks are not called for them. With
         ``--save-eval-samples`` they are written to ``OUTPUT_DIR/eval_samples/<name>/step_<step>.jsonl``.
 
@@ -224,7 +226,8 @@ class GroupProducer:
         for eval_set, rows in self.eval_sets:
             params = eval_sampling_params(ecfg, eval_set.name)  # the set's own --eval-set-sampling-params
             groups = [new_group(row, i, n) for i, row in enumerate(rows)]
-            coro = self.runner.run(groups, step, params=params, reward_fn=self.eval_reward_fn, train=False)
+            reward_fn = self.eval_reward_fns[eval_set.name]
+            coro = self.runner.run(groups, step, params=params, reward_fn=reward_fn, train=False)
             if self.producer is not None:  # fully-async: the manager's loop runs in the producer thread
                 asyncio.run_coroutine_threadsafe(coro, self.loop).result()
             else:

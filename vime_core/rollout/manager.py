@@ -85,7 +85,11 @@ class RolloutManager:
             )
         # held-out eval sets (--eval-prompt-data): read once, never part of the training buffer
         self.eval_sets = load_eval_sets(eval_cfg)
-        self.eval_reward_fn = plugins.resolve("reward", eval_cfg.eval_reward or eval_cfg.reward)
+        default_eval_reward = eval_cfg.eval_reward or eval_cfg.reward
+        per_set = eval_cfg.eval_set_reward or {}  # --eval-set-reward NAME REWARD: that set's own reward function
+        self.eval_reward_fns = {
+            s.name: plugins.resolve("reward", per_set.get(s.name, default_eval_reward)) for s, _ in self.eval_sets
+        }
         self.loop = asyncio.new_event_loop()
         self.fleet = EngineFleet(
             self.engine_config,
@@ -104,7 +108,7 @@ class RolloutManager:
             self.runner,
             data_source,
             self.eval_sets,
-            self.eval_reward_fn,
+            self.eval_reward_fns,
             self.dynamic_filter,
             self.hook,
             self.fleet,
@@ -164,7 +168,8 @@ class RolloutManager:
         """Pause every engine, apply ``update``, reset prefix caches, resume; then bump the weight version (and, in
         ``--loop fully-async``, admit the groups the new version allows before returning).
 
-        :return: ``weight_sync/*`` metrics (seconds, bytes).
+        :return: ``weight_sync/*`` metrics (seconds, bytes; ``weight_sync/full_bytes``, the bytes of the whole
+            version, where the strategy reports them in its payload, as ``disk-delta`` does).
         :raises TimeoutError / RuntimeError: from the strategy or the engine (the run stops; the engines keep
             their previous version).
         """
@@ -173,13 +178,16 @@ class RolloutManager:
         mode = "keep" if self.groups.fully_async else "wait"
         extra = self.fleet.update_weights(update, mode, self._set_weight_version)
         self.groups.admit_now()
-        return {
+        metrics = {
             **extra,
             "weight_sync/engine_seconds": time.perf_counter() - t0,
             "weight_sync/trainer_seconds": update.seconds,
             "weight_sync/bytes": float(update.num_bytes),
             "weight_sync/version": float(update.version),
         }
+        if isinstance(update.payload.get("full_bytes"), int):  # disk-delta: what a full sync would move
+            metrics["weight_sync/full_bytes"] = float(update.payload["full_bytes"])
+        return metrics
 
     def _set_weight_version(self, version: int) -> None:
         self.weight_version = version
