@@ -24,7 +24,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.support of this checkout
 
-from tests.support.cpu_accounting import CpuGroup, format_figures, group_name, machine_usage_s  # noqa: E402
+from tests.support.cpu_accounting import (  # noqa: E402
+    CpuGroup,
+    current_group,
+    format_figures,
+    group_name,
+    machine_usage_s,
+    nested_name,
+)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -35,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         parser.error("no command given: bench/cpu_seconds.py [--label NAME] -- COMMAND [ARG ...]")
-    group = CpuGroup(group_name(f"cmd{os.getpid()}", "command"))
+    group = CpuGroup(nested_name(current_group(), group_name(f"cmd{os.getpid()}", "command")))
     machine0, t0 = machine_usage_s(), time.monotonic()
     proc = subprocess.Popen(command, preexec_fn=group.join)  # joins in the child, before exec: nothing escapes
     while True:

@@ -106,6 +106,20 @@ def cpuacct_group_of(proc_cgroup: str) -> str:
     raise CpuAccountingError("no cgroup v1 cpuacct hierarchy in /proc/self/cgroup")
 
 
+def current_group() -> str:
+    """The calling process's ``cpuacct`` group (``/`` at the root).
+
+    :raises CpuAccountingError: without a cgroup v1 ``cpuacct`` hierarchy.
+    """
+    return cpuacct_group_of(Path("/proc/self/cgroup").read_text())
+
+
+def nested_name(parent: str, name: str) -> str:
+    """``name`` under the group ``parent`` (a path as :func:`cpuacct_group_of` returns): groups are hierarchical, so
+    the parent's counter goes on including what is measured below it (a run measured as a whole and per file)."""
+    return "/".join(p for p in (parent.strip("/"), name) if p)
+
+
 def move_to(root: Path, group: str, pid: int = 0) -> None:
     """Move process ``pid`` (0: the calling one) to ``group``, a path as :func:`cpuacct_group_of` returns."""
     (root / group.lstrip("/") / "cgroup.procs").write_text(f"{pid or os.getpid()}\n")

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.cpu_accounting import CPUACCT_ROOT, CpuGroup, cpuacct_group_of, group_name, move_to
+from tests.support.cpu_accounting import CPUACCT_ROOT, CpuGroup, current_group, group_name, move_to, nested_name
 
 #: the environment variable that turns the accounting on and names the JSON file written at the end
 ENV = "VIME_TEST_CPU_SECONDS_OUT"
@@ -30,8 +30,8 @@ class CpuPerTest:
     def __init__(self, worker: str) -> None:
         """:raises CpuAccountingError: if the group cannot be created or joined (the message says what is needed)."""
         session = os.environ.setdefault(SESSION_ENV, str(os.getpid()))
-        self.previous = cpuacct_group_of(Path("/proc/self/cgroup").read_text())
-        self.group = CpuGroup(group_name(session, worker))
+        self.previous = current_group()
+        self.group = CpuGroup(nested_name(self.previous, group_name(session, worker)))  # below: counted there too
         self.group.join()
         self.last = self.group.usage_s()
 

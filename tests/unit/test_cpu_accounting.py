@@ -14,6 +14,7 @@ from tests.support.cpu_accounting import (
     cpuacct_group_of,
     format_figures,
     group_name,
+    nested_name,
     read_usage_s,
 )
 
@@ -35,6 +36,13 @@ def test_group_names_are_one_folder_per_session_and_process():
     for bad in ("", "a/b", ".."):
         with pytest.raises(ValueError, match="not a cgroup name part"):
             group_name(bad, "gw0")
+
+
+def test_groups_nest_under_the_callers_group():
+    """A measured command's group sits below the group its caller is measured in (a whole run and its files)."""
+    assert nested_name("/", "vime-tests/1-gw0") == "vime-tests/1-gw0"
+    assert nested_name("/vime-base", "vime-tests/1-gw0") == "vime-base/vime-tests/1-gw0"
+    assert nested_name("/ci/job/", "vime-tests/1-main") == "ci/job/vime-tests/1-main"
 
 
 def test_the_cpuacct_line_of_proc_self_cgroup():
