@@ -37,10 +37,28 @@ FILE_SECONDS: defaultdict[str, dict[str, float]] = defaultdict(lambda: defaultdi
 FILE_CPU_SECONDS: defaultdict[str, float] = defaultdict(float)
 
 
+class FileSeconds:
+    """Each test report's tier (on the process that runs the test) and the seconds per file and tier (where the reports
+    arrive: the xdist controller). A plugin, not conftest hooks: a conftest's per-test hooks see only the tests below
+    it, and these must see the tests under plugins/ too."""
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_makereport(self, item: pytest.Item, call):  # noqa: ARG002 - pytest's hook signature
+        outcome = yield
+        outcome.get_result().user_properties.append((xdist_plan.TIER_PROPERTY, xdist_plan.tier_of(item)))
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        properties = dict(report.user_properties)
+        path = xdist_plan.file_of(report.nodeid)
+        FILE_SECONDS[path][properties.get(xdist_plan.TIER_PROPERTY, "gate")] += report.duration
+        FILE_CPU_SECONDS[path] += properties.get(cpu_session.CPU_PROPERTY, 0.0)
+
+
 def pytest_configure(config: pytest.Config) -> None:
     if os.environ.get("PYTEST_XDIST_WORKER"):  # a worker: `exclusive` tests run alone
         config.pluginmanager.register(xdist_plan.ExclusiveLock(config.rootpath), "vime-exclusive-lock")
     config.pluginmanager.register(xdist_plan.LongestFirst(), "vime-longest-first")
+    config.pluginmanager.register(FileSeconds(), "vime-file-seconds")
     if os.environ.get(cpu_session.ENV):
         cpu_session.start(config)
 
@@ -56,19 +74,6 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if xdist_plan.loadgroup_worker(config):
         xdist_plan.check_groups(items)
-
-
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_makereport(item: pytest.Item, call):  # noqa: ARG001 - pytest's hook signature
-    outcome = yield
-    outcome.get_result().user_properties.append((xdist_plan.TIER_PROPERTY, xdist_plan.tier_of(item)))
-
-
-def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    properties = dict(report.user_properties)
-    path = xdist_plan.file_of(report.nodeid)
-    FILE_SECONDS[path][properties.get(xdist_plan.TIER_PROPERTY, "gate")] += report.duration
-    FILE_CPU_SECONDS[path] += properties.get(cpu_session.CPU_PROPERTY, 0.0)
 
 
 def pytest_terminal_summary(terminalreporter) -> None:
