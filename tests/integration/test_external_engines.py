@@ -16,7 +16,7 @@ from tests.integration.helpers import assert_reproduced, external_engine_flags, 
 from vime_core.net import find_free_port
 from vime_core.testing.cli import run_vime
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.extended]
 
 
 def _argv(model: Path, prompts: Path, out: Path, external: list[str], *extra: str) -> list[str]:

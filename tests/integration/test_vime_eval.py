@@ -176,6 +176,7 @@ def test_vime_eval_of_final_hf_reproduces_the_last_evaluation(eval_run, data, tm
 QUICKSTART = Path(__file__).resolve().parents[2] / "examples" / "quickstart"
 
 
+@pytest.mark.extended
 def test_vime_eval_of_the_prepared_quickstart_model(tmp_path):
     """``vime eval`` on the prepared SmolLM2-135M-Instruct (by its known name) with the quickstart's eval set and
     reward, greedy, 4 prompts: the model answers in the few-shot format and every reward is reasoning-gym's score

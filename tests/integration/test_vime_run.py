@@ -209,6 +209,7 @@ def _expected_rloo_adv_mean(groups: list[list[dict]]) -> float:
     return num / den
 
 
+@pytest.mark.extended
 @pytest.mark.parametrize("estimator", ["gspo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline"])
 def test_each_estimator_trains_through_vime_run(estimator, two_step_run, tiny_model_dir, tmp_path):
     """Every group estimator runs through ``vime run`` on the real engine's rollouts (replayed with
@@ -249,6 +250,7 @@ def test_each_estimator_trains_through_vime_run(estimator, two_step_run, tiny_mo
         assert "train/pg_clipfrac" in m
 
 
+@pytest.mark.extended
 def test_ppo_resume_restores_the_critic(two_step_run, tiny_model_dir, tmp_path):
     """``--advantage-estimator ppo`` through ``vime run`` (the real engine's rollouts replayed with
     --debug-train-only): a run stopped after step 1 and resumed gives step 2 exactly the metrics of an uninterrupted

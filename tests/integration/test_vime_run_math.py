@@ -20,7 +20,7 @@ from vime_core.rewards.math_answer import math_reward
 from vime_core.testing.plugin_context import plugin_context
 from vime_core.types import Sample
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.extended]
 
 
 def _vime(*argv: str) -> subprocess.CompletedProcess:

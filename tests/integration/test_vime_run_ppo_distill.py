@@ -125,6 +125,7 @@ def test_ppo_critic_with_a_distillation_teacher(tiny_model_dir, prompt_file, tmp
     assert (out / "checkpoints" / "step_000002" / "trainer" / "critic" / "value_head.safetensors").is_file()
 
 
+@pytest.mark.extended
 def test_on_policy_distill_zero_with_the_students_weights_then_non_zero(
     tiny_model_dir, prompt_file, tmp_path, engine_at_v0
 ):

@@ -46,7 +46,9 @@ def _reap(backend: str) -> list[str]:
     return report.removed
 
 
-@pytest.mark.parametrize("backend", _run_backends())
+@pytest.mark.parametrize(
+    "backend", [b if b == "docker" else pytest.param(b, marks=pytest.mark.extended) for b in _run_backends()]
+)
 def test_vime_run_executes_model_code_in_the_sandbox(backend, tiny_model_dir, prompt_file, tmp_path):
     out = tmp_path / backend
     _reap(backend)  # leftovers of earlier, killed processes are not this run's

@@ -70,6 +70,7 @@ class TestLocalVMAttached(SandboxBackendContract):
         return exists
 
 
+@pytest.mark.extended
 def test_wall_time_limit_kills_the_vm(vm_image):
     async def body():
         sb = LocalVMSandbox(image_dir=vm_image, limits=SandboxLimits(wall_time_s=20, memory_bytes=256 << 20))
@@ -89,6 +90,7 @@ def test_wall_time_limit_kills_the_vm(vm_image):
     print(f"\nwall-time limit 20 s: command killed after {took:.1f} s, VM gone, overlay deleted")
 
 
+@pytest.mark.extended
 @pytest.mark.exclusive  # counts every process's VMs
 def test_sigkill_mid_command_leaves_no_vm_after_the_reaper(vm_image):
     n = int(os.environ.get("VIME_LOCALVM_LEAK_N", "20" if _kvm(vm_image) else "2"))
@@ -103,6 +105,7 @@ def test_sigkill_mid_command_leaves_no_vm_after_the_reaper(vm_image):
     assert after == {"vms": 0, "directories": 0}
 
 
+@pytest.mark.extended
 def test_cancellation_at_every_await_point_leaves_no_vm(vm_image):
     """Booted VMs cancelled at each await point of start/exec/close in turn (10 at once with KVM, 2 under TCG): no
     QEMU process and no overlay directory of theirs is left (the kit's generic harness)."""
