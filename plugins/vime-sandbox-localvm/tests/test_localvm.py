@@ -70,6 +70,48 @@ class TestLocalVMAttached(SandboxBackendContract):
         return exists
 
 
+def test_multi_turn_generate_runs_code_in_the_vm(session_vm, vm_image, tmp_path):
+    """``--generate multi_turn --multi-turn-sandbox-tool bash --sandbox localvm``: the real generate function (engine
+    scripted) runs the model's code over SSH in the session VM (attach mode, ``--sandbox-localvm-ssh``: no extra
+    boot); a call at ``--multi-turn-tool-timeout`` is killed in the VM and the model sees its partial output."""
+    import json
+
+    from transformers import AutoTokenizer
+
+    from vime_core.agent.responders import ScriptedResponder
+    from vime_core.plugins import get_plugins
+    from vime_core.rollout.context import RolloutContext, set_rollout_context
+    from vime_core.testing.plugin_context import plugin_context_from_argv
+    from vime_core.testing.tiny_model import build_tiny_model
+    from vime_core.types import Sample, Status
+
+    tok = AutoTokenizer.from_pretrained(build_tiny_model(tmp_path / "tiny", seed=0))
+    args = plugin_context_from_argv(
+        ["--model", "unused", "--generate", "multi_turn", "--multi-turn-sandbox-tool", "bash", "--sandbox", "localvm",
+         "--sandbox-localvm-ssh", f"root@127.0.0.1:{session_vm.sandbox.port}", "--sandbox-localvm-image-dir",
+         str(vm_image), "--multi-turn-tool-timeout", "5", "--multi-turn-tools"]
+    )
+
+    def call(command: str) -> str:
+        return f"<tool_call>\n{json.dumps({'name': 'bash', 'arguments': {'command': command}})}\n</tool_call>"
+
+    count = "find /var/tmp/vime-workspaces /tmp/vime-workspaces -mindepth 1 -maxdepth 1 2>/dev/null | wc -l"
+    before = session_vm.run(session_vm.sandbox.exec(count, timeout=120)).stdout
+    backend = ScriptedResponder(tok, [call("python3 -c 'print(6*7)' > out.txt; cat out.txt"),
+                                    call("echo partial; sleep 60"), "done"])
+    set_rollout_context(RolloutContext(client=backend, tokenizer=tok, weight_version=0))
+    try:
+        generate = get_plugins().resolve("generate", "multi_turn")
+        s = asyncio.run(generate(args, Sample(prompt="Compute it."), {"temperature": 1.0, "max_tokens": 512}))
+    finally:
+        set_rollout_context(None)
+    assert (s.status, s.metadata["num_turns"]) == (Status.COMPLETED, 3)
+    results = [c["result"] for c in s.metadata["tool_calls"]]
+    assert results == ["exit code: 0\nstdout:\n42\n", "exit code: 137 (timed out)\nstdout:\npartial\n"]
+    after = session_vm.run(session_vm.sandbox.exec(count, timeout=120)).stdout
+    assert after == before, "the episode's workspace in the VM was not removed"
+
+
 @pytest.mark.extended
 def test_wall_time_limit_kills_the_vm(vm_image):
     async def body():
@@ -125,45 +167,3 @@ def _kvm(image_dir) -> bool:
     from vime_sandbox_localvm.sandbox import kvm_boots
 
     return kvm_boots(image_dir)
-
-
-def test_multi_turn_generate_runs_code_in_the_vm(session_vm, vm_image, tmp_path):
-    """``--generate multi_turn --multi-turn-sandbox-tool bash --sandbox localvm``: the real generate function (engine
-    scripted) runs the model's code over SSH in the session VM (attach mode, ``--sandbox-localvm-ssh``: no extra
-    boot); a call at ``--multi-turn-tool-timeout`` is killed in the VM and the model sees its partial output."""
-    import json
-
-    from transformers import AutoTokenizer
-
-    from vime_core.agent.responders import ScriptedResponder
-    from vime_core.plugins import get_plugins
-    from vime_core.rollout.context import RolloutContext, set_rollout_context
-    from vime_core.testing.plugin_context import plugin_context_from_argv
-    from vime_core.testing.tiny_model import build_tiny_model
-    from vime_core.types import Sample, Status
-
-    tok = AutoTokenizer.from_pretrained(build_tiny_model(tmp_path / "tiny", seed=0))
-    args = plugin_context_from_argv(
-        ["--model", "unused", "--generate", "multi_turn", "--multi-turn-sandbox-tool", "bash", "--sandbox", "localvm",
-         "--sandbox-localvm-ssh", f"root@127.0.0.1:{session_vm.sandbox.port}", "--sandbox-localvm-image-dir",
-         str(vm_image), "--multi-turn-tool-timeout", "5", "--multi-turn-tools"]
-    )
-
-    def call(command: str) -> str:
-        return f"<tool_call>\n{json.dumps({'name': 'bash', 'arguments': {'command': command}})}\n</tool_call>"
-
-    count = "find /var/tmp/vime-workspaces /tmp/vime-workspaces -mindepth 1 -maxdepth 1 2>/dev/null | wc -l"
-    before = session_vm.run(session_vm.sandbox.exec(count, timeout=120)).stdout
-    backend = ScriptedResponder(tok, [call("python3 -c 'print(6*7)' > out.txt; cat out.txt"),
-                                    call("echo partial; sleep 60"), "done"])
-    set_rollout_context(RolloutContext(client=backend, tokenizer=tok, weight_version=0))
-    try:
-        generate = get_plugins().resolve("generate", "multi_turn")
-        s = asyncio.run(generate(args, Sample(prompt="Compute it."), {"temperature": 1.0, "max_tokens": 512}))
-    finally:
-        set_rollout_context(None)
-    assert (s.status, s.metadata["num_turns"]) == (Status.COMPLETED, 3)
-    results = [c["result"] for c in s.metadata["tool_calls"]]
-    assert results == ["exit code: 0\nstdout:\n42\n", "exit code: 137 (timed out)\nstdout:\npartial\n"]
-    after = session_vm.run(session_vm.sandbox.exec(count, timeout=120)).stdout
-    assert after == before, "the episode's workspace in the VM was not removed"
