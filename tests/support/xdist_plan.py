@@ -6,7 +6,8 @@ Files are put together in one unit where running them side by side would cost mo
 - ``session-engine``: every file with a test that uses the session's vLLM server or router (``vllm_server``,
   ``router``): one worker starts that server, not both.
 - ``memory-heavy``: the files that boot VMs or several engines at once (localvm, the coding-agent runs, the two-node
-  cluster): never two of them at the same time on the 24 GiB machine.
+  cluster): never two of them at the same time on the 24 GiB machine. (test_vime_run_sandbox.py, whose runs boot
+  VMs too, is ``exclusive``: it runs alone, and it uses the session engine.)
 
 Units start longest first (``tests/file_seconds.json``: seconds per file from an earlier session, and
 ``tests/file_seconds_extended.json``: the share of the file's ``extended`` tests, so a run of one tier counts that
@@ -55,6 +56,7 @@ SESSION_ENGINE_FILES = frozenset(
         "tests/integration/test_vime_run.py",
         "tests/integration/test_vime_run_math.py",
         "tests/integration/test_vime_run_ppo_distill.py",
+        "tests/integration/test_vime_run_sandbox.py",
         "tests/integration/test_weight_sync_delta.py",
         "tests/integration/test_weight_sync_nccl.py",
     }
@@ -66,7 +68,6 @@ MEMORY_HEAVY = (
     "tests/integration/test_coding_agent_localvm.py",
     "tests/integration/test_coding_agent_run.py",
     "tests/integration/test_cluster_two_node.py",
-    "tests/integration/test_vime_run_sandbox.py",
 )
 
 
