@@ -54,7 +54,14 @@ from vime_core.rollout.health import EnginesLostError, engines_lost
 from vime_core.rollout.manager import RolloutManager
 from vime_core.rollout.process import start_run_reaper
 from vime_core.rollout.prompt_checks import check_prompts
-from vime_core.run_checks import check_vllm_values, checked_model, engine_sampling, resolve_plugins
+from vime_core.run_checks import (
+    check_moe_flags,
+    check_trainer_model,
+    check_vllm_values,
+    checked_model,
+    engine_sampling,
+    resolve_plugins,
+)
 from vime_core.run_dir import OutputDirLock, check_output_dir, write_json_atomic
 from vime_core.run_signals import INTERRUPT_GRACE_S, claim_signals, interrupted
 from vime_core.run_summary import completed_summary, failed_summary
@@ -108,6 +115,9 @@ def run(cfg: RunConfig, flags: dict[str, Any]) -> dict[str, Any]:
     )
     t_setup = time.perf_counter()
     model_path = checked_model(log.model)
+    if not log.debug_rollout_only:  # family and features against --trainer
+        check_trainer_model(cfg.trainer.trainer, log.model, model_path)
+    check_moe_flags(cfg, model_path)  # --use-rollout-routing-replay, --expert-model-parallel-size against the model
     console.print(f"[vime] model: {model_path}")
     # no tokenizer, no chat template, an over-long prompt: fails here, before any engine starts
     overlong = 0 if rows is None else check_prompts(data, model_path, rows)
