@@ -8,7 +8,9 @@
 - ``router``: one real vllm-router (round_robin) in front of ``vllm_server``.
 
 Under pytest-xdist (``-n 2 --dist loadgroup``, the README's command) the files are grouped and ordered by
-:mod:`tests.support.xdist_plan`.
+:mod:`tests.support.xdist_plan`. The session ends with the seconds of every test file (both tiers: the gate and
+``extended``, :mod:`tests.support.tiers`); ``VIME_TEST_FILE_SECONDS_OUT=PATH`` merges them into that table,
+``VIME_TEST_CPU_SECONDS_OUT=PATH`` also measures CPU-seconds per file (:mod:`tests.support.cpu_session`).
 
 Heavy imports happen inside the fixtures so that collecting unit tests stays fast. Environment knobs:
 ``VIME_TEST_KV_CACHE_GIB`` (default 1), ``VIME_TEST_OMP_THREADS_BIND`` (default ``nobind``),
@@ -24,18 +26,41 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import xdist_plan
+from tests.support import cpu_session, xdist_plan
 
 TINY_MODEL_NAME = "tiny-qwen2"
 
-#: seconds per test file (setup + call + teardown of its tests), printed at the end of the session; under
+#: seconds per test file and tier (setup + call + teardown of its tests), printed at the end of the session; under
 #: pytest-xdist the controller receives every worker's reports, so the sums are per file wherever it ran
-FILE_SECONDS: defaultdict[str, float] = defaultdict(float)
+FILE_SECONDS: defaultdict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+#: CPU-seconds per test file, with ``VIME_TEST_CPU_SECONDS_OUT`` (:mod:`tests.support.cpu_session`)
+FILE_CPU_SECONDS: defaultdict[str, float] = defaultdict(float)
+
+
+class FileSeconds:
+    """Each test report's tier (on the process that runs the test) and the seconds per file and tier (where the reports
+    arrive: the xdist controller). A plugin, not conftest hooks: a conftest's per-test hooks see only the tests below
+    it, and these must see the tests under plugins/ too."""
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_makereport(self, item: pytest.Item, call):  # noqa: ARG002 - pytest's hook signature
+        outcome = yield
+        outcome.get_result().user_properties.append((xdist_plan.TIER_PROPERTY, xdist_plan.tier_of(item)))
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        properties = dict(report.user_properties)
+        path = xdist_plan.file_of(report.nodeid)
+        FILE_SECONDS[path][properties.get(xdist_plan.TIER_PROPERTY, "gate")] += report.duration
+        FILE_CPU_SECONDS[path] += properties.get(cpu_session.CPU_PROPERTY, 0.0)
 
 
 def pytest_configure(config: pytest.Config) -> None:
     if os.environ.get("PYTEST_XDIST_WORKER"):  # a worker: `exclusive` tests run alone
         config.pluginmanager.register(xdist_plan.ExclusiveLock(config.rootpath), "vime-exclusive-lock")
+    config.pluginmanager.register(xdist_plan.LongestFirst(), "vime-longest-first")
+    config.pluginmanager.register(FileSeconds(), "vime-file-seconds")
+    if os.environ.get(cpu_session.ENV):
+        cpu_session.start(config)
 
 
 @pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: absent with `-p no:xdist`
@@ -45,25 +70,29 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
     return None
 
 
-@pytest.hookimpl(trylast=True)  # after `-m` deselected: the order and check see the tests that run
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects: a file's session-engine tests may be in the other tier
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if hasattr(config, "workerinput") and config.getvalue("loadgroup"):  # an xdist worker of `--dist loadgroup`
+    if xdist_plan.loadgroup_worker(config):
         xdist_plan.check_groups(items)
-        items[:] = xdist_plan.order(items)
-
-
-def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    FILE_SECONDS[xdist_plan.file_of(report.nodeid)] += report.duration
 
 
 def pytest_terminal_summary(terminalreporter) -> None:
-    rows = sorted(((s, f) for f, s in FILE_SECONDS.items() if s >= 1.0), reverse=True)
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # the controller has every worker's reports
+        return
+    seconds = {f: sum(tiers.values()) for f, tiers in FILE_SECONDS.items()}
+    cpu = bool(os.environ.get(cpu_session.ENV))
+    rows = sorted(((s, f) for f, s in seconds.items() if s >= 1.0), reverse=True)
     if rows:
-        terminalreporter.write_sep("=", f"seconds per test file ({sum(FILE_SECONDS.values()):.0f} s in all)")
-        for seconds, path in rows:
-            terminalreporter.write_line(f"{seconds:8.1f}  {path}")
+        figures = f"{sum(seconds.values()):.0f} s" + (f", {sum(FILE_CPU_SECONDS.values()):.0f} CPU-s" if cpu else "")
+        what = "seconds and CPU-seconds" if cpu else "seconds"
+        terminalreporter.write_sep("=", f"{what} per test file ({figures} in all)")
+        for s, path in rows:
+            terminalreporter.write_line(f"{s:8.1f}  " + (f"{FILE_CPU_SECONDS[path]:8.1f}  " if cpu else "") + path)
     if os.environ.get("VIME_TEST_FILE_SECONDS_OUT"):
-        xdist_plan.write_seconds(os.environ["VIME_TEST_FILE_SECONDS_OUT"], FILE_SECONDS)
+        root = terminalreporter.config.rootpath
+        xdist_plan.write_seconds(os.environ["VIME_TEST_FILE_SECONDS_OUT"], FILE_SECONDS, root)
+    if cpu:
+        cpu_session.write(os.environ[cpu_session.ENV], seconds, FILE_CPU_SECONDS)
 
 
 @pytest.fixture(scope="session")

@@ -85,6 +85,7 @@ def _run(argv: list[str], timeout: float) -> subprocess.CompletedProcess:
     return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
 
 
+@pytest.mark.extended
 def test_impossible_plan_is_refused_naming_the_flags(cluster, tiny_model_dir, prompt_file, tmp_path):
     proc = _run(
         [
@@ -156,6 +157,7 @@ ray.shutdown()
 """
 
 
+@pytest.mark.extended
 def test_trainer_group_spans_nodes_and_engine_death_is_reported(cluster, tiny_model_dir, tmp_path):
     proc = _run([sys.executable, "-c", GROUP_AND_DEATH, cluster["address"], str(tiny_model_dir), str(tmp_path)], 420)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.extended]
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "examples" / "coding_agent" / "config.yaml"

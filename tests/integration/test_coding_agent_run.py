@@ -49,7 +49,7 @@ AGENT_FLAGS = {
 }  # fmt: skip
 
 
-@pytest.mark.parametrize("agent", ["claude-code", "codex"])
+@pytest.mark.parametrize("agent", ["claude-code", pytest.param("codex", marks=pytest.mark.extended)])
 def test_vime_run_coding_agent_docker(tmp_path, agent):
     _docker_or_skip()
     from vime_core.plugins import get_plugins

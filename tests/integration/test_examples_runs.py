@@ -30,7 +30,7 @@ from vime_core.testing.cli import run_vime
 from vime_core.testing.plugin_context import plugin_context
 from vime_core.types import Sample
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.extended]
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 

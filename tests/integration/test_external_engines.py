@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.integration.helpers import assert_reproduced, external_engine_flags, read_metrics, run_flags
+from tests.integration.helpers import assert_reproduced, external_engine_flags, ray_flags, read_metrics, run_flags
 from vime_core.net import find_free_port
 from vime_core.testing.cli import run_vime
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.extended]
 
 
 def _argv(model: Path, prompts: Path, out: Path, external: list[str], *extra: str) -> list[str]:
@@ -52,9 +52,11 @@ def _max_log_prob_diff(got: list[list[tuple]], want: list[list[tuple]]) -> float
     return max(abs(x - y) for a, b in samples for x, y in zip(a[1], b[1], strict=True))
 
 
-def test_two_runs_on_one_external_engine_train_the_same_steps(engine_at_v0, tiny_model_dir, prompt_file, tmp_path):
+def test_two_runs_on_one_external_engine_train_the_same_steps(
+    engine_at_v0, tiny_model_dir, prompt_file, tmp_path, ray_cluster
+):
     engine = engine_at_v0
-    external = external_engine_flags(engine)
+    external = [*external_engine_flags(engine), *ray_flags(ray_cluster)]  # Ray: the test process's cluster
     first, second = tmp_path / "first", tmp_path / "second"
     proc = run_vime(*_argv(tiny_model_dir, prompt_file, first, external))
     assert f"→ engines ['{engine.url}']" in proc.stdout
@@ -83,9 +85,9 @@ def test_two_runs_on_one_external_engine_train_the_same_steps(engine_at_v0, tiny
     assert m1[0]["rollout/reward_std"] > 0 and m1[0]["train/grad_norm"] > 0  # steps that really trained
 
 
-def test_an_external_engine_that_does_not_answer_is_named(tiny_model_dir, prompt_file, tmp_path):
+def test_an_external_engine_that_does_not_answer_is_named(tiny_model_dir, prompt_file, tmp_path, ray_cluster):
     addr = f"127.0.0.1:{find_free_port('127.0.0.1')}"  # nothing listens there
-    external = ["--rollout-external", "--rollout-external-engine-addrs", addr]
+    external = ["--rollout-external", "--rollout-external-engine-addrs", addr, *ray_flags(ray_cluster)]
     argv = _argv(tiny_model_dir, prompt_file, tmp_path / "out", external, "--rollout-engine-startup-timeout", "3")
     with pytest.raises(AssertionError) as e:
         run_vime(*argv)

@@ -178,6 +178,7 @@ def test_figures(fault_run):
     assert lost == 0 and all(r > 0 for r in recover) and router_s > 0
 
 
+@pytest.mark.extended
 def test_every_engine_lost_stops_the_run_with_a_checkpoint_and_the_culprits(tiny_model_dir, prompt_file, tmp_path):
     """One engine, no restart allowed, killed in step 1: the run stops (no hang) naming the engine, its exit code and
     log, after saving a checkpoint of the finished step."""

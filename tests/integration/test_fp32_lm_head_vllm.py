@@ -16,7 +16,8 @@ from tests.integration.helpers import COMPAT_PYTHON
 from vime_core.rollout.client import RouterClient
 from vime_core.rollout.engine import VLLMServer
 
-pytestmark = pytest.mark.integration
+# extended: the gate's runs serve with the default --fp32-lm-head; the exact logits of both releases are checked here
+pytestmark = [pytest.mark.integration, pytest.mark.extended]
 
 
 def _python(release: str) -> str:

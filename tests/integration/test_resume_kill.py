@@ -111,6 +111,7 @@ def _kill_after_step_3_and_rerun(argv: list[str], out: Path) -> None:
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["latest", "step_000005", "step_000006"]
 
 
+@pytest.mark.extended
 def test_kill_9_after_step_3_then_rerun_trains_each_prompt_once(tiny_model_dir, tmp_path):
     """sync: also the same prompts per step and the same metrics as the uninterrupted run.
 
@@ -148,6 +149,7 @@ def test_kill_9_after_step_3_then_rerun_trains_each_prompt_once(tiny_model_dir, 
     print(f"fault-free run {t_ref:.0f} s, killed + resumed {time.monotonic() - t0 - t_ref:.0f} s")
 
 
+@pytest.mark.extended
 def test_kill_9_after_step_3_then_rerun_lora(tiny_model_dir, tmp_path):
     """LoRA (``--lora-rank 8``, docs/lora.md): the checkpoint holds the adapter and its optimizer state, the resume
     loads the adapter into the fresh engine as its own name, and the first two steps after it have the uninterrupted
@@ -231,6 +233,7 @@ def test_kill_9_after_step_3_then_rerun_one_step_off(tiny_model_dir, tmp_path):
     assert all(m["weight_sync/bytes"] > 0 for m in metrics)
 
 
+@pytest.mark.extended
 def test_kill_9_after_step_3_then_rerun_fully_async(tiny_model_dir, tmp_path):
     """fully-async (groups in flight at the checkpoint go back as prompts): each prompt of the epoch is trained
     exactly once.

@@ -55,6 +55,7 @@ def test_sigint_during_engine_start_ends_within_seconds_and_leaves_nothing(tiny_
     run.assert_nothing_left(within_s=10)
 
 
+@pytest.mark.extended
 def test_sigint_then_sigkill_during_the_cleanup_leaves_nothing(tiny_model_dir, prompts, tmp_path, runs):
     run = Run(_argv(tiny_model_dir, prompts, tmp_path / "out"), tmp_path / "run.log")
     runs.append(run)
@@ -110,6 +111,7 @@ def test_sigterm_during_training_ends_within_seconds(tiny_model_dir, prompts, tm
     run.assert_nothing_left(within_s=10)
 
 
+@pytest.mark.extended
 def test_a_trainer_that_cannot_load_its_weights_ends_the_run_within_seconds(tiny_model_dir, prompts, tmp_path, runs):
     """The weights file is framed correctly (the up-front safetensors check passes: a truncated or garbage file is
     refused before Ray starts, tests/unit/test_newcomer_errors.py), but no tensor has its shape."""

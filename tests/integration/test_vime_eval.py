@@ -6,8 +6,8 @@ and after every step, at the engines' current weight version (the engine's own p
 metrics equal those recomputed from the dumped eval samples with the same reward function, and that no eval prompt
 reaches the training batch or the data buffer. Then ``vime eval`` evaluates the run's ``final_hf`` through the same
 code path and, greedy, reproduces the run's last evaluation exactly. The run and that ``vime eval`` use the session's
-running engine (``--rollout-external``), each loading its own weights into it first; the quickstart model's
-``vime eval`` starts its own.
+running engine (``--rollout-external``), each loading its own weights into it first, and the run joins the test
+process's Ray cluster (``ray_cluster``); the quickstart model's ``vime eval`` starts its own engine.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.integration.helpers import external_engine_flags
+from tests.integration.helpers import external_engine_flags, ray_flags
 from vime_core.testing.cli import run_vime as _vime
 from vime_core.testing.plugin_context import plugin_context
 
@@ -52,7 +52,7 @@ def _eval_flags(eval_file: Path, engine) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def eval_run(tiny_model_dir, data, tmp_path_factory, module_engine_at_v0):
+def eval_run(tiny_model_dir, data, tmp_path_factory, module_engine_at_v0, ray_cluster):
     train, eval_file = data
     out = tmp_path_factory.mktemp("run")
     proc = _vime(
@@ -62,6 +62,7 @@ def eval_run(tiny_model_dir, data, tmp_path_factory, module_engine_at_v0):
         *("--rollout-max-response-len", "8", "--lr", "1e-3", "--eval-interval", "1"),
         *("--save-debug-rollout-data", str(out / "debug" / "rollout_{rollout_id}.pt")),
         *_eval_flags(eval_file, module_engine_at_v0),
+        *ray_flags(ray_cluster),  # the test process's Ray cluster
     )
     return out, proc
 
@@ -179,6 +180,7 @@ def test_vime_eval_of_final_hf_reproduces_the_last_evaluation(eval_run, data, tm
 QUICKSTART = Path(__file__).resolve().parents[2] / "examples" / "quickstart"
 
 
+@pytest.mark.extended
 def test_vime_eval_of_the_prepared_quickstart_model(tmp_path):
     """``vime eval`` on the prepared SmolLM2-135M-Instruct (by its known name) with the quickstart's eval set and
     reward, greedy, 4 prompts: the model answers in the few-shot format and every reward is reasoning-gym's score

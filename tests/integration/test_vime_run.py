@@ -3,6 +3,9 @@
 Checks exact bookkeeping across steps: per-token weight versions, the weight-sync version bump, the engine
 serving the trainer's new weights (engine vs trainer log-prob gap at step 2), checkpoint + resume, the debug
 rollout dump/replay paths, and the final HF checkpoint.
+
+The two-step run starts its own Ray (its test checks Ray's start: loopback, quiet actor output); the later runs join
+the test process's Ray cluster (``ray_cluster``, ``--ray-address``) instead of starting one each.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.integration.helpers import dumped_samples, external_engine_flags, read_metrics, run_flags
+from tests.integration.helpers import dumped_samples, external_engine_flags, ray_flags, read_metrics, run_flags
 from vime_core.testing.cli import run_vime as _vime
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -135,7 +138,7 @@ def _tree(root: Path) -> dict[str, bytes]:
     return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
 
 
-def test_resume_continues_from_checkpoint(two_step_run, tiny_model_dir, prompt_file, engine_at_v0):
+def test_resume_continues_from_checkpoint(two_step_run, tiny_model_dir, prompt_file, engine_at_v0, ray_cluster):
     """On the session's running engine (``--rollout-external``): it starts from ``--model``, and the resume's weight
     sync brings it to the checkpoint's weights. The resumed run's summary covers the whole run, the first
     invocation's logs are kept (rotated, not overwritten), and the same command once more, on the finished run,
@@ -144,7 +147,14 @@ def test_resume_continues_from_checkpoint(two_step_run, tiny_model_dir, prompt_f
     state_before = json.loads((out / "checkpoints" / "step_000002" / "data_source.json").read_text())
     logs_before = {name: (out / "logs" / name).read_text() for name in ("router.log", "vllm_engine_0.log")}
     external = external_engine_flags(engine_at_v0)
-    argv = ("run", *run_flags(tiny_model_dir, prompt_file, out), "--num-rollout", "3", *external)
+    argv = (
+        "run",
+        *run_flags(tiny_model_dir, prompt_file, out),
+        "--num-rollout",
+        "3",
+        *external,
+        *ray_flags(ray_cluster),
+    )
     proc = _vime(*argv)
     assert "resuming from" in proc.stdout
     m = read_metrics(out)
@@ -176,7 +186,7 @@ def test_resume_continues_from_checkpoint(two_step_run, tiny_model_dir, prompt_f
     assert _tree(out) == before  # summary.json, logs/, metrics.jsonl, args.json: byte for byte
 
 
-def test_debug_train_only_replays_dumped_rollouts(two_step_run, tiny_model_dir, prompt_file, tmp_path):
+def test_debug_train_only_replays_dumped_rollouts(two_step_run, tiny_model_dir, prompt_file, tmp_path, ray_cluster):
     out, _ = two_step_run
     proc = _vime(
         "run",
@@ -194,6 +204,7 @@ def test_debug_train_only_replays_dumped_rollouts(two_step_run, tiny_model_dir, 
         "2",
         "--load-debug-rollout-data",
         str(out / "debug" / "rollout_{rollout_id}.pt"),
+        *ray_flags(ray_cluster),
     )
     assert "router" not in proc.stdout  # no engines were started
     m = read_metrics(tmp_path / "replay")
@@ -202,7 +213,9 @@ def test_debug_train_only_replays_dumped_rollouts(two_step_run, tiny_model_dir, 
     assert m[0]["rollout/reward_mean"] == pytest.approx(first["rollout/reward_mean"])
 
 
-def test_debug_rollout_only_through_an_external_router(tiny_model_dir, prompt_file, tmp_path, engine_at_v0):
+def test_debug_rollout_only_through_an_external_router(
+    tiny_model_dir, prompt_file, tmp_path, engine_at_v0, ray_cluster
+):
     """--debug-rollout-only starts no trainer; --vllm-router-ip/port register the run's engine (here the session's
     running one, ``--rollout-external``) with a router that is already running (vime starts none) and deregister it
     at the end."""
@@ -222,6 +235,7 @@ def test_debug_rollout_only_through_an_external_router(tiny_model_dir, prompt_fi
             "--vllm-router-port",
             str(router.port),
             *external_engine_flags(engine_at_v0),
+            *ray_flags(ray_cluster),
         )
         assert f"router http://127.0.0.1:{router.port} " in proc.stdout
         assert router.list_workers() == []  # deregistered at shutdown
@@ -246,8 +260,9 @@ def _expected_rloo_adv_mean(groups: list[list[dict]]) -> float:
     return num / den
 
 
+@pytest.mark.extended
 @pytest.mark.parametrize("estimator", ["gspo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline"])
-def test_each_estimator_trains_through_vime_run(estimator, two_step_run, tiny_model_dir, tmp_path):
+def test_each_estimator_trains_through_vime_run(estimator, two_step_run, tiny_model_dir, tmp_path, ray_cluster):
     """Every group estimator runs through ``vime run`` on the real engine's rollouts (replayed with
     --debug-train-only, so no engine start per estimator); exact advantage statistics where they are closed-form."""
     out, _ = two_step_run
@@ -270,6 +285,7 @@ def test_each_estimator_trains_through_vime_run(estimator, two_step_run, tiny_mo
         estimator,
         "--load-debug-rollout-data",
         str(out / "debug" / "rollout_{rollout_id}.pt"),
+        *ray_flags(ray_cluster),
     )
     (m,) = read_metrics(replay)
     assert math.isfinite(m["train/pg_loss"]) and math.isfinite(m["train/grad_norm"])
@@ -286,7 +302,8 @@ def test_each_estimator_trains_through_vime_run(estimator, two_step_run, tiny_mo
         assert "train/pg_clipfrac" in m
 
 
-def test_ppo_resume_restores_the_critic(two_step_run, tiny_model_dir, tmp_path):
+@pytest.mark.extended
+def test_ppo_resume_restores_the_critic(two_step_run, tiny_model_dir, tmp_path, ray_cluster):
     """``--advantage-estimator ppo`` through ``vime run`` (the real engine's rollouts replayed with
     --debug-train-only): a run stopped after step 1 and resumed gives step 2 exactly the metrics of an uninterrupted
     run — the critic's values, value loss and gradient norm included, so its weights and Adam state came back."""
@@ -299,6 +316,7 @@ def test_ppo_resume_restores_the_critic(two_step_run, tiny_model_dir, tmp_path):
             *("--rollout-batch-size", "2", "--n-samples-per-prompt", "4", "--num-rollout", str(steps)),
             *("--advantage-estimator", "ppo", "--critic-lr", "1e-3", "--lambd", "0.95", "--save-interval", "1"),
             *("--load-debug-rollout-data", str(out / "debug" / "rollout_{rollout_id}.pt"), "--no-save-hf"),
+            *ray_flags(ray_cluster),
         )
 
     run(tmp_path / "straight", 2)

@@ -15,12 +15,12 @@ import sys
 import pytest
 import torch
 
-from tests.integration.helpers import external_engine_flags
+from tests.integration.helpers import external_engine_flags, ray_flags
 from vime_core.rewards.math_answer import math_reward
 from vime_core.testing.plugin_context import plugin_context
 from vime_core.types import Sample
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.extended]
 
 
 def _vime(*argv: str) -> subprocess.CompletedProcess:
@@ -34,7 +34,7 @@ def _vime(*argv: str) -> subprocess.CompletedProcess:
     return proc
 
 
-def test_vime_run_reward_math_on_exported_reasoning_gym(tiny_model_dir, tmp_path, engine_at_v0):
+def test_vime_run_reward_math_on_exported_reasoning_gym(tiny_model_dir, tmp_path, engine_at_v0, ray_cluster):
     data = tmp_path / "math.jsonl"
     _vime(
         "data", "reasoning-gym", "--task", "basic_arithmetic", "--size", "8", "--out", str(data),
@@ -52,7 +52,7 @@ def test_vime_run_reward_math_on_exported_reasoning_gym(tiny_model_dir, tmp_path
         "run", "--model", str(tiny_model_dir), "--prompt-data", str(data), "--reward", "math",
         "--num-rollout", "1", "--rollout-batch-size", "2", "--n-samples-per-prompt", "2",
         "--rollout-max-response-len", "8", "--output-dir", str(out), *external_engine_flags(engine_at_v0),
-        "--save-debug-rollout-data", str(out / "debug" / "rollout_{rollout_id}.pt"),
+        "--save-debug-rollout-data", str(out / "debug" / "rollout_{rollout_id}.pt"), *ray_flags(ray_cluster),
     )  # fmt: skip
     (m,) = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert m["rollout/num_samples"] == 4.0 and m["rollout/failed_frac"] == 0.0

@@ -19,19 +19,21 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.integration.helpers import dumped_samples, external_engine_flags, read_metrics, run_flags
+from tests.integration.helpers import dumped_samples, external_engine_flags, ray_flags, read_metrics, run_flags
 from vime_core.testing.cli import run_vime as _vime
 from vime_core.testing.plugin_context import plugin_context
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
-def _common(model: Path, prompts: Path, out: Path, engine) -> list[str]:
+def _common(model: Path, prompts: Path, out: Path, engine, ray_address: str) -> list[str]:
     """test_vime_run's run flags, without an HF export, with every step's rollout dumped; the policy engine is
-    ``engine``, the session's running one (``--rollout-external``; the teacher engines are the run's own)."""
+    ``engine``, the session's running one (``--rollout-external``; the teacher engines are the run's own); the run
+    joins the test process's Ray cluster (``ray_cluster``)."""
     return [
         *run_flags(model, prompts, out),
         *external_engine_flags(engine),
+        *ray_flags(ray_address),
         "--no-save-hf",
         "--save-debug-rollout-data",
         str(out / "debug" / "rollout_{rollout_id}.pt"),
@@ -72,7 +74,7 @@ def _returns(s: dict, coef: float) -> list[float]:
     return out
 
 
-def test_ppo_critic_with_a_distillation_teacher(tiny_model_dir, prompt_file, tmp_path, engine_at_v0):
+def test_ppo_critic_with_a_distillation_teacher(tiny_model_dir, prompt_file, tmp_path, engine_at_v0, ray_cluster):
     from vime_core.testing.tiny_model import build_tiny_model
     from vime_core.trainer.critic import ValueModel
     from vime_core.types import Sample
@@ -81,7 +83,7 @@ def test_ppo_critic_with_a_distillation_teacher(tiny_model_dir, prompt_file, tmp
     out = tmp_path / "ppo"
     proc = _vime(
         "run",
-        *_common(tiny_model_dir, prompt_file, out, engine_at_v0),
+        *_common(tiny_model_dir, prompt_file, out, engine_at_v0, ray_cluster),
         "--advantage-estimator",
         "ppo",
         "--critic-lr",
@@ -127,8 +129,9 @@ def test_ppo_critic_with_a_distillation_teacher(tiny_model_dir, prompt_file, tmp
     assert (out / "checkpoints" / "step_000002" / "trainer" / "critic" / "value_head.safetensors").is_file()
 
 
+@pytest.mark.extended
 def test_on_policy_distill_zero_with_the_students_weights_then_non_zero(
-    tiny_model_dir, prompt_file, tmp_path, engine_at_v0
+    tiny_model_dir, prompt_file, tmp_path, engine_at_v0, ray_cluster
 ):
     from vime_core.algorithms.batch import build_batch
     from vime_core.builtins.advantages import on_policy_distill
@@ -137,7 +140,7 @@ def test_on_policy_distill_zero_with_the_students_weights_then_non_zero(
     out = tmp_path / "distill"
     _vime(
         "run",
-        *_common(tiny_model_dir, prompt_file, out, engine_at_v0),
+        *_common(tiny_model_dir, prompt_file, out, engine_at_v0, ray_cluster),
         "--advantage-estimator",
         "on_policy_distill",
         "--distill-teacher",

@@ -3,7 +3,9 @@ with ``--multi-turn-sandbox-tool bash`` — on the ``local``, ``docker`` and ``l
 here; ``VIME_TEST_RUN_SANDBOXES`` picks), through the real vLLM server, router, Ray and trainer. The tiny random
 model is constrained by vLLM structured outputs to call the tool (:mod:`vime_core.testing.forced_tool_call`), so
 every episode really runs ``python3 -c 'print(6*7)'`` in its own sandbox; afterwards the reaper finds nothing of the
-run left."""
+run left. The engine is the session's running one (``--rollout-external``: what is tested is the sandbox, not how
+vime starts its engine); each run starts its own Ray, so that when it exits its processes, the sandboxes' owners,
+are gone and the reaper's check is meaningful."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ import os
 import pytest
 import torch
 
-from tests.integration.helpers import run_flags, sandbox_backends
+from tests.integration.helpers import external_engine_flags, run_flags, sandbox_backends
 from vime_core.testing.cli import run_vime as _vime
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.exclusive]  # reaps every dead owner's sandboxes
@@ -46,8 +48,10 @@ def _reap(backend: str) -> list[str]:
     return report.removed
 
 
-@pytest.mark.parametrize("backend", _run_backends())
-def test_vime_run_executes_model_code_in_the_sandbox(backend, tiny_model_dir, prompt_file, tmp_path):
+@pytest.mark.parametrize(
+    "backend", [b if b == "docker" else pytest.param(b, marks=pytest.mark.extended) for b in _run_backends()]
+)
+def test_vime_run_executes_model_code_in_the_sandbox(backend, tiny_model_dir, prompt_file, tmp_path, engine_at_v0):
     out = tmp_path / backend
     _reap(backend)  # leftovers of earlier, killed processes are not this run's
     _vime(
@@ -61,8 +65,7 @@ def test_vime_run_executes_model_code_in_the_sandbox(backend, tiny_model_dir, pr
         "2",
         "--rollout-max-response-len",
         "400",
-        "--vllm-max-model-len",
-        "1024",
+        *external_engine_flags(engine_at_v0),  # the session's engine (max model length 2048)
         "--generate",
         "vime_core.testing.forced_tool_call:generate",
         "--multi-turn-sandbox-tool",

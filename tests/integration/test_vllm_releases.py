@@ -57,7 +57,7 @@ def _python(release: str) -> str:
     return str(COMPAT_PYTHON)
 
 
-@pytest.fixture(scope="module", params=["0.32", "0.24"])
+@pytest.fixture(scope="module", params=[pytest.param("0.32", marks=pytest.mark.extended), "0.24"])
 def release(request, tiny_model_dir, tmp_path_factory):
     """``(release, server, tokenizer)``: a one-sequence server of the tiny model (``--max-num-seqs 1``: the abort
     check below needs it) under the release's interpreter."""

@@ -6,11 +6,13 @@ Files are put together in one unit where running them side by side would cost mo
 - ``session-engine``: every file with a test that uses the session's vLLM server or router (``vllm_server``,
   ``router``): one worker starts that server, not both.
 - ``memory-heavy``: the files that boot VMs or several engines at once (localvm, the coding-agent runs, the two-node
-  cluster): never two of them at the same time on the 24 GiB machine.
+  cluster): never two of them at the same time on the 24 GiB machine. (test_vime_run_sandbox.py, whose runs boot
+  VMs too, is ``exclusive``: it runs alone, and it uses the session engine.)
 
-Units start longest first (``tests/file_seconds.json``: seconds per file from an earlier session; a file not
-listed counts 0), so the two workers finish close together. Write a new table with
-``VIME_TEST_FILE_SECONDS_OUT=PATH``.
+Units start longest first (``tests/file_seconds.json``: seconds per file from an earlier session, and
+``tests/file_seconds_extended.json``: the share of the file's ``extended`` tests, so a run of one tier counts that
+tier's share; a file not listed counts 0), so the two workers finish close together.
+``VIME_TEST_FILE_SECONDS_OUT=PATH`` writes both tables again (:func:`write_seconds`).
 
 xdist's own ``loadgroup`` reads ``xdist_group`` marks by renaming node ids, which pytest 9 no longer allows, so
 :class:`GroupScheduling` (installed by tests/conftest.py) groups by file path instead, and each worker checks that
@@ -27,6 +29,12 @@ import pytest
 from xdist.scheduler import LoadScopeScheduling
 
 SECONDS_FILE = Path(__file__).resolve().parents[1] / "file_seconds.json"
+#: the seconds of each file's tests marked ``extended`` (the rest of the file's seconds are the gate's)
+EXTENDED_SECONDS_FILE = SECONDS_FILE.with_name("file_seconds_extended.json")
+#: the tiers of docs/testing.md: a test marked ``extended`` is in the extended tier, every other in the gate
+TIERS = ("gate", "extended")
+#: the ``user_properties`` key of a test report naming the test's tier (set by tests/conftest.py on the worker)
+TIER_PROPERTY = "vime_tier"
 
 #: fixtures of tests/conftest.py that start the session's one vLLM server
 SESSION_ENGINE_FIXTURES = ("vllm_server", "router")
@@ -49,6 +57,7 @@ SESSION_ENGINE_FILES = frozenset(
         "tests/integration/test_vime_run.py",
         "tests/integration/test_vime_run_math.py",
         "tests/integration/test_vime_run_ppo_distill.py",
+        "tests/integration/test_vime_run_sandbox.py",
         "tests/integration/test_weight_sync_delta.py",
         "tests/integration/test_weight_sync_nccl.py",
     }
@@ -60,7 +69,6 @@ MEMORY_HEAVY = (
     "tests/integration/test_coding_agent_localvm.py",
     "tests/integration/test_coding_agent_run.py",
     "tests/integration/test_cluster_two_node.py",
-    "tests/integration/test_vime_run_sandbox.py",
 )
 
 
@@ -76,11 +84,39 @@ def group_of(path: str) -> str:
     return "session-engine" if path in SESSION_ENGINE_FILES else path
 
 
+def read_seconds(path: Path) -> dict[str, float]:
+    """A ``{file: seconds}`` table (empty when ``path`` is missing)."""
+    if not path.exists():
+        return {}
+    return {str(k): float(v) for k, v in json.loads(path.read_text()).items()}
+
+
+def extended_table(path: Path) -> Path:
+    """The table of the ``extended`` shares beside the seconds table ``path`` (``X.json`` → ``X_extended.json``)."""
+    return path.with_name(f"{path.stem}_extended{path.suffix}")
+
+
 def expected_seconds() -> dict[str, float]:
     """Seconds per test file from :data:`SECONDS_FILE` (empty when the file is missing)."""
-    if not SECONDS_FILE.exists():
-        return {}
-    return {str(k): float(v) for k, v in json.loads(SECONDS_FILE.read_text()).items()}
+    return read_seconds(SECONDS_FILE)
+
+
+def expected_extended_seconds() -> dict[str, float]:
+    """Seconds of each file's ``extended`` tests from :data:`EXTENDED_SECONDS_FILE`."""
+    return read_seconds(EXTENDED_SECONDS_FILE)
+
+
+def tier_of(item) -> str:
+    """``extended`` for a test marked so (on itself, its class, its module or its parameter), else ``gate``."""
+    return "extended" if item.get_closest_marker("extended") is not None else "gate"
+
+
+def tier_share(total: float, extended: float | None, tiers: set[str]) -> float:
+    """The seconds of a file's tests of ``tiers``: ``extended`` of ``total`` is the extended tests' share, the rest
+    the gate's; a file whose share is not recorded (``extended`` None) counts ``total``."""
+    if extended is None or tiers >= set(TIERS):
+        return total
+    return extended if "extended" in tiers else max(total - extended, 0.0)
 
 
 def check_groups(items: list) -> None:
@@ -107,11 +143,29 @@ def order(items: list) -> list:
     :param items: the collected pytest items.
     :return: the same items, reordered.
     """
-    seconds = expected_seconds()
+    seconds, extended = expected_seconds(), expected_extended_seconds()
+    tiers: dict[str, set[str]] = defaultdict(set)
+    for item in items:
+        tiers[file_of(item.nodeid)].add(tier_of(item))
     total: dict[str, float] = defaultdict(float)
-    for path in {file_of(item.nodeid) for item in items}:
-        total[group_of(path)] += seconds.get(path, 0.0)
+    for path, present in tiers.items():
+        total[group_of(path)] += tier_share(seconds.get(path, 0.0), extended.get(path), present)
     return sorted(items, key=lambda item: -total[group_of(file_of(item.nodeid))])
+
+
+def loadgroup_worker(config: pytest.Config) -> bool:
+    """Whether this process is an xdist worker of ``--dist loadgroup``."""
+    return hasattr(config, "workerinput") and bool(config.getvalue("loadgroup"))
+
+
+class LongestFirst:
+    """Registered by tests/conftest.py: on a ``--dist loadgroup`` worker, the tests that run (after ``-m`` deselected
+    the others) in :func:`order`."""
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_collection_modifyitems(self, config: pytest.Config, items: list) -> None:
+        if loadgroup_worker(config):
+            items[:] = order(items)
 
 
 class GroupScheduling(LoadScopeScheduling):
@@ -126,10 +180,37 @@ class GroupScheduling(LoadScopeScheduling):
         return group_of(file_of(nodeid))
 
 
-def write_seconds(path: str, file_seconds: dict[str, float]) -> None:
-    """Write ``{file: seconds}`` (rounded, longest first, files under 1 s left out) as JSON to ``path``."""
-    rows = sorted(((f, round(s)) for f, s in file_seconds.items() if s >= 1.0), key=lambda r: -r[1])
-    Path(path).write_text(json.dumps(dict(rows), indent=1) + "\n")
+def merged_seconds(
+    old_total: dict[str, float], old_extended: dict[str, float], session: dict[str, dict[str, float]]
+) -> tuple[dict[str, float], dict[str, float]]:
+    """The seconds tables after a session: each tier of a file that ran in the session takes the session's seconds,
+    a tier that did not run keeps the old share (so a gate run and an extended run together give the whole table).
+
+    :param old_total: ``{file: seconds}`` of all its tests (:data:`SECONDS_FILE`).
+    :param old_extended: ``{file: seconds}`` of its ``extended`` tests (:data:`EXTENDED_SECONDS_FILE`).
+    :param session: ``{file: {tier: seconds}}`` of the tiers that ran.
+    :return: the new ``(total, extended)`` tables, for every file of either.
+    """
+    total, extended = dict(old_total), dict(old_extended)
+    for path, tiers in session.items():
+        old_ext = old_extended.get(path, 0.0)
+        gate = tiers.get("gate", max(old_total.get(path, 0.0) - old_ext, 0.0))
+        ext = tiers.get("extended", old_ext)
+        total[path], extended[path] = gate + ext, ext
+    return total, extended
+
+
+def write_seconds(path: str, session: dict[str, dict[str, float]], root: Path) -> None:
+    """Merge the session's ``{file: {tier: seconds}}`` into the table at ``path`` and its :func:`extended_table`
+    (:func:`merged_seconds`), and write both as JSON: rounded, longest first, files under 1 s and files that no
+    longer exist under ``root`` left out."""
+    table = Path(path)
+    ext_table = extended_table(table)
+    total, extended = merged_seconds(read_seconds(table), read_seconds(ext_table), session)
+    for out, rows in ((table, total), (ext_table, extended)):
+        kept = [(f, round(s)) for f, s in rows.items() if s >= 1.0 and (root / f).is_file()]
+        kept.sort(key=lambda r: -r[1])
+        out.write_text(json.dumps(dict(kept), indent=1) + "\n")
 
 
 class ExclusiveLock:

@@ -1,6 +1,8 @@
-"""Shared fixtures: the base VM image (built once if missing) and one VM booted for the whole session, driven from
-an event loop on a thread of its own (tests reach it with :meth:`SessionVM.run`). Tests skip, printing the reason,
-only when QEMU or the image tools are missing."""
+"""Shared fixtures: the base VM image (built once if missing) and one VM shared by the tests of every file here
+(``session_vm``), driven from an event loop on a thread of its own (tests reach it with :meth:`SessionVM.run`). It
+boots when the first test that uses it starts (the files here run one after another on one xdist worker, in the
+``memory-heavy`` unit) and shuts down after the last of them, so no idle VM costs CPU while other tests run. Tests
+skip, printing the reason, only when QEMU or the image tools are missing."""
 
 from __future__ import annotations
 
@@ -53,11 +55,69 @@ def vm_image():
     return build_vm_image()
 
 
-@pytest.fixture(scope="module")  # only test_localvm.py uses it: an idle TCG VM costs a fifth of a core while it lives
-def session_vm(vm_image):
-    from vime_core.sandbox import SandboxLimits
+#: the fixture name of the shared VM
+SESSION_VM = "session_vm"
 
-    vm = SessionVM(image_dir=vm_image, limits=SandboxLimits(wall_time_s=None, pids=64, memory_bytes=512 << 20))
-    print(f"\nsession VM booted in {vm.boot_s:.1f} s ({vm.sandbox._accel()})")
-    yield vm
-    vm.close()
+
+class SharedVM:
+    """The one :class:`SessionVM` of the session: booted by the first test that asks for it, closed after the last
+    test of the session that uses it (:func:`pytest_runtest_teardown`)."""
+
+    def __init__(self) -> None:
+        self.vm: SessionVM | None = None
+        self.failed: BaseException | None = None  # a failed boot fails the tests after it too, without booting again
+        self.boots = 0
+        self.last_user: int | None = None  # the index of the last test using the VM in the session's order
+
+    def get(self, image_dir) -> SessionVM:
+        if self.failed is not None:
+            raise RuntimeError(f"the session VM did not boot: {self.failed!r}")
+        if self.vm is None:
+            from vime_core.sandbox import SandboxLimits
+
+            limits = SandboxLimits(wall_time_s=None, pids=64, memory_bytes=512 << 20)
+            try:
+                self.vm = SessionVM(image_dir=image_dir, limits=limits)
+            except BaseException as e:
+                self.failed = e
+                raise
+            self.boots += 1
+            print(f"\nsession VM booted in {self.vm.boot_s:.1f} s ({self.vm.sandbox._accel()}), boot {self.boots}")
+        return self.vm
+
+    def close(self) -> None:
+        self.failed = None
+        if self.vm is not None:
+            vm, self.vm = self.vm, None
+            vm.close()
+
+
+SHARED_VM = SharedVM()
+
+
+@pytest.fixture
+def session_vm(vm_image) -> SessionVM:
+    """The shared VM (:class:`SharedVM`): its sandbox, and ``run`` to drive it; tests leave it as they found it."""
+    return SHARED_VM.get(vm_image)
+
+
+def _last_user(items: list) -> int:
+    """The index of the last test in ``items`` that uses the shared VM (-1 if none)."""
+    return max((i for i, it in enumerate(items) if SESSION_VM in getattr(it, "fixturenames", ())), default=-1)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    """After a test's own teardown: shut the shared VM down once no later test of this process uses it (the tests
+    between, e.g. a contract test without a sandbox, run beside it)."""
+    yield
+    items = item.session.items
+    if SHARED_VM.last_user is None:
+        SHARED_VM.last_user = _last_user(items)
+    if nextitem is None or items.index(item) >= SHARED_VM.last_user:
+        SHARED_VM.close()
+
+
+def pytest_sessionfinish(session) -> None:  # noqa: ARG001 - pytest's hook signature
+    """An interrupted run leaves no VM either."""
+    SHARED_VM.close()

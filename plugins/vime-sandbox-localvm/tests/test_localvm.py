@@ -70,60 +70,6 @@ class TestLocalVMAttached(SandboxBackendContract):
         return exists
 
 
-def test_wall_time_limit_kills_the_vm(vm_image):
-    async def body():
-        sb = LocalVMSandbox(image_dir=vm_image, limits=SandboxLimits(wall_time_s=20, memory_bytes=256 << 20))
-        async with sb:
-            t0 = time.monotonic()
-            r = await sb.exec("sleep 600", timeout=600)
-            took = time.monotonic() - t0
-            assert r.timed_out and took < 60, (r, took)
-            await asyncio.sleep(0.5)
-            with pytest.raises(SandboxExpiredError):
-                await sb.exec("true", timeout=30)
-            assert sb._qemu.returncode is not None
-        assert not sb.directory.exists()
-        return took
-
-    took = asyncio.run(body())
-    print(f"\nwall-time limit 20 s: command killed after {took:.1f} s, VM gone, overlay deleted")
-
-
-@pytest.mark.exclusive  # counts every process's VMs
-def test_sigkill_mid_command_leaves_no_vm_after_the_reaper(vm_image):
-    n = int(os.environ.get("VIME_LOCALVM_LEAK_N", "20" if _kvm(vm_image) else "2"))
-    before = leftover_counts()  # the session VM, if it is up, belongs to this live process and must survive
-    ready_s = spawn_and_kill("localvm", n, timeout_s=1800, memory_mb=256)
-    killed = {k: v - before[k] for k, v in leftover_counts().items()}
-    run_once("localvm", timeout_s=1800)
-    after = {k: v - before[k] for k, v in leftover_counts().items()}
-    print(f"\nlocalvm leak test ({n} VMs, ready in {ready_s:.0f} s): after SIGKILL {killed}; after the next sandbox "
-          f"start {after} (counts beyond the {before} of this live test process)")
-    assert killed["directories"] == n
-    assert after == {"vms": 0, "directories": 0}
-
-
-def test_cancellation_at_every_await_point_leaves_no_vm(vm_image):
-    """Booted VMs cancelled at each await point of start/exec/close in turn (10 at once with KVM, 2 under TCG): no
-    QEMU process and no overlay directory of theirs is left (the kit's generic harness)."""
-    from vime_core.sandbox.base import forget_reaps
-    from vime_core.testing.sandbox_cancel import cancel_at_every_await_point
-
-    n = int(os.environ.get("VIME_LOCALVM_CANCEL_N", "10" if _kvm(vm_image) else "2"))
-    factory = lambda: LocalVMSandbox(image_dir=vm_image, limits=SandboxLimits(memory_bytes=256 << 20))  # noqa: E731
-    report = asyncio.run(cancel_at_every_await_point(
-        factory, lambda ids: leftover_counts(ids=ids), concurrency=n, before_round=forget_reaps, finish_timeout_s=600))
-    print(f"\nlocalvm cancellation ({n} VMs at once): {report.summary()}")
-    assert report.points >= 3 and sum(r.cancelled > 0 for r in report.rounds) >= 3, report.summary()
-    assert not report.problems, report.summary()
-
-
-def _kvm(image_dir) -> bool:
-    from vime_sandbox_localvm.sandbox import kvm_boots
-
-    return kvm_boots(image_dir)
-
-
 def test_multi_turn_generate_runs_code_in_the_vm(session_vm, vm_image, tmp_path):
     """``--generate multi_turn --multi-turn-sandbox-tool bash --sandbox localvm``: the real generate function (engine
     scripted) runs the model's code over SSH in the session VM (attach mode, ``--sandbox-localvm-ssh``: no extra
@@ -164,3 +110,60 @@ def test_multi_turn_generate_runs_code_in_the_vm(session_vm, vm_image, tmp_path)
     assert results == ["exit code: 0\nstdout:\n42\n", "exit code: 137 (timed out)\nstdout:\npartial\n"]
     after = session_vm.run(session_vm.sandbox.exec(count, timeout=120)).stdout
     assert after == before, "the episode's workspace in the VM was not removed"
+
+
+@pytest.mark.extended
+def test_wall_time_limit_kills_the_vm(vm_image):
+    async def body():
+        sb = LocalVMSandbox(image_dir=vm_image, limits=SandboxLimits(wall_time_s=20, memory_bytes=256 << 20))
+        async with sb:
+            t0 = time.monotonic()
+            r = await sb.exec("sleep 600", timeout=600)
+            took = time.monotonic() - t0
+            assert r.timed_out and took < 60, (r, took)
+            await asyncio.sleep(0.5)
+            with pytest.raises(SandboxExpiredError):
+                await sb.exec("true", timeout=30)
+            assert sb._qemu.returncode is not None
+        assert not sb.directory.exists()
+        return took
+
+    took = asyncio.run(body())
+    print(f"\nwall-time limit 20 s: command killed after {took:.1f} s, VM gone, overlay deleted")
+
+
+@pytest.mark.extended
+@pytest.mark.exclusive  # counts every process's VMs
+def test_sigkill_mid_command_leaves_no_vm_after_the_reaper(vm_image):
+    n = int(os.environ.get("VIME_LOCALVM_LEAK_N", "20" if _kvm(vm_image) else "2"))
+    before = leftover_counts()  # the session VM, if it is up, belongs to this live process and must survive
+    ready_s = spawn_and_kill("localvm", n, timeout_s=1800, memory_mb=256)
+    killed = {k: v - before[k] for k, v in leftover_counts().items()}
+    run_once("localvm", timeout_s=1800)
+    after = {k: v - before[k] for k, v in leftover_counts().items()}
+    print(f"\nlocalvm leak test ({n} VMs, ready in {ready_s:.0f} s): after SIGKILL {killed}; after the next sandbox "
+          f"start {after} (counts beyond the {before} of this live test process)")
+    assert killed["directories"] == n
+    assert after == {"vms": 0, "directories": 0}
+
+
+@pytest.mark.extended
+def test_cancellation_at_every_await_point_leaves_no_vm(vm_image):
+    """Booted VMs cancelled at each await point of start/exec/close in turn (10 at once with KVM, 2 under TCG): no
+    QEMU process and no overlay directory of theirs is left (the kit's generic harness)."""
+    from vime_core.sandbox.base import forget_reaps
+    from vime_core.testing.sandbox_cancel import cancel_at_every_await_point
+
+    n = int(os.environ.get("VIME_LOCALVM_CANCEL_N", "10" if _kvm(vm_image) else "2"))
+    factory = lambda: LocalVMSandbox(image_dir=vm_image, limits=SandboxLimits(memory_bytes=256 << 20))  # noqa: E731
+    report = asyncio.run(cancel_at_every_await_point(
+        factory, lambda ids: leftover_counts(ids=ids), concurrency=n, before_round=forget_reaps, finish_timeout_s=600))
+    print(f"\nlocalvm cancellation ({n} VMs at once): {report.summary()}")
+    assert report.points >= 3 and sum(r.cancelled > 0 for r in report.rounds) >= 3, report.summary()
+    assert not report.problems, report.summary()
+
+
+def _kvm(image_dir) -> bool:
+    from vime_sandbox_localvm.sandbox import kvm_boots
+
+    return kvm_boots(image_dir)

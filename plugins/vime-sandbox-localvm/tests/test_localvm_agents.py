@@ -14,7 +14,7 @@ import pytest
 from vime_core.sandbox.base import SANDBOX_AGENTS_DIR, agents_cache_dir
 from vime_core.testing import AgentHarnessContract
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.extended]
 
 
 @pytest.fixture(scope="module")
