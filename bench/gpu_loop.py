@@ -528,7 +528,7 @@ def main() -> None:
         if ARGS.json:
             ARGS.json.write_text(json.dumps(RESULTS, indent=1))
     for res in RESULTS.values():  # MFU against the peak bench_train measured, also for the runs before it
-        if "params" in res:
+        if "params" in res and "train/num_seq_tokens" in res:  # a vime run's (bench_train's figures are its own)
             set_mfu(res)
     if ARGS.json:
         ARGS.json.write_text(json.dumps(RESULTS, indent=1))
