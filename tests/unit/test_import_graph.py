@@ -44,6 +44,7 @@ LAYERS: list[tuple[str, list[str]]] = [
             "vime_core.placement",
             "vime_core.passthrough",
             "vime_core.models",
+            "vime_core.failures",
         ],
     ),
     (
@@ -66,7 +67,7 @@ LAYERS: list[tuple[str, list[str]]] = [
             "vime_core.rollout.context",
         ],
     ),
-    ("plugins", ["vime_core.plugins", "vime_core.failures"]),
+    ("plugins", ["vime_core.plugins"]),
     (
         "components",
         [

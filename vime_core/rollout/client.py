@@ -19,6 +19,7 @@ from typing import Any, Literal
 
 import httpx
 
+from vime_core.failures import EngineError
 from vime_core.rollout.engine_api import EngineCapabilities, decode_text
 
 logger = logging.getLogger("vime.rollout")
@@ -32,8 +33,9 @@ _ABORT = "/abort_requests"
 ENGINE_REQUEST_PREFIX = "generate-tokens-"
 
 
-class RouterClientError(RuntimeError):
-    """The router or server answered with an error status or a malformed body."""
+class RouterClientError(EngineError):
+    """The router or server answered with an error status or a malformed body (a sample failed by it is
+    ``engine_error``: :class:`vime_core.failures.EngineError`)."""
 
 
 @dataclass
