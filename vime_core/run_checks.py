@@ -94,12 +94,12 @@ BASIC_SAMPLING_FIELDS = frozenset({"temperature", "top_p", "top_k", "max_tokens"
 def engine_sampling(cfg: RunConfig) -> dict[str, dict]:
     """The sampling parameters the engines will get, by the flags that set them: training rollouts and each eval
     set (for :func:`check_vllm_values`)."""
-    from vime_core.arguments import rollout_sampling_params
-    from vime_core.evaluation import eval_sampling_params, parse_eval_prompt_data
+    from vime_core.config.sampling import sampling_params
+    from vime_core.evaluation import parse_eval_prompt_data
 
-    out = {"training rollouts (--rollout-*)": rollout_sampling_params(cfg.rollout)}
+    out = {"training rollouts (--rollout-*)": sampling_params(cfg.rollout)}
     for s in parse_eval_prompt_data(cfg.eval.eval_prompt_data):
-        out[f"eval set {s.name} (--eval-*)"] = eval_sampling_params(cfg.eval, s.name)
+        out[f"eval set {s.name} (--eval-*)"] = sampling_params(cfg.eval, s.name)
     return out
 
 

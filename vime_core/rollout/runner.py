@@ -19,8 +19,8 @@ import logging
 import uuid
 from typing import Any
 
-from vime_core.arguments import rollout_sampling_params
 from vime_core.config import RolloutConfig
+from vime_core.config.sampling import sampling_params
 from vime_core.context import PluginContext, legacy_args
 from vime_core.data.source import name_prompt_source
 from vime_core.failures import FailureCause, classify_failure, mark_failed
@@ -110,7 +110,7 @@ class GroupRunner:
         ctx, cfg = self.ctx, self.config
         sem = sem or asyncio.Semaphore(cfg.rollout_concurrency)
         mask_offpolicy = cfg.mask_offpolicy_in_partial_rollout
-        params = rollout_sampling_params(cfg) if params is None else params
+        params = sampling_params(cfg) if params is None else params
         reward_fn = reward_fn or self.reward_fn
         reward_timeout = cfg.reward_timeout
         group_reward_fn = self.group_reward_fn if train else None
