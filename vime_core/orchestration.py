@@ -16,7 +16,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from vime_core.arguments import parse_cpu_list
 from vime_core.config import ClusterConfig, RunConfig
 from vime_core.net import find_free_port, node_ip
 from vime_core.placement import (
@@ -25,6 +24,7 @@ from vime_core.placement import (
     PlacementPlan,
     ResourceFlags,
     Slot,
+    parse_cpu_list,
     plan_placement,
 )
 from vime_core.plugins import get_plugins  # importing vime_core set Ray's loopback environment (see __init__)

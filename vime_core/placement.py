@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from vime_core.argument_errors import ArgumentError
 from vime_core.config import ClusterConfig
 
 #: GPU share of a bundle each side takes in a colocated plan (trainer rank and engine share one GPU).
@@ -264,3 +265,20 @@ def check_resource_flags(flags: ResourceFlags) -> int:
     big = 1 << 20
     nodes = [NodeResources(f"virtual-{i}", f"virtual-{i}", big, i == 0) for i in range(flags.actor_num_nodes)]
     return len(plan_placement(flags, nodes).engines)
+
+
+def parse_cpu_list(spec: str) -> set[int]:
+    """``"1"``, ``"0-3"``, ``"2-3,6"`` → a set of core ids (taskset's list syntax).
+
+    :raises ArgumentError: naming ``--train-cpus`` on a malformed list.
+    """
+    cpus: set[int] = set()
+    try:
+        for part in str(spec).split(","):
+            lo, _, hi = part.strip().partition("-")
+            cpus.update(range(int(lo), int(hi or lo) + 1))
+    except ValueError:
+        raise ArgumentError(f"--train-cpus {spec!r}: expected core ids like '1', '0-3' or '2-3,6'") from None
+    if not cpus:
+        raise ArgumentError(f"--train-cpus {spec!r}: no core")
+    return cpus

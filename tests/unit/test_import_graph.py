@@ -45,6 +45,7 @@ LAYERS: list[tuple[str, list[str]]] = [
             "vime_core.passthrough",
             "vime_core.models",
             "vime_core.failures",
+            "vime_core.argument_errors",
         ],
     ),
     (
@@ -85,7 +86,7 @@ LAYERS: list[tuple[str, list[str]]] = [
     ),
     (
         "arguments",
-        ["vime_core.argument_errors", "vime_core.config_file", "vime_core.argument_checks", "vime_core.arguments"],
+        ["vime_core.config_file", "vime_core.argument_checks", "vime_core.arguments"],
     ),
     ("orchestration", ["vime_core.orchestration"]),
     ("rollout and trainer", ["vime_core.rollout", "vime_core.trainer"]),
