@@ -25,7 +25,8 @@ from vime_core.config import MultiTurnConfig
 from vime_core.context import PluginContext, takes_context
 from vime_core.plugins import get_plugins
 from vime_core.rollout.context import get_rollout_context
-from vime_core.rollout.generate import FINISH_TO_STATUS, encode_prompt
+from vime_core.rollout.generate import FINISH_TO_STATUS
+from vime_core.rollout.prompt_checks import encode_prompt
 from vime_core.rollout.tools import Tool, load_tools
 from vime_core.types import Sample, Status
 

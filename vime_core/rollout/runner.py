@@ -16,6 +16,7 @@ import asyncio
 import copy
 import hashlib
 import logging
+import time
 import uuid
 from typing import Any
 
@@ -24,7 +25,6 @@ from vime_core.config.sampling import sampling_params
 from vime_core.context import PluginContext, legacy_args
 from vime_core.data.source import name_prompt_source
 from vime_core.failures import FailureCause, classify_failure, mark_failed
-from vime_core.progress import Throttle
 from vime_core.rewards.call import call_group_reward, call_reward
 from vime_core.rollout.health import EngineMonitor, generate_with_retries
 from vime_core.rollout.overlong import apply_overlong
@@ -33,6 +33,21 @@ from vime_core.types import Sample, Status
 logger = logging.getLogger("vime.rollout")
 
 FINISHED_STATUSES = frozenset({Status.COMPLETED, Status.TRUNCATED, Status.FAILED})
+
+
+class Throttle:
+    """True at most once per ``interval_s`` (the last call of a series is forced by the caller)."""
+
+    def __init__(self, interval_s: float = 0.25) -> None:
+        self.interval_s = interval_s
+        self.last = float("-inf")
+
+    def __call__(self) -> bool:
+        now = time.monotonic()
+        if now - self.last >= self.interval_s:
+            self.last = now
+            return True
+        return False
 
 
 class GroupRunner:

@@ -59,7 +59,7 @@ class GenerateFunctionContract(_Contract):
             )
 
     def test_tokens_are_prompt_plus_response(self, generate_fn, generate_ctx, prompt_sample, rollout_context):
-        from vime_core.rollout.generate import encode_prompt
+        from vime_core.rollout.prompt_checks import encode_prompt
 
         apply_chat_template = generate_ctx.rollout.apply_chat_template
         prompt_ids = encode_prompt(rollout_context.tokenizer, prompt_sample.prompt, apply_chat_template)
