@@ -37,7 +37,6 @@ from vime_core.failures import RunFailedError
 from vime_core.lora.options import check_lora_model
 from vime_core.metrics import MetricsSink, staleness_histogram, wandb_config
 from vime_core.orchestration import (
-    TrainerGroup,
     call,
     driver_node_id,
     init_ray,
@@ -58,6 +57,7 @@ from vime_core.run_checks import check_vllm_values, checked_model, engine_sampli
 from vime_core.run_dir import OutputDirLock, check_output_dir, write_json_atomic
 from vime_core.run_signals import INTERRUPT_GRACE_S, claim_signals, interrupted
 from vime_core.run_summary import completed_summary, failed_summary
+from vime_core.trainer.group import TrainerClasses, TrainerGroup
 from vime_core.types import Sample
 from vime_core.weight_sync.base import WeightWriteError
 
@@ -209,9 +209,21 @@ def _create_actors(flags: dict[str, Any], cfg: RunConfig, model_path: Path) -> R
         if log.debug_train_only
         else remote_actor(RolloutManager, cfg, str(model_path), placement, board, node_id=driver_node_id())
     )
-    trainer = None if log.debug_rollout_only else TrainerGroup(cfg, model_path, plan, pg)
+    classes = trainer_classes(get_plugins(), cfg)
+    trainer = None if log.debug_rollout_only else TrainerGroup(cfg, model_path, classes, plan, pg)
     sink = MetricsSink(out, log.use_tensorboard, wandb_config(log, flags))
     return RunState(flags, cfg, log, out, trainer, rollout, None, board, sink)
+
+
+def trainer_classes(plugins: Any, cfg: RunConfig) -> TrainerClasses:
+    """The ``--trainer`` backend and ``--weight-sync`` strategy classes the trainer ranks build, resolved here on the
+    driver (:class:`~vime_core.plugins.Plugins` ``plugins``) and handed down.
+
+    :raises RegistryError: an unknown name (already caught by :func:`~vime_core.run_checks.resolve_plugins`).
+    """
+    return TrainerClasses(
+        plugins.resolve("trainer", cfg.cluster.trainer), plugins.resolve("weight_sync", cfg.cluster.weight_sync)
+    )
 
 
 def _resume(run: RunState) -> Path | None:

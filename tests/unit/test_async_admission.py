@@ -22,9 +22,9 @@ from tests.support.async_rollout import (
     sleeping_generate,
 )
 from vime_core.config import RolloutConfig, RunConfig
-from vime_core.loop import _GroupSource, _one_step, load_debug_rollout
-from vime_core.orchestration import TrainerWorker
+from vime_core.loop import _GroupSource, _one_step, load_debug_rollout, trainer_classes
 from vime_core.plugins import get_plugins
+from vime_core.trainer.group import TrainerWorker
 from vime_core.types import Sample, Status
 
 pytestmark = pytest.mark.unit
@@ -71,7 +71,8 @@ def test_admission_after_a_resume_at_a_later_version(tiny_model_dir, tmp_path):
 
 
 def _trainer(args, tiny_model_dir):
-    return TrainerWorker(RunConfig.from_args(args), tiny_model_dir)
+    cfg = RunConfig.from_args(args)
+    return TrainerWorker(cfg, tiny_model_dir, trainer_classes(get_plugins(), cfg))
 
 
 def test_slow_prompts_get_a_fair_share_over_20_steps(tiny_model_dir, tmp_path):
