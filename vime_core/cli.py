@@ -228,7 +228,7 @@ def _cmd_args(argv: list[str]) -> int:
 
 
 def _cmd_sandbox(argv: list[str]) -> int:
-    from vime_core.sandbox import cleanup_all
+    from vime_core.plugins import cleanup_all
 
     p = argparse.ArgumentParser(prog="vime sandbox", formatter_class=HelpFormatter)
     sub = p.add_subparsers(dest="action", required=True)

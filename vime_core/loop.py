@@ -313,7 +313,7 @@ def _train(run: RunState, estimator, overlong: int) -> None:
             run.sink.log(step, metrics)
             _append_jsonl(run.out / TRAINED_PROMPTS_FILE, {"step": step, **run.source.last_taken})
             plugins.pm.hook.vime_on_train_step_end(
-                ctx=PluginContext(cfg), step=step, metrics=metrics, args=legacy_args(cfg)
+                ctx=PluginContext(cfg, plugins=plugins), step=step, metrics=metrics, args=legacy_args(cfg)
             )
             progress.step_done(step, metrics)
             if step + 1 in eval_at:  # after the weight update: the engines serve version step + 1
@@ -515,7 +515,7 @@ def _one_step(
 
     A step with no trainable sample trains nothing and pushes nothing, so the version stays (the next step's
     groups are judged against the version the engines really serve). The advantage estimator gets
-    ``PluginContext(cfg)`` (:func:`~vime_core.algorithms.batch.build_batch`).
+    ``PluginContext(cfg)`` with the loaded plugins (:func:`~vime_core.algorithms.batch.build_batch`).
 
     :return: ``(metrics, the weight version after the step)``.
     """
@@ -533,7 +533,7 @@ def _one_step(
         metrics.update(staleness_histogram(version, versions))
     if trainer is None:
         return metrics, version
-    batch = build_batch(PluginContext(cfg), groups, estimator, step)
+    batch = build_batch(PluginContext(cfg, plugins=get_plugins()), groups, estimator, step)
     metrics.update(batch.metrics)
     if not batch.samples:
         logger.warning("step %d: no trainable sample (all failed/aborted); skipping the update", step)

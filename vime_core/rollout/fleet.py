@@ -10,14 +10,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from vime_core.config import EngineConfig, LoraConfig
+from vime_core.context import Engines
 from vime_core.lora.options import adapters_to_keep, engine_max_lora_rank
 from vime_core.rollout.client import RouterClient, eos_token_ids
-from vime_core.rollout.context import RolloutContext, get_rollout_context, set_rollout_context
 from vime_core.rollout.engine import VLLMServer, is_vllm_cpu
 from vime_core.rollout.engine_actor import RemoteEngine, check_nonce, engine_failures, start_engine_actors
 from vime_core.rollout.engine_api import common_capabilities, enforce_eager, engine_dtype, lora_launch
@@ -44,6 +43,8 @@ class EngineFleet:
     :param stream: whether the router client streams (``--partial-rollout``: an aborted non-streaming request
         comes back without its tokens).
     :param loop: the rollout actor's event loop (the client and the teacher engines close on it).
+    :param engines: what plugin functions see of the fleet (``ctx.engines``): its router client is this fleet's
+        :attr:`client` and its served version the one holder this fleet updates (default: a new one).
     """
 
     def __init__(
@@ -56,7 +57,9 @@ class EngineFleet:
         placement: tuple | None,
         stream: bool,
         loop: asyncio.AbstractEventLoop,
+        engines: Engines | None = None,
     ) -> None:
+        self.handle = engines if engines is not None else Engines(tokenizer=tokenizer)
         self.engine_config = engine_config
         self.lora_config = lora = lora_config
         self.model_path = model_path
@@ -68,7 +71,6 @@ class EngineFleet:
         self.engines: list[Any] = []
         self.router: Any = None
         self.monitor: EngineMonitor | None = None  # replaces dead engines and a dead router (rollout/health.py)
-        self.client: Any = None
         self.teacher: Any = None  # TeacherEngines with --distill-teacher (vime_core.rollout.teacher)
         self.capabilities: Any = None  # what the engines' vLLM release answers (vime_core.rollout.engine_api)
         # LoRA: the engines serve one adapter per weight version (vime_core.rollout.lora_serving)
@@ -77,6 +79,16 @@ class EngineFleet:
             if lora.enabled
             else None
         )
+
+    @property
+    def client(self) -> Any:
+        """The :class:`~vime_core.rollout.client.RouterClient` to the router (``None`` before :meth:`start`); the
+        plugin functions' ``ctx.engines.client``."""
+        return self.handle.client
+
+    @client.setter
+    def client(self, client: Any) -> None:
+        self.handle.client = client
 
     @property
     def external(self) -> bool:
@@ -162,13 +174,11 @@ class EngineFleet:
             eos_token_ids=eos_token_ids(self.tokenizer, self.model_path),
             capabilities=self.capabilities,
             tokenizer=self.tokenizer,
+            served=self.handle.served,
         )
-        self.client.weight_version = weight_version
+        self.handle.weight_version = weight_version
         if self.adapters is not None:  # every request names its version's adapter
             self.client.model_for = self.adapters.model_for
-        set_rollout_context(
-            RolloutContext(client=self.client, tokenizer=self.tokenizer, weight_version=weight_version)
-        )
         recovery = WeightRecovery(self.weight_sync, self.engine_config.update_weight_disk_dir, self.adapters)
         self.monitor = EngineMonitor(
             self.engines,
@@ -258,13 +268,12 @@ class EngineFleet:
             self.teacher.shutdown(self.loop)
         if self.adapters is not None:
             self.adapters.close()
-        set_rollout_context(None)
 
     # -- weights ---------------------------------------------------------------------------------------------------
-    def update_weights(self, update: WeightUpdate, mode: str, set_version: Callable[[int], None]) -> dict[str, float]:
+    def update_weights(self, update: WeightUpdate, mode: str) -> dict[str, float]:
         """Pause every engine (``mode``: ``keep`` freezes in-flight requests, ``wait`` lets them finish first), apply
-        ``update``, reset prefix caches, resume; then bump the weight version (``set_version``: the group runner's;
-        the rollout context's and the router client's here) and, with LoRA, retire the adapters past the window.
+        ``update``, reset prefix caches, resume; then bump the served weight version (the one holder the router
+        client, the group runner and ``ctx.engines`` read) and, with LoRA, retire the adapters past the window.
 
         :return: the health monitor's and the LoRA ``weight_sync/*`` metrics.
         :raises TimeoutError / RuntimeError: from the strategy or the engine (the run stops; the engines keep
@@ -290,10 +299,7 @@ class EngineFleet:
             finally:
                 for engine in self.engines:
                     engine.resume()
-        set_version(update.version)
-        get_rollout_context().weight_version = update.version
-        if self.client is not None:  # tokens of a release that tags none get this version from now on
-            self.client.weight_version = update.version
+        self.handle.weight_version = update.version  # tokens of a release that tags none get it from now on
         for applied in done:
             self.weight_sync.cleanup(applied)
         if lora:

@@ -5,8 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from vime_core.agent.responders import engine_versions
-from vime_core.context import PluginContext, takes_context
-from vime_core.rollout.context import get_rollout_context
+from vime_core.context import PluginContext, rollout_engines, takes_context
 from vime_core.rollout.prompt_checks import encode_prompt
 from vime_core.types import Sample, Status
 
@@ -27,7 +26,7 @@ async def generate(ctx: PluginContext, sample: Sample, sampling_params: dict[str
     ``max_tokens - response_length`` more (none left: truncated without an engine call).
     """
     cfg = ctx.rollout
-    engines = get_rollout_context()
+    engines = rollout_engines(ctx)
     if not sample.tokens:
         sample.tokens = encode_prompt(engines.tokenizer, sample.prompt, cfg.apply_chat_template)
     params = dict(sampling_params)

@@ -22,9 +22,8 @@ from vime_core.agent.responders import engine_versions
 from vime_core.agent.tool_parse_failures import tool_parse_metrics
 from vime_core.agent.tool_parsers import ToolCall, parse_with_tools
 from vime_core.config import MultiTurnConfig
-from vime_core.context import PluginContext, takes_context
+from vime_core.context import PluginContext, rollout_engines, takes_context
 from vime_core.plugins import get_plugins
-from vime_core.rollout.context import get_rollout_context
 from vime_core.rollout.generate import FINISH_TO_STATUS
 from vime_core.rollout.prompt_checks import encode_prompt
 from vime_core.rollout.tools import Tool, load_tools
@@ -179,7 +178,7 @@ async def generate(ctx: PluginContext, sample: Sample, sampling_params: dict[str
         bridged, ``--multi-turn-max-turns`` < 1).
     """
     cfg = ctx.multi_turn
-    engines = get_rollout_context()
+    engines = rollout_engines(ctx)
     renderer = _renderer(engines.tokenizer, cfg)
     specs = cfg.multi_turn_tools
     base_tools = list(_tools_for(tuple(specs) if specs is not None else None))

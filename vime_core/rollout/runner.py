@@ -22,7 +22,7 @@ from typing import Any
 
 from vime_core.config import RolloutConfig
 from vime_core.config.sampling import sampling_params
-from vime_core.context import PluginContext, legacy_args
+from vime_core.context import CURRENT_ENGINES, PluginContext, ServedVersion, legacy_args
 from vime_core.data.source import name_prompt_source
 from vime_core.failures import FailureCause, classify_failure, mark_failed
 from vime_core.rewards.call import call_group_reward, call_reward
@@ -65,7 +65,8 @@ class GroupRunner:
     :ivar monitor: the engine health monitor; a sample whose engine or router failed under it is regenerated
         (:func:`vime_core.rollout.health.generate_with_retries`); ``None``: one attempt.
     :ivar teacher: the :class:`~vime_core.rollout.teacher.TeacherEngines` scoring training samples, or ``None``.
-    :ivar weight_version: the weight version the engines serve (a resumed sample's off-policy prefix is older).
+    :ivar weight_version: the weight version the engines serve (a resumed sample's off-policy prefix is older):
+        ``ctx.engines``' holder, or one of the runner's own for a context without engines.
     :ivar aborting: set while the requests in flight are being aborted; a sample still waiting is not sent.
     :ivar samples_done: samples of the current step finished; ``samples_wanted``: of how many (0: fully-async).
     """
@@ -87,11 +88,19 @@ class GroupRunner:
         self.hook = hook
         self.teacher: Any = None
         self.monitor: EngineMonitor | None = None
-        self.weight_version = 0
+        self.served = ctx.engines.served if ctx.engines is not None else ServedVersion()
         self.aborting = False
         self.progress = progress
         self.progress_throttle = Throttle()
         self.samples_done, self.samples_wanted = 0, 0
+
+    @property
+    def weight_version(self) -> int:
+        return self.served.value
+
+    @weight_version.setter
+    def weight_version(self, version: int) -> None:
+        self.served.value = version
 
     def report_progress(self, done: int, wanted: int | None = None, force: bool = True) -> None:
         """Tell the progress actor ``done`` of ``wanted`` samples finished (throttled unless ``force``)."""
@@ -123,6 +132,8 @@ class GroupRunner:
         ``train=False`` (evaluation) the sample reward ``reward_fn`` is used even with ``--group-reward``, the
         teacher does not score, the rollout progress is not advanced and ``vime_on_sample`` is not called."""
         ctx, cfg = self.ctx, self.config
+        if ctx.engines is not None:  # for plugins still calling the deprecated get_rollout_context() (until 0.2)
+            CURRENT_ENGINES.set(ctx.engines)
         sem = sem or asyncio.Semaphore(cfg.rollout_concurrency)
         mask_offpolicy = cfg.mask_offpolicy_in_partial_rollout
         params = sampling_params(cfg) if params is None else params
