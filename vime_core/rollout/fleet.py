@@ -21,11 +21,12 @@ from vime_core.rollout.engine import VLLMServer, is_vllm_cpu
 from vime_core.rollout.engine_actor import RemoteEngine, check_nonce, engine_failures, start_engine_actors
 from vime_core.rollout.engine_api import common_capabilities, enforce_eager, engine_dtype, lora_launch
 from vime_core.rollout.external_engine import ExternalVLLMServer
-from vime_core.rollout.health import EngineMonitor, MonitorConfig
+from vime_core.rollout.health import EngineMonitor, EngineSlot, MonitorConfig
 from vime_core.rollout.lora_serving import AdapterServing
 from vime_core.rollout.router import VLLMRouter, router_policy
 from vime_core.rollout.teacher import TeacherEngines
 from vime_core.rollout.weight_recovery import WeightRecovery
+from vime_core.rollout.weight_update import update_engines
 from vime_core.weight_sync.base import WeightSyncStrategy, WeightUpdate
 
 logger = logging.getLogger("vime.rollout")
@@ -285,20 +286,12 @@ class EngineFleet:
         if lora:
             self.adapters.prepare(update)  # its served name: what apply loads it as
         done = [] if lora else [update]
+        timeout = self.engine_config.weight_sync_timeout
         if self.monitor is not None:  # engines that die meanwhile are replaced and load this version
-            timeout = self.engine_config.weight_sync_timeout
             extra, done = self.monitor.sync_weights(self.weight_sync, update, mode, timeout)
-        else:
-            for engine in self.engines:
-                engine.pause(mode)
-            try:
-                self.weight_sync.apply_all(self.engines, update, timeout_s=self.engine_config.weight_sync_timeout)
-                for engine in self.engines:
-                    engine.reset_prefix_cache()
-                    engine.set_weight_version(update.version)  # the engine tags every later token with it
-            finally:
-                for engine in self.engines:
-                    engine.resume()
+        else:  # the same sequence, every failure fatal
+            slots = [EngineSlot(i, e) for i, e in enumerate(self.engines)]
+            extra = update_engines(slots, self.weight_sync, update, mode, timeout)
         self.handle.weight_version = update.version  # tokens of a release that tags none get it from now on
         for applied in done:
             self.weight_sync.cleanup(applied)
