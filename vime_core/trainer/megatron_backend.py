@@ -29,11 +29,16 @@ from vime_core.trainer.megatron_convert import (
     pad_vocab,
     shard,
     unpad_vocab,
-    unshard,
 )
 from vime_core.trainer.megatron_critic import MegatronCritic
 from vime_core.trainer.megatron_lora import MegatronAdapterReference, MegatronLora
-from vime_core.trainer.megatron_model import SDPACoreAttention, have_transformer_engine, init_distributed, layer_spec
+from vime_core.trainer.megatron_model import (
+    SDPACoreAttention,
+    have_transformer_engine,
+    init_distributed,
+    layer_spec,
+    tp_full,
+)
 from vime_core.trainer.megatron_optim import inner_optimizers, load_optimizer, megatron_step, save_optimizer
 from vime_core.trainer.megatron_reference import MegatronReferenceModel, vocab_parallel_entropy
 from vime_core.trainer.rl_step import rl_train_step
@@ -265,18 +270,10 @@ class MegatronTrainer(TrainerBackend):
     def megatron_tensors(self, gpt: Any = None, skip: tuple = ()) -> dict[str, torch.Tensor]:
         """Full (TP-gathered, unpadded) Megatron tensors on this rank's GPU (of ``gpt``, default the policy; names in
         ``skip`` left out). Collective under TP."""
-        import torch.distributed as dist
-
         out = {}
         for name, p in (self.gpt if gpt is None else gpt).named_parameters():
-            if name in skip:
-                continue
-            if self.tp > 1:
-                parts = [torch.empty_like(p) for _ in range(self.tp)]
-                dist.all_gather(parts, p.data.contiguous(), group=self.tp_group)
-                out[name] = unshard(name, parts)
-            else:
-                out[name] = p.data
+            if name not in skip:
+                out[name] = tp_full(p, name, self.tp, self.tp_group)
         return unpad_vocab(out, self.arch.vocab_size)
 
     def named_hf_tensors(self, device: str | None = "cpu") -> Iterator[tuple[str, torch.Tensor]]:

@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from vime_core.net import find_free_port
+from vime_core.trainer.megatron_convert import unshard
 
 
 def have_transformer_engine() -> bool:
@@ -134,3 +135,17 @@ def layer_spec(attention: str, te: bool) -> Any:
     if attention == "sdpa":
         spec.submodules.self_attention.submodules.core_attention = SDPACoreAttention
     return spec
+
+
+def tp_full(p: torch.Tensor, layout_name: str, tp: int, group: Any) -> torch.Tensor:
+    """The full tensor of parameter ``p``, sharded over ``tp`` tensor-parallel ranks as the Megatron tensor
+    ``layout_name`` is: every rank's part gathered over ``group`` and joined
+    (:func:`~vime_core.trainer.megatron_convert.unshard`); ``p.data`` itself when ``tp`` is 1. Collective under TP:
+    every rank of ``group`` calls it for the same parameter."""
+    if tp == 1:
+        return p.data
+    import torch.distributed as dist
+
+    parts = [torch.empty_like(p) for _ in range(tp)]
+    dist.all_gather(parts, p.data.contiguous(), group=group)
+    return unshard(layout_name, parts)
