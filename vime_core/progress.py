@@ -18,6 +18,9 @@ from types import TracebackType
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+#: the driver's output: one line per event and step (no wrap at 80 columns in logs)
+console = Console(stderr=False, highlight=False, markup=False, soft_wrap=True)
+
 STEP_LINE_FIELDS = (
     ("perf/rollout_time", "rollout"),
     ("perf/train_time", "train"),

@@ -1,18 +1,99 @@
 """The up-front checks of ``vime run`` / ``vime eval`` that need more than the flags: every plugin name the run
 will use resolved, and the ``--vllm-*`` values parsed by vLLM's own parser — all before anything is written or
-started (docs/plugins.md, "Names are checked at start-up")."""
+started (docs/plugins.md, "Names are checked at start-up"). :func:`preflight` makes all of ``vime run``'s and
+returns what the run goes on with (:class:`Preflight`).
+"""
 
 from __future__ import annotations
 
 import json
 import re
 import subprocess
+import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from vime_core.argument_errors import ArgumentError
 from vime_core.config import RunConfig
 from vime_core.passthrough import engine_python
-from vime_core.plugins import Plugins
+from vime_core.plugins import Plugins, get_plugins
+
+if TYPE_CHECKING:
+    from vime_core.trainer.group import TrainerClasses
+
+
+@dataclass(frozen=True)
+class Preflight:
+    """What ``vime run`` goes on with once :func:`preflight` passed.
+
+    :ivar plugins: the loaded plugins (every name the run uses resolved).
+    :ivar estimator: the ``--advantage-estimator`` function.
+    :ivar trainer_classes: the ``--trainer`` backend and ``--weight-sync`` strategy classes the ranks build.
+    :ivar rows: the prompt data's rows (``None`` with ``--debug-train-only``).
+    :ivar model_path: the resolved ``--model`` directory.
+    :ivar overlong: prompts left out as longer than ``--rollout-max-prompt-len``.
+    :ivar t_setup: ``time.perf_counter()`` when the setup began (the printed setup time counts from it).
+    """
+
+    plugins: Plugins
+    estimator: Any
+    trainer_classes: TrainerClasses
+    rows: list[dict[str, Any]] | None
+    model_path: Path
+    overlong: int
+    t_setup: float
+
+
+def preflight(cfg: RunConfig) -> Preflight:
+    """Every check of ``vime run`` before the output directory changes or anything expensive starts (a typo fails
+    in a second): the output directory, every plugin name, the eval sets, the prompt data, the model and its
+    tokenizer and chat template, the prompts' lengths, the LoRA targets, the ``--vllm-*`` values.
+
+    :raises ArgumentError / RegistryError / DataError / ValueError: the first problem, naming its flag or file.
+    """
+    from vime_core.data.source import read_rows
+    from vime_core.evaluation import load_eval_sets
+    from vime_core.lora.options import check_lora_model
+    from vime_core.progress import console
+    from vime_core.rollout.prompt_checks import check_prompts
+    from vime_core.run_dir import check_output_dir
+
+    log = cfg.logging
+    check_output_dir(Path(log.output_dir))
+    plugins = get_plugins()
+    resolve_plugins(plugins, cfg)
+    estimator = plugins.resolve("advantage", cfg.algorithm.advantage_estimator)
+    load_eval_sets(cfg.eval)  # a bad eval set fails before any engine starts
+    data = cfg.data
+    rows = (
+        None
+        if log.debug_train_only
+        else read_rows(data.prompt_data, data.input_key, data.label_key, data.metadata_key)
+    )
+    t_setup = time.perf_counter()
+    model_path = checked_model(log.model)
+    console.print(f"[vime] model: {model_path}")
+    # no tokenizer, no chat template, an over-long prompt: fails here, before any engine starts
+    overlong = 0 if rows is None else check_prompts(data, model_path, rows)
+    check_lora_model(cfg.lora, model_path)  # --target-modules / --lora-adapter-path against the model
+    if not log.debug_train_only:  # vLLM's own parser and SamplingParams, before Ray starts
+        check_vllm_values(list(cfg.engine.vllm_args), engine_sampling(cfg))
+    classes = trainer_classes(plugins, cfg)
+    return Preflight(plugins, estimator, classes, rows, model_path, overlong, t_setup)
+
+
+def trainer_classes(plugins: Plugins, cfg: RunConfig) -> TrainerClasses:
+    """The ``--trainer`` backend and ``--weight-sync`` strategy classes the trainer ranks build, resolved on the
+    driver and handed down (:class:`~vime_core.trainer.group.TrainerGroup`).
+
+    :raises RegistryError: an unknown name (:func:`resolve_plugins` names it first).
+    """
+    from vime_core.trainer.group import TrainerClasses
+
+    return TrainerClasses(
+        plugins.resolve("trainer", cfg.cluster.trainer), plugins.resolve("weight_sync", cfg.cluster.weight_sync)
+    )
 
 
 def plugin_names(cfg: RunConfig, *, train: bool = True) -> list[tuple[str, str]]:

@@ -38,9 +38,9 @@ ray = pytest.importorskip("ray")
 
 from vime_core.arguments import default_args  # noqa: E402
 from vime_core.config import ClusterConfig, RunConfig  # noqa: E402
-from vime_core.loop import trainer_classes  # noqa: E402
 from vime_core.orchestration import init_ray, place, slot_options  # noqa: E402
 from vime_core.plugins import get_plugins  # noqa: E402
+from vime_core.run_checks import trainer_classes  # noqa: E402
 from vime_core.testing import TrainerBackendContract  # noqa: E402
 from vime_core.testing.trainer_args import trainer_config  # noqa: E402
 from vime_core.trainer.group import TrainerGroup  # noqa: E402

@@ -115,9 +115,9 @@ import vime_core
 import ray
 from vime_core.arguments import default_args
 from vime_core.config import ClusterConfig, RunConfig
-from vime_core.loop import trainer_classes
 from vime_core.orchestration import init_ray, place
 from vime_core.plugins import get_plugins
+from vime_core.run_checks import trainer_classes
 from vime_core.trainer.group import TrainerGroup
 from vime_core.rollout.engine_actor import RemoteEngine, EngineActor
 from vime_core.orchestration import slot_options

@@ -95,6 +95,7 @@ LAYERS: list[tuple[str, list[str]]] = [
         "driver",
         [
             "vime_core.loop",
+            "vime_core.run",
             "vime_core.run_checks",
             "vime_core.run_dir",
             "vime_core.run_signals",

@@ -17,7 +17,6 @@ ROOT = Path(vime_core.__file__).parent
 
 #: module (relative to vime_core/) → the one concept that makes it long
 ALLOWED: dict[str, str] = {
-    "loop.py": "the run of every loop mode: setup, the step sequence over a RunState, checkpoints, failure paths",
     "sandbox/local.py": "the local backend: one Sandbox subclass, its namespace and process-group modes",
 }
 

@@ -1,0 +1,73 @@
+"""Evaluation from the driver: ``vime eval`` (:func:`evaluate`, one evaluation of a model without training) and the
+evaluations of ``vime run`` (:func:`evaluate_at`, logged as their own ``metrics.jsonl`` record)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from vime_core.config import RunConfig
+from vime_core.evaluation import eval_line, load_eval_sets
+from vime_core.metrics import MetricsSink, wandb_config
+from vime_core.orchestration import call
+from vime_core.plugins import get_plugins
+from vime_core.progress import console, summary_lines
+from vime_core.rollout.manager import RolloutManager
+from vime_core.run_checks import check_vllm_values, checked_model, engine_sampling, resolve_plugins
+from vime_core.run_dir import OutputDirLock, check_output_dir, write_json_atomic
+
+
+def evaluate(cfg: RunConfig, flags: dict[str, Any]) -> dict[str, Any]:
+    """``vime eval``: start the engines and router for ``--model``, evaluate every ``--eval-prompt-data`` set once
+    (the code path of evaluations during ``vime run``: :meth:`RolloutManager.evaluate`), write the metrics as step 0
+    of ``OUTPUT_DIR/metrics.jsonl`` (and TensorBoard) and ``OUTPUT_DIR/summary.json``, stop everything.
+
+    The manager runs in this process (no Ray: there is no trainer to place).
+
+    :param cfg: built by the CLI from :func:`vime_core.arguments.parse_run_args` with ``command="eval"``.
+    :param flags: every resolved flag by name (``args.json``, the W&B run config).
+    :return: the ``eval/*`` metrics plus ``model`` and ``output_dir``.
+    :raises DataError: an unreadable eval set (before any engine starts).
+    """
+    out = Path(cfg.logging.output_dir)
+    check_output_dir(out)
+    resolve_plugins(get_plugins(), cfg, train=False)
+    load_eval_sets(cfg.eval)  # a bad eval set fails before any engine starts
+    model_path = checked_model(cfg.logging.model)
+    console.print(f"[vime] model: {model_path}")
+    check_vllm_values(list(cfg.engine.vllm_args), engine_sampling(cfg))
+    with OutputDirLock(out, "vime eval"):
+        write_json_atomic(out / "args.json", flags)
+        return _evaluate_locked(flags, cfg, out, model_path)
+
+
+def _evaluate_locked(flags: dict[str, Any], cfg: RunConfig, out: Path, model_path: Path) -> dict[str, Any]:
+    """:func:`evaluate` once its checks passed and it holds the output directory."""
+    manager = RolloutManager(cfg, model_path)
+    sink = MetricsSink(out, cfg.logging.use_tensorboard, wandb_config(cfg.logging, flags))
+    try:
+        info = manager.start()
+        console.print(
+            f"[vime] router {info['router_url']} → engines {info['engine_urls']} "
+            f"(ready in {info['startup_seconds']:.1f} s)"
+        )
+        metrics = evaluate_at(manager, sink, 0)
+    finally:
+        sink.close()
+        manager.shutdown()
+    summary = {"model": str(model_path), "output_dir": str(out), **metrics}
+    write_json_atomic(out / "summary.json", summary)
+    for line in summary_lines(summary):
+        console.print(line)
+    return summary
+
+
+def evaluate_at(rollout: Any, sink: MetricsSink, step: int, out_console: Console = console) -> dict[str, float]:
+    """Evaluate at ``step`` finished training steps (a Ray actor handle or a plain :class:`RolloutManager`), log
+    the metrics as their own record with that ``step``, print one line."""
+    metrics = call(rollout, "evaluate", step)
+    sink.log(step, metrics)
+    out_console.print(eval_line(step, metrics))
+    return metrics
