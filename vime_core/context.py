@@ -4,7 +4,7 @@ engines (:class:`Engines`: router client, tokenizer, the served weight version) 
 Generate functions (``generate(ctx, sample, sampling_params)``), rewards (``reward(ctx, sample)``), group rewards
 (``group_reward(ctx, group)``), dynamic-sampling filters (``filter(ctx, group)``) and advantage estimators
 (``estimator(ctx, group)``) get a :class:`PluginContext` as their first argument. Functions written for the
-``(args, ...)`` form of vime 0.x still work for one minor version: :func:`adapt_legacy` wraps them once (a
+``(args, ...)`` form of vime 0.1 still work until vime 0.2: :func:`adapt_legacy` wraps them once (a
 ``DeprecationWarning`` naming the new signature) and hands them :func:`legacy_namespace`, a Namespace built from the
 typed tree. docs/plugins.md.
 """
@@ -246,7 +246,7 @@ def warn_built_from_args(cls: type, what: str, new_form: str) -> None:
     the method to override instead."""
     warnings.warn(
         f"{what} {cls.__name__} is built from an argparse.Namespace (from_args); declare its flag class as FLAGS "
-        f"and override {new_form} instead: from_args stops being called in the next minor version",
+        f"and override {new_form} instead: from_args stops being called in vime 0.2",
         DeprecationWarning,
         stacklevel=3,
     )
@@ -266,8 +266,8 @@ def as_context(value: PluginContext | argparse.Namespace) -> PluginContext:
         return hit[1]
     if isinstance(value, argparse.Namespace):
         warnings.warn(
-            "passing an argparse.Namespace to a vime plugin function is deprecated and will stop working in the "
-            "next minor version; pass the PluginContext (vime_core.context; in tests "
+            "passing an argparse.Namespace to a vime plugin function is deprecated and stops working in vime 0.2; "
+            "pass the PluginContext (vime_core.context; in tests "
             "vime_core.testing.plugin_context.plugin_context(**flags))",
             DeprecationWarning,
             stacklevel=3,
@@ -313,7 +313,7 @@ def adapt_legacy(fn: Callable[..., Any], kind: str, name: str) -> Callable[..., 
         return fn
     warnings.warn(
         f"{kind} {name!r} ({getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', fn)}) takes (args, ...), "
-        f"which is deprecated and will stop working in the next minor version; use {NEW_SIGNATURES[kind]} "
+        f"which is deprecated and stops working in vime 0.2; use {NEW_SIGNATURES[kind]} "
         "(vime_core.context.PluginContext; docs/plugins.md)",
         DeprecationWarning,
         stacklevel=3,
