@@ -112,6 +112,7 @@ class GroupRunner:
 
     @property
     def weight_version(self) -> int:
+        """The weight version the engines serve now (the one holder, :attr:`served`)."""
         return self.served.value
 
     @weight_version.setter
