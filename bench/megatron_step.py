@@ -1,19 +1,31 @@
-"""Megatron backend on one GPU: a ~1B Llama-shaped model trained with vime's RL loss; step time and MFU.
+"""Megatron backend on one GPU: model shapes of each family trained with vime's RL loss; step time and MFU.
 
-Builds a random Llama-shaped HF checkpoint (default: hidden 2048, 16 layers, 16 heads, FFN 5632, vocab 32000,
-untied: 0.95B parameters, bf16), loads it into ``--trainer megatron`` and reports:
+Builds a random HF checkpoint per ``--shapes`` entry (bf16) and loads it into ``--trainer megatron``:
+
+* ``llama-0.95b`` (default): Llama-shaped, hidden 2048, 16 layers, 16 heads, FFN 5632, vocab 32000, untied: 0.95B
+  parameters (``--hidden`` / ``--layers`` / ... change it);
+* ``qwen3-0.6b``: Qwen3-0.6B's shape: 28 layers, hidden 1024, 16 heads / 8 KV heads of head_dim 128, q/k norms,
+  FFN 3072, vocab 151936, tied;
+* ``qwen3-moe-small``: a small Qwen3-MoE (8 layers, hidden 1024, 16 heads / 4 KV heads of 128, 32 experts of FFN 768,
+  top-4, vocab 151936, untied); MFU counts the active parameters. Needs the MoE family on the megatron trainer
+  (until it is there the shape is reported as skipped, with the trainer's error).
+
+For each it reports:
 
 * the measured bf16 matmul peak of this GPU (8192³ products, mean of 10 after 3 warm-ups), TFLOP/s;
 * HF → Megatron → HF round trip of the 1B checkpoint (bit-exact or not);
 * max |log-prob| difference of Megatron (bf16) and Hugging Face (bf16 and fp32) on one 512-token sequence;
 * per ``--attention`` choice: seconds per RL training step (forward + backward + distributed-optimizer step, the
   PPO-clip policy loss on ``--batch`` × ``--seq`` tokens, half prompt / half response), tokens/s, model TFLOP/s by
-  ``6·N·tokens`` and with causal attention (``+ 6·L·s·h`` per token), and MFU = model FLOP/s / measured peak.
+  ``6·N·tokens`` (N: every parameter, a tied embedding once; MoE: the active ones) and with causal attention
+  (``+ 6·L·s·nh·d`` per token), and MFU = model FLOP/s / measured peak;
+* at the end one line per shape and attention: MFU side by side.
 
 On the lent H200 (no package index there), with megatron-core carried as a wheel in ``.whl/``::
 
     python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/megatron_core-*.whl
-    PYTHONPATH=/tmp/site:. python3 bench/megatron_step.py [--steps 5] [--attention sdpa,local]
+    PYTHONPATH=/tmp/site:. python3 bench/megatron_step.py [--steps 5] [--attention sdpa,local] \
+        [--shapes llama-0.95b,qwen3-0.6b,qwen3-moe-small]
 """
 
 from __future__ import annotations
@@ -47,27 +59,93 @@ def matmul_peak_tflops(n: int = 8192, iters: int = 10) -> float:
     return 2 * n**3 * iters / (time.perf_counter() - t0) / 1e12
 
 
-def build_model(out: Path, a: argparse.Namespace) -> Path:
+#: the HF config of each ``--shapes`` preset other than ``llama-0.95b`` (whose sizes are the command line's)
+SHAPES: dict[str, tuple[str, str, dict]] = {
+    "qwen3-0.6b": (
+        "Qwen3Config",
+        "Qwen3ForCausalLM",
+        dict(
+            vocab_size=151936,
+            hidden_size=1024,
+            intermediate_size=3072,
+            num_hidden_layers=28,
+            num_attention_heads=16,
+            num_key_value_heads=8,
+            head_dim=128,
+            tie_word_embeddings=True,
+            rope_theta=1000000.0,
+            max_position_embeddings=40960,
+        ),
+    ),
+    "qwen3-moe-small": (
+        "Qwen3MoeConfig",
+        "Qwen3MoeForCausalLM",
+        dict(
+            vocab_size=151936,
+            hidden_size=1024,
+            intermediate_size=3072,
+            moe_intermediate_size=768,
+            num_experts=32,
+            num_experts_per_tok=4,
+            norm_topk_prob=True,
+            num_hidden_layers=8,
+            num_attention_heads=16,
+            num_key_value_heads=4,
+            head_dim=128,
+            tie_word_embeddings=False,
+            rope_theta=1000000.0,
+            max_position_embeddings=40960,
+        ),
+    ),
+}
+
+
+def build_model(out: Path, a: argparse.Namespace, shape: str = "llama-0.95b") -> Path:
     import transformers
 
-    config = transformers.LlamaConfig(
-        vocab_size=a.vocab,
-        hidden_size=a.hidden,
-        intermediate_size=a.ffn,
-        num_hidden_layers=a.layers,
-        num_attention_heads=a.heads,
-        num_key_value_heads=a.kv_heads,
-        max_position_embeddings=max(4096, a.seq),
-        tie_word_embeddings=False,
-        rope_theta=500000.0,
-        initializer_range=0.02,
-    )
+    if shape == "llama-0.95b":
+        config = transformers.LlamaConfig(
+            vocab_size=a.vocab,
+            hidden_size=a.hidden,
+            intermediate_size=a.ffn,
+            num_hidden_layers=a.layers,
+            num_attention_heads=a.heads,
+            num_key_value_heads=a.kv_heads,
+            max_position_embeddings=max(4096, a.seq),
+            tie_word_embeddings=False,
+            rope_theta=500000.0,
+            initializer_range=0.02,
+        )
+        model_cls = transformers.LlamaForCausalLM
+    else:
+        config_cls, model_name, fields = SHAPES[shape]
+        config = getattr(transformers, config_cls)(**fields, initializer_range=0.02)
+        model_cls = getattr(transformers, model_name)
     torch.manual_seed(0)
     with torch.device("cuda"):
-        model = transformers.LlamaForCausalLM(config).to(torch.bfloat16)
+        model = model_cls(config).to(torch.bfloat16)
     model.save_pretrained(str(out), safe_serialization=True)
     del model
     return out
+
+
+def shape_sizes(model_dir: Path, hf: dict[str, torch.Tensor]) -> dict[str, int]:
+    """``params`` (all stored tensors), ``active_params`` (MoE: expert tensors × top-k / experts), ``layers``,
+    ``attention_width`` (heads × head_dim) and ``vocab`` of a checkpoint."""
+    config = json.loads((model_dir / "config.json").read_text())
+    params = sum(t.numel() for t in hf.values())
+    experts = sum(t.numel() for k, t in hf.items() if ".mlp.experts." in k)
+    active = params - experts
+    if experts:
+        active += experts * config["num_experts_per_tok"] // config["num_experts"]
+    head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    return {
+        "params": params,
+        "active_params": active,
+        "layers": config["num_hidden_layers"],
+        "attention_width": config["num_attention_heads"] * head_dim,
+        "vocab": config["vocab_size"],
+    }
 
 
 def rl_batch(vocab: int, n: int, seq: int, seed: int):
@@ -104,6 +182,123 @@ def trainer_run_config(a: argparse.Namespace, attention: str) -> RunConfig:
     )
 
 
+def bench_shape(a: argparse.Namespace, shape: str, work: Path, peak: float, summary: list[str]) -> dict:
+    """Build ``shape``, check its round trip and log-probs, time ``--steps`` RL steps per ``--attention``; appends
+    one MFU line per attention to ``summary`` and returns the figures."""
+    from safetensors.torch import load_file
+
+    from vime_core.algorithms.logprobs import token_log_probs
+    from vime_core.trainer.megatron_backend import MegatronTrainer
+    from vime_core.trainer.megatron_convert import ConversionError
+
+    res: dict = {}
+    t0 = time.perf_counter()
+    model_dir = build_model(work / shape, a, shape)
+    print(f"[{shape}] built HF checkpoint in {time.perf_counter() - t0:.1f} s", flush=True)
+    hf = {}
+    for f in sorted(model_dir.glob("*.safetensors")):
+        hf.update(load_file(str(f)))
+    sizes = shape_sizes(model_dir, hf)
+    res.update(sizes)
+    n_params, n_active = sizes["params"], sizes["active_params"]
+    vocab = sizes["vocab"]
+
+    for i, attention in enumerate(a.attention.split(",")):
+        t0 = time.perf_counter()
+        try:
+            trainer = MegatronTrainer(trainer_run_config(a, attention), model_dir)
+        except ConversionError as e:  # e.g. the MoE shape before the MoE family exists on the megatron trainer
+            res["skipped"] = str(e)
+            summary.append(f"[{shape}] skipped: the megatron trainer does not build it yet ({e})")
+            print(summary[-1], flush=True)
+            return res
+        print(
+            f"[{shape} {attention}] MegatronTrainer ready in {time.perf_counter() - t0:.1f} s "
+            f"(spec: {'TE' if attention == 'te' else 'local'}, attention {attention})",
+            flush=True,
+        )
+        if i == 0:
+            exported = dict(trainer.named_hf_tensors())
+            exact = sorted(exported) == sorted(hf) and all(
+                torch.equal(exported[k].view(torch.uint8), hf[k].view(torch.uint8)) for k in hf
+            )
+            res["round_trip_bit_exact"] = exact
+            print(
+                f"[{shape}] HF -> Megatron -> HF round trip of {len(hf)} tensors ({n_params / 1e9:.3f} B params): "
+                f"bit-exact = {exact}",
+                flush=True,
+            )
+            del exported
+            from transformers import AutoModelForCausalLM
+
+            ids = torch.randint(0, vocab, (1, 512), generator=torch.Generator().manual_seed(1))
+            meg = token_log_probs(trainer.model(input_ids=ids).logits, ids)
+            with torch.no_grad():
+                ref_model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).cuda().eval()
+                ref = token_log_probs(ref_model(input_ids=ids.cuda()).logits.float().cpu(), ids)
+                ref_model.to(torch.bfloat16)
+                hf16 = token_log_probs(ref_model(input_ids=ids.cuda()).logits.float().cpu(), ids)
+            del ref_model
+            res["logprob_maxdiff_megatron_vs_hf_fp32"] = (meg - ref).abs().max().item()
+            res["logprob_maxdiff_hf_bf16_vs_hf_fp32"] = (hf16 - ref).abs().max().item()
+            res["logprob_maxdiff_megatron_vs_hf_bf16"] = (meg - hf16).abs().max().item()
+            print(
+                f"[{shape}] max |log-prob diff| on 511 tokens: megatron-bf16 vs HF-fp32 "
+                f"{res['logprob_maxdiff_megatron_vs_hf_fp32']:.4f}, HF-bf16 vs HF-fp32 "
+                f"{res['logprob_maxdiff_hf_bf16_vs_hf_fp32']:.4f}, megatron-bf16 vs HF-bf16 "
+                f"{res['logprob_maxdiff_megatron_vs_hf_bf16']:.4f}",
+                flush=True,
+            )
+        times, metrics = [], {}
+        for step in range(a.warmup + a.steps):
+            batch = rl_batch(vocab, a.batch, a.seq, seed=step)
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            metrics = trainer.train_step(batch)
+            torch.cuda.synchronize()
+            dt = time.perf_counter() - t0
+            if step >= a.warmup:
+                times.append(dt)
+            print(
+                f"[{shape} {attention}] step {step}: {dt:.3f} s, pg_loss {metrics.get('train/pg_loss', 0):.4f}, "
+                f"grad_norm {metrics['train/grad_norm']:.3f}",
+                flush=True,
+            )
+        step_s = statistics.median(times)
+        tokens = a.batch * a.seq
+        flops_6nt = 6 * n_active * tokens
+        # causal QK^T + AV, forward + backward
+        flops_attn = flops_6nt + 6 * sizes["layers"] * a.seq * sizes["attention_width"] * tokens
+        r = {
+            "step_s_median": step_s,
+            "step_s_all": times,
+            "tokens_per_s": tokens / step_s,
+            "tflops_6nt": flops_6nt / step_s / 1e12,
+            "tflops_with_attention": flops_attn / step_s / 1e12,
+            "max_memory_gib": torch.cuda.max_memory_allocated() / 2**30,
+        }
+        r["mfu_6nt"] = r["tflops_6nt"] / peak
+        r["mfu_with_attention"] = r["tflops_with_attention"] / peak
+        res[f"train_{attention}"] = r
+        print(
+            f"[{shape} {attention}] {n_params / 1e9:.3f} B params ({n_active / 1e9:.3f} B active), batch "
+            f"{a.batch}x{a.seq} tokens: median step "
+            f"{step_s:.3f} s, {r['tokens_per_s']:.0f} tok/s, {r['tflops_6nt']:.0f} TFLOP/s (6NT) = MFU "
+            f"{r['mfu_6nt']:.1%}; with attention FLOPs {r['tflops_with_attention']:.0f} TFLOP/s = "
+            f"{r['mfu_with_attention']:.1%}; peak memory {r['max_memory_gib']:.1f} GiB",
+            flush=True,
+        )
+        del trainer
+        gc.collect()
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+        summary.append(
+            f"MFU {shape:16s} [{attention}]: {r['mfu_6nt']:.1%} (6NT), {r['mfu_with_attention']:.1%} with attention; "
+            f"{r['step_s_median']:.3f} s/step, {r['tokens_per_s']:.0f} tok/s at {a.batch}x{a.seq}"
+        )
+    return res
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--hidden", type=int, default=2048)
@@ -118,13 +313,11 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--attention", default="sdpa,local")
+    ap.add_argument(
+        "--shapes", default="llama-0.95b", help=f"comma-separated: llama-0.95b, {', '.join(SHAPES)} (module doc)"
+    )
     ap.add_argument("--out", default=os.environ.get("OUT"))
     a = ap.parse_args()
-    from safetensors.torch import load_file
-
-    from vime_core.algorithms.logprobs import token_log_probs
-    from vime_core.trainer.megatron_backend import MegatronTrainer
-
     res: dict = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__}
     try:
         import megatron.core
@@ -140,94 +333,13 @@ def main() -> None:
     )
 
     work = Path(tempfile.mkdtemp(prefix="vime-meg-"))
-    t0 = time.perf_counter()
-    model_dir = build_model(work / "llama-1b", a)
-    print(f"built HF checkpoint in {time.perf_counter() - t0:.1f} s", flush=True)
-    hf = load_file(str(model_dir / "model.safetensors"))
-    n_params = sum(t.numel() for t in hf.values())
-    res["params"] = n_params
-
-    for i, attention in enumerate(a.attention.split(",")):
-        t0 = time.perf_counter()
-        trainer = MegatronTrainer(trainer_run_config(a, attention), model_dir)
-        print(
-            f"[{attention}] MegatronTrainer ready in {time.perf_counter() - t0:.1f} s "
-            f"(spec: {'TE' if attention == 'te' else 'local'}, attention {attention})",
-            flush=True,
-        )
-        if i == 0:
-            exported = dict(trainer.named_hf_tensors())
-            exact = sorted(exported) == sorted(hf) and all(
-                torch.equal(exported[k].view(torch.uint8), hf[k].view(torch.uint8)) for k in hf
-            )
-            res["round_trip_bit_exact"] = exact
-            print(
-                f"HF -> Megatron -> HF round trip of {len(hf)} tensors ({n_params / 1e9:.3f} B params): "
-                f"bit-exact = {exact}",
-                flush=True,
-            )
-            del exported
-            from transformers import AutoModelForCausalLM
-
-            ids = torch.randint(0, a.vocab, (1, 512), generator=torch.Generator().manual_seed(1))
-            meg = token_log_probs(trainer.model(input_ids=ids).logits, ids)
-            with torch.no_grad():
-                ref_model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).cuda().eval()
-                ref = token_log_probs(ref_model(input_ids=ids.cuda()).logits.float().cpu(), ids)
-                ref_model.to(torch.bfloat16)
-                hf16 = token_log_probs(ref_model(input_ids=ids.cuda()).logits.float().cpu(), ids)
-            del ref_model
-            res["logprob_maxdiff_megatron_vs_hf_fp32"] = (meg - ref).abs().max().item()
-            res["logprob_maxdiff_hf_bf16_vs_hf_fp32"] = (hf16 - ref).abs().max().item()
-            res["logprob_maxdiff_megatron_vs_hf_bf16"] = (meg - hf16).abs().max().item()
-            print(
-                "max |log-prob diff| on 511 tokens: megatron-bf16 vs HF-fp32 "
-                f"{res['logprob_maxdiff_megatron_vs_hf_fp32']:.4f}, HF-bf16 vs HF-fp32 "
-                f"{res['logprob_maxdiff_hf_bf16_vs_hf_fp32']:.4f}, megatron-bf16 vs HF-bf16 "
-                f"{res['logprob_maxdiff_megatron_vs_hf_bf16']:.4f}",
-                flush=True,
-            )
-        times, metrics = [], {}
-        for step in range(a.warmup + a.steps):
-            batch = rl_batch(a.vocab, a.batch, a.seq, seed=step)
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            metrics = trainer.train_step(batch)
-            torch.cuda.synchronize()
-            dt = time.perf_counter() - t0
-            if step >= a.warmup:
-                times.append(dt)
-            print(
-                f"[{attention}] step {step}: {dt:.3f} s, pg_loss {metrics.get('train/pg_loss', 0):.4f}, "
-                f"grad_norm {metrics['train/grad_norm']:.3f}",
-                flush=True,
-            )
-        step_s = statistics.median(times)
-        tokens = a.batch * a.seq
-        flops_6nt = 6 * n_params * tokens
-        flops_attn = flops_6nt + 6 * a.layers * a.seq * a.hidden * tokens  # causal QK^T + AV, fwd + bwd
-        r = {
-            "step_s_median": step_s,
-            "step_s_all": times,
-            "tokens_per_s": tokens / step_s,
-            "tflops_6nt": flops_6nt / step_s / 1e12,
-            "tflops_with_attention": flops_attn / step_s / 1e12,
-            "max_memory_gib": torch.cuda.max_memory_allocated() / 2**30,
-        }
-        r["mfu_6nt"] = r["tflops_6nt"] / res["peak_bf16_tflops"]
-        r["mfu_with_attention"] = r["tflops_with_attention"] / res["peak_bf16_tflops"]
-        res[f"train_{attention}"] = r
-        print(
-            f"[{attention}] {n_params / 1e9:.3f} B params, batch {a.batch}x{a.seq} tokens: median step "
-            f"{step_s:.3f} s, {r['tokens_per_s']:.0f} tok/s, {r['tflops_6nt']:.0f} TFLOP/s (6NT) = MFU "
-            f"{r['mfu_6nt']:.1%}; with attention FLOPs {r['tflops_with_attention']:.0f} TFLOP/s = "
-            f"{r['mfu_with_attention']:.1%}; peak memory {r['max_memory_gib']:.1f} GiB",
-            flush=True,
-        )
-        del trainer
+    summary = []
+    for shape in a.shapes.split(","):
+        res[shape] = bench_shape(a, shape, work, res["peak_bf16_tflops"], summary)
         gc.collect()
         torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats()
+    for line in summary:
+        print(line, flush=True)
     print("RESULT " + json.dumps(res))
     if a.out:
         Path(a.out, "megatron_step.json").write_text(json.dumps(res, indent=1))

@@ -191,3 +191,35 @@ def parse_run_args(argv: list[str] | None = None, command: str = "run") -> argpa
         args.debug_rollout_only = True  # no trainer
     check_run_args(args, command)
     return args
+
+
+def early_trainer_and_model(argv: list[str]) -> tuple[str, str] | None:
+    """``(--trainer, --model)`` read from the raw argv (the command line, else ``--config``'s YAML) without building
+    the parser, so before the plugins (and torch) load; ``None`` when either is not given, the YAML cannot be read,
+    or ``--debug-rollout-only`` says there is no trainer."""
+    pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    pre.add_argument("--config", type=Path)
+    pre.add_argument("--model")
+    pre.add_argument("--trainer")
+    pre.add_argument("--debug-rollout-only", action="store_true", default=None)
+    try:
+        known, _ = pre.parse_known_args(argv)
+    except SystemExit:  # e.g. a flag without its value: the full parser says so
+        return None
+    model, trainer, no_trainer = known.model, known.trainer, known.debug_rollout_only
+    if known.config is not None:
+        import yaml
+
+        try:
+            data = yaml.safe_load(known.config.read_text())
+        except (OSError, yaml.YAMLError):
+            return None
+        if isinstance(data, dict):
+            model = model if model is not None else data.get("model")
+            trainer = trainer if trainer is not None else data.get("trainer")
+            if no_trainer is None:
+                no_trainer = data.get("debug_rollout_only", data.get("debug-rollout-only"))
+    if isinstance(model, str) and isinstance(trainer, str) and not no_trainer:
+        return trainer, model
+    return None
+

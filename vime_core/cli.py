@@ -1,5 +1,5 @@
-"""The ``vime`` command: ``run``, ``eval``, ``report``, ``model``, ``data reasoning-gym``, ``plugins``, ``args``,
-``sandbox cleanup``, ``agent prepare``.
+"""The ``vime`` command: ``run``, ``eval``, ``report``, ``model``, ``data reasoning-gym``, ``plugins``, ``models``,
+``args``, ``sandbox cleanup``, ``agent prepare``.
 
 Each command imports what it runs inside its function, so ``vime --help`` and the light commands never import
 torch, Ray or vLLM.
@@ -20,7 +20,9 @@ from vime_core.version import __version__
 
 def _cmd_run(argv: list[str]) -> int:
     from vime_core.arguments import parse_run_args
+    from vime_core.run_checks import check_trainer_model_early
 
+    check_trainer_model_early(argv)  # --model's family against --trainer, before plugins (and torch) load
     args = parse_run_args(argv)  # flag and file errors before torch, Ray and vLLM are imported
     from vime_core.arguments import build_run_config
     from vime_core.loop import run
@@ -180,6 +182,32 @@ def _cmd_plugins(argv: list[str]) -> int:
     return 0
 
 
+def _cmd_models(argv: list[str]) -> int:
+    from vime_core.models.families import TRAINERS, families_table
+
+    p = argparse.ArgumentParser(
+        prog="vime models",
+        description="The model families each --trainer takes and what it offers for them (docs/models.md).",
+        formatter_class=HelpFormatter,
+    )
+    p.add_argument("--json", action="store_true", help="print the table as JSON")
+    a = p.parse_args(argv)
+    rows = families_table()
+    if a.json:
+        print(json.dumps(rows, indent=1))
+        return 0
+    yes = {True: "yes", False: "-"}
+    for trainer, spec in TRAINERS.items():
+        print(f"--trainer {trainer}: {spec.description}")
+        print(f"  {'family':14s} {'model_type':12s} {'TP':4s} {'EP':4s} {'R3':4s} {'LoRA':5s} examples; notes")
+        for r in (r for r in rows if r["trainer"] == trainer):
+            flags = " ".join(f"{yes[r[k]]:4s}" for k in ("tp", "ep", "routing_replay")) + f" {yes[r['lora']]:5s}"
+            notes = f"; {r['notes']}" if r["notes"] else ""
+            print(f"  {r['family']:14s} {','.join(r['model_types']):12s} {flags} {r['examples']}{notes}")
+    print("TP: --tensor-model-parallel-size; EP: --expert-model-parallel-size; R3: --use-rollout-routing-replay")
+    return 0
+
+
 def _cmd_args(argv: list[str]) -> int:
     from vime_core.arguments import build_parser
 
@@ -293,6 +321,7 @@ COMMANDS = {
     "model": _cmd_model,
     "data": _cmd_data,
     "plugins": _cmd_plugins,
+    "models": _cmd_models,
     "args": _cmd_args,
     "sandbox": _cmd_sandbox,
 }
@@ -305,6 +334,7 @@ SUMMARIES = {
     "model": "list or prepare the known models (e.g. smollm2-135m-instruct)",
     "data": "export prompt data (reasoning-gym tasks, HumanEval) as jsonl",
     "plugins": "the installed plugins and what each provides",
+    "models": "the model families each --trainer takes (TP, EP, routing replay, LoRA)",
     "args": "every `vime run` flag, grouped, with default and help",
     "sandbox": "clean up sandboxes a killed run left behind",
 }

@@ -51,6 +51,8 @@ class ResourceFlags:
     train: bool = True  # False with --debug-rollout-only
     rollout: bool = True  # False with --debug-train-only
     external_engines: bool = False  # --rollout-external: the engines run elsewhere, the plan places none
+    trainer_tp: int = 1  # --tensor-model-parallel-size (megatron)
+    trainer_ep: int = 1  # --expert-model-parallel-size (megatron, MoE)
 
     @classmethod
     def from_config(cls, cfg: ClusterConfig) -> ResourceFlags:
@@ -65,6 +67,8 @@ class ResourceFlags:
             train=not cfg.debug_rollout_only,
             rollout=not cfg.debug_train_only,
             external_engines=bool(cfg.rollout_external),
+            trainer_tp=int(cfg.tensor_model_parallel_size or 1),
+            trainer_ep=int(cfg.expert_model_parallel_size or 1),
         )
 
 
@@ -104,6 +108,7 @@ class PlacementPlan:
     trainer: list[Slot]
     engines: list[Slot]
     tp: int
+    trainer_ep: int = 1  # --expert-model-parallel-size: the trainer ranks form EP groups of this many
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form (written to ``OUTPUT_DIR/plan.json``)."""
@@ -113,7 +118,7 @@ class PlacementPlan:
         """One line per bundle / slot, e.g. ``bundle 0: 1 GPU on 10.0.0.1 (node 3f2a…) — trainer rank 0``."""
         lines = [
             f"placement ({self.mode}): {len(self.trainer)} trainer rank(s), {len(self.engines)} engine(s), "
-            f"TP={self.tp}"
+            f"TP={self.tp}" + (f", trainer EP={self.trainer_ep}" if self.trainer_ep > 1 else "")
         ]
         for b in self.bundles:
             ids = f" [GPU ids {','.join(b.gpu_ids)}]" if b.gpu_ids else ""
@@ -136,6 +141,30 @@ def _driver(nodes: list[NodeResources]) -> NodeResources:
 def ordered_nodes(nodes: list[NodeResources]) -> list[NodeResources]:
     """The order bundles are filled in: the driver's node first, then by address and node id."""
     return sorted(nodes, key=lambda n: (not n.is_driver, n.ip, n.node_id))
+
+
+def _check_expert_parallel(flags: ResourceFlags, train_gpus: int) -> None:
+    """The trainer's expert-parallel groups fit its ranks: one GPU per rank, each group of
+    ``--expert-model-parallel-size`` × ``--tensor-model-parallel-size`` ranks (megatron-core's expert-TP × EP group;
+    the experts' TP size is the TP size) inside the world.
+
+    :raises PlacementError: naming the flags.
+    """
+    ep, tp = flags.trainer_ep, flags.trainer_tp
+    if ep < 1:
+        raise PlacementError(f"--expert-model-parallel-size must be >= 1, got {ep}")
+    if ep == 1 or not flags.train:
+        return
+    if not train_gpus:
+        raise PlacementError(
+            f"--expert-model-parallel-size {ep} needs trainer GPUs (one rank per GPU, --trainer megatron): set "
+            "--actor-num-gpus-per-node"
+        )
+    if train_gpus % (ep * tp):
+        raise PlacementError(
+            f"--expert-model-parallel-size {ep} × --tensor-model-parallel-size {tp} must divide the trainer's "
+            f"--actor-num-nodes × --actor-num-gpus-per-node = {train_gpus} GPUs"
+        )
 
 
 def plan_placement(flags: ResourceFlags, nodes: list[NodeResources]) -> PlacementPlan:
@@ -198,7 +227,7 @@ def plan_placement(flags: ResourceFlags, nodes: list[NodeResources]) -> Placemen
     else:
         engines = [Slot(f"engine {e}", driver.node_id, driver.ip, [], 0.0) for e in range(num_engines)]
     mode = "colocated" if flags.colocate else ("disaggregated" if bundles else "cpu")
-    return PlacementPlan(mode, bundles, trainer, engines, tp)
+    return PlacementPlan(mode, bundles, trainer, engines, tp, flags.trainer_ep)
 
 
 def _gpu_counts(flags: ResourceFlags) -> tuple[int, int, int, int]:
@@ -220,6 +249,7 @@ def _gpu_counts(flags: ResourceFlags) -> tuple[int, int, int, int]:
             f"--actor-num-nodes {flags.actor_num_nodes} needs --actor-num-gpus-per-node >= 1 "
             "(a trainer without GPUs runs as one rank)"
         )
+    _check_expert_parallel(flags, train_gpus)
     if flags.colocate and rollout_gpus == 0 and flags.rollout:
         rollout_gpus = train_gpus  # slime: colocated engines use the trainer's GPUs unless told otherwise
     if rollout_gpus % tp:

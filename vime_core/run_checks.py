@@ -73,6 +73,9 @@ def preflight(cfg: RunConfig) -> Preflight:
     )
     t_setup = time.perf_counter()
     model_path = checked_model(log.model)
+    if not log.debug_rollout_only:  # family and features against --trainer
+        check_trainer_model(cfg.trainer.trainer, log.model, model_path)
+    check_moe_flags(cfg, model_path)  # --use-rollout-routing-replay, --expert-model-parallel-size against the model
     console.print(f"[vime] model: {model_path}")
     # no tokenizer, no chat template, an over-long prompt: fails here, before any engine starts
     overlong = 0 if rows is None else check_prompts(data, model_path, rows)
@@ -246,3 +249,100 @@ def check_model_weights(model_path: Path) -> None:
         return
     held = ", ".join(sorted(f.name for f in p.iterdir())[:8]) or "nothing"
     raise ArgumentError(f"--model {p}: no weights there (*.safetensors or *.bin); it holds {held}")
+
+
+def check_trainer_model(trainer: str, model: str, model_path: Path | None = None) -> None:
+    """``--model`` against ``--trainer``: its ``config.json``'s family and features (RoPE type, attention type, MoE
+    layout, ...) by :func:`vime_core.models.families.check_trainer_model` — no torch, no transformers. Without
+    ``model_path`` the model is found without preparing anything: a local HF directory, or a known name already in
+    the cache; a known name not prepared yet is checked by :func:`vime_core.loop.run` once prepared.
+
+    :raises ArgumentError: one line naming the model type, what ``--trainer`` supports and that ``--trainer torch``
+        takes any Hugging Face causal LM.
+    """
+    from vime_core.models.families import TRAINERS, UnsupportedModelError, read_model_config
+    from vime_core.models.families import check_trainer_model as check
+
+    spec = TRAINERS.get(trainer)
+    if spec is None or spec.any_causal_lm:
+        return
+    if model_path is None:
+        from vime_core.models import KNOWN_MODELS, default_cache_dir, is_prepared
+
+        path = Path(model).expanduser()
+        if model in KNOWN_MODELS and not (path / "config.json").is_file():
+            path = default_cache_dir() / model
+            if not is_prepared(path):
+                return
+        if not (path / "config.json").is_file():
+            return  # not a model directory: checked_model says so
+        model_path = path
+    try:
+        check(trainer, read_model_config(model_path), model)
+    except UnsupportedModelError as e:
+        raise ArgumentError(str(e)) from None
+
+
+def check_trainer_model_early(argv: list[str]) -> None:
+    """:func:`check_trainer_model` from the raw ``vime run`` argv, before the parser (which loads every plugin, and
+    with them torch) is built: ``--model`` and ``--trainer`` as :func:`vime_core.arguments.early_trainer_and_model`
+    reads them. Anything it cannot read (no ``--trainer``, a bad YAML) is left to the full parse and
+    :func:`vime_core.loop.run`.
+
+    :raises ArgumentError: as :func:`check_trainer_model`.
+    """
+    from vime_core.arguments import early_trainer_and_model
+
+    found = early_trainer_and_model(argv)
+    if found is not None:
+        check_trainer_model(*found)
+
+
+def check_moe_flags(cfg: RunConfig, model_path: Path) -> None:
+    """``--use-rollout-routing-replay`` and ``--expert-model-parallel-size`` against ``--model``'s ``config.json`` and
+    ``--trainer``, before Ray starts: replay needs routed experts (and a trainer that replays that family:
+    ``vime models``) and a generate function that records routes; EP > 1 needs the megatron trainer and a number of
+    experts it divides; the megatron trainer has no LoRA for MoE models.
+
+    :raises ArgumentError: one line naming the flag, the model type and what it needs.
+    """
+    from vime_core.models.families import features_of, read_model_config
+
+    r3, ep = cfg.algorithm.use_rollout_routing_replay, int(cfg.megatron.expert_model_parallel_size or 1)
+    trainer = cfg.trainer.trainer
+    if r3 and cfg.rollout.generate == "coding_agent":
+        raise ArgumentError(
+            "--use-rollout-routing-replay: --generate coding_agent's agent gateway does not record the engine's "
+            "routes yet (the default and multi_turn generate functions do)"
+        )
+    megatron_lora = trainer == "megatron" and cfg.lora.enabled
+    if not r3 and ep == 1 and not megatron_lora:
+        return
+    config = read_model_config(model_path)
+    model_type = config.get("model_type")
+    experts = next(
+        (int(config[k]) for k in ("num_experts", "n_routed_experts", "num_local_experts") if config.get(k)), 0
+    )
+    if r3 and not experts:
+        raise ArgumentError(
+            f"--use-rollout-routing-replay needs an MoE model; --model {cfg.logging.model} (model_type "
+            f"{model_type!r}) has no routed experts"
+        )
+    features = features_of(trainer, str(model_type))
+    if r3 and features is not None and not features.routing_replay:
+        raise ArgumentError(
+            f"--use-rollout-routing-replay: --trainer {trainer} does not replay the routes of model_type "
+            f"{model_type!r} (`vime models` lists the families it does)"
+        )
+    if megatron_lora and experts:
+        raise ArgumentError(
+            f"--lora-rank {cfg.lora.lora_rank}: the megatron trainer has no LoRA for MoE models (model_type "
+            f"{model_type!r}); --trainer torch trains their LoRA adapters"
+        )
+    if ep > 1 and trainer != "megatron":
+        raise ArgumentError(f"--expert-model-parallel-size {ep} needs --trainer megatron (got --trainer {trainer})")
+    if ep > 1 and (not experts or experts % ep):
+        raise ArgumentError(
+            f"--expert-model-parallel-size {ep} must divide the routed experts of --model {cfg.logging.model} "
+            f"(model_type {model_type!r}: {experts})"
+        )

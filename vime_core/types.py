@@ -9,13 +9,19 @@ The rules about masks and statuses live here and nowhere else:
 * A sample is **trained** iff its status is ``completed`` or ``truncated``, ``remove_sample`` is False and at
   least one response token has ``loss_mask == 1``. ``pending``/``aborted``/``failed`` samples never reach the
   loss (an infrastructure failure is not a zero reward). See :meth:`Sample.is_trainable`.
+* ``routed_experts`` (MoE models with ``--use-rollout-routing-replay``): int16 ``[len(tokens) - 1, layers, top_k]``,
+  the experts the engine routed each token to in each layer, prompt and response alike (the last token is sampled
+  but never forwarded, so it has none); docs/routing_replay.md.
 """
 
 from __future__ import annotations
 
+import base64
 import enum
 from dataclasses import asdict, dataclass, field
 from typing import Any
+
+import numpy as np
 
 
 class Status(str, enum.Enum):
@@ -62,6 +68,8 @@ class Sample:
     teacher_log_probs: list[float] | None = None
     # the --prompt-data row (0-based, in file order) the prompt came from; None for samples not from the data buffer
     prompt_index: int | None = None
+    # rollout routing replay: int16 [len(tokens) - 1, layers, top_k], the engine's experts of every forwarded token
+    routed_experts: np.ndarray | None = None
 
     @property
     def prompt_length(self) -> int:
@@ -119,6 +127,8 @@ class Sample:
             )
         if any(m not in (0, 1) for m in self.loss_mask):
             raise ValueError("loss_mask entries must be 0 or 1")
+        if self.routed_experts is not None:
+            check_routed_experts(self)
 
     def is_trainable(self) -> bool:
         """True iff this sample contributes to the loss (see the module docstring for the rule)."""
@@ -143,9 +153,15 @@ class Sample:
         return float(r)
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-serialisable dict (status as its string value)."""
-        d = asdict(self)
+        """JSON-serialisable dict (status as its string value, ``routed_experts`` as
+        :func:`encode_routed_experts`)."""
+        routes, self.routed_experts = self.routed_experts, None  # asdict would deep-copy the array for nothing
+        try:
+            d = asdict(self)
+        finally:
+            self.routed_experts = routes
         d["status"] = self.status.value
+        d["routed_experts"] = None if routes is None else encode_routed_experts(routes)
         return d
 
     @classmethod
@@ -161,7 +177,73 @@ class Sample:
                 raise ValueError("a sample dict holds both 'episode_id' and its old name 'rollout_id'")
             d["episode_id"] = d.pop("rollout_id")
         d["status"] = Status(d.get("status", "pending"))
+        routes = d.get("routed_experts")
+        if routes is not None and not isinstance(routes, np.ndarray):
+            where = f"sample {d.get('group_index', 0)}/{d.get('index', 0)}"
+            d["routed_experts"] = decode_routed_experts(routes, where)
         return cls(**d)
+
+
+ROUTED_EXPERTS_DTYPE = np.dtype(np.int16)
+
+
+def sample_name(sample: Sample) -> str:
+    """``sample GROUP/INDEX``, how errors name a sample."""
+    return f"sample {sample.group_index}/{sample.index}"
+
+
+def check_routed_experts(sample: Sample, layers: int | None = None, top_k: int | None = None) -> np.ndarray:
+    """The sample's routed experts, checked: an int16 array ``[len(tokens) - 1, layers, top_k]``.
+
+    :param layers: the model's decoder layers (``num_hidden_layers``); ``None``: not checked.
+    :param top_k: experts per token (``num_experts_per_tok``); ``None``: not checked.
+    :raises ValueError: naming the sample: no routed experts, not an int16 array, or a shape other than expected.
+    """
+    routes = sample.routed_experts
+    if routes is None:
+        raise ValueError(
+            f"{sample_name(sample)} has no routed_experts: --use-rollout-routing-replay needs the experts the engine "
+            "routed each token to (docs/routing_replay.md)"
+        )
+    expected = (len(sample.tokens) - 1, layers, top_k)
+    shown = tuple("?" if e is None else e for e in expected)
+    if (
+        not isinstance(routes, np.ndarray)
+        or routes.dtype != ROUTED_EXPERTS_DTYPE
+        or routes.ndim != 3
+        or any(e is not None and e != n for e, n in zip(expected, routes.shape, strict=True))
+    ):
+        got = f"{routes.dtype} {tuple(routes.shape)}" if isinstance(routes, np.ndarray) else type(routes).__name__
+        raise ValueError(
+            f"{sample_name(sample)}: routed_experts is {got}, expected int16 {shown} "
+            f"([len(tokens) - 1, layers, top_k] for {len(sample.tokens)} tokens)"
+        )
+    return routes
+
+
+def encode_routed_experts(routes: np.ndarray) -> dict[str, Any]:
+    """A JSON-safe form of a routed-experts array: ``{"dtype": "int16", "shape": [...], "data": base64 of the
+    little-endian bytes}`` (what :meth:`Sample.to_dict` writes into checkpoints and rollout dumps)."""
+    arr = np.ascontiguousarray(routes, dtype=np.dtype("<i2"))
+    return {"dtype": "int16", "shape": list(arr.shape), "data": base64.b64encode(arr.tobytes()).decode("ascii")}
+
+
+def decode_routed_experts(value: dict[str, Any], where: str) -> np.ndarray:
+    """Inverse of :func:`encode_routed_experts` (an int16 array in native byte order).
+
+    :param where: what the value belongs to, for the error (e.g. ``sample 3/1``).
+    :raises ValueError: naming ``where`` on anything but an encoded int16 array whose data fills its shape.
+    """
+    try:
+        if value["dtype"] != "int16":
+            raise ValueError(f"dtype {value['dtype']!r}")
+        shape = tuple(int(n) for n in value["shape"])
+        data = np.frombuffer(base64.b64decode(value["data"], validate=True), dtype=np.dtype("<i2"))
+        return data.reshape(shape).astype(ROUTED_EXPERTS_DTYPE)
+    except (KeyError, TypeError, ValueError) as e:
+        raise ValueError(
+            f"{where}: routed_experts is not an encoded int16 array {{'dtype', 'shape', 'data'}} ({e}): {value!r:.200}"
+        ) from None
 
 
 @dataclass

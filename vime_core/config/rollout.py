@@ -260,6 +260,7 @@ class EngineConfig(Section):
     weight_sync_timeout: float = ref()
     distill_teacher: str | None = ref()
     distill_num_engines: int = ref()
+    use_rollout_routing_replay: bool = ref()  # engines started with --enable-return-routed-experts
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

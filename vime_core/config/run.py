@@ -102,6 +102,8 @@ class ClusterConfig(Section):
     trainer: str = ref()
     weight_sync: str = ref()
     train_cpus: str | None = ref()
+    tensor_model_parallel_size: int = ref()  # the trainer's model-parallel groups must fit its GPUs
+    expert_model_parallel_size: int = ref()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -89,6 +89,13 @@ class AlgorithmConfig(Section):
     )
     kl_coef: float = flag(type=float, default=0.0, help="KL as reward shaping (reinforce_plus_plus*)")
     ref_load: str | None = flag(default=None, help="reference model: HF dir or known name (default: --model)")
+    use_rollout_routing_replay: bool = flag(
+        action="store_true",
+        help="rollout routing replay (R3, upstream vime's flag), MoE models: the engines return the experts each "
+        "token was routed to (vLLM's --enable-return-routed-experts), every sample carries them, and every trainer "
+        "forward pass routes each token to the engine's experts with the gate weights from the trainer's own scores "
+        "(docs/routing_replay.md). Default: off",
+    )
     use_tis: bool = flag(action="store_true", help="truncated IS: loss × clamp(exp(old - rollout))")
     use_mis: bool = flag(action="store_true", help="masked IS (IcePop): drop tokens whose ratio is out of band")
     tis_clip_low: float = flag(type=float, default=0.0, help="IS band lower bound (TIS and MIS)")
@@ -201,6 +208,18 @@ class MegatronConfig(Section):
         action=argparse.BooleanOptionalAction,
         default=True,
         help="shard the optimizer state over data-parallel ranks (Megatron's distributed optimizer)",
+    )
+    expert_model_parallel_size: int = flag(
+        type=int,
+        default=1,
+        help="Megatron expert parallel size (MoE models): the routed experts are split over this many ranks, tokens "
+        "exchanged by all-to-all; must divide the experts and, times --tensor-model-parallel-size, the trainer's GPUs",
+    )
+    moe_aux_loss_coeff: float = flag(
+        type=float,
+        default=0.0,
+        help="MoE models on the megatron trainer: weight of megatron-core's load-balancing (aux) loss, added to every "
+        "micro-batch's loss (Megatron's flag). Default: 0.0 (none)",
     )
     megatron_attention: str | None = flag(
         choices=["te", "sdpa", "local"],

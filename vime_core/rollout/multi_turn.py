@@ -250,6 +250,7 @@ async def _episode(
         ids = list(out.token_ids)
         text = renderer.visible_text(ids)
         sample.append_response_tokens(ids, trainable=True, log_probs=out.log_probs, weight_version=versions, text=text)
+        sample.routed_experts = out.routed_experts  # R3: this request covered the whole sequence so far
         if out.finish_reason != "stop":
             status, stop_reason = FINISH_TO_STATUS[out.finish_reason], out.finish_reason
             break

@@ -31,18 +31,31 @@ from vime_core.trainer.megatron_convert import (
     unpad_vocab,
 )
 from vime_core.trainer.megatron_critic import MegatronCritic
+from vime_core.trainer.megatron_experts import (
+    check_expert_parallel,
+    check_routing_replay,
+    expert_bias_buffers,
+    float16_module,
+    gather_experts,
+)
 from vime_core.trainer.megatron_lora import MegatronAdapterReference, MegatronLora
 from vime_core.trainer.megatron_model import (
     SDPACoreAttention,
+    gpt_model_fields,
     have_transformer_engine,
     init_distributed,
+    install_rope,
     layer_spec,
     tp_full,
+    transformer_config_fields,
 )
+from vime_core.trainer.megatron_moe import ep_shard, expert_of
+from vime_core.trainer.megatron_moe_model import moe_config_fields, set_replay_routes, transformer_config_class
 from vime_core.trainer.megatron_optim import inner_optimizers, load_optimizer, megatron_step, save_optimizer
 from vime_core.trainer.megatron_reference import MegatronReferenceModel, vocab_parallel_entropy
 from vime_core.trainer.rl_step import rl_train_step
 from vime_core.trainer.rng_state import load_trainer_state, save_trainer_state
+from vime_core.trainer.routing_replay import megatron_routes
 from vime_core.types import RolloutBatch, Sample
 from vime_core.weight_sync.tensor_io import safetensors_files
 
@@ -87,8 +100,6 @@ class MegatronTrainer(TrainerBackend):
         from megatron.core import parallel_state as mpu
         from megatron.core import tensor_parallel
         from megatron.core.models.gpt import GPTModel
-        from megatron.core.transformer import TransformerConfig
-        from megatron.core.transformer.module import Float16Module
         from transformers import AutoConfig
 
         mcfg = self.megatron_config = config.megatron
@@ -107,35 +118,35 @@ class MegatronTrainer(TrainerBackend):
                 "--sequence-parallel needs Transformer Engine: megatron-core's torch norms (local spec) "
                 "do not support sequence parallelism"
             )
+        self.hf_config = AutoConfig.from_pretrained(str(model_path))
+        self.arch = ArchConfig.from_hf(self.hf_config)
+        self.ep = check_expert_parallel(self.arch, int(mcfg.expert_model_parallel_size or 1), self.tp, self.world)
+        self.routing_replay = bool(self.algorithm_config.use_rollout_routing_replay)
+        check_routing_replay(self.arch, self.routing_replay)
         if not mpu.model_parallel_is_initialized():
-            mpu.initialize_model_parallel(tensor_model_parallel_size=self.tp)
+            mpu.initialize_model_parallel(tensor_model_parallel_size=self.tp, expert_model_parallel_size=self.ep)
         self.tp_rank = mpu.get_tensor_model_parallel_rank()
         self.tp_group = mpu.get_tensor_model_parallel_group()
+        self.ep_rank = mpu.get_expert_model_parallel_rank() if self.ep > 1 else 0
+        self.ep_group = mpu.get_expert_model_parallel_group() if self.ep > 1 else None
+        moe = self.arch.moe is not None  # experts split over the expert-TP group (its size is the TP size)
+        self.etp_rank = mpu.get_expert_tensor_parallel_rank() if moe else self.tp_rank
+        self.etp_group = mpu.get_expert_tensor_parallel_group() if moe else self.tp_group
         self.dp_rank = mpu.get_data_parallel_rank()
         self.dp_size = mpu.get_data_parallel_world_size()
         self.dp_group = mpu.get_data_parallel_group()
         tensor_parallel.model_parallel_cuda_manual_seed(int(self.trainer_config.seed))
         torch.manual_seed(int(self.trainer_config.seed))
 
-        self.hf_config = AutoConfig.from_pretrained(str(model_path))
-        self.arch = ArchConfig.from_hf(self.hf_config)
         self.te = have_transformer_engine()
         self.attention = mcfg.megatron_attention or ("te" if self.te else "sdpa")
         self.padded_vocab = math.ceil(self.arch.vocab_size / self.tp) * self.tp
-        a = self.arch
-        self.config = TransformerConfig(
-            num_layers=a.num_layers,
-            hidden_size=a.hidden_size,
-            num_attention_heads=a.num_attention_heads,
-            num_query_groups=a.num_query_groups,
-            kv_channels=a.head_dim,
-            ffn_hidden_size=a.ffn_hidden_size,
-            normalization="RMSNorm",
-            layernorm_epsilon=a.rms_norm_eps,
-            gated_linear_unit=True,
-            activation_func=torch.nn.functional.silu,
-            add_bias_linear=False,
-            add_qkv_bias=a.qkv_bias,
+        moe_fields = moe_config_fields(
+            self.arch, aux_loss_coeff=float(mcfg.moe_aux_loss_coeff or 0.0), routing_replay=self.routing_replay
+        )
+        self.config = transformer_config_class(self.arch)(
+            **{**transformer_config_fields(self.arch), **moe_fields},
+            expert_model_parallel_size=self.ep,
             hidden_dropout=0.0,
             attention_dropout=0.0,
             bf16=True,
@@ -158,7 +169,7 @@ class MegatronTrainer(TrainerBackend):
         self.load_hf_weights(model_path)
         lora_cfg = config.lora
         self.lora = MegatronLora(self, lora_cfg) if lora_cfg.enabled else None  # before Float16Module and DDP
-        self.module = Float16Module(self.config, gpt)
+        self.module = float16_module(self.config, gpt)  # correction biases kept in fp32
         self.ddp, self.optimizer = self.wrap_for_training(self.module, policy_lr_schedule(self.trainer_config).max_lr)
         self.steps_done = 0
         self.model = _HFStyleForward(self)  # the contract kit's view: model(input_ids=...).logits
@@ -179,17 +190,15 @@ class MegatronTrainer(TrainerBackend):
         a = self.arch
         gpt = self._GPTModel(
             config=self.config,
-            transformer_layer_spec=layer_spec(self.attention, self.te),
+            transformer_layer_spec=layer_spec(self.attention, self.te, a, self.config),
             vocab_size=self.padded_vocab,
-            max_sequence_length=a.max_position_embeddings,
             pre_process=True,
             post_process=True,
             parallel_output=True,
             share_embeddings_and_output_weights=a.tie_word_embeddings if tied is None else tied,
-            position_embedding_type="rope",
-            rotary_base=int(a.rope_theta),
-            rotary_percent=1.0,
+            **gpt_model_fields(a),
         )
+        install_rope(gpt, a)  # RoPE scaling (Llama 3.1+): transformers' inverse frequencies
         return gpt.cuda(torch.cuda.current_device())
 
     def wrap_for_training(self, module: Any, lr: float) -> tuple[Any, Any]:
@@ -248,15 +257,20 @@ class MegatronTrainer(TrainerBackend):
         :raises KeyError: if the mapping produces a name the model does not have (or misses one it has).
         """
         gpt = self.gpt if gpt is None else gpt
-        mc = pad_vocab(hf_to_megatron(hf, arch or self.arch, te=self.attention == "te"), self.padded_vocab)
+        arch = arch or self.arch
+        mc = pad_vocab(hf_to_megatron(hf, arch, te=self.attention == "te"), self.padded_vocab)
+        if self.ep > 1:  # this EP rank's experts, under their local indices
+            mc = ep_shard(mc, self.ep_rank, self.ep, arch.moe.num_experts)
         params = {n: p for n, p in gpt.named_parameters() if n not in skip}
+        params.update(expert_bias_buffers(gpt))  # MoE correction biases are buffers, loaded like parameters
         missing, unexpected = sorted(set(params) - set(mc)), sorted(set(mc) - set(params))
         if missing or unexpected:
             raise KeyError(
                 f"HF→Megatron mapping does not fit the model: missing {missing[:6]}, unexpected {unexpected[:6]}"
             )
         for name, p in params.items():
-            part = shard(name, mc[name], self.tp_rank, self.tp)
+            expert = expert_of(name) is not None
+            part = shard(name, mc[name], self.etp_rank if expert else self.tp_rank, self.tp)
             if part.shape != p.shape:
                 raise KeyError(f"{name}: mapped shard {tuple(part.shape)} vs parameter {tuple(p.shape)}")
             p.copy_(part.to(device=p.device, dtype=p.dtype))
@@ -271,9 +285,14 @@ class MegatronTrainer(TrainerBackend):
         """Full (TP-gathered, unpadded) Megatron tensors on this rank's GPU (of ``gpt``, default the policy; names in
         ``skip`` left out). Collective under TP."""
         out = {}
-        for name, p in (self.gpt if gpt is None else gpt).named_parameters():
+        gpt = self.gpt if gpt is None else gpt
+        named = [*gpt.named_parameters(), *expert_bias_buffers(gpt).items()]
+        for name, p in named:
             if name not in skip:
-                out[name] = tp_full(p, name, self.tp, self.tp_group)
+                group = self.etp_group if expert_of(name) is not None else self.tp_group
+                out[name] = tp_full(p, name, self.tp, group)
+        if self.ep > 1:  # every EP rank's experts, under their global indices
+            out = gather_experts(out, self.ep, self.ep_group)
         return unpad_vocab(out, self.arch.vocab_size)
 
     def named_hf_tensors(self, device: str | None = "cpu") -> Iterator[tuple[str, torch.Tensor]]:
@@ -300,7 +319,25 @@ class MegatronTrainer(TrainerBackend):
             ids[i, : len(s.tokens)] = torch.tensor(s.tokens, dtype=torch.long)
         ids = ids.cuda(non_blocking=True)
         pos = torch.arange(max_len, device=ids.device).unsqueeze(0).expand_as(ids)
+        if self.routing_replay:  # the batch's recorded experts, in every model that will run it
+            self.replay(samples, max_len)
         return ids, pos
+
+    def replay(self, samples: list[Sample], seq_len: int) -> None:
+        """``--use-rollout-routing-replay``: every router of the policy and of the KL reference model routes the
+        tokens of ``samples`` (a right-padded ``[batch, seq_len]`` batch) to their recorded experts
+        (:func:`~vime_core.trainer.routing_replay.megatron_routes`, megatron-core's ``RouterReplay``).
+
+        :raises ValueError: naming a sample whose ``routed_experts`` are missing or do not fit the model.
+        """
+        moe = self.arch.moe
+        sp = self.config.sequence_parallel
+        routes = megatron_routes(
+            samples, seq_len, self.arch.num_layers, moe.top_k, moe.num_experts, self.tp_rank, self.tp if sp else 1
+        )
+        for module in (self.gpt, getattr(self.ref_model, "module", None)):
+            if module is not None:
+                set_replay_routes(module, routes)
 
     def _vocab_parallel_logits(self, ids: torch.Tensor, pos: torch.Tensor, module: Any = None) -> torch.Tensor:
         """``[b, s, padded_vocab / tp]`` float32 logits of ``module`` (default: the policy) with padded vocabulary

@@ -20,6 +20,7 @@ from safetensors.torch import load_file, save_file
 from vime_core.trainer.critic import VALUE_HEAD_FILE, CriticBase, resolve_critic_path
 from vime_core.trainer.lr_schedule import critic_lr_schedule
 from vime_core.trainer.megatron_convert import megatron_to_hf
+from vime_core.trainer.megatron_experts import float16_module
 from vime_core.trainer.megatron_optim import inner_optimizers, load_optimizer, megatron_step, save_optimizer
 from vime_core.trainer.megatron_view import MegatronPolicy
 from vime_core.types import Sample
@@ -70,7 +71,6 @@ class MegatronCritic(CriticBase):
     """
 
     def __init__(self, trainer: MegatronPolicy) -> None:
-        from megatron.core.transformer.module import Float16Module
 
         self.trainer = trainer
         self.trainer_config = trainer.trainer_config
@@ -81,7 +81,7 @@ class MegatronCritic(CriticBase):
         gpt.output_layer = ValueHead(trainer.arch.hidden_size, trainer.config.sequence_parallel).cuda()
         self.gpt = gpt
         self._load_weights(path, fresh_head=True)
-        self.module = Float16Module(trainer.config, gpt)
+        self.module = float16_module(trainer.config, gpt)
         schedule = critic_lr_schedule(self.trainer_config)
         self.lr = schedule.lr_at(0)
         self.ddp, self.optimizer = trainer.wrap_for_training(self.module, schedule.max_lr)

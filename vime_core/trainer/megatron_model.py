@@ -5,13 +5,16 @@ a one-process group) and the transformer-layer spec (Transformer Engine's, or Me
 
 from __future__ import annotations
 
+import math
 import os
 from typing import Any
 
 import torch
 
+from vime_core.models.families import ArchConfig
 from vime_core.net import find_free_port
 from vime_core.trainer.megatron_convert import unshard
+from vime_core.trainer.megatron_moe_model import moe_block_spec
 
 
 def have_transformer_engine() -> bool:
@@ -114,27 +117,114 @@ class SDPACoreAttention(torch.nn.Module):
             is_causal=self.causal and mask is None,
             scale=self.scale,
         )
-        return out.permute(2, 0, 1, 3).reshape(sq, b, heads * hn)
+        return out.permute(2, 0, 1, 3).reshape(sq, b, -1)  # heads × the value's width (MLA: v_head_dim)
 
 
-def layer_spec(attention: str, te: bool) -> Any:
-    """The transformer-layer ``ModuleSpec``: TE's (``attention == "te"``), or the local spec with SDPA (``"sdpa"``)
-    or Megatron's own unfused attention (``"local"``).
+def layer_spec(attention: str, te: bool, arch: ArchConfig | None = None, config: Any = None) -> Any:
+    """The transformer-layer ``ModuleSpec`` of ``arch``: TE's (``attention == "te"``), or the local spec with SDPA
+    (``"sdpa"``) or Megatron's own unfused attention (``"local"``); with ``arch.qk_layernorm`` its attention has
+    ``q_layernorm`` / ``k_layernorm`` (RMSNorm over each head, Qwen3). An MoE or MLA ``arch`` gets a decoder block
+    spec of one layer spec per layer built from ``config`` (its ``TransformerConfig``:
+    :func:`vime_core.trainer.megatron_moe_model.moe_block_spec`).
 
-    :raises ValueError: on an unknown ``attention`` or ``"te"`` without Transformer Engine.
+    :raises ValueError: on an unknown ``attention``, ``"te"`` without Transformer Engine, an MoE/MLA ``arch``
+        without ``config``, or MLA with ``"local"``.
     """
     from megatron.core.models.gpt import gpt_layer_specs as specs
 
-    if attention == "te":
-        if not te:
-            raise ValueError("--megatron-attention te needs transformer_engine, which does not import here")
-        return specs.get_gpt_layer_with_transformer_engine_spec()
-    if attention not in ("sdpa", "local"):
+    qk = bool(arch is not None and arch.qk_layernorm)
+    if attention == "te" and not te:
+        raise ValueError("--megatron-attention te needs transformer_engine, which does not import here")
+    if attention not in ("te", "sdpa", "local"):
         raise ValueError(f"--megatron-attention must be te, sdpa or local, got {attention!r}")
-    spec = specs.get_gpt_layer_local_spec(normalization="RMSNorm")
+    if arch is not None and (arch.moe is not None or arch.attention == "mla"):
+        if config is None:
+            raise ValueError(f"model_type {arch.model_type!r}: its layer spec needs the TransformerConfig")
+        if arch.attention == "mla" and attention == "local":
+            raise ValueError(
+                "--megatron-attention local cannot build multi-latent attention (megatron-core's DotProductAttention "
+                "has no key width of its own); use sdpa or te"
+            )
+        return moe_block_spec(config, attention == "te", SDPACoreAttention if attention == "sdpa" else None)
+    if attention == "te":
+        return specs.get_gpt_layer_with_transformer_engine_spec(qk_layernorm=qk)
+    spec = specs.get_gpt_layer_local_spec(normalization="RMSNorm", qk_layernorm=qk)
     if attention == "sdpa":
         spec.submodules.self_attention.submodules.core_attention = SDPACoreAttention
     return spec
+
+
+def transformer_config_fields(arch: ArchConfig) -> dict[str, Any]:
+    """The ``TransformerConfig`` fields that come from the model's architecture (the trainer adds parallelism,
+    precision and recomputation): sizes, ``kv_channels = head_dim`` (independent of hidden / heads), RMSNorm and its
+    epsilon, gated SiLU MLP, biases, ``qk_layernorm``. The MoE/MLA families' own fields (experts, router, MLA sizes)
+    come from :func:`vime_core.trainer.megatron_moe_model.moe_config_fields`, their config class from
+    :func:`~vime_core.trainer.megatron_moe_model.transformer_config_class`."""
+    return dict(
+        num_layers=arch.num_layers,
+        hidden_size=arch.hidden_size,
+        num_attention_heads=arch.num_attention_heads,
+        num_query_groups=arch.num_query_groups,
+        kv_channels=arch.head_dim,
+        ffn_hidden_size=arch.ffn_hidden_size,
+        normalization="RMSNorm",
+        layernorm_epsilon=arch.rms_norm_eps,
+        gated_linear_unit=True,
+        activation_func=torch.nn.functional.silu,
+        add_bias_linear=False,
+        add_qkv_bias=arch.qkv_bias,
+        qk_layernorm=arch.qk_layernorm,
+    )
+
+
+def gpt_model_fields(arch: ArchConfig) -> dict[str, Any]:
+    """The ``GPTModel`` arguments that come from the architecture: context length and RoPE (the trainer adds the
+    config, layer spec, padded vocabulary and tying)."""
+    return dict(
+        max_sequence_length=arch.max_position_embeddings,
+        position_embedding_type="rope",
+        rotary_base=int(arch.rope_theta),
+        rotary_percent=1.0,
+    )
+
+
+def rope_inv_freq(arch: ArchConfig) -> torch.Tensor:
+    """``[head_dim / 2]`` float32 RoPE inverse frequencies of ``arch``, computed as transformers does
+    (``modeling_rope_utils``: default, ``linear`` = default / factor, ``llama3`` = Llama 3.1's frequency-dependent
+    scaling: wavelengths above ``original_max_position_embeddings / low_freq_factor`` divided by ``factor``, below
+    ``... / high_freq_factor`` kept, smoothly interpolated between), operation for operation, on the CPU."""
+    d = arch.head_dim
+    inv_freq = 1.0 / (arch.rope_theta ** (torch.arange(0, d, 2, dtype=torch.int64).to(dtype=torch.float) / d))
+    r = arch.rope_scaling
+    if r is None:
+        return inv_freq
+    if r.rope_type == "linear":
+        return inv_freq / r.factor
+    if r.rope_type != "llama3":
+        raise ValueError(f"RoPE type {r.rope_type!r} has no inverse frequencies here")
+    old_context_len = r.original_max_position_embeddings
+    low_freq_wavelen = old_context_len / r.low_freq_factor
+    high_freq_wavelen = old_context_len / r.high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    inv_freq_llama = torch.where(wavelen > low_freq_wavelen, inv_freq / r.factor, inv_freq)
+    smooth_factor = (old_context_len / wavelen - r.low_freq_factor) / (r.high_freq_factor - r.low_freq_factor)
+    smoothed_inv_freq = (1 - smooth_factor) * inv_freq_llama / r.factor + smooth_factor * inv_freq_llama
+    is_medium_freq = ~(wavelen < high_freq_wavelen) * ~(wavelen > low_freq_wavelen)
+    return torch.where(is_medium_freq, smoothed_inv_freq, inv_freq_llama)
+
+
+def install_rope(gpt: Any, arch: ArchConfig) -> None:
+    """Give a new ``GPTModel``'s rotary embedding the inverse frequencies of :func:`rope_inv_freq` where
+    megatron-core cannot compute them from the HF config itself: RoPE scaling (its ``rope_scaling`` knows only
+    llama3's factor, with low/high frequency factors and original context fixed at 1 / 4 / 8192, and its
+    ``seq_len_interpolation_factor`` scales positions rather than frequencies, which rounds differently from
+    transformers' ``linear``) or a fractional ``rope_theta`` (``GPTModel`` takes an int). Plain RoPE with an
+    integral base is left to megatron-core. Call before the first forward (megatron-core caches the embedding by
+    sequence length)."""
+    if arch.rope_scaling is None and arch.rope_theta == int(arch.rope_theta):
+        return
+    rotary = gpt.rotary_pos_emb
+    rotary.inv_freq = rope_inv_freq(arch).to(rotary.inv_freq.device)
 
 
 def tp_full(p: torch.Tensor, layout_name: str, tp: int, group: Any) -> torch.Tensor:

@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from vime_core.models import resolve_model
+from vime_core.trainer.megatron_experts import float16_module
 from vime_core.trainer.megatron_view import MegatronPolicy
 from vime_core.types import Sample
 
@@ -51,7 +52,6 @@ class MegatronReferenceModel:
     """
 
     def __init__(self, trainer: MegatronPolicy) -> None:
-        from megatron.core.transformer.module import Float16Module
 
         self.trainer = trainer
         ref = trainer.algorithm_config.ref_load
@@ -62,7 +62,7 @@ class MegatronReferenceModel:
         gpt = trainer.new_gpt()
         trainer.load_hf_tensors(trainer.read_hf(path), gpt=gpt)
         gpt.requires_grad_(False)
-        self.module = Float16Module(trainer.config, gpt)
+        self.module = float16_module(trainer.config, gpt)
         self.module.eval()
 
     @torch.no_grad()

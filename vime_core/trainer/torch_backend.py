@@ -29,6 +29,7 @@ from vime_core.trainer.packing import enable_packed_attention, packed_batch, pac
 from vime_core.trainer.padding import left_padded_batch, response_slices
 from vime_core.trainer.rl_step import rl_train_step
 from vime_core.trainer.rng_state import load_trainer_state, save_trainer_state
+from vime_core.trainer.routing_replay import RoutingReplay, packed_routes, padded_routes
 from vime_core.types import RolloutBatch, Sample
 
 logger = logging.getLogger("vime.trainer")
@@ -43,6 +44,7 @@ def response_log_probs(
     with_entropy: bool = False,
     entropy_grad: bool = True,
     packing: bool = True,
+    routing_replay: bool = False,
 ) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
     """One batched forward pass of ``samples``; the log-probs (and entropies) of each sample's response tokens.
 
@@ -62,12 +64,18 @@ def response_log_probs(
     :param entropy_grad: the entropies keep their graph (only an entropy term in the loss needs it); False computes
         them under ``no_grad`` (same values; no ``[tokens, vocab]`` tensors kept for the backward pass).
     :param packing: packed rows (default) or the left-padded batch.
+    :param routing_replay: ``--use-rollout-routing-replay``: every MoE router routes each token to the experts of the
+        sample's ``routed_experts`` (:mod:`vime_core.trainer.routing_replay`).
     :return: ``(log_probs, entropies)``: one ``[response_length]`` float32 tensor per sample each (graph attached
         when grad is enabled; on ``device``); ``entropies`` is None unless ``with_entropy``.
-    :raises ValueError: with ``packing``, if the model scales or soft-caps its logits.
+    :raises ValueError: with ``packing``, if the model scales or soft-caps its logits; with ``routing_replay``, naming
+        the sample whose ``routed_experts`` are missing or do not fit the model.
     """
     if not packing:
         batch = left_padded_batch(samples, device)
+        if routing_replay:
+            replay = RoutingReplay.of(model)
+            replay.set_routes(padded_routes(samples, batch.seq_len, replay))
         keep = batch.keep
         logits = model(
             input_ids=batch.input_ids,
@@ -82,6 +90,9 @@ def response_log_probs(
         return response_slices(lp, samples), None if ent is None else response_slices(ent.view_as(lp), samples)
     check_plain_lm_head(model)
     packed = packed_batch(samples, device)
+    if routing_replay:
+        replay = RoutingReplay.of(model)
+        replay.set_routes(packed_routes(samples, replay))
     enable_packed_attention(model)  # packed_hidden_states raises if the model could not switch
     hidden = packed_hidden_states(model.base_model, packed)  # [total, hidden]
     logits = model.get_output_embeddings()(hidden.index_select(0, packed.predict_index))  # [M, vocab]
@@ -125,7 +136,14 @@ class ReferenceModel:
     initial policy), on the trainer's device and dtype. Loaded only when KL is enabled.
     """
 
-    def __init__(self, ref_load: str | None, model_path: Path, device: torch.device, dtype: torch.dtype) -> None:
+    def __init__(
+        self,
+        ref_load: str | None,
+        model_path: Path,
+        device: torch.device,
+        dtype: torch.dtype,
+        routing_replay: bool = False,
+    ) -> None:
         from transformers import AutoModelForCausalLM
 
         path = Path(ref_load or model_path)
@@ -137,6 +155,7 @@ class ReferenceModel:
         self.model.eval()
         self.model.requires_grad_(False)
         self.packing = packable(self.model)  # packed rows (see response_log_probs), else left-padded batches
+        self.routing_replay = routing_replay  # --use-rollout-routing-replay: the engine's experts, as the policy's
 
     @torch.no_grad()
     def log_probs(self, samples: list[Sample], micro_batch_size: int) -> dict[int, torch.Tensor]:
@@ -144,10 +163,23 @@ class ReferenceModel:
         out: dict[int, torch.Tensor] = {}
         for i in range(0, len(samples), micro_batch_size):
             mb = samples[i : i + micro_batch_size]
-            lps = response_log_probs(self.model, mb, self.device, packing=self.packing)[0]
+            lps = response_log_probs(
+                self.model, mb, self.device, packing=self.packing, routing_replay=self.routing_replay
+            )[0]
             for s, lp in zip(mb, lps, strict=True):
                 out[id(s)] = lp.float().cpu()
         return out
+
+
+def checkpoint_layout(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``state`` (the model's ``state_dict``) under the names and shapes its checkpoint has: transformers 5 fuses some
+    weights in memory (an MoE layer's experts into ``gate_up_proj`` / ``down_proj``) and ``save_pretrained`` splits
+    them back with ``revert_weight_conversion``; the same here. Unchanged for models without such conversions."""
+    try:
+        from transformers.core_model_loading import revert_weight_conversion
+    except ImportError:  # transformers 4: the in-memory layout is the checkpoint's
+        return dict(state)
+    return revert_weight_conversion(model, dict(state))
 
 
 class TorchTrainer(TrainerBackend):
@@ -189,6 +221,10 @@ class TorchTrainer(TrainerBackend):
         self.lora = LoraModel(self.model, lora_cfg) if lora_cfg.enabled else None
         if self.lora is not None:
             self.model = self.lora.model  # the HF model, its layers now with the adapter
+        # R3: every forward pass of the policy and the reference model replays the engine's routes
+        self.routing_replay = bool(algo.use_rollout_routing_replay)
+        if self.routing_replay:
+            RoutingReplay.of(self.model)  # a model without replayable routers fails here, before any step
         self.packing = packable(self.model)
         if not self.packing:
             logger.warning(
@@ -204,7 +240,9 @@ class TorchTrainer(TrainerBackend):
         if kl_enabled(algo) and self.lora is not None and algo.ref_load is None:
             self.ref_model = AdapterDisabledReference(self.lora, self._reference_forward, self.packing)
         elif kl_enabled(algo):
-            self.ref_model = ReferenceModel(algo.ref_load, self.model_path, self.device, dtype)
+            self.ref_model = ReferenceModel(
+                algo.ref_load, self.model_path, self.device, dtype, routing_replay=self.routing_replay
+            )
         self.critic = None
         if uses_critic(algo):
             self.critic = Critic(cfg, algo, self.model_path, self.device, dtype)
@@ -218,7 +256,9 @@ class TorchTrainer(TrainerBackend):
         return self.lora.trainable_parameters() if self.lora is not None else list(self.model.parameters())
 
     def _reference_forward(self, samples: list[Sample], packing: bool) -> list[torch.Tensor]:
-        return response_log_probs(self.model, samples, self.device, packing=packing)[0]
+        return response_log_probs(
+            self.model, samples, self.device, packing=packing, routing_replay=self.routing_replay
+        )[0]
 
     def use_packing(self, on: bool) -> None:
         """Packed rows (``True``, the default where the model can switch its attention) or left-padded batches
@@ -247,6 +287,7 @@ class TorchTrainer(TrainerBackend):
             with_entropy=with_entropy,
             entropy_grad=self.always_entropy_graph or self.algorithm_config.entropy_coef != 0,
             packing=self.packing,
+            routing_replay=self.routing_replay,
         )
 
     def zero_grad(self) -> None:
@@ -271,11 +312,17 @@ class TorchTrainer(TrainerBackend):
 
     # -- weights ---------------------------------------------------------------------------------------------------
     def named_hf_tensors(self, device: str | None = "cpu") -> Iterator[tuple[str, torch.Tensor]]:
-        """HF names and tensors (detached, contiguous) on ``device`` (``None``: where the model is); a tied
+        """The checkpoint's HF names and tensors (detached, contiguous) on ``device`` (``None``: where the model is),
+        what vLLM and ``from_pretrained`` load: transformers' in-memory layout turned back into the saved one where
+        they differ (MoE experts: per-expert ``mlp.experts.{e}.*_proj.weight``, not the fused ``gate_up_proj``;
+        ``transformers.core_model_loading.revert_weight_conversion``, as ``save_pretrained`` does); a tied
         ``lm_head.weight`` is left out (vLLM ties it). With LoRA: the merged weights
         (:meth:`~vime_core.trainer.lora_torch.LoraModel.merged_tensors`)."""
         tied = bool(getattr(self.model.config, "tie_word_embeddings", False))
-        items = self.lora.merged_tensors() if self.lora is not None else self.model.state_dict().items()
+        if self.lora is not None:
+            items = self.lora.merged_tensors()
+        else:
+            items = checkpoint_layout(self.model, self.model.state_dict()).items()
         for name, tensor in items:
             if tied and name == "lm_head.weight":
                 continue
@@ -321,8 +368,13 @@ class TorchTrainer(TrainerBackend):
         path.mkdir(parents=True, exist_ok=True)
         if self.lora is not None:  # the adapter alone: the base weights never change
             self.lora.save_adapter(path / "adapter")
-        else:
-            save_file(dict(self.named_hf_tensors()), str(path / "model.safetensors"))
+        else:  # the in-memory names, which load_checkpoint's load_state_dict reads back
+            tied = bool(getattr(self.model.config, "tie_word_embeddings", False))
+            state = {k: t.detach().cpu().contiguous() for k, t in self.model.state_dict().items()}
+            save_file(
+                {k: t for k, t in state.items() if not (tied and k == "lm_head.weight")},
+                str(path / "model.safetensors"),
+            )
         torch.save(self.optimizer.state_dict(), path / "optimizer.pt")
         if self.critic is not None:
             self.critic.save(path / "critic")
