@@ -222,4 +222,3 @@ def early_trainer_and_model(argv: list[str]) -> tuple[str, str] | None:
     if isinstance(model, str) and isinstance(trainer, str) and not no_trainer:
         return trainer, model
     return None
-

