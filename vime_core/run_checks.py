@@ -283,21 +283,6 @@ def check_trainer_model(trainer: str, model: str, model_path: Path | None = None
         raise ArgumentError(str(e)) from None
 
 
-def check_trainer_model_early(argv: list[str]) -> None:
-    """:func:`check_trainer_model` from the raw ``vime run`` argv, before the parser (which loads every plugin, and
-    with them torch) is built: ``--model`` and ``--trainer`` as :func:`vime_core.arguments.early_trainer_and_model`
-    reads them. Anything it cannot read (no ``--trainer``, a bad YAML) is left to the full parse and
-    :func:`vime_core.loop.run`.
-
-    :raises ArgumentError: as :func:`check_trainer_model`.
-    """
-    from vime_core.arguments import early_trainer_and_model
-
-    found = early_trainer_and_model(argv)
-    if found is not None:
-        check_trainer_model(*found)
-
-
 def check_moe_flags(cfg: RunConfig, model_path: Path) -> None:
     """``--use-rollout-routing-replay`` and ``--expert-model-parallel-size`` against ``--model``'s ``config.json`` and
     ``--trainer``, before Ray starts: replay needs routed experts (and a trainer that replays that family:
