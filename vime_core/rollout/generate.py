@@ -5,28 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 from vime_core.agent.responders import engine_versions
-from vime_core.context import PluginContext, takes_context
-from vime_core.rollout.context import get_rollout_context
+from vime_core.context import PluginContext, rollout_engines, takes_context
+from vime_core.rollout.prompt_checks import encode_prompt
 from vime_core.types import Sample, Status
 
 FINISH_TO_STATUS = {"stop": Status.COMPLETED, "length": Status.TRUNCATED, "abort": Status.ABORTED}
-
-
-def encode_prompt(tokenizer: Any, prompt: str | list[dict[str, Any]], apply_chat_template: bool) -> list[int]:
-    """Prompt token ids: chat messages go through the tokenizer's chat template (with the generation prompt);
-    a string is tokenised as is, or wrapped as one user message when ``apply_chat_template``.
-
-    :raises ValueError: if messages are given but the tokenizer has no chat template.
-    """
-    if isinstance(prompt, str) and not apply_chat_template:
-        return list(tokenizer(prompt, add_special_tokens=False)["input_ids"])
-    messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
-    if not getattr(tokenizer, "chat_template", None):
-        raise ValueError("prompt is a list of chat messages but the tokenizer has no chat template")
-    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-    if isinstance(ids, dict) or hasattr(ids, "keys"):  # transformers 5 may return a BatchEncoding
-        ids = ids["input_ids"]
-    return list(ids)
 
 
 @takes_context
@@ -44,7 +27,7 @@ async def generate(ctx: PluginContext, sample: Sample, sampling_params: dict[str
     ``max_tokens - response_length`` more (none left: truncated without an engine call).
     """
     cfg = ctx.rollout
-    engines = get_rollout_context()
+    engines = rollout_engines(ctx)
     if not sample.tokens:
         sample.tokens = encode_prompt(engines.tokenizer, sample.prompt, cfg.apply_chat_template)
     params = dict(sampling_params)

@@ -22,10 +22,10 @@ from vime_core.agent.responders import engine_versions
 from vime_core.agent.tool_parse_failures import tool_parse_metrics
 from vime_core.agent.tool_parsers import ToolCall, parse_with_tools
 from vime_core.config import MultiTurnConfig
-from vime_core.context import PluginContext, takes_context
+from vime_core.context import PluginContext, rollout_engines, takes_context
 from vime_core.plugins import get_plugins
-from vime_core.rollout.context import get_rollout_context
-from vime_core.rollout.generate import FINISH_TO_STATUS, encode_prompt
+from vime_core.rollout.generate import FINISH_TO_STATUS
+from vime_core.rollout.prompt_checks import encode_prompt
 from vime_core.rollout.tools import Tool, load_tools
 from vime_core.types import Sample, Status
 
@@ -178,7 +178,7 @@ async def generate(ctx: PluginContext, sample: Sample, sampling_params: dict[str
         bridged, ``--multi-turn-max-turns`` < 1).
     """
     cfg = ctx.multi_turn
-    engines = get_rollout_context()
+    engines = rollout_engines(ctx)
     renderer = _renderer(engines.tokenizer, cfg)
     specs = cfg.multi_turn_tools
     base_tools = list(_tools_for(tuple(specs) if specs is not None else None))
@@ -282,10 +282,16 @@ async def _episode(
             status, stop_reason = Status.TRUNCATED, "budget"
             pending = []
             break
+    return _finish(sample, status, stop_reason, turn + 1, ctx_bound, budget)
+
+
+def _finish(sample: Sample, status: Status, stop_reason: str, turns: int, ctx_bound: bool, budget: int) -> Sample:
+    """``sample`` with the episode's status, ``num_turns``, ``stop_reason`` and ``context_exhausted``: the episode
+    filled ``--rollout-max-context-len`` (``ctx_bound``: the context window, not ``max_tokens``, set the response
+    ``budget``), as the agent gateway records a prompt that no longer fits."""
     sample.status = status
-    sample.metadata["num_turns"] = turn + 1
+    sample.metadata["num_turns"] = turns
     sample.metadata["stop_reason"] = stop_reason
-    # the episode filled --rollout-max-context-len (as the agent gateway records a prompt that no longer fits)
     sample.metadata["context_exhausted"] = ctx_bound and (
         stop_reason == "budget" or (stop_reason == "length" and sample.response_length >= budget)
     )
