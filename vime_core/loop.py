@@ -104,7 +104,7 @@ def run(cfg: RunConfig, flags: dict[str, Any]) -> dict[str, Any]:
     rows = (
         None
         if log.debug_train_only
-        else read_rows(data.prompt_data, data.input_key, data.label_key, data.metadata_key)
+        else read_rows(data.prompt_data, data.input_key, data.label_key, data.metadata_key, image_key=data.image_key)
     )
     t_setup = time.perf_counter()
     model_path = checked_model(log.model)

@@ -62,6 +62,9 @@ class Sample:
     teacher_log_probs: list[float] | None = None
     # the --prompt-data row (0-based, in file order) the prompt came from; None for samples not from the data buffer
     prompt_index: int | None = None
+    # vision-language models: the images of the sample, RGB PNG ``data:`` URIs in the order their placeholder token
+    # runs appear in ``tokens`` (the prompt's, then those of tool results and later turns); [] for text
+    images: list[str] = field(default_factory=list)
 
     @property
     def prompt_length(self) -> int:
