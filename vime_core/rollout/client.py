@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 import httpx
 
-from vime_core.rollout.engine_api import EngineCapabilities, decode_text
+from vime_core.rollout.engine_api import RENDER_ROUTE, EngineCapabilities, decode_text
 
 logger = logging.getLogger("vime.rollout")
 
@@ -102,6 +102,19 @@ def eos_token_ids(tokenizer: Any, model_dir: str | Path | None = None) -> list[i
         value = json.loads(gen.read_text()).get("eos_token_id")
         ids.update(int(v) for v in (value if isinstance(value, list) else [value]) if v is not None)
     return sorted(ids)
+
+
+def _token_runs(tokens: Sequence[int], token_id: int) -> list[tuple[int, int]]:
+    """``(start, length)`` of every maximal run of ``token_id`` in ``tokens`` (a prompt's image placeholders)."""
+    runs: list[tuple[int, int]] = []
+    for i, t in enumerate(tokens):
+        if t != token_id:
+            continue
+        if runs and runs[-1][0] + runs[-1][1] == i:
+            runs[-1] = (runs[-1][0], runs[-1][1] + 1)
+        else:
+            runs.append((i, 1))
+    return runs
 
 
 def _expand_versions(spans: list[dict[str, Any]], n: int, where: str) -> list[str]:
@@ -268,7 +281,11 @@ class RouterClient:
         return {"choices": [choice]}  # a reason missing after tokens is derived from them (normalize_finish_reason)
 
     async def generate(
-        self, prompt_token_ids: list[int], sampling_params: dict[str, Any], session_id: str | None = None
+        self,
+        prompt_token_ids: list[int],
+        sampling_params: dict[str, Any],
+        session_id: str | None = None,
+        images: list[str] | None = None,
     ) -> GenerateOutput:
         """Generate one continuation of ``prompt_token_ids``.
 
@@ -277,6 +294,8 @@ class RouterClient:
             (tokens), ``stop``, ``stop_token_ids``, ``seed``, ``ignore_eos``; keys whose value is ``None`` are left
             out. ``n`` must be 1 and ``logprobs`` is set by the client.
         :param session_id: sent as the ``x-session-id`` header (session-affine routing policies use it).
+        :param images: a vision-language prompt's images (``data:`` URIs), one per placeholder run of
+            ``prompt_token_ids``, in order; sent the way the release takes them (:meth:`_image_fields`).
         :raises ValueError: on an empty prompt or ``n != 1``.
         :raises RouterClientError: on an error status or a response whose lengths do not line up.
         :raises httpx.HTTPError: on connection errors and timeouts.
@@ -289,6 +308,7 @@ class RouterClient:
         sp["logprobs"] = 0  # the sampled token's log-prob only
         model, version = self._request_model()
         adapter = self.model_for is not None  # LoRA: every token is the request's adapter's
+        image_fields = await self._image_fields(images, prompt_token_ids, model) if images else {}
         if self.api != "completions":
             request_id = f"vime-{uuid.uuid4().hex}"
             body = {
@@ -297,6 +317,7 @@ class RouterClient:
                 "output_mode": "text",
                 "sampling_params": sp,
                 "request_id": request_id,
+                **image_fields,
             }
             engine_id = ENGINE_REQUEST_PREFIX + request_id
             self._inflight.add(engine_id)
@@ -327,6 +348,8 @@ class RouterClient:
                     versions = choice["arrival_versions"] if self.stream and not adapter else [started] * len(lps)
                 decode = not self.capabilities.generate_text or aborted_here
                 return self._output(choice, lps, versions, sp, where, decode=decode)
+        if images:  # /v1/completions takes no images: never generate without them
+            raise RouterClientError(f"{self.base_url}{_COMPLETIONS} takes no images; the prompt has {len(images)}")
         started = str(version)
         body = {"model": model, "prompt": list(prompt_token_ids), "return_token_ids": True, **sp}
         data = await self._post(_COMPLETIONS, body, session_id)
@@ -338,6 +361,44 @@ class RouterClient:
             [float(x) for x in _field(_field(choice, "logprobs", where), "token_logprobs", where)] if token_ids else []
         )
         return self._output(choice, lps, [started] * len(lps), sp, where, decode=False)
+
+    async def _image_fields(self, images: list[str], prompt_token_ids: list[int], model: str) -> dict[str, Any]:
+        """The generate request's fields that carry ``images`` (:attr:`EngineCapabilities.image_input`):
+        ``content_parts`` (0.32+; the server loads and processes them), or ``features`` rendered by
+        ``POST /v1/chat/completions/render`` (0.24) with their placeholder ranges moved onto ``prompt_token_ids``'
+        image runs (the ids are the processor's; the rendered prompt is only where the features come from).
+
+        :raises RouterClientError: a release that takes no images (or the completions fallback), a render that
+            fails, or placeholder runs in ``prompt_token_ids`` that do not match the rendered images'.
+        """
+        how = self.capabilities.image_input
+        if how == "content_parts" and self.api != "completions":
+            return {"content_parts": [{"type": "image_url", "url": u} for u in images]}
+        if how != "features" or self.api == "completions":
+            raise RouterClientError(
+                f"{self.base_url}: this vLLM release ({self.capabilities.version}) takes no images with a token-id "
+                "prompt (docs/vlm.md lists the releases that do)"
+            )
+        where = f"POST {self.base_url}{RENDER_ROUTE}"
+        parts = [{"type": "image_url", "image_url": {"url": u}} for u in images]
+        body = {"model": model, "messages": [{"role": "user", "content": parts}]}
+        resp = await self._http.post(RENDER_ROUTE, json=body)
+        if resp.status_code != 200:
+            raise RouterClientError(f"{where} returned {resp.status_code}: {resp.text[:2000]}")
+        data = resp.json()
+        features = dict(_field(data, "features", where) or {})
+        ranges = (features.get("mm_placeholders") or {}).get("image") or []
+        if len(ranges) != len(images):
+            raise RouterClientError(f"{where}: {len(images)} images rendered into {len(ranges)} placeholder ranges")
+        image_token = _field(data, "token_ids", where)[ranges[0]["offset"]]
+        runs = _token_runs(prompt_token_ids, image_token)
+        if [n for _, n in runs] != [int(r["length"]) for r in ranges]:
+            raise RouterClientError(
+                f"{where}: the prompt's image placeholder runs {[n for _, n in runs]} (token {image_token}) differ "
+                f"from the rendered images' {[int(r['length']) for r in ranges]}"
+            )
+        features["mm_placeholders"] = {"image": [{"offset": start, "length": n} for start, n in runs]}
+        return {"features": features}
 
     @staticmethod
     def _new_choice() -> dict[str, Any]:
