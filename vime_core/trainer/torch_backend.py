@@ -29,6 +29,14 @@ from vime_core.trainer.packing import enable_packed_attention, packed_batch, pac
 from vime_core.trainer.padding import left_padded_batch, response_slices
 from vime_core.trainer.rl_step import rl_train_step
 from vime_core.trainer.rng_state import load_trainer_state, save_trainer_state
+from vime_core.trainer.vision import (
+    checkpoint_names,
+    freeze_vision_tower,
+    is_vl_model,
+    load_hf_model,
+    named_checkpoint_tensors,
+    vl_response_log_probs,
+)
 from vime_core.types import RolloutBatch, Sample
 
 logger = logging.getLogger("vime.trainer")
@@ -65,7 +73,12 @@ def response_log_probs(
     :return: ``(log_probs, entropies)``: one ``[response_length]`` float32 tensor per sample each (graph attached
         when grad is enabled; on ``device``); ``entropies`` is None unless ``with_entropy``.
     :raises ValueError: with ``packing``, if the model scales or soft-caps its logits.
+
+    A vision-language model takes its own path (its images and multimodal RoPE positions, left-padded:
+    :func:`vime_core.trainer.vision.vl_response_log_probs`) whatever ``packing`` says.
     """
+    if is_vl_model(model):
+        return vl_response_log_probs(model, samples, device, with_entropy, entropy_grad)
     if not packing:
         batch = left_padded_batch(samples, device)
         keep = batch.keep
@@ -116,7 +129,10 @@ def check_plain_lm_head(model: torch.nn.Module) -> None:
 def packable(model: torch.nn.Module) -> bool:
     """Whether ``model``'s log-probs can take the packed path of :func:`response_log_probs`: its attention switched
     to the packed one (:func:`~vime_core.trainer.packing.enable_packed_attention`, done here) and its logits plain
-    ``lm_head(hidden)``. Else the policy and reference model use left-padded batches (the model's own forward)."""
+    ``lm_head(hidden)``. Else the policy and reference model use left-padded batches (the model's own forward).
+    A vision-language model is never packed (its attention stays as loaded: the vision tower's too)."""
+    if is_vl_model(model):
+        return False
     return enable_packed_attention(model) and _scaled_logits_attr(model) is None
 
 
@@ -126,14 +142,12 @@ class ReferenceModel:
     """
 
     def __init__(self, ref_load: str | None, model_path: Path, device: torch.device, dtype: torch.dtype) -> None:
-        from transformers import AutoModelForCausalLM
-
         path = Path(ref_load or model_path)
         if not (path / "config.json").is_file():
             path = resolve_model(str(ref_load))
         self.path = path
         self.device = device
-        self.model = AutoModelForCausalLM.from_pretrained(str(path), torch_dtype=dtype).to(device)
+        self.model = load_hf_model(path, dtype).to(device)
         self.model.eval()
         self.model.requires_grad_(False)
         self.packing = packable(self.model)  # packed rows (see response_log_probs), else left-padded batches
@@ -173,8 +187,6 @@ class TorchTrainer(TrainerBackend):
 
     def __init__(self, config: RunConfig, model_path: Path) -> None:
         super().__init__(config, model_path)
-        from transformers import AutoModelForCausalLM
-
         cfg, algo = self.trainer_config, self.algorithm_config
         check_algorithm_config(algo)
 
@@ -184,7 +196,14 @@ class TorchTrainer(TrainerBackend):
         torch.set_num_threads(cfg.train_num_threads or len(os.sched_getaffinity(0)))
         self.device = torch.device(cfg.train_device)
         dtype = DTYPES[cfg.train_dtype]
-        self.model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=dtype).to(self.device)
+        self.model = load_hf_model(model_path, dtype).to(self.device)
+        # a vision-language model: its vision tower trains unless --freeze-vision-tower (docs/vlm.md)
+        self.vision_frozen = False
+        if is_vl_model(self.model):
+            check_vl_trainer(config)
+            if cfg.freeze_vision_tower:
+                freeze_vision_tower(self.model)
+                self.vision_frozen = True
         lora_cfg = config.lora
         self.lora = LoraModel(self.model, lora_cfg) if lora_cfg.enabled else None
         if self.lora is not None:
@@ -215,7 +234,9 @@ class TorchTrainer(TrainerBackend):
 
     def trainable_parameters(self) -> list[torch.nn.Parameter]:
         """What the optimizer steps: every parameter, or with LoRA the adapter's alone."""
-        return self.lora.trainable_parameters() if self.lora is not None else list(self.model.parameters())
+        if self.lora is not None:
+            return self.lora.trainable_parameters()
+        return [p for p in self.model.parameters() if p.requires_grad]  # a frozen vision tower is not stepped
 
     def _reference_forward(self, samples: list[Sample], packing: bool) -> list[torch.Tensor]:
         return response_log_probs(self.model, samples, self.device, packing=packing)[0]
@@ -273,9 +294,16 @@ class TorchTrainer(TrainerBackend):
     def named_hf_tensors(self, device: str | None = "cpu") -> Iterator[tuple[str, torch.Tensor]]:
         """HF names and tensors (detached, contiguous) on ``device`` (``None``: where the model is); a tied
         ``lm_head.weight`` is left out (vLLM ties it). With LoRA: the merged weights
-        (:meth:`~vime_core.trainer.lora_torch.LoraModel.merged_tensors`)."""
+        (:meth:`~vime_core.trainer.lora_torch.LoraModel.merged_tensors`). A vision-language model's tensors go under
+        their checkpoint names, a frozen vision tower's left out
+        (:func:`~vime_core.trainer.vision.named_checkpoint_tensors`)."""
+        yield from self._hf_tensors(device, skip_frozen=True)
+
+    def _hf_tensors(self, device: str | None, skip_frozen: bool) -> Iterator[tuple[str, torch.Tensor]]:
         tied = bool(getattr(self.model.config, "tie_word_embeddings", False))
         items = self.lora.merged_tensors() if self.lora is not None else self.model.state_dict().items()
+        if is_vl_model(self.model):
+            items = named_checkpoint_tensors(self.model, items, skip_vision=skip_frozen and self.vision_frozen)
         for name, tensor in items:
             if tied and name == "lm_head.weight":
                 continue
@@ -322,7 +350,7 @@ class TorchTrainer(TrainerBackend):
         if self.lora is not None:  # the adapter alone: the base weights never change
             self.lora.save_adapter(path / "adapter")
         else:
-            save_file(dict(self.named_hf_tensors()), str(path / "model.safetensors"))
+            save_file(dict(self._hf_tensors("cpu", skip_frozen=False)), str(path / "model.safetensors"))
         torch.save(self.optimizer.state_dict(), path / "optimizer.pt")
         if self.critic is not None:
             self.critic.save(path / "critic")
@@ -341,6 +369,9 @@ class TorchTrainer(TrainerBackend):
             self.lora.load_adapter_state(load_file(str(adapter)), f"checkpoint {path}")
         else:
             state = load_file(str(path / "model.safetensors"))
+            if is_vl_model(self.model):  # saved under checkpoint names (_hf_tensors)
+                back = {new: old for old, new in checkpoint_names(self.model, self.model.state_dict()).items()}
+                state = {back.get(name, name): t for name, t in state.items()}
             missing, unexpected = self.model.load_state_dict(state, strict=False)
             missing = [m for m in missing if m != "lm_head.weight"]
             if missing or unexpected:
@@ -351,3 +382,14 @@ class TorchTrainer(TrainerBackend):
         if self.critic is not None:
             self.critic.load(path / "critic")
         load_trainer_state(path, self)
+
+
+def check_vl_trainer(config: RunConfig) -> None:
+    """What the torch trainer does not do with a vision-language model (yet).
+
+    :raises ValueError: with ``--lora-rank`` > 0 or ``--advantage-estimator ppo`` (a critic), naming the flag.
+    """
+    if config.lora.enabled:
+        raise ValueError("--lora-rank: LoRA on a vision-language model is not supported yet (docs/vlm.md)")
+    if uses_critic(config.algorithm):
+        raise ValueError("--advantage-estimator ppo: a critic for a vision-language model is not supported yet")
