@@ -220,3 +220,14 @@ def test_prompt_with_images_leaves_text_rows_alone(data_dir):
         "<image> is only text without a column",
         [],
     )
+
+
+def test_a_fully_async_fresh_copy_keeps_the_prompts_images_only(data_dir):
+    from vime_core.rollout.async_producer import fresh_copy
+
+    a = load_image("figs/a.png", data_dir)
+    b = load_image("figs/b.png", data_dir)
+    prompt = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "x?"}]}]
+    done = Sample(group_index=3, index=1, prompt=prompt, images=[a, b], tokens=[1, 2, 3], response_length=1)
+    (fresh,) = fresh_copy([done])
+    assert (fresh.images, fresh.tokens, fresh.prompt) == ([a], [], prompt)  # b came from a tool result
