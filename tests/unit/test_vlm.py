@@ -21,6 +21,7 @@ from vime_core.data.vision_prompt import (
     expand_image_pads,
     image_inputs,
     image_placeholder_text,
+    image_runs,
     image_token_counts,
     image_token_id,
     load_processor,
@@ -290,3 +291,118 @@ def test_multi_turn_with_an_image_in_a_tool_result_is_token_exact(tiny_vlm_dir, 
     assert response[turn1 : turn1 + bridge].count(pad) == image_token_counts(processor, [crop])[0] == 4
     assert out.tokens[: out.prompt_length].count(pad) == image_token_counts(processor, [prompt_img])[0] == 8
     assert json.loads(json.dumps(out.metadata["tool_calls"]))[0]["images"] == 1
+
+
+def test_the_agent_gateway_takes_image_parts_in_user_turns_and_tool_results(tiny_vlm_dir, processor, tiny_model_dir):
+    """The OpenAI and Anthropic SDKs send an image in the user turn and one in a tool result: the engine gets the
+    processor's ids (each image's pads expanded) with both images in order, the episode's sample holds them, and
+    its tokens are token-exact with the model's turns trained and the tool turn (image included) not."""
+    import anthropic
+    import openai
+    from transformers import AutoTokenizer
+
+    from vime_core.agent.gateway import AgentGateway
+    from vime_core.agent.responders import ScriptedResponder, ScriptedTurn
+    from vime_core.agent.trajectory import check_token_exact
+
+    user_img, result_img = figure(112, 56), figure(56, 84, "green")
+    raw = {u: u.split(",", 1)[1] for u in (user_img, result_img)}
+    call = '<tool_call>\n{"name": "zoom", "arguments": {"region": "left"}}\n</tool_call>'
+    tok = processor.tokenizer
+    zoom = {
+        "name": "zoom",
+        "description": "Zoom.",
+        "parameters": {"type": "object", "properties": {"region": {"type": "string"}}, "required": ["region"]},
+    }
+    pad = image_token_id(processor)
+    counts = image_token_counts(processor, [user_img, result_img])
+    samples = {}
+    for api in ("openai", "anthropic"):
+        responder = ScriptedResponder(tok, [ScriptedTurn(text=call), ScriptedTurn(text="x = 4")])
+        with AgentGateway(tok, responder) as gw:
+            gw.open_session(api)
+            if api == "openai":
+                c = openai.OpenAI(base_url=f"{gw.url}/v1", api_key=api, max_retries=0, timeout=60)
+                msgs = [
+                    {
+                        "role": "user",
+                        "content": [
+                            {"type": "text", "text": "Find x."},
+                            {"type": "image_url", "image_url": {"url": user_img}},
+                        ],
+                    }
+                ]
+                tools = [{"type": "function", "function": zoom}]
+                tc = c.chat.completions.create(model="p", messages=msgs, tools=tools).choices[0].message.tool_calls[0]
+                msgs += [
+                    {"role": "assistant", "content": None, "tool_calls": [tc.model_dump()]},
+                    {
+                        "role": "tool",
+                        "tool_call_id": tc.id,
+                        "content": [
+                            {"type": "text", "text": "crop:"},
+                            {"type": "image_url", "image_url": {"url": result_img}},
+                        ],
+                    },
+                ]
+                assert (
+                    c.chat.completions.create(model="p", messages=msgs, tools=tools).choices[0].message.content
+                    == "x = 4"
+                )
+            else:
+                a = anthropic.Anthropic(base_url=gw.url, api_key=api, max_retries=0, timeout=60)
+
+                def img(u: str) -> dict:
+                    return {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": raw[u]}}
+
+                msgs = [{"role": "user", "content": [{"type": "text", "text": "Find x."}, img(user_img)]}]
+                tools = [{"name": "zoom", "description": "Zoom.", "input_schema": zoom["parameters"]}]
+                r = a.messages.create(model="p", max_tokens=64, messages=msgs, tools=tools)
+                use = next(b for b in r.content if b.type == "tool_use")
+                msgs += [
+                    {"role": "assistant", "content": [b.model_dump() for b in r.content]},
+                    {
+                        "role": "user",
+                        "content": [
+                            {
+                                "type": "tool_result",
+                                "tool_use_id": use.id,
+                                "content": [{"type": "text", "text": "crop:"}, img(result_img)],
+                            }
+                        ],
+                    },
+                ]
+                assert (
+                    a.messages.create(model="p", max_tokens=64, messages=msgs, tools=tools).content[0].text == "x = 4"
+                )
+            turns = gw.session_turns(api)
+            (samples[api],) = gw.close_session(api, Sample(), reward=1.0)
+        first, second = responder.calls
+        assert first.images == [user_img] and second.images == [user_img, result_img]
+        assert [t.images for t in turns] == [[user_img], [user_img, result_img]]
+        assert [n for _, n in image_runs(second.prompt_ids, pad)] == counts
+        check_token_exact([samples[api]], turns)
+    for s in samples.values():
+        assert s.images == [user_img, result_img]
+        response = s.tokens[s.prompt_length :]
+        n1 = s.loss_mask.index(0)
+        tail = s.loss_mask[n1:]
+        bridge = tail.index(1)
+        assert s.loss_mask == [1] * n1 + [0] * bridge + [1] * (len(tail) - bridge)
+        assert response[n1 : n1 + bridge].count(pad) == counts[1] and pad not in response[:n1]
+    # the text-only model: the image parts stay the old "[type]" placeholders and no image reaches the engine
+    text_tok = AutoTokenizer.from_pretrained(str(tiny_model_dir))
+    responder = ScriptedResponder(text_tok, ["ok"])
+    with AgentGateway(text_tok, responder) as gw:
+        gw.open_session("t")
+        c = openai.OpenAI(base_url=f"{gw.url}/v1", api_key="t", max_retries=0, timeout=60)
+        msgs = [
+            {
+                "role": "user",
+                "content": [{"type": "text", "text": "Hi"}, {"type": "image_url", "image_url": {"url": user_img}}],
+            }
+        ]
+        c.chat.completions.create(model="p", messages=msgs)
+        gw.close_session("t", Sample())
+    assert responder.calls[0].images == []
+    assert "Hi\n[image_url]" in text_tok.decode(responder.calls[0].prompt_ids)
