@@ -54,7 +54,13 @@ from vime_core.rollout.health import EnginesLostError, engines_lost
 from vime_core.rollout.manager import RolloutManager
 from vime_core.rollout.process import start_run_reaper
 from vime_core.rollout.prompt_checks import check_prompts
-from vime_core.run_checks import check_vllm_values, checked_model, engine_sampling, resolve_plugins
+from vime_core.run_checks import (
+    check_vllm_values,
+    check_vlm_run,
+    checked_model,
+    engine_sampling,
+    resolve_plugins,
+)
 from vime_core.run_dir import OutputDirLock, check_output_dir, write_json_atomic
 from vime_core.run_signals import INTERRUPT_GRACE_S, claim_signals, interrupted
 from vime_core.run_summary import completed_summary, failed_summary
@@ -112,6 +118,7 @@ def run(cfg: RunConfig, flags: dict[str, Any]) -> dict[str, Any]:
     # no tokenizer, no chat template, an over-long prompt: fails here, before any engine starts
     overlong = 0 if rows is None else check_prompts(data, model_path, rows)
     check_lora_model(cfg.lora, model_path)  # --target-modules / --lora-adapter-path against the model
+    check_vlm_run(cfg, model_path)  # a vision-language model: the torch trainer, no LoRA, no critic
     if not log.debug_train_only:  # vLLM's own parser and SamplingParams, before Ray starts
         check_vllm_values(list(cfg.engine.vllm_args), engine_sampling(cfg))
     with OutputDirLock(out, "vime run"):  # one run per output directory

@@ -165,3 +165,19 @@ def check_model_weights(model_path: Path) -> None:
         return
     held = ", ".join(sorted(f.name for f in p.iterdir())[:8]) or "nothing"
     raise ArgumentError(f"--model {p}: no weights there (*.safetensors or *.bin); it holds {held}")
+
+
+def check_vlm_run(cfg: RunConfig, model_path: Path) -> None:
+    """A vision-language ``--model`` with a trainer setup that cannot train it (see
+    :func:`vime_core.trainer.vision.check_vl_run`); nothing to check for a text model.
+
+    :raises ArgumentError: naming the flag.
+    """
+    from vime_core.data.vision_prompt import is_vision_language
+    from vime_core.trainer.vision import check_vl_run
+
+    if is_vision_language(model_path):
+        try:
+            check_vl_run(cfg)
+        except ValueError as e:
+            raise ArgumentError(f"--model {model_path} is a vision-language model: {e}") from None

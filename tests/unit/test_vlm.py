@@ -406,3 +406,30 @@ def test_the_agent_gateway_takes_image_parts_in_user_turns_and_tool_results(tiny
         gw.close_session("t", Sample())
     assert responder.calls[0].images == []
     assert "Hi\n[image_url]" in text_tok.decode(responder.calls[0].prompt_ids)
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (
+            {"trainer": "megatron"},
+            "--trainer megatron: vision-language models train with --trainer torch (Megatron VLM training is not "
+            "supported; docs/vlm.md)",
+        ),
+        ({"lora_rank": 8}, "--lora-rank: LoRA on a vision-language model is not supported yet (docs/vlm.md)"),
+        (
+            {"advantage_estimator": "ppo"},
+            "--advantage-estimator ppo: a critic for a vision-language model is not supported yet",
+        ),
+    ],
+)
+def test_a_vlm_run_the_trainer_cannot_take_is_refused_before_ray(tiny_vlm_dir, tiny_model_dir, flags, message):
+    from vime_core.argument_errors import ArgumentError
+    from vime_core.run_checks import check_vlm_run
+    from vime_core.testing.plugin_context import run_config
+
+    check_vlm_run(run_config(freeze_vision_tower=True), tiny_vlm_dir)
+    check_vlm_run(run_config(**flags), tiny_model_dir)  # a text model: nothing to check
+    with pytest.raises(ArgumentError) as err:
+        check_vlm_run(run_config(**flags), tiny_vlm_dir)
+    assert str(err.value) == f"--model {tiny_vlm_dir} is a vision-language model: {message}"

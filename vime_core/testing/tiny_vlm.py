@@ -77,7 +77,13 @@ def _save_tokenizer_and_processor(out_dir: Path) -> dict[str, int]:
     """Train the tokenizer, add the vision tokens, save tokenizer + image processor + chat template; return the
     special token ids (text and vision)."""
     from transformers import PreTrainedTokenizerFast
-    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    try:  # transformers >= 5.18: the PIL backend under its own name; saved as "Qwen2VLImageProcessor" either way
+        from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import (
+            Qwen2VLImageProcessorPil as ImageProcessor,
+        )
+    except ImportError:
+        from transformers import Qwen2VLImageProcessor as ImageProcessor
 
     special = _train_tokenizer(out_dir)
     tok = PreTrainedTokenizerFast.from_pretrained(str(out_dir))
@@ -87,7 +93,7 @@ def _save_tokenizer_and_processor(out_dir: Path) -> dict[str, int]:
     special.update({t: tok.convert_tokens_to_ids(t) for t in VISION_TOKENS})
     # the processor files a Qwen2.5-VL checkpoint ships: preprocessor_config.json (naming the processor class, so
     # AutoProcessor and vLLM build Qwen2_5_VLProcessor from it) and the chat template
-    image_processor = Qwen2VLImageProcessorPil(min_pixels=MIN_PIXELS, max_pixels=MAX_PIXELS)
+    image_processor = ImageProcessor(min_pixels=MIN_PIXELS, max_pixels=MAX_PIXELS)
     image_processor.save_pretrained(str(out_dir))
     config_path = out_dir / "preprocessor_config.json"
     config = json.loads(config_path.read_text())

@@ -30,6 +30,7 @@ from vime_core.trainer.padding import left_padded_batch, response_slices
 from vime_core.trainer.rl_step import rl_train_step
 from vime_core.trainer.rng_state import load_trainer_state, save_trainer_state
 from vime_core.trainer.vision import (
+    check_vl_run,
     checkpoint_names,
     freeze_vision_tower,
     is_vl_model,
@@ -200,7 +201,7 @@ class TorchTrainer(TrainerBackend):
         # a vision-language model: its vision tower trains unless --freeze-vision-tower (docs/vlm.md)
         self.vision_frozen = False
         if is_vl_model(self.model):
-            check_vl_trainer(config)
+            check_vl_run(config)
             if cfg.freeze_vision_tower:
                 freeze_vision_tower(self.model)
                 self.vision_frozen = True
@@ -382,14 +383,3 @@ class TorchTrainer(TrainerBackend):
         if self.critic is not None:
             self.critic.load(path / "critic")
         load_trainer_state(path, self)
-
-
-def check_vl_trainer(config: RunConfig) -> None:
-    """What the torch trainer does not do with a vision-language model (yet).
-
-    :raises ValueError: with ``--lora-rank`` > 0 or ``--advantage-estimator ppo`` (a critic), naming the flag.
-    """
-    if config.lora.enabled:
-        raise ValueError("--lora-rank: LoRA on a vision-language model is not supported yet (docs/vlm.md)")
-    if uses_critic(config.algorithm):
-        raise ValueError("--advantage-estimator ppo: a critic for a vision-language model is not supported yet")

@@ -17,12 +17,32 @@ from typing import Any
 import torch
 
 from vime_core.algorithms.logprobs import selected_log_probs_and_entropy
+from vime_core.algorithms.options import uses_critic
+from vime_core.config import RunConfig
 from vime_core.data.vision_prompt import image_inputs, image_runs, is_vision_language, load_processor
 from vime_core.trainer.padding import left_padded_batch, response_slices
 from vime_core.types import Sample
 
 #: attribute names of the vision tower in transformers' VLM classes (Qwen-VL: ``model.visual``)
 VISION_TOWER_ATTRS = ("visual", "vision_tower", "vision_model")
+
+
+def check_vl_run(config: RunConfig) -> None:
+    """What a run of a vision-language model cannot do (yet); checked on the driver before Ray starts and again by
+    the torch trainer.
+
+    :raises ValueError: ``--trainer megatron`` (Megatron VLM training is not supported), ``--lora-rank`` > 0, or
+        ``--advantage-estimator ppo`` (a critic), naming the flag.
+    """
+    if config.trainer.trainer == "megatron":
+        raise ValueError(
+            "--trainer megatron: vision-language models train with --trainer torch (Megatron VLM training is not "
+            "supported; docs/vlm.md)"
+        )
+    if config.lora.enabled:
+        raise ValueError("--lora-rank: LoRA on a vision-language model is not supported yet (docs/vlm.md)")
+    if uses_critic(config.algorithm):
+        raise ValueError("--advantage-estimator ppo: a critic for a vision-language model is not supported yet")
 
 
 def load_hf_model(model_path: str | Path, dtype: torch.dtype) -> torch.nn.Module:
