@@ -433,3 +433,24 @@ def test_a_vlm_run_the_trainer_cannot_take_is_refused_before_ray(tiny_vlm_dir, t
     with pytest.raises(ArgumentError) as err:
         check_vlm_run(run_config(**flags), tiny_vlm_dir)
     assert str(err.value) == f"--model {tiny_vlm_dir} is a vision-language model: {message}"
+
+
+def test_mrope_positions_are_qwen3_vls_too():
+    """Qwen3-VL (interleaved multimodal RoPE, patch 16) places an image's tokens as Qwen2.5-VL does: a random tiny
+    Qwen3-VL's own get_rope_index agrees with mrope_positions on two images between text."""
+    from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration
+
+    from vime_core.trainer.vision import mrope_positions
+
+    text = {"vocab_size": 64, "hidden_size": 64, "intermediate_size": 64, "num_hidden_layers": 1}
+    text |= {"num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 32}
+    text["rope_parameters"] = {"rope_type": "default", "mrope_section": [4, 6, 6], "mrope_interleaved": True}
+    vision = {"depth": 1, "hidden_size": 32, "intermediate_size": 32, "num_heads": 1, "out_hidden_size": 64}
+    vision |= {"patch_size": 16, "deepstack_visual_indexes": [0], "num_position_embeddings": 64}
+    config = Qwen3VLConfig(text_config=text, vision_config=vision, image_token_id=60, vision_start_token_id=61)
+    model = Qwen3VLForConditionalGeneration(config).eval()
+    grid = torch.tensor([[1, 4, 10], [1, 6, 4]])
+    tokens = [1, 2, 61, *[60] * 10, 62, 5, 6, 61, *[60] * 6, 62, 7, 8, 9]
+    kinds = torch.tensor([[1 if t == 60 else 0 for t in tokens]])
+    theirs, _ = model.model.get_rope_index(torch.tensor([tokens]), kinds, image_grid_thw=grid)
+    assert torch.equal(mrope_positions(tokens, grid.tolist(), 60, 2), theirs[:, 0])
