@@ -454,3 +454,29 @@ def test_mrope_positions_are_qwen3_vls_too():
     kinds = torch.tensor([[1 if t == 60 else 0 for t in tokens]])
     theirs, _ = model.model.get_rope_index(torch.tensor([tokens]), kinds, image_grid_thw=grid)
     assert torch.equal(mrope_positions(tokens, grid.tolist(), 60, 2), theirs[:, 0])
+
+
+def test_content_parts_carry_one_placeholder_per_image_and_vision_tokens_are_never_sampled(processor, tiny_model_dir):
+    """vLLM 0.32 expands one placeholder per image itself: the client cuts each of the processor's runs to one token
+    (and asks for the engine's expanded prompt to compare), and biases the policy's vision tokens away."""
+    from vime_core.rollout.client import RouterClient, RouterClientError, vision_token_ids
+
+    a, b = figure(200, 100), figure(60, 90)
+    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "and"}, {"type": "image"}]}]
+    ids = encode_with_images(processor, messages, [a, b])
+    pad = image_token_id(processor)
+    client = RouterClient("http://127.0.0.1:9", "m", tokenizer=processor.tokenizer)
+    assert client._vision_tokens() == {
+        "image_token_id": pad,
+        "video_token_id": pad + 1,
+        "vision_start_token_id": pad - 2,
+        "vision_end_token_id": pad - 1,
+    }
+    fields = asyncio.run(client._image_fields([a, b], ids, "m"))
+    assert fields["return_token_ids"] is True
+    assert fields["content_parts"] == [{"type": "image_url", "url": a}, {"type": "image_url", "url": b}]
+    assert fields["token_ids"].count(pad) == 2 and len(fields["token_ids"]) == len(ids) - 10 - 6 + 2
+    assert expand_image_pads(fields["token_ids"], pad, [10, 6]) == ids
+    with pytest.raises(RouterClientError, match="1 images but 2 image placeholder runs in the prompt"):
+        asyncio.run(client._image_fields([a], ids, "m"))
+    assert vision_token_ids(tiny_model_dir) == {}  # a text model: nothing biased

@@ -104,6 +104,20 @@ def eos_token_ids(tokenizer: Any, model_dir: str | Path | None = None) -> list[i
     return sorted(ids)
 
 
+#: the ``config.json`` keys of a vision-language model's placeholder tokens (Qwen-VL's names)
+VISION_TOKEN_KEYS = ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id")
+
+
+def vision_token_ids(model_dir: str | Path | None) -> dict[str, int]:
+    """The placeholder token ids of a vision-language model (:data:`VISION_TOKEN_KEYS` found in
+    ``model_dir/config.json``); ``{}`` for a text model or without a readable config."""
+    path = Path(model_dir) / "config.json" if model_dir else None
+    if path is None or not path.is_file():
+        return {}
+    config = json.loads(path.read_text())
+    return {k: int(config[k]) for k in VISION_TOKEN_KEYS if isinstance(config.get(k), int)}
+
+
 def _token_runs(tokens: Sequence[int], token_id: int) -> list[tuple[int, int]]:
     """``(start, length)`` of every maximal run of ``token_id`` in ``tokens`` (a prompt's image placeholders)."""
     runs: list[tuple[int, int]] = []
@@ -204,6 +218,7 @@ class RouterClient:
         self.eos_token_ids = frozenset(int(t) for t in eos_token_ids)
         limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
         self._http = httpx.AsyncClient(base_url=self.base_url, timeout=timeout_s, limits=limits, trust_env=False)
+        self.vision_tokens: dict[str, int] | None = None  # None: read from the tokenizer's model directory
         self._inflight: set[str] = set()  # engine-side ids of /inference/v1/generate requests not answered yet
         self._abort: dict[str, asyncio.Event] = {}  # releases without /abort_requests: the client-side abort
 
@@ -261,6 +276,8 @@ class RouterClient:
                 if payload == "[DONE]":
                     break
                 event = json.loads(payload)
+                if event.get("prompt_token_ids") is not None:  # return_token_ids: with the first chunk
+                    choice["prompt_token_ids"] = event["prompt_token_ids"]
                 if "error" in event:
                     raise RouterClientError(f"POST {self.base_url}{path} stream error: {event['error']!r:.2000}")
                 for ch in _field(event, "choices", where):
@@ -306,6 +323,9 @@ class RouterClient:
         if sp.pop("n", 1) != 1:
             raise ValueError("RouterClient.generate produces one sample per call: n must be 1")
         sp["logprobs"] = 0  # the sampled token's log-prob only
+        vision = self._vision_tokens()
+        if vision:  # a VLM never samples its own image placeholders (docs/vlm.md); raw log-probs are unaffected
+            sp["logit_bias"] = {**{str(t): -100.0 for t in vision.values()}, **(sp.get("logit_bias") or {})}
         model, version = self._request_model()
         adapter = self.model_for is not None  # LoRA: every token is the request's adapter's
         image_fields = await self._image_fields(images, prompt_token_ids, model) if images else {}
@@ -317,7 +337,7 @@ class RouterClient:
                 "output_mode": "text",
                 "sampling_params": sp,
                 "request_id": request_id,
-                **image_fields,
+                **image_fields,  # content_parts replace the ids by one placeholder per image (_image_fields)
             }
             engine_id = ENGINE_REQUEST_PREFIX + request_id
             self._inflight.add(engine_id)
@@ -335,6 +355,13 @@ class RouterClient:
                 self._inflight.discard(engine_id)
             if data is not None:
                 where = f"POST {self.base_url}{_GENERATE}"
+                if image_fields.get("return_token_ids"):  # the engine expanded the placeholders: as the processor?
+                    engine_prompt = data.get("prompt_token_ids") or choice.get("prompt_token_ids")
+                    if engine_prompt != list(prompt_token_ids):
+                        raise RouterClientError(
+                            f"{where}: the engine's prompt with the images expanded ({engine_prompt!r:.300}) is not "
+                            f"the processor's ({list(prompt_token_ids)!r:.300})"
+                        )
                 choice = _field(data, "choices", where)[0]
                 aborted_here = bool(choice.get("client_aborted"))
                 ids = _field(choice, "token_ids", where)
@@ -362,23 +389,51 @@ class RouterClient:
         )
         return self._output(choice, lps, [started] * len(lps), sp, where, decode=False)
 
+    def _vision_tokens(self) -> dict[str, int]:
+        """The policy's image placeholder token ids (:func:`vision_token_ids` of the tokenizer's directory, read
+        once; set :attr:`vision_tokens` where the client has no tokenizer); ``{}`` for a text model."""
+        if self.vision_tokens is None:
+            self.vision_tokens = vision_token_ids(getattr(self.tokenizer, "name_or_path", None))
+        return self.vision_tokens
+
     async def _image_fields(self, images: list[str], prompt_token_ids: list[int], model: str) -> dict[str, Any]:
         """The generate request's fields that carry ``images`` (:attr:`EngineCapabilities.image_input`):
-        ``content_parts`` (0.32+; the server loads and processes them), or ``features`` rendered by
-        ``POST /v1/chat/completions/render`` (0.24) with their placeholder ranges moved onto ``prompt_token_ids``'
-        image runs (the ids are the processor's; the rendered prompt is only where the features come from).
+
+        * ``content_parts`` (0.32+): the server loads and processes the images and expands one placeholder per image
+          itself (it would expand an already expanded run again), so the ids go with each placeholder run cut to one
+          token, and ``return_token_ids`` asks for the engine's expanded prompt, which must be ``prompt_token_ids``
+          (checked by :meth:`generate`);
+        * ``features`` (0.24): rendered by ``POST /v1/chat/completions/render``, their placeholder ranges moved onto
+          ``prompt_token_ids``' image runs (the ids are sent as they are).
 
         :raises RouterClientError: a release that takes no images (or the completions fallback), a render that
-            fails, or placeholder runs in ``prompt_token_ids`` that do not match the rendered images'.
+            fails, or image runs in ``prompt_token_ids`` that do not match the images (their number, or the rendered
+            images' lengths).
         """
         how = self.capabilities.image_input
-        if how == "content_parts" and self.api != "completions":
-            return {"content_parts": [{"type": "image_url", "url": u} for u in images]}
-        if how != "features" or self.api == "completions":
+        if how not in ("content_parts", "features") or self.api == "completions":
             raise RouterClientError(
                 f"{self.base_url}: this vLLM release ({self.capabilities.version}) takes no images with a token-id "
                 "prompt (docs/vlm.md lists the releases that do)"
             )
+        if how == "content_parts":
+            pad = self._vision_tokens().get("image_token_id")
+            if pad is None:
+                raise RouterClientError(
+                    f"{len(images)} images but no image placeholder token: the client needs the vision-language "
+                    "model's tokenizer (its directory's config.json names image_token_id) or vision_tokens"
+                )
+            runs = _token_runs(prompt_token_ids, pad)
+            if len(runs) != len(images):
+                raise RouterClientError(f"{len(images)} images but {len(runs)} image placeholder runs in the prompt")
+            ids: list[int] = []
+            prev = 0
+            for start, n in runs:
+                ids += prompt_token_ids[prev : start + 1]
+                prev = start + n
+            ids += prompt_token_ids[prev:]
+            parts = [{"type": "image_url", "url": u} for u in images]
+            return {"token_ids": ids, "content_parts": parts, "return_token_ids": True}
         where = f"POST {self.base_url}{RENDER_ROUTE}"
         parts = [{"type": "image_url", "image_url": {"url": u}} for u in images]
         body = {"model": model, "messages": [{"role": "user", "content": parts}]}
