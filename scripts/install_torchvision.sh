@@ -12,7 +12,7 @@ site=$("$VENV/bin/python" -c "import sysconfig; print(sysconfig.get_paths()['pur
 cp scripts/vime_torchvision_cpu.py "$site/vime_torchvision_cpu.py"
 echo "import vime_torchvision_cpu" > "$site/vime_torchvision_cpu.pth"
 if ! "$VENV/bin/python" -c "import torchvision; assert torchvision.__version__.split('+')[0] == '$tv'" >/dev/null 2>&1; then
-  "$VENV/bin/pip" install --quiet --progress-bar off --no-deps "torchvision==$tv" 2>&1 | grep -v "^WARNING: Location" || true
+  "$VENV/bin/python" -m pip install --quiet --progress-bar off --no-deps "torchvision==$tv" 2>&1 | grep -v "^WARNING: Location" || true
 fi
 "$VENV/bin/python" -c "import torchvision, transformers.models.qwen2_vl.image_processing_qwen2_vl" || {
   echo "install_torchvision.sh: torchvision $tv does not import in $VENV" >&2; exit 1; }
