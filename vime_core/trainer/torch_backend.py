@@ -200,7 +200,8 @@ class TorchTrainer(TrainerBackend):
         self.model = load_hf_model(model_path, dtype).to(self.device)
         # a vision-language model: its vision tower trains unless --freeze-vision-tower (docs/vlm.md)
         self.vision_frozen = False
-        if is_vl_model(self.model):
+        self.vision_model = is_vl_model(self.model)
+        if self.vision_model:
             check_vl_run(config)
             if cfg.freeze_vision_tower:
                 freeze_vision_tower(self.model)
@@ -210,7 +211,7 @@ class TorchTrainer(TrainerBackend):
         if self.lora is not None:
             self.model = self.lora.model  # the HF model, its layers now with the adapter
         self.packing = packable(self.model)
-        if not self.packing:
+        if not self.packing and not self.vision_model:  # a VLM's micro-batches are left-padded by design
             logger.warning(
                 "%s cannot switch its attention implementation or scales its logits: left-padded micro-batches",
                 model_path,
