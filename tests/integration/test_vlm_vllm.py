@@ -285,9 +285,9 @@ def test_vime_run_geo3k_vlm_two_steps(tiny_vlm_dir, processor, model, runs_vlm):
         assert len(samples) == 16
         if step == 0:
             policy = model
-        else:  # the weights the engine served at step 1: the checkpoint after step 0
+        else:  # the weights the engine served at step 1: the checkpoint after step 0 (named for step 1)
             trainer = TorchTrainer(run_config(), tiny_vlm_dir)
-            trainer.load_checkpoint(out / "checkpoints" / "step_000000" / "trainer")
+            trainer.load_checkpoint(out / "checkpoints" / "step_000001" / "trainer")
             policy = trainer.model.eval()
         pad = image_token_id(processor)
         for s in samples:
