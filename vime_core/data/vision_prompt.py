@@ -71,7 +71,7 @@ def load_processor(model_path: str) -> Any:
     except Exception as e:  # noqa: BLE001 - transformers raises many kinds for a processor that does not load
         raise VisionModelError(
             f"the processor of {model_path} does not load ({type(e).__name__}: {str(e).strip()[:500]}); "
-            "docs/vlm.md, 'Installing'"
+            "docs/vlm.md, 'torchvision on the CPU'"
         ) from None
 
 
