@@ -6,6 +6,7 @@ from typing import Any
 
 from vime_core.agent.responders import engine_versions
 from vime_core.context import PluginContext, takes_context
+from vime_core.data.vision_prompt import encode_with_images, processor_for
 from vime_core.rollout.context import get_rollout_context
 from vime_core.types import Sample, Status
 
@@ -29,9 +30,29 @@ def encode_prompt(tokenizer: Any, prompt: str | list[dict[str, Any]], apply_chat
     return list(ids)
 
 
+def encode_sample_prompt(
+    tokenizer: Any, prompt: str | list[dict[str, Any]], images: list[str] | None, apply_chat_template: bool
+) -> list[int]:
+    """:func:`encode_prompt`, or for a prompt with images the model's processor: its chat template, every image
+    placeholder expanded (:func:`vime_core.data.vision_prompt.encode_with_images`; the processor of the directory
+    ``tokenizer`` came from).
+
+    :raises ValueError: images with ``--no-apply-chat-template`` or with a string prompt (the data buffer turns a
+        string prompt with images into chat messages), or a different number of images and image parts.
+    """
+    if not images:
+        return encode_prompt(tokenizer, prompt, apply_chat_template)
+    if not apply_chat_template:
+        raise ValueError("a prompt with images needs the chat template (--no-apply-chat-template is set)")
+    if isinstance(prompt, str):
+        raise ValueError("a prompt with images must be chat messages with an image part per image")
+    return encode_with_images(processor_for(tokenizer), prompt, images)
+
+
 @takes_context
 async def generate(ctx: PluginContext, sample: Sample, sampling_params: dict[str, Any]) -> Sample:
-    """One engine call through the router: prompt ids in, response ids + log-probs out.
+    """One engine call through the router: prompt ids in, response ids + log-probs out (a vision-language
+    sample's images go with its prompt: :func:`encode_sample_prompt`).
 
     Every response token is trainable (mask 1), carries the engine's log-prob and the weight version the engine
     tagged it with (``/inference/v1/generate``'s per-token ``weight_versions``); with ``--use-rollout-routing-replay``
@@ -46,7 +67,7 @@ async def generate(ctx: PluginContext, sample: Sample, sampling_params: dict[str
     cfg = ctx.rollout
     engines = get_rollout_context()
     if not sample.tokens:
-        sample.tokens = encode_prompt(engines.tokenizer, sample.prompt, cfg.apply_chat_template)
+        sample.tokens = encode_sample_prompt(engines.tokenizer, sample.prompt, sample.images, cfg.apply_chat_template)
     params = dict(sampling_params)
     if sample.response_length and params.get("max_tokens") is not None:
         params["max_tokens"] -= sample.response_length
@@ -60,7 +81,8 @@ async def generate(ctx: PluginContext, sample: Sample, sampling_params: dict[str
             sample.status = Status.TRUNCATED
             return sample
         params["max_tokens"] = min(params.get("max_tokens", budget), budget)
-    out = await engines.client.generate(sample.tokens, params, session_id=sample.metadata.get("session_id"))
+    images = {"images": list(sample.images)} if sample.images else {}  # with the prompt, to the engine (docs/vlm.md)
+    out = await engines.client.generate(sample.tokens, params, session_id=sample.metadata.get("session_id"), **images)
     # per-token versions: the engine's tags, or the client's where the release tags none (a missing one raises)
     versions = engine_versions(out)
     sample.append_response_tokens(

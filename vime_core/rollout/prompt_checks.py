@@ -18,7 +18,8 @@ from typing import Any
 
 from vime_core.config import DataConfig
 from vime_core.data.source import DataError
-from vime_core.rollout.generate import encode_prompt
+from vime_core.data.vision_prompt import VisionModelError, check_vision_model, load_processor
+from vime_core.rollout.generate import encode_sample_prompt
 
 logger = logging.getLogger("vime.data")
 
@@ -81,7 +82,7 @@ def filter_overlong_prompts(
         return rows, 0
     kept = []
     for row in rows:
-        n = len(encode_prompt(tokenizer, row["prompt"], data.apply_chat_template))
+        n = len(encode_sample_prompt(tokenizer, row["prompt"], row.get("images"), data.apply_chat_template))
         if n <= limit:
             kept.append(row)
         elif not data.filter_overlong_prompts:
@@ -103,6 +104,25 @@ def filter_overlong_prompts(
     return kept, len(rows) - len(kept)
 
 
+def check_images(rows: list[dict[str, Any]], model_path: Path, apply_chat_template: bool) -> None:
+    """Rows with images need a vision-language model vime drives, whose processor loads, and the chat template.
+
+    :raises DataError: naming the first row with images and ``--model`` (a text-only or unsupported model, a
+        processor that does not load), or ``--no-apply-chat-template``.
+    """
+    first = next((row for row in rows if row.get("images")), None)
+    if first is None:
+        return
+    where = first.get("where", "--prompt-data")
+    try:
+        check_vision_model(model_path)
+        load_processor(str(model_path))
+    except VisionModelError as e:
+        raise DataError(f"{where} has images, but {e}") from None
+    if not apply_chat_template:
+        raise DataError(f"{where} has images, which need the chat template: drop --no-apply-chat-template")
+
+
 def check_prompts(data: DataConfig, model_path: Path, rows: list[dict[str, Any]]) -> int:
     """Everything above for ``vime run``'s ``--prompt-data`` rows, on the driver before any engine starts.
 
@@ -110,6 +130,7 @@ def check_prompts(data: DataConfig, model_path: Path, rows: list[dict[str, Any]]
     :raises DataError: see :func:`load_tokenizer`, :func:`check_chat_template`, :func:`filter_overlong_prompts`.
     """
     tokenizer = load_tokenizer(model_path)
+    check_images(rows, model_path, data.apply_chat_template)
     if data.generate == "default":  # other generate functions bring their own templates (e.g. multi_turn's)
         check_chat_template(tokenizer, model_path, rows, data.apply_chat_template)
     return filter_overlong_prompts(rows, tokenizer, data)[1]

@@ -22,8 +22,9 @@ class GenerateFunctionContract(_Contract):
     Fixtures to supply: ``generate_fn`` (``async def generate(ctx, sample, sampling_params)``),
     ``generate_ctx`` (the :class:`~vime_core.context.PluginContext` it is called with; default every flag at its
     default, :func:`vime_core.testing.plugin_context.plugin_context`), ``prompt_sample`` (a fresh
-    :class:`Sample`) and ``rollout_context`` (an installed :class:`vime_core.rollout.context.RolloutContext`, e.g.
-    a real router client + tokenizer).
+    :class:`Sample`; a vision-language prompt carries its ``images``, and the samples returned must then hold
+    them first, in order, each with one placeholder run of the processor's length) and ``rollout_context`` (an
+    installed :class:`vime_core.rollout.context.RolloutContext`, e.g. a real router client + tokenizer).
     """
 
     @pytest.fixture
@@ -57,11 +58,18 @@ class GenerateFunctionContract(_Contract):
             assert all(
                 v == rollout_context.weight_version for v, m in zip(s.weight_versions, s.loss_mask, strict=True) if m
             )
+            if prompt_sample.images or s.images:  # a vision-language sample: every image, in order, one run each
+                from vime_core.data.vision_prompt import check_image_tokens, processor_for
+
+                assert s.images[: len(prompt_sample.images)] == prompt_sample.images
+                check_image_tokens(processor_for(rollout_context.tokenizer), s.tokens, s.images, "the sample")
 
     def test_tokens_are_prompt_plus_response(self, generate_fn, generate_ctx, prompt_sample, rollout_context):
-        from vime_core.rollout.generate import encode_prompt
+        from vime_core.rollout.generate import encode_sample_prompt
 
         apply_chat_template = generate_ctx.rollout.apply_chat_template
-        prompt_ids = encode_prompt(rollout_context.tokenizer, prompt_sample.prompt, apply_chat_template)
+        prompt_ids = encode_sample_prompt(
+            rollout_context.tokenizer, prompt_sample.prompt, prompt_sample.images, apply_chat_template
+        )
         for s in self._run(generate_fn, generate_ctx, prompt_sample, {"temperature": 1.0, "max_tokens": 4}):
             assert s.tokens[: s.prompt_length] == prompt_ids
