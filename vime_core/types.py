@@ -70,6 +70,9 @@ class Sample:
     prompt_index: int | None = None
     # rollout routing replay: int16 [len(tokens) - 1, layers, top_k], the engine's experts of every forwarded token
     routed_experts: np.ndarray | None = None
+    # vision-language models: the images of the sample, RGB PNG ``data:`` URIs in the order their placeholder token
+    # runs appear in ``tokens`` (the prompt's, then those of tool results and later turns); [] for text
+    images: list[str] = field(default_factory=list)
 
     @property
     def prompt_length(self) -> int:

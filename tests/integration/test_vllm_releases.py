@@ -41,8 +41,8 @@ PROMPT = "def add(a, b):\n    return a + b\n\nclass Point:\n    def __init__(sel
 
 #: what each release answers (found by probing real servers; docs/vllm_releases.md)
 EXPECTED = {
-    "0.32": EngineCapabilities("0.32.0", True, True, True, True, True, False),
-    "0.24": EngineCapabilities("0.24.0", True, False, False, False, False, False),
+    "0.32": EngineCapabilities("0.32.0", True, True, True, True, True, False, image_input="content_parts"),
+    "0.24": EngineCapabilities("0.24.0", True, False, False, False, False, False, image_input="features"),
 }
 
 

@@ -91,6 +91,7 @@ GATE_FILES = frozenset(
         "tests/integration/test_vime_run_ppo_distill.py",  # split: PPO + teacher; on-policy distillation extended
         "tests/integration/test_vime_run_sandbox.py",  # split: docker; local and localvm extended
         "tests/integration/test_vllm_releases.py",  # split: vLLM 0.24; 0.32 (the session engine's) extended
+        "tests/integration/test_vlm_vllm.py",  # split: the geo3k_vlm `vime run`; the rest extended
         "tests/integration/test_weight_sync_delta.py",
         "tests/integration/test_weight_sync_nccl.py",
         "tests/unit/test_agent_gateway.py",
@@ -120,6 +121,7 @@ GATE_FILES = frozenset(
         "tests/unit/test_engine_restart_port.py",
         "tests/unit/test_evaluation.py",
         "tests/unit/test_examples.py",
+        "tests/unit/test_examples_vlm.py",
         "tests/unit/test_finish_and_overlong.py",
         "tests/unit/test_gpu_test_imports.py",
         "tests/unit/test_hooks.py",
@@ -175,6 +177,8 @@ GATE_FILES = frozenset(
         "tests/unit/test_tool_call_parsing.py",
         "tests/unit/test_torch_trainer.py",
         "tests/unit/test_types.py",
+        "tests/unit/test_vlm.py",
+        "tests/unit/test_vlm_data.py",
         "tests/unit/test_weight_load_plan.py",
         "tests/unit/test_weight_write_failure.py",
         "tests/unit/test_xdist_plan.py",

@@ -65,6 +65,7 @@ LAYERS: list[tuple[str, list[str]]] = [
             "vime_core.weight_sync.base",
             "vime_core.rollout.engine_api",
             "vime_core.rollout.answers",
+            "vime_core.rollout.image_input",
             "vime_core.rollout.client",
             "vime_core.rollout.context",
         ],

@@ -13,6 +13,7 @@ results as a user turn — so any chat model can be driven by a tool-using agent
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -248,10 +249,36 @@ class ChatRenderer:
         return self.tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
 
 
+#: an image part inside a message's text (:func:`text_of`): ``IMAGE_REF_START type IMAGE_REF_SEP reference
+#: IMAGE_REF_END`` (private-use characters); the gateway replaces it with the model's image placeholder, or with
+#: ``[type]`` for a text-only model (docs/vlm.md, "The agent gateway")
+IMAGE_REF_START, IMAGE_REF_SEP, IMAGE_REF_END = "\ue000", "\ue001", "\ue002"
+IMAGE_REF = re.compile(f"{IMAGE_REF_START}([a-z_]+){IMAGE_REF_SEP}(.*?){IMAGE_REF_END}", re.S)
+
+
+def image_ref(part: dict[str, Any]) -> str | None:
+    """The image an API content part carries (a ``data:`` URI, URL or path), or ``None``: OpenAI Chat's
+    ``{"type": "image_url", "image_url": {"url"}}``, Responses' ``{"type": "input_image", "image_url"}``,
+    Anthropic's ``{"type": "image", "source": {"type": "base64", "media_type", "data"} | {"type": "url", "url"}}``."""
+    kind = part.get("type")
+    if kind == "image_url":
+        url = part.get("image_url")
+        return url.get("url") if isinstance(url, dict) else url
+    if kind == "input_image":
+        return part.get("image_url")
+    if kind == "image":
+        src = part.get("source") or {}
+        if src.get("type") == "base64" and src.get("data"):
+            return f"data:{src.get('media_type', 'image/png')};base64,{src['data']}"
+        return src.get("url")
+    return None
+
+
 def text_of(content: Any, *, part_types: tuple[str, ...] = ("text", "input_text", "output_text")) -> str:
     """Join the text parts of an API ``content`` (a string, a list of parts joined by newlines, or ``None``).
 
-    Non-text parts (images, documents) become a ``[<type>]`` placeholder so the conversation stays renderable.
+    Image parts become an image reference (:data:`IMAGE_REF`, resolved by the gateway); other non-text parts
+    (documents, an image without data) a ``[<type>]`` placeholder so the conversation stays renderable.
     """
     if content is None:
         return ""
@@ -269,6 +296,8 @@ def text_of(content: Any, *, part_types: tuple[str, ...] = ("text", "input_text"
                 parts.append(str(p.get("text", "")))
             elif t == "tool_result" or t == "tool_reference":
                 parts.append(text_of(p.get("content")))
+            elif (ref := image_ref(p)) is not None:
+                parts.append(f"{IMAGE_REF_START}{t}{IMAGE_REF_SEP}{ref}{IMAGE_REF_END}")
             else:
                 parts.append(f"[{t}]")
         else:

@@ -16,17 +16,19 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 from fastapi import APIRouter, FastAPI, Request
 
 from vime_core.agent.apis import anthropic_messages, openai_chat, openai_responses
 from vime_core.agent.apis.common import APIError, ChatRequest, ChatResult, context_overflow_error
-from vime_core.agent.chat import ChatRenderer, ModelTurn
+from vime_core.agent.chat import IMAGE_REF, ChatRenderer, ModelTurn
 from vime_core.agent.responders import Responder, engine_versions
 from vime_core.agent.session import TURN_BUDGET_MESSAGE, Session, signature
 from vime_core.agent.tool_parsers import ToolCall, ToolParser, parse_with_tools
 from vime_core.agent.trajectory import DEFAULT_MAX_REALIGN_TOKENS, Trajectory, TurnRecord
+from vime_core.data.images import ImageDataError, load_image
 from vime_core.types import Sample
 
 logger = logging.getLogger("vime.agent")
@@ -127,6 +129,7 @@ class AgentGateway:
         self._lock = threading.Lock()
         self._server: Any = None
         self._thread: threading.Thread | None = None
+        self._images: dict[str, str] = {}  # image reference → normalised data: URI (every turn re-sends them)
         self.app = self._build_app()
 
     # -- sessions --------------------------------------------------------------------------------------------
@@ -314,6 +317,40 @@ class AgentGateway:
             return self.renderer.render(req.messages, tools)
         return spliced.text
 
+    def _place_images(self, text: str) -> tuple[str, list[str]]:
+        """The rendered prompt with every image part (:data:`~vime_core.agent.chat.IMAGE_REF`) written as the model's
+        placeholder with its pads already expanded (so the text encodes straight to the processor's ids), and the
+        images in that order; for a text-only model ``[type]`` as before and no images.
+
+        :raises APIError: 400 for an image that does not load (naming why).
+        """
+        from vime_core.data.vision_prompt import (
+            image_placeholder_text,
+            image_token_counts,
+            is_vision_language,
+            processor_for,
+        )
+
+        refs = list(IMAGE_REF.finditer(text))
+        if not refs:
+            return text, []
+        tokenizer = self.renderer.tokenizer
+        if not is_vision_language(str(tokenizer.name_or_path)):
+            return IMAGE_REF.sub(lambda m: f"[{m.group(1)}]", text), []
+        processor = processor_for(tokenizer)
+        images = []
+        for m in refs:
+            ref = m.group(2)
+            if ref not in self._images:
+                try:
+                    self._images[ref] = load_image(ref, Path.cwd())
+                except ImageDataError as e:
+                    raise APIError(400, "invalid_request_error", f"image {len(images)}: {e}") from None
+            images.append(self._images[ref])
+        placeholder, pad = image_placeholder_text(processor), processor.image_token
+        counts = iter(image_token_counts(processor, images))
+        return IMAGE_REF.sub(lambda m: placeholder.replace(pad, pad * next(counts)), text), images
+
     def _remember_output(self, session: Session, content: str, calls: list[ToolCall], ids: list[int]) -> None:
         """history="model": remember the raw output behind the message the client will re-send (session locked)."""
         session.generated[signature(content, calls)] = self.renderer.model_turn(ids)
@@ -328,8 +365,10 @@ class AgentGateway:
             text = self._render(session, req)
         except Exception as e:  # noqa: BLE001 - a template error is the request's fault
             raise APIError(400, "invalid_request_error", f"chat template failed: {type(e).__name__}: {e}") from e
+        text, images = self._place_images(text)
         with session.lock:
             plan = session.trajectory.plan(text, self.renderer.encode, self.renderer.decode)
+        plan.images = images
         return plan, self._sampling_params(session, req, len(plan.prompt_ids))
 
     async def generate_turn(self, session: Session, req: ChatRequest, plan: Any, params: dict[str, Any]) -> ChatResult:
@@ -349,7 +388,8 @@ class AgentGateway:
     async def _turn(self, session: Session, req: ChatRequest, plan: Any, params: dict[str, Any]) -> ChatResult:
         """Call the engine, parse, record the turn; the result for the API layer."""
         try:
-            out = await self.responder.generate(plan.prompt_ids, params, session_id=session.sid)
+            images = {"images": plan.images} if plan.images else {}  # a vision-language prompt's, in order
+            out = await self.responder.generate(plan.prompt_ids, params, session_id=session.sid, **images)
         except APIError:
             raise
         except Exception as e:  # noqa: BLE001 - engine/router failure: a server error the agent may retry
@@ -418,6 +458,7 @@ class AgentGateway:
             ill_formed=ill_formed,
             prompt_text=plan.prompt_text,
             output_text=self.renderer.decode(ids),
+            images=list(plan.images),
             metadata={
                 "api": req.api,
                 "tools": [t["name"] for t in req.tools],  # the tool names the request declared, in its order

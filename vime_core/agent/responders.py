@@ -22,7 +22,11 @@ class Responder(Protocol):
     """The engine call the gateway makes (see the module docstring)."""
 
     async def generate(
-        self, prompt_token_ids: list[int], sampling_params: dict[str, Any], session_id: str | None = None
+        self,
+        prompt_token_ids: list[int],
+        sampling_params: dict[str, Any],
+        session_id: str | None = None,
+        images: list[str] | None = None,
     ) -> GenerateOutput:
         """Generate one continuation; the contract of :meth:`RouterClient.generate`."""
         ...
@@ -92,9 +96,18 @@ class RouterResponder:
         return c
 
     async def generate(
-        self, prompt_token_ids: list[int], sampling_params: dict[str, Any], session_id: str | None = None
+        self,
+        prompt_token_ids: list[int],
+        sampling_params: dict[str, Any],
+        session_id: str | None = None,
+        images: list[str] | None = None,
     ) -> GenerateOutput:
-        """:meth:`RouterClient.generate` through this loop's client (``session_id`` → ``x-session-id``)."""
+        """:meth:`RouterClient.generate` through this loop's client (``session_id`` → ``x-session-id``; ``images``
+        with a vision-language prompt)."""
+        if images:
+            return await self._client().generate(
+                prompt_token_ids, sampling_params, session_id=session_id, images=images
+            )
         return await self._client().generate(prompt_token_ids, sampling_params, session_id=session_id)
 
     async def aclose(self) -> None:
@@ -131,6 +144,7 @@ class EngineCall:
     prompt_ids: list[int]
     sampling_params: dict[str, Any]
     output: GenerateOutput
+    images: list[str] = field(default_factory=list)  # a vision-language prompt's images, as sent
 
 
 @dataclass
@@ -171,7 +185,11 @@ class ScriptedResponder:
         return ids, t.finish_reason
 
     async def generate(
-        self, prompt_token_ids: list[int], sampling_params: dict[str, Any], session_id: str | None = None
+        self,
+        prompt_token_ids: list[int],
+        sampling_params: dict[str, Any],
+        session_id: str | None = None,
+        images: list[str] | None = None,
     ) -> GenerateOutput:
         """The session's next scripted turn, cut to ``sampling_params["max_tokens"]`` (then ``"length"``)."""
         if not prompt_token_ids:
@@ -196,7 +214,9 @@ class ScriptedResponder:
             text=self.tokenizer.decode(ids, skip_special_tokens=True),
             weight_versions=[str(self.weight_version)] * len(ids),
         )
-        self.calls.append(EngineCall(session_id, list(prompt_token_ids), dict(sampling_params), out))
+        self.calls.append(
+            EngineCall(session_id, list(prompt_token_ids), dict(sampling_params), out, list(images or []))
+        )
         return out
 
 

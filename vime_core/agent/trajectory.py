@@ -40,6 +40,8 @@ class TurnRecord:
     :ivar metadata: free-form; the gateway records ``api``, ``tools`` (the tool names the request declared),
         ``tool_calls`` (how many the output made), ``stop``, ``constrained``, ``tool_value_errors`` and
         ``tool_parse_failures`` (reason → count).
+    :ivar images: a vision-language prompt's images (``data:`` URIs), one per placeholder run of ``prompt_ids``, in
+        order, as the engine got them.
     """
 
     prompt_ids: list[int]
@@ -51,6 +53,7 @@ class TurnRecord:
     prompt_text: str | None = None
     output_text: str | None = None
     metadata: dict[str, Any] = field(default_factory=dict)
+    images: list[str] = field(default_factory=list)
 
     @property
     def trainable(self) -> bool:
@@ -111,6 +114,7 @@ class PromptPlan:
     :ivar shared_len: number of leading ids taken from that segment.
     :ivar epoch: the segment's truncation counter at planning time (a plan outlives a realign only as a hint).
     :ivar tokenized_chars: characters tokenised to build the prompt.
+    :ivar images: the prompt's images (a vision-language model; set by the gateway), in placeholder order.
     """
 
     prompt_ids: list[int]
@@ -119,6 +123,7 @@ class PromptPlan:
     shared_len: int
     epoch: int
     tokenized_chars: int
+    images: list[str] = field(default_factory=list)
 
 
 def common_prefix_len(a: list[int], b: list[int], start: int = 0) -> int:
@@ -187,6 +192,7 @@ class _Segment:
         self.drift = {k.value: 0 for k in Drift}
         self.realign_dropped = 0
         self.last_finish = "stop"
+        self.images: list[str] = []  # the last turn's: its prompt + output are the segment's tokens
 
     def trained_after(self, pos: int) -> int:
         return sum(self.loss_mask[pos - self.prompt_length :])
@@ -378,6 +384,7 @@ class Trajectory:
         seg.append(turn.output_ids, mask, turn.output_log_probs, list(turn.weight_versions))
         seg.reset_text(keep_upto, prompt, turn.prompt_text, len(turn.output_ids), turn.output_text)
         seg.turns.append(idx)
+        seg.images = list(turn.images)
         if turn.finish_reason == "length":
             seg.truncated_turns.append(idx)
         elif turn.finish_reason == "abort":
@@ -405,8 +412,9 @@ class Trajectory:
         episode ``reward`` (the same on every segment: the loss counts the episode once through the shared
         ``episode_id``) and ``metadata["trajectory"]`` (segment index, turns, drift counts, flagged turns, realign
         losses). ``tokens`` = the segment's first prompt + response; ``loss_mask``/``rollout_log_probs``/
-        ``weight_versions`` cover the response. Status: ``truncated`` if the segment's last turn hit the length
-        limit, else ``completed``; ``remove_sample`` when no token is trained.
+        ``weight_versions`` cover the response; ``images`` = the segment's last turn's (its prompt + output are the
+        segment's tokens). Status: ``truncated`` if the segment's last turn hit the length limit, else
+        ``completed``; ``remove_sample`` when no token is trained.
 
         :param episode_id: shared id; default ``base_sample.episode_id`` or a fresh uuid.
         """
@@ -442,6 +450,7 @@ class Trajectory:
                 metadata=meta,
                 episode_id=rid,
                 prompt_index=base_sample.prompt_index,
+                images=list(seg.images),
             )
             if not any(seg.loss_mask):
                 s.remove_sample = True

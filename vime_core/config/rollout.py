@@ -24,6 +24,12 @@ class DataConfig(Section):
     metadata_key: str = flag(
         default="metadata", help="field holding per-prompt metadata (a dict passed to the reward)"
     )
+    image_key: str | None = flag(
+        default=None,
+        help="field of a --prompt-data row holding its images (a list of paths relative to the data file, data: URIs "
+        "or image bytes) for a vision-language model; they fill the prompt's image placeholders in order "
+        "(docs/vlm.md). Default: none (images only inside the chat messages)",
+    )
     apply_chat_template: bool = flag(
         action=argparse.BooleanOptionalAction,
         default=True,
@@ -429,6 +435,7 @@ class EvalConfig(Section):
     input_key: str = ref()
     label_key: str = ref()
     metadata_key: str = ref()
+    image_key: str | None = ref()
     rollout_temperature: float = ref()
     rollout_top_p: float = ref()
     rollout_top_k: int = ref()

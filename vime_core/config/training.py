@@ -164,6 +164,13 @@ class TrainerConfig(Section):
         type=int, default=None, help="torch intra-op threads of the trainer (default: every core the trainer may use)"
     )
     gradient_checkpointing: bool = flag(action="store_true", help="recompute activations in backward (less memory)")
+    freeze_vision_tower: bool = flag(
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="vision-language models: keep the vision tower (encoder and merger) at its loaded weights and sync only "
+        "the language model to the engines. Default: off (the tower trains, as upstream vime's Megatron-Bridge "
+        "models do: freeze_vision_model=False)",
+    )
     train_cpus: str | None = flag(
         default=None, help="CPU cores the trainer runs on, e.g. '1' or '2-3,6' (os.sched_setaffinity; default: all)"
     )

@@ -1,7 +1,8 @@
 """The data buffer: reads prompt data, hands out groups, takes back unfinished groups, saves/restores its state.
 
 Rows come from a ``.jsonl`` or ``.parquet`` file (``--prompt-data``). Each row gives a prompt (``--input-key``;
-a string or a list of chat messages), an optional label (``--label-key``) and metadata (``--metadata-key``).
+a string or a list of chat messages), an optional label (``--label-key``), metadata (``--metadata-key``) and, for a
+vision-language model, images (in the messages, or ``--image-key``: :mod:`vime_core.data.images`).
 The order is a seeded permutation per epoch (``--rollout-shuffle``), so a resume neither repeats nor skips
 prompts: the state is (epoch, offset, returned groups) and is saved with every checkpoint.
 """
@@ -14,6 +15,7 @@ import random
 from pathlib import Path
 from typing import Any
 
+from vime_core.data.images import ImageDataError, prompt_with_images
 from vime_core.types import Sample, Status
 
 
@@ -22,17 +24,26 @@ class DataError(ValueError):
 
 
 def read_rows(
-    path: Path, input_key: str, label_key: str | None, metadata_key: str | None, flag: str = "--prompt-data"
+    path: Path,
+    input_key: str,
+    label_key: str | None,
+    metadata_key: str | None,
+    flag: str = "--prompt-data",
+    image_key: str | None = None,
 ) -> list[dict[str, Any]]:
     """Read and check prompt rows.
 
     :param flag: the flag the file came from, named in errors (``--eval-prompt-data NAME`` for an eval set).
+    :param image_key: the field holding each row's images (``--image-key``; every row must have it), or ``None``.
+        Images inside the messages are read either way (:func:`vime_core.data.images.prompt_with_images`).
 
-    :return: dicts with keys ``prompt``, ``label``, ``metadata`` and ``where`` (``FILE:line N`` / ``FILE:row N``,
-        for error messages).
+    :return: dicts with keys ``prompt``, ``label``, ``metadata``, ``images`` (RGB PNG ``data:`` URIs, ``[]`` for a
+        text row; a row with images has chat messages with a bare ``{"type": "image"}`` part per image) and
+        ``where`` (``FILE:line N`` / ``FILE:row N``, for error messages).
     :raises DataError: unreadable file (missing, a directory, no permission, not UTF-8), unsupported suffix, bad
         JSON, a row without ``input_key`` (naming the line), a prompt that is neither a string nor a list of
-        ``{"role", "content"}`` messages, or an empty prompt (``""``, only whitespace, or no messages).
+        ``{"role", "content"}`` messages, or an empty prompt (``""``, only whitespace, or no messages); a row without
+        ``image_key``, an image that is missing or unreadable, more images than placeholders or fewer.
     """
     path = Path(path)
     if not path.exists():
@@ -63,9 +74,23 @@ def read_rows(
         metadata = obj.get(metadata_key) if metadata_key else None
         if metadata is not None and not isinstance(metadata, dict):
             raise DataError(f"{path}:{where} {lineno}: {metadata_key!r} must be an object")
+        if image_key and image_key not in obj:
+            raise DataError(f"{path}:{where} {lineno}: missing --image-key {image_key!r} (row has {sorted(obj)})")
+        try:
+            prompt, images = prompt_with_images(
+                prompt,
+                obj.get(image_key) if image_key else None,
+                path.parent,
+                f"{path}:{where} {lineno}",
+                input_key,
+                image_key,
+            )
+        except ImageDataError as e:
+            raise DataError(str(e)) from None
         rows.append(
             {
                 "prompt": prompt,
+                "images": images,
                 "label": obj.get(label_key) if label_key else None,
                 "metadata": metadata or {},
                 "where": f"{path}:{where} {lineno}",
@@ -129,6 +154,7 @@ def new_group(row: dict[str, Any], group_index: int, n: int, prompt_index: int |
             metadata=copy.deepcopy(metadata),
             status=Status.PENDING,
             prompt_index=prompt_index,
+            images=list(row.get("images") or []),
         )
         for i in range(n)
     ]

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from vime_core.data.images import count_image_parts
 from vime_core.data.source import DataSource
 from vime_core.failures import RunFailedError
 from vime_core.rollout.runner import GroupRunner
@@ -43,6 +44,7 @@ def fresh_copy(group: list[Sample]) -> list[Sample]:
                 label=s.label,
                 metadata=meta,
                 prompt_index=s.prompt_index,
+                images=list(s.images[: count_image_parts(s.prompt)]),  # the prompt's, not a tool result's
             )
         )
     return out

@@ -39,6 +39,12 @@ from vime_core.rollout.engine_api import (
     decode_text,
     lean_generate_params,
 )
+from vime_core.rollout.image_input import (
+    check_engine_prompt,
+    content_parts_fields,
+    features_fields,
+    vision_token_ids,
+)
 
 logger = logging.getLogger("vime.rollout")
 
@@ -196,6 +202,7 @@ class RouterClient:
         self.eos_token_ids = frozenset(int(t) for t in eos_token_ids)
         limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
         self._http = httpx.AsyncClient(base_url=self.base_url, timeout=timeout_s, limits=limits, trust_env=False)
+        self.vision_tokens: dict[str, int] | None = None  # None: read from the tokenizer's model directory
         self._inflight: set[str] = set()  # engine-side ids of /inference/v1/generate requests not answered yet
         self._abort: dict[str, asyncio.Event] = {}  # releases without /abort_requests: the client-side abort
 
@@ -251,6 +258,8 @@ class RouterClient:
             raise RouterClientError(f"{where}: the answer has no 'choices'")
         acc = self._new_choice()
         _fold(acc, data.choices[0], where, self.capabilities.generate_text, str(self.weight_version))
+        if data.prompt_token_ids is not None:  # return_token_ids (a prompt with images, content_parts)
+            acc["prompt_token_ids"] = data.prompt_token_ids
         return acc
 
     async def _post_stream(
@@ -280,6 +289,8 @@ class RouterClient:
                 if payload == "[DONE]":
                     break
                 event = _decode(GENERATE_DECODER, payload, where)
+                if event.prompt_token_ids is not None:  # return_token_ids: with the first chunk
+                    choice["prompt_token_ids"] = event.prompt_token_ids
                 if event.error is not msgspec.UNSET:
                     raise RouterClientError(f"POST {self.base_url}{path} stream error: {event.error!r:.2000}")
                 if event.choices is msgspec.UNSET:
@@ -291,7 +302,11 @@ class RouterClient:
         return choice  # a reason missing after tokens is derived from them (normalize_finish_reason)
 
     async def generate(
-        self, prompt_token_ids: list[int], sampling_params: dict[str, Any], session_id: str | None = None
+        self,
+        prompt_token_ids: list[int],
+        sampling_params: dict[str, Any],
+        session_id: str | None = None,
+        images: list[str] | None = None,
     ) -> GenerateOutput:
         """Generate one continuation of ``prompt_token_ids``.
 
@@ -300,6 +315,8 @@ class RouterClient:
             (tokens), ``stop``, ``stop_token_ids``, ``seed``, ``ignore_eos``; keys whose value is ``None`` are left
             out. ``n`` must be 1 and ``logprobs`` is set by the client.
         :param session_id: sent as the ``x-session-id`` header (session-affine routing policies use it).
+        :param images: a vision-language prompt's images (``data:`` URIs), one per placeholder run of
+            ``prompt_token_ids``, in order; sent the way the release takes them (:meth:`_image_fields`).
         :raises ValueError: on an empty prompt or ``n != 1``.
         :raises RouterClientError: on an error status or a response whose lengths do not line up.
         :raises httpx.HTTPError: on connection errors and timeouts.
@@ -310,8 +327,12 @@ class RouterClient:
         if sp.pop("n", 1) != 1:
             raise ValueError("RouterClient.generate produces one sample per call: n must be 1")
         sp["logprobs"] = 0  # the sampled token's log-prob only
+        vision = self._vision_tokens()
+        if vision:  # a VLM never samples its own image placeholders (docs/vlm.md); raw log-probs are unaffected
+            sp["logit_bias"] = {**{str(t): -100.0 for t in vision.values()}, **(sp.get("logit_bias") or {})}
         model, version = self._request_model()
         adapter = self.model_for is not None  # LoRA: every token is the request's adapter's
+        image_fields = await self._image_fields(images, prompt_token_ids, model) if images else {}
         if self.api != "completions":
             request_id = f"vime-{uuid.uuid4().hex}"
             body = {
@@ -320,6 +341,7 @@ class RouterClient:
                 "output_mode": "text",
                 "sampling_params": lean_generate_params(sp, self.capabilities, self.stream) if self.lean else sp,
                 "request_id": request_id,
+                **image_fields,  # content_parts replace the ids by one placeholder per image (_image_fields)
             }
             engine_id = ENGINE_REQUEST_PREFIX + request_id
             self._inflight.add(engine_id)
@@ -336,6 +358,8 @@ class RouterClient:
             if got is not None:
                 where = f"POST {self.base_url}{_GENERATE}"
                 choice = got
+                if image_fields.get("return_token_ids"):  # the engine expanded the placeholders: as the processor?
+                    check_engine_prompt(choice.get("prompt_token_ids"), prompt_token_ids, where)
                 aborted_here = bool(choice.get("client_aborted"))
                 lps = choice["log_probs"]
                 if not lps:
@@ -346,6 +370,8 @@ class RouterClient:
                     versions = choice["arrival_versions"] if self.stream and not adapter else [started] * len(lps)
                 decode = not self.capabilities.generate_text or aborted_here
                 return self._output(choice, lps, versions, sp, where, decode=decode, prompt_len=len(prompt_token_ids))
+        if images:  # /v1/completions takes no images: never generate without them
+            raise RouterClientError(f"{self.base_url}{_COMPLETIONS} takes no images; the prompt has {len(images)}")
         started = str(version)
         body = {"model": model, "prompt": list(prompt_token_ids), "return_token_ids": True, **sp}
         data = await self._post(_COMPLETIONS, body, session_id, COMPLETION_DECODER)
@@ -367,6 +393,38 @@ class RouterClient:
         return self._output(
             choice, lps, [started] * len(lps), sp, where, decode=False, prompt_len=len(prompt_token_ids)
         )
+
+    def _vision_tokens(self) -> dict[str, int]:
+        """The policy's image placeholder token ids (:func:`vision_token_ids` of the tokenizer's directory, read
+        once; set :attr:`vision_tokens` where the client has no tokenizer); ``{}`` for a text model."""
+        if self.vision_tokens is None:
+            self.vision_tokens = vision_token_ids(getattr(self.tokenizer, "name_or_path", None))
+        return self.vision_tokens
+
+    async def _image_fields(self, images: list[str], prompt_token_ids: list[int], model: str) -> dict[str, Any]:
+        """The generate request's fields that carry ``images``, as the release takes them
+        (:attr:`EngineCapabilities.image_input`): ``content_parts`` (0.32+,
+        :func:`~vime_core.rollout.image_input.content_parts_fields`; the engine's expanded prompt is checked by
+        :meth:`generate`) or rendered ``features`` (0.24, :func:`~vime_core.rollout.image_input.features_fields`).
+
+        :raises RouterClientError: a release that takes no images (or the completions fallback), a policy without
+            an image placeholder token, a render that fails, or placeholder runs that do not match the images.
+        """
+        how = self.capabilities.image_input
+        if how not in ("content_parts", "features") or self.api == "completions":
+            raise RouterClientError(
+                f"{self.base_url}: this vLLM release ({self.capabilities.version}) takes no images with a token-id "
+                "prompt (docs/vlm.md lists the releases that do)"
+            )
+        if how == "features":
+            return await features_fields(self._http, self.base_url, images, prompt_token_ids, model)
+        pad = self._vision_tokens().get("image_token_id")
+        if pad is None:
+            raise RouterClientError(
+                f"{len(images)} images but no image placeholder token: the client needs the vision-language "
+                "model's tokenizer (its directory's config.json names image_token_id) or vision_tokens"
+            )
+        return content_parts_fields(images, prompt_token_ids, pad)
 
     @staticmethod
     def _new_choice() -> dict[str, Any]:

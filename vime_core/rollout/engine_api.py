@@ -20,6 +20,13 @@ GENERATE_ROUTE = "/inference/v1/generate"
 PROBE_REQUEST_ID = "vime-capability-probe"
 #: vLLM's ``RequestOutputKind.FINAL_ONLY``: the engine's API server builds one output per request, when it finishes
 FINAL_ONLY = 2
+#: the chat render route of 0.24+: messages in, the prompt's token ids and its images' ``features`` out
+RENDER_ROUTE = "/v1/chat/completions/render"
+
+#: how a release takes images with a token-id prompt (:attr:`EngineCapabilities.image_input`): ``content_parts`` on
+#: the generate route (0.32+: the server loads and processes the images), ``features`` (0.24: the images' processed
+#: tensors from :data:`RENDER_ROUTE`, sent with the prompt to the generate route), or ``none``
+IMAGE_INPUTS = ("content_parts", "features", "none")
 
 
 class EngineCapabilityError(RuntimeError):
@@ -45,6 +52,8 @@ class EngineCapabilities:
         with ``--enable-lora`` and ``VLLM_ALLOW_RUNTIME_LORA_UPDATING``: :func:`lora_launch`); LoRA runs need it.
     :ivar routed_experts: its answers carry ``routed_experts`` (an MoE model served with
         ``--enable-return-routed-experts``, :data:`ROUTED_EXPERTS_FLAG`); ``--use-rollout-routing-replay`` needs it.
+    :ivar image_input: how the generate route takes images with token ids (one of :data:`IMAGE_INPUTS`, read from
+        the server's OpenAPI schema: :func:`image_input_of`); prompts with images need one other than ``none``.
     """
 
     version: str
@@ -55,11 +64,12 @@ class EngineCapabilities:
     abort_route: bool
     lora_runtime: bool
     routed_experts: bool = False
+    image_input: str = "none"
 
     @classmethod
     def latest(cls) -> EngineCapabilities:
         """What the newest supported release answers (the client's expectation when it is given none)."""
-        return cls("latest", True, True, True, True, True, False)
+        return cls("latest", True, True, True, True, True, False, image_input="content_parts")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -77,7 +87,8 @@ class EngineCapabilities:
             if not have
         ]
         api = "" if self.generate else ", /v1/completions instead of /inference/v1/generate"
-        return f"vLLM {self.version}" + (f" (vime supplies: {', '.join(supplied)}{api})" if supplied or api else "")
+        line = f"vLLM {self.version}" + (f" (vime supplies: {', '.join(supplied)}{api})" if supplied or api else "")
+        return line + ("" if self.image_input == "content_parts" else f" (images: {self.image_input})")
 
 
 def launch_flags(flag_table: Sequence[str] | dict[str, Any]) -> list[str]:
@@ -161,7 +172,26 @@ def probe_capabilities(http: httpx.Client, model: str, where: str) -> EngineCapa
     # an empty name is refused with 400 where the route exists (no adapter is loaded), 404 where it does not
     resp = http.post(LOAD_LORA_ROUTE, json={"lora_name": "", "lora_path": ""})
     lora = resp.status_code == 400 or _exists(resp, where, LOAD_LORA_ROUTE)
-    return EngineCapabilities(str(version), generate, text, versions, weight_route, abort, lora, routes)
+    resp = http.get("/openapi.json")
+    images = image_input_of(resp.json() if resp.status_code == 200 else None) if generate else "none"
+    return EngineCapabilities(
+        str(version), generate, text, versions, weight_route, abort, lora, routes, image_input=images
+    )
+
+
+def image_input_of(openapi: dict[str, Any] | None) -> str:
+    """How a server takes images with a token-id prompt (:data:`IMAGE_INPUTS`), from its OpenAPI schema: the generate
+    request's ``content_parts`` field (0.32+), else its ``features`` field together with :data:`RENDER_ROUTE` (0.24),
+    else ``none`` (also when the server publishes no schema: ``--disable-fastapi-docs``)."""
+    if not openapi:
+        return "none"
+    request = (openapi.get("components") or {}).get("schemas", {}).get("GenerateRequest") or {}
+    fields = request.get("properties") or {}
+    if "content_parts" in fields:
+        return "content_parts"
+    if "features" in fields and RENDER_ROUTE in (openapi.get("paths") or {}):
+        return "features"
+    return "none"
 
 
 def _exists(resp: httpx.Response, where: str, route: str) -> bool:
@@ -278,10 +308,13 @@ class GenerateChoice(msgspec.Struct):
 
 class GenerateAnswer(msgspec.Struct):
     """A ``/inference/v1/generate`` answer, or one event of its stream (``error`` instead of ``choices`` when the
-    server failed mid-stream; the final usage chunk has no choices)."""
+    server failed mid-stream; the final usage chunk has no choices). ``prompt_token_ids``: the prompt the engine ran
+    (with ``return_token_ids``: a prompt whose images the engine expanded, in a stream's first chunk), else ``null``
+    or absent."""
 
     choices: list[GenerateChoice] | msgspec.UnsetType = msgspec.UNSET
     error: Any = msgspec.UNSET
+    prompt_token_ids: list[int] | None = None
 
 
 class CompletionLogprobs(msgspec.Struct):

@@ -6,7 +6,7 @@ from typing import Any
 
 from vime_core.agent.responders import engine_versions
 from vime_core.context import PluginContext, rollout_engines, takes_context
-from vime_core.rollout.prompt_checks import encode_prompt
+from vime_core.rollout.prompt_checks import encode_prompt, encode_sample_prompt  # noqa: F401 - encode_prompt: old home
 from vime_core.types import Sample, Status
 
 FINISH_TO_STATUS = {"stop": Status.COMPLETED, "length": Status.TRUNCATED, "abort": Status.ABORTED}
@@ -14,7 +14,8 @@ FINISH_TO_STATUS = {"stop": Status.COMPLETED, "length": Status.TRUNCATED, "abort
 
 @takes_context
 async def generate(ctx: PluginContext, sample: Sample, sampling_params: dict[str, Any]) -> Sample:
-    """One engine call through the router: prompt ids in, response ids + log-probs out.
+    """One engine call through the router: prompt ids in, response ids + log-probs out (a vision-language
+    sample's images go with its prompt: :func:`encode_sample_prompt`).
 
     Every response token is trainable (mask 1), carries the engine's log-prob and the weight version the engine
     tagged it with (``/inference/v1/generate``'s per-token ``weight_versions``); with ``--use-rollout-routing-replay``
@@ -29,7 +30,7 @@ async def generate(ctx: PluginContext, sample: Sample, sampling_params: dict[str
     cfg = ctx.rollout
     engines = rollout_engines(ctx)
     if not sample.tokens:
-        sample.tokens = encode_prompt(engines.tokenizer, sample.prompt, cfg.apply_chat_template)
+        sample.tokens = encode_sample_prompt(engines.tokenizer, sample.prompt, sample.images, cfg.apply_chat_template)
     params = dict(sampling_params)
     if sample.response_length and params.get("max_tokens") is not None:
         params["max_tokens"] -= sample.response_length
@@ -43,7 +44,8 @@ async def generate(ctx: PluginContext, sample: Sample, sampling_params: dict[str
             sample.status = Status.TRUNCATED
             return sample
         params["max_tokens"] = min(params.get("max_tokens", budget), budget)
-    out = await engines.client.generate(sample.tokens, params, session_id=sample.metadata.get("session_id"))
+    images = {"images": list(sample.images)} if sample.images else {}  # with the prompt, to the engine (docs/vlm.md)
+    out = await engines.client.generate(sample.tokens, params, session_id=sample.metadata.get("session_id"), **images)
     # per-token versions: the engine's tags, or the client's where the release tags none (a missing one raises)
     versions = engine_versions(out)
     sample.append_response_tokens(

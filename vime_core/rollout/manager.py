@@ -79,7 +79,9 @@ class RolloutManager:
         self.dynamic_filter = plugins.resolve("dynamic_filter", name) if name else None
         data_source = None  # `vime eval` has no training data
         if data.prompt_data is not None:
-            rows = read_rows(data.prompt_data, data.input_key, data.label_key, data.metadata_key)
+            rows = read_rows(
+                data.prompt_data, data.input_key, data.label_key, data.metadata_key, image_key=data.image_key
+            )
             data_source = DataSource(
                 filter_overlong_prompts(rows, self.tokenizer, data)[0],  # --rollout-max-prompt-len
                 cfg.n_samples_per_prompt,

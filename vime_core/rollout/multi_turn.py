@@ -23,9 +23,19 @@ from vime_core.agent.tool_parse_failures import tool_parse_metrics
 from vime_core.agent.tool_parsers import ToolCall, parse_with_tools
 from vime_core.config import MultiTurnConfig
 from vime_core.context import PluginContext, rollout_engines, takes_context
+from vime_core.data.images import ImageDataError
+from vime_core.data.vision_prompt import (
+    expand_image_pads,
+    image_placeholder_text,
+    image_token_counts,
+    image_token_id,
+    messages_as_text,
+    processor_for,
+    tool_result_parts,
+)
 from vime_core.plugins import get_plugins
 from vime_core.rollout.generate import FINISH_TO_STATUS
-from vime_core.rollout.prompt_checks import encode_prompt
+from vime_core.rollout.prompt_checks import encode_sample_prompt
 from vime_core.rollout.tools import Tool, load_tools
 from vime_core.types import Sample, Status
 
@@ -88,7 +98,7 @@ def bridge_text(
     return spliced.text[spliced.ends[-1] :]
 
 
-async def _run_tool(tools: dict[str, Tool], call: ToolCall, timeout_s: float) -> str:
+async def _run_tool(tools: dict[str, Tool], call: ToolCall, timeout_s: float) -> str | list[dict[str, Any]]:
     tool = tools.get(call.name)
     if tool is None:
         return f"Error: unknown tool {call.name!r}; available: {', '.join(sorted(tools))}"
@@ -161,6 +171,15 @@ async def _episode_sandbox(ctx: PluginContext):  # type: ignore[no-untyped-def]
         yield sb
 
 
+def _expand(tokenizer: Any, ids: list[int], images: list[str]) -> list[int]:
+    """``ids`` with the single image placeholder of each of ``images`` expanded as the processor expands it (no
+    images: ``ids`` as they are)."""
+    if not images:
+        return ids
+    processor = processor_for(tokenizer)
+    return expand_image_pads(ids, image_token_id(processor), image_token_counts(processor, images))
+
+
 def _truncate(renderer: ChatRenderer, text: str, max_tokens: int) -> str:
     ids = renderer.encode(text)
     if len(ids) <= max_tokens:
@@ -200,18 +219,11 @@ async def _episode(
     by_name = {t.name: t for t in tools}
     schemas = [t.schema() for t in tools]
     native_prompt = bool(schemas) and cfg.multi_turn_tool_prompt == "auto"
-    prompt = sample.prompt
-    chat = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
     # the conversation so far, in canonical form (OpenAI-style messages, tool calls included); the model's turns are
     # added as assistant messages whose text is the model's own output (model_turns)
-    conversation = parse_chat({"messages": chat}, strict_tool_ids=False).messages
+    conversation = _start_conversation(cfg, sample, ctx.tokenizer, renderer, schemas if native_prompt else None)
     model_turns: dict[int, ModelTurn] = {}
     render_tools = schemas if native_prompt else None
-    if not sample.tokens:
-        if native_prompt:
-            sample.tokens = renderer.encode(renderer.render(conversation, schemas))
-        else:
-            sample.tokens = encode_prompt(ctx.tokenizer, sample.prompt, cfg.apply_chat_template)
     params = dict(sampling_params)
     budget = int(params.pop("max_tokens", None) or cfg.rollout_max_response_len)
     max_ctx = cfg.rollout_max_context_len
@@ -230,6 +242,7 @@ async def _episode(
     failures: dict[str, int] = sample.metadata.setdefault("tool_parse_failures", {})
     pending: list[int] = []
     pending_text = ""
+    pending_images: list[str] = []  # the images of the pending tool results (docs/vlm.md, "Multi-turn")
     status, stop_reason, turn = Status.TRUNCATED, "budget", 0
     for turn in range(max_turns):  # noqa: B007 - the last value is reported
         left = budget - sample.response_length - len(pending)
@@ -237,7 +250,9 @@ async def _episode(
             status, stop_reason = Status.TRUNCATED, "budget"
             break
         params["max_tokens"] = min(left, per_turn) if per_turn else left
-        out = await ctx.client.generate(sample.tokens + pending, params, session_id=session_id)
+        images = sample.images + pending_images
+        extra = {"images": images} if images else {}
+        out = await ctx.client.generate(sample.tokens + pending, params, session_id=session_id, **extra)
         versions = engine_versions(out, ctx.weight_version)
         if pending:  # the tool context the engine just read, tagged with the version that read it
             sample.append_response_tokens(
@@ -246,7 +261,8 @@ async def _episode(
                 weight_version=min(versions) if versions else ctx.weight_version,
                 text=pending_text,
             )
-            pending, pending_text = [], ""
+            sample.images.extend(pending_images)
+            pending, pending_text, pending_images = [], "", []
         ids = list(out.token_ids)
         text = renderer.visible_text(ids)
         sample.append_response_tokens(ids, trainable=True, log_probs=out.log_probs, weight_version=versions, text=text)
@@ -265,11 +281,9 @@ async def _episode(
         if turn == max_turns - 1:
             status, stop_reason = Status.TRUNCATED, "max_turns"
             break
-        results = []
-        for call in parsed.tool_calls:
-            result = _truncate(renderer, await _run_tool(by_name, call, timeout_s), max_tool_tokens)
-            results.append(result)
-            calls_log.append({"turn": turn, "name": call.name, "arguments": call.arguments, "result": result[:200]})
+        results, new_images = await _tool_results(
+            by_name, parsed.tool_calls, renderer, ctx.tokenizer, (timeout_s, max_tool_tokens), turn, calls_log
+        )
         conversation.append(ChatMessage("assistant", parsed.content, list(parsed.tool_calls)))
         model_turns[len(conversation) - 1] = renderer.model_turn(ids)
         conversation += [
@@ -277,12 +291,66 @@ async def _episode(
             for c, r in zip(parsed.tool_calls, results, strict=True)
         ]
         pending_text = bridge_text(renderer, conversation, model_turns, render_tools)
-        pending = renderer.encode(pending_text)
+        pending = _expand(ctx.tokenizer, renderer.encode(pending_text), new_images)
+        pending_images = new_images
         if budget - sample.response_length - len(pending) <= 0:
             status, stop_reason = Status.TRUNCATED, "budget"
-            pending = []
+            pending, pending_images = [], []
             break
     return _finish(sample, status, stop_reason, turn + 1, ctx_bound, budget)
+
+
+def _start_conversation(
+    cfg: MultiTurnConfig, sample: Sample, tokenizer: Any, renderer: ChatRenderer, schemas: list[dict] | None
+) -> list[ChatMessage]:
+    """The episode's conversation from ``sample``'s prompt (a vision-language prompt's image parts as the template
+    writes them: the renderer takes text content); ``sample.tokens`` set to the prompt's ids unless it has them (a
+    resumed sample): rendered with the tools' ``schemas`` when they go in the template's own tool prompt, else
+    :func:`~vime_core.rollout.prompt_checks.encode_sample_prompt`."""
+    prompt = sample.prompt
+    chat = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
+    if sample.images:
+        chat = messages_as_text(chat, image_placeholder_text(processor_for(tokenizer)))
+    conversation = parse_chat({"messages": chat}, strict_tool_ids=False).messages
+    if not sample.tokens:
+        if schemas is not None:
+            sample.tokens = _expand(tokenizer, renderer.encode(renderer.render(conversation, schemas)), sample.images)
+        else:
+            sample.tokens = encode_sample_prompt(tokenizer, sample.prompt, sample.images, cfg.apply_chat_template)
+    return conversation
+
+
+async def _tool_results(
+    by_name: dict[str, Tool],
+    calls: list[ToolCall],
+    renderer: ChatRenderer,
+    tokenizer: Any,
+    limits: tuple[float, int],
+    turn: int,
+    calls_log: list[dict[str, Any]],
+) -> tuple[list[str], list[str]]:
+    """Run one turn's tool ``calls`` (``limits``: the timeout in seconds and the most tokens of a result) and log
+    each in ``calls_log``.
+
+    :return: each call's result text (truncated; an image's placeholders after its text) and the images the
+        results returned, in order (a tool's image that does not load is an error text the model reads).
+    """
+    timeout_s, max_tool_tokens = limits
+    results: list[str] = []
+    new_images: list[str] = []
+    for call in calls:
+        try:
+            text, result_images = tool_result_parts(await _run_tool(by_name, call, timeout_s), Path.cwd())
+        except ImageDataError as e:  # the tool returned an image that does not load: the model is told
+            text, result_images = f"Error: {call.name} returned an unreadable image: {e}", []
+        result = _truncate(renderer, text, max_tool_tokens)
+        if result_images:  # images after the result's text, as the template writes image parts
+            result += image_placeholder_text(processor_for(tokenizer)) * len(result_images)
+            new_images += result_images
+        results.append(result)
+        logged = {"turn": turn, "name": call.name, "arguments": call.arguments, "result": result[:200]}
+        calls_log.append({**logged, "images": len(result_images)} if result_images else logged)
+    return results, new_images
 
 
 def _finish(sample: Sample, status: Status, stop_reason: str, turns: int, ctx_bound: bool, budget: int) -> Sample:

@@ -1,5 +1,5 @@
-"""Prompt encoding (:func:`encode_prompt`) and the prompt checks that need the policy's tokenizer: the tokenizer
-itself, the chat template, the prompt length.
+"""Prompt encoding (:func:`encode_prompt`; with images :func:`encode_sample_prompt`) and the prompt checks that need
+the policy's tokenizer: the tokenizer itself, the chat template, the prompt length.
 
 ``vime run`` makes them on the driver before any engine starts (:func:`check_prompts`), so a model directory
 without a tokenizer, a missing chat template or an over-long prompt fails in seconds with the flag, the directory
@@ -19,6 +19,13 @@ from typing import Any
 
 from vime_core.config import DataConfig
 from vime_core.data.source import DataError
+from vime_core.data.vision_prompt import (
+    VisionModelError,
+    check_vision_model,
+    encode_with_images,
+    load_processor,
+    processor_for,
+)
 
 logger = logging.getLogger("vime.data")
 
@@ -40,6 +47,25 @@ def encode_prompt(tokenizer: Any, prompt: str | list[dict[str, Any]], apply_chat
     if isinstance(ids, dict) or hasattr(ids, "keys"):  # transformers 5 may return a BatchEncoding
         ids = ids["input_ids"]
     return list(ids)
+
+
+def encode_sample_prompt(
+    tokenizer: Any, prompt: str | list[dict[str, Any]], images: list[str] | None, apply_chat_template: bool
+) -> list[int]:
+    """:func:`encode_prompt`, or for a prompt with images the model's processor: its chat template, every image
+    placeholder expanded (:func:`vime_core.data.vision_prompt.encode_with_images`; the processor of the directory
+    ``tokenizer`` came from).
+
+    :raises ValueError: images with ``--no-apply-chat-template`` or with a string prompt (the data buffer turns a
+        string prompt with images into chat messages), or a different number of images and image parts.
+    """
+    if not images:
+        return encode_prompt(tokenizer, prompt, apply_chat_template)
+    if not apply_chat_template:
+        raise ValueError("a prompt with images needs the chat template (--no-apply-chat-template is set)")
+    if isinstance(prompt, str):
+        raise ValueError("a prompt with images must be chat messages with an image part per image")
+    return encode_with_images(processor_for(tokenizer), prompt, images)
 
 
 def load_tokenizer(model_path: Path) -> Any:
@@ -98,7 +124,7 @@ def filter_overlong_prompts(
         return rows, 0
     kept = []
     for row in rows:
-        n = len(encode_prompt(tokenizer, row["prompt"], data.apply_chat_template))
+        n = len(encode_sample_prompt(tokenizer, row["prompt"], row.get("images"), data.apply_chat_template))
         if n <= limit:
             kept.append(row)
         elif not data.filter_overlong_prompts:
@@ -120,6 +146,25 @@ def filter_overlong_prompts(
     return kept, len(rows) - len(kept)
 
 
+def check_images(rows: list[dict[str, Any]], model_path: Path, apply_chat_template: bool) -> None:
+    """Rows with images need a vision-language model vime drives, whose processor loads, and the chat template.
+
+    :raises DataError: naming the first row with images and ``--model`` (a text-only or unsupported model, a
+        processor that does not load), or ``--no-apply-chat-template``.
+    """
+    first = next((row for row in rows if row.get("images")), None)
+    if first is None:
+        return
+    where = first.get("where", "--prompt-data")
+    try:
+        check_vision_model(model_path)
+        load_processor(str(model_path))
+    except VisionModelError as e:
+        raise DataError(f"{where} has images, but {e}") from None
+    if not apply_chat_template:
+        raise DataError(f"{where} has images, which need the chat template: drop --no-apply-chat-template")
+
+
 def check_prompts(data: DataConfig, model_path: Path, rows: list[dict[str, Any]]) -> int:
     """Everything above for ``vime run``'s ``--prompt-data`` rows, on the driver before any engine starts.
 
@@ -127,6 +172,7 @@ def check_prompts(data: DataConfig, model_path: Path, rows: list[dict[str, Any]]
     :raises DataError: see :func:`load_tokenizer`, :func:`check_chat_template`, :func:`filter_overlong_prompts`.
     """
     tokenizer = load_tokenizer(model_path)
+    check_images(rows, model_path, data.apply_chat_template)
     if data.generate == "default":  # other generate functions bring their own templates (e.g. multi_turn's)
         check_chat_template(tokenizer, model_path, rows, data.apply_chat_template)
     return filter_overlong_prompts(rows, tokenizer, data)[1]

@@ -42,10 +42,12 @@ class Tool:
         """``{"name", "description", "parameters"}`` (what chat templates and tool parsers take)."""
         return {"name": self.name, "description": self.description, "parameters": self.parameters}
 
-    async def call(self, arguments: dict[str, Any], timeout_s: float | None = None) -> str:
+    async def call(self, arguments: dict[str, Any], timeout_s: float | None = None) -> str | list[dict[str, Any]]:
         """Run the tool; sync functions run in a worker thread.
 
-        :return: the result as text.
+        :return: the result as text; a result that is a list of OpenAI-style content parts (``{"type": "text"}``,
+            ``{"type": "image_url"}``, ``{"type": "image"}``) as it is (images for a vision-language model,
+            docs/vlm.md).
         :raises TimeoutError: after ``timeout_s`` seconds.
         :raises Exception: whatever the tool raises (the caller reports it to the model).
         """
@@ -54,12 +56,21 @@ class Tool:
         else:
             coro = asyncio.to_thread(self.fn, **arguments)
         out = await asyncio.wait_for(coro, timeout=timeout_s)
-        if isinstance(out, str):
+        if isinstance(out, str) or is_content_parts(out):
             return out
         try:
             return json.dumps(out, ensure_ascii=False)
         except TypeError:
             return str(out)
+
+
+def is_content_parts(value: Any) -> bool:
+    """Whether ``value`` is a non-empty list of OpenAI-style content parts (text and image parts)."""
+    return (
+        isinstance(value, list)
+        and bool(value)
+        and all(isinstance(p, dict) and p.get("type") in ("text", "image_url", "image") for p in value)
+    )
 
 
 def _json_type(annotation: Any) -> dict[str, Any]:

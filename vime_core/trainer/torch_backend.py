@@ -30,6 +30,15 @@ from vime_core.trainer.padding import left_padded_batch, response_slices
 from vime_core.trainer.rl_step import rl_train_step
 from vime_core.trainer.rng_state import load_trainer_state, save_trainer_state
 from vime_core.trainer.routing_replay import RoutingReplay, packed_routes, padded_routes
+from vime_core.trainer.vision import (
+    check_vl_run,
+    checkpoint_names,
+    freeze_vision_tower,
+    is_vl_model,
+    load_hf_model,
+    named_checkpoint_tensors,
+    vl_response_log_probs,
+)
 from vime_core.types import RolloutBatch, Sample
 
 logger = logging.getLogger("vime.trainer")
@@ -70,7 +79,13 @@ def response_log_probs(
         when grad is enabled; on ``device``); ``entropies`` is None unless ``with_entropy``.
     :raises ValueError: with ``packing``, if the model scales or soft-caps its logits; with ``routing_replay``, naming
         the sample whose ``routed_experts`` are missing or do not fit the model.
+
+    A vision-language model takes its own path (its images and multimodal RoPE positions, left-padded:
+    :func:`vime_core.trainer.vision.vl_response_log_probs`) whatever ``packing`` says (no routing replay: a VLM run
+    refuses ``--use-rollout-routing-replay``, :func:`vime_core.trainer.vision.check_vl_run`).
     """
+    if is_vl_model(model):
+        return vl_response_log_probs(model, samples, device, with_entropy, entropy_grad)
     if not packing:
         batch = left_padded_batch(samples, device)
         if routing_replay:
@@ -127,7 +142,10 @@ def check_plain_lm_head(model: torch.nn.Module) -> None:
 def packable(model: torch.nn.Module) -> bool:
     """Whether ``model``'s log-probs can take the packed path of :func:`response_log_probs`: its attention switched
     to the packed one (:func:`~vime_core.trainer.packing.enable_packed_attention`, done here) and its logits plain
-    ``lm_head(hidden)``. Else the policy and reference model use left-padded batches (the model's own forward)."""
+    ``lm_head(hidden)``. Else the policy and reference model use left-padded batches (the model's own forward).
+    A vision-language model is never packed (its attention stays as loaded: the vision tower's too)."""
+    if is_vl_model(model):
+        return False
     return enable_packed_attention(model) and _scaled_logits_attr(model) is None
 
 
@@ -144,14 +162,12 @@ class ReferenceModel:
         dtype: torch.dtype,
         routing_replay: bool = False,
     ) -> None:
-        from transformers import AutoModelForCausalLM
-
         path = Path(ref_load or model_path)
         if not (path / "config.json").is_file():
             path = resolve_model(str(ref_load))
         self.path = path
         self.device = device
-        self.model = AutoModelForCausalLM.from_pretrained(str(path), torch_dtype=dtype).to(device)
+        self.model = load_hf_model(path, dtype).to(device)
         self.model.eval()
         self.model.requires_grad_(False)
         self.packing = packable(self.model)  # packed rows (see response_log_probs), else left-padded batches
@@ -205,8 +221,6 @@ class TorchTrainer(TrainerBackend):
 
     def __init__(self, config: RunConfig, model_path: Path) -> None:
         super().__init__(config, model_path)
-        from transformers import AutoModelForCausalLM
-
         cfg, algo = self.trainer_config, self.algorithm_config
         check_algorithm_config(algo)
 
@@ -216,7 +230,15 @@ class TorchTrainer(TrainerBackend):
         torch.set_num_threads(cfg.train_num_threads or len(os.sched_getaffinity(0)))
         self.device = torch.device(cfg.train_device)
         dtype = DTYPES[cfg.train_dtype]
-        self.model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=dtype).to(self.device)
+        self.model = load_hf_model(model_path, dtype).to(self.device)
+        # a vision-language model: its vision tower trains unless --freeze-vision-tower (docs/vlm.md)
+        self.vision_frozen = False
+        self.vision_model = is_vl_model(self.model)
+        if self.vision_model:
+            check_vl_run(config)
+            if cfg.freeze_vision_tower:
+                freeze_vision_tower(self.model)
+                self.vision_frozen = True
         lora_cfg = config.lora
         self.lora = LoraModel(self.model, lora_cfg) if lora_cfg.enabled else None
         if self.lora is not None:
@@ -226,7 +248,7 @@ class TorchTrainer(TrainerBackend):
         if self.routing_replay:
             RoutingReplay.of(self.model)  # a model without replayable routers fails here, before any step
         self.packing = packable(self.model)
-        if not self.packing:
+        if not self.packing and not self.vision_model:  # a VLM's micro-batches are left-padded by design
             logger.warning(
                 "%s cannot switch its attention implementation or scales its logits: left-padded micro-batches",
                 model_path,
@@ -253,7 +275,9 @@ class TorchTrainer(TrainerBackend):
 
     def trainable_parameters(self) -> list[torch.nn.Parameter]:
         """What the optimizer steps: every parameter, or with LoRA the adapter's alone."""
-        return self.lora.trainable_parameters() if self.lora is not None else list(self.model.parameters())
+        if self.lora is not None:
+            return self.lora.trainable_parameters()
+        return [p for p in self.model.parameters() if p.requires_grad]  # a frozen vision tower is not stepped
 
     def _reference_forward(self, samples: list[Sample], packing: bool) -> list[torch.Tensor]:
         return response_log_probs(
@@ -317,12 +341,21 @@ class TorchTrainer(TrainerBackend):
         they differ (MoE experts: per-expert ``mlp.experts.{e}.*_proj.weight``, not the fused ``gate_up_proj``;
         ``transformers.core_model_loading.revert_weight_conversion``, as ``save_pretrained`` does); a tied
         ``lm_head.weight`` is left out (vLLM ties it). With LoRA: the merged weights
-        (:meth:`~vime_core.trainer.lora_torch.LoraModel.merged_tensors`)."""
+        (:meth:`~vime_core.trainer.lora_torch.LoraModel.merged_tensors`). A vision-language model's tensors go under
+        their checkpoint names, a frozen vision tower's left out
+        (:func:`~vime_core.trainer.vision.named_checkpoint_tensors`)."""
+        yield from self._hf_tensors(device, skip_frozen=True)
+
+    def _hf_tensors(self, device: str | None, skip_frozen: bool) -> Iterator[tuple[str, torch.Tensor]]:
         tied = bool(getattr(self.model.config, "tie_word_embeddings", False))
         if self.lora is not None:
             items = self.lora.merged_tensors()
+        elif is_vl_model(self.model):  # renamed below (named_checkpoint_tensors: a pure renaming)
+            items = self.model.state_dict().items()
         else:
             items = checkpoint_layout(self.model, self.model.state_dict()).items()
+        if is_vl_model(self.model):
+            items = named_checkpoint_tensors(self.model, items, skip_vision=skip_frozen and self.vision_frozen)
         for name, tensor in items:
             if tied and name == "lm_head.weight":
                 continue
@@ -368,6 +401,8 @@ class TorchTrainer(TrainerBackend):
         path.mkdir(parents=True, exist_ok=True)
         if self.lora is not None:  # the adapter alone: the base weights never change
             self.lora.save_adapter(path / "adapter")
+        elif is_vl_model(self.model):  # under the checkpoint names, every tensor (load_checkpoint maps them back)
+            save_file(dict(self._hf_tensors("cpu", skip_frozen=False)), str(path / "model.safetensors"))
         else:  # the in-memory names, which load_checkpoint's load_state_dict reads back
             tied = bool(getattr(self.model.config, "tie_word_embeddings", False))
             state = {k: t.detach().cpu().contiguous() for k, t in self.model.state_dict().items()}
@@ -393,6 +428,9 @@ class TorchTrainer(TrainerBackend):
             self.lora.load_adapter_state(load_file(str(adapter)), f"checkpoint {path}")
         else:
             state = load_file(str(path / "model.safetensors"))
+            if is_vl_model(self.model):  # saved under checkpoint names (_hf_tensors)
+                back = {new: old for old, new in checkpoint_names(self.model, self.model.state_dict()).items()}
+                state = {back.get(name, name): t for name, t in state.items()}
             missing, unexpected = self.model.load_state_dict(state, strict=False)
             missing = [m for m in missing if m != "lm_head.weight"]
             if missing or unexpected:

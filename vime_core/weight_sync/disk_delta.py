@@ -244,13 +244,14 @@ def read_delta(path: str | Path) -> tuple[dict[str, Any], Any]:
 
 
 def group_key(name: str) -> str:
-    """The reload group of an HF tensor name: the decoder layer (``model.layers.N``) or else its module.
+    """The reload group of an HF tensor name: the decoder layer (``model.layers.N``), the vision block of a
+    vision-language model (``visual.blocks.N``), or else its module.
 
     vLLM fuses q/k/v and gate/up into one layer, and its in-place reload keeps old values only for layers that get
     no tensor at all: a layer that gets some of its tensors is rebuilt from those alone. Reloading every tensor of a
     touched decoder layer (and any other touched module whole) keeps every fused layer complete.
     """
-    m = re.match(r"^(.*?\.layers\.\d+)\.", name)
+    m = re.match(r"^(.*?\.(?:layers|blocks)\.\d+)\.", name)
     return m.group(1) if m else name.rsplit(".", 1)[0]
 
 

@@ -23,7 +23,9 @@ class GenerateFunctionContract(_Contract):
     ``rollout_context`` (the :class:`~vime_core.context.Engines` it generates with, e.g. a real router client +
     tokenizer), ``generate_ctx`` (the :class:`~vime_core.context.PluginContext` it is called with; default every
     flag at its default with ``rollout_context`` as ``ctx.engines``,
-    :func:`vime_core.testing.plugin_context.plugin_context`) and ``prompt_sample`` (a fresh :class:`Sample`).
+    :func:`vime_core.testing.plugin_context.plugin_context`) and ``prompt_sample`` (a fresh :class:`Sample`; a
+    vision-language prompt carries its ``images``, and the samples returned must then hold them first, in order,
+    each with one placeholder run of the processor's length).
     """
 
     @pytest.fixture
@@ -57,11 +59,18 @@ class GenerateFunctionContract(_Contract):
             assert all(
                 v == rollout_context.weight_version for v, m in zip(s.weight_versions, s.loss_mask, strict=True) if m
             )
+            if prompt_sample.images or s.images:  # a vision-language sample: every image, in order, one run each
+                from vime_core.data.vision_prompt import check_image_tokens, processor_for
+
+                assert s.images[: len(prompt_sample.images)] == prompt_sample.images
+                check_image_tokens(processor_for(rollout_context.tokenizer), s.tokens, s.images, "the sample")
 
     def test_tokens_are_prompt_plus_response(self, generate_fn, generate_ctx, prompt_sample, rollout_context):
-        from vime_core.rollout.prompt_checks import encode_prompt
+        from vime_core.rollout.prompt_checks import encode_sample_prompt
 
         apply_chat_template = generate_ctx.rollout.apply_chat_template
-        prompt_ids = encode_prompt(rollout_context.tokenizer, prompt_sample.prompt, apply_chat_template)
+        prompt_ids = encode_sample_prompt(
+            rollout_context.tokenizer, prompt_sample.prompt, prompt_sample.images, apply_chat_template
+        )
         for s in self._run(generate_fn, generate_ctx, prompt_sample, {"temperature": 1.0, "max_tokens": 4}):
             assert s.tokens[: s.prompt_length] == prompt_ids
