@@ -19,7 +19,7 @@ from vime_core.config import AlgorithmConfig, EvalConfig, RolloutConfig, RunConf
 from vime_core.evaluation import EvalArgumentError, parse_eval_prompt_data
 from vime_core.lora.options import LoraFlagError, check_lora_config
 from vime_core.net import split_host_port
-from vime_core.placement import PlacementError, ResourceFlags, check_resource_flags
+from vime_core.placement import PlacementError, ResourceFlags, check_resource_flags, parse_cpu_list
 from vime_core.rollout.overlong import check_overlong_config
 from vime_core.trainer.lr_schedule import check_lr_schedule_config
 
@@ -468,20 +468,3 @@ def check_off_policy_correction(rollout: RolloutConfig, algorithm: AlgorithmConf
             "--use-rollout-logprobs, or pass --allow-off-policy-without-correction to train uncorrected."
         )
     logger.warning("WARNING: %s (--allow-off-policy-without-correction). The updates are biased.", what)
-
-
-def parse_cpu_list(spec: str) -> set[int]:
-    """``"1"``, ``"0-3"``, ``"2-3,6"`` → a set of core ids (taskset's list syntax).
-
-    :raises ArgumentError: naming ``--train-cpus`` on a malformed list.
-    """
-    cpus: set[int] = set()
-    try:
-        for part in str(spec).split(","):
-            lo, _, hi = part.strip().partition("-")
-            cpus.update(range(int(lo), int(hi or lo) + 1))
-    except ValueError:
-        raise ArgumentError(f"--train-cpus {spec!r}: expected core ids like '1', '0-3' or '2-3,6'") from None
-    if not cpus:
-        raise ArgumentError(f"--train-cpus {spec!r}: no core")
-    return cpus

@@ -26,7 +26,8 @@ from vime_core.argument_checks import (
     parse_cpu_list,
 )
 from vime_core.argument_errors import ArgumentError
-from vime_core.config import PASSTHROUGH_DESTS, SECTIONS, RolloutConfig, RunConfig, add_flags
+from vime_core.config import PASSTHROUGH_DESTS, SECTIONS, RunConfig, add_flags
+from vime_core.config.sampling import sampling_params as rollout_sampling_params  # its old name here
 from vime_core.config_file import config_to_argv
 from vime_core.passthrough import PassthroughError, split_passthrough
 from vime_core.plugins import get_plugins
@@ -345,23 +346,3 @@ def _refuse_training_flags(cli_argv: list[str], run_parser: argparse.ArgumentPar
             raise ArgumentError(
                 f"{name} is a training flag: vime eval trains nothing (`vime eval --help` lists its flags)"
             )
-
-
-def rollout_sampling_params(cfg: RolloutConfig) -> dict[str, Any]:
-    """The engine sampling parameters of a training rollout."""
-    params: dict[str, Any] = {
-        "temperature": cfg.rollout_temperature,
-        "top_p": cfg.rollout_top_p,
-        "top_k": cfg.rollout_top_k,
-        "max_tokens": cfg.rollout_max_response_len,
-    }
-    if cfg.rollout_min_p is not None:
-        params["min_p"] = cfg.rollout_min_p
-    if cfg.rollout_repetition_penalty is not None:
-        params["repetition_penalty"] = cfg.rollout_repetition_penalty
-    if cfg.rollout_stop:
-        params["stop"] = cfg.rollout_stop
-    if cfg.rollout_stop_token_ids:
-        params["stop_token_ids"] = cfg.rollout_stop_token_ids
-    params.update(cfg.rollout_sampling_params or {})
-    return params

@@ -20,7 +20,7 @@ from vime_core.version import __version__
 
 def _cmd_run(argv: list[str]) -> int:
     from vime_core.arguments import build_run_config, parse_run_args
-    from vime_core.run_checks import check_trainer_model_early, preflight
+    from vime_core.run_checks import preflight
     from vime_core.run_dir import finished_run
 
     check_trainer_model_early(argv)  # --model's family against --trainer, before plugins (and torch) load
@@ -34,6 +34,22 @@ def _cmd_run(argv: list[str]) -> int:
 
     run(cfg, vars(args), checked)
     return 0
+
+
+def check_trainer_model_early(argv: list[str]) -> None:
+    """:func:`~vime_core.run_checks.check_trainer_model` from the raw ``vime run`` argv, before the parser (which loads
+    every plugin, and with them torch) is built: ``--model`` and ``--trainer`` as
+    :func:`vime_core.arguments.early_trainer_and_model` reads them. Anything it cannot read (no ``--trainer``, a bad
+    YAML) is left to the full parse and :func:`vime_core.loop.run`.
+
+    :raises ArgumentError: as :func:`~vime_core.run_checks.check_trainer_model`.
+    """
+    from vime_core.arguments import early_trainer_and_model
+    from vime_core.run_checks import check_trainer_model
+
+    found = early_trainer_and_model(argv)
+    if found is not None:
+        check_trainer_model(*found)
 
 
 def _cmd_report(argv: list[str]) -> int:
@@ -265,7 +281,7 @@ def _cmd_args(argv: list[str]) -> int:
 
 
 def _cmd_sandbox(argv: list[str]) -> int:
-    from vime_core.sandbox import cleanup_all
+    from vime_core.plugins import cleanup_all
 
     p = argparse.ArgumentParser(prog="vime sandbox", formatter_class=HelpFormatter)
     sub = p.add_subparsers(dest="action", required=True)

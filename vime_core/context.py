@@ -1,9 +1,10 @@
-"""What a plugin function receives: :class:`PluginContext`, the typed run configuration it may read.
+"""What a plugin function receives: :class:`PluginContext`, the typed run configuration it may read, the rollout's
+engines (:class:`Engines`: router client, tokenizer, the served weight version) and the loaded plugins.
 
 Generate functions (``generate(ctx, sample, sampling_params)``), rewards (``reward(ctx, sample)``), group rewards
 (``group_reward(ctx, group)``), dynamic-sampling filters (``filter(ctx, group)``) and advantage estimators
 (``estimator(ctx, group)``) get a :class:`PluginContext` as their first argument. Functions written for the
-``(args, ...)`` form of vime 0.x still work for one minor version: :func:`adapt_legacy` wraps them once (a
+``(args, ...)`` form of vime 0.1 still work until vime 0.2: :func:`adapt_legacy` wraps them once (a
 ``DeprecationWarning`` naming the new signature) and hands them :func:`legacy_namespace`, a Namespace built from the
 typed tree. docs/plugins.md.
 """
@@ -15,8 +16,9 @@ import functools
 import inspect
 import warnings
 from collections.abc import Callable
+from contextvars import ContextVar
 from dataclasses import dataclass, fields
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from vime_core.config import (
     AlgorithmConfig,
@@ -44,14 +46,84 @@ NEW_SIGNATURES = {
 }
 
 
+class ServedVersion:
+    """The weight version the engines serve now: one holder, written by the engine fleet after each weight update
+    and read by the router client (the tokens of a release that tags none), the group runner and plugin functions
+    (``ctx.engines.weight_version``).
+
+    :ivar value: the version (0: the initial weights).
+    """
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: int = 0) -> None:
+        self.value = value
+
+
+class Engines:
+    """What a plugin function may use of the rollout's engines (``ctx.engines``; slime's ``GenerateState``).
+
+    :param client: a :class:`vime_core.rollout.client.RouterClient` to the router (``None`` until the engines start).
+    :param tokenizer: the policy's Hugging Face tokenizer.
+    :param weight_version: the initial version of a new :class:`ServedVersion` (ignored when ``served`` is given).
+    :param extras: room for per-process state of plugins (the agent gateway, harness instances, ...).
+    :param served: the holder of the served weight version to share (default: a new one).
+    """
+
+    def __init__(
+        self,
+        client: Any = None,
+        tokenizer: Any = None,
+        weight_version: int = 0,
+        extras: dict[str, Any] | None = None,
+        *,
+        served: ServedVersion | None = None,
+    ) -> None:
+        self.client = client
+        self.tokenizer = tokenizer
+        self.served = served if served is not None else ServedVersion(weight_version)
+        self.extras: dict[str, Any] = extras if extras is not None else {}
+
+    @property
+    def weight_version(self) -> int:
+        """The version of the weights the engines serve now."""
+        return self.served.value
+
+    @weight_version.setter
+    def weight_version(self, version: int) -> None:
+        self.served.value = version
+
+
+class PluginResolver(Protocol):
+    """What a plugin function may ask of the loaded plugins (``ctx.plugins``: the plugin manager,
+    :class:`vime_core.plugins.Plugins`, handed in by whoever builds the context)."""
+
+    def resolve(self, kind: str, name: str) -> Any:
+        """The implementation registered as ``name`` for plugin ``kind`` (``"sandbox"``, ``"reward"``, ...).
+
+        :raises vime_core.registry.RegistryError: an unknown name.
+        """
+
+
+#: the engines of the plugin call in progress, for the deprecated ``vime_core.rollout.context`` functions (set by
+#: the group runner for every call it makes, and by ``set_rollout_context``; goes in vime 0.2 with them)
+CURRENT_ENGINES: ContextVar[Engines | None] = ContextVar("vime_current_engines", default=None)
+
+
 @dataclass(frozen=True, slots=True)
 class PluginContext:
-    """The run's configuration as a plugin function sees it: the sections it may read and its own plugin config.
+    """The run as a plugin function sees it: the config sections it may read and its own plugin config, the
+    rollout's engines and the loaded plugins.
 
     :ivar config: the whole :class:`~vime_core.config.RunConfig`; the properties below are its sections.
+    :ivar engines: the rollout's :class:`Engines` (``None`` in a context of the driver: advantage estimators,
+        ``vime_on_train_step_end``); generate functions read it through :func:`rollout_engines`.
+    :ivar plugins: the loaded plugins, to resolve a name with (``None`` in a context built without them).
     """
 
     config: RunConfig
+    engines: Engines | None = None
+    plugins: PluginResolver | None = None
 
     @property
     def data(self) -> DataConfig:
@@ -108,6 +180,23 @@ class PluginContext:
         return self.config.plugin(cls)  # type: ignore[attr-defined]
 
 
+def rollout_engines(ctx: PluginContext) -> Engines:
+    """``ctx.engines``; for a context built without them, the engines installed with the deprecated
+    ``vime_core.rollout.context.set_rollout_context`` (tests written for vime 0.1; goes in vime 0.2).
+
+    :raises RuntimeError: neither (a generate function runs inside vime's rollout, whose context has them).
+    """
+    if ctx.engines is not None:
+        return ctx.engines
+    installed = CURRENT_ENGINES.get()
+    if installed is None:
+        raise RuntimeError(
+            "the plugin context has no engines: generate functions run inside vime's rollout (in tests, build the "
+            "context with them: vime_core.testing.plugin_context.plugin_context(engines=Engines(client, tokenizer)))"
+        )
+    return installed
+
+
 def legacy_namespace(config: RunConfig) -> argparse.Namespace:
     """A Namespace for ``(args, ...)`` plugin functions and hook implementations, built from the typed tree: every
     field of every section by name, then every plugin config's fields (never the parsed command line itself)."""
@@ -126,17 +215,20 @@ def legacy_namespace(config: RunConfig) -> argparse.Namespace:
 
 _LEGACY: dict[int, tuple[RunConfig, argparse.Namespace]] = {}
 # id of a Namespace legacy_args built → (that Namespace, the context of its config): a built-in called by an
-# (args, ...) plugin with that Namespace gets the run's real context back (plugin configs included)
+# (args, ...) plugin with that Namespace gets the run's real context back (plugin configs, engines and plugins)
 _CONTEXT_OF: dict[int, tuple[argparse.Namespace, PluginContext]] = {}
 
 
-def legacy_args(config: RunConfig) -> argparse.Namespace:
+def legacy_args(config: RunConfig, ctx: PluginContext | None = None) -> argparse.Namespace:
     """:func:`legacy_namespace` of ``config``, built once per config object (the ``args`` the deprecated
-    ``(args, ...)`` hook implementations and plugin functions get)."""
+    ``(args, ...)`` hook implementations and plugin functions get); ``ctx``: the context of the call, which a
+    built-in called back with that Namespace gets (default: one of ``config`` alone)."""
     hit = _LEGACY.get(id(config))
     if hit is None or hit[0] is not config:
         hit = _LEGACY[id(config)] = (config, legacy_namespace(config))
         _CONTEXT_OF[id(hit[1])] = (hit[1], PluginContext(config))
+    if ctx is not None and ctx.config is config:
+        _CONTEXT_OF[id(hit[1])] = (hit[1], ctx)
     return hit[1]
 
 
@@ -154,7 +246,7 @@ def warn_built_from_args(cls: type, what: str, new_form: str) -> None:
     the method to override instead."""
     warnings.warn(
         f"{what} {cls.__name__} is built from an argparse.Namespace (from_args); declare its flag class as FLAGS "
-        f"and override {new_form} instead: from_args stops being called in the next minor version",
+        f"and override {new_form} instead: from_args stops being called in vime 0.2",
         DeprecationWarning,
         stacklevel=3,
     )
@@ -174,8 +266,8 @@ def as_context(value: PluginContext | argparse.Namespace) -> PluginContext:
         return hit[1]
     if isinstance(value, argparse.Namespace):
         warnings.warn(
-            "passing an argparse.Namespace to a vime plugin function is deprecated and will stop working in the "
-            "next minor version; pass the PluginContext (vime_core.context; in tests "
+            "passing an argparse.Namespace to a vime plugin function is deprecated and stops working in vime 0.2; "
+            "pass the PluginContext (vime_core.context; in tests "
             "vime_core.testing.plugin_context.plugin_context(**flags))",
             DeprecationWarning,
             stacklevel=3,
@@ -221,7 +313,7 @@ def adapt_legacy(fn: Callable[..., Any], kind: str, name: str) -> Callable[..., 
         return fn
     warnings.warn(
         f"{kind} {name!r} ({getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', fn)}) takes (args, ...), "
-        f"which is deprecated and will stop working in the next minor version; use {NEW_SIGNATURES[kind]} "
+        f"which is deprecated and stops working in vime 0.2; use {NEW_SIGNATURES[kind]} "
         "(vime_core.context.PluginContext; docs/plugins.md)",
         DeprecationWarning,
         stacklevel=3,
@@ -242,7 +334,7 @@ def adapt_legacy(fn: Callable[..., Any], kind: str, name: str) -> Callable[..., 
 def _legacy_arg(ctx: PluginContext | argparse.Namespace) -> argparse.Namespace:
     """What an ``(args, ...)`` function gets: the Namespace of the context's config, or the Namespace an
     ``(args, ...)`` caller passed on."""
-    return ctx if isinstance(ctx, argparse.Namespace) else legacy_args(ctx.config)
+    return ctx if isinstance(ctx, argparse.Namespace) else legacy_args(ctx.config, ctx)
 
 
 def _named_like(wrapper: Callable[..., Any], fn: Callable[..., Any]) -> Callable[..., Any]:

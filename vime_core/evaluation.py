@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from vime_core.config import EvalConfig
+from vime_core.config.sampling import sampling_params as eval_sampling_params  # noqa: F401 - its old name
 from vime_core.data.source import read_rows
 from vime_core.types import Sample, Status
 
@@ -84,37 +85,6 @@ def load_eval_sets(cfg: EvalConfig) -> list[tuple[EvalSet, list[dict[str, Any]]]
         )
         for s in parse_eval_prompt_data(cfg.eval_prompt_data)
     ]
-
-
-def eval_sampling_params(cfg: EvalConfig, eval_set: str | None = None) -> dict[str, Any]:
-    """The engine sampling parameters of an eval rollout: ``--eval-*`` where set, else the ``--rollout-*`` value;
-    then ``--rollout-sampling-params``, ``--eval-sampling-params`` and, for ``eval_set``, its
-    ``--eval-set-sampling-params`` fields, each over the one before."""
-
-    def pick(value: Any, rollout_value: Any) -> Any:
-        return rollout_value if value is None else value
-
-    params: dict[str, Any] = {
-        "temperature": pick(cfg.eval_temperature, cfg.rollout_temperature),
-        "top_p": pick(cfg.eval_top_p, cfg.rollout_top_p),
-        "top_k": pick(cfg.eval_top_k, cfg.rollout_top_k),
-        "max_tokens": pick(cfg.eval_max_response_len, cfg.rollout_max_response_len),
-    }
-    for key, value in (
-        ("min_p", pick(cfg.eval_min_p, cfg.rollout_min_p)),
-        ("repetition_penalty", pick(cfg.eval_repetition_penalty, cfg.rollout_repetition_penalty)),
-    ):
-        if value is not None:
-            params[key] = value
-    if cfg.rollout_stop:
-        params["stop"] = cfg.rollout_stop
-    if cfg.rollout_stop_token_ids:
-        params["stop_token_ids"] = cfg.rollout_stop_token_ids
-    params.update(cfg.rollout_sampling_params or {})
-    params.update(cfg.eval_sampling_params or {})
-    if eval_set is not None:
-        params.update((cfg.eval_set_sampling_params or {}).get(eval_set, {}))
-    return params
 
 
 def eval_steps(num_rollout: int, interval: int | None, start_step: int = 0, before_train: bool = True) -> list[int]:

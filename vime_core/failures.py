@@ -18,8 +18,6 @@ from collections.abc import Iterable
 
 import httpx
 
-from vime_core.rollout.client import RouterClientError
-from vime_core.sandbox.base import SandboxError
 from vime_core.types import Sample, Status
 
 
@@ -36,6 +34,12 @@ class FailureCause(str, enum.Enum):
     REWARD_INVALID = "reward_invalid"  # the reward returned NaN, ±inf or something that is not a number
 
 
+class EngineError(RuntimeError):
+    """Base of the errors an inference engine or the router in front of it answers with (an error status, a
+    malformed body): outside the ``"reward"`` stage they are ``engine_error``. The router client's
+    :class:`~vime_core.rollout.answers.RouterClientError` subclasses it, so this module imports no engine code."""
+
+
 class SampleFailure(Exception):
     """An error that knows its cause (raised by reward helpers, e.g. :class:`~vime_core.rewards.call`)."""
 
@@ -48,25 +52,24 @@ def classify_failure(error: BaseException, stage: str) -> FailureCause:
     """The cause of ``error`` raised while a sample was in ``stage``.
 
     An exception may name its own cause with a ``failure_cause`` attribute (a :class:`FailureCause` or its value;
-    plugins use this, e.g. a reward's ``RewardInfraError``). Otherwise: a :class:`~vime_core.sandbox.SandboxError`
-    is ``sandbox_error`` in any stage; in the ``"reward"`` stage a :class:`TimeoutError` is ``reward_timeout`` and
-    anything else ``reward_error``; in other stages (``"generate"``, ``"teacher"``) an HTTP/asyncio timeout is
-    ``timeout``, a router/HTTP error ``engine_error`` and anything else ``generate_error``.
+    plugins use this, e.g. a reward's ``RewardInfraError``; every :class:`~vime_core.sandbox.SandboxError` carries
+    ``sandbox_error``, so it is that in any stage). Otherwise, in the ``"reward"`` stage a :class:`TimeoutError` is
+    ``reward_timeout`` and anything else ``reward_error``; in other stages (``"generate"``, ``"teacher"``) an
+    HTTP/asyncio timeout is ``timeout``, an :class:`EngineError` or HTTP error ``engine_error`` and anything else
+    ``generate_error``.
 
     :raises ValueError: ``failure_cause`` is not a known cause.
     """
     own = getattr(error, "failure_cause", None)
     if own is not None:
         return FailureCause(own)
-    if isinstance(error, SandboxError):
-        return FailureCause.SANDBOX_ERROR
     if stage == "reward":
         if isinstance(error, (TimeoutError, asyncio.TimeoutError, httpx.TimeoutException)):
             return FailureCause.REWARD_TIMEOUT
         return FailureCause.REWARD_ERROR
     if isinstance(error, (TimeoutError, asyncio.TimeoutError, httpx.TimeoutException)):
         return FailureCause.TIMEOUT
-    if isinstance(error, (RouterClientError, httpx.HTTPError)):
+    if isinstance(error, (EngineError, httpx.HTTPError)):
         return FailureCause.ENGINE_ERROR
     return FailureCause.GENERATE_ERROR
 

@@ -50,9 +50,12 @@ RegisterFlags = Callable[[str, "type[PluginConfig]"], None]
 def vime_register_generate_functions(register: RegisterGenerate) -> None:
     """Register generate functions by name (``--generate NAME``).
 
-    A generate function is ``async def generate(args, sample, sampling_params) -> Sample | list[Sample]``
-    (:class:`vime_core.protocols.GenerateFn`): it fills
-    ``tokens``/``response``/``loss_mask``/``rollout_log_probs``/``weight_versions``/``status`` of ``sample``.
+    A generate function is ``async def generate(ctx, sample, sampling_params) -> Sample | list[Sample]``
+    (:class:`vime_core.protocols.GenerateFn`; ``ctx`` a :class:`~vime_core.context.PluginContext`, whose
+    ``ctx.engines`` holds the router client, the tokenizer and the served weight version): it fills
+    ``tokens``/``response``/``loss_mask``/``rollout_log_probs``/``weight_versions``/``status`` of ``sample``. The
+    ``(args, sample, sampling_params)`` form of vime 0.1 still works, with a ``DeprecationWarning``; it goes in
+    vime 0.2.
 
     :param register: call ``register("name", fn)`` once per function.
 
@@ -64,8 +67,8 @@ def vime_register_generate_functions(register: RegisterGenerate) -> None:
 def vime_register_reward_functions(register: RegisterReward) -> None:
     """Register reward functions by name (``--reward NAME``).
 
-    A reward function is ``async def reward(args, sample) -> float | dict[str, float]``
-    (:class:`vime_core.protocols.RewardFn`). A reward that raises,
+    A reward function is ``async def reward(ctx, sample) -> float | dict[str, float]``
+    (:class:`vime_core.protocols.RewardFn`; ``(args, sample)`` warns and goes in vime 0.2). A reward that raises,
     exceeds ``--reward-timeout`` or returns NaN/±inf/a non-number marks the sample ``failed`` with that cause
     (:mod:`vime_core.failures`): excluded, never scored 0.
 
@@ -79,8 +82,8 @@ def vime_register_reward_functions(register: RegisterReward) -> None:
 def vime_register_group_reward_functions(register: RegisterGroupReward) -> None:
     """Register group reward functions by name (``--group-reward NAME``).
 
-    A group reward function is ``async def reward(args, group: list[Sample]) -> list[float | dict[str, float]]``
-    (:class:`vime_core.protocols.GroupRewardFn`):
+    A group reward function is ``async def group_reward(ctx, group: list[Sample]) -> list[float | dict[str, float]]``
+    (:class:`vime_core.protocols.GroupRewardFn`; ``(args, group)`` warns and goes in vime 0.2):
     one score per sample of a prompt's group, in order (pairwise preference, rank-based rewards). It replaces
     ``--reward`` and gets the group's completed/truncated samples once all of them have finished generating.
 
@@ -94,8 +97,8 @@ def vime_register_group_reward_functions(register: RegisterGroupReward) -> None:
 def vime_register_advantage_estimators(register: RegisterAdvantage) -> None:
     """Register advantage estimators by name (``--advantage-estimator NAME``).
 
-    An estimator is ``fn(args, group: list[Sample]) -> list[list[float]]`` (per-token advantages per sample;
-    :class:`vime_core.protocols.AdvantageEstimator`).
+    An estimator is ``fn(ctx, group: list[Sample]) -> list[list[float]]`` (per-token advantages per sample;
+    :class:`vime_core.protocols.AdvantageEstimator`; ``(args, group)`` warns and goes in vime 0.2).
 
     :param register: call ``register("name", fn)``.
 
@@ -107,8 +110,9 @@ def vime_register_advantage_estimators(register: RegisterAdvantage) -> None:
 def vime_register_dynamic_sampling_filters(register: RegisterDynamicFilter) -> None:
     """Register dynamic sampling filters by name (``--dynamic-sampling-filter NAME``; DAPO, arXiv:2503.14476).
 
-    A filter is ``fn(args, group: list[Sample]) -> bool`` (:class:`vime_core.protocols.DynamicFilter`): True keeps
-    the scored group for training, False drops it (the rollout manager samples more prompts to refill the batch).
+    A filter is ``fn(ctx, group: list[Sample]) -> bool`` (:class:`vime_core.protocols.DynamicFilter`; ``(args,
+    group)`` warns and goes in vime 0.2): True keeps the scored group for training, False drops it (the rollout
+    manager samples more prompts to refill the batch).
     Built-in: ``check_reward_nonzero_std``.
 
     :param register: call ``register("name", fn)``.
@@ -171,7 +175,7 @@ def vime_register_flags(register: RegisterFlags) -> None:
     """Register the plugin's own ``vime run`` flags: one frozen :class:`vime_core.config.PluginConfig` dataclass
     whose fields are declared with :func:`vime_core.config.flag` under the plugin's prefix (``PREFIX =
     "sandbox-docker"`` → ``--sandbox-docker-*``). The parser, YAML files and ``vime args`` get them from it, and the
-    plugin reads them back typed (``DockerConfig.from_args(args)``).
+    plugin reads them back typed from its context (``ctx.plugin(DockerConfig)``).
 
     :param register: call ``register(ConfigClass.PREFIX, ConfigClass)``; the registry checks the prefix, that every
         field is a flag with help and a default, and that no other plugin took the prefix.
@@ -200,12 +204,13 @@ def vime_add_arguments(parser: ArgumentParser) -> None:
 # --------------------------------------------------------------------------------------------------------------
 # Observation hooks (called during a run). ``ctx`` is the run's :class:`~vime_core.context.PluginContext`; ``step``
 # is the training step (slime's rollout id, 0 .. --num-rollout - 1). ``args`` is the deprecated Namespace of
-# vime 0.x (built from the typed tree): an implementation that names it still gets it, with a DeprecationWarning.
+# vime 0.1 (built from the typed tree): an implementation that names it still gets it, with a DeprecationWarning,
+# until vime 0.2.
 
 
 def _args_deprecated(hook: str, new: str) -> DeprecationWarning:
     return DeprecationWarning(
-        f"{hook}(args, ...) is deprecated and will stop working in the next minor version; implement {hook}({new}) "
+        f"{hook}(args, ...) is deprecated and stops working in vime 0.2; implement {hook}({new}) "
         "and read the configuration from ctx (vime_core.context.PluginContext; docs/hooks.md)"
     )
 

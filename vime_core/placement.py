@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from vime_core.argument_errors import ArgumentError
 from vime_core.config import ClusterConfig
 
 #: GPU share of a bundle each side takes in a colocated plan (trainer rank and engine share one GPU).
@@ -174,65 +175,10 @@ def plan_placement(flags: ResourceFlags, nodes: list[NodeResources]) -> Placemen
     :return: the plan.
     :raises PlacementError: for an impossible plan, naming the flag (exact texts are unit-tested).
     """
-    tp = flags.rollout_num_gpus_per_engine
-    if tp < 1:
-        raise PlacementError(f"--rollout-num-gpus-per-engine must be >= 1, got {tp}")
-    if flags.actor_num_nodes < 1:
-        raise PlacementError(f"--actor-num-nodes must be >= 1, got {flags.actor_num_nodes}")
-    if flags.actor_num_gpus_per_node < 0 or flags.rollout_num_gpus < 0:
-        raise PlacementError("--actor-num-gpus-per-node and --rollout-num-gpus must be >= 0")
-    train_gpus = flags.actor_num_nodes * flags.actor_num_gpus_per_node if flags.train else 0
-    rollout_gpus = flags.rollout_num_gpus if flags.rollout else 0
-    if flags.actor_num_gpus_per_node == 0 and flags.actor_num_nodes > 1:
-        raise PlacementError(
-            f"--actor-num-nodes {flags.actor_num_nodes} needs --actor-num-gpus-per-node >= 1 "
-            "(a trainer without GPUs runs as one rank)"
-        )
-    _check_expert_parallel(flags, train_gpus)
-    if flags.colocate and rollout_gpus == 0 and flags.rollout:
-        rollout_gpus = train_gpus  # slime: colocated engines use the trainer's GPUs unless told otherwise
-    if rollout_gpus % tp:
-        raise PlacementError(
-            f"--rollout-num-gpus-per-engine {tp} must divide --rollout-num-gpus {rollout_gpus} "
-            "(each engine takes that many GPUs of one node)"
-        )
-    if rollout_gpus and flags.rollout_num_engines not in (1, rollout_gpus // tp):
-        raise PlacementError(
-            f"--rollout-num-engines {flags.rollout_num_engines} disagrees with --rollout-num-gpus {rollout_gpus} / "
-            f"--rollout-num-gpus-per-engine {tp} = {rollout_gpus // tp} engines; leave --rollout-num-engines out"
-        )
-    if not rollout_gpus and tp > 1 and flags.rollout:
-        raise PlacementError(
-            f"--rollout-num-gpus-per-engine {tp} (tensor parallel) needs GPU engines: set --rollout-num-gpus"
-        )
-    num_engines = (rollout_gpus // tp if rollout_gpus else flags.rollout_num_engines) if flags.rollout else 0
-    if flags.external_engines:  # --rollout-external: engines vime neither starts nor places
-        num_engines = 0
+    tp, train_gpus, rollout_gpus, num_engines = _gpu_counts(flags)
     order = ordered_nodes(nodes)
     driver = _driver(order)
-    total = sum(n.gpus for n in order)
-    if flags.colocate:
-        if not train_gpus:
-            raise PlacementError("--colocate needs trainer GPUs: set --actor-num-gpus-per-node")
-        if rollout_gpus > train_gpus:
-            raise PlacementError(
-                f"--colocate: --rollout-num-gpus {rollout_gpus} exceeds the trainer's "
-                f"--actor-num-nodes × --actor-num-gpus-per-node = {train_gpus} GPUs the engines share"
-            )
-        if flags.actor_num_gpus_per_node % tp:
-            raise PlacementError(
-                f"--colocate: --rollout-num-gpus-per-engine {tp} must divide --actor-num-gpus-per-node "
-                f"{flags.actor_num_gpus_per_node} (an engine's GPUs are on one node)"
-            )
-        need = train_gpus
-    else:
-        need = train_gpus + rollout_gpus
-    if need > total:
-        raise PlacementError(
-            f"the plan needs {need} GPUs (--actor-num-nodes {flags.actor_num_nodes} × --actor-num-gpus-per-node "
-            f"{flags.actor_num_gpus_per_node}{'' if flags.colocate else f' + --rollout-num-gpus {rollout_gpus}'}) "
-            f"but the Ray cluster has {total:g} GPU(s) on {len(order)} node(s)"
-        )
+    _check_capacity(flags, tp, train_gpus, rollout_gpus, order)
     free = {n.node_id: n.gpus for n in order}
     bundles: list[Bundle] = []
     trainer: list[Slot] = []
@@ -284,6 +230,80 @@ def plan_placement(flags: ResourceFlags, nodes: list[NodeResources]) -> Placemen
     return PlacementPlan(mode, bundles, trainer, engines, tp, flags.trainer_ep)
 
 
+def _gpu_counts(flags: ResourceFlags) -> tuple[int, int, int, int]:
+    """``(GPUs per engine, trainer GPUs, rollout GPUs, engines)`` the flags ask for, whatever the cluster.
+
+    :raises PlacementError: flags that contradict each other, naming them.
+    """
+    tp = flags.rollout_num_gpus_per_engine
+    if tp < 1:
+        raise PlacementError(f"--rollout-num-gpus-per-engine must be >= 1, got {tp}")
+    if flags.actor_num_nodes < 1:
+        raise PlacementError(f"--actor-num-nodes must be >= 1, got {flags.actor_num_nodes}")
+    if flags.actor_num_gpus_per_node < 0 or flags.rollout_num_gpus < 0:
+        raise PlacementError("--actor-num-gpus-per-node and --rollout-num-gpus must be >= 0")
+    train_gpus = flags.actor_num_nodes * flags.actor_num_gpus_per_node if flags.train else 0
+    rollout_gpus = flags.rollout_num_gpus if flags.rollout else 0
+    if flags.actor_num_gpus_per_node == 0 and flags.actor_num_nodes > 1:
+        raise PlacementError(
+            f"--actor-num-nodes {flags.actor_num_nodes} needs --actor-num-gpus-per-node >= 1 "
+            "(a trainer without GPUs runs as one rank)"
+        )
+    _check_expert_parallel(flags, train_gpus)
+    if flags.colocate and rollout_gpus == 0 and flags.rollout:
+        rollout_gpus = train_gpus  # slime: colocated engines use the trainer's GPUs unless told otherwise
+    if rollout_gpus % tp:
+        raise PlacementError(
+            f"--rollout-num-gpus-per-engine {tp} must divide --rollout-num-gpus {rollout_gpus} "
+            "(each engine takes that many GPUs of one node)"
+        )
+    if rollout_gpus and flags.rollout_num_engines not in (1, rollout_gpus // tp):
+        raise PlacementError(
+            f"--rollout-num-engines {flags.rollout_num_engines} disagrees with --rollout-num-gpus {rollout_gpus} / "
+            f"--rollout-num-gpus-per-engine {tp} = {rollout_gpus // tp} engines; leave --rollout-num-engines out"
+        )
+    if not rollout_gpus and tp > 1 and flags.rollout:
+        raise PlacementError(
+            f"--rollout-num-gpus-per-engine {tp} (tensor parallel) needs GPU engines: set --rollout-num-gpus"
+        )
+    num_engines = (rollout_gpus // tp if rollout_gpus else flags.rollout_num_engines) if flags.rollout else 0
+    if flags.external_engines:  # --rollout-external: engines vime neither starts nor places
+        num_engines = 0
+    return tp, train_gpus, rollout_gpus, num_engines
+
+
+def _check_capacity(
+    flags: ResourceFlags, tp: int, train_gpus: int, rollout_gpus: int, order: list[NodeResources]
+) -> None:
+    """Whether the cluster's GPUs (``order``: its nodes) can hold the trainer's and the engines' GPUs.
+
+    :raises PlacementError: naming the flags, what they need and what the cluster has.
+    """
+    total = sum(n.gpus for n in order)
+    if flags.colocate:
+        if not train_gpus:
+            raise PlacementError("--colocate needs trainer GPUs: set --actor-num-gpus-per-node")
+        if rollout_gpus > train_gpus:
+            raise PlacementError(
+                f"--colocate: --rollout-num-gpus {rollout_gpus} exceeds the trainer's "
+                f"--actor-num-nodes × --actor-num-gpus-per-node = {train_gpus} GPUs the engines share"
+            )
+        if flags.actor_num_gpus_per_node % tp:
+            raise PlacementError(
+                f"--colocate: --rollout-num-gpus-per-engine {tp} must divide --actor-num-gpus-per-node "
+                f"{flags.actor_num_gpus_per_node} (an engine's GPUs are on one node)"
+            )
+        need = train_gpus
+    else:
+        need = train_gpus + rollout_gpus
+    if need > total:
+        raise PlacementError(
+            f"the plan needs {need} GPUs (--actor-num-nodes {flags.actor_num_nodes} × --actor-num-gpus-per-node "
+            f"{flags.actor_num_gpus_per_node}{'' if flags.colocate else f' + --rollout-num-gpus {rollout_gpus}'}) "
+            f"but the Ray cluster has {total:g} GPU(s) on {len(order)} node(s)"
+        )
+
+
 def check_resource_flags(flags: ResourceFlags) -> int:
     """The checks that need no cluster (run while parsing flags): plan against a cluster as large as needed.
 
@@ -294,3 +314,20 @@ def check_resource_flags(flags: ResourceFlags) -> int:
     big = 1 << 20
     nodes = [NodeResources(f"virtual-{i}", f"virtual-{i}", big, i == 0) for i in range(flags.actor_num_nodes)]
     return len(plan_placement(flags, nodes).engines)
+
+
+def parse_cpu_list(spec: str) -> set[int]:
+    """``"1"``, ``"0-3"``, ``"2-3,6"`` → a set of core ids (taskset's list syntax).
+
+    :raises ArgumentError: naming ``--train-cpus`` on a malformed list.
+    """
+    cpus: set[int] = set()
+    try:
+        for part in str(spec).split(","):
+            lo, _, hi = part.strip().partition("-")
+            cpus.update(range(int(lo), int(hi or lo) + 1))
+    except ValueError:
+        raise ArgumentError(f"--train-cpus {spec!r}: expected core ids like '1', '0-3' or '2-3,6'") from None
+    if not cpus:
+        raise ArgumentError(f"--train-cpus {spec!r}: no core")
+    return cpus

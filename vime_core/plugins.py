@@ -14,7 +14,7 @@ import logging
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pluggy
 
@@ -24,6 +24,9 @@ from vime_core.context import adapt_legacy
 from vime_core.protocols import AdvantageEstimator, DynamicFilter, GenerateFn, GroupRewardFn, RewardFn
 from vime_core.registry import Registry, RegistryError, check_protocol, check_subclass
 from vime_core.version import __version__
+
+if TYPE_CHECKING:
+    from vime_core.sandbox.base import CleanupReport
 
 logger = logging.getLogger("vime.plugins")
 
@@ -206,3 +209,23 @@ def get_plugins(reload: bool = False) -> Plugins:
     if _PLUGINS is None or reload:
         _PLUGINS = Plugins().load()
     return _PLUGINS
+
+
+def cleanup_all(*, backend: str | None = None, everything: bool = False) -> list[CleanupReport]:
+    """Run every registered sandbox backend's reaper (or only ``backend``'s): ``vime sandbox cleanup``.
+
+    :param everything: remove all vime sandboxes, including those of running processes.
+    :returns: one report per backend; a backend whose reaper raised reports the error instead.
+    """
+    from vime_core.sandbox.base import CleanupReport
+
+    reg = get_plugins().registries["sandbox"]
+    reports = []
+    for entry in reg.entries():
+        if backend is not None and entry.name != backend:
+            continue
+        try:
+            reports.append(reg.get(entry.name).cleanup(everything=everything))  # resolved: a Lazy entry imports
+        except Exception as e:  # noqa: BLE001 - one backend's service being down must not hide the others
+            reports.append(CleanupReport(entry.name, errors=[f"{type(e).__name__}: {e}"]))
+    return reports

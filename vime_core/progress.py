@@ -13,11 +13,13 @@ reads while it waits for the rollout.
 
 from __future__ import annotations
 
-import time
 from types import TracebackType
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+#: the driver's output: one line per event and step (no wrap at 80 columns in logs)
+console = Console(stderr=False, highlight=False, markup=False, soft_wrap=True)
 
 STEP_LINE_FIELDS = (
     ("perf/rollout_time", "rollout"),
@@ -147,18 +149,3 @@ class StepProgress:
 def rollout_phase(done: int, total: int) -> str:
     """The phase text of a rollout: ``rollout 12/32 samples`` (``rollout`` before the first report)."""
     return f"rollout {done}/{total} samples" if total else "rollout"
-
-
-class Throttle:
-    """True at most once per ``interval_s`` (the last call of a series is forced by the caller)."""
-
-    def __init__(self, interval_s: float = 0.25) -> None:
-        self.interval_s = interval_s
-        self.last = float("-inf")
-
-    def __call__(self) -> bool:
-        now = time.monotonic()
-        if now - self.last >= self.interval_s:
-            self.last = now
-            return True
-        return False

@@ -2,7 +2,9 @@
 written or started (:func:`preflight`, cheapest first): the output directory, every plugin name the run will use
 (docs/plugins.md, "Names are checked at start-up"), the eval sets and the prompt data, the model's files, the prompts
 against its tokenizer, and the ``--vllm-*`` values parsed by vLLM's own parser. The ``vime`` command runs them
-before it imports torch, Ray or vLLM, so a flag or file error takes a second, not the imports' time."""
+before it imports torch, Ray or vLLM, so a flag or file error takes a second, not the imports' time.
+:func:`preflight` returns what the run goes on with (:class:`Preflight`).
+"""
 
 from __future__ import annotations
 
@@ -10,9 +12,10 @@ import json
 import re
 import struct
 import subprocess
+import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vime_core.argument_errors import ArgumentError
 from vime_core.config import RunConfig
@@ -20,19 +23,31 @@ from vime_core.passthrough import cheap_value_error, engine_python, vllm_flag_va
 from vime_core.plugins import Plugins, get_plugins
 from vime_core.run_dir import check_output_dir, is_training_run
 
+if TYPE_CHECKING:
+    from vime_core.trainer.group import TrainerClasses
 
-@dataclass
+
+@dataclass(frozen=True)
 class Preflight:
-    """What :func:`preflight` found, for the run that follows (it does not read or check them again).
+    """What :func:`preflight` found and resolved, for the run that follows (it does not read or check them again).
 
-    :ivar model_path: the ``--model`` directory.
+    :ivar plugins: the loaded plugins (every name the run uses resolved).
+    :ivar estimator: the ``--advantage-estimator`` function (``None`` for ``vime eval``).
+    :ivar trainer_classes: the ``--trainer`` backend and ``--weight-sync`` strategy classes the ranks build
+        (``None`` for ``vime eval``).
     :ivar rows: the ``--prompt-data`` rows (``None`` for ``vime eval`` and ``--debug-train-only``).
-    :ivar overlong: prompts left out for ``--rollout-max-prompt-len``.
+    :ivar model_path: the resolved ``--model`` directory.
+    :ivar overlong: prompts left out as longer than ``--rollout-max-prompt-len``.
+    :ivar t_setup: ``time.perf_counter()`` when the checks began (the printed setup time counts from it).
     """
 
-    model_path: Path
+    plugins: Plugins
+    estimator: Any
+    trainer_classes: TrainerClasses | None
     rows: list[dict[str, Any]] | None
-    overlong: int = 0
+    model_path: Path
+    overlong: int
+    t_setup: float
 
 
 def preflight(cfg: RunConfig, command: str = "run") -> Preflight:
@@ -40,7 +55,8 @@ def preflight(cfg: RunConfig, command: str = "run") -> Preflight:
     directory, the plugin names (known, or a dotted path that imports), the eval sets and the prompt data, the model
     directory and its weight files (:func:`check_model_weights`); then those that import a library: the prompts
     against the tokenizer (transformers), the LoRA targets, and the ``--vllm-*`` values and sampling parameters
-    (vLLM, in a subprocess: :func:`check_vllm_values`).
+    (vLLM, in a subprocess: :func:`check_vllm_values`). Once all passed, every plugin the run uses is resolved
+    (a built-in trainer imports torch only then).
 
     :raises ArgumentError: (or the checks' own one-line errors: ``DataError``, ``RegistryError``,
         ``LoraFlagError``) naming the flag or file.
@@ -48,6 +64,7 @@ def preflight(cfg: RunConfig, command: str = "run") -> Preflight:
     from vime_core.data.source import read_rows
     from vime_core.evaluation import load_eval_sets
 
+    t_setup = time.perf_counter()
     log, data = cfg.logging, cfg.data
     out = Path(log.output_dir)
     check_output_dir(out)
@@ -56,7 +73,8 @@ def preflight(cfg: RunConfig, command: str = "run") -> Preflight:
             f"--output-dir {out} holds a training run's records (checkpoints, summary.json): vime eval would write "
             "its own summary.json and metrics.jsonl there; give it another --output-dir (default: outputs/eval)"
         )
-    check_plugin_names(get_plugins(), cfg, train=command == "run")
+    plugins = get_plugins()
+    check_plugin_names(plugins, cfg, train=command == "run")
     vllm_args = [] if log.debug_train_only else list(cfg.engine.vllm_args)
     decided = _flags_checked_here(vllm_args, engine_python()) if vllm_args else True  # milliseconds, cached rules
     load_eval_sets(cfg.eval)  # a bad eval set fails before any engine starts
@@ -84,7 +102,24 @@ def preflight(cfg: RunConfig, command: str = "run") -> Preflight:
         check_lora_model(cfg.lora, model_path)  # --target-modules / --lora-adapter-path against the model
     if not log.debug_train_only:  # vLLM's own parser and SamplingParams (where needed), before Ray starts
         check_vllm_values([] if decided else vllm_args, engine_sampling(cfg))
-    return Preflight(model_path, rows, overlong)
+    train = command == "run"
+    resolve_plugins(plugins, cfg, train=train)
+    estimator = plugins.resolve("advantage", cfg.algorithm.advantage_estimator) if train else None
+    classes = trainer_classes(plugins, cfg) if train else None
+    return Preflight(plugins, estimator, classes, rows, model_path, overlong, t_setup)
+
+
+def trainer_classes(plugins: Plugins, cfg: RunConfig) -> TrainerClasses:
+    """The ``--trainer`` backend and ``--weight-sync`` strategy classes the trainer ranks build, resolved on the
+    driver and handed down (:class:`~vime_core.trainer.group.TrainerGroup`).
+
+    :raises RegistryError: an unknown name (:func:`check_plugin_names` names it first).
+    """
+    from vime_core.trainer.group import TrainerClasses
+
+    return TrainerClasses(
+        plugins.resolve("trainer", cfg.cluster.trainer), plugins.resolve("weight_sync", cfg.cluster.weight_sync)
+    )
 
 
 def plugin_names(cfg: RunConfig, *, train: bool = True) -> list[tuple[str, str]]:
@@ -186,12 +221,12 @@ BASIC_SAMPLING_FIELDS = frozenset({"temperature", "top_p", "top_k", "max_tokens"
 def engine_sampling(cfg: RunConfig) -> dict[str, dict]:
     """The sampling parameters the engines will get, by the flags that set them: training rollouts and each eval
     set (for :func:`check_vllm_values`)."""
-    from vime_core.arguments import rollout_sampling_params
-    from vime_core.evaluation import eval_sampling_params, parse_eval_prompt_data
+    from vime_core.config.sampling import sampling_params
+    from vime_core.evaluation import parse_eval_prompt_data
 
-    out = {"training rollouts (--rollout-*)": rollout_sampling_params(cfg.rollout)}
+    out = {"training rollouts (--rollout-*)": sampling_params(cfg.rollout)}
     for s in parse_eval_prompt_data(cfg.eval.eval_prompt_data):
-        out[f"eval set {s.name} (--eval-*)"] = eval_sampling_params(cfg.eval, s.name)
+        out[f"eval set {s.name} (--eval-*)"] = sampling_params(cfg.eval, s.name)
     return out
 
 
@@ -390,21 +425,6 @@ def check_trainer_model(trainer: str, model: str, model_path: Path | None = None
         check(trainer, read_model_config(model_path), model)
     except UnsupportedModelError as e:
         raise ArgumentError(str(e)) from None
-
-
-def check_trainer_model_early(argv: list[str]) -> None:
-    """:func:`check_trainer_model` from the raw ``vime run`` argv, before the parser (which loads every plugin, and
-    with them torch) is built: ``--model`` and ``--trainer`` as :func:`vime_core.arguments.early_trainer_and_model`
-    reads them. Anything it cannot read (no ``--trainer``, a bad YAML) is left to the full parse and
-    :func:`vime_core.loop.run`.
-
-    :raises ArgumentError: as :func:`check_trainer_model`.
-    """
-    from vime_core.arguments import early_trainer_and_model
-
-    found = early_trainer_and_model(argv)
-    if found is not None:
-        check_trainer_model(*found)
 
 
 def check_moe_flags(cfg: RunConfig, model_path: Path) -> None:

@@ -29,9 +29,8 @@ import os
 import re
 from typing import Any
 
-from vime_core.context import PluginContext
+from vime_core.context import PluginContext, rollout_engines
 from vime_core.rewards.simple import normalize_answer
-from vime_core.rollout.context import get_rollout_context
 from vime_core.rollout.generate import generate as default_generate
 from vime_core.types import Sample, Status
 
@@ -137,7 +136,7 @@ async def generate(
     if not isinstance(context, str):
         raise ValueError("mem_agent: the row has no metadata.context (the document to read)")
     question = _question(sample)
-    chunks = chunk_document(get_rollout_context().tokenizer, context, chunk_tokens)
+    chunks = chunk_document(rollout_engines(ctx).tokenizer, context, chunk_tokens)
     cap = sampling_params.get("max_tokens")
     turns: list[Sample] = []
     memory = NO_MEMORY

@@ -32,10 +32,9 @@ import httpx
 import tau_retail
 
 from vime_core.agent.gateway import TURN_BUDGET_MESSAGE
-from vime_core.context import PluginContext
+from vime_core.context import PluginContext, rollout_engines
 from vime_core.failures import FailureCause, mark_failed
 from vime_core.rollout.coding_agent import gateway_for, turn_record_dict
-from vime_core.rollout.context import get_rollout_context
 from vime_core.types import Sample
 
 STOP = "###STOP###"
@@ -141,7 +140,7 @@ async def generate(ctx: PluginContext, sample: Sample, sampling_params: dict[str
     cfg = ctx.coding_agent
     task = tau_retail.Task.from_metadata(sample.metadata)
     user = user_for(task)
-    engines = get_rollout_context()
+    engines = rollout_engines(ctx)
     gw = gateway_for(engines, cfg)
     gw.weight_version = engines.weight_version
     env = tau_retail.RetailEnv(tau_retail.load_db())

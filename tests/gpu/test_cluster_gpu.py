@@ -38,9 +38,12 @@ ray = pytest.importorskip("ray")
 
 from vime_core.arguments import default_args  # noqa: E402
 from vime_core.config import ClusterConfig, RunConfig  # noqa: E402
-from vime_core.orchestration import TrainerGroup, init_ray, place, slot_options  # noqa: E402
+from vime_core.orchestration import init_ray, place, slot_options  # noqa: E402
+from vime_core.plugins import get_plugins  # noqa: E402
+from vime_core.run_checks import trainer_classes  # noqa: E402
 from vime_core.testing import TrainerBackendContract  # noqa: E402
 from vime_core.testing.trainer_args import trainer_config  # noqa: E402
+from vime_core.trainer.group import TrainerGroup  # noqa: E402
 
 BF16_RTOL = 2e-2
 
@@ -78,7 +81,7 @@ def _config(tmp: Path, gpus: int, trainer: str = "megatron", **kw) -> RunConfig:
 
 def _step1(cfg: RunConfig, model: Path) -> tuple[dict[str, float], list[dict]]:
     plan, pg = place(cfg.cluster)
-    group = TrainerGroup(cfg, model, plan, pg)
+    group = TrainerGroup(cfg, model, trainer_classes(get_plugins(), cfg), plan, pg)
     try:
         metrics = group.train_step(TrainerBackendContract.make_batch(1000, 1.0))
         return metrics, group.placements()
@@ -116,7 +119,7 @@ def test_megatron_group_of_two_matches_one_gpu(one_gpu, hf_dir, tmp_path, tp):
 def test_torch_backend_group_of_two_is_refused(ray_2gpu, tmp_path, tiny_model_dir):
     cfg = _config(tmp_path, 2, trainer="torch")
     plan, pg = place(cfg.cluster)
-    group = TrainerGroup(cfg, tiny_model_dir, plan, pg)
+    group = TrainerGroup(cfg, tiny_model_dir, trainer_classes(get_plugins(), cfg), plan, pg)
     with pytest.raises(ray.exceptions.RayActorError, match="--trainer torch runs as one rank, but --actor-num-nodes"):
         group.placements()
     group.shutdown()

@@ -148,7 +148,7 @@ def _vime_run(model: Path, out: Path) -> subprocess.CompletedProcess:
 def test_vime_run_megatron_colocated_ipc_three_steps(family, tmp_path):
     from transformers import AutoTokenizer
 
-    from vime_core.loop import load_debug_rollout
+    from vime_core.run.debug_rollout import load_debug_rollout
     from vime_core.testing.tiny_model import build_tiny_model
 
     model = build_tiny_model(tmp_path / f"tiny-{family}", seed=0, family=family)

@@ -75,7 +75,7 @@ def runs(tmp_path_factory) -> dict[bool, tuple[Path, list[dict]]]:
 
 
 def test_responses_rewards_routes_and_logp_side_by_side(runs):
-    from vime_core.loop import load_debug_rollout
+    from vime_core.run.debug_rollout import load_debug_rollout
 
     for r3, (out, metrics) in runs.items():
         assert [m["step"] for m in metrics] == list(range(STEPS))

@@ -129,7 +129,7 @@ def _metrics(out: Path) -> list[dict]:
 def test_responses_are_non_empty_and_rewards_come_from_their_text(runs, strategy):
     from transformers import AutoTokenizer
 
-    from vime_core.loop import load_debug_rollout
+    from vime_core.run.debug_rollout import load_debug_rollout
 
     tok = AutoTokenizer.from_pretrained(str(MODEL))
     pattern = str(runs[strategy] / "debug" / "r_{rollout_id}.pt")

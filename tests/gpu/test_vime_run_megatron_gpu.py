@@ -2,10 +2,10 @@
 group as Ray actors at TP=2 and at DP=2 against the one-GPU run.
 
 The rollout data is built here (2 prompts × 4 samples, 16 prompt + 48 response tokens, rewards 0/1 within each group,
-engine log-probs -3.0) and saved with :func:`vime_core.loop.save_debug_rollout`; the model is a small random Llama
-(8 heads, 2 KV groups, vocabulary 1000). One GRPO step with ``--global-batch-size 4 --micro-batch-size 1``: two
-optimizer steps, the second on weights the first changed, so step 1's ``train/pg_loss`` is not the loss at ratio 1
-alone. At DP=2 each rank trains on two samples of each mini-batch (:func:`vime_core.trainer.rl_step.dp_shard`).
+engine log-probs -3.0) and saved with :func:`vime_core.run.debug_rollout.save_debug_rollout`; the model is a small
+random Llama (8 heads, 2 KV groups, vocabulary 1000). One GRPO step with ``--global-batch-size 4 --micro-batch-size
+1``: two optimizer steps, the second on weights the first changed, so step 1's ``train/pg_loss`` is not the loss at
+ratio 1 alone. At DP=2 each rank trains on two samples of each mini-batch (:func:`vime_core.trainer.rl_step.dp_shard`).
 
 Marked ``gpu``; skipped without CUDA (the two-GPU comparisons: without two GPUs), Ray or megatron-core (which must
 be importable by Ray's workers: ``PYTHONPATH``). With the wheels of tests/gpu/test_cluster_gpu.py (megatron-core
@@ -35,7 +35,7 @@ if not torch.cuda.is_available():
 pytest.importorskip("ray")
 pytest.importorskip("megatron.core")
 
-from vime_core.loop import save_debug_rollout  # noqa: E402
+from vime_core.run.debug_rollout import save_debug_rollout  # noqa: E402
 from vime_core.types import Sample, Status  # noqa: E402
 
 BF16_RTOL = 2e-2

@@ -106,7 +106,7 @@ def test_sleep_frees_the_engines_memory_and_wake_takes_it_back(run):
 
 def test_images_masks_and_versions_in_every_step(run):
     from vime_core.data.vision_prompt import image_runs, image_token_counts, image_token_id, load_processor
-    from vime_core.loop import load_debug_rollout
+    from vime_core.run.debug_rollout import load_debug_rollout
     from vime_core.trainer.torch_backend import response_log_probs
     from vime_core.trainer.vision import load_hf_model
 

@@ -116,7 +116,10 @@ import vime_core
 import ray
 from vime_core.arguments import default_args
 from vime_core.config import ClusterConfig, RunConfig
-from vime_core.orchestration import TrainerGroup, init_ray, place
+from vime_core.orchestration import init_ray, place
+from vime_core.plugins import get_plugins
+from vime_core.run_checks import trainer_classes
+from vime_core.trainer.group import TrainerGroup
 from vime_core.rollout.engine_actor import RemoteEngine, EngineActor
 from vime_core.orchestration import slot_options
 
@@ -128,7 +131,8 @@ args = default_args(actor_num_nodes=2, actor_num_gpus_per_node=1, rollout_num_gp
                           trainer="tests.integration.cluster_probe:GroupProbeTrainer", weight_sync="disk",
                           train_cpus=None)
 plan, pg = place(ClusterConfig.from_args(args))
-group = TrainerGroup(RunConfig.from_args(args), model, plan, pg)
+cfg = RunConfig.from_args(args)
+group = TrainerGroup(cfg, model, trainer_classes(get_plugins(), cfg), plan, pg)
 out["group_train"] = group.train_step(None)
 out["group_where"] = group.placements()
 out["group_plan"] = plan.to_dict()

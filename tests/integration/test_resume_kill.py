@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 from tests.integration.helpers import LORA_TOLERANCE, assert_reproduced, dumped_samples, run_flags
-from vime_core.loop import TRAINED_PROMPTS_FILE
+from vime_core.run.checkpoint_schedule import TRAINED_PROMPTS_FILE
 from vime_core.testing.cli import run_vime
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

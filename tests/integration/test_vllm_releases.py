@@ -243,7 +243,7 @@ def test_vime_run_on_vllm_024_trains_on_the_response_text(tiny_model_dir, tmp_pa
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     from transformers import AutoTokenizer
 
-    from vime_core.loop import load_debug_rollout
+    from vime_core.run.debug_rollout import load_debug_rollout
 
     tok = AutoTokenizer.from_pretrained(str(tiny_model_dir))
     pattern = str(tmp_path / "debug" / "r_{rollout_id}.pt")

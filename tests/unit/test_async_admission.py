@@ -1,7 +1,7 @@
 """Fully-async admission is version-aware: exact admission counts per weight version, fair treatment of slow
 prompts, and a skipped step that does not advance the weight version.
 
-The rollout manager, its background producer, the loop's step function (``vime_core.loop._one_step``), the torch
+The rollout manager, its background producer, the loop's step function (``vime_core.run.step.one_step``), the torch
 trainer and the ``disk`` weight sync are the real ones, in-process; only the engines are replaced by a generate
 function that sleeps (no engine is started, so a weight update reaches zero engines).
 """
@@ -22,9 +22,12 @@ from tests.support.async_rollout import (
     sleeping_generate,
 )
 from vime_core.config import RolloutConfig, RunConfig
-from vime_core.loop import _GroupSource, _one_step, load_debug_rollout
-from vime_core.orchestration import TrainerWorker
 from vime_core.plugins import get_plugins
+from vime_core.run.debug_rollout import load_debug_rollout
+from vime_core.run.step import one_step as _one_step
+from vime_core.run.step_source import GroupSource as _GroupSource
+from vime_core.run_checks import trainer_classes
+from vime_core.trainer.group import TrainerWorker
 from vime_core.types import Sample, Status
 
 pytestmark = pytest.mark.unit
@@ -71,7 +74,8 @@ def test_admission_after_a_resume_at_a_later_version(tiny_model_dir, tmp_path):
 
 
 def _trainer(args, tiny_model_dir):
-    return TrainerWorker(RunConfig.from_args(args), tiny_model_dir)
+    cfg = RunConfig.from_args(args)
+    return TrainerWorker(cfg, tiny_model_dir, trainer_classes(get_plugins(), cfg))
 
 
 def test_slow_prompts_get_a_fair_share_over_20_steps(tiny_model_dir, tmp_path):

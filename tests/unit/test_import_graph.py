@@ -44,6 +44,8 @@ LAYERS: list[tuple[str, list[str]]] = [
             "vime_core.placement",
             "vime_core.passthrough",
             "vime_core.models",
+            "vime_core.failures",
+            "vime_core.argument_errors",
         ],
     ),
     (
@@ -68,7 +70,7 @@ LAYERS: list[tuple[str, list[str]]] = [
             "vime_core.rollout.context",
         ],
     ),
-    ("plugins", ["vime_core.plugins", "vime_core.failures"]),
+    ("plugins", ["vime_core.plugins"]),
     (
         "components",
         [
@@ -86,7 +88,7 @@ LAYERS: list[tuple[str, list[str]]] = [
     ),
     (
         "arguments",
-        ["vime_core.argument_errors", "vime_core.config_file", "vime_core.argument_checks", "vime_core.arguments"],
+        ["vime_core.config_file", "vime_core.argument_checks", "vime_core.arguments"],
     ),
     ("orchestration", ["vime_core.orchestration"]),
     ("rollout and trainer", ["vime_core.rollout", "vime_core.trainer"]),
@@ -95,6 +97,7 @@ LAYERS: list[tuple[str, list[str]]] = [
         "driver",
         [
             "vime_core.loop",
+            "vime_core.run",
             "vime_core.run_checks",
             "vime_core.run_dir",
             "vime_core.run_signals",

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from vime_core.argument_errors import ArgumentError
+from vime_core.cli import check_trainer_model_early
 from vime_core.models.families import (
     FAMILIES,
     UnsupportedModelError,
@@ -22,7 +23,6 @@ from vime_core.models.families import (
     features_of,
     register_family,
 )
-from vime_core.run_checks import check_trainer_model_early
 
 pytestmark = pytest.mark.unit
 

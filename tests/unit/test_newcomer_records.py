@@ -19,7 +19,7 @@ import pytest
 from vime_core.arguments import ArgumentError, default_args, parse_run_args
 from vime_core.checkpoint import checkpoint_root, commit_checkpoint, new_checkpoint_dir
 from vime_core.config import RunConfig
-from vime_core.loop import _save_checkpoint, roll_back_records
+from vime_core.run.checkpoint_schedule import roll_back_records, save_checkpoint
 from vime_core.run_checks import preflight
 from vime_core.run_dir import archive_records, finished_run, rotate_logs, share_like_outputs
 from vime_core.run_summary import completed_summary
@@ -189,11 +189,11 @@ def test_by_default_only_the_checkpoint_a_resume_needs_is_kept(tmp_path):
     log = RunConfig.from_args(default_args()).logging
     assert log.keep_checkpoints == 1
     for step in (5, 10):
-        _save_checkpoint(log, tmp_path, step, step, _Trainer(), None, [])
+        save_checkpoint(log, tmp_path, step, step, _Trainer(), None, [])
     assert sorted(p.name for p in checkpoint_root(tmp_path).iterdir()) == ["latest", "step_000010"]
     keep_all = SimpleNamespace(keep_checkpoints=0)
     for step in (11, 12):
-        _save_checkpoint(keep_all, tmp_path, step, step, _Trainer(), None, [])
+        save_checkpoint(keep_all, tmp_path, step, step, _Trainer(), None, [])
     assert sorted(p.name for p in checkpoint_root(tmp_path).iterdir()) == [
         "latest", "step_000010", "step_000011", "step_000012"
     ]  # fmt: skip

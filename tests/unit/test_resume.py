@@ -1,11 +1,11 @@
 """A run killed after a checkpoint and resumed trains every prompt of the epoch exactly once, in every loop mode.
 
-The rollout manager, its data buffer, the async producer and the loop's group source (``vime_core.loop._GroupSource``)
-are the real ones, in-process; the engines are replaced by a generate function that sleeps (as in
-``test_async_admission``), and a step's "training" is the weight-version bump the loop makes after it. A kill is
-simulated by dropping the manager and the source right after the checkpoint's data state was taken (what
-``vime_core.loop._save_checkpoint`` writes), or one step later (a kill mid-step 4: that step's work is lost and its
-records are rolled back, :func:`vime_core.loop.roll_back_records`).
+The rollout manager, its data buffer, the async producer and the loop's group source
+(``vime_core.run.step_source.GroupSource``) are the real ones, in-process; the engines are replaced by a generate
+function that sleeps (as in ``test_async_admission``), and a step's "training" is the weight-version bump the loop
+makes after it. A kill is simulated by dropping the manager and the source right after the checkpoint's data state was
+taken (what ``vime_core.run.checkpoint_schedule.save_checkpoint`` writes), or one step later (a kill mid-step 4: that
+step's work is lost and its records are rolled back, :func:`vime_core.run.checkpoint_schedule.roll_back_records`).
 """
 
 from __future__ import annotations
@@ -23,15 +23,11 @@ from tests.support.engine_stand_ins import FAST, Engine, Router, disk_recovery
 from tests.support.rollout import manager_with_hooks
 from vime_core.arguments import ArgumentError, parse_run_args
 from vime_core.checkpoint import checkpoint_root, commit_checkpoint, latest_checkpoint, new_checkpoint_dir
-from vime_core.loop import (
-    TRAINED_PROMPTS_FILE,
-    RunState,
-    _GroupSource,
-    _stop_engines_lost,
-    roll_back_records,
-    should_save,
-)
 from vime_core.rollout.health import EngineMonitor, EnginesLostError
+from vime_core.run.checkpoint_schedule import TRAINED_PROMPTS_FILE, roll_back_records, should_save
+from vime_core.run.failed_step import stop_engines_lost as _stop_engines_lost
+from vime_core.run.state import RunState
+from vime_core.run.step_source import GroupSource as _GroupSource
 
 pytestmark = pytest.mark.unit
 

@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 import torch
 
-from vime_core.loop import load_debug_rollout, save_debug_rollout
 from vime_core.rollout.client import RouterClient, RouterClientError, decode_routed_experts
 from vime_core.rollout.engine_api import ROUTED_EXPERTS_FLAG, routed_experts_launch
+from vime_core.run.debug_rollout import load_debug_rollout, save_debug_rollout
 from vime_core.testing.tiny_moe import build_tiny_moe
 from vime_core.trainer.routing_replay import RoutingReplay, RoutingReplayError, moe_shape
 from vime_core.trainer.torch_backend import response_log_probs

@@ -21,9 +21,14 @@ from tests.support.async_rollout import async_run_args, sleeping_generate
 from tests.support.rollout import manager_with_hooks
 from vime_core.arguments import default_args
 from vime_core.config import RunConfig
-from vime_core.loop import TRAINED_PROMPTS_FILE, RunState, _GroupSource, _one_step, _save_after_failed_write
-from vime_core.orchestration import TrainerWorker
 from vime_core.plugins import get_plugins
+from vime_core.run.checkpoint_schedule import TRAINED_PROMPTS_FILE
+from vime_core.run.failed_step import save_after_failed_write as _save_after_failed_write
+from vime_core.run.state import RunState
+from vime_core.run.step import one_step as _one_step
+from vime_core.run.step_source import GroupSource as _GroupSource
+from vime_core.run_checks import trainer_classes
+from vime_core.trainer.group import TrainerWorker
 from vime_core.weight_sync.base import WeightWriteError
 from vime_core.weight_sync.disk import DiskWeightSync
 from vime_core.weight_sync.disk_delta import DiskDeltaWeightSync
@@ -113,7 +118,8 @@ def test_the_step_fails_the_engines_keep_their_version_and_the_training_is_check
     box: dict = {}
     m = manager_with_hooks(tiny_model_dir, tmp_path, generate=sleeping_generate(box), num_prompts=4, **overrides)
     box["m"] = m
-    trainer = TrainerWorker(RunConfig.from_args(args), tiny_model_dir)
+    cfg = RunConfig.from_args(args)
+    trainer = TrainerWorker(cfg, tiny_model_dir, trainer_classes(get_plugins(), cfg))
     estimator = get_plugins().resolve("advantage", args.advantage_estimator)
     source = _GroupSource(args, m)
     out = Path(args.output_dir)

@@ -134,8 +134,9 @@ class AgentHarness(abc.ABC):
 
     @classmethod
     def from_args(cls, args: Any) -> AgentHarness:
-        """Deprecated (use :meth:`from_context` or :meth:`from_config`): a harness configured from a ``vime run``
-        Namespace (``None``: defaults)."""
+        """Deprecated, goes in vime 0.2 (use :meth:`from_context` or :meth:`from_config`): a harness configured from
+        a ``vime run`` Namespace (``None``: defaults); what builds a harness written for vime 0.1 that overrides it
+        alone (:meth:`from_context` warns then)."""
         return cls.from_config(cls.FLAGS.from_args(args) if cls.FLAGS is not None else None)  # type: ignore[attr-defined]
 
     def prepare(self, *, force: bool = False, log: Any = print) -> Path | None:

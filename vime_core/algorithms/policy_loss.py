@@ -8,7 +8,7 @@ their sources and the aggregation: docs/algorithms.md, "Loss terms" and "Loss ag
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import torch
@@ -154,28 +154,69 @@ def log_ratios(
     return out
 
 
+@dataclass(frozen=True)
+class PolicyLossOptions:
+    """The options of :func:`policy_loss` that the run's flags select (:meth:`from_config`; every backend's).
+
+    :ivar eps_clip: lower clip ``ε``; ``eps_clip_high``: upper clip (default ``ε``); ``eps_clip_c``: dual clip
+        (Ye et al. 2020, arXiv:1912.09729), or None.
+    :ivar per_token: aggregation (see the module docstring): a masked mean over all tokens, else a mean of the
+        samples' masked means.
+    :ivar token_sum_norm: Dr.GRPO's constant normalizer (see :func:`aggregate`), or None.
+    :ivar ratio_type: ``"token"`` (PPO) or ``"sequence"`` (GSPO).
+    :ivar importance_sampling: None, ``"tis"`` or ``"mis"``: multiply each token's pg loss by
+        :func:`~vime_core.algorithms.mismatch.importance_weights` of ``exp(train_old - rollout)`` in
+        ``[is_low, is_high]``.
+    :ivar entropy_coef: weight of the entropy bonus (subtracted from the loss).
+    :ivar kl_loss_coef: weight of the KL term (0: metric only, no gradient).
+    :ivar kl_loss_type: ``k1``, ``k2``, ``k3`` or ``low_var_kl``.
+    """
+
+    eps_clip: float = 0.2
+    eps_clip_high: float | None = None
+    eps_clip_c: float | None = None
+    per_token: bool = False
+    token_sum_norm: float | None = None
+    ratio_type: str = "token"
+    importance_sampling: str | None = None
+    is_low: float = 0.0
+    is_high: float = 2.0
+    entropy_coef: float = 0.0
+    kl_loss_coef: float = 0.0
+    kl_loss_type: str = "k1"
+
+    @classmethod
+    def from_config(cls, cfg: AlgorithmConfig) -> PolicyLossOptions:
+        """The options selected by the run's algorithm flags (clip ranges, importance sampling, entropy and KL)."""
+        agg, norm = loss_aggregation(cfg)
+        return cls(
+            eps_clip=cfg.eps_clip,
+            eps_clip_high=cfg.eps_clip_high,
+            eps_clip_c=cfg.eps_clip_c,
+            per_token=agg == "token-mean",
+            token_sum_norm=norm,
+            ratio_type="sequence" if cfg.advantage_estimator == "gspo" else "token",
+            importance_sampling="tis" if cfg.use_tis else "mis" if cfg.use_mis else None,
+            is_low=cfg.tis_clip_low,
+            is_high=cfg.tis_clip,
+            entropy_coef=cfg.entropy_coef,
+            kl_loss_coef=cfg.kl_loss_coef if cfg.use_kl_loss else 0.0,
+            kl_loss_type=cfg.kl_loss_type,
+        )
+
+
 def policy_loss(
     log_probs: list[torch.Tensor],
     old_log_probs: list[torch.Tensor],
     advantages: list[torch.Tensor],
     loss_masks: list[torch.Tensor],
+    options: PolicyLossOptions | None = None,
     *,
-    eps_clip: float = 0.2,
-    eps_clip_high: float | None = None,
-    eps_clip_c: float | None = None,
-    per_token: bool = False,
-    token_sum_norm: float | None = None,
-    ratio_type: str = "token",
     rollout_log_probs: list[torch.Tensor] | None = None,
     train_old_log_probs: list[torch.Tensor] | None = None,
-    importance_sampling: str | None = None,
-    is_low: float = 0.0,
-    is_high: float = 2.0,
     entropies: list[torch.Tensor] | None = None,
-    entropy_coef: float = 0.0,
     ref_log_probs: list[torch.Tensor] | None = None,
-    kl_loss_coef: float = 0.0,
-    kl_loss_type: str = "k1",
+    **overrides: Any,
 ) -> PolicyLossOutput:
     """Policy loss over a batch of samples: PPO/GSPO surrogate [× IS weight] [- entropy bonus] [+ KL loss].
 
@@ -185,21 +226,13 @@ def policy_loss(
     :param old_log_probs: behaviour-policy log-probs, the PPO ratio's denominator (no grad).
     :param advantages: per-token advantages.
     :param loss_masks: 1 = trained token.
-    :param eps_clip: lower clip ``ε``; ``eps_clip_high``: upper clip (default ``ε``); ``eps_clip_c``: dual clip.
-    :param per_token: aggregation (see the module docstring).
-    :param token_sum_norm: Dr.GRPO's constant normalizer (see :func:`aggregate`).
-    :param ratio_type: ``"token"`` (PPO) or ``"sequence"`` (GSPO).
-    :param rollout_log_probs: the engine's log-probs; needed for ``importance_sampling`` and the drift metric.
+    :param options: the loss's options (default :class:`PolicyLossOptions`'); ``overrides`` replace fields of it
+        by name (``policy_loss(..., per_token=True)``).
+    :param rollout_log_probs: the engine's log-probs; needed for importance sampling and the drift metric.
     :param train_old_log_probs: the trainer's log-probs of the behaviour policy, the IS ratio's numerator
         (default: ``log_probs`` detached, which is exact when the old policy is the current one).
-    :param importance_sampling: None, ``"tis"`` or ``"mis"``: multiply each token's pg loss by
-        :func:`~vime_core.algorithms.mismatch.importance_weights` of ``exp(train_old - rollout)`` in
-        ``[is_low, is_high]``.
     :param entropies: per-token policy entropies (nats; require grad when ``entropy_coef != 0``).
-    :param entropy_coef: weight of the entropy bonus (subtracted from the loss).
     :param ref_log_probs: reference-model log-probs (no grad); enables the ``kl_loss`` metric.
-    :param kl_loss_coef: weight of the KL term (0: metric only, no gradient).
-    :param kl_loss_type: ``k1``, ``k2``, ``k3`` or ``low_var_kl``.
     :return: loss and metrics: ``loss``, ``pg_loss``, ``pg_clipfrac``, ``ppo_kl`` (mean ``-log ratio``), and when
         enabled ``pg_dual_clipfrac``, ``entropy_loss`` (aggregated entropy), ``kl_loss``, ``tis`` (mean raw IS
         ratio), ``tis_clipfrac`` (fraction of tokens whose weight differs from the ratio: clamped for TIS, masked
@@ -207,17 +240,19 @@ def policy_loss(
         metrics are token means over trained tokens.
     :raises ValueError: on an unknown ``ratio_type``, ``importance_sampling`` or ``kl_loss_type``, on
         ``eps_clip_c <= 1``, or on IS without ``rollout_log_probs``.
+    :raises TypeError: an override that is not an option.
     """
+    opts = replace(options or PolicyLossOptions(), **overrides)
     masks = loss_masks
     log_probs, old_log_probs = zero_masked(log_probs, masks), zero_masked(old_log_probs, masks)
     advantages, entropies = zero_masked(advantages, masks), zero_masked(entropies, masks)
     rollout_log_probs, ref_log_probs = zero_masked(rollout_log_probs, masks), zero_masked(ref_log_probs, masks)
     train_old_log_probs = zero_masked(train_old_log_probs, masks)
-    log_ratio = log_ratios(log_probs, old_log_probs, masks, ratio_type)
+    log_ratio = log_ratios(log_probs, old_log_probs, masks, opts.ratio_type)
     token_losses, clip_flags, dual_flags = [], [], []
     for lr, adv in zip(log_ratio, advantages, strict=True):
         tl, cf, df = clipped_surrogate(
-            torch.exp(lr), adv, eps_clip=eps_clip, eps_clip_high=eps_clip_high, eps_clip_c=eps_clip_c
+            torch.exp(lr), adv, eps_clip=opts.eps_clip, eps_clip_high=opts.eps_clip_high, eps_clip_c=opts.eps_clip_c
         )
         token_losses.append(tl)
         clip_flags.append(cf)
@@ -225,37 +260,11 @@ def policy_loss(
 
     train_old = train_old_log_probs if train_old_log_probs is not None else [lp.detach() for lp in log_probs]
     is_metrics: dict[str, float] = {}
-    if importance_sampling is not None:
-        if rollout_log_probs is None:
-            raise ValueError(f"importance_sampling={importance_sampling!r} needs rollout_log_probs")
-        raw, weights = [], []
-        for old, ro in zip(train_old, rollout_log_probs, strict=True):
-            w = torch.exp((old.detach() - ro).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
-            raw.append(w)
-            weights.append(importance_weights(w, importance_sampling, is_low, is_high))
-        token_losses = [tl * w for tl, w in zip(token_losses, weights, strict=True)]
-        all_mask = torch.cat(masks)
-        is_metrics = {
-            "tis": float(masked_mean(torch.cat(raw), all_mask)),
-            "tis_clipfrac": float(masked_mean((torch.cat(weights) != torch.cat(raw)).float(), all_mask)),
-        }
+    if opts.importance_sampling is not None:
+        token_losses, is_metrics = _importance_weighted(token_losses, train_old, rollout_log_probs, masks, opts)
 
-    pg_loss = aggregate(token_losses, masks, per_token, token_sum_norm)
-    loss = pg_loss
-    extra: dict[str, float] = {}
-    if entropies is not None:
-        ents = entropies if entropy_coef else [e.detach() for e in entropies]
-        entropy = aggregate(ents, masks, per_token, token_sum_norm)
-        if entropy_coef:
-            loss = loss - entropy_coef * entropy
-        extra["entropy_loss"] = float(entropy.detach())
-    if ref_log_probs is not None:
-        lps = log_probs if kl_loss_coef else [lp.detach() for lp in log_probs]
-        token_kl = [approx_kl(lp, ref, kl_loss_type) for lp, ref in zip(lps, ref_log_probs, strict=True)]
-        kl = aggregate(token_kl, masks, per_token, token_sum_norm)
-        if kl_loss_coef:
-            loss = loss + kl_loss_coef * kl
-        extra["kl_loss"] = float(kl.detach())
+    pg_loss = aggregate(token_losses, masks, opts.per_token, opts.token_sum_norm)
+    loss, extra = _regularized(pg_loss, log_probs, entropies, ref_log_probs, masks, opts)
 
     all_mask = torch.cat(masks)
     with torch.no_grad():
@@ -265,7 +274,7 @@ def policy_loss(
             "pg_clipfrac": float(masked_mean(torch.cat(clip_flags), all_mask)),
             "ppo_kl": float(masked_mean(-torch.cat(log_ratio).detach(), all_mask)),
         }
-        if eps_clip_c is not None:
+        if opts.eps_clip_c is not None:
             metrics["pg_dual_clipfrac"] = float(masked_mean(torch.cat(dual_flags), all_mask))
         metrics.update(extra)
         metrics.update(is_metrics)
@@ -275,24 +284,64 @@ def policy_loss(
     return PolicyLossOutput(loss=loss, metrics=metrics)
 
 
+def _importance_weighted(
+    token_losses: list[torch.Tensor],
+    train_old: list[torch.Tensor],
+    rollout_log_probs: list[torch.Tensor] | None,
+    masks: list[torch.Tensor],
+    opts: PolicyLossOptions,
+) -> tuple[list[torch.Tensor], dict[str, float]]:
+    """Each token's loss × its TIS/MIS weight of ``exp(train_old - rollout)``; with the ``tis`` and
+    ``tis_clipfrac`` metrics.
+
+    :raises ValueError: without ``rollout_log_probs``.
+    """
+    if rollout_log_probs is None:
+        raise ValueError(f"importance_sampling={opts.importance_sampling!r} needs rollout_log_probs")
+    raw, weights = [], []
+    for old, ro in zip(train_old, rollout_log_probs, strict=True):
+        w = torch.exp((old.detach() - ro).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
+        raw.append(w)
+        weights.append(importance_weights(w, opts.importance_sampling, opts.is_low, opts.is_high))
+    token_losses = [tl * w for tl, w in zip(token_losses, weights, strict=True)]
+    all_mask = torch.cat(masks)
+    return token_losses, {
+        "tis": float(masked_mean(torch.cat(raw), all_mask)),
+        "tis_clipfrac": float(masked_mean((torch.cat(weights) != torch.cat(raw)).float(), all_mask)),
+    }
+
+
+def _regularized(
+    pg_loss: torch.Tensor,
+    log_probs: list[torch.Tensor],
+    entropies: list[torch.Tensor] | None,
+    ref_log_probs: list[torch.Tensor] | None,
+    masks: list[torch.Tensor],
+    opts: PolicyLossOptions,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """``pg_loss`` minus the entropy bonus plus the KL loss (each where its coefficient is set), and the
+    ``entropy_loss`` / ``kl_loss`` metrics (where entropies / reference log-probs are given)."""
+    loss = pg_loss
+    extra: dict[str, float] = {}
+    if entropies is not None:
+        ents = entropies if opts.entropy_coef else [e.detach() for e in entropies]
+        entropy = aggregate(ents, masks, opts.per_token, opts.token_sum_norm)
+        if opts.entropy_coef:
+            loss = loss - opts.entropy_coef * entropy
+        extra["entropy_loss"] = float(entropy.detach())
+    if ref_log_probs is not None:
+        lps = log_probs if opts.kl_loss_coef else [lp.detach() for lp in log_probs]
+        token_kl = [approx_kl(lp, ref, opts.kl_loss_type) for lp, ref in zip(lps, ref_log_probs, strict=True)]
+        kl = aggregate(token_kl, masks, opts.per_token, opts.token_sum_norm)
+        if opts.kl_loss_coef:
+            loss = loss + opts.kl_loss_coef * kl
+        extra["kl_loss"] = float(kl.detach())
+    return loss, extra
+
+
 def policy_loss_kwargs(cfg: AlgorithmConfig) -> dict[str, Any]:
-    """The :func:`policy_loss` keyword options selected by the run's flags (every backend calls this).
+    """:meth:`PolicyLossOptions.from_config` as keywords of :func:`policy_loss`.
 
     :param cfg: the algorithm flags (clip ranges, importance sampling, entropy and KL terms).
     """
-    mode = "tis" if cfg.use_tis else "mis" if cfg.use_mis else None
-    agg, norm = loss_aggregation(cfg)
-    return {
-        "eps_clip": cfg.eps_clip,
-        "eps_clip_high": cfg.eps_clip_high,
-        "eps_clip_c": cfg.eps_clip_c,
-        "per_token": agg == "token-mean",
-        "token_sum_norm": norm,
-        "ratio_type": "sequence" if cfg.advantage_estimator == "gspo" else "token",
-        "importance_sampling": mode,
-        "is_low": cfg.tis_clip_low,
-        "is_high": cfg.tis_clip,
-        "entropy_coef": cfg.entropy_coef,
-        "kl_loss_coef": cfg.kl_loss_coef if cfg.use_kl_loss else 0.0,
-        "kl_loss_type": cfg.kl_loss_type,
-    }
+    return asdict(PolicyLossOptions.from_config(cfg))

@@ -64,7 +64,7 @@ def grpo(ctx, group):
 def gspo(ctx, group):
     """GSPO (Zheng et al. 2025, "Group Sequence Policy Optimization", arXiv:2507.18071): GRPO's advantages; the
     difference is the sequence-level importance ratio in the loss, which ``--advantage-estimator gspo`` selects
-    (:func:`vime_core.algorithms.policy_loss.policy_loss_kwargs`)."""
+    (:meth:`vime_core.algorithms.policy_loss.PolicyLossOptions.from_config`)."""
     return grpo(ctx, group)
 
 

@@ -274,7 +274,7 @@ class RunConfig:
 def _deprecated_flat(name: str, where: str, value: Any) -> Any:
     warnings.warn(
         f"reading the flag {name!r} as an attribute of the run's config (the old args.{name}) is deprecated and "
-        f"will stop working in the next minor version; read {where}",
+        f"stops working in vime 0.2; read {where}",
         DeprecationWarning,
         stacklevel=3,
     )

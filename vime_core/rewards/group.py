@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 
 from vime_core.context import PluginContext, takes_context
-from vime_core.plugins import get_plugins
 from vime_core.rewards.call import call_reward
 from vime_core.types import Sample
 
@@ -33,9 +32,12 @@ async def rank_reward(ctx: PluginContext, group: list[Sample]) -> list[float]:
     by their within-group pairwise win rates (:func:`win_rates`), in [0, 1].
 
     :raises Exception: whatever the per-sample reward raises (the whole group then fails as ``reward_error``).
+    :raises RuntimeError: the context carries no plugins to resolve ``--reward`` with (vime's always does).
     """
     cfg = ctx.reward
-    fn = get_plugins().resolve("reward", cfg.reward)
+    if ctx.plugins is None:
+        raise RuntimeError("rank: the plugin context carries no plugins to resolve --reward with")
+    fn = ctx.plugins.resolve("reward", cfg.reward)
     raw = await asyncio.gather(*(call_reward(fn, ctx, s, cfg.reward_timeout) for s in group))
     key = cfg.reward_key
     scores = []

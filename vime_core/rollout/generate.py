@@ -5,48 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 from vime_core.agent.responders import engine_versions
-from vime_core.context import PluginContext, takes_context
-from vime_core.data.vision_prompt import encode_with_images, processor_for
-from vime_core.rollout.context import get_rollout_context
+from vime_core.context import PluginContext, rollout_engines, takes_context
+from vime_core.rollout.prompt_checks import encode_prompt, encode_sample_prompt  # noqa: F401 - encode_prompt: old home
 from vime_core.types import Sample, Status
 
 FINISH_TO_STATUS = {"stop": Status.COMPLETED, "length": Status.TRUNCATED, "abort": Status.ABORTED}
-
-
-def encode_prompt(tokenizer: Any, prompt: str | list[dict[str, Any]], apply_chat_template: bool) -> list[int]:
-    """Prompt token ids: chat messages go through the tokenizer's chat template (with the generation prompt);
-    a string is tokenised as is, or wrapped as one user message when ``apply_chat_template``.
-
-    :raises ValueError: if messages are given but the tokenizer has no chat template.
-    """
-    if isinstance(prompt, str) and not apply_chat_template:
-        return list(tokenizer(prompt, add_special_tokens=False)["input_ids"])
-    messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
-    if not getattr(tokenizer, "chat_template", None):
-        raise ValueError("prompt is a list of chat messages but the tokenizer has no chat template")
-    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-    if isinstance(ids, dict) or hasattr(ids, "keys"):  # transformers 5 may return a BatchEncoding
-        ids = ids["input_ids"]
-    return list(ids)
-
-
-def encode_sample_prompt(
-    tokenizer: Any, prompt: str | list[dict[str, Any]], images: list[str] | None, apply_chat_template: bool
-) -> list[int]:
-    """:func:`encode_prompt`, or for a prompt with images the model's processor: its chat template, every image
-    placeholder expanded (:func:`vime_core.data.vision_prompt.encode_with_images`; the processor of the directory
-    ``tokenizer`` came from).
-
-    :raises ValueError: images with ``--no-apply-chat-template`` or with a string prompt (the data buffer turns a
-        string prompt with images into chat messages), or a different number of images and image parts.
-    """
-    if not images:
-        return encode_prompt(tokenizer, prompt, apply_chat_template)
-    if not apply_chat_template:
-        raise ValueError("a prompt with images needs the chat template (--no-apply-chat-template is set)")
-    if isinstance(prompt, str):
-        raise ValueError("a prompt with images must be chat messages with an image part per image")
-    return encode_with_images(processor_for(tokenizer), prompt, images)
 
 
 @takes_context
@@ -65,7 +28,7 @@ async def generate(ctx: PluginContext, sample: Sample, sampling_params: dict[str
     ``max_tokens - response_length`` more (none left: truncated without an engine call).
     """
     cfg = ctx.rollout
-    engines = get_rollout_context()
+    engines = rollout_engines(ctx)
     if not sample.tokens:
         sample.tokens = encode_sample_prompt(engines.tokenizer, sample.prompt, sample.images, cfg.apply_chat_template)
     params = dict(sampling_params)

@@ -17,9 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from vime_core.config import EvalConfig, RolloutConfig
+from vime_core.config.sampling import sampling_params
 from vime_core.context import PluginContext, legacy_args
 from vime_core.data.source import DataSource, new_group
-from vime_core.evaluation import dump_eval_samples, eval_metrics, eval_sampling_params
+from vime_core.evaluation import dump_eval_samples, eval_metrics
 from vime_core.failures import RunFailedError, failure_metrics, raise_if_all_failed
 from vime_core.rollout.async_producer import AsyncRolloutProducer
 from vime_core.rollout.fleet_view import EngineHealth
@@ -224,7 +225,7 @@ class GroupProducer:
         n = ecfg.n_samples_per_eval_prompt
         metrics: dict[str, float] = {"eval/weight_version": float(version)}
         for eval_set, rows in self.eval_sets:
-            params = eval_sampling_params(ecfg, eval_set.name)  # the set's own --eval-set-sampling-params
+            params = sampling_params(ecfg, eval_set.name)  # the set's own --eval-set-sampling-params
             groups = [new_group(row, i, n) for i, row in enumerate(rows)]
             reward_fn = self.eval_reward_fns[eval_set.name]
             coro = self.runner.run(groups, step, params=params, reward_fn=reward_fn, train=False)

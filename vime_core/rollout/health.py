@@ -29,7 +29,8 @@ from vime_core.context import PluginContext
 from vime_core.failures import FailureCause, classify_failure
 from vime_core.rollout.answers import is_client_error
 from vime_core.rollout.weight_recovery import WeightRecovery
-from vime_core.weight_sync.base import WeightSyncStrategy, WeightUpdate, call_with_timeout
+from vime_core.rollout.weight_update import update_engines
+from vime_core.weight_sync.base import WeightSyncStrategy, WeightUpdate
 
 logger = logging.getLogger("vime.rollout")
 
@@ -440,7 +441,8 @@ class EngineMonitor:
     def sync_weights(
         self, weight_sync: WeightSyncStrategy, update: WeightUpdate, mode: str, timeout_s: float
     ) -> tuple[dict[str, float], list[WeightUpdate]]:
-        """Pause the engines that are up, apply ``update``, reset prefix caches, label the version, resume.
+        """Pause the engines that are up, apply ``update``, reset prefix caches, label the version, resume: the one
+        sequence of :func:`~vime_core.rollout.weight_update.update_engines`, each engine call guarded.
 
         An engine that fails a step and is then found dead (or hung) is taken down and replaced (the replacement
         loads ``update``); any other failure raises, as without the monitor. Holds :attr:`lock`, waiting at most
@@ -455,20 +457,6 @@ class EngineMonitor:
         :raises TimeoutError: if the lock or a living engine's call is not had within ``timeout_s``.
         :raises RuntimeError: from a living engine or the strategy.
         """
-        own_apply_all = type(weight_sync).apply_all is not WeightSyncStrategy.apply_all
-        phase = dict.fromkeys(("pause", "load", "label", "resume"), 0.0)
-
-        def timed(name: str, fn: Callable[[], Any]) -> None:
-            t0 = time.perf_counter()
-            try:
-                fn()
-            finally:
-                phase[name] += time.perf_counter() - t0
-
-        def bounded(slot: EngineSlot, what: str, fn: Callable[[], Any]) -> Callable[[], Any]:
-            # every engine call of the update is bounded by the timeout, not only the strategy's transfer
-            return lambda: call_with_timeout(fn, timeout_s, f"{what} of engine {slot.index} ({slot.engine.url})")
-
         # a replacement loading the current version holds the lock: the update waits for it, within the timeout
         if not self.lock.acquire(timeout=timeout_s):
             raise TimeoutError(
@@ -478,36 +466,10 @@ class EngineMonitor:
         try:
             self.raise_if_lost()
             slots = [s for s in self.slots if s.state == "up"]
-            paused = [
-                s
-                for s in slots
-                if self._guard(s, lambda s=s: timed("pause", bounded(s, "pause", lambda: s.engine.pause(mode))))
-            ]
-            try:
-                if own_apply_all:  # one collective over every engine (nccl): no engine can be left out
-                    timed("load", lambda: weight_sync.apply_all([s.engine for s in paused], update, timeout_s))
-                for s in paused:
-                    if s.state != "up":
-                        continue
-
-                    def step(s: EngineSlot = s) -> None:
-                        if not own_apply_all:
-                            timed("load", lambda: weight_sync.apply(s.engine, update, timeout_s))
-                        timed("label", bounded(s, "prefix-cache reset", s.engine.reset_prefix_cache))
-                        label = bounded(s, "version label", lambda: s.engine.set_weight_version(update.version))
-                        timed("label", label)
-
-                    self._guard(s, step)
-            finally:
-                for s in paused:
-                    if s.state == "up":
-                        self._guard(s, lambda s=s: timed("resume", bounded(s, "resume", s.engine.resume)))
+            metrics = update_engines(slots, weight_sync, update, mode, timeout_s, self._guard)
             cleanup = self.recovery.applied(update)
-            synced = sum(s.state == "up" for s in paused)
         finally:
             self.lock.release()
-        metrics = {"weight_sync/engines_synced": float(synced)}
-        metrics.update({f"weight_sync/{k}_seconds": v for k, v in phase.items()})
         return metrics, cleanup
 
     def _guard(self, slot: EngineSlot, fn: Callable[[], Any]) -> bool:

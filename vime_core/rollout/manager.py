@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from vime_core.config import RunConfig
-from vime_core.context import PluginContext
+from vime_core.context import Engines, PluginContext
 from vime_core.data.source import DataSource, read_rows
 from vime_core.evaluation import load_eval_sets
 from vime_core.plugins import get_plugins
@@ -38,7 +38,8 @@ class RolloutManager:
 
     :param config: the run's configuration; the manager reads its sections ``config`` (its
         :class:`~vime_core.config.RolloutConfig`), ``engine_config``, ``eval_config``, ``data`` and ``lora``, and
-        hands ``ctx`` (a :class:`~vime_core.context.PluginContext` of it) to the plugin functions and hooks.
+        hands ``ctx`` (a :class:`~vime_core.context.PluginContext` of it, with the fleet's engines and the loaded
+        plugins) to the plugin functions and hooks.
     :param model_path: HF directory the engines serve (and whose tokenizer prompts are encoded with).
     :param placement: ``(plan, placement_group)`` from :mod:`vime_core.orchestration`: each engine
         is then started by an engine actor on its bundle (:mod:`vime_core.rollout.engine_actor`); ``None``: engines
@@ -52,13 +53,16 @@ class RolloutManager:
     ) -> None:
         from transformers import AutoTokenizer
 
-        self.ctx = PluginContext(config)  # passed to the plugin functions and hooks
         self.config = cfg = config.rollout
         self.engine_config = config.engine
         self.eval_config = eval_cfg = config.eval
         data = config.data
         self.model_path = Path(model_path)
         plugins = get_plugins()
+        self.tokenizer = AutoTokenizer.from_pretrained(str(self.model_path))
+        # what plugin functions see of the engines (the fleet fills in the router client when it starts)
+        self.engines = Engines(tokenizer=self.tokenizer)
+        self.ctx = PluginContext(config, engines=self.engines, plugins=plugins)  # passed to plugin functions, hooks
         group_reward = cfg.group_reward
         self.hook = plugins.pm.hook
         # generates and scores groups; over-sampling and the fully-async producer drive it too
@@ -73,7 +77,6 @@ class RolloutManager:
         self.weight_sync = plugins.resolve("weight_sync", self.engine_config.weight_sync)(config)
         name = cfg.dynamic_sampling_filter
         self.dynamic_filter = plugins.resolve("dynamic_filter", name) if name else None
-        self.tokenizer = AutoTokenizer.from_pretrained(str(self.model_path))
         data_source = None  # `vime eval` has no training data
         if data.prompt_data is not None:
             rows = read_rows(
@@ -102,6 +105,7 @@ class RolloutManager:
             placement,
             stream=bool(cfg.partial_rollout),  # partial rollout: an aborted non-streamed request has no tokens
             loop=self.loop,
+            engines=self.engines,
         )
         self.groups = GroupProducer(
             self.ctx,
@@ -119,12 +123,13 @@ class RolloutManager:
 
     @property
     def weight_version(self) -> int:
-        """The weight version the engines serve (kept by the group runner, which tags resumed samples with it)."""
-        return self.runner.weight_version
+        """The weight version the engines serve (``ctx.engines``' one holder, which the fleet updates and the group
+        runner and the router client read)."""
+        return self.engines.weight_version
 
     @weight_version.setter
     def weight_version(self, version: int) -> None:
-        self.runner.weight_version = version
+        self.engines.weight_version = version
 
     # -- lifecycle -------------------------------------------------------------------------------------------------
     def start(self) -> dict[str, Any]:
@@ -178,7 +183,7 @@ class RolloutManager:
         t0 = time.perf_counter()
         # fully-async: freeze in-flight requests (they continue on the new weights); else let them finish first
         mode = "keep" if self.groups.fully_async else "wait"
-        extra = self.fleet.update_weights(update, mode, self._set_weight_version)
+        extra = self.fleet.update_weights(update, mode)
         self.groups.admit_now()
         metrics = {
             **extra,
@@ -190,9 +195,6 @@ class RolloutManager:
         if isinstance(update.payload.get("full_bytes"), int):  # disk-delta: what a full sync would move
             metrics["weight_sync/full_bytes"] = float(update.payload["full_bytes"])
         return metrics
-
-    def _set_weight_version(self, version: int) -> None:
-        self.weight_version = version
 
     def sleep_engines(self) -> dict[str, float]:
         """``--colocate``: every engine frees its GPU memory for the trainer (:meth:`EngineFleet.sleep_engines

@@ -22,7 +22,7 @@ from vime_core.agent.responders import engine_versions
 from vime_core.agent.tool_parse_failures import tool_parse_metrics
 from vime_core.agent.tool_parsers import ToolCall, parse_with_tools
 from vime_core.config import MultiTurnConfig
-from vime_core.context import PluginContext, takes_context
+from vime_core.context import PluginContext, rollout_engines, takes_context
 from vime_core.data.images import ImageDataError
 from vime_core.data.vision_prompt import (
     expand_image_pads,
@@ -34,8 +34,8 @@ from vime_core.data.vision_prompt import (
     tool_result_parts,
 )
 from vime_core.plugins import get_plugins
-from vime_core.rollout.context import get_rollout_context
-from vime_core.rollout.generate import FINISH_TO_STATUS, encode_sample_prompt
+from vime_core.rollout.generate import FINISH_TO_STATUS
+from vime_core.rollout.prompt_checks import encode_sample_prompt
 from vime_core.rollout.tools import Tool, load_tools
 from vime_core.types import Sample, Status
 
@@ -197,7 +197,7 @@ async def generate(ctx: PluginContext, sample: Sample, sampling_params: dict[str
         bridged, ``--multi-turn-max-turns`` < 1).
     """
     cfg = ctx.multi_turn
-    engines = get_rollout_context()
+    engines = rollout_engines(ctx)
     renderer = _renderer(engines.tokenizer, cfg)
     specs = cfg.multi_turn_tools
     base_tools = list(_tools_for(tuple(specs) if specs is not None else None))
@@ -219,22 +219,11 @@ async def _episode(
     by_name = {t.name: t for t in tools}
     schemas = [t.schema() for t in tools]
     native_prompt = bool(schemas) and cfg.multi_turn_tool_prompt == "auto"
-    prompt = sample.prompt
-    chat = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
-    if sample.images:  # image parts as the template writes them (the renderer takes text content)
-        chat = messages_as_text(chat, image_placeholder_text(processor_for(ctx.tokenizer)))
     # the conversation so far, in canonical form (OpenAI-style messages, tool calls included); the model's turns are
     # added as assistant messages whose text is the model's own output (model_turns)
-    conversation = parse_chat({"messages": chat}, strict_tool_ids=False).messages
+    conversation = _start_conversation(cfg, sample, ctx.tokenizer, renderer, schemas if native_prompt else None)
     model_turns: dict[int, ModelTurn] = {}
     render_tools = schemas if native_prompt else None
-    if not sample.tokens:
-        if native_prompt:
-            sample.tokens = _expand(
-                ctx.tokenizer, renderer.encode(renderer.render(conversation, schemas)), sample.images
-            )
-        else:
-            sample.tokens = encode_sample_prompt(ctx.tokenizer, sample.prompt, sample.images, cfg.apply_chat_template)
     params = dict(sampling_params)
     budget = int(params.pop("max_tokens", None) or cfg.rollout_max_response_len)
     max_ctx = cfg.rollout_max_context_len
@@ -292,20 +281,9 @@ async def _episode(
         if turn == max_turns - 1:
             status, stop_reason = Status.TRUNCATED, "max_turns"
             break
-        results = []
-        new_images: list[str] = []
-        for call in parsed.tool_calls:
-            try:
-                text, result_images = tool_result_parts(await _run_tool(by_name, call, timeout_s), Path.cwd())
-            except ImageDataError as e:  # the tool returned an image that does not load: the model is told
-                text, result_images = f"Error: {call.name} returned an unreadable image: {e}", []
-            result = _truncate(renderer, text, max_tool_tokens)
-            if result_images:  # images after the result's text, as the template writes image parts
-                result += image_placeholder_text(processor_for(ctx.tokenizer)) * len(result_images)
-                new_images += result_images
-            results.append(result)
-            logged = {"turn": turn, "name": call.name, "arguments": call.arguments, "result": result[:200]}
-            calls_log.append({**logged, "images": len(result_images)} if result_images else logged)
+        results, new_images = await _tool_results(
+            by_name, parsed.tool_calls, renderer, ctx.tokenizer, (timeout_s, max_tool_tokens), turn, calls_log
+        )
         conversation.append(ChatMessage("assistant", parsed.content, list(parsed.tool_calls)))
         model_turns[len(conversation) - 1] = renderer.model_turn(ids)
         conversation += [
@@ -319,10 +297,69 @@ async def _episode(
             status, stop_reason = Status.TRUNCATED, "budget"
             pending, pending_images = [], []
             break
+    return _finish(sample, status, stop_reason, turn + 1, ctx_bound, budget)
+
+
+def _start_conversation(
+    cfg: MultiTurnConfig, sample: Sample, tokenizer: Any, renderer: ChatRenderer, schemas: list[dict] | None
+) -> list[ChatMessage]:
+    """The episode's conversation from ``sample``'s prompt (a vision-language prompt's image parts as the template
+    writes them: the renderer takes text content); ``sample.tokens`` set to the prompt's ids unless it has them (a
+    resumed sample): rendered with the tools' ``schemas`` when they go in the template's own tool prompt, else
+    :func:`~vime_core.rollout.prompt_checks.encode_sample_prompt`."""
+    prompt = sample.prompt
+    chat = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
+    if sample.images:
+        chat = messages_as_text(chat, image_placeholder_text(processor_for(tokenizer)))
+    conversation = parse_chat({"messages": chat}, strict_tool_ids=False).messages
+    if not sample.tokens:
+        if schemas is not None:
+            sample.tokens = _expand(tokenizer, renderer.encode(renderer.render(conversation, schemas)), sample.images)
+        else:
+            sample.tokens = encode_sample_prompt(tokenizer, sample.prompt, sample.images, cfg.apply_chat_template)
+    return conversation
+
+
+async def _tool_results(
+    by_name: dict[str, Tool],
+    calls: list[ToolCall],
+    renderer: ChatRenderer,
+    tokenizer: Any,
+    limits: tuple[float, int],
+    turn: int,
+    calls_log: list[dict[str, Any]],
+) -> tuple[list[str], list[str]]:
+    """Run one turn's tool ``calls`` (``limits``: the timeout in seconds and the most tokens of a result) and log
+    each in ``calls_log``.
+
+    :return: each call's result text (truncated; an image's placeholders after its text) and the images the
+        results returned, in order (a tool's image that does not load is an error text the model reads).
+    """
+    timeout_s, max_tool_tokens = limits
+    results: list[str] = []
+    new_images: list[str] = []
+    for call in calls:
+        try:
+            text, result_images = tool_result_parts(await _run_tool(by_name, call, timeout_s), Path.cwd())
+        except ImageDataError as e:  # the tool returned an image that does not load: the model is told
+            text, result_images = f"Error: {call.name} returned an unreadable image: {e}", []
+        result = _truncate(renderer, text, max_tool_tokens)
+        if result_images:  # images after the result's text, as the template writes image parts
+            result += image_placeholder_text(processor_for(tokenizer)) * len(result_images)
+            new_images += result_images
+        results.append(result)
+        logged = {"turn": turn, "name": call.name, "arguments": call.arguments, "result": result[:200]}
+        calls_log.append({**logged, "images": len(result_images)} if result_images else logged)
+    return results, new_images
+
+
+def _finish(sample: Sample, status: Status, stop_reason: str, turns: int, ctx_bound: bool, budget: int) -> Sample:
+    """``sample`` with the episode's status, ``num_turns``, ``stop_reason`` and ``context_exhausted``: the episode
+    filled ``--rollout-max-context-len`` (``ctx_bound``: the context window, not ``max_tokens``, set the response
+    ``budget``), as the agent gateway records a prompt that no longer fits."""
     sample.status = status
-    sample.metadata["num_turns"] = turn + 1
+    sample.metadata["num_turns"] = turns
     sample.metadata["stop_reason"] = stop_reason
-    # the episode filled --rollout-max-context-len (as the agent gateway records a prompt that no longer fits)
     sample.metadata["context_exhausted"] = ctx_bound and (
         stop_reason == "budget" or (stop_reason == "length" and sample.response_length >= budget)
     )

@@ -114,17 +114,7 @@ async def collect_groups(
 
     t_abort = time.perf_counter()
     inflight = [g for _, g in sorted(tasks.values(), key=lambda x: x[0])]
-    if tasks:
-        runner.aborting = True
-        try:
-            while tasks:
-                await abort()
-                done, _ = await asyncio.wait(tasks, timeout=ABORT_SWEEP_SECONDS)
-                for t in done:
-                    tasks.pop(t)
-                    t.result()
-        finally:
-            runner.aborting = False
+    await _abort_inflight(tasks, runner, abort)
     returned = 0
     if cfg.partial_rollout and (inflight or surplus_groups):
         back = surplus_groups + inflight
@@ -139,12 +129,38 @@ async def collect_groups(
         "perf/abort_time": time.perf_counter() - t_abort,
     }
     if keep is not None:
-        metrics.update(
-            {
-                "rollout/dynamic_filter_drop_ratio": dropped / max(dropped + len(kept) + surplus, 1),
-                "rollout/dynamic_filter_surplus": float(surplus),
-                "rollout/dynamic_filter_rounds": float(rounds),
-                "rollout/dynamic_filter_insufficient": float(len(kept) < want),
-            }
-        )
+        metrics.update(_filter_metrics(dropped, len(kept), surplus, rounds, want))
     return kept, examined, metrics
+
+
+async def _abort_inflight(
+    tasks: dict[asyncio.Future, tuple[int, list[Sample]]], runner: GroupRunner, abort: Callable[[], Awaitable[int]]
+) -> None:
+    """Abort the requests of the groups still generating (``tasks``, emptied) on every engine, again every
+    :data:`ABORT_SWEEP_SECONDS` until each group returned; meanwhile no waiting sample is sent (``runner.aborting``).
+
+    :raises Exception: whatever a group's generation raised outside the per-sample error handling.
+    """
+    if not tasks:
+        return
+    runner.aborting = True
+    try:
+        while tasks:
+            await abort()
+            done, _ = await asyncio.wait(tasks, timeout=ABORT_SWEEP_SECONDS)
+            for t in done:
+                tasks.pop(t)
+                t.result()
+    finally:
+        runner.aborting = False
+
+
+def _filter_metrics(dropped: int, kept: int, surplus: int, rounds: int, want: int) -> dict[str, float]:
+    """``rollout/dynamic_filter_*`` of a step: the drop ratio among examined groups, the groups that passed after
+    the batch was full, the chunks requested and whether the batch stayed short of ``want`` groups."""
+    return {
+        "rollout/dynamic_filter_drop_ratio": dropped / max(dropped + kept + surplus, 1),
+        "rollout/dynamic_filter_surplus": float(surplus),
+        "rollout/dynamic_filter_rounds": float(rounds),
+        "rollout/dynamic_filter_insufficient": float(kept < want),
+    }

@@ -1,4 +1,5 @@
-"""Prompt checks that need the policy's tokenizer: the tokenizer itself, the chat template, the prompt length.
+"""Prompt encoding (:func:`encode_prompt`; with images :func:`encode_sample_prompt`) and the prompt checks that need
+the policy's tokenizer: the tokenizer itself, the chat template, the prompt length.
 
 ``vime run`` makes them on the driver before any engine starts (:func:`check_prompts`), so a model directory
 without a tokenizer, a missing chat template or an over-long prompt fails in seconds with the flag, the directory
@@ -18,12 +19,53 @@ from typing import Any
 
 from vime_core.config import DataConfig
 from vime_core.data.source import DataError
-from vime_core.data.vision_prompt import VisionModelError, check_vision_model, load_processor
-from vime_core.rollout.generate import encode_sample_prompt
+from vime_core.data.vision_prompt import (
+    VisionModelError,
+    check_vision_model,
+    encode_with_images,
+    load_processor,
+    processor_for,
+)
 
 logger = logging.getLogger("vime.data")
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+
+
+def encode_prompt(tokenizer: Any, prompt: str | list[dict[str, Any]], apply_chat_template: bool) -> list[int]:
+    """Prompt token ids: chat messages go through the tokenizer's chat template (with the generation prompt);
+    a string is tokenised as is, or wrapped as one user message when ``apply_chat_template``.
+
+    :raises ValueError: if messages are given but the tokenizer has no chat template.
+    """
+    if isinstance(prompt, str) and not apply_chat_template:
+        return list(tokenizer(prompt, add_special_tokens=False)["input_ids"])
+    messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
+    if not getattr(tokenizer, "chat_template", None):
+        raise ValueError("prompt is a list of chat messages but the tokenizer has no chat template")
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    if isinstance(ids, dict) or hasattr(ids, "keys"):  # transformers 5 may return a BatchEncoding
+        ids = ids["input_ids"]
+    return list(ids)
+
+
+def encode_sample_prompt(
+    tokenizer: Any, prompt: str | list[dict[str, Any]], images: list[str] | None, apply_chat_template: bool
+) -> list[int]:
+    """:func:`encode_prompt`, or for a prompt with images the model's processor: its chat template, every image
+    placeholder expanded (:func:`vime_core.data.vision_prompt.encode_with_images`; the processor of the directory
+    ``tokenizer`` came from).
+
+    :raises ValueError: images with ``--no-apply-chat-template`` or with a string prompt (the data buffer turns a
+        string prompt with images into chat messages), or a different number of images and image parts.
+    """
+    if not images:
+        return encode_prompt(tokenizer, prompt, apply_chat_template)
+    if not apply_chat_template:
+        raise ValueError("a prompt with images needs the chat template (--no-apply-chat-template is set)")
+    if isinstance(prompt, str):
+        raise ValueError("a prompt with images must be chat messages with an image part per image")
+    return encode_with_images(processor_for(tokenizer), prompt, images)
 
 
 def load_tokenizer(model_path: Path) -> Any:
@@ -71,7 +113,7 @@ def filter_overlong_prompts(
     rows: list[dict[str, Any]], tokenizer: Any, data: DataConfig
 ) -> tuple[list[dict[str, Any]], int]:
     """Leave out the prompts longer than ``--rollout-max-prompt-len`` tokens (as the engines get them: through the
-    chat template when :func:`~vime_core.rollout.generate.encode_prompt` applies it); no limit: ``rows`` as is.
+    chat template when :func:`encode_prompt` applies it); no limit: ``rows`` as is.
 
     :return: ``(kept rows, number left out)``.
     :raises DataError: with ``--no-filter-overlong-prompts``, naming the first over-long prompt's file and line,

@@ -16,15 +16,16 @@ import asyncio
 import copy
 import hashlib
 import logging
+import time
 import uuid
+from dataclasses import dataclass, field
 from typing import Any
 
-from vime_core.arguments import rollout_sampling_params
 from vime_core.config import RolloutConfig
-from vime_core.context import PluginContext, legacy_args
+from vime_core.config.sampling import sampling_params
+from vime_core.context import CURRENT_ENGINES, PluginContext, ServedVersion, legacy_args
 from vime_core.data.source import name_prompt_source
 from vime_core.failures import FailureCause, classify_failure, mark_failed
-from vime_core.progress import Throttle
 from vime_core.rewards.call import call_group_reward, call_reward
 from vime_core.rollout.health import EngineMonitor, generate_with_retries
 from vime_core.rollout.overlong import apply_overlong
@@ -33,6 +34,38 @@ from vime_core.types import Sample, Status
 logger = logging.getLogger("vime.rollout")
 
 FINISHED_STATUSES = frozenset({Status.COMPLETED, Status.TRUNCATED, Status.FAILED})
+
+
+class Throttle:
+    """True at most once per ``interval_s`` (the last call of a series is forced by the caller)."""
+
+    def __init__(self, interval_s: float = 0.25) -> None:
+        self.interval_s = interval_s
+        self.last = float("-inf")
+
+    def __call__(self) -> bool:
+        now = time.monotonic()
+        if now - self.last >= self.interval_s:
+            self.last = now
+            return True
+        return False
+
+
+@dataclass
+class _RunCall:
+    """What the samples of one :meth:`GroupRunner.run` call share: the step, the bound on generate calls in flight,
+    the sampling parameters, the reward functions, whether it trains, the segments of fanned-out samples
+    (``id(sample) → segments``) and the failures seen (``(cause, error) → samples that failed so after the first``,
+    logged once each)."""
+
+    step: int
+    sem: asyncio.Semaphore
+    params: dict[str, Any]
+    reward_fn: Any
+    group_reward_fn: Any
+    train: bool
+    fanned: dict[int, list[Sample]] = field(default_factory=dict)
+    repeats: dict[tuple[str, str], int] = field(default_factory=dict)
 
 
 class GroupRunner:
@@ -50,7 +83,8 @@ class GroupRunner:
     :ivar monitor: the engine health monitor; a sample whose engine or router failed under it is regenerated
         (:func:`vime_core.rollout.health.generate_with_retries`); ``None``: one attempt.
     :ivar teacher: the :class:`~vime_core.rollout.teacher.TeacherEngines` scoring training samples, or ``None``.
-    :ivar weight_version: the weight version the engines serve (a resumed sample's off-policy prefix is older).
+    :ivar weight_version: the weight version the engines serve (a resumed sample's off-policy prefix is older):
+        ``ctx.engines``' holder, or one of the runner's own for a context without engines.
     :ivar aborting: set while the requests in flight are being aborted; a sample still waiting is not sent.
     :ivar samples_done: samples of the current step finished; ``samples_wanted``: of how many (0: fully-async).
     """
@@ -72,11 +106,20 @@ class GroupRunner:
         self.hook = hook
         self.teacher: Any = None
         self.monitor: EngineMonitor | None = None
-        self.weight_version = 0
+        self.served = ctx.engines.served if ctx.engines is not None else ServedVersion()
         self.aborting = False
         self.progress = progress
         self.progress_throttle = Throttle()
         self.samples_done, self.samples_wanted = 0, 0
+
+    @property
+    def weight_version(self) -> int:
+        """The weight version the engines serve now (the one holder, :attr:`served`)."""
+        return self.served.value
+
+    @weight_version.setter
+    def weight_version(self, version: int) -> None:
+        self.served.value = version
 
     def report_progress(self, done: int, wanted: int | None = None, force: bool = True) -> None:
         """Tell the progress actor ``done`` of ``wanted`` samples finished (throttled unless ``force``)."""
@@ -108,88 +151,97 @@ class GroupRunner:
         ``train=False`` (evaluation) the sample reward ``reward_fn`` is used even with ``--group-reward``, the
         teacher does not score, the rollout progress is not advanced and ``vime_on_sample`` is not called."""
         ctx, cfg = self.ctx, self.config
-        sem = sem or asyncio.Semaphore(cfg.rollout_concurrency)
-        mask_offpolicy = cfg.mask_offpolicy_in_partial_rollout
-        params = rollout_sampling_params(cfg) if params is None else params
-        reward_fn = reward_fn or self.reward_fn
-        reward_timeout = cfg.reward_timeout
-        group_reward_fn = self.group_reward_fn if train else None
-        fanned: dict[int, list[Sample]] = {}  # id(sample) -> the segments a fan-out generate function returned
-        seed = cfg.seed
-        repeats: dict[tuple[str, str], int] = {}  # (cause, error) -> samples that failed so after the first
-
-        async def one(sample: Sample) -> list[Sample] | None:
-            """Generate (and, without a group reward, score) one sample; its output samples, or None if skipped."""
-            if not needs_generation(sample):  # finished in an earlier step (a group returned by partial rollout)
-                return None
-            sample_params = dict(params)
-            if seed is not None:  # reproducible sampling: one engine seed per sample, distinct within the group
-                sample_params["seed"] = sample_seed(seed, step, sample.group_index, sample.index)
-            outs = [sample]
-            async with sem:
-                if self.aborting:  # the batch filled while this sample waited: never sent
-                    sample.status = Status.ABORTED
-                    return None
-                if sample.status == Status.ABORTED:  # partial rollout: continue from prompt + partial response
-                    prepare_resume(sample, self.weight_version, mask_offpolicy)
-                stage = "generate"
-                try:
-                    out = await generate_with_retries(self.monitor, self.generate_fn, ctx, sample, sample_params)
-                    if isinstance(out, list):  # fan-out: segments of one rollout, scored once, same reward on each
-                        if not out:
-                            raise ValueError("the generate function returned an empty list of samples")
-                        rid = next((s.episode_id for s in out if s.episode_id), None) or uuid.uuid4().hex
-                        for s in out:
-                            s.episode_id = rid
-                        outs = list(out)
-                    elif out is not sample:
-                        sample.__dict__.update(out.__dict__)
-                    for s in outs:
-                        s.validate()
-                    scored = [s for s in outs if s.status in (Status.COMPLETED, Status.TRUNCATED)]
-                    if scored and group_reward_fn is None:
-                        stage = "reward"
-                        reward = await call_reward(reward_fn, ctx, scored[0], reward_timeout)
-                        _set_reward(cfg, outs, reward, overlong=train)
-                        stage = "teacher"
-                        if (
-                            train and self.teacher is not None
-                        ):  # on-policy distillation: the teacher scores the sampled tokens
-                            await self.teacher.score(scored)
-                    if outs[0] is not sample:
-                        fanned[id(sample)] = outs
-                except Exception as e:  # noqa: BLE001 - recorded on the sample, excluded, counted in metrics
-                    cause = classify_failure(e, stage)
-                    key = (cause.value, f"{type(e).__name__}: {e}")
-                    if key in repeats:  # the same error again: counted, one line for all of them below
-                        repeats[key] += 1
-                    else:
-                        repeats[key] = 0
-                        logger.warning("sample %d/%d failed (%s): %s", sample.group_index, sample.index, *key)
-                    fanned.pop(id(sample), None)
-                    outs = [mark_failed(sample, cause, e)]
-                    if cause == FailureCause.REWARD_ERROR:  # a reward that raises: often a row it cannot handle
-                        name_prompt_source(sample)
-            if train:
-                self.report_progress(self.samples_done + 1, force=False)
-            return outs
+        if ctx.engines is not None:  # for plugins still calling the deprecated get_rollout_context() (until 0.2)
+            CURRENT_ENGINES.set(ctx.engines)
+        call = _RunCall(
+            step,
+            sem or asyncio.Semaphore(cfg.rollout_concurrency),
+            sampling_params(cfg) if params is None else params,
+            reward_fn or self.reward_fn,
+            self.group_reward_fn if train else None,
+            train,
+        )
 
         async def group(g: list[Sample]) -> None:
-            results = await asyncio.gather(*(one(s) for s in g))
+            results = await asyncio.gather(*(self._one(s, call) for s in g))
             ran = [outs for outs in results if outs is not None]
-            if group_reward_fn is not None:
-                await self._score_group(group_reward_fn, g, [outs or [s] for s, outs in zip(g, results, strict=True)])
+            if call.group_reward_fn is not None:
+                rollouts = [outs or [s] for s, outs in zip(g, results, strict=True)]
+                await self._score_group(call.group_reward_fn, g, rollouts)
             for outs in ran if train else ():
                 for s in outs:
                     self.hook.vime_on_sample(ctx=ctx, sample=s, step=step, args=legacy_args(ctx.config))
 
         await asyncio.gather(*(group(g) for g in groups))
-        for (cause, error), n in repeats.items():
+        for (cause, error), n in call.repeats.items():
             if n:
                 logger.warning("%d more sample(s) failed (%s) with the same error: %s", n, cause, error[:500])
         for g in groups:  # replace fanned-out samples by their segments, in place (callers hold these lists)
-            if any(id(s) in fanned for s in g):
-                g[:] = [x for s in g for x in fanned.get(id(s), [s])]
+            if any(id(s) in call.fanned for s in g):
+                g[:] = [x for s in g for x in call.fanned.get(id(s), [s])]
+
+    async def _one(self, sample: Sample, call: _RunCall) -> list[Sample] | None:
+        """Generate (and, without a group reward, score) one sample of a :meth:`run` call; its output samples, or
+        None if skipped."""
+        if not needs_generation(sample):  # finished in an earlier step (a group returned by partial rollout)
+            return None
+        cfg = self.config
+        sample_params = dict(call.params)
+        if cfg.seed is not None:  # reproducible sampling: one engine seed per sample, distinct within the group
+            sample_params["seed"] = sample_seed(cfg.seed, call.step, sample.group_index, sample.index)
+        async with call.sem:
+            if self.aborting:  # the batch filled while this sample waited: never sent
+                sample.status = Status.ABORTED
+                return None
+            if sample.status == Status.ABORTED:  # partial rollout: continue from prompt + partial response
+                prepare_resume(sample, self.weight_version, cfg.mask_offpolicy_in_partial_rollout)
+            outs = await self._attempt(sample, sample_params, call)
+        if call.train:
+            self.report_progress(self.samples_done + 1, force=False)
+        return outs
+
+    async def _attempt(self, sample: Sample, sample_params: dict[str, Any], call: _RunCall) -> list[Sample]:
+        """Generate ``sample`` (regenerated after an engine failure), score it without a group reward and have the
+        teacher score it in training; whatever fails marks it ``failed`` with its cause. Its output samples."""
+        ctx, cfg = self.ctx, self.config
+        outs = [sample]
+        stage = "generate"
+        try:
+            out = await generate_with_retries(self.monitor, self.generate_fn, ctx, sample, sample_params)
+            if isinstance(out, list):  # fan-out: segments of one rollout, scored once, same reward on each
+                if not out:
+                    raise ValueError("the generate function returned an empty list of samples")
+                rid = next((s.episode_id for s in out if s.episode_id), None) or uuid.uuid4().hex
+                for s in out:
+                    s.episode_id = rid
+                outs = list(out)
+            elif out is not sample:
+                sample.__dict__.update(out.__dict__)
+            for s in outs:
+                s.validate()
+            scored = [s for s in outs if s.status in (Status.COMPLETED, Status.TRUNCATED)]
+            if scored and call.group_reward_fn is None:
+                stage = "reward"
+                reward = await call_reward(call.reward_fn, ctx, scored[0], cfg.reward_timeout)
+                _set_reward(cfg, outs, reward, overlong=call.train)
+                stage = "teacher"
+                if call.train and self.teacher is not None:  # on-policy distillation: the teacher scores the tokens
+                    await self.teacher.score(scored)
+            if outs[0] is not sample:
+                call.fanned[id(sample)] = outs
+        except Exception as e:  # noqa: BLE001 - recorded on the sample, excluded, counted in metrics
+            cause = classify_failure(e, stage)
+            key = (cause.value, f"{type(e).__name__}: {e}")
+            if key in call.repeats:  # the same error again: counted, one line for all of them after the call
+                call.repeats[key] += 1
+            else:
+                call.repeats[key] = 0
+                logger.warning("sample %d/%d failed (%s): %s", sample.group_index, sample.index, *key)
+            call.fanned.pop(id(sample), None)
+            outs = [mark_failed(sample, cause, e)]
+            if cause == FailureCause.REWARD_ERROR:  # a reward that raises: often a row it cannot handle
+                name_prompt_source(sample)
+        return outs
 
     async def _score_group(self, fn: Any, group: list[Sample], rollouts: list[list[Sample]]) -> None:
         """``--group-reward``: once no sample of ``group`` is left to generate (none aborted or pending), score the

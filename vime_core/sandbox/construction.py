@@ -51,8 +51,9 @@ class SandboxConstruction:
 
     @classmethod
     def from_args(cls, args: Any, **kwargs: Any) -> Self:
-        """Deprecated (use :meth:`from_context` or :meth:`from_config`): build a sandbox from a ``vime run``
-        Namespace, or ``None`` for the defaults. Keywords win."""
+        """Deprecated, goes in vime 0.2 (use :meth:`from_context` or :meth:`from_config`): build a sandbox from a
+        ``vime run`` Namespace, or ``None`` for the defaults. Keywords win. Still what builds a backend written for
+        vime 0.1 that overrides it alone (:meth:`from_context` warns then)."""
         sandbox = SandboxConfig.from_args(args) if args is not None and hasattr(args, "sandbox_cpus") else None
         if cls.FLAGS is not None:
             own = cls.FLAGS.from_args(args)  # type: ignore[attr-defined]

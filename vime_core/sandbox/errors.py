@@ -5,7 +5,10 @@ from __future__ import annotations
 
 
 class SandboxError(Exception):
-    """Base of sandbox errors."""
+    """Base of sandbox errors. Each carries its failure cause (:func:`vime_core.failures.classify_failure`): a sample
+    that raised one is ``rollout/failed/sandbox_error`` in any stage."""
+
+    failure_cause = "sandbox_error"
 
 
 class SandboxInfraError(SandboxError):

@@ -5,6 +5,7 @@ the generic ``--sandbox-*`` flags (:func:`sandbox_kwargs`) and a backend's own `
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -47,8 +48,9 @@ def sandbox_kwargs_from_config(cfg: SandboxConfig | None) -> dict[str, Any]:
 
 
 def sandbox_kwargs_from_args(args: Any) -> dict[str, Any]:
-    """Deprecated (use :func:`sandbox_kwargs_from_config`): :func:`sandbox_kwargs` of the sandbox section of a
-    ``vime run`` Namespace; ``{}`` when ``args`` is ``None`` or has none of the sandbox flags."""
+    """Deprecated, goes in vime 0.2 (use :func:`sandbox_kwargs_from_config`): :func:`sandbox_kwargs` of the sandbox
+    section of a ``vime run`` Namespace; ``{}`` when ``args`` is ``None`` or has none of the sandbox flags."""
+    _deprecated("sandbox_kwargs_from_args(args)", "sandbox_kwargs_from_config(ctx.sandbox)")
     if args is None or not hasattr(args, "sandbox_cpus"):
         return {}
     return sandbox_kwargs(SandboxConfig.from_args(args))
@@ -87,8 +89,17 @@ def backend_kwargs(flags: Any, mapping: Mapping[str, str]) -> dict[str, Any]:
     return {kw: getattr(flags, attr) for attr, kw in mapping.items() if getattr(flags, attr, None)}
 
 
-#: deprecated name of :func:`backend_kwargs` (it read a ``vime run`` Namespace, which has the same attributes)
-backend_kwargs_from_args = backend_kwargs
+def backend_kwargs_from_args(flags: Any, mapping: Mapping[str, str]) -> dict[str, Any]:
+    """Deprecated name of :func:`backend_kwargs` (it read a ``vime run`` Namespace, which has the same attributes);
+    goes in vime 0.2."""
+    _deprecated("backend_kwargs_from_args", "backend_kwargs")
+    return backend_kwargs(flags, mapping)
+
+
+def _deprecated(old: str, new: str) -> None:
+    warnings.warn(
+        f"vime_core.sandbox.{old} is deprecated and goes in vime 0.2: use {new}", DeprecationWarning, stacklevel=3
+    )
 
 
 def remote_lifetime_s(limits: SandboxLimits, grace_s: int, max_s: int) -> int:

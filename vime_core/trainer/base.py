@@ -32,7 +32,7 @@ class TrainerBackend(ABC):
       backend also has ``lora_adapter()`` (the adapter's tensors in PEFT's names and its ``adapter_config.json``
       content, what the weight sync sends) and ``save_adapter(path)`` (``final_adapter/``).
     * ``DISTRIBUTED`` — whether the backend runs as several ranks of one ``torch.distributed`` group (the trainer
-      group of :mod:`vime_core.orchestration` sets torchrun's environment for each rank); ``False``: one rank only.
+      group of :mod:`vime_core.trainer.group` sets torchrun's environment for each rank); ``False``: one rank only.
     """
 
     NAME: str = ""

@@ -31,7 +31,6 @@ from vime_core.trainer.megatron_convert import (
     pad_vocab,
     shard,
     unpad_vocab,
-    unshard,
 )
 from vime_core.trainer.megatron_critic import MegatronCritic
 from vime_core.trainer.megatron_experts import (
@@ -49,6 +48,7 @@ from vime_core.trainer.megatron_model import (
     init_distributed,
     install_rope,
     layer_spec,
+    tp_full,
     transformer_config_fields,
 )
 from vime_core.trainer.megatron_moe import ep_shard, expert_of
@@ -317,21 +317,13 @@ class MegatronTrainer(TrainerBackend):
     def megatron_tensors(self, gpt: Any = None, skip: tuple = ()) -> dict[str, torch.Tensor]:
         """Full (TP-gathered, unpadded) Megatron tensors on this rank's GPU (of ``gpt``, default the policy; names in
         ``skip`` left out). Collective under TP."""
-        import torch.distributed as dist
-
         out = {}
         gpt = self.gpt if gpt is None else gpt
         named = [*gpt.named_parameters(), *expert_bias_buffers(gpt).items()]
         for name, p in named:
-            if name in skip:
-                continue
-            expert = expert_of(name) is not None
-            if self.tp > 1:
-                parts = [torch.empty_like(p) for _ in range(self.tp)]
-                dist.all_gather(parts, p.data.contiguous(), group=self.etp_group if expert else self.tp_group)
-                out[name] = unshard(name, parts)
-            else:
-                out[name] = p.data
+            if name not in skip:
+                group = self.etp_group if expert_of(name) is not None else self.tp_group
+                out[name] = tp_full(p, name, self.tp, group)
         if self.ep > 1:  # every EP rank's experts, under their global indices
             out = gather_experts(out, self.ep, self.ep_group)
         return unpad_vocab(out, self.arch.vocab_size)

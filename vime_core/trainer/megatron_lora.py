@@ -18,7 +18,8 @@ import torch
 
 from vime_core.config import LoraConfig
 from vime_core.lora.options import ALL_LINEAR, LoraFlagError, module_names
-from vime_core.trainer.megatron_convert import ArchConfig, shard, unshard
+from vime_core.trainer.megatron_convert import ArchConfig, shard
+from vime_core.trainer.megatron_model import tp_full
 from vime_core.trainer.megatron_view import MegatronPolicy
 from vime_core.types import Sample
 
@@ -229,8 +230,6 @@ class MegatronLora:
     def full_adapter(self) -> dict[str, torch.Tensor]:
         """The adapter's full tensors (TP-gathered), ``decoder.layers.{i}.<layer>.lora_{A,B}.weight``. Collective
         under TP."""
-        import torch.distributed as dist
-
         t = self.trainer
         out: dict[str, torch.Tensor] = {}
         for name, p in t.gpt.named_parameters():
@@ -240,12 +239,8 @@ class MegatronLora:
             part, key = rest.split(".", 1)[0], f"{prefix}.lora_{rest.split('.', 1)[0]}.weight"
             kind = prefix.split(".", 3)[3]
             sharded = (part == "A") == (kind in ROW_PARALLEL)  # row layers shard A, column layers shard B
-            if t.tp > 1 and sharded:  # each rank's rows (B) / columns (A) are its base layer's: same layout
-                parts = [torch.empty_like(p) for _ in range(t.tp)]
-                dist.all_gather(parts, p.data.contiguous(), group=t.tp_group)
-                out[key] = unshard(_layout_name(prefix), parts)
-            else:
-                out[key] = p.data
+            # each rank's rows (B) / columns (A) are its base layer's: same layout
+            out[key] = tp_full(p, _layout_name(prefix), t.tp, t.tp_group) if sharded else p.data
         return out
 
     def adapter_state(self) -> dict[str, torch.Tensor]:
@@ -308,20 +303,11 @@ class MegatronLora:
     def full_tensors(self) -> dict[str, torch.Tensor]:
         """Every full Megatron tensor of the policy, the base weights under their plain layout names' sharding and
         the adapter's from :meth:`full_adapter`. Collective under TP."""
-        import torch.distributed as dist
-
         t = self.trainer
         out = dict(self.full_adapter())
         for name, p in t.gpt.named_parameters():
-            if ".lora_" in name:
-                continue
-            plain = name.replace(".base_layer", "")
-            if t.tp > 1:
-                parts = [torch.empty_like(p) for _ in range(t.tp)]
-                dist.all_gather(parts, p.data.contiguous(), group=t.tp_group)
-                out[name] = unshard(plain, parts)
-            else:
-                out[name] = p.data
+            if ".lora_" not in name:
+                out[name] = tp_full(p, name.replace(".base_layer", ""), t.tp, t.tp_group)
         return out
 
 

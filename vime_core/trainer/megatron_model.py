@@ -13,6 +13,7 @@ import torch
 
 from vime_core.models.families import ArchConfig
 from vime_core.net import find_free_port
+from vime_core.trainer.megatron_convert import unshard
 from vime_core.trainer.megatron_moe_model import moe_block_spec
 
 
@@ -230,3 +231,17 @@ def install_rope(gpt: Any, arch: ArchConfig) -> None:
         return
     rotary = gpt.rotary_pos_emb
     rotary.inv_freq = rope_inv_freq(arch).to(rotary.inv_freq.device)
+
+
+def tp_full(p: torch.Tensor, layout_name: str, tp: int, group: Any) -> torch.Tensor:
+    """The full tensor of parameter ``p``, sharded over ``tp`` tensor-parallel ranks as the Megatron tensor
+    ``layout_name`` is: every rank's part gathered over ``group`` and joined
+    (:func:`~vime_core.trainer.megatron_convert.unshard`); ``p.data`` itself when ``tp`` is 1. Collective under TP:
+    every rank of ``group`` calls it for the same parameter."""
+    if tp == 1:
+        return p.data
+    import torch.distributed as dist
+
+    parts = [torch.empty_like(p) for _ in range(tp)]
+    dist.all_gather(parts, p.data.contiguous(), group=group)
+    return unshard(layout_name, parts)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
@@ -17,7 +18,7 @@ import torch
 from vime_core.algorithms.batch import gae_advantages, postprocess_advantages
 from vime_core.algorithms.kl import approx_kl
 from vime_core.algorithms.mismatch import check_logprob_drift
-from vime_core.algorithms.policy_loss import policy_loss, policy_loss_kwargs
+from vime_core.algorithms.policy_loss import PolicyLossOptions, policy_loss
 from vime_core.config import AlgorithmConfig, TrainerConfig
 from vime_core.trainer.critic import CriticBase
 from vime_core.trainer.lr_schedule import policy_lr_schedule, set_lr
@@ -172,58 +173,14 @@ def _rl_train_step(backend: PolicyOps, batch: RolloutBatch) -> dict[str, float]:
     """The body of :func:`rl_train_step`."""
     t0 = time.perf_counter()
     cfg, algo = backend.trainer_config, backend.algorithm_config
-    dev = backend.loss_device
-    timer = StepTimer(dev)
+    timer = StepTimer(backend.loss_device)
     samples = batch.samples
-    use_rollout = bool(algo.use_rollout_logprobs)
-    rollout_of = {id(s): torch.tensor(s.rollout_log_probs, dtype=torch.float32) for s in samples}
-    mask_of = {id(s): torch.tensor(s.loss_mask, dtype=torch.float32) for s in samples}
     gbs = cfg.global_batch_size or len(samples)
     minibatches = [samples[i : i + gbs] for i in range(0, len(samples), gbs)]
-    kl_coef = algo.kl_coef
+    step = _StepTensors.of(backend, batch, len(minibatches) > 1, timer)
     critic = backend.critic
     lr_schedule = policy_lr_schedule(cfg)
     lr_used: list[float] = []
-
-    dp_rank, dp_size = backend.dp_rank, backend.dp_size
-    # trainer-side behaviour-policy log-probs, before any update (else filled by the first, only, mini-batch)
-    old_of = {}
-    timer.lap("setup")
-    if len(minibatches) > 1 or kl_coef != 0.0:
-        old_of = dp_log_probs(backend, samples, lambda part: old_log_probs(backend, part))
-        timer.lap("old_logprob")
-    ref_of = {}
-    if backend.ref_model is not None:
-        ref = backend.ref_model
-        ref_of = dp_log_probs(backend, samples, lambda part: ref.log_probs(part, cfg.micro_batch_size))
-        timer.lap("ref_logprob")
-    kl = None
-    if kl_coef != 0.0:
-        behaviour = rollout_of if use_rollout else old_of
-        kl = [approx_kl(behaviour[id(s)], ref_of[id(s)], algo.kl_loss_type) for s in samples]
-    estimator_out = [torch.tensor(a, dtype=torch.float32) for a in batch.advantages]
-    critic_only = False
-    if critic is not None:  # ppo: the estimator gave per-token rewards; GAE with the critic's values
-        old_values = critic.values(samples, cfg.micro_batch_size)
-        timer.lap("critic")
-        advantages, returns, adv_metrics = gae_advantages(
-            algo, samples, estimator_out, [old_values[id(s)] for s in samples], kl=kl
-        )
-        returns_of = {id(s): r for s, r in zip(samples, returns, strict=True)}
-        critic_only = batch.step < algo.num_critic_only_steps
-    else:
-        advantages, adv_metrics = postprocess_advantages(algo, samples, estimator_out, kl=kl)
-    adv_of = {id(s): a for s, a in zip(samples, advantages, strict=True)}
-    loss_kwargs = policy_loss_kwargs(algo)
-    use_kl_loss = bool(algo.use_kl_loss)
-    per_token = loss_kwargs["per_token"]
-
-    def weight(group: list[Sample]) -> int:  # the loss's denominator: trained tokens, or trained samples
-        return sum(sum(s.loss_mask) for s in group) if per_token else sum(1 for s in group if any(s.loss_mask))
-
-    def on(dev_of: dict[int, torch.Tensor], mb: list[Sample]) -> list[torch.Tensor]:
-        return [dev_of[id(s)].to(dev) for s in mb]
-
     drift = None
     sums: dict[str, float] = {}
     weight_total = 0.0
@@ -233,50 +190,20 @@ def _rl_train_step(backend: PolicyOps, batch: RolloutBatch) -> dict[str, float]:
     for minibatch in minibatches:
         if critic is not None:
             cm = critic.train_minibatch(
-                list(micro_batches(minibatch, cfg.micro_batch_size)), old_values, returns_of, per_token
+                list(micro_batches(minibatch, cfg.micro_batch_size)), step.old_values, step.returns_of, step.per_token
             )
             for k, v in cm.items():
                 critic_sums[k] = critic_sums.get(k, 0.0) + v / len(minibatches)
             timer.lap("critic")
-        if critic_only:
+        if step.critic_only:
             continue
-        total = weight(minibatch)  # global: every DP rank holds the whole mini-batch
-        backend.zero_grad()
-        for mb in micro_batches(dp_shard(minibatch, dp_rank, dp_size), cfg.micro_batch_size):
-            timer.lap("setup")
-            lps, ents = backend.policy_log_probs(mb, True)
-            lps = [lp.float() for lp in lps]
-            for s, lp in zip(mb, lps, strict=True):
-                if id(s) not in old_of:
-                    old_of[id(s)] = lp.detach().cpu()
-            train_old = on(old_of, mb)
-            out = policy_loss(
-                lps,
-                on(rollout_of, mb) if use_rollout else train_old,
-                on(adv_of, mb),
-                on(mask_of, mb),
-                rollout_log_probs=on(rollout_of, mb),
-                train_old_log_probs=train_old,
-                entropies=None if ents is None else [e.float() for e in ents],
-                ref_log_probs=on(ref_of, mb) if use_kl_loss else None,
-                **loss_kwargs,
-            )
-            count = weight(mb)
-            timer.lap("forward")
-            if count == 0:
-                continue
-            # × dp_size: the backend's gradient reduction averages over the DP ranks (see the module docstring)
-            (out.loss * (count * dp_size / total)).backward()
-            timer.lap("backward")
-            for k, v in out.metrics.items():
-                sums[k] = sums.get(k, 0.0) + float(v) * count
-            weight_total += count
+        weight_total += _policy_gradients(backend, step, minibatch, sums, timer)
         if drift is None:  # every sample's pre-update log-probs are known by now (the other DP ranks' shards: shared)
-            share_across_dp(backend, samples, old_of)
+            share_across_dp(backend, samples, step.old_of)
             drift = check_logprob_drift(
-                [old_of[id(s)] for s in samples],
-                [rollout_of[id(s)] for s in samples],
-                [mask_of[id(s)] for s in samples],
+                [step.old_of[id(s)] for s in samples],
+                [step.rollout_of[id(s)] for s in samples],
+                [step.mask_of[id(s)] for s in samples],
                 algo.max_train_rollout_logprob_diff,
                 step=backend.steps_done,
             )
@@ -286,12 +213,12 @@ def _rl_train_step(backend: PolicyOps, batch: RolloutBatch) -> dict[str, float]:
         grad_norms.append(backend.optimizer_step())
         backend.steps_done += 1
         timer.lap("optimizer")
-    if dp_size > 1:  # the loss metrics of every DP rank's shard
+    if backend.dp_size > 1:  # the loss metrics of every DP rank's shard
         parts = backend.dp_all_gather((sums, weight_total))
         sums = {k: sum(p[0].get(k, 0.0) for p in parts) for k in sorted({k for p in parts for k in p[0]})}
         weight_total = sum(p[1] for p in parts)
     metrics = {f"train/{k}": v / max(weight_total, 1.0) for k, v in sums.items()}
-    metrics.update({f"train/{k}": v for k, v in adv_metrics.items()})
+    metrics.update({f"train/{k}": v for k, v in step.adv_metrics.items()})
     if drift is not None:
         metrics["train/train_rollout_logprob_abs_diff"] = drift
     if grad_norms:
@@ -301,10 +228,129 @@ def _rl_train_step(backend: PolicyOps, batch: RolloutBatch) -> dict[str, float]:
     if critic is not None:
         metrics.update({f"train/{k}": v for k, v in critic_sums.items()})
         metrics["train/critic_lr"] = critic.lr
-        metrics["train/critic_only"] = float(critic_only)
+        metrics["train/critic_only"] = float(step.critic_only)
     metrics["train/num_tokens"] = float(batch.num_response_tokens())
     metrics["train/num_seq_tokens"] = float(sum(len(s.tokens) for s in samples))  # prompt + response: the FLOPs
     timer.lap("setup")
     metrics.update(timer.metrics())
     metrics["perf/train_compute_time"] = time.perf_counter() - t0
     return metrics
+
+
+@dataclass
+class _StepTensors:
+    """What every mini-batch of one :func:`rl_train_step` reads, by ``id(sample)``: the engine's log-probs, the loss
+    masks, the trainer's pre-update log-probs (``old_of``, filled by the first mini-batch when there is one only and
+    no KL penalty), the reference model's, the advantages; with the critic its values, the returns and whether the
+    step trains the critic only."""
+
+    rollout_of: dict[int, torch.Tensor]
+    mask_of: dict[int, torch.Tensor]
+    old_of: dict[int, torch.Tensor]
+    ref_of: dict[int, torch.Tensor]
+    adv_of: dict[int, torch.Tensor]
+    adv_metrics: dict[str, float]
+    loss_options: PolicyLossOptions
+    old_values: dict[int, torch.Tensor] | None = None
+    returns_of: dict[int, torch.Tensor] | None = None
+    critic_only: bool = False
+
+    @property
+    def per_token(self) -> bool:
+        return self.loss_options.per_token
+
+    @classmethod
+    def of(cls, backend: PolicyOps, batch: RolloutBatch, several_minibatches: bool, timer: StepTimer) -> _StepTensors:
+        """The step's log-probs (trainer-side old and reference ones split over the DP ranks), the KL penalty and
+        the advantages (GAE with the critic's values for ``ppo``, else the estimator's, post-processed); each pass
+        charged to its phase of ``timer``."""
+        cfg, algo = backend.trainer_config, backend.algorithm_config
+        samples = batch.samples
+        rollout_of = {id(s): torch.tensor(s.rollout_log_probs, dtype=torch.float32) for s in samples}
+        mask_of = {id(s): torch.tensor(s.loss_mask, dtype=torch.float32) for s in samples}
+        kl_coef = algo.kl_coef
+        # trainer-side behaviour-policy log-probs, before any update (else filled by the first, only, mini-batch)
+        old_of = {}
+        timer.lap("setup")
+        if several_minibatches or kl_coef != 0.0:
+            old_of = dp_log_probs(backend, samples, lambda part: old_log_probs(backend, part))
+            timer.lap("old_logprob")
+        ref_of = {}
+        if backend.ref_model is not None:
+            ref = backend.ref_model
+            ref_of = dp_log_probs(backend, samples, lambda part: ref.log_probs(part, cfg.micro_batch_size))
+            timer.lap("ref_logprob")
+        kl = None
+        if kl_coef != 0.0:
+            behaviour = rollout_of if algo.use_rollout_logprobs else old_of
+            kl = [approx_kl(behaviour[id(s)], ref_of[id(s)], algo.kl_loss_type) for s in samples]
+        estimator_out = [torch.tensor(a, dtype=torch.float32) for a in batch.advantages]
+        out = cls(rollout_of, mask_of, old_of, ref_of, {}, {}, PolicyLossOptions.from_config(algo))
+        if backend.critic is not None:  # ppo: the estimator gave per-token rewards; GAE with the critic's values
+            out.old_values = old_values = backend.critic.values(samples, cfg.micro_batch_size)
+            timer.lap("critic")
+            advantages, returns, out.adv_metrics = gae_advantages(
+                algo, samples, estimator_out, [old_values[id(s)] for s in samples], kl=kl
+            )
+            out.returns_of = {id(s): r for s, r in zip(samples, returns, strict=True)}
+            out.critic_only = batch.step < algo.num_critic_only_steps
+        else:
+            advantages, out.adv_metrics = postprocess_advantages(algo, samples, estimator_out, kl=kl)
+        out.adv_of = {id(s): a for s, a in zip(samples, advantages, strict=True)}
+        return out
+
+
+def _policy_gradients(
+    backend: PolicyOps, step: _StepTensors, minibatch: list[Sample], sums: dict[str, float], timer: StepTimer
+) -> float:
+    """Accumulate the policy loss's gradients of ``minibatch`` (this DP rank's shard of it, micro-batch by
+    micro-batch, each weighted by its share of the mini-batch's trained tokens or samples) and add each micro-batch's
+    loss metrics × its weight to ``sums``; the passes charged to ``timer``'s ``forward`` and ``backward`` phases.
+
+    :return: the summed weight of this rank's micro-batches.
+    """
+    cfg, algo = backend.trainer_config, backend.algorithm_config
+    dev, dp_size = backend.loss_device, backend.dp_size
+    use_rollout = bool(algo.use_rollout_logprobs)
+    use_kl_loss = bool(algo.use_kl_loss)
+    per_token = step.per_token
+
+    def weight(group: list[Sample]) -> int:  # the loss's denominator: trained tokens, or trained samples
+        return sum(sum(s.loss_mask) for s in group) if per_token else sum(1 for s in group if any(s.loss_mask))
+
+    def on(dev_of: dict[int, torch.Tensor], mb: list[Sample]) -> list[torch.Tensor]:
+        return [dev_of[id(s)].to(dev) for s in mb]
+
+    total = weight(minibatch)  # global: every DP rank holds the whole mini-batch
+    weight_total = 0.0
+    backend.zero_grad()
+    for mb in micro_batches(dp_shard(minibatch, backend.dp_rank, dp_size), cfg.micro_batch_size):
+        timer.lap("setup")
+        lps, ents = backend.policy_log_probs(mb, True)
+        lps = [lp.float() for lp in lps]
+        for s, lp in zip(mb, lps, strict=True):
+            if id(s) not in step.old_of:
+                step.old_of[id(s)] = lp.detach().cpu()
+        train_old = on(step.old_of, mb)
+        out = policy_loss(
+            lps,
+            on(step.rollout_of, mb) if use_rollout else train_old,
+            on(step.adv_of, mb),
+            on(step.mask_of, mb),
+            step.loss_options,
+            rollout_log_probs=on(step.rollout_of, mb),
+            train_old_log_probs=train_old,
+            entropies=None if ents is None else [e.float() for e in ents],
+            ref_log_probs=on(step.ref_of, mb) if use_kl_loss else None,
+        )
+        count = weight(mb)
+        timer.lap("forward")
+        if count == 0:
+            continue
+        # × dp_size: the backend's gradient reduction averages over the DP ranks (see the module docstring)
+        (out.loss * (count * dp_size / total)).backward()
+        timer.lap("backward")
+        for k, v in out.metrics.items():
+            sums[k] = sums.get(k, 0.0) + float(v) * count
+        weight_total += count
+    return weight_total

@@ -17,19 +17,20 @@ VALID_STATUSES = {Status.COMPLETED, Status.TRUNCATED, Status.ABORTED, Status.FAI
 
 
 class GenerateFunctionContract(_Contract):
-    """Contract of ``vime_register_generate_functions`` providers (needs a running rollout context).
+    """Contract of ``vime_register_generate_functions`` providers (needs running engines).
 
     Fixtures to supply: ``generate_fn`` (``async def generate(ctx, sample, sampling_params)``),
-    ``generate_ctx`` (the :class:`~vime_core.context.PluginContext` it is called with; default every flag at its
-    default, :func:`vime_core.testing.plugin_context.plugin_context`), ``prompt_sample`` (a fresh
-    :class:`Sample`; a vision-language prompt carries its ``images``, and the samples returned must then hold
-    them first, in order, each with one placeholder run of the processor's length) and ``rollout_context`` (an
-    installed :class:`vime_core.rollout.context.RolloutContext`, e.g. a real router client + tokenizer).
+    ``rollout_context`` (the :class:`~vime_core.context.Engines` it generates with, e.g. a real router client +
+    tokenizer), ``generate_ctx`` (the :class:`~vime_core.context.PluginContext` it is called with; default every
+    flag at its default with ``rollout_context`` as ``ctx.engines``,
+    :func:`vime_core.testing.plugin_context.plugin_context`) and ``prompt_sample`` (a fresh :class:`Sample`; a
+    vision-language prompt carries its ``images``, and the samples returned must then hold them first, in order,
+    each with one placeholder run of the processor's length).
     """
 
     @pytest.fixture
-    def generate_ctx(self) -> PluginContext:
-        return plugin_context()
+    def generate_ctx(self, rollout_context) -> PluginContext:
+        return plugin_context(engines=rollout_context)
 
     def _run(self, generate_fn, generate_ctx, sample, params) -> list[Sample]:
         out = asyncio.run(adapted(generate_fn, "generate")(generate_ctx, sample, params))
@@ -65,7 +66,7 @@ class GenerateFunctionContract(_Contract):
                 check_image_tokens(processor_for(rollout_context.tokenizer), s.tokens, s.images, "the sample")
 
     def test_tokens_are_prompt_plus_response(self, generate_fn, generate_ctx, prompt_sample, rollout_context):
-        from vime_core.rollout.generate import encode_sample_prompt
+        from vime_core.rollout.prompt_checks import encode_sample_prompt
 
         apply_chat_template = generate_ctx.rollout.apply_chat_template
         prompt_ids = encode_sample_prompt(

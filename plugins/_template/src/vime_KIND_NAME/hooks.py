@@ -4,7 +4,7 @@ Replace the example reward with what your plugin provides; the other registratio
 ``vime_register_generate_functions``, ``vime_register_sandbox_backends``, ``vime_register_agent_harnesses``,
 ``vime_register_weight_sync_strategies``, ``vime_register_trainer_backends``, ``vime_register_advantage_estimators``
 (see docs/hooks.md). The plugin's flags are the fields of one frozen ``PluginConfig`` dataclass under the
-plugin's prefix, registered through ``vime_register_flags``; read them back with ``Flags.from_args(args)``.
+plugin's prefix, registered through ``vime_register_flags``; read them back from the context, ``ctx.plugin(Flags)``.
 """
 
 from __future__ import annotations
