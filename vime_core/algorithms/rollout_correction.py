@@ -1,9 +1,9 @@
 """Rollout correction: importance-sampling weights, rejection masks and the veto between the trainer's old policy
 and the engine's (behaviour) policy, at token, sequence or geometric level; and the mismatch metrics.
 
-Pure functions on padded ``[B, T]`` float32 tensors with a 0/1 response mask. Sources: slime
-``examples/train_infer_mismatch_helper/mis.py`` (``compute_mis_weights``, ``add_ppl_metrics``) and verl
-``verl/trainer/ppo/rollout_corr_helper.py`` (``compute_rollout_correction_weights``,
+Pure functions on padded ``[B, T]`` float32 tensors with a 0/1 response mask. Sources:
+``THUDM/slime/examples/train_infer_mismatch_helper/mis.py`` (``compute_mis_weights``, ``add_ppl_metrics``) and
+``volcengine/verl/verl/trainer/ppo/rollout_corr_helper.py`` (``compute_rollout_correction_weights``,
 ``compute_rollout_rejection_mask``). Formulas and flags: docs/algorithms.md, "Rollout correction".
 """
 
