@@ -164,6 +164,7 @@ GATE_FILES = frozenset(
         "tests/unit/test_report.py",
         "tests/unit/test_resume.py",
         "tests/unit/test_reward_failures.py",
+        "tests/unit/test_rollout_correction.py",
         "tests/unit/test_rollout_seed.py",
         "tests/unit/test_router_executable.py",
         "tests/unit/test_router_policy.py",

@@ -30,6 +30,18 @@ EXAMPLES = ROOT / "examples"
             "tool_use",
             {"generate": "multi_turn", "multi_turn_tools": ["number_tools", "vime_core.rollout.tools:calculator"]},
         ),
+        (
+            "train_infer_mismatch",
+            {
+                "get_mismatch_metrics": True,
+                "use_rollout_correction": True,
+                "use_tis": True,
+                "use_rs": True,
+                "rs_level": "geometric",
+                "rs_upper_bound": 1.05,
+                "rs_veto_threshold": 1e-4,
+            },
+        ),
     ],
 )
 def test_example_config_parses(name, expected):

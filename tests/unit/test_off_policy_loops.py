@@ -83,13 +83,14 @@ def test_tis_weight_is_exp_of_trainer_v2_minus_rollout_v1_on_every_token(tiny_mo
     assert all((a - b).abs().max() > 1e-4 for a, b in zip(v1, v2, strict=True))  # the update moved the policy
 
     seen: list[torch.Tensor] = []
-    real = policy_loss_module.importance_weights
+    real = policy_loss_module.rollout_correction
 
-    def spy(ratio, mode, low, high):
-        seen.append(ratio.detach().clone())
-        return real(ratio, mode, low, high)
+    def spy(old, rollout, mask, settings, normalizer=None):  # [B, T] padded rows of one micro-batch
+        out = real(old, rollout, mask, settings, normalizer)
+        seen.extend(w[m.bool()].detach().clone() for w, m in zip(out.weights, mask, strict=True))
+        return out
 
-    monkeypatch.setattr(policy_loss_module, "importance_weights", spy)
+    monkeypatch.setattr(policy_loss_module, "rollout_correction", spy)
     adv = [[1.0] * s.response_length for s in samples]
     metrics = trainer.train_step(RolloutBatch(samples=samples, advantages=adv))
     # one micro-batch, sorted by length (the 10-token sample, then the 11-token one): every token's weight

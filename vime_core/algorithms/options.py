@@ -55,7 +55,8 @@ def check_algorithm_config(cfg: AlgorithmConfig) -> None:
 
     :raises ValueError: naming the flag(s) and the accepted values, for: KL both as a loss term and as reward
         shaping; ``--kl-loss-coef`` without ``--use-kl-loss``; ``--kl-coef`` with an estimator that has no per-token
-        rewards to shape; ``--use-tis`` with ``--use-mis``; bounds out of range; critic flags without
+        rewards to shape; the rollout-correction flags (:func:`check_rollout_correction`); bounds out of range;
+        critic flags without
         ``--advantage-estimator ppo``; ``--advantage-estimator on_policy_distill`` without ``--distill-teacher``.
     """
     kl_loss_coef, kl_coef = cfg.kl_loss_coef, cfg.kl_coef
@@ -105,13 +106,7 @@ def check_algorithm_config(cfg: AlgorithmConfig) -> None:
         raise ValueError("--loss-scale-factor is the divisor of --loss-agg-mode seq-mean-token-sum-norm only")
     if scale is not None and not (scale > 0.0 and math.isfinite(scale)):
         raise ValueError(f"--loss-scale-factor must be a finite number > 0, got {scale}")
-    if cfg.use_tis and cfg.use_mis:
-        raise ValueError(
-            "--use-tis (truncate the IS weight) and --use-mis (mask tokens outside the band) exclude each other"
-        )
-    low, high = cfg.tis_clip_low, cfg.tis_clip
-    if not 0.0 <= low < high:
-        raise ValueError(f"need 0 <= --tis-clip-low < --tis-clip, got {low} and {high}")
+    check_rollout_correction(cfg)
     c = cfg.eps_clip_c
     if c is not None and not c > 1.0:
         raise ValueError(f"--eps-clip-c must be > 1 (dual-clip PPO caps the loss of A < 0 at -c·A), got {c}")
@@ -126,3 +121,59 @@ def check_algorithm_config(cfg: AlgorithmConfig) -> None:
     for name in ("entropy_coef", "kl_loss_coef", "kl_coef"):
         if not math.isfinite(getattr(cfg, name)):
             raise ValueError(f"--{name.replace('_', '-')} must be finite, got {getattr(cfg, name)}")
+
+
+def check_rollout_correction(cfg: AlgorithmConfig) -> None:
+    """Check the rollout-correction flags (docs/algorithms.md, "Rollout correction").
+
+    :raises ValueError: for ``--use-tis`` with ``--use-mis``; ``--tis-mode`` / ``--tis-level`` /
+        ``--tis-batch-normalize`` without ``--use-tis``; ``--tis-clip-low`` with ``--tis-mode truncate``; bounds not
+        ``0 <= low < high``; ``--use-rs`` without ``--rs-upper-bound``; ``--rs-*`` without ``--use-rs``; a veto
+        threshold outside ``(0, 1]``; ``--use-rollout-correction`` without a correction or with
+        ``--use-rollout-logprobs``.
+    """
+    if cfg.use_tis and cfg.use_mis:
+        raise ValueError(
+            "--use-tis (IS weights) and --use-mis (token-level IcePop masking) exclude each other; "
+            "--use-tis --tis-mode mask is the masked variant of --use-tis"
+        )
+    if not cfg.use_tis:
+        for name in ("tis_mode", "tis_level"):
+            if getattr(cfg, name) is not None:
+                raise ValueError(f"--{name.replace('_', '-')} has no effect without --use-tis")
+        if cfg.tis_batch_normalize:
+            raise ValueError("--tis-batch-normalize has no effect without --use-tis")
+    low, high = cfg.tis_clip_low, cfg.tis_clip
+    if not 0.0 <= low < high:
+        raise ValueError(f"need 0 <= --tis-clip-low < --tis-clip, got {low} and {high}")
+    if cfg.use_tis and (cfg.tis_mode or "truncate") == "truncate" and low != 0.0:
+        raise ValueError(
+            f"--tis-clip-low {low} has no effect with --tis-mode truncate (the default: min(w, --tis-clip)); "
+            "use --tis-mode clip to clamp w to [--tis-clip-low, --tis-clip]"
+        )
+    if cfg.use_rs:
+        if cfg.rs_upper_bound is None:
+            raise ValueError(
+                "--use-rs needs --rs-upper-bound (and optionally --rs-lower-bound, default 1 / upper): the band of "
+                "the ratio old/rollout whose tokens are kept"
+            )
+        rs_low = cfg.rs_lower_bound if cfg.rs_lower_bound is not None else 1.0 / cfg.rs_upper_bound
+        if not 0.0 <= rs_low < cfg.rs_upper_bound:
+            raise ValueError(f"need 0 <= --rs-lower-bound < --rs-upper-bound, got {rs_low} and {cfg.rs_upper_bound}")
+    else:
+        for name in ("rs_level", "rs_lower_bound", "rs_upper_bound"):
+            if getattr(cfg, name) is not None:
+                raise ValueError(f"--{name.replace('_', '-')} has no effect without --use-rs")
+    veto = cfg.rs_veto_threshold
+    if veto is not None and not 0.0 < veto <= 1.0:
+        raise ValueError(f"--rs-veto-threshold must be in (0, 1] (a ratio old/rollout), got {veto}")
+    if cfg.use_rollout_correction:
+        if not (cfg.use_tis or cfg.use_mis or cfg.use_rs or veto is not None):
+            raise ValueError(
+                "--use-rollout-correction selects no correction: add --use-tis, --use-rs or --rs-veto-threshold"
+            )
+        if cfg.use_rollout_logprobs:
+            raise ValueError(
+                "--use-rollout-correction (decoupled PPO: the ratio against the trainer's recomputed old policy) "
+                "contradicts --use-rollout-logprobs (bypass: the ratio against the engine's log-probs); use one"
+            )

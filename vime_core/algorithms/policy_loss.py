@@ -1,9 +1,10 @@
 """The policy loss shared by every trainer backend (one implementation; backends only supply log-probs).
 
 :func:`policy_loss` combines the PPO clipped surrogate (asymmetric and dual clip), GSPO's sequence-level ratio,
-TIS/MIS importance weights, the entropy bonus and the KL loss, each off by default, aggregated per sample, per token
-or Dr.GRPO's constant; masked tokens never reach the loss (NaN/inf included) and an empty mask gives 0. The terms,
-their sources and the aggregation: docs/algorithms.md, "Loss terms" and "Loss aggregation".
+rollout correction (IS weights, rejection, veto), the entropy bonus and the KL loss, each off by default,
+aggregated per sample, per token or Dr.GRPO's constant; masked tokens never reach the loss (NaN/inf included) and
+an empty mask gives 0. The terms, their sources and the aggregation: docs/algorithms.md, "Loss terms", "Loss
+aggregation" and "Rollout correction".
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import torch
 from vime_core.algorithms.kl import approx_kl
 from vime_core.algorithms.mismatch import importance_weights
 from vime_core.algorithms.options import loss_aggregation
+from vime_core.algorithms.rollout_correction import CorrectionSettings, pad_batch, rollout_correction
 from vime_core.config import AlgorithmConfig
 
 # |log ratio| is clamped before exp (as verl's compute_policy_loss does) so that a wild token gives a large finite
@@ -54,7 +56,11 @@ def zero_masked(tensors: list[torch.Tensor] | None, masks: list[torch.Tensor]) -
 
 
 def aggregate(
-    token_values: list[torch.Tensor], masks: list[torch.Tensor], per_token: bool, token_sum_norm: float | None = None
+    token_values: list[torch.Tensor],
+    masks: list[torch.Tensor],
+    per_token: bool,
+    token_sum_norm: float | None = None,
+    accepted: list[torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """Reduce per-token values of a batch to one scalar (slime's ``sum_of_sample_mean``).
 
@@ -64,15 +70,20 @@ def aggregate(
         counting only samples with a trained token.
     :param token_sum_norm: with ``per_token`` False, each sample's masked token *sum* divided by this constant
         replaces its masked mean (Dr.GRPO; ``--loss-agg-mode seq-mean-token-sum-norm``).
+    :param accepted: the masks after rejection (rollout correction; default ``masks``): only accepted tokens enter
+        the sums and each sample's token mean, while the token-mean denominator and the count of samples stay those
+        of ``masks`` (slime's reducer rebuilt with ``modified_response_masks``).
     :return: a 0-dim tensor (0 when nothing is trained; keeps the autograd graph).
     """
+    kept = masks if accepted is None else accepted
     if per_token:
-        return masked_mean(torch.cat(token_values), torch.cat(masks))
+        values = torch.where(torch.cat(kept).bool(), torch.cat(token_values), 0.0)
+        return values.sum() / torch.cat(masks).bool().sum().clamp(min=1)
     if token_sum_norm is not None:
-        zero = [torch.where(m.bool(), v, torch.zeros_like(v)) for v, m in zip(token_values, masks, strict=True)]
+        zero = [torch.where(m.bool(), v, torch.zeros_like(v)) for v, m in zip(token_values, kept, strict=True)]
         per_sample = [z.sum() / token_sum_norm for z in zero]
     else:
-        per_sample = [masked_mean(v, m) for v, m in zip(token_values, masks, strict=True)]
+        per_sample = [masked_mean(v, m) for v, m in zip(token_values, kept, strict=True)]
     counted = sum(1 for m in masks if m.sum() > 0)
     return torch.stack(per_sample).sum() / max(counted, 1)
 
@@ -164,9 +175,14 @@ class PolicyLossOptions:
         samples' masked means.
     :ivar token_sum_norm: Dr.GRPO's constant normalizer (see :func:`aggregate`), or None.
     :ivar ratio_type: ``"token"`` (PPO) or ``"sequence"`` (GSPO).
-    :ivar importance_sampling: None, ``"tis"`` or ``"mis"``: multiply each token's pg loss by
-        :func:`~vime_core.algorithms.mismatch.importance_weights` of ``exp(train_old - rollout)`` in
-        ``[is_low, is_high]``.
+    :ivar importance_sampling: None, ``"tis"`` (``--use-tis``: each token's pg loss × the IS weight of
+        ``exp(train_old - rollout)`` at ``tis_level``, bounded by ``tis_mode`` with ``[is_low, is_high]``) or
+        ``"mis"`` (``--use-mis``: token level, weight 0 outside ``[is_low, is_high]``, the token kept in the
+        denominators; :func:`~vime_core.algorithms.mismatch.importance_weights`).
+    :ivar tis_mode, tis_level, tis_batch_normalize: see
+        :class:`~vime_core.algorithms.rollout_correction.CorrectionSettings`.
+    :ivar rs_level: rejection sampling's level (None: off), band ``[rs_low, rs_high]``; ``rs_veto_threshold``: the
+        veto (None: off). Rejected tokens leave the loss's sums (docs/algorithms.md, "Rollout correction").
     :ivar entropy_coef: weight of the entropy bonus (subtracted from the loss).
     :ivar kl_loss_coef: weight of the KL term (0: metric only, no gradient).
     :ivar kl_loss_type: ``k1``, ``k2``, ``k3`` or ``low_var_kl``.
@@ -181,6 +197,13 @@ class PolicyLossOptions:
     importance_sampling: str | None = None
     is_low: float = 0.0
     is_high: float = 2.0
+    tis_mode: str = "truncate"
+    tis_level: str = "token"
+    tis_batch_normalize: bool = False
+    rs_level: str | None = None
+    rs_low: float = 0.5
+    rs_high: float = 2.0
+    rs_veto_threshold: float | None = None
     entropy_coef: float = 0.0
     kl_loss_coef: float = 0.0
     kl_loss_type: str = "k1"
@@ -189,6 +212,8 @@ class PolicyLossOptions:
     def from_config(cls, cfg: AlgorithmConfig) -> PolicyLossOptions:
         """The options selected by the run's algorithm flags (clip ranges, importance sampling, entropy and KL)."""
         agg, norm = loss_aggregation(cfg)
+        rs_high = cfg.rs_upper_bound if cfg.rs_upper_bound is not None else cls.rs_high
+        rs_low = cfg.rs_lower_bound if cfg.rs_lower_bound is not None else 1.0 / rs_high
         return cls(
             eps_clip=cfg.eps_clip,
             eps_clip_high=cfg.eps_clip_high,
@@ -199,6 +224,13 @@ class PolicyLossOptions:
             importance_sampling="tis" if cfg.use_tis else "mis" if cfg.use_mis else None,
             is_low=cfg.tis_clip_low,
             is_high=cfg.tis_clip,
+            tis_mode=cfg.tis_mode or "truncate",
+            tis_level=cfg.tis_level or "token",
+            tis_batch_normalize=cfg.tis_batch_normalize,
+            rs_level=(cfg.rs_level or "token") if cfg.use_rs else None,
+            rs_low=rs_low,
+            rs_high=rs_high,
+            rs_veto_threshold=cfg.rs_veto_threshold,
             entropy_coef=cfg.entropy_coef,
             kl_loss_coef=cfg.kl_loss_coef if cfg.use_kl_loss else 0.0,
             kl_loss_type=cfg.kl_loss_type,
@@ -216,6 +248,7 @@ def policy_loss(
     train_old_log_probs: list[torch.Tensor] | None = None,
     entropies: list[torch.Tensor] | None = None,
     ref_log_probs: list[torch.Tensor] | None = None,
+    is_normalizer: float | None = None,
     **overrides: Any,
 ) -> PolicyLossOutput:
     """Policy loss over a batch of samples: PPO/GSPO surrogate [× IS weight] [- entropy bonus] [+ KL loss].
@@ -233,13 +266,17 @@ def policy_loss(
         (default: ``log_probs`` detached, which is exact when the old policy is the current one).
     :param entropies: per-token policy entropies (nats; require grad when ``entropy_coef != 0``).
     :param ref_log_probs: reference-model log-probs (no grad); enables the ``kl_loss`` metric.
+    :param is_normalizer: with ``tis_batch_normalize``, the mean weight of the whole step's batch to divide by
+        (default: that of this call's samples).
     :return: loss and metrics: ``loss``, ``pg_loss``, ``pg_clipfrac``, ``ppo_kl`` (mean ``-log ratio``), and when
         enabled ``pg_dual_clipfrac``, ``entropy_loss`` (aggregated entropy), ``kl_loss``, ``tis`` (mean raw IS
-        ratio), ``tis_clipfrac`` (fraction of tokens whose weight differs from the ratio: clamped for TIS, masked
-        for MIS), ``train_rollout_logprob_abs_diff`` (mean ``|train_old - rollout|``). Clip fractions and ratio
-        metrics are token means over trained tokens.
+        ratio), ``tis_clipfrac`` (fraction of tokens whose weight differs from the ratio: truncated, clipped or
+        masked), the rollout-correction metrics of
+        :func:`~vime_core.algorithms.rollout_correction.rollout_correction`, ``train_rollout_logprob_abs_diff``
+        (mean ``|train_old - rollout|``). Clip fractions and ratio metrics are token means over trained tokens
+        (``pg_clipfrac`` and ``ppo_kl`` over the accepted ones).
     :raises ValueError: on an unknown ``ratio_type``, ``importance_sampling`` or ``kl_loss_type``, on
-        ``eps_clip_c <= 1``, or on IS without ``rollout_log_probs``.
+        ``eps_clip_c <= 1``, or on a rollout correction without ``rollout_log_probs``.
     :raises TypeError: an override that is not an option.
     """
     opts = replace(options or PolicyLossOptions(), **overrides)
@@ -259,14 +296,14 @@ def policy_loss(
         dual_flags.append(df)
 
     train_old = train_old_log_probs if train_old_log_probs is not None else [lp.detach() for lp in log_probs]
-    is_metrics: dict[str, float] = {}
-    if opts.importance_sampling is not None:
-        token_losses, is_metrics = _importance_weighted(token_losses, train_old, rollout_log_probs, masks, opts)
+    token_losses, accepted, is_metrics = _rollout_corrected(
+        token_losses, train_old, rollout_log_probs, masks, opts, is_normalizer
+    )
 
-    pg_loss = aggregate(token_losses, masks, opts.per_token, opts.token_sum_norm)
-    loss, extra = _regularized(pg_loss, log_probs, entropies, ref_log_probs, masks, opts)
+    pg_loss = aggregate(token_losses, masks, opts.per_token, opts.token_sum_norm, accepted)
+    loss, extra = _regularized(pg_loss, log_probs, entropies, ref_log_probs, masks, opts, accepted)
 
-    all_mask = torch.cat(masks)
+    all_mask = torch.cat(masks if accepted is None else accepted)
     with torch.no_grad():
         metrics = {
             "loss": float(loss.detach()),
@@ -280,24 +317,81 @@ def policy_loss(
         metrics.update(is_metrics)
         if rollout_log_probs is not None:
             diff = (torch.cat(train_old).detach() - torch.cat(rollout_log_probs)).abs()
-            metrics["train_rollout_logprob_abs_diff"] = float(masked_mean(diff, all_mask))
+            metrics["train_rollout_logprob_abs_diff"] = float(masked_mean(diff, torch.cat(masks)))
     return PolicyLossOutput(loss=loss, metrics=metrics)
 
 
-def _importance_weighted(
+def correction_settings(opts: PolicyLossOptions) -> CorrectionSettings | None:
+    """The :class:`CorrectionSettings` of ``opts`` (None when neither ``tis`` nor rejection nor the veto is on;
+    ``mis`` is applied by :func:`_mis_weighted`).
+
+    :raises ValueError: on an unknown ``importance_sampling``.
+    """
+    if opts.importance_sampling not in (None, "tis", "mis"):
+        raise ValueError(f"unknown importance_sampling {opts.importance_sampling!r}; known: tis, mis")
+    tis = opts.importance_sampling == "tis"
+    if not tis and opts.rs_level is None and opts.rs_veto_threshold is None:
+        return None
+    return CorrectionSettings(
+        tis_mode=opts.tis_mode if tis else None,
+        tis_level=opts.tis_level,
+        tis_low=opts.is_low,
+        tis_high=opts.is_high,
+        batch_normalize=opts.tis_batch_normalize,
+        rs_level=opts.rs_level,
+        rs_low=opts.rs_low,
+        rs_high=opts.rs_high,
+        veto_threshold=opts.rs_veto_threshold,
+    )
+
+
+def _rollout_corrected(
     token_losses: list[torch.Tensor],
     train_old: list[torch.Tensor],
     rollout_log_probs: list[torch.Tensor] | None,
     masks: list[torch.Tensor],
     opts: PolicyLossOptions,
-) -> tuple[list[torch.Tensor], dict[str, float]]:
-    """Each token's loss × its TIS/MIS weight of ``exp(train_old - rollout)``; with the ``tis`` and
-    ``tis_clipfrac`` metrics.
+    normalizer: float | None,
+) -> tuple[list[torch.Tensor], list[torch.Tensor] | None, dict[str, float]]:
+    """Each token's loss × its IS weight, and the masks after rejection (None when nothing can be rejected), with
+    the correction's metrics.
 
-    :raises ValueError: without ``rollout_log_probs``.
+    :raises ValueError: on a correction without ``rollout_log_probs``.
     """
+    settings = correction_settings(opts)
+    if settings is None and opts.importance_sampling is None:
+        return token_losses, None, {}
     if rollout_log_probs is None:
-        raise ValueError(f"importance_sampling={opts.importance_sampling!r} needs rollout_log_probs")
+        raise ValueError(
+            f"importance_sampling={opts.importance_sampling!r} / rejection sampling needs rollout_log_probs"
+        )
+    accepted, metrics = None, {}
+    if settings is not None:
+        out = rollout_correction(
+            pad_batch(train_old), pad_batch(rollout_log_probs), pad_batch(masks), settings, normalizer
+        )
+        metrics = out.metrics
+        rows = range(len(masks))
+        if settings.tis_mode is not None:
+            token_losses = [tl * out.weights[i, : len(tl)] for i, tl in zip(rows, token_losses, strict=True)]
+            metrics["tis_clipfrac"] = sum(v for k, v in metrics.items() if k.startswith("tis_") and "fraction" in k)
+        if settings.tis_mode == "mask" or settings.rs_level is not None or settings.veto_threshold is not None:
+            accepted = [out.mask[i, : len(m)] for i, m in zip(rows, masks, strict=True)]
+    if opts.importance_sampling == "mis":
+        token_losses, mis_metrics = _mis_weighted(token_losses, train_old, rollout_log_probs, masks, opts)
+        metrics |= mis_metrics
+    return token_losses, accepted, metrics
+
+
+def _mis_weighted(
+    token_losses: list[torch.Tensor],
+    train_old: list[torch.Tensor],
+    rollout_log_probs: list[torch.Tensor],
+    masks: list[torch.Tensor],
+    opts: PolicyLossOptions,
+) -> tuple[list[torch.Tensor], dict[str, float]]:
+    """``--use-mis``: each token's loss × its MIS weight of ``exp(train_old - rollout)``; with the ``tis`` and
+    ``tis_clipfrac`` metrics."""
     raw, weights = [], []
     for old, ro in zip(train_old, rollout_log_probs, strict=True):
         w = torch.exp((old.detach() - ro).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
@@ -318,21 +412,22 @@ def _regularized(
     ref_log_probs: list[torch.Tensor] | None,
     masks: list[torch.Tensor],
     opts: PolicyLossOptions,
+    accepted: list[torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """``pg_loss`` minus the entropy bonus plus the KL loss (each where its coefficient is set), and the
-    ``entropy_loss`` / ``kl_loss`` metrics (where entropies / reference log-probs are given)."""
+    """``pg_loss`` minus the entropy bonus plus the KL loss (each where its coefficient is set, over the accepted
+    tokens), and the ``entropy_loss`` / ``kl_loss`` metrics (where entropies / reference log-probs are given)."""
     loss = pg_loss
     extra: dict[str, float] = {}
     if entropies is not None:
         ents = entropies if opts.entropy_coef else [e.detach() for e in entropies]
-        entropy = aggregate(ents, masks, opts.per_token, opts.token_sum_norm)
+        entropy = aggregate(ents, masks, opts.per_token, opts.token_sum_norm, accepted)
         if opts.entropy_coef:
             loss = loss - opts.entropy_coef * entropy
         extra["entropy_loss"] = float(entropy.detach())
     if ref_log_probs is not None:
         lps = log_probs if opts.kl_loss_coef else [lp.detach() for lp in log_probs]
         token_kl = [approx_kl(lp, ref, opts.kl_loss_type) for lp, ref in zip(lps, ref_log_probs, strict=True)]
-        kl = aggregate(token_kl, masks, opts.per_token, opts.token_sum_norm)
+        kl = aggregate(token_kl, masks, opts.per_token, opts.token_sum_norm, accepted)
         if opts.kl_loss_coef:
             loss = loss + opts.kl_loss_coef * kl
         extra["kl_loss"] = float(kl.detach())

@@ -52,7 +52,10 @@ class AlgorithmConfig(Section):
         default=None,
         help="the constant divisor of --loss-agg-mode seq-mean-token-sum-norm (default: --rollout-max-response-len)",
     )
-    use_rollout_logprobs: bool = flag(action="store_true", help="engine log-probs as the old policy")
+    use_rollout_logprobs: bool = flag(
+        action="store_true",
+        help="bypass mode: the engine's log-probs are the PPO ratio's old policy (no recomputation by the trainer)",
+    )
     normalize_advantages: bool = flag(action="store_true", help="whiten advantages over the batch's tokens")
     gamma: float = flag(type=float, default=1.0, help="discount (REINFORCE++ returns, GAE)")
     lambd: float = flag(type=float, default=1.0, help="GAE lambda (ppo)")
@@ -96,10 +99,70 @@ class AlgorithmConfig(Section):
         "forward pass routes each token to the engine's experts with the gate weights from the trainer's own scores "
         "(docs/routing_replay.md). Default: off",
     )
-    use_tis: bool = flag(action="store_true", help="truncated IS: loss × clamp(exp(old - rollout))")
-    use_mis: bool = flag(action="store_true", help="masked IS (IcePop): drop tokens whose ratio is out of band")
-    tis_clip_low: float = flag(type=float, default=0.0, help="IS band lower bound (TIS and MIS)")
-    tis_clip: float = flag(type=float, default=2.0, help="IS band upper bound (TIS and MIS)")
+    use_rollout_correction: bool = flag(
+        action="store_true",
+        help="decoupled three-policy PPO (upstream's flag): the PPO ratio against the trainer's recomputed old "
+        "policy, each token's loss × the IS weight old/rollout (--use-tis) and/or rejection (--use-rs, "
+        "--rs-veto-threshold); needs one of those, refused with --use-rollout-logprobs (bypass). --use-tis, --use-mis "
+        "and --use-rs alone run the same loss. Default: off",
+    )
+    use_tis: bool = flag(
+        action="store_true",
+        help="importance sampling: each token's pg loss × the weight w = exp(logp_old - logp_rollout) at --tis-level, "
+        "bounded by --tis-mode (default truncate: min(w, --tis-clip))",
+    )
+    use_mis: bool = flag(
+        action="store_true",
+        help="masked IS (IcePop) at token level: weight 0 for tokens whose w is outside [--tis-clip-low, --tis-clip], "
+        "the token kept in the loss's denominators (--use-tis --tis-mode mask instead drops it from them)",
+    )
+    tis_mode: str | None = flag(
+        choices=["truncate", "clip", "mask"],
+        default=None,
+        help="with --use-tis: truncate (min(w, --tis-clip)), clip (clamp(w, --tis-clip-low, --tis-clip)) or mask "
+        "(w kept, tokens outside [--tis-clip-low, --tis-clip] rejected). Default: truncate",
+    )
+    tis_level: str | None = flag(
+        choices=["token", "sequence", "geometric"],
+        default=None,
+        help="with --use-tis: the weight of each token (token), the product of the sequence's token ratios (sequence) "
+        "or their geometric mean (geometric) on every token of the sequence. Default: token",
+    )
+    tis_clip_low: float = flag(
+        type=float, default=0.0, help="IS band lower bound (--tis-mode clip and mask, --use-mis). Default: 0"
+    )
+    tis_clip: float = flag(
+        type=float, default=2.0, help="IS band upper bound (every --tis-mode, --use-mis). Default: 2"
+    )
+    tis_batch_normalize: bool = flag(
+        action="store_true",
+        help="with --use-tis: divide the weights by their mean over the step's batch (per token at token level, per "
+        "sequence at sequence/geometric level), so that they average 1. Default: off",
+    )
+    use_rs: bool = flag(
+        action="store_true",
+        help="rejection sampling: drop the tokens (or, at sequence/geometric level, whole sequences) whose ratio "
+        "old/rollout at --rs-level is outside [--rs-lower-bound, --rs-upper-bound]; needs --rs-upper-bound",
+    )
+    rs_level: str | None = flag(
+        choices=["token", "sequence", "geometric"],
+        default=None,
+        help="with --use-rs: the ratio's level. Default: token",
+    )
+    rs_lower_bound: float | None = flag(
+        type=float, default=None, help="with --use-rs: accepted band's lower bound. Default: 1 / --rs-upper-bound"
+    )
+    rs_upper_bound: float | None = flag(type=float, default=None, help="with --use-rs: accepted band's upper bound")
+    rs_veto_threshold: float | None = flag(
+        type=float,
+        default=None,
+        help="veto: reject a whole sequence that has a token with ratio old/rollout below this (typical 1e-4 .. 1e-6)",
+    )
+    get_mismatch_metrics: bool = flag(
+        action="store_true",
+        help="log train/mismatch/* every step (trainer and engine log-ppl and ppl, KL, k3 KL, log-ppl difference, "
+        "ppl ratio, |Δlogp|) without changing the loss. Default: off",
+    )
     max_train_rollout_logprob_diff: float | None = flag(
         type=float,
         default=None,

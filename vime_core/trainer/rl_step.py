@@ -18,7 +18,8 @@ import torch
 from vime_core.algorithms.batch import gae_advantages, postprocess_advantages
 from vime_core.algorithms.kl import approx_kl
 from vime_core.algorithms.mismatch import check_logprob_drift
-from vime_core.algorithms.policy_loss import PolicyLossOptions, policy_loss
+from vime_core.algorithms.policy_loss import PolicyLossOptions, correction_settings, policy_loss
+from vime_core.algorithms.rollout_correction import mismatch_metrics, pad_batch, rollout_correction
 from vime_core.config import AlgorithmConfig, TrainerConfig
 from vime_core.trainer.critic import CriticBase
 from vime_core.trainer.lr_schedule import policy_lr_schedule, set_lr
@@ -152,7 +153,9 @@ def rl_train_step(backend: PolicyOps, batch: RolloutBatch) -> dict[str, float]:
         ``train/entropy_loss``, ``train/grad_norm``, ``train/train_rollout_logprob_abs_diff`` (exact token mean over
         the batch, before the update), ``train/lr``, ``train/num_tokens`` (response tokens),
         ``train/num_seq_tokens`` (prompt and response tokens the passes ran on), ``train/adv/*``, and when enabled
-        ``train/kl_loss``, ``train/tis``, ``train/tis_clipfrac``, ``train/pg_dual_clipfrac``; with ``ppo``
+        ``train/kl_loss``, ``train/tis``, ``train/tis_clipfrac`` and the other rollout-correction metrics,
+        ``train/pg_dual_clipfrac``, ``train/mismatch/*`` (``--get-mismatch-metrics``: exact over the batch, before
+        the update); with ``ppo``
         ``train/value_loss``, ``train/value_clipfrac``, ``train/critic_grad_norm``, ``train/critic_lr``,
         ``train/critic/values_mean``, ``train/critic/returns_mean``, ``train/critic_only``;
         ``perf/train_compute_time`` (seconds) and its split (:class:`StepTimer`): ``perf/train_forward_time``
@@ -182,6 +185,7 @@ def _rl_train_step(backend: PolicyOps, batch: RolloutBatch) -> dict[str, float]:
     lr_schedule = policy_lr_schedule(cfg)
     lr_used: list[float] = []
     drift = None
+    mismatch: dict[str, float] = {}
     sums: dict[str, float] = {}
     weight_total = 0.0
     grad_norms: list[float] = []
@@ -200,13 +204,12 @@ def _rl_train_step(backend: PolicyOps, batch: RolloutBatch) -> dict[str, float]:
         weight_total += _policy_gradients(backend, step, minibatch, sums, timer)
         if drift is None:  # every sample's pre-update log-probs are known by now (the other DP ranks' shards: shared)
             share_across_dp(backend, samples, step.old_of)
-            drift = check_logprob_drift(
-                [step.old_of[id(s)] for s in samples],
-                [step.rollout_of[id(s)] for s in samples],
-                [step.mask_of[id(s)] for s in samples],
-                algo.max_train_rollout_logprob_diff,
-                step=backend.steps_done,
+            olds, rollouts, masks = (
+                [of[id(s)] for s in samples] for of in (step.old_of, step.rollout_of, step.mask_of)
             )
+            drift = check_logprob_drift(olds, rollouts, masks, algo.max_train_rollout_logprob_diff, backend.steps_done)
+            if algo.get_mismatch_metrics:
+                mismatch = mismatch_metrics(pad_batch(olds), pad_batch(rollouts), pad_batch(masks))
         timer.lap("setup")
         lr_used.append(lr_schedule.lr_at(backend.steps_done))
         set_lr(backend.optimizer, lr_used[-1])
@@ -221,6 +224,7 @@ def _rl_train_step(backend: PolicyOps, batch: RolloutBatch) -> dict[str, float]:
     metrics.update({f"train/{k}": v for k, v in step.adv_metrics.items()})
     if drift is not None:
         metrics["train/train_rollout_logprob_abs_diff"] = drift
+    metrics.update({f"train/mismatch/{k}": v for k, v in mismatch.items()})
     if grad_norms:
         metrics["train/grad_norm"] = sum(grad_norms) / len(grad_norms)
     # the learning rate of the step's last policy update (of the next one when the critic alone trained)
@@ -251,6 +255,7 @@ class _StepTensors:
     adv_of: dict[int, torch.Tensor]
     adv_metrics: dict[str, float]
     loss_options: PolicyLossOptions
+    is_normalizer: float | None = None
     old_values: dict[int, torch.Tensor] | None = None
     returns_of: dict[int, torch.Tensor] | None = None
     critic_only: bool = False
@@ -271,8 +276,11 @@ class _StepTensors:
         kl_coef = algo.kl_coef
         # trainer-side behaviour-policy log-probs, before any update (else filled by the first, only, mini-batch)
         old_of = {}
+        options = PolicyLossOptions.from_config(algo)
+        settings = correction_settings(options)
+        normalize = settings is not None and settings.tis_mode is not None and settings.batch_normalize
         timer.lap("setup")
-        if several_minibatches or kl_coef != 0.0:
+        if several_minibatches or kl_coef != 0.0 or normalize:
             old_of = dp_log_probs(backend, samples, lambda part: old_log_probs(backend, part))
             timer.lap("old_logprob")
         ref_of = {}
@@ -285,7 +293,10 @@ class _StepTensors:
             behaviour = rollout_of if algo.use_rollout_logprobs else old_of
             kl = [approx_kl(behaviour[id(s)], ref_of[id(s)], algo.kl_loss_type) for s in samples]
         estimator_out = [torch.tensor(a, dtype=torch.float32) for a in batch.advantages]
-        out = cls(rollout_of, mask_of, old_of, ref_of, {}, {}, PolicyLossOptions.from_config(algo))
+        out = cls(rollout_of, mask_of, old_of, ref_of, {}, {}, options)
+        if normalize:  # --tis-batch-normalize: the mean weight of the whole step's batch, every DP rank's alike
+            rows = [pad_batch([of[id(s)] for s in samples]) for of in (old_of, rollout_of, mask_of)]
+            out.is_normalizer = rollout_correction(*rows, settings).metrics["tis_batch_norm_factor"]
         if backend.critic is not None:  # ppo: the estimator gave per-token rewards; GAE with the critic's values
             out.old_values = old_values = backend.critic.values(samples, cfg.micro_batch_size)
             timer.lap("critic")
@@ -342,6 +353,7 @@ def _policy_gradients(
             train_old_log_probs=train_old,
             entropies=None if ents is None else [e.float() for e in ents],
             ref_log_probs=on(step.ref_of, mb) if use_kl_loss else None,
+            is_normalizer=step.is_normalizer,
         )
         count = weight(mb)
         timer.lap("forward")
