@@ -118,10 +118,26 @@ async def _wait_all_workers(router_url: str, n: int, timeout_s: float = 600.0) -
     raise TimeoutError(f"the router {router_url} did not list {n} workers within {timeout_s:.0f} s")
 
 
+#: this run's router, recorded by the plugin functions (the weight sync is no plugin function: it has no context)
+_router: list[str] = []
+
+
+def _router_url() -> str:
+    """The run's router URL: from the plugin call's context, else the one a plugin function recorded."""
+    try:
+        url = get_rollout_context().client.base_url
+    except RuntimeError:
+        if not _router:
+            raise
+        return _router[0]
+    _router[:] = [url]
+    return url
+
+
 def _engine_ports() -> list[int]:
     """The ports of this run's engines, sorted, as its router lists them. Not from the process table: another vLLM
     server serving the same model on this machine (the test session's shared one) must never be a victim."""
-    router_url = get_rollout_context().client.base_url
+    router_url = _router_url()
     urls = httpx.get(f"{router_url}/list_workers", timeout=30, trust_env=False).json().get("urls", [])
     return sorted(int(u.rstrip("/").rsplit(":", 1)[1]) for u in urls)
 
@@ -135,6 +151,7 @@ def _call(what: str, step: int) -> int:
 async def generate(args: Any, sample: Any, sampling_params: dict[str, Any]) -> Any:
     """vime's default generate function, with the rollout faults of the plan (see the module docstring)."""
     p = plan()
+    _router_url()  # recorded for the weight sync, which runs outside any plugin call
     step = get_rollout_context().weight_version  # sync loop: step k generates with weight version k
     call = _call("generate", step)
     if step == p["kill_engine_rollout_step"] and call == 1:  # requests routed to the victim wait there from now
@@ -142,7 +159,7 @@ async def generate(args: Any, sample: Any, sampling_params: dict[str, Any]) -> A
         httpx.post(f"http://127.0.0.1:{port}/pause", params={"mode": "keep"}, timeout=30, trust_env=False)
         _victim["port"] = port
     if call == args.rollout_batch_size * args.n_samples_per_prompt:  # the step's last sample
-        router_url = get_rollout_context().client.base_url
+        router_url = _router_url()
         if step == p["kill_engine_rollout_step"] and "engine_rollout" not in _done:
             _done.add("engine_rollout")
             await asyncio.sleep(1.0)  # the batch's other requests reach the engines
