@@ -30,9 +30,9 @@ from pathlib import Path
 
 from vime_core.agent.apis import openai_responses
 from vime_core.agent.responders import ScriptedResponder
-from vime_core.arguments import default_args
+from vime_core.cli.arguments import default_args
 from vime_core.data.humaneval_export import load_problems, problem_to_row
-from vime_core.plugins import get_plugins
+from vime_core.plugins.manager import get_plugins
 from vime_core.rollout.context import RolloutContext, set_rollout_context
 from vime_core.types import Sample
 

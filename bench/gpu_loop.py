@@ -140,8 +140,8 @@ def throughput(name: str, model: Path, n: int, max_tokens: int, repeats: int, en
     from transformers import AutoTokenizer
 
     from bench.route_cost import api_server_pid, measure, run_shape
-    from vime_core.rollout.engine import VLLMServer
-    from vime_core.rollout.router import VLLMRouter
+    from vime_core.engines.engine import VLLMServer
+    from vime_core.engines.router import VLLMRouter
 
     prompts = _prompts(model, n)
     tok = AutoTokenizer.from_pretrained(str(model))
@@ -257,7 +257,17 @@ def vime_run(name: str, argv: list[str], env: dict[str, str], params: float | No
     total = steps + 1 if ARGS.profile else steps  # the profiled step is one more, left out of the medians
     if ARGS.profile:
         full_env.update(VIME_PROFILE_TRAIN_STEP=str(steps), VIME_PROFILE_DIR=str(out / "profile"))
-    cmd = [sys.executable, "-m", "vime_core.cli", "run", *argv, "--output-dir", str(out), "--num-rollout", str(total)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "vime_core.cli",
+        "run",
+        *argv,
+        "--output-dir",
+        str(out),
+        "--num-rollout",
+        str(total),
+    ]
     t0 = time.perf_counter()
     rc = run_until_metrics(cmd, full_env, OUT / f"run-{name}.log", out / "metrics.jsonl", total)
     metrics_file = out / "metrics.jsonl"

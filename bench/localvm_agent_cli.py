@@ -19,7 +19,7 @@ import time
 async def one(agent: str, share: bool, memory_mb: int) -> dict[str, float | str]:
     from vime_sandbox_localvm.sandbox import LocalVMSandbox
 
-    from vime_core.plugins import get_plugins
+    from vime_core.plugins.manager import get_plugins
     from vime_core.sandbox import SandboxLimits
 
     harness = get_plugins().resolve("agent", agent)()

@@ -48,7 +48,16 @@ def run_section(mode: str, out: Path, steps: int) -> dict:
     """One ``vime run`` of the quickstart job; the per-step figures from its ``metrics.jsonl``."""
     run_dir = out / mode
     t0 = time.perf_counter()
-    cmd = [sys.executable, "-m", "vime_core.cli", "run", "--config", str(CONFIGS[mode]), "--output-dir", str(run_dir)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "vime_core.cli",
+        "run",
+        "--config",
+        str(CONFIGS[mode]),
+        "--output-dir",
+        str(run_dir),
+    ]
     cmd += ["--num-rollout", str(steps), "--save-interval", str(steps), "--no-report"]
     subprocess.run(cmd, check=True, env=dict(os.environ, PYTHONUNBUFFERED="1"))
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
@@ -153,7 +162,7 @@ def _prompts(tokenizer, n: int = 64) -> list[list[int]]:
 
 
 def _tokens_per_s(url: str, model: str, prompts: list[list[int]], tokens: int) -> float:
-    from vime_core.rollout.client import RouterClient
+    from vime_core.engines.client import RouterClient
 
     async def go() -> float:
         async with RouterClient(url, model, timeout_s=1200) as client:
@@ -169,8 +178,8 @@ def _tokens_per_s(url: str, model: str, prompts: list[list[int]], tokens: int) -
 def generate_section(out: Path, tokens: int) -> dict:
     from transformers import AutoTokenizer
 
-    from vime_core.rollout.engine import VLLMServer
-    from vime_core.rollout.engine_api import lora_launch
+    from vime_core.engines.engine import VLLMServer
+    from vime_core.engines.engine_api import lora_launch
 
     base = model_dir()
     adapter, merged = out / "lora" / "final_adapter", out / "lora" / "final_hf"

@@ -82,7 +82,7 @@ def reload_sync_weights(self: Any) -> None:
     ``layer.cpu_linear`` and replaces ``layer.weight`` with an empty ``Parameter`` without a ``weight_loader``; the
     packed copy is what computes, so an in-place copy could not take effect anyway.
 
-    This sync does what vime's engine does (``vime_core/rollout/worker_extension.py``): the worker's
+    This sync does what vime's engine does (``vime_core/engines/worker_extension.py``): the worker's
     ``reload_weights(weights_iterator=...)`` (vLLM's in-place reload, which re-runs the post-load processing, so the
     weights are packed again), then the CPU GEMM dispatch again on the embedding (a tied ``lm_head`` is the embedding
     module, and the reload refreshes its parameter but not its packed copy), then the prefix cache is reset.

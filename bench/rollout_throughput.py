@@ -9,7 +9,7 @@ server's processes (API server, engine core, worker) used while requests ran. Pr
 (the worker's OpenMP threads on all cores but one, which vLLM reserves for its engine-core process: on 2 cores, one
 compute thread), ``0-1`` puts the worker's threads on both cores, ``nobind`` leaves the threads unpinned.
 ``--executor`` values are vLLM's ``--distributed-executor-backend``: ``mp`` (the default, a spawned worker process)
-or ``uni`` (opt-in: the model runs in the engine-core process, :func:`vime_core.rollout.engine.
+or ``uni`` (opt-in: the model runs in the engine-core process, :func:`vime_core.engines.engine.
 cpu_single_process_worker`).
 """
 
@@ -39,7 +39,7 @@ async def _drive(client, prompts: list[list[int]], max_tokens: int, concurrency:
 def _server_cpu_seconds() -> dict[str, float]:
     """CPU seconds (user + system, from ``/proc/PID/stat``) so far of every server this process started, by process
     name (``VLLM::Worker``, ``VLLM::EngineCore``, ``python3`` for the API server, ``vllm-router``...)."""
-    from vime_core.rollout.process import OWNER_ENV
+    from vime_core.engines.process import OWNER_ENV
     from vime_core.sandbox.base import owner_token, processes_with_env
 
     me = owner_token()
@@ -61,7 +61,7 @@ def _server_cpu_seconds() -> dict[str, float]:
 
 
 def _measure(url: str, prompts: list[list[int]], max_tokens: int) -> tuple[int, float, dict[str, float]]:
-    from vime_core.rollout.client import RouterClient
+    from vime_core.engines.client import RouterClient
 
     client = RouterClient(url, model="policy", timeout_s=600)
     loop = asyncio.new_event_loop()
@@ -80,9 +80,9 @@ def _measure(url: str, prompts: list[list[int]], max_tokens: int) -> tuple[int, 
 def main() -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from vime_core.engines.engine import VLLMServer
+    from vime_core.engines.router import VLLMRouter
     from vime_core.models import resolve_model
-    from vime_core.rollout.engine import VLLMServer
-    from vime_core.rollout.router import VLLMRouter
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="smollm2-135m-instruct")

@@ -78,7 +78,7 @@ async def _bare(url: str, prompts: list[list[int]], max_tokens: int) -> int:
 
 
 async def _vime(url: str, prompts, max_tokens: int, caps, tok, api: str, lean: bool) -> int:
-    from vime_core.rollout.client import RouterClient
+    from vime_core.engines.client import RouterClient
 
     params = {"temperature": 1.0, "max_tokens": max_tokens, "ignore_eos": True}
     async with RouterClient(url, "policy", 1200, capabilities=caps, tokenizer=tok, api=api, lean=lean) as c:
@@ -126,7 +126,7 @@ def main() -> None:
     a = ap.parse_args()
     from transformers import AutoTokenizer
 
-    from vime_core.rollout.engine import VLLMServer
+    from vime_core.engines.engine import VLLMServer
 
     model = a.model
     if model is None:

@@ -45,7 +45,7 @@ def engine_counters(url: str) -> dict[str, float]:
 
 
 async def episodes(router_url: str, n: int, turns: int, prefix_len: int, resp_len: int, seed: int) -> float:
-    from vime_core.rollout.client import RouterClient
+    from vime_core.engines.client import RouterClient
 
     rng = random.Random(seed)
     prefixes = [[rng.randrange(100, 4000) for _ in range(prefix_len)] for _ in range(n)]
@@ -65,9 +65,9 @@ async def episodes(router_url: str, n: int, turns: int, prefix_len: int, resp_le
 
 
 def main() -> None:
+    from vime_core.engines.engine import VLLMServer
+    from vime_core.engines.router import VLLMRouter
     from vime_core.models import resolve_model
-    from vime_core.rollout.engine import VLLMServer
-    from vime_core.rollout.router import VLLMRouter
     from vime_core.testing.tiny_model import build_tiny_model
 
     ap = argparse.ArgumentParser()

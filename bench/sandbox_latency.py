@@ -34,7 +34,7 @@ async def one_round(cls) -> tuple[float, float, float]:
 
 
 async def bench(name: str, n: int, concurrency: int, warmup: int) -> dict:
-    from vime_core.plugins import get_plugins
+    from vime_core.plugins.manager import get_plugins
 
     cls = get_plugins().resolve("sandbox", name)
     for _ in range(warmup):  # the first start of a process also runs the reaper

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from vime_core.arguments import default_args
+from vime_core.cli.arguments import default_args
 from vime_core.config import RunConfig
 
 

@@ -113,8 +113,8 @@ def tiny_vlm_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def vllm_server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator:
-    """A real :class:`vime_core.rollout.engine.VLLMServer` serving ``tiny_model_dir`` as ``tiny-qwen2``."""
-    from vime_core.rollout.engine import VLLMServer
+    """A real :class:`vime_core.engines.engine.VLLMServer` serving ``tiny_model_dir`` as ``tiny-qwen2``."""
+    from vime_core.engines.engine import VLLMServer
 
     log_dir = tmp_path_factory.mktemp("logs")
     server = VLLMServer(
@@ -139,8 +139,8 @@ def vllm_server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) 
 
 @pytest.fixture(scope="session")
 def router(vllm_server, tmp_path_factory: pytest.TempPathFactory) -> Iterator:
-    """A real :class:`vime_core.rollout.router.VLLMRouter` (round_robin) in front of ``vllm_server``."""
-    from vime_core.rollout.router import VLLMRouter
+    """A real :class:`vime_core.engines.router.VLLMRouter` (round_robin) in front of ``vllm_server``."""
+    from vime_core.engines.router import VLLMRouter
 
     router = VLLMRouter(
         [vllm_server.url], policy="round_robin", log_path=tmp_path_factory.mktemp("logs") / "router.log"

@@ -37,7 +37,7 @@ class FailureCause(str, enum.Enum):
 class EngineError(RuntimeError):
     """Base of the errors an inference engine or the router in front of it answers with (an error status, a
     malformed body): outside the ``"reward"`` stage they are ``engine_error``. The router client's
-    :class:`~vime_core.rollout.answers.RouterClientError` subclasses it, so this module imports no engine code."""
+    :class:`~vime_core.engines.answers.RouterClientError` subclasses it, so this module imports no engine code."""
 
 
 class SampleFailure(Exception):

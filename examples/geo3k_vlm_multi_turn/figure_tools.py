@@ -13,7 +13,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from vime_core.rollout.tools import register_tool
+from vime_core.rollout.generators.tools import register_tool
 
 DATA = Path(__file__).resolve().parents[1] / "geo3k_vlm" / "data"  # the figures and their measures
 SIZE = 224

@@ -29,9 +29,9 @@ import os
 import re
 from typing import Any
 
-from vime_core.context import PluginContext, rollout_engines
+from vime_core.config.context import PluginContext, rollout_engines
 from vime_core.rewards.simple import normalize_answer
-from vime_core.rollout.generate import generate as default_generate
+from vime_core.rollout.generators.default import generate as default_generate
 from vime_core.types import Sample, Status
 
 CHUNK_TOKENS = 160

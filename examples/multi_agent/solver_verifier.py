@@ -28,9 +28,9 @@ import copy
 import re
 from typing import Any
 
-from vime_core.context import PluginContext
+from vime_core.config.context import PluginContext
 from vime_core.rewards.reasoning_gym import extract_answer, reasoning_gym_reward, score
-from vime_core.rollout.generate import generate as default_generate
+from vime_core.rollout.generators.default import generate as default_generate
 from vime_core.types import Sample, Status
 
 VERIFIER_SYSTEM = "You check arithmetic. Reply with exactly one line: 'Verdict: correct' or 'Verdict: incorrect'."

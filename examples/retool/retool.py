@@ -19,8 +19,8 @@ from __future__ import annotations
 import contextvars
 from typing import Any
 
-from vime_core.context import PluginContext
-from vime_core.plugins import get_plugins
+from vime_core.config.context import PluginContext
+from vime_core.plugins.manager import get_plugins
 from vime_core.types import Sample
 
 #: seconds one code run may take (then it is killed and the model sees the timeout)

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from vime_core.agent.tool_parsers import ParseResult, ToolCall, ToolParser
-from vime_core.context import PluginContext
+from vime_core.config.context import PluginContext
 from vime_core.rewards.simple import normalize_answer
 from vime_core.types import Sample
 

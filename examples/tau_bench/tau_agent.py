@@ -32,9 +32,9 @@ import httpx
 import tau_retail
 
 from vime_core.agent.gateway import TURN_BUDGET_MESSAGE
-from vime_core.context import PluginContext, rollout_engines
+from vime_core.config.context import PluginContext, rollout_engines
 from vime_core.failures import FailureCause, mark_failed
-from vime_core.rollout.coding_agent import gateway_for, turn_record_dict
+from vime_core.rollout.generators.coding_agent import gateway_for, turn_record_dict
 from vime_core.types import Sample
 
 STOP = "###STOP###"

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 
-from vime_core.rollout.tools import register_tool
+from vime_core.rollout.generators.tools import register_tool
 
 
 @register_tool

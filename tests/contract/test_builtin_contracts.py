@@ -2,7 +2,7 @@
 
 import pytest
 
-from vime_core.plugins import get_plugins
+from vime_core.plugins.manager import get_plugins
 from vime_core.testing import (
     GroupRewardFunctionContract,
     RewardFunctionContract,

@@ -10,7 +10,7 @@ import asyncio
 import pytest
 
 from vime_core import hookimpl
-from vime_core.plugins import Plugins
+from vime_core.plugins.manager import Plugins
 from vime_core.testing import GroupRewardFunctionContract, RewardFunctionContract
 from vime_core.testing.plugin_context import plugin_context
 from vime_core.types import Sample
@@ -103,7 +103,7 @@ def test_old_style_hook_gets_a_namespace_with_a_deprecation_warning():
     with pytest.warns(DeprecationWarning, match=r"implement vime_on_train_step_end\(ctx, step, metrics\)"):
         p.pm.register(LegacyPlugin, name="legacy-plugin")
     p.load()
-    from vime_core.context import legacy_args
+    from vime_core.config.context import legacy_args
 
     ctx = plugin_context(lr=0.5)
     metrics: dict[str, float] = {}

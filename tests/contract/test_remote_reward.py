@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from vime_core.failures import FailureCause, SampleFailure
-from vime_core.plugins import get_plugins
+from vime_core.plugins.manager import get_plugins
 from vime_core.rewards.call import call_reward
 from vime_core.rewards.remote import remote_reward
 from vime_core.testing import RewardFunctionContract

@@ -8,7 +8,7 @@ import signal
 
 import pytest
 
-from vime_core.plugins import get_plugins
+from vime_core.plugins.manager import get_plugins
 from vime_core.sandbox.local import LocalSandbox, _pids_with_env, host_capabilities, host_mode, leftover_counts
 from vime_core.testing import SandboxBackendContract
 

@@ -21,7 +21,7 @@ def main() -> None:
     from tests.gpu.test_megatron_algorithms import _ppo_config, _samples
     from vime_core.algorithms.batch import build_batch
     from vime_core.builtins import advantages as est
-    from vime_core.context import PluginContext
+    from vime_core.config.context import PluginContext
     from vime_core.trainer.megatron_backend import MegatronTrainer
 
     policy, ref, critic, out = sys.argv[1:5]

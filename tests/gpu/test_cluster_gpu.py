@@ -36,11 +36,11 @@ if not torch.cuda.is_available() or torch.cuda.device_count() < 2:
     pytest.skip("needs two CUDA GPUs", allow_module_level=True)
 ray = pytest.importorskip("ray")
 
-from vime_core.arguments import default_args  # noqa: E402
+from vime_core.cli.arguments import default_args  # noqa: E402
+from vime_core.cluster.orchestration import init_ray, place, slot_options  # noqa: E402
 from vime_core.config import ClusterConfig, RunConfig  # noqa: E402
-from vime_core.orchestration import init_ray, place, slot_options  # noqa: E402
-from vime_core.plugins import get_plugins  # noqa: E402
-from vime_core.run_checks import trainer_classes  # noqa: E402
+from vime_core.plugins.manager import get_plugins  # noqa: E402
+from vime_core.run.preflight import trainer_classes  # noqa: E402
 from vime_core.testing import TrainerBackendContract  # noqa: E402
 from vime_core.testing.trainer_args import trainer_config  # noqa: E402
 from vime_core.trainer.group import TrainerGroup  # noqa: E402
@@ -127,7 +127,7 @@ def test_torch_backend_group_of_two_is_refused(ray_2gpu, tmp_path, tiny_model_di
 
 
 def test_tp2_engine_actor_launch_command_and_environment(ray_2gpu, tmp_path):
-    from vime_core.rollout.engine_actor import EngineActor
+    from vime_core.engines.engine_actor import EngineActor
 
     args = default_args(
         actor_num_gpus_per_node=0, rollout_num_gpus=2, rollout_num_gpus_per_engine=2, debug_rollout_only=True
@@ -167,7 +167,7 @@ def test_tp2_engine_actor_launch_command_and_environment(ray_2gpu, tmp_path):
         "--served-model-name",
         "policy",
         "--worker-extension-cls",
-        "vime_core.rollout.worker_extension.VimeWorkerExtension",
+        "vime_core.engines.worker_extension.VimeWorkerExtension",
         "--enforce-eager",
         "--enable-scale-out",
         "--dtype",

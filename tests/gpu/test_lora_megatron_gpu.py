@@ -55,7 +55,9 @@ def run(request, tmp_path_factory) -> Path:
         *("--use-kl-loss", "--kl-loss-coef", "0.01", "--save-interval", str(STEPS), "--no-report"),
     ]
     env = dict(os.environ, PYTHONUNBUFFERED="1", VLLM_USE_FLASHINFER_SAMPLER="0")
-    proc = subprocess.run([sys.executable, "-m", "vime_core.cli", *argv], capture_output=True, text=True, env=env)
+    proc = subprocess.run(
+        [sys.executable, "-m", "vime_core.cli", *argv], capture_output=True, text=True, env=env
+    )
     print(proc.stdout[-4000:], proc.stderr[-4000:])
     assert proc.returncode == 0, proc.stderr[-8000:]
     for r in _metrics(out):

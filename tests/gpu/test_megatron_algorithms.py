@@ -23,7 +23,7 @@ from tests.gpu.test_megatron_backend import build_hf  # noqa: E402
 from vime_core.algorithms.batch import build_batch  # noqa: E402
 from vime_core.builtins import advantages as est  # noqa: E402
 from vime_core.config import RunConfig  # noqa: E402
-from vime_core.context import PluginContext  # noqa: E402
+from vime_core.config.context import PluginContext  # noqa: E402
 from vime_core.testing.trainer_args import trainer_config  # noqa: E402
 from vime_core.types import Sample, Status  # noqa: E402
 

@@ -96,7 +96,7 @@ class TestMegatronTrainerContract(TrainerBackendContract):
 
     @pytest.fixture
     def trainer(self, model_dir):
-        from vime_core.plugins import get_plugins
+        from vime_core.plugins.manager import get_plugins
 
         return get_plugins().resolve("trainer", "megatron")(trainer_config(lr=1e-3), model_dir)
 

@@ -23,7 +23,7 @@ from tests.gpu.test_megatron_algorithms import _config, _samples  # noqa: E402
 from tests.gpu.test_megatron_backend import build_hf  # noqa: E402
 from vime_core.algorithms.batch import build_batch  # noqa: E402
 from vime_core.builtins import advantages as est  # noqa: E402
-from vime_core.context import PluginContext  # noqa: E402
+from vime_core.config.context import PluginContext  # noqa: E402
 
 
 def _train(trainer, steps):

@@ -137,7 +137,12 @@ def _vime_run(model: Path, out: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
     return subprocess.run(
-        [sys.executable, "-m", "vime_core.cli", *argv], capture_output=True, text=True, env=env, cwd=ROOT, timeout=900
+        [sys.executable, "-m", "vime_core.cli", *argv],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=900,
     )
 
 

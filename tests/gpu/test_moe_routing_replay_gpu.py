@@ -34,7 +34,7 @@ from vime_core.types import Sample, Status  # noqa: E402
 
 
 async def _generate(server, tokenizer, prompts: list[list[int]]) -> list:
-    from vime_core.rollout.client import RouterClient, eos_token_ids
+    from vime_core.engines.client import RouterClient, eos_token_ids
 
     async with RouterClient(
         server.url,
@@ -52,7 +52,7 @@ async def _generate(server, tokenizer, prompts: list[list[int]]) -> list:
 def test_the_trainers_experts_equal_the_engines_for_every_token(family, tmp_path):
     from transformers import AutoTokenizer
 
-    from vime_core.rollout.engine import VLLMServer, VLLMServerError
+    from vime_core.engines.engine import VLLMServer, VLLMServerError
     from vime_core.trainer.megatron_backend import MegatronTrainer
     from vime_core.trainer.megatron_moe_model import set_replay_routes
 

@@ -70,7 +70,11 @@ def vime_run(out: Path, weight_sync: str, steps: int, extra: list[str], env: dic
     full_env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
     log = open(out.parent / f"{out.name}.log", "w")  # noqa: SIM115 - closed by the caller's wait
     return subprocess.Popen(
-        [sys.executable, "-m", "vime_core.cli", *argv], stdout=log, stderr=subprocess.STDOUT, env=full_env, cwd=ROOT
+        [sys.executable, "-m", "vime_core.cli", *argv],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env=full_env,
+        cwd=ROOT,
     )
 
 

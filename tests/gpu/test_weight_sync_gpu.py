@@ -13,9 +13,9 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from vime_core.arguments import default_args
+from vime_core.cli.arguments import default_args
 from vime_core.config import RunConfig
-from vime_core.plugins import get_plugins
+from vime_core.plugins.manager import get_plugins
 from vime_core.testing import WeightSyncContract
 
 pytestmark = pytest.mark.gpu

@@ -12,7 +12,7 @@ import argparse
 import time
 
 from vime_core.builtins.advantages import grpo
-from vime_core.plugins import get_plugins
+from vime_core.plugins.manager import get_plugins
 from vime_core.types import Sample
 
 FAIL_FROM_LABEL = 8

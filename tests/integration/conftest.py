@@ -91,7 +91,7 @@ def ray_cluster() -> Iterator[str]:
     test sets variables for its actors keeps its own Ray, and so does one whose test is about Ray's start or about the
     processes a run leaves. A private temporary directory keeps plain ``ray.init()`` elsewhere from finding it.
     """
-    from vime_core.orchestration import QUIET_WORKER_ENV  # vime_core first: Ray stays on 127.0.0.1
+    from vime_core.cluster.orchestration import QUIET_WORKER_ENV  # vime_core first: Ray stays on 127.0.0.1
 
     from ray.cluster_utils import Cluster  # isort: skip
 

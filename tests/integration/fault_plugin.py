@@ -36,7 +36,7 @@ from typing import Any
 
 import httpx
 
-from vime_core.plugins import get_plugins
+from vime_core.plugins.manager import get_plugins
 from vime_core.rollout.context import get_rollout_context
 from vime_core.weight_sync.disk_delta import DiskDeltaWeightSync
 
@@ -92,7 +92,7 @@ def _listener_pid(port: int) -> int:
 
 def _engine_pid(port: int) -> int:
     """The pid of the process group leader of the vLLM API server on ``port``: the server runs under vime's process
-    guard (``vime_core/rollout/process_guard.py``), which leads the group; the guard's own command line carries the
+    guard (``vime_core/engines/process_guard.py``), which leads the group; the guard's own command line carries the
     server's, so exactly one of the two matches is the server."""
     model = plan()["model"]
     hits = _pids("vllm.entrypoints.openai.api_server", f"--model {model} ", f"--port {port} ")
@@ -118,26 +118,16 @@ async def _wait_all_workers(router_url: str, n: int, timeout_s: float = 600.0) -
     raise TimeoutError(f"the router {router_url} did not list {n} workers within {timeout_s:.0f} s")
 
 
-#: this run's router, recorded by the plugin functions (the weight sync is no plugin function: it has no context)
-_router: list[str] = []
-
-
 def _router_url() -> str:
-    """The run's router URL: from the plugin call's context, else the one a plugin function recorded."""
-    try:
-        url = get_rollout_context().client.base_url
-    except RuntimeError:
-        if not _router:
-            raise
-        return _router[0]
-    _router[:] = [url]
-    return url
+    """The run's router URL, from the plugin call's context."""
+    return get_rollout_context().client.base_url
 
 
-def _engine_ports() -> list[int]:
-    """The ports of this run's engines, sorted, as its router lists them. Not from the process table: another vLLM
-    server serving the same model on this machine (the test session's shared one) must never be a victim."""
-    router_url = _router_url()
+def _engine_ports(router_url: str | None = None) -> list[int]:
+    """The ports of this run's engines, sorted, as the router at ``router_url`` (default: the plugin call's) lists
+    them. Not from the process table: another vLLM server serving the same model on this machine (the test
+    session's shared one) must never be a victim."""
+    router_url = router_url or _router_url()
     urls = httpx.get(f"{router_url}/list_workers", timeout=30, trust_env=False).json().get("urls", [])
     return sorted(int(u.rstrip("/").rsplit(":", 1)[1]) for u in urls)
 
@@ -151,7 +141,6 @@ def _call(what: str, step: int) -> int:
 async def generate(args: Any, sample: Any, sampling_params: dict[str, Any]) -> Any:
     """vime's default generate function, with the rollout faults of the plan (see the module docstring)."""
     p = plan()
-    _router_url()  # recorded for the weight sync, which runs outside any plugin call
     step = get_rollout_context().weight_version  # sync loop: step k generates with weight version k
     call = _call("generate", step)
     if step == p["kill_engine_rollout_step"] and call == 1:  # requests routed to the victim wait there from now
@@ -192,7 +181,7 @@ class FaultyDiskDeltaWeightSync(DiskDeltaWeightSync):
 
     def apply(self, engine: Any, update: Any, timeout_s: float) -> None:
         p = plan()
-        ports = _engine_ports()
+        ports = _engine_ports(self.engines.client.base_url)  # the rollout side's engines, set by its fleet
         if update.version == p["kill_engine_sync_version"] and "engine_sync" not in _done and engine.port == ports[-1]:
             _done.add("engine_sync")
             pid = _engine_pid(engine.port)

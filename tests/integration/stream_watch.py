@@ -1,4 +1,4 @@
-"""A watch on a :class:`~vime_core.rollout.client.RouterClient`'s HTTP transport for the abort tests: when each
+"""A watch on a :class:`~vime_core.engines.client.RouterClient`'s HTTP transport for the abort tests: when each
 streamed answer delivers its first generated tokens, when it ends, and when an abort is sent — seen from the client
 itself, not from vLLM's ``num_requests_running`` gauge (which read 0 through a whole generation once)."""
 

@@ -19,7 +19,7 @@ import pytest
 from vime_core.agent.gateway import AgentGateway
 from vime_core.agent.responders import RouterResponder
 from vime_core.agent.trajectory import Drift, check_token_exact
-from vime_core.rollout.client import RouterClient
+from vime_core.engines.client import RouterClient
 from vime_core.types import Sample, Status
 
 pytestmark = pytest.mark.integration

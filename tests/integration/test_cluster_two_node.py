@@ -114,14 +114,14 @@ GROUP_AND_DEATH = r"""
 import json, sys, time
 import vime_core
 import ray
-from vime_core.arguments import default_args
+from vime_core.cli.arguments import default_args
 from vime_core.config import ClusterConfig, RunConfig
-from vime_core.orchestration import init_ray, place
-from vime_core.plugins import get_plugins
-from vime_core.run_checks import trainer_classes
+from vime_core.cluster.orchestration import init_ray, place
+from vime_core.plugins.manager import get_plugins
+from vime_core.run.preflight import trainer_classes
 from vime_core.trainer.group import TrainerGroup
-from vime_core.rollout.engine_actor import RemoteEngine, EngineActor
-from vime_core.orchestration import slot_options
+from vime_core.engines.engine_actor import RemoteEngine, EngineActor
+from vime_core.cluster.orchestration import slot_options
 
 address, model, logdir = sys.argv[1:4]
 init_ray(address=address)
@@ -189,7 +189,9 @@ def test_trainer_group_spans_nodes_and_engine_death_is_reported(cluster, tiny_mo
 
 def _vime_run(out: Path, model: Path, prompts: Path, *extra: str) -> list[dict]:
     common = [*run_flags(model, prompts, out), "--num-rollout", "2", "--vllm-max-model-len", "1024"]
-    proc = _run([sys.executable, "-m", "vime_core.cli", "run", *common, "--weight-sync", "nccl", *extra], timeout=600)
+    proc = _run(
+        [sys.executable, "-m", "vime_core.cli", "run", *common, "--weight-sync", "nccl", *extra], timeout=600
+    )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-6000:]
     (out / "stdout.txt").write_text(proc.stdout)
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]

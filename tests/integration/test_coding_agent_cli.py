@@ -14,7 +14,7 @@ import pytest
 
 from vime_core.agent.responders import ScriptedResponder
 from vime_core.data.humaneval_export import load_problems, problem_to_row
-from vime_core.plugins import get_plugins
+from vime_core.plugins.manager import get_plugins
 from vime_core.rollout.context import RolloutContext, set_rollout_context
 from vime_core.testing.plugin_context import plugin_context
 from vime_core.types import Sample, Status

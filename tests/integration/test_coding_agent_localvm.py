@@ -32,7 +32,7 @@ OPT_IN = "VIME_TEST_CODING_AGENT_LOCALVM"
 def test_vime_run_coding_agent_localvm(tmp_path):
     from vime_sandbox_localvm.image import IMAGE_FORMAT, build_vm_image, image_format
 
-    from vime_core.plugins import get_plugins
+    from vime_core.plugins.manager import get_plugins
 
     image = build_vm_image(log=lambda *a: None)  # reused when present (scripts/ci_services.sh builds it)
     assert image_format(image) >= IMAGE_FORMAT

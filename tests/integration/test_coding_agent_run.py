@@ -52,7 +52,7 @@ AGENT_FLAGS = {
 @pytest.mark.parametrize("agent", ["claude-code", pytest.param("codex", marks=pytest.mark.extended)])
 def test_vime_run_coding_agent_docker(tmp_path, agent):
     _docker_or_skip()
-    from vime_core.plugins import get_plugins
+    from vime_core.plugins.manager import get_plugins
 
     get_plugins().resolve("agent", agent)().prepare(log=lambda *a: None)
     out = tmp_path / "run"

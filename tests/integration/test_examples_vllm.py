@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from vime_core.plugins import get_plugins
-from vime_core.rollout.client import RouterClient
+from vime_core.engines.client import RouterClient
+from vime_core.plugins.manager import get_plugins
 from vime_core.rollout.context import RolloutContext, set_rollout_context
 from vime_core.testing.plugin_context import plugin_context
 from vime_core.types import Sample, Status
@@ -92,7 +92,7 @@ def test_tool_use_tools_in_the_multi_turn_loop(ctx, monkeypatch):
     call = '<tool_call>\n{"name": "lcm", "arguments": {"a": 12, "b": 18}}\n</tool_call>'
     args = plugin_context(
         apply_chat_template=True,
-        multi_turn_tools=["number_tools", "vime_core.rollout.tools:calculator"],
+        multi_turn_tools=["number_tools", "vime_core.rollout.generators.tools:calculator"],
         multi_turn_max_turns=2,
         multi_turn_max_tool_output_tokens=16,
     )
@@ -127,7 +127,7 @@ def test_mem_agent_turns_on_the_engine(ctx, monkeypatch, tiny_model_dir):
     monkeypatch.syspath_prepend(str(EXAMPLES / "mem_agent"))
     import mem_agent
 
-    from vime_core.rollout.generate import encode_prompt
+    from vime_core.rollout.generators.default import encode_prompt
 
     row = json.loads((EXAMPLES / "mem_agent" / "data" / "train.jsonl").read_text().splitlines()[0])
     sample = Sample(group_index=0, index=0, prompt=row["prompt"], label="4817", metadata=row["metadata"])
@@ -162,8 +162,8 @@ def test_search_r1_search_in_the_multi_turn_loop(ctx, monkeypatch):
     from vime_core.agent.apis import parse_chat
     from vime_core.agent.chat import ChatMessage, ChatRenderer
     from vime_core.agent.tool_parsers import ToolCall
-    from vime_core.rollout.multi_turn import bridge_text
-    from vime_core.rollout.tools import load_tools
+    from vime_core.rollout.generators.multi_turn import bridge_text
+    from vime_core.rollout.generators.tools import load_tools
 
     row = json.loads((EXAMPLES / "search_r1" / "data" / "eval.jsonl").read_text().splitlines()[0])
     town = row["metadata"]["town"]

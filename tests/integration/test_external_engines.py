@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from tests.integration.helpers import assert_reproduced, external_engine_flags, ray_flags, read_metrics, run_flags
-from vime_core.net import find_free_port
+from vime_core.cluster.net import find_free_port
 from vime_core.testing.cli import run_vime
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.extended]

@@ -8,7 +8,7 @@ by ``tests/integration/fault_plugin.py`` from inside the rollout manager:
 * step 3: the reward function raises for one sample;
 * step 4: the router is SIGKILLed under the step's last request.
 
-The run must finish; the health monitor (``vime_core/rollout/health.py``) replaces both engines (a full load of
+The run must finish; the health monitor (``vime_core/engines/health.py``) replaces both engines (a full load of
 the current version, then the deltas resume) and restarts the router. "The trained-sample count equals the
 fault-free run's" means: a fault-free run of this setup trains every sample, 6 × 2 × 4 = 48; here 47 are trained
 and the 48th, whose reward raised, is excluded and counted as ``rollout/failed/reward_error`` — no sample is lost

@@ -13,8 +13,8 @@ import sys
 import pytest
 
 from tests.integration.helpers import COMPAT_PYTHON
-from vime_core.rollout.client import RouterClient
-from vime_core.rollout.engine import VLLMServer
+from vime_core.engines.client import RouterClient
+from vime_core.engines.engine import VLLMServer
 
 # extended: the gate's runs serve with the default --fp32-lm-head; the exact logits of both releases are checked here
 pytestmark = [pytest.mark.integration, pytest.mark.extended]

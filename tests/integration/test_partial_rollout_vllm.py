@@ -23,9 +23,9 @@ import pytest
 from tests.integration.stream_watch import StreamWatch
 from tests.support.rollout import manager_with_hooks
 from vime_core.data.source import DataSource
-from vime_core.rollout.client import RouterClient
+from vime_core.engines.client import RouterClient
 from vime_core.rollout.context import RolloutContext, set_rollout_context
-from vime_core.rollout.generate import generate as default_generate
+from vime_core.rollout.generators.default import generate as default_generate
 from vime_core.types import Status
 
 pytestmark = pytest.mark.integration

@@ -24,7 +24,8 @@ def test_plugin_from_template_installs_lists_and_passes_the_kit(tmp_path):
     _run(sys.executable, "-m", "pip", "install", "--no-deps", "--no-build-isolation", "-q", str(plugin))
     try:
         rows = {
-            r["name"]: r for r in json.loads(_run(sys.executable, "-m", "vime_core.cli", "plugins", "--json").stdout)
+            r["name"]: r
+            for r in json.loads(_run(sys.executable, "-m", "vime_core.cli", "plugins", "--json").stdout)
         }
         assert rows["reward-demo"]["distribution"] == "vime-reward-demo"
         assert rows["reward-demo"]["version"] == "0.1.0"

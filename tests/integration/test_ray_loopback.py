@@ -11,7 +11,7 @@ pytestmark = pytest.mark.integration
 SCRIPT = r"""
 import os, sys
 import psutil
-from vime_core.orchestration import init_ray, remote_actor
+from vime_core.cluster.orchestration import init_ray, remote_actor
 import ray
 
 class Probe:

@@ -16,8 +16,8 @@ import pytest
 import torch
 
 from vime_core.algorithms.logprobs import sequence_log_probs
-from vime_core.rollout.client import GenerateOutput, RouterClient
-from vime_core.rollout.engine import VLLMServerError
+from vime_core.engines.client import GenerateOutput, RouterClient
+from vime_core.engines.engine import VLLMServerError
 
 pytestmark = pytest.mark.integration
 logger = logging.getLogger("vime.tests")

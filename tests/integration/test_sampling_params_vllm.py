@@ -8,9 +8,9 @@ import asyncio
 
 import pytest
 
-from vime_core.arguments import default_args, rollout_sampling_params
+from vime_core.cli.arguments import default_args, rollout_sampling_params
 from vime_core.config import RolloutConfig
-from vime_core.rollout.client import RouterClient
+from vime_core.engines.client import RouterClient
 
 pytestmark = [pytest.mark.integration]
 

@@ -9,8 +9,8 @@ import asyncio
 import pytest
 
 from tests.integration.helpers import sandbox_backends
-from vime_core.context import PluginContext
-from vime_core.plugins import get_plugins
+from vime_core.config.context import PluginContext
+from vime_core.plugins.manager import get_plugins
 from vime_core.testing.plugin_context import plugin_context_from_argv
 
 pytestmark = pytest.mark.integration
@@ -26,7 +26,7 @@ def _shell_tool_args(backend: str, *extra: str) -> PluginContext:
 
 @pytest.mark.parametrize("backend", sandbox_backends())
 def test_multi_turn_shell_tool_runs_in_the_chosen_sandbox(backend):
-    from vime_core.rollout.multi_turn import _episode_sandbox, _sandbox_tool
+    from vime_core.rollout.generators.multi_turn import _episode_sandbox, _sandbox_tool
 
     args = _shell_tool_args(backend, "--sandbox-memory-mb", "256", "--sandbox-wall-time", "120")
 

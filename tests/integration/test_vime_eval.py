@@ -103,7 +103,7 @@ def test_eval_before_training_after_each_step_and_at_the_end(eval_run):
 def test_eval_metrics_equal_the_dumped_samples_rescored(eval_run, data):
     """The engine tagged every eval token with the step's version; the rewards are the reward plugin's; the metrics
     are the dump's aggregate."""
-    from vime_core.plugins import get_plugins
+    from vime_core.plugins.manager import get_plugins
     from vime_core.types import Sample
 
     out, _ = eval_run

@@ -128,7 +128,7 @@ def test_weights_changed_and_final_checkpoint_loads(two_step_run, tiny_model_dir
 
 
 def _umask() -> int:
-    from vime_core.run_dir import current_umask
+    from vime_core.run.output_dir import current_umask
 
     return current_umask()
 
@@ -219,7 +219,7 @@ def test_debug_rollout_only_through_an_external_router(
     """--debug-rollout-only starts no trainer; --vllm-router-ip/port register the run's engine (here the session's
     running one, ``--rollout-external``) with a router that is already running (vime starts none) and deregister it
     at the end."""
-    from vime_core.rollout.router import VLLMRouter
+    from vime_core.engines.router import VLLMRouter
 
     out = tmp_path / "ro"
     with VLLMRouter([], log_path=tmp_path / "external-router.log") as router:

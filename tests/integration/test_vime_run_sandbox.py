@@ -41,7 +41,7 @@ def _run_backends() -> list[str]:
 
 def _reap(backend: str) -> list[str]:
     """What the backend's reaper removes now: resources whose owner process is gone."""
-    from vime_core.plugins import cleanup_all
+    from vime_core.plugins.manager import cleanup_all
 
     (report,) = cleanup_all(backend=backend)
     assert not report.errors, report.errors

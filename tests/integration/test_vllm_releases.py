@@ -30,9 +30,9 @@ import torch
 
 from tests.integration.helpers import COMPAT_PYTHON
 from tests.integration.stream_watch import StreamWatch
-from vime_core.rollout.client import RouterClient
-from vime_core.rollout.engine import VLLMServer
-from vime_core.rollout.engine_api import EngineCapabilities, decode_text
+from vime_core.engines.client import RouterClient
+from vime_core.engines.engine import VLLMServer
+from vime_core.engines.engine_api import EngineCapabilities, decode_text
 
 pytestmark = pytest.mark.integration
 
@@ -238,7 +238,12 @@ def test_vime_run_on_vllm_024_trains_on_the_response_text(tiny_model_dir, tmp_pa
     ]
     env = dict(os.environ, VIME_VLLM_PYTHON=python, PYTHONUNBUFFERED="1", PYTHONPATH=str(ROOT))
     proc = subprocess.run(
-        [sys.executable, "-m", "vime_core.cli", *argv], capture_output=True, text=True, timeout=900, env=env, cwd=ROOT
+        [sys.executable, "-m", "vime_core.cli", *argv],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=env,
+        cwd=ROOT,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     from transformers import AutoTokenizer

@@ -37,7 +37,7 @@ from vime_core.data.vision_prompt import (
     image_token_id,
     load_processor,
 )
-from vime_core.plugins import get_plugins
+from vime_core.plugins.manager import get_plugins
 from vime_core.rollout.context import RolloutContext, set_rollout_context
 from vime_core.testing import GenerateFunctionContract
 from vime_core.testing.plugin_context import plugin_context
@@ -65,7 +65,7 @@ def figure(w: int, h: int, color: str = "red") -> str:
 
 @pytest.fixture(scope="module")
 def vlm_server(tiny_vlm_dir, tmp_path_factory):
-    from vime_core.rollout.engine import VLLMServer
+    from vime_core.engines.engine import VLLMServer
 
     server = VLLMServer(
         tiny_vlm_dir,
@@ -86,7 +86,7 @@ def vlm_server(tiny_vlm_dir, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def vlm_router(vlm_server, tmp_path_factory):
-    from vime_core.rollout.router import VLLMRouter
+    from vime_core.engines.router import VLLMRouter
 
     router = VLLMRouter([vlm_server.url], policy="round_robin", log_path=tmp_path_factory.mktemp("logs") / "r.log")
     router.start()
@@ -209,7 +209,7 @@ def test_multi_turn_image_tool_result_is_token_exact_on_the_engine(rollout_conte
     """Every turn is forced to call ``vlm_test_zoom``, whose result is a text and an image: the episode is the
     processor's ids of the whole conversation with each model turn as the engine sampled it, the tool turns (4 image
     tokens each) are context, and the engine took 1, 2, then 3 images on its three calls."""
-    from vime_core.rollout.tools import register_tool
+    from vime_core.rollout.generators.tools import register_tool
 
     crop = figure(56, 56, "green")
 
@@ -370,9 +370,9 @@ def test_vllm_024_takes_the_images_as_rendered_features(tiny_vlm_dir, processor,
     import os
 
     from tests.integration.helpers import COMPAT_PYTHON
-    from vime_core.rollout.client import RouterClient
-    from vime_core.rollout.engine import VLLMServer
-    from vime_core.rollout.router import VLLMRouter
+    from vime_core.engines.client import RouterClient
+    from vime_core.engines.engine import VLLMServer
+    from vime_core.engines.router import VLLMRouter
 
     if not COMPAT_PYTHON.exists():
         msg = f"{COMPAT_PYTHON} is missing: bash scripts/install_vllm_compat.sh"

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from tests.integration.helpers import MATCH_TOL, delta_batch, engine_log_probs, generate_versions, trainer_log_probs
-from vime_core.plugins import get_plugins
+from vime_core.plugins.manager import get_plugins
 from vime_core.testing.plugin_context import run_config
 from vime_core.testing.trainer_args import trainer_config
 

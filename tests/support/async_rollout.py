@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 
 from tests.support.rollout import manager_with_hooks
-from vime_core.arguments import parse_run_args
+from vime_core.cli.arguments import parse_run_args
 from vime_core.types import Status
 from vime_core.weight_sync.base import WeightUpdate
 

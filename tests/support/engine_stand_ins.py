@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from vime_core.rollout.health import MonitorConfig
-from vime_core.rollout.weight_recovery import WeightRecovery
+from vime_core.engines.health import MonitorConfig
+from vime_core.engines.weight_recovery import WeightRecovery
 from vime_core.testing.plugin_context import run_config
 from vime_core.weight_sync.disk import DiskWeightSync
 

@@ -4,9 +4,9 @@ coroutine (the tests that use it exercise the manager, the hooks and the data fl
 from __future__ import annotations
 
 from vime_core import hookimpl
-from vime_core.arguments import default_args
+from vime_core.cli.arguments import default_args
 from vime_core.config import RunConfig
-from vime_core.plugins import Plugins
+from vime_core.plugins.manager import Plugins
 
 
 async def echo_generate(args, sample, sampling_params):
@@ -22,7 +22,7 @@ def manager_with_hooks(tiny_model_dir, tmp_path, plugin=None, generate=echo_gene
     ``num_prompts`` prompts ``p0..`` labelled ``x``, with ``plugin`` loaded and ``overrides`` applied to the args."""
     import json
 
-    import vime_core.plugins as vp
+    import vime_core.plugins.manager as vp
     from vime_core.rollout.context import RolloutContext, set_rollout_context
     from vime_core.rollout.manager import RolloutManager
 

@@ -570,7 +570,7 @@ class _EngineRefusingLongPrompts(ScriptedResponder):
     """Answers like vLLM behind the router for a prompt over its max_model_len (RouterClient's error text)."""
 
     async def generate(self, prompt_token_ids, sampling_params, session_id=None):
-        from vime_core.rollout.client import RouterClientError
+        from vime_core.engines.client import RouterClientError
 
         if len(prompt_token_ids) > 32:
             raise RouterClientError(

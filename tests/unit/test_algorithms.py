@@ -8,10 +8,10 @@ import torch
 from vime_core.algorithms.advantages import grpo_advantages
 from vime_core.algorithms.batch import build_batch
 from vime_core.algorithms.policy_loss import policy_loss
-from vime_core.arguments import default_args
 from vime_core.builtins.advantages import grpo
+from vime_core.cli.arguments import default_args
 from vime_core.config import RunConfig
-from vime_core.context import PluginContext
+from vime_core.config.context import PluginContext
 from vime_core.types import Sample, Status
 
 pytestmark = pytest.mark.unit

@@ -14,8 +14,8 @@ from vime_core.algorithms.logprobs import token_log_probs_and_entropy
 from vime_core.algorithms.mismatch import LogprobDriftError, check_logprob_drift, importance_weights
 from vime_core.algorithms.options import check_algorithm_config
 from vime_core.algorithms.policy_loss import policy_loss, policy_loss_kwargs
-from vime_core.arguments import ArgumentError, default_args, parse_run_args
 from vime_core.builtins import advantages as est
+from vime_core.cli.arguments import ArgumentError, default_args, parse_run_args
 from vime_core.config import AlgorithmConfig
 from vime_core.testing.plugin_context import plugin_context
 from vime_core.testing.trainer_args import trainer_config
@@ -83,7 +83,7 @@ def test_policy_loss_kwargs_from_flags():
 
 # ------------------------------------------------------------------------------------------------- estimators
 def test_estimators_are_registered():
-    from vime_core.plugins import Plugins
+    from vime_core.plugins.manager import Plugins
 
     names = Plugins().load().registries["advantage"].names()
     assert {"grpo", "gspo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline"} <= set(names)

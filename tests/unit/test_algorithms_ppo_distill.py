@@ -8,10 +8,10 @@ from tests.support.samples import random_samples
 from vime_core.algorithms.batch import build_batch, gae_advantages
 from vime_core.algorithms.distill import distill_advantages
 from vime_core.algorithms.options import check_algorithm_config
-from vime_core.arguments import ArgumentError, parse_run_args
 from vime_core.builtins import advantages as est
-from vime_core.context import PluginContext
-from vime_core.plugins import get_plugins
+from vime_core.cli.arguments import ArgumentError, parse_run_args
+from vime_core.config.context import PluginContext
+from vime_core.plugins.manager import get_plugins
 from vime_core.testing.plugin_context import plugin_context, run_config
 from vime_core.testing.trainer_args import trainer_config
 from vime_core.types import Sample, Status

@@ -2,7 +2,7 @@
 
 import pytest
 
-from vime_core.arguments import ArgumentError, parse_run_args
+from vime_core.cli.arguments import ArgumentError, parse_run_args
 
 pytestmark = pytest.mark.unit
 

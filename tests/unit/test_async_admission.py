@@ -22,11 +22,11 @@ from tests.support.async_rollout import (
     sleeping_generate,
 )
 from vime_core.config import RolloutConfig, RunConfig
-from vime_core.plugins import get_plugins
+from vime_core.plugins.manager import get_plugins
 from vime_core.run.debug_rollout import load_debug_rollout
+from vime_core.run.preflight import trainer_classes
 from vime_core.run.step import one_step as _one_step
 from vime_core.run.step_source import GroupSource as _GroupSource
-from vime_core.run_checks import trainer_classes
 from vime_core.trainer.group import TrainerWorker
 from vime_core.types import Sample, Status
 

@@ -14,10 +14,10 @@ import pytest
 
 from tests.support.async_rollout import async_manager, async_run_args, push_update, sleeping_generate
 from tests.support.rollout import manager_with_hooks
-from vime_core.argument_errors import ArgumentError
-from vime_core.arguments import parse_run_args
+from vime_core.cli.arguments import parse_run_args
+from vime_core.config.errors import ArgumentError
 from vime_core.failures import RunFailedError
-from vime_core.run_summary import failed_summary
+from vime_core.run.summary import failed_summary
 from vime_core.types import Status
 
 pytestmark = pytest.mark.unit
@@ -276,7 +276,7 @@ def test_fully_async_step_waiting_for_groups_ends_when_every_engine_is_lost(tiny
     import asyncio
     import threading
 
-    from vime_core.rollout.health import EnginesLostError
+    from vime_core.engines.health import EnginesLostError
 
     async def hang(args, sample, sampling_params):
         await asyncio.sleep(3600)
@@ -289,7 +289,7 @@ def test_fully_async_step_waiting_for_groups_ends_when_every_engine_is_lost(tiny
         if lost.is_set():
             raise EnginesLostError("every vLLM engine is gone and no restart is left")
 
-    m.fleet.check_engines = check_engines  # what the health monitor answers (vime_core.rollout.health)
+    m.fleet.check_engines = check_engines  # what the health monitor answers (vime_core.engines.health)
     m.start_async()
     raised: list[BaseException] = []
 

@@ -37,9 +37,9 @@ import pytest
 from vime_core.agent.gateway import AgentGateway
 from vime_core.agent.responders import ScriptedResponder, ScriptedTurn
 from vime_core.agent.trajectory import Drift
-from vime_core.plugins import get_plugins
+from vime_core.plugins.manager import get_plugins
 from vime_core.rollout.context import RolloutContext, set_rollout_context
-from vime_core.rollout.tools import register_tool, tool_from_callable
+from vime_core.rollout.generators.tools import register_tool, tool_from_callable
 from vime_core.testing.plugin_context import plugin_context
 from vime_core.testing.samples import chain_mask, mask_runs
 from vime_core.types import Sample, Status

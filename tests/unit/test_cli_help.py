@@ -5,8 +5,8 @@ import argparse
 
 import pytest
 
-from vime_core.arguments import ArgumentError, HelpFormatter, build_parser, flags_without_help, parse_run_args
-from vime_core.cli import main
+from vime_core.cli.arguments import ArgumentError, HelpFormatter, build_parser, flags_without_help, parse_run_args
+from vime_core.cli.commands import main
 
 pytestmark = pytest.mark.unit
 
@@ -140,7 +140,7 @@ def test_every_subcommand_flag_has_help(command, monkeypatch):
 
 
 def test_vime_help_lists_every_command_with_a_line(capsys):
-    from vime_core.cli import COMMANDS, SUMMARIES, main
+    from vime_core.cli.commands import COMMANDS, SUMMARIES, main
 
     assert main(["--help"]) == 0
     out = capsys.readouterr().out
@@ -150,7 +150,7 @@ def test_vime_help_lists_every_command_with_a_line(capsys):
 
 
 def test_vime_args_prints_paths_plainly(capsys):
-    from vime_core.cli import main
+    from vime_core.cli.commands import main
 
     assert main(["args"]) == 0
     line = next(x for x in capsys.readouterr().out.splitlines() if x.strip().startswith("--output-dir "))

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import vime_core
-from vime_core.arguments import ArgumentError, build_parser, complete_args, default_args, parse_run_args
+from vime_core.cli.arguments import ArgumentError, build_parser, complete_args, default_args, parse_run_args
 from vime_core.config import (
     PASSTHROUGH_DESTS,
     SECTIONS,
@@ -38,11 +38,11 @@ CLI_ONLY = {"help", "config"}
 # The modules that may read the Namespace: the parser and its cross-flag checks, the config builder and the command
 # line.
 NAMESPACE_READERS = {
-    "vime_core/arguments.py",
-    "vime_core/argument_checks.py",
+    "vime_core/cli/arguments.py",
+    "vime_core/cli/checks.py",
     "vime_core/config/flags.py",
     "vime_core/config/run.py",
-    "vime_core/cli.py",
+    "vime_core/cli/commands.py",
 }
 
 

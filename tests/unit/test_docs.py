@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from vime_core.plugins import REGISTER_HOOKS, get_plugins
-from vime_core.registry import KNOWN_PROVIDERS
+from vime_core.plugins.manager import REGISTER_HOOKS, get_plugins
+from vime_core.plugins.registry import KNOWN_PROVIDERS
 
 pytestmark = pytest.mark.unit
 

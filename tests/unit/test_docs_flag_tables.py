@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from vime_core.arguments import build_parser
+from vime_core.cli.arguments import build_parser
 
 pytestmark = pytest.mark.unit
 

@@ -1,8 +1,8 @@
-"""The engine actor's shared-directory check (:func:`vime_core.rollout.engine_actor.check_nonce`), exact texts."""
+"""The engine actor's shared-directory check (:func:`vime_core.engines.engine_actor.check_nonce`), exact texts."""
 
 import pytest
 
-from vime_core.rollout.engine_actor import check_nonce
+from vime_core.engines.engine_actor import check_nonce
 
 pytestmark = pytest.mark.unit
 

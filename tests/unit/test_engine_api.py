@@ -1,5 +1,5 @@
-"""The vLLM-release adapter's pure parts (vime_core/rollout/engine_api.py) and what the client does with a response
-that lacks a field (vime_core/rollout/client.py), with exact values. The same behaviour against real servers of
+"""The vLLM-release adapter's pure parts (vime_core/engines/engine_api.py) and what the client does with a response
+that lacks a field (vime_core/engines/client.py), with exact values. The same behaviour against real servers of
 two releases: tests/integration/test_vllm_releases.py."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vime_core.rollout.client import RouterClient, RouterClientError, _expand_versions
-from vime_core.rollout.engine_api import (
+from vime_core.engines.client import RouterClient, RouterClientError, _expand_versions
+from vime_core.engines.engine_api import (
     EngineCapabilities,
     EngineCapabilityError,
     common_capabilities,
@@ -103,7 +103,7 @@ def test_host_copy_is_written_in_the_background_and_recovery_loads_it(tmp_path):
     holds exactly the pushed tensors, and the previous copy is removed."""
     from safetensors.torch import load_file
 
-    from vime_core.rollout.weight_recovery import WeightRecovery
+    from vime_core.engines.weight_recovery import WeightRecovery
     from vime_core.weight_sync.base import WeightUpdate
     from vime_core.weight_sync.host_copy import HostCopy, wait_for_copy
     from vime_core.weight_sync.ipc import IpcWeightSync
@@ -130,8 +130,8 @@ def test_engines_on_gpu_needs_gpu_shares_and_the_cuda_build(monkeypatch):
     eager; only GPU shares *and* vLLM's CUDA build make a GPU engine (bf16, CUDA graphs)."""
     from types import SimpleNamespace
 
-    import vime_core.rollout.fleet as fleet
-    from vime_core.placement import NodeResources, ResourceFlags, plan_placement
+    import vime_core.engines.fleet as fleet
+    from vime_core.cluster.placement import NodeResources, ResourceFlags, plan_placement
 
     nodes = [NodeResources("n0", "10.0.0.1", 1, True), NodeResources("n1", "10.0.0.2", 1)]
     gpu_plan = plan_placement(ResourceFlags(actor_num_gpus_per_node=1, rollout_num_gpus=1), nodes)
@@ -149,7 +149,7 @@ def test_engines_on_gpu_needs_gpu_shares_and_the_cuda_build(monkeypatch):
 
 
 def test_lean_generate_params_ask_0_24_for_what_the_client_reads():
-    from vime_core.rollout.engine_api import FINAL_ONLY, lean_generate_params
+    from vime_core.engines.engine_api import FINAL_ONLY, lean_generate_params
 
     sp = {"temperature": 1.0, "max_tokens": 8, "logprobs": 0}
     assert lean_generate_params(sp, V024, stream=False) == {**sp, "detokenize": False, "output_kind": FINAL_ONLY}

@@ -1,5 +1,5 @@
-"""The engine health monitor's bookkeeping (:mod:`vime_core.rollout.health`) and the weight recovery of a replacement
-(:mod:`vime_core.rollout.weight_recovery`), with exact states, counters, texts and tensors.
+"""The engine health monitor's bookkeeping (:mod:`vime_core.engines.health`) and the weight recovery of a replacement
+(:mod:`vime_core.engines.weight_recovery`), with exact states, counters, texts and tensors.
 
 The engines and the router here are stand-ins that record calls (their ``/health`` is a real HTTP server on
 127.0.0.1); the real vLLM engines and vllm-router meet the monitor in ``tests/integration/test_fault_injection.py``.
@@ -22,15 +22,15 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from tests.support.engine_stand_ins import FAST, Engine, Router, disk_recovery
-from vime_core.arguments import default_args
+from vime_core.cli.arguments import default_args
 from vime_core.config import RunConfig
-from vime_core.rollout.health import (
+from vime_core.engines.health import (
     EngineMonitor,
     EnginesLostError,
     engines_lost,
     generate_with_retries,
 )
-from vime_core.rollout.weight_recovery import WeightRecovery
+from vime_core.engines.weight_recovery import WeightRecovery
 from vime_core.testing.plugin_context import plugin_context
 from vime_core.types import Sample
 from vime_core.weight_sync.disk import DiskWeightSync

@@ -1,7 +1,7 @@
 """What the logs hold: the engine log no access line per request unless asked, and vLLM's "Failed to load weights"
-warning only where it means something (:mod:`vime_core.rollout.worker_extension`); the run's closing lines a short
-summary, not the JSON record (:func:`vime_core.progress.summary_lines`); what Ray forwards from its workers no
-tqdm bars or colour codes (:func:`vime_core.orchestration.quiet_worker_output`)."""
+warning only where it means something (:mod:`vime_core.engines.worker_extension`); the run's closing lines a short
+summary, not the JSON record (:func:`vime_core.run.progress.summary_lines`); what Ray forwards from its workers no
+tqdm bars or colour codes (:func:`vime_core.cluster.orchestration.quiet_worker_output`)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from vime_core.rollout.worker_extension import RELOAD_LOGGER, BenignReloadWarnings, quiet_benign_reload_warnings
+from vime_core.engines.worker_extension import RELOAD_LOGGER, BenignReloadWarnings, quiet_benign_reload_warnings
 
 pytestmark = pytest.mark.unit
 
@@ -54,14 +54,14 @@ def test_other_records_pass_and_the_filter_is_installed_once():
 
 
 def test_the_engine_access_log_is_off_unless_asked():
-    from vime_core.arguments import default_args
+    from vime_core.cli.arguments import default_args
 
     assert default_args().rollout_engine_access_log is False
     assert default_args(rollout_engine_access_log=True).rollout_engine_access_log is True
 
 
 def test_the_closing_summary_is_a_few_short_lines():
-    from vime_core.progress import summary_lines
+    from vime_core.run.progress import summary_lines
 
     run = {
         "output_dir": "/o",
@@ -90,7 +90,7 @@ def test_the_closing_summary_is_a_few_short_lines():
 
 @pytest.mark.parametrize("tty", [False, True])
 def test_ray_workers_write_no_progress_bars_and_no_colour_codes_into_a_log(monkeypatch, tty):
-    from vime_core.orchestration import quiet_worker_output
+    from vime_core.cluster.orchestration import quiet_worker_output
 
     for key in ("TQDM_DISABLE", "HF_HUB_DISABLE_PROGRESS_BARS", "RAY_COLOR_PREFIX"):
         monkeypatch.delenv(key, raising=False)

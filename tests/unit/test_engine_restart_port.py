@@ -1,5 +1,5 @@
-"""A replaced engine's port (:meth:`vime_core.rollout.engine.VLLMServer.start_again`, :mod:`vime_core.net`): the
-replacement takes the same port once the old process released it, a fresh one when something still holds it — never
+"""A replaced engine's port (:meth:`vime_core.engines.engine.VLLMServer.start_again`, :mod:`vime_core.cluster.net`):
+the replacement takes the same port once the old process released it, a fresh one when something still holds it — never
 "Address already in use". The real engine restarts are in ``tests/integration/test_fault_injection.py``."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import socket
 
 import pytest
 
-from vime_core.net import find_free_port, port_is_free, wait_port_free
-from vime_core.rollout.engine import VLLMServer
+from vime_core.cluster.net import find_free_port, port_is_free, wait_port_free
+from vime_core.engines.engine import VLLMServer
 
 pytestmark = pytest.mark.unit
 

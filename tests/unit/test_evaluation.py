@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from vime_core.arguments import ArgumentError, parse_run_args
+from vime_core.cli.arguments import ArgumentError, parse_run_args
 from vime_core.config import EvalConfig, RunConfig
 from vime_core.data.source import DataError
-from vime_core.evaluation import (
+from vime_core.rollout.evaluation import (
     EvalArgumentError,
     EvalSet,
     dump_eval_samples,
@@ -406,9 +406,9 @@ def test_eval_set_reward_errors_name_the_flag(tmp_path):
     cfg.write_text("model: m\nprompt_data: d.jsonl\neval_prompt_data: {a: a.jsonl}\neval_set_reward: {a: [math]}\n")
     with pytest.raises(ArgumentError, match=rf"^{cfg}:4: key 'eval_set_reward': expected a mapping of eval set NAME"):
         parse_run_args(["--config", str(cfg)])
-    from vime_core.plugins import get_plugins
-    from vime_core.registry import RegistryError
-    from vime_core.run_checks import resolve_plugins
+    from vime_core.plugins.manager import get_plugins
+    from vime_core.plugins.registry import RegistryError
+    from vime_core.run.preflight import resolve_plugins
 
     args = parse_run_args(BASE + ["--eval-prompt-data", "a", "a.jsonl", "--eval-set-reward", "a", "no_such_reward"])
     with pytest.raises(RegistryError, match="no_such_reward"):

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from vime_core.arguments import parse_run_args
+from vime_core.cli.arguments import parse_run_args
 from vime_core.testing.plugin_context import plugin_context
 from vime_core.types import Sample, Status
 
@@ -28,7 +28,10 @@ EXAMPLES = ROOT / "examples"
         ("multi_agent", {"generate": "solver_verifier:generate", "reward": "solver_verifier:team_reward"}),
         (
             "tool_use",
-            {"generate": "multi_turn", "multi_turn_tools": ["number_tools", "vime_core.rollout.tools:calculator"]},
+            {
+                "generate": "multi_turn",
+                "multi_turn_tools": ["number_tools", "vime_core.rollout.generators.tools:calculator"],
+            },
         ),
         (
             "train_infer_mismatch",
@@ -54,9 +57,9 @@ def test_example_config_parses(name, expected):
 
 def test_tool_use_tools(monkeypatch):
     monkeypatch.syspath_prepend(str(EXAMPLES / "tool_use"))
-    from vime_core.rollout.tools import load_tools
+    from vime_core.rollout.generators.tools import load_tools
 
-    tools = {t.name: t for t in load_tools(["number_tools", "vime_core.rollout.tools:calculator"])}
+    tools = {t.name: t for t in load_tools(["number_tools", "vime_core.rollout.generators.tools:calculator"])}
     assert sorted(tools) == ["calculator", "gcd", "lcm"]
     assert asyncio.run(tools["lcm"].call({"a": 12, "b": 18})) == "36"
     assert asyncio.run(tools["gcd"].call({"a": "84", "b": 36})) == "12"
@@ -107,9 +110,9 @@ def test_new_example_configs_parse_and_their_plugins_resolve(name, monkeypatch):
     tool-call parsers, per-set eval rewards) resolves, as `vime run` checks before anything starts."""
     from vime_core.agent.tool_parsers import get_tool_parser
     from vime_core.config import RunConfig
-    from vime_core.plugins import get_plugins
-    from vime_core.rollout.tools import load_tools
-    from vime_core.run_checks import resolve_plugins
+    from vime_core.plugins.manager import get_plugins
+    from vime_core.rollout.generators.tools import load_tools
+    from vime_core.run.preflight import resolve_plugins
 
     monkeypatch.syspath_prepend(str(EXAMPLES / name))
     args = parse_run_args(["--config", str(EXAMPLES / name / "config.yaml")])
@@ -261,7 +264,7 @@ def test_mem_agent_overwrites_memory_and_returns_one_sample_per_turn(monkeypatch
     monkeypatch.syspath_prepend(str(EXAMPLES / "mem_agent"))
     import mem_agent
 
-    from vime_core.rollout.generate import encode_prompt
+    from vime_core.rollout.generators.default import encode_prompt
 
     doc = "Mira's locker is the red one. " * 3 + "The red locker's code is 4817. " * 3
     size = (len(tok(doc, add_special_tokens=False)["input_ids"]) + 1) // 2
@@ -314,7 +317,7 @@ def test_mem_agent_group_reward_reaches_every_turn(monkeypatch, tok, scripted_en
     import mem_agent
 
     from vime_core.builtins.advantages import grpo
-    from vime_core.plugins import get_plugins
+    from vime_core.plugins.manager import get_plugins
     from vime_core.rollout.runner import GroupRunner
 
     doc = "Mira's locker is the red one. The red locker's code is 4817."  # one chunk at 160 tokens

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from vime_core.arguments import parse_run_args
+from vime_core.cli.arguments import parse_run_args
 from vime_core.data.images import decode_image
 from vime_core.data.source import read_rows
 from vime_core.data.vision_prompt import tool_result_parts
@@ -68,7 +68,7 @@ def test_every_answer_follows_from_the_labelled_measures():
 
 def test_the_multi_turn_tools_return_a_crop_and_a_measure(monkeypatch):
     monkeypatch.syspath_prepend(str(EXAMPLES / "geo3k_vlm_multi_turn"))
-    from vime_core.rollout.tools import load_tools
+    from vime_core.rollout.generators.tools import load_tools
 
     tools = {t.name: t for t in load_tools(["figure_tools"])}
     assert sorted(tools) == ["measure", "zoom"]

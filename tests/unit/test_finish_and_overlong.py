@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 from tests.support.rollout import manager_with_hooks
-from vime_core.arguments import ArgumentError, parse_run_args
-from vime_core.rollout.client import RouterClient, eos_token_ids, normalize_finish_reason
+from vime_core.cli.arguments import ArgumentError, parse_run_args
+from vime_core.engines.client import RouterClient, eos_token_ids, normalize_finish_reason
 from vime_core.rollout.overlong import is_length_truncated, overlong_penalty
 from vime_core.types import Sample, Status
 
@@ -208,7 +208,7 @@ def test_soft_overlong_punishment_exact_rewards(tiny_model_dir, tmp_path):
 
 
 def test_overlong_penalty_on_a_dict_reward_goes_to_the_reward_key():
-    from vime_core.arguments import default_args
+    from vime_core.cli.arguments import default_args
     from vime_core.config import RolloutConfig
     from vime_core.rollout.overlong import apply_overlong
 
@@ -226,7 +226,7 @@ def test_overlong_penalty_on_a_dict_reward_goes_to_the_reward_key():
 
 def test_a_client_without_eos_ids_refuses_an_answer_without_finish_reason():
     """Issue 27: without the EOS ids an EOS-ended answer lacking ``finish_reason`` became an untrained abort."""
-    from vime_core.rollout.client import RouterClientError
+    from vime_core.engines.client import RouterClientError
 
     client = RouterClient("http://127.0.0.1:9", "m")
     lps = [-0.5, -0.25, -1.0]

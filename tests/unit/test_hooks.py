@@ -7,11 +7,12 @@ from pathlib import Path
 import pytest
 
 from tests.support.rollout import manager_with_hooks
-from vime_core import hookimpl, hookspecs
-from vime_core.arguments import build_parser, build_run_config
+from vime_core import hookimpl
+from vime_core.cli.arguments import build_parser, build_run_config
 from vime_core.config import ConfigError, PluginConfig, flag
-from vime_core.plugins import Plugins
-from vime_core.registry import RegistryError
+from vime_core.plugins import hookspecs
+from vime_core.plugins.manager import Plugins
+from vime_core.plugins.registry import RegistryError
 from vime_core.testing.plugin_context import plugin_context
 from vime_core.types import Sample, Status
 
@@ -174,7 +175,7 @@ def test_hook_vime_add_arguments(monkeypatch):
 
     with pytest.warns(DeprecationWarning, match="vime_register_flags"):
         plugins = _plugins_with(P)
-    monkeypatch.setattr("vime_core.plugins._PLUGINS", plugins)
+    monkeypatch.setattr("vime_core.plugins.manager._PLUGINS", plugins)
     args = build_parser().parse_args(["--model", "m", "--test-plugin-level", "5"])
     assert args.test_plugin_level == 5
 
@@ -199,7 +200,7 @@ def test_hook_vime_register_flags(monkeypatch):
 
     plugins = _plugins_with(P)
     assert plugins.flag_classes()[-1] is _LevelFlags  # after the installed plugins' classes
-    monkeypatch.setattr("vime_core.plugins._PLUGINS", plugins)
+    monkeypatch.setattr("vime_core.plugins.manager._PLUGINS", plugins)
     parser = build_parser()
     action = next(a for a in parser._actions if a.dest == "test_plugin_level")
     assert (action.default, action.help, action.option_strings) == (3, "a level, 0-9", ["--test-plugin-level"])

@@ -88,7 +88,7 @@ def test_split_rule():
 
 
 def test_export_cli_writes_jsonl(tmp_path):
-    from vime_core.cli import main
+    from vime_core.cli.commands import main
 
     out = tmp_path / "he.jsonl"
     assert main(["data", "humaneval", "--out", str(out), "--task-ids", "HumanEval/3", "HumanEval/0"]) == 0

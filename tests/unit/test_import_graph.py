@@ -24,90 +24,25 @@ pytestmark = pytest.mark.unit
 
 ROOT = Path(__file__).resolve().parents[2]
 
-#: vime_core's layers, bottom first: a module may import modules of its own layer and of the layers below, never
+#: vime_core's floors, bottom first: a module may import modules of its own floor and of the floors below, never
 #: of one above. Each entry is a module or a package (a package covers its submodules); the longest entry that
-#: covers a module gives its layer. ``vime_core`` alone means the root package's ``__init__`` only.
+#: covers a module gives its layer. Each entry is a room (folders are floors: test_every_layer_entry_is_a_room).
+#: ``vime_core`` alone means the root package's ``__init__`` only.
 LAYERS: list[tuple[str, list[str]]] = [
+    ("foundation", ["vime_core.config", "vime_core.models", "vime_core.types", "vime_core.version"]),
     (
-        "foundation",
-        [
-            "vime_core",
-            "vime_core.types",
-            "vime_core.protocols",
-            "vime_core.version",
-            "vime_core.registry",
-            "vime_core.hookspecs",
-            "vime_core.net",
-            "vime_core.progress",
-            "vime_core.config",
-            "vime_core.context",
-            "vime_core.placement",
-            "vime_core.passthrough",
-            "vime_core.models",
-            "vime_core.failures",
-            "vime_core.argument_errors",
-        ],
+        "sandbox, algorithms, cluster and failures",
+        ["vime_core.sandbox", "vime_core.algorithms", "vime_core.cluster", "vime_core.failures"],
     ),
-    (
-        "interfaces",
-        [
-            "vime_core.sandbox.base",
-            "vime_core.sandbox.construction",
-            "vime_core.sandbox.errors",
-            "vime_core.sandbox.results",
-            "vime_core.sandbox.limits",
-            "vime_core.sandbox.owner",
-            "vime_core.sandbox.reaper",
-            "vime_core.sandbox.tar",
-            "vime_core.agent.harness",
-            "vime_core.sandbox.cancel",
-            "vime_core.trainer.base",
-            "vime_core.weight_sync.base",
-            "vime_core.rollout.engine_api",
-            "vime_core.rollout.answers",
-            "vime_core.rollout.image_input",
-            "vime_core.rollout.client",
-            "vime_core.rollout.context",
-        ],
-    ),
+    ("rewards and weight sync", ["vime_core.rewards", "vime_core.weight_sync"]),
+    ("engines, trainer and data", ["vime_core.engines", "vime_core.trainer", "vime_core.data"]),
+    ("agent", ["vime_core.agent"]),
     ("plugins", ["vime_core.plugins"]),
-    (
-        "components",
-        [
-            "vime_core.algorithms",
-            "vime_core.rewards",
-            "vime_core.data",
-            "vime_core.evaluation",
-            "vime_core.sandbox",
-            "vime_core.weight_sync",
-            "vime_core.agent",
-            "vime_core.rollout.overlong",
-            "vime_core.trainer.lr_schedule",
-            "vime_core.lora",
-        ],
-    ),
-    (
-        "arguments",
-        ["vime_core.config_file", "vime_core.argument_checks", "vime_core.arguments"],
-    ),
-    ("orchestration", ["vime_core.orchestration"]),
-    ("rollout and trainer", ["vime_core.rollout", "vime_core.trainer"]),
-    ("built-ins and kit", ["vime_core.builtins", "vime_core.testing"]),
-    (
-        "driver",
-        [
-            "vime_core.loop",
-            "vime_core.run",
-            "vime_core.run_checks",
-            "vime_core.run_dir",
-            "vime_core.run_signals",
-            "vime_core.run_summary",
-            "vime_core.checkpoint",
-            "vime_core.metrics",
-            "vime_core.report",
-            "vime_core.cli",
-        ],
-    ),
+    ("rollout", ["vime_core.rollout"]),
+    ("driver and built-ins", ["vime_core.run", "vime_core.builtins"]),
+    ("command", ["vime_core.cli"]),
+    ("kit", ["vime_core.testing"]),
+    ("face", ["vime_core", "vime_core._moved"]),
 ]
 
 
@@ -248,7 +183,7 @@ def test_the_graph_sees_local_imports_and_skips_type_checking(tmp_path):
         "else:\n"
         "    from vime_core import net\n"
         "def f():\n"
-        "    from vime_core.registry import Registry\n"
+        "    from vime_core.plugins.registry import Registry\n"
     )
     assert [(type(n).__name__, n.lineno) for n in sorted(_imports(tree), key=lambda n: n.lineno)] == [
         ("ImportFrom", 1),

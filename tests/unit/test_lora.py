@@ -12,19 +12,19 @@ import httpx
 import pytest
 import torch
 
-from vime_core.arguments import ArgumentError, default_args, parse_run_args
+from vime_core.cli.arguments import ArgumentError, default_args, parse_run_args
 from vime_core.config import LoraConfig
-from vime_core.lora.options import (
+from vime_core.config.lora import (
     LoraFlagError,
     adapters_to_keep,
     check_lora_model,
     engine_max_lora_rank,
     module_names,
 )
-from vime_core.rollout.client import RouterClient
-from vime_core.rollout.engine_api import lora_launch
-from vime_core.rollout.lora_serving import AdapterServing
-from vime_core.rollout.weight_recovery import WeightRecovery
+from vime_core.engines.client import RouterClient
+from vime_core.engines.engine_api import lora_launch
+from vime_core.engines.lora_serving import AdapterServing
+from vime_core.engines.weight_recovery import WeightRecovery
 from vime_core.testing.plugin_context import run_config
 from vime_core.testing.trainer_args import trainer_config
 from vime_core.types import RolloutBatch, Sample, Status
@@ -396,7 +396,7 @@ def test_target_modules_the_model_lacks_fail_naming_the_flag(tiny_model_dir, tmp
 
 
 def test_a_trainer_without_lora_support_is_refused():
-    from vime_core.lora.options import check_lora_config
+    from vime_core.config.lora import check_lora_config
 
     cfg = LoraConfig.from_args(default_args(lora_rank=8, trainer="mine"))
     with pytest.raises(LoraFlagError) as e:

@@ -10,7 +10,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from vime_core.rollout.lora_stash import AdapterStash, stage_dir
+from vime_core.engines.lora_stash import AdapterStash, stage_dir
 
 pytestmark = pytest.mark.unit
 

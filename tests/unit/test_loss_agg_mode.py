@@ -9,7 +9,7 @@ import torch
 
 from tests.support.data_parallel import run_dp
 from vime_core.algorithms.policy_loss import policy_loss, policy_loss_kwargs
-from vime_core.arguments import ArgumentError, parse_run_args
+from vime_core.cli.arguments import ArgumentError, parse_run_args
 from vime_core.config import AlgorithmConfig
 from vime_core.testing.trainer_args import trainer_config
 

@@ -8,9 +8,9 @@ import math
 
 import pytest
 
-from vime_core.arguments import ArgumentError, parse_run_args
+from vime_core.cli.arguments import ArgumentError, parse_run_args
 from vime_core.config import TrainerConfig
-from vime_core.context import PluginContext
+from vime_core.config.context import PluginContext
 from vime_core.testing.trainer_args import trainer_config
 from vime_core.trainer.lr_schedule import (
     LRSchedule,

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from vime_core.cluster.net import find_free_port
 from vime_core.models.families import RopeScaling, UnsupportedFeature
-from vime_core.net import find_free_port
 from vime_core.testing.tiny_model import TINY_FAMILIES, tiny_config
 from vime_core.trainer.megatron_convert import (
     ArchConfig,

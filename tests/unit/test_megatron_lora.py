@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vime_core.arguments import default_args
+from vime_core.cli.arguments import default_args
 from vime_core.config import LoraConfig
-from vime_core.lora.options import LoraFlagError
+from vime_core.config.lora import LoraFlagError
 from vime_core.trainer.megatron_convert import ArchConfig, hf_to_megatron, shard, unshard
 from vime_core.trainer.megatron_lora import hf_targets, megatron_lora_to_peft, peft_to_megatron_lora
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from vime_core.net import find_free_port
+from vime_core.cluster.net import find_free_port
 
 pytestmark = pytest.mark.unit
 pytest.importorskip("megatron.core")

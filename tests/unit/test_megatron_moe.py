@@ -18,10 +18,10 @@ import numpy as np
 import pytest
 import torch
 
+from vime_core.cluster.net import find_free_port
+from vime_core.cluster.placement import NodeResources, PlacementError, ResourceFlags, plan_placement
 from vime_core.models.families import UnsupportedModelError, check_trainer_model
 from vime_core.models.moe_families import MLAConfig, MoEConfig
-from vime_core.net import find_free_port
-from vime_core.placement import NodeResources, PlacementError, ResourceFlags, plan_placement
 from vime_core.testing.tiny_moe import tiny_moe_config
 from vime_core.trainer.megatron_convert import (
     ArchConfig,
@@ -317,9 +317,9 @@ def test_megatron_moe_models_match_transformers_fp32_and_replay_the_recorded_exp
 
 
 def test_moe_flags_are_checked_against_the_model_before_anything_starts(tmp_path, tiny_model_dir):
-    """``vime run`` (vime_core/loop.py, once ``--model`` is resolved): one line naming the flag and the model."""
-    from vime_core.argument_errors import ArgumentError
-    from vime_core.run_checks import check_moe_flags
+    """``vime run`` (vime_core/run/loop.py, once ``--model`` is resolved): one line naming the flag and the model."""
+    from vime_core.config.errors import ArgumentError
+    from vime_core.run.preflight import check_moe_flags
     from vime_core.testing.tiny_moe import build_tiny_moe
     from vime_core.testing.trainer_args import trainer_config
 

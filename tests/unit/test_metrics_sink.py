@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from vime_core.arguments import default_args
+from vime_core.cli.arguments import default_args
 from vime_core.config import LoggingConfig
-from vime_core.metrics import MetricsSink, WandbConfig, staleness_histogram, wandb_config
+from vime_core.run.metrics import MetricsSink, WandbConfig, staleness_histogram, wandb_config
 
 pytestmark = pytest.mark.unit
 

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from vime_core.argument_errors import ArgumentError
-from vime_core.cli import check_trainer_model_early
+from vime_core.cli.commands import check_trainer_model_early
+from vime_core.config.errors import ArgumentError
 from vime_core.models.families import (
     FAMILIES,
     UnsupportedModelError,
@@ -150,9 +150,9 @@ def write_model(root: Path, config: dict) -> Path:
 _CLI = r"""
 import json, sys, time
 t0 = time.perf_counter()
-from vime_core.cli import main
+from vime_core.cli.commands import main
 rc = main(sys.argv[1:])
-heavy = ("torch", "ray", "vllm", "transformers", "megatron", "vime_core.trainer.base", "vime_core.loop")
+heavy = ("torch", "ray", "vllm", "transformers", "megatron", "vime_core.trainer.base", "vime_core.run.loop")
 heavy = sorted(m for m in heavy if m in sys.modules)
 print(json.dumps({"rc": rc, "seconds": time.perf_counter() - t0, "imported": heavy}))
 """
@@ -199,10 +199,10 @@ def test_the_early_check_passes_supported_models_and_leaves_what_it_cannot_read(
 
 
 def test_vime_run_checks_again_once_the_model_is_resolved(tmp_path, monkeypatch):
-    """Called as a library (or with a known model name the early check could not resolve), :func:`vime_core.loop.run`
-    refuses the model after resolving it, before the output directory is written."""
-    from vime_core.arguments import build_run_config, parse_run_args
-    from vime_core.loop import run
+    """Called as a library (or with a known model name the early check could not resolve),
+    :func:`vime_core.run.loop.run` refuses the model after resolving it, before the output directory is written."""
+    from vime_core.cli.arguments import build_run_config, parse_run_args
+    from vime_core.run.loop import run
 
     model = write_model(tmp_path / "m", REFUSED["moe layout on a dense family"][0])
     out = tmp_path / "out"
@@ -216,7 +216,7 @@ def test_vime_run_checks_again_once_the_model_is_resolved(tmp_path, monkeypatch)
 
 
 def test_vime_models_prints_the_registry(capsys):
-    from vime_core.cli import main
+    from vime_core.cli.commands import main
 
     assert main(["models", "--json"]) == 0
     assert json.loads(capsys.readouterr().out) == families_table()

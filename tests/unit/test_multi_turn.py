@@ -16,9 +16,15 @@ from vime_core.agent.tool_parsers import (
     get_tool_parser,
     register_tool_parser,
 )
-from vime_core.plugins import get_plugins
+from vime_core.plugins.manager import get_plugins
 from vime_core.rollout.context import RolloutContext, set_rollout_context
-from vime_core.rollout.tools import calculator, load_tools, register_tool, registered_tools, tool_from_callable
+from vime_core.rollout.generators.tools import (
+    calculator,
+    load_tools,
+    register_tool,
+    registered_tools,
+    tool_from_callable,
+)
 from vime_core.testing.plugin_context import plugin_context
 from vime_core.testing.samples import mask_runs
 from vime_core.types import Sample, Status
@@ -41,7 +47,7 @@ def run(tok, script, *, prompt="What is 6 * 7?", max_tokens=200, **flags):
     backend = ScriptedResponder(tok, script, weight_version=5)
     set_rollout_context(RolloutContext(client=backend, tokenizer=tok, weight_version=5))
     try:
-        flags.setdefault("multi_turn_tools", ["vime_core.rollout.tools:calculator"])
+        flags.setdefault("multi_turn_tools", ["vime_core.rollout.generators.tools:calculator"])
         ctx = plugin_context(apply_chat_template=True, **flags)
         msgs = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
         s = asyncio.run(
@@ -219,12 +225,12 @@ def test_tool_registry_and_schema():
     assert asyncio.run(t.call({"a": 2, "b": 3.5})) == "5.5"
     register_tool(add, name="test_add_tool")
     assert "test_add_tool" in registered_tools()
-    assert [x.name for x in load_tools(["test_add_tool", "vime_core.rollout.tools:calculator"])] == [
+    assert [x.name for x in load_tools(["test_add_tool", "vime_core.rollout.generators.tools:calculator"])] == [
         "test_add_tool",
         "calculator",
     ]
     with pytest.raises(ValueError, match="duplicate"):
-        load_tools(["vime_core.rollout.tools:calculator", "vime_core.rollout.tools:calculator"])
+        load_tools(["vime_core.rollout.generators.tools:calculator", "vime_core.rollout.generators.tools:calculator"])
     with pytest.raises(ValueError, match="unknown tool"):
         load_tools(["no_such_tool_anywhere"])
 

@@ -55,7 +55,7 @@ def test_buckets_respect_the_size_and_keep_order():
 
 
 def test_broadcast_round_trip_is_bit_exact_over_gloo():
-    from vime_core.net import find_free_port
+    from vime_core.cluster.net import find_free_port
 
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()

@@ -16,12 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from vime_core.arguments import ArgumentError, build_parser, parse_run_args
-from vime_core.cli import main
-from vime_core.plugins import get_plugins
-from vime_core.registry import Lazy, Registry, RegistryError, check_subclass
-from vime_core.run_checks import check_model_weights, check_safetensors
-from vime_core.run_dir import check_output_dir, make_output_dir
+from vime_core.cli.arguments import ArgumentError, build_parser, parse_run_args
+from vime_core.cli.commands import main
+from vime_core.plugins.manager import get_plugins
+from vime_core.plugins.registry import Lazy, Registry, RegistryError, check_subclass
+from vime_core.run.output_dir import check_output_dir, make_output_dir
+from vime_core.run.preflight import check_model_weights, check_safetensors
 
 pytestmark = pytest.mark.unit
 
@@ -242,7 +242,7 @@ def test_a_dotted_reward_that_raises_is_one_line_through_the_cli(tmp_path, promp
 def test_a_lazily_registered_name_is_listed_without_import_and_checked_when_resolved():
     r = Registry("trainer", "--trainer", check_subclass("vime_core.sandbox.base:Sandbox"))
     r.add("local", Lazy("vime_core.sandbox.local:LocalSandbox"), "p", "d 1")
-    r.add("wrong", Lazy("vime_core.rollout.generate:generate"), "p", "d 1")
+    r.add("wrong", Lazy("vime_core.rollout.generators.default:generate"), "p", "d 1")
     r.add("missing", Lazy("vime_core.no_such_module:X"), "p", "d 1")
     assert r.names() == ["local", "missing", "wrong"]
     from vime_core.sandbox.local import LocalSandbox
@@ -251,8 +251,9 @@ def test_a_lazily_registered_name_is_listed_without_import_and_checked_when_reso
     with pytest.raises(RegistryError) as e:
         r.get("wrong")
     assert str(e.value) == (
-        "plugin 'p' (d 1) registers trainer 'wrong' = vime_core.rollout.generate.generate: expected a subclass of "
-        "vime_core.sandbox.base.Sandbox, found vime_core.rollout.generate.generate"
+        "plugin 'p' (d 1) registers trainer 'wrong' = vime_core.rollout.generators.default.generate: expected a "
+        "subclass of "
+        "vime_core.sandbox.base.Sandbox, found vime_core.rollout.generators.default.generate"
     )
     with pytest.raises(RegistryError) as e:
         r.get("missing")
@@ -353,7 +354,7 @@ HEAVY = ("torch", "transformers", "vllm", "ray")
 
 PROBE = """
 import sys
-from vime_core.cli import main
+from vime_core.cli.commands import main
 code = main(sys.argv[1:])
 print(code, sorted(m for m in {heavy!r} if m in sys.modules))
 """
@@ -389,9 +390,9 @@ def test_flag_and_file_errors_come_before_torch_transformers_vllm_and_ray_are_im
 
 
 def test_a_response_budget_that_leaves_no_room_for_a_prompt_is_refused(tiny_model_dir):
-    from vime_core.arguments import default_args
+    from vime_core.cli.arguments import default_args
     from vime_core.config import RunConfig
-    from vime_core.run_checks import check_response_room
+    from vime_core.run.preflight import check_response_room
 
     def cfg(**kw):
         return RunConfig.from_args(default_args(model=str(tiny_model_dir), **kw))

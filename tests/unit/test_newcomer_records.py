@@ -16,13 +16,13 @@ from types import SimpleNamespace
 
 import pytest
 
-from vime_core.arguments import ArgumentError, default_args, parse_run_args
-from vime_core.checkpoint import checkpoint_root, commit_checkpoint, new_checkpoint_dir
+from vime_core.cli.arguments import ArgumentError, default_args, parse_run_args
 from vime_core.config import RunConfig
+from vime_core.run.checkpoint import checkpoint_root, commit_checkpoint, new_checkpoint_dir
 from vime_core.run.checkpoint_schedule import roll_back_records, save_checkpoint
-from vime_core.run_checks import preflight
-from vime_core.run_dir import archive_records, finished_run, rotate_logs, share_like_outputs
-from vime_core.run_summary import completed_summary
+from vime_core.run.output_dir import archive_records, finished_run, rotate_logs, share_like_outputs
+from vime_core.run.preflight import preflight
+from vime_core.run.summary import completed_summary
 
 pytestmark = pytest.mark.unit
 
@@ -85,7 +85,7 @@ def test_a_finished_run_without_a_checkpoint_cannot_be_continued_and_says_so(tmp
 
 PROBE = """
 import sys
-from vime_core.cli import main
+from vime_core.cli.commands import main
 code = main(sys.argv[1:])
 print("exit", code, sorted(m for m in ("torch", "transformers", "vllm", "ray") if m in sys.modules))
 """

@@ -3,7 +3,7 @@ never retried and fails its sample at once with the status and vLLM's own messag
 engine failure are one log line, not one per sample; samples failing with the same error are one line plus a count.
 
 The engine here is a real HTTP server on 127.0.0.1 answering as vLLM does (its JSON error body), met by the real
-:class:`~vime_core.rollout.client.RouterClient`; the health monitor runs with the stand-ins of
+:class:`~vime_core.engines.client.RouterClient`; the health monitor runs with the stand-ins of
 ``tests/support/engine_stand_ins.py``.
 """
 
@@ -19,10 +19,10 @@ import httpx
 import pytest
 
 from tests.support.engine_stand_ins import FAST, Engine, Router, disk_recovery
+from vime_core.engines.answers import is_client_error
+from vime_core.engines.client import RouterClient, RouterClientError
+from vime_core.engines.health import EngineMonitor, generate_with_retries
 from vime_core.failures import FailureCause, classify_failure
-from vime_core.rollout.answers import is_client_error
-from vime_core.rollout.client import RouterClient, RouterClientError
-from vime_core.rollout.health import EngineMonitor, generate_with_retries
 from vime_core.testing.plugin_context import plugin_context
 from vime_core.types import Sample
 

@@ -1,5 +1,5 @@
 """A bad ``--vllm-*`` value fails in milliseconds (issue 35, part 2): the value rules of vLLM's server flags are
-read from its parser once per release and cached (:func:`vime_core.passthrough.vllm_flag_values`); a value they
+read from its parser once per release and cached (:func:`vime_core.config.passthrough.vllm_flag_values`); a value they
 decide is checked without importing vLLM (15-20 s on 2 cores). The verdicts and messages are compared with vLLM's
 own parser, run on the same values in one subprocess."""
 
@@ -10,9 +10,9 @@ import subprocess
 
 import pytest
 
-from vime_core.argument_errors import ArgumentError
-from vime_core.passthrough import cheap_value_error, engine_python, vllm_flag_values
-from vime_core.run_checks import check_vllm_values, forwarded_flags
+from vime_core.config.errors import ArgumentError
+from vime_core.config.passthrough import cheap_value_error, engine_python, vllm_flag_values
+from vime_core.run.preflight import check_vllm_values, forwarded_flags
 
 pytestmark = pytest.mark.unit
 
@@ -90,7 +90,7 @@ def test_a_bad_vllm_value_is_refused_without_importing_vllm(monkeypatch):
     def no_vllm_import(*a, **k):
         raise AssertionError("vLLM's parser was run")
 
-    monkeypatch.setattr("vime_core.run_checks.subprocess.run", no_vllm_import)
+    monkeypatch.setattr("vime_core.run.preflight.subprocess.run", no_vllm_import)
     with pytest.raises(ArgumentError) as e:
         check_vllm_values(["--max-model-len", "banana"])
     assert str(e.value) == "vLLM refuses argument --vllm-max-model-len: invalid human_readable_int_or_auto value: " \

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from vime_core.algorithms import policy_loss as policy_loss_module
-from vime_core.arguments import ArgumentError, parse_run_args
+from vime_core.cli.arguments import ArgumentError, parse_run_args
 from vime_core.testing.trainer_args import trainer_config
 from vime_core.types import RolloutBatch, Sample, Status
 

@@ -1,5 +1,5 @@
 """A server whose starter was killed (``kill -9`` of a run) is reaped by the next start
-(:func:`vime_core.rollout.process.reap_orphaned_servers`): vLLM's engine-core process outlives its API server and
+(:func:`vime_core.engines.process.reap_orphaned_servers`): vLLM's engine-core process outlives its API server and
 its manager otherwise, holding GBs of memory (seen after the resume test's kills)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from vime_core.rollout.process import OWNER_ENV, reap_orphaned_servers
+from vime_core.engines.process import OWNER_ENV, reap_orphaned_servers
 from vime_core.sandbox.base import owner_token
 
 pytestmark = pytest.mark.unit

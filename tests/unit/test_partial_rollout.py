@@ -11,10 +11,10 @@ import asyncio
 import pytest
 
 from tests.support.rollout import manager_with_hooks
-from vime_core.arguments import ArgumentError, parse_run_args
-from vime_core.rollout.client import GenerateOutput
+from vime_core.cli.arguments import ArgumentError, parse_run_args
+from vime_core.engines.client import GenerateOutput
 from vime_core.rollout.context import RolloutContext, set_rollout_context
-from vime_core.rollout.generate import generate as default_generate
+from vime_core.rollout.generators.default import generate as default_generate
 from vime_core.rollout.runner import prepare_resume
 from vime_core.testing.plugin_context import plugin_context
 from vime_core.types import Sample, Status

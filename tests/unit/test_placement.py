@@ -1,9 +1,10 @@
-"""The placement plan (:mod:`vime_core.placement`): exact layouts, and one test per refusal with its exact text."""
+"""The placement plan (:mod:`vime_core.cluster.placement`): exact layouts, and one test per refusal with its exact
+text."""
 
 import pytest
 
-from vime_core.arguments import ArgumentError, parse_run_args
-from vime_core.placement import NodeResources, PlacementError, ResourceFlags, plan_placement
+from vime_core.cli.arguments import ArgumentError, parse_run_args
+from vime_core.cluster.placement import NodeResources, PlacementError, ResourceFlags, plan_placement
 
 pytestmark = pytest.mark.unit
 

@@ -2,8 +2,8 @@
 
 import pytest
 
-from vime_core.plugins import Plugins
-from vime_core.registry import RegistryError
+from vime_core.plugins.manager import Plugins
+from vime_core.plugins.registry import RegistryError
 
 pytestmark = pytest.mark.unit
 

@@ -1,4 +1,4 @@
-"""No server child outlives the process that started it (:mod:`vime_core.rollout.process_guard`).
+"""No server child outlives the process that started it (:mod:`vime_core.engines.process_guard`).
 
 The server here is a real process tree shaped like vLLM's: an "API server" that starts an "engine core" child which
 ignores SIGTERM. It is started through :meth:`ManagedServer.start` (the code path of every engine and the router)
@@ -25,7 +25,7 @@ DRIVER = textwrap.dedent(
     import os, sys, threading, time
     from pathlib import Path
     import httpx
-    from vime_core.rollout.process import ManagedServer
+    from vime_core.engines.process import ManagedServer
 
     CORE = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"
     API = (
@@ -157,7 +157,7 @@ def _alive(pid: int) -> bool:
 REAPED_DRIVER = textwrap.dedent(
     """
     import subprocess, sys, time
-    from vime_core.rollout.process import start_run_reaper
+    from vime_core.engines.process import start_run_reaper
     start_run_reaper(grace_s=1.0)
     # like Ray's agents after a killed driver: a process of its own session that ignores SIGTERM and outlives it
     core = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"
@@ -216,9 +216,9 @@ def test_the_run_reaper_kills_the_drivers_descendants_whose_environment_lost_the
 
 
 def test_the_guard_pins_the_server_to_the_cores_it_is_given():
-    """``VIME_CPU_AFFINITY=0`` (:data:`vime_core.rollout.process_guard.CPU_AFFINITY_ENV`): the server and the threads
+    """``VIME_CPU_AFFINITY=0`` (:data:`vime_core.engines.process_guard.CPU_AFFINITY_ENV`): the server and the threads
     and processes it starts run on core 0 only; without it they keep every core of the starter."""
-    from vime_core.rollout.process import guarded
+    from vime_core.engines.process import guarded
 
     probe = [sys.executable, "-c", "import os, threading; t = threading.Thread(target=lambda: print(sorted("
              "os.sched_getaffinity(0)))); t.start(); t.join()"]  # fmt: skip
@@ -233,8 +233,8 @@ def test_the_guard_pins_the_server_to_the_cores_it_is_given():
 SIGINT_DRIVER = textwrap.dedent(
     """
     import os, signal, subprocess, sys, time
-    from vime_core import cli
-    from vime_core.rollout.process import start_run_reaper
+    from vime_core.cli import commands as cli
+    from vime_core.engines.process import start_run_reaper
 
     def fake_run(argv):
         start_run_reaper(grace_s=30.0)  # far longer than the test waits: only the driver's "reap now" can end it

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 from rich.console import Console
 
-from vime_core.progress import RolloutProgress, StepProgress, rollout_phase, step_line
+from vime_core.run.progress import RolloutProgress, StepProgress, rollout_phase, step_line
 
 pytestmark = pytest.mark.unit
 

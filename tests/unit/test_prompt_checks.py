@@ -1,4 +1,4 @@
-"""Prompt checks that need the tokenizer (:mod:`vime_core.rollout.prompt_checks`): a model directory without a
+"""Prompt checks that need the tokenizer (:mod:`vime_core.data.prompt_checks`): a model directory without a
 tokenizer, a missing chat template while ``--apply-chat-template`` is on, prompts longer than
 ``--rollout-max-prompt-len`` (left out and counted, or an error naming the file and line); and the rollout
 manager's buffer holds only the prompts that fit."""
@@ -12,9 +12,9 @@ import shutil
 import pytest
 
 from tests.support.rollout import manager_with_hooks
+from vime_core.data.prompt_checks import check_prompts, filter_overlong_prompts, load_tokenizer
 from vime_core.data.source import DataError, read_rows
-from vime_core.rollout.generate import encode_prompt
-from vime_core.rollout.prompt_checks import check_prompts, filter_overlong_prompts, load_tokenizer
+from vime_core.rollout.generators.default import encode_prompt
 
 pytestmark = pytest.mark.unit
 

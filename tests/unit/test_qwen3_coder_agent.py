@@ -17,13 +17,13 @@ from tests.support.qwen3_xml_calls import BAD_OFFSET, READ, REGISTER, TOOLS
 from tests.support.rollout import manager_with_hooks
 from vime_core.agent.qwen3_xml import Qwen3XMLToolParser
 from vime_core.agent.tool_parse_failures import ToolParseFailure
-from vime_core.arguments import default_args
+from vime_core.cli.arguments import default_args
 from vime_core.config import CodingAgentConfig
-from vime_core.context import PluginContext
-from vime_core.metrics import MetricsSink
-from vime_core.plugins import get_plugins
-from vime_core.rollout import coding_agent
+from vime_core.config.context import PluginContext
+from vime_core.plugins.manager import get_plugins
 from vime_core.rollout.context import RolloutContext, set_rollout_context
+from vime_core.rollout.generators import coding_agent
+from vime_core.run.metrics import MetricsSink
 from vime_core.testing.plugin_context import plugin_context
 from vime_core.types import Sample
 
@@ -179,7 +179,7 @@ MT_TOOLS = [read_file, register]
 
 def test_multi_turn_step_types_values_and_writes_failure_counts_to_metrics_jsonl(tiny_model_dir, tmp_path, tok):
     from vime_core.agent.responders import ScriptedResponder
-    from vime_core.rollout import multi_turn
+    from vime_core.rollout.generators import multi_turn
 
     script = [READ, REGISTER, BAD_OFFSET, CUT]
     m = manager_with_hooks(

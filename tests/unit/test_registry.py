@@ -6,9 +6,15 @@ import re
 import pytest
 
 from vime_core.agent.harness import AgentHarness
-from vime_core.plugins import Plugins, get_plugins
-from vime_core.protocols import AdvantageEstimator, GenerateFn, RewardFn
-from vime_core.registry import Registry, RegistryError, check_callable_signature, check_protocol, check_subclass
+from vime_core.plugins.manager import Plugins, get_plugins
+from vime_core.plugins.protocols import AdvantageEstimator, GenerateFn, RewardFn
+from vime_core.plugins.registry import (
+    Registry,
+    RegistryError,
+    check_callable_signature,
+    check_protocol,
+    check_subclass,
+)
 from vime_core.sandbox.local import LocalSandbox
 
 pytestmark = pytest.mark.unit
@@ -47,14 +53,14 @@ def test_unknown_name_lists_available_and_pip_hint():
 
 def test_dotted_path_goes_through_the_same_check():
     r = Registry("generate", "--generate", check_callable_signature("ctx", "sample", "sampling_params", is_async=True))
-    from vime_core.rollout.generate import generate
+    from vime_core.rollout.generators.default import generate
 
-    assert r.get("vime_core.rollout.generate:generate") is generate
-    assert r.get("vime_core.rollout.generate.generate") is generate
+    assert r.get("vime_core.rollout.generators.default:generate") is generate
+    assert r.get("vime_core.rollout.generators.default.generate") is generate
     with pytest.raises(RegistryError, match="cannot import module"):
         r.get("no_such_mod:fn")
     with pytest.raises(RegistryError, match="has no attribute"):
-        r.get("vime_core.rollout.generate:missing")
+        r.get("vime_core.rollout.generators.default:missing")
     with pytest.raises(RegistryError) as e:
         r.get("vime_core.rewards.simple:normalize_answer")
     assert str(e.value) == (

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from vime_core.cli import main
-from vime_core.report import (
+from vime_core.cli.commands import main
+from vime_core.run.report import (
     ALL_PANEL_IDS,
     LINE_PANELS,
     ReportError,
@@ -245,7 +245,7 @@ def test_flat_kl_and_loss_curves_say_why_on_the_plot_and_under_it(tmp_path):
     ],
 )  # fmt: skip
 def test_kl_panel_notes_follow_the_runs_flags(tmp_path, args, values, notes):
-    from vime_core.report import panel_notes
+    from vime_core.run.report import panel_notes
 
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps({"step": i, "train/ppo_kl": v}) + "\n"
                                                     for i, v in enumerate(values)))  # fmt: skip
@@ -255,7 +255,7 @@ def test_kl_panel_notes_follow_the_runs_flags(tmp_path, args, values, notes):
 
 
 def test_a_zero_policy_loss_of_a_group_of_one_says_nothing_was_trained(tmp_path):
-    from vime_core.report import panel_notes
+    from vime_core.run.report import panel_notes
 
     (tmp_path / "metrics.jsonl").write_text('{"step": 0, "train/pg_loss": 0.0}\n{"step": 1, "train/pg_loss": 0.0}\n')
     (tmp_path / "args.json").write_text('{"advantage_estimator": "grpo", "n_samples_per_prompt": 1}')

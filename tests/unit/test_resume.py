@@ -21,9 +21,9 @@ import pytest
 from tests.support.async_rollout import async_run_args, push_update, sleeping_generate
 from tests.support.engine_stand_ins import FAST, Engine, Router, disk_recovery
 from tests.support.rollout import manager_with_hooks
-from vime_core.arguments import ArgumentError, parse_run_args
-from vime_core.checkpoint import checkpoint_root, commit_checkpoint, latest_checkpoint, new_checkpoint_dir
-from vime_core.rollout.health import EngineMonitor, EnginesLostError
+from vime_core.cli.arguments import ArgumentError, parse_run_args
+from vime_core.engines.health import EngineMonitor, EnginesLostError
+from vime_core.run.checkpoint import checkpoint_root, commit_checkpoint, latest_checkpoint, new_checkpoint_dir
 from vime_core.run.checkpoint_schedule import TRAINED_PROMPTS_FILE, roll_back_records, should_save
 from vime_core.run.failed_step import stop_engines_lost as _stop_engines_lost
 from vime_core.run.state import RunState

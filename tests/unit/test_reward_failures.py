@@ -11,10 +11,10 @@ import pytest
 
 from tests.support.rollout import manager_with_hooks
 from vime_core import hookimpl
-from vime_core.arguments import ArgumentError, parse_run_args
+from vime_core.cli.arguments import ArgumentError, parse_run_args
+from vime_core.engines.client import RouterClientError
 from vime_core.failures import FailureCause, SampleFailure, classify_failure, failure_metrics, mark_failed
 from vime_core.rewards.call import call_group_reward, call_reward, validate_reward
-from vime_core.rollout.client import RouterClientError
 from vime_core.sandbox.base import SandboxInfraError
 from vime_core.testing.plugin_context import plugin_context
 from vime_core.types import Sample, Status

@@ -17,7 +17,7 @@ from vime_core.algorithms.rollout_correction import (
     mismatch_metrics,
     rollout_correction,
 )
-from vime_core.arguments import default_args
+from vime_core.cli.arguments import default_args
 from vime_core.config import AlgorithmConfig
 
 pytestmark = pytest.mark.unit

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from vime_core.rollout import router
+from vime_core.engines import router
 
 pytestmark = pytest.mark.unit
 

@@ -3,7 +3,7 @@
 
 import pytest
 
-from vime_core.rollout.router import router_policy
+from vime_core.engines.router import router_policy
 
 pytestmark = pytest.mark.unit
 

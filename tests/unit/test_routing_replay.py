@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 import torch
 
-from vime_core.rollout.client import RouterClient, RouterClientError, decode_routed_experts
-from vime_core.rollout.engine_api import ROUTED_EXPERTS_FLAG, routed_experts_launch
+from vime_core.engines.client import RouterClient, RouterClientError, decode_routed_experts
+from vime_core.engines.engine_api import ROUTED_EXPERTS_FLAG, routed_experts_launch
 from vime_core.run.debug_rollout import load_debug_rollout, save_debug_rollout
 from vime_core.testing.tiny_moe import build_tiny_moe
 from vime_core.trainer.routing_replay import RoutingReplay, RoutingReplayError, moe_shape
@@ -464,7 +464,7 @@ def test_generate_functions_carry_the_whole_sequences_routes(tiny_model_dir, gen
 
     from transformers import AutoTokenizer
 
-    from vime_core.plugins import get_plugins
+    from vime_core.plugins.manager import get_plugins
     from vime_core.rollout.context import RolloutContext, set_rollout_context
     from vime_core.testing.plugin_context import plugin_context
 
@@ -473,7 +473,9 @@ def test_generate_functions_carry_the_whole_sequences_routes(tiny_model_dir, gen
     engine = _RoutingResponder(tok, [call, "The answer is 42."] if generate == "multi_turn" else ["def f(): pass"])
     set_rollout_context(RolloutContext(client=engine, tokenizer=tok, weight_version=5))
     try:
-        flags = {"multi_turn_tools": ["vime_core.rollout.tools:calculator"]} if generate == "multi_turn" else {}
+        flags = (
+            {"multi_turn_tools": ["vime_core.rollout.generators.tools:calculator"]} if generate == "multi_turn" else {}
+        )
         ctx = plugin_context(apply_chat_template=True, **flags)
         s = asyncio.run(
             get_plugins().resolve("generate", generate)(

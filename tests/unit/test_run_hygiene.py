@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from vime_core.run_dir import LOCK_NAME, OutputDirLock
+from vime_core.run.output_dir import LOCK_NAME, OutputDirLock
 
 pytestmark = pytest.mark.unit
 
@@ -29,7 +29,7 @@ HOLDER = textwrap.dedent(
     """
     import sys, time
     from pathlib import Path
-    from vime_core.run_dir import OutputDirLock
+    from vime_core.run.output_dir import OutputDirLock
     OutputDirLock(Path(sys.argv[1])).acquire()
     print("held", flush=True)
     time.sleep(600)
@@ -44,7 +44,11 @@ def _env() -> dict[str, str]:
 def _vime(*argv: str, timeout: float = 300) -> tuple[subprocess.CompletedProcess, float]:
     t0 = time.monotonic()
     proc = subprocess.run(
-        [sys.executable, "-m", "vime_core.cli", *argv], capture_output=True, text=True, timeout=timeout, env=_env()
+        [sys.executable, "-m", "vime_core.cli", *argv],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=_env(),
     )
     return proc, time.monotonic() - t0
 

@@ -9,10 +9,10 @@ import json
 
 import pytest
 
-from vime_core.arguments import ArgumentError, parse_run_args, rollout_sampling_params
+from vime_core.cli.arguments import ArgumentError, parse_run_args, rollout_sampling_params
 from vime_core.config import EvalConfig, RolloutConfig
-from vime_core.evaluation import eval_sampling_params
-from vime_core.run_checks import check_vllm_values
+from vime_core.rollout.evaluation import eval_sampling_params
+from vime_core.run.preflight import check_vllm_values
 
 pytestmark = pytest.mark.unit
 

@@ -11,7 +11,7 @@ import warnings
 import pytest
 
 from vime_core.agent.harness import AgentHarness
-from vime_core.arguments import default_args
+from vime_core.cli.arguments import default_args
 from vime_core.config import PluginConfig, flag
 from vime_core.sandbox.limits import SandboxLimits
 from vime_core.sandbox.local import LocalSandbox

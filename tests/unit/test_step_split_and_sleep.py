@@ -9,8 +9,8 @@ import httpx
 import pytest
 import torch
 
-from vime_core.rollout.engine import VLLMServer
-from vime_core.rollout.fleet import EngineFleet
+from vime_core.engines.engine import VLLMServer
+from vime_core.engines.fleet import EngineFleet
 from vime_core.testing.plugin_context import run_config
 from vime_core.testing.trainer_args import trainer_config
 from vime_core.trainer.profile import PROFILE_DIR_ENV, PROFILE_ENV, profile_path

@@ -16,9 +16,9 @@ import pytest
 
 from vime_core.agent.responders import ScriptedResponder
 from vime_core.agent.tool_parsers import HermesToolParser, OpenAIJsonToolParser, ParseResult, get_tool_parser
-from vime_core.plugins import get_plugins
+from vime_core.plugins.manager import get_plugins
 from vime_core.rollout.context import RolloutContext, set_rollout_context
-from vime_core.rollout.tools import register_tool
+from vime_core.rollout.generators.tools import register_tool
 from vime_core.testing.plugin_context import plugin_context
 from vime_core.types import Sample, Status
 

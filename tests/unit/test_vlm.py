@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from vime_core.data.images import decode_image, normalise
+from vime_core.data.prompt_checks import check_images
 from vime_core.data.source import DataError
 from vime_core.data.vision_prompt import (
     encode_with_images,
@@ -26,9 +27,8 @@ from vime_core.data.vision_prompt import (
     image_token_id,
     load_processor,
 )
-from vime_core.rollout.engine_api import image_input_of
-from vime_core.rollout.generate import encode_sample_prompt
-from vime_core.rollout.prompt_checks import check_images
+from vime_core.engines.engine_api import image_input_of
+from vime_core.rollout.generators.default import encode_sample_prompt
 from vime_core.types import RolloutBatch, Sample, Status
 
 pytestmark = pytest.mark.unit
@@ -234,8 +234,8 @@ def test_multi_turn_with_an_image_in_a_tool_result_is_token_exact(tiny_vlm_dir, 
     (its image tokens included) not, and the second engine call carries both images in order."""
     from vime_core.agent.responders import ScriptedResponder, ScriptedTurn
     from vime_core.rollout.context import RolloutContext, set_rollout_context
-    from vime_core.rollout.multi_turn import _episode, _renderer
-    from vime_core.rollout.tools import tool_from_callable
+    from vime_core.rollout.generators.multi_turn import _episode, _renderer
+    from vime_core.rollout.generators.tools import tool_from_callable
     from vime_core.testing.plugin_context import plugin_context
 
     prompt_img, crop = figure(112, 56), figure(56, 56, "green")
@@ -428,8 +428,8 @@ def test_the_agent_gateway_takes_image_parts_in_user_turns_and_tool_results(tiny
     ],
 )
 def test_a_vlm_run_the_trainer_cannot_take_is_refused_before_ray(tiny_vlm_dir, tiny_model_dir, flags, message):
-    from vime_core.argument_errors import ArgumentError
-    from vime_core.run_checks import check_vlm_run
+    from vime_core.config.errors import ArgumentError
+    from vime_core.run.preflight import check_vlm_run
     from vime_core.testing.plugin_context import run_config
 
     check_vlm_run(run_config(freeze_vision_tower=True), tiny_vlm_dir)
@@ -444,8 +444,8 @@ def test_vime_runs_preflight_refuses_a_vlm_run_the_trainer_cannot_take(tiny_vlm_
     rows with their figures are read, then ``--lora-rank 8`` on the VLM stops the run with its one-line error."""
     from pathlib import Path
 
-    from vime_core.argument_errors import ArgumentError
-    from vime_core.run_checks import preflight
+    from vime_core.config.errors import ArgumentError
+    from vime_core.run.preflight import preflight
     from vime_core.testing.plugin_context import run_config
 
     data = Path(__file__).resolve().parents[2] / "examples" / "geo3k_vlm" / "data" / "train.jsonl"
@@ -486,7 +486,7 @@ def test_mrope_positions_are_qwen3_vls_too():
 def test_content_parts_carry_one_placeholder_per_image_and_vision_tokens_are_never_sampled(processor, tiny_model_dir):
     """vLLM 0.32 expands one placeholder per image itself: the client cuts each of the processor's runs to one token
     (and asks for the engine's expanded prompt to compare), and biases the policy's vision tokens away."""
-    from vime_core.rollout.client import RouterClient, RouterClientError, vision_token_ids
+    from vime_core.engines.client import RouterClient, RouterClientError, vision_token_ids
 
     a, b = figure(200, 100), figure(60, 90)
     messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "and"}, {"type": "image"}]}]
@@ -512,9 +512,9 @@ def test_content_parts_carry_one_placeholder_per_image_and_vision_tokens_are_nev
 def test_the_engines_echoed_prompt_is_decoded_and_must_be_the_processors():
     """0.32 with ``return_token_ids`` echoes the prompt it ran (images expanded) at the answer's top level, in a
     stream's first chunk; the msgspec answer keeps it and the client refuses an engine prompt that differs."""
-    from vime_core.rollout.answers import RouterClientError
-    from vime_core.rollout.engine_api import GENERATE_DECODER
-    from vime_core.rollout.image_input import check_engine_prompt
+    from vime_core.engines.answers import RouterClientError
+    from vime_core.engines.engine_api import GENERATE_DECODER
+    from vime_core.engines.image_input import check_engine_prompt
 
     body = (
         b'{"choices": [{"token_ids": [7], "logprobs": {"content": [{"logprob": -0.5}]}, "text": "x",'

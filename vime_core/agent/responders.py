@@ -1,8 +1,8 @@
 """Responders: what answers the gateway's engine calls — the policy behind vime's router, or a script.
 
 A responder is anything with ``async generate(prompt_ids, sampling_params, session_id) ->``
-:class:`~vime_core.rollout.client.GenerateOutput` (optionally ``async aclose()``), the call of
-:meth:`vime_core.rollout.client.RouterClient.generate`: :class:`RouterResponder` (the policy, one client per event
+:class:`~vime_core.engines.client.GenerateOutput` (optionally ``async aclose()``), the call of
+:meth:`vime_core.engines.client.RouterClient.generate`: :class:`RouterResponder` (the policy, one client per event
 loop) and :class:`ScriptedResponder` (fixed assistant turns, every call recorded, for deterministic tests).
 """
 
@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-from vime_core.rollout.client import GenerateOutput, RouterClient
+from vime_core.engines.client import GenerateOutput, RouterClient
 
 
 @runtime_checkable

@@ -15,7 +15,7 @@ from vime_core.algorithms.distill import distill_advantages, teacher_and_student
 from vime_core.algorithms.gae import gae
 from vime_core.algorithms.options import BATCH_WHITENED_ESTIMATORS, DISTILL_ESTIMATOR, distill_enabled
 from vime_core.config import AlgorithmConfig
-from vime_core.context import PluginContext
+from vime_core.config.context import PluginContext
 from vime_core.types import RolloutBatch, Sample
 
 AdvantageFn = Callable[[PluginContext, list[Sample]], list[list[float]]]

@@ -7,7 +7,7 @@ over-samples prompts and refills until enough groups pass (slime's ``--dynamic-s
 
 from __future__ import annotations
 
-from vime_core.context import PluginContext, takes_context
+from vime_core.config.context import PluginContext, takes_context
 from vime_core.types import Sample
 
 

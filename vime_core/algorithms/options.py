@@ -1,7 +1,7 @@
 """Algorithm options: what the flags of an :class:`~vime_core.config.AlgorithmConfig` imply, and the checks of
 their combination.
 
-The flags and their defaults are defined in :mod:`vime_core.arguments` (group "algorithm"). This module imports no
+The flags and their defaults are defined in :mod:`vime_core.cli.arguments` (group "algorithm"). This module imports no
 torch (the argument parser imports it).
 """
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 from vime_core.algorithms.advantages import grpo_advantages, outcome_returns, rloo_advantages
 from vime_core.algorithms.distill import distill_advantages, teacher_and_student_log_probs
 from vime_core.algorithms.filters import check_reward_nonzero_std
-from vime_core.context import takes_context
-from vime_core.hookspecs import hookimpl
+from vime_core.config.context import takes_context
+from vime_core.plugins.hookspecs import hookimpl
 from vime_core.types import Sample
 
 

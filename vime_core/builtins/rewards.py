@@ -1,6 +1,6 @@
 """Built-in reward functions (per sample) and group reward functions (see docs/rewards.md)."""
 
-from vime_core.hookspecs import hookimpl
+from vime_core.plugins.hookspecs import hookimpl
 from vime_core.rewards.dapo import dapo_math
 from vime_core.rewards.group import rank_reward
 from vime_core.rewards.math_answer import math_reward

@@ -1,7 +1,7 @@
 """Built-in sandbox backend ``local`` (see :mod:`vime_core.sandbox.local`) and the generic ``--sandbox*`` flags
 every backend reads through :meth:`vime_core.sandbox.Sandbox.from_context`."""
 
-from vime_core.hookspecs import hookimpl
+from vime_core.plugins.hookspecs import hookimpl
 from vime_core.sandbox.local import LocalSandbox
 
 

@@ -1,7 +1,7 @@
 """Built-in trainer backends and the Megatron flags of the ``megatron`` backend."""
 
-from vime_core.hookspecs import hookimpl
-from vime_core.registry import Lazy
+from vime_core.plugins.hookspecs import hookimpl
+from vime_core.plugins.registry import Lazy
 
 
 @hookimpl

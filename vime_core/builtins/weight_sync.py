@@ -1,7 +1,7 @@
 """Built-in weight-sync strategies and their flags."""
 
-from vime_core.hookspecs import hookimpl
-from vime_core.registry import Lazy
+from vime_core.plugins.hookspecs import hookimpl
+from vime_core.plugins.registry import Lazy
 
 
 @hookimpl

@@ -2,7 +2,7 @@
 
 Each component's section (:class:`RolloutConfig`, :class:`TrainerConfig`, ...; :class:`RunConfig` composes them)
 declares its own flags once (:func:`flag`); the ``vime run`` parser, the YAML loader and ``vime args`` are generated
-from the tree (:func:`vime_core.arguments.build_parser`). Plugins declare theirs as a :class:`PluginConfig`.
+from the tree (:func:`vime_core.cli.arguments.build_parser`). Plugins declare theirs as a :class:`PluginConfig`.
 How to read and extend it: docs/plugins.md and docs/architecture.md ("Flags").
 """
 

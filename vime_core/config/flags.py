@@ -90,7 +90,7 @@ def ref() -> Any:
 
 def passthrough() -> Any:
     """A dataclass field holding the ``--vllm-*`` (``vllm_args``) or ``--router-*`` (``router_args``) pass-through
-    list that :func:`vime_core.arguments.parse_run_args` splits off the command line."""
+    list that :func:`vime_core.cli.arguments.parse_run_args` splits off the command line."""
     return field(metadata={PASSTHROUGH: True})
 
 
@@ -131,7 +131,7 @@ class Section:
         """This section's flags read from parsed ``vime run`` arguments.
 
         :raises ConfigError: naming the missing flags when ``args`` lacks some (a hand-built Namespace; build it
-            with :func:`vime_core.arguments.default_args` instead).
+            with :func:`vime_core.cli.arguments.default_args` instead).
         """
         names = [f.name for f in fields(cls)]  # type: ignore[arg-type]
         missing = [n for n in names if not hasattr(args, n)]
@@ -139,7 +139,7 @@ class Section:
             flags = ", ".join(n if n in PASSTHROUGH_DESTS else "--" + n.replace("_", "-") for n in missing)
             raise ConfigError(
                 f"{cls.__name__} needs the flags {flags}, which the arguments lack; build the Namespace with "
-                "vime_core.arguments.default_args(**overrides) (every flag at its default) or parse_run_args(argv)"
+                "vime_core.cli.arguments.default_args(**overrides) (every flag at its default) or parse_run_args(argv)"
             )
         return cls(**{n: getattr(args, n) for n in names})
 

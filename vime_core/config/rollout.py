@@ -458,7 +458,7 @@ class MultiTurnConfig(Section):
         default=None,
         metavar="SPEC",
         help="tools: 'pkg.mod:obj' (callable, Tool, list or dict of them), a module that registers tools "
-        "with vime_core.rollout.tools.register_tool, or a registered name (default: all registered)",
+        "with vime_core.rollout.generators.tools.register_tool, or a registered name (default: all registered)",
     )
     multi_turn_tool_parser: str = flag(
         default="hermes",

@@ -227,7 +227,7 @@ class RunConfig:
     @classmethod
     def from_args(cls, args: argparse.Namespace, plugin_configs: tuple[type[PluginConfig], ...] = ()) -> RunConfig:
         """Every section read from parsed ``vime run`` arguments, and each of ``plugin_configs`` (the classes the
-        installed plugins register: :func:`vime_core.arguments.build_run_config` passes them).
+        installed plugins register: :func:`vime_core.cli.arguments.build_run_config` passes them).
 
         :raises ConfigError: when ``args`` lacks flags (see :meth:`Section.from_args`).
         """
@@ -267,7 +267,8 @@ class RunConfig:
                 return p
         raise ConfigError(
             f"this run's config holds no {cls.__qualname__} flags: the plugin that declares them is not installed "
-            "or not loaded, or the config was built without plugin_configs (use vime_core.arguments.build_run_config)"
+            "or not loaded, or the config was built without plugin_configs (use "
+            "vime_core.cli.arguments.build_run_config)"
         )
 
 

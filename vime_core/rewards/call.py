@@ -14,7 +14,7 @@ import numbers
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from vime_core.context import PluginContext
+from vime_core.config.context import PluginContext
 from vime_core.failures import FailureCause, SampleFailure
 from vime_core.types import Sample
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 
-from vime_core.context import PluginContext, takes_context
+from vime_core.config.context import PluginContext, takes_context
 from vime_core.rewards.simple import strip_thinking
 from vime_core.types import Sample
 

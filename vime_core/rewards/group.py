@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 
-from vime_core.context import PluginContext, takes_context
+from vime_core.config.context import PluginContext, takes_context
 from vime_core.rewards.call import call_reward
 from vime_core.types import Sample
 

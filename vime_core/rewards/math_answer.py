@@ -18,7 +18,7 @@ import threading
 
 import pebble
 
-from vime_core.context import PluginContext, takes_context
+from vime_core.config.context import PluginContext, takes_context
 from vime_core.failures import FailureCause, SampleFailure
 from vime_core.rewards.simple import strip_thinking
 from vime_core.types import Sample

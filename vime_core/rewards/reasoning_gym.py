@@ -16,7 +16,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from vime_core.context import takes_context
+from vime_core.config.context import takes_context
 
 logger = logging.getLogger("vime.rewards")
 

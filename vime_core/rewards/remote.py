@@ -16,7 +16,7 @@ from typing import Any
 
 import httpx
 
-from vime_core.context import PluginContext, takes_context
+from vime_core.config.context import PluginContext, takes_context
 from vime_core.failures import FailureCause, SampleFailure
 from vime_core.types import Sample
 

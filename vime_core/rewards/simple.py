@@ -14,7 +14,7 @@ import string
 import unicodedata
 from typing import Any
 
-from vime_core.context import PluginContext, takes_context
+from vime_core.config.context import PluginContext, takes_context
 from vime_core.types import Sample
 
 _ARTICLES = re.compile(r"\b(a|an|the)\b")

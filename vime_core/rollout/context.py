@@ -1,6 +1,6 @@
 """Deprecated (goes in vime 0.2): the engines a generate function used before they came on its context.
 
-A plugin function reads them from the context it is handed: ``ctx.engines`` (:class:`vime_core.context.Engines`:
+A plugin function reads them from the context it is handed: ``ctx.engines`` (:class:`vime_core.config.context.Engines`:
 the router client, the tokenizer, the served weight version). Until 0.2, :func:`get_rollout_context` still answers
 inside a plugin call of vime's rollout (the group runner sets the engines of each call), and
 :func:`set_rollout_context` installs engines for a context built without them (tests written for 0.1).
@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import warnings
 
-from vime_core.context import CURRENT_ENGINES, Engines
+from vime_core.config.context import CURRENT_ENGINES, Engines
 
-#: the old name of :class:`vime_core.context.Engines`
+#: the old name of :class:`vime_core.config.context.Engines`
 RolloutContext = Engines
 
 __all__ = ["RolloutContext", "get_rollout_context", "set_rollout_context"]

@@ -1,5 +1,5 @@
 """What the group side of the rollout actor asks of the engine side: a small protocol, so that the group producer,
-over-sampling and the fully-async producer depend on it instead of on :class:`~vime_core.rollout.fleet.EngineFleet`
+over-sampling and the fully-async producer depend on it instead of on :class:`~vime_core.engines.fleet.EngineFleet`
 or the rollout manager (no import runs back from them to either).
 """
 
@@ -9,7 +9,7 @@ from typing import Protocol
 
 
 class EngineHealth(Protocol):
-    """The engine fleet as the group producer sees it (:class:`~vime_core.rollout.fleet.EngineFleet` is one)."""
+    """The engine fleet as the group producer sees it (:class:`~vime_core.engines.fleet.EngineFleet` is one)."""
 
     def check_engines(self) -> None:
         """Raise if the engines are lost (dead engine, or every engine gone under the health monitor)."""

@@ -17,12 +17,12 @@ from pathlib import Path
 from typing import Any
 
 from vime_core.config import EvalConfig, RolloutConfig
+from vime_core.config.context import PluginContext, legacy_args
 from vime_core.config.sampling import sampling_params
-from vime_core.context import PluginContext, legacy_args
 from vime_core.data.source import DataSource, new_group
-from vime_core.evaluation import dump_eval_samples, eval_metrics
 from vime_core.failures import RunFailedError, failure_metrics, raise_if_all_failed
 from vime_core.rollout.async_producer import AsyncRolloutProducer
+from vime_core.rollout.evaluation import dump_eval_samples, eval_metrics
 from vime_core.rollout.fleet_view import EngineHealth
 from vime_core.rollout.overlong import overlong_metrics
 from vime_core.rollout.oversample import collect_groups
@@ -214,7 +214,7 @@ class GroupProducer:
         ``--save-eval-samples`` they are written to ``OUTPUT_DIR/eval_samples/<name>/step_<step>.jsonl``.
 
         :param step: finished training steps (the metric step and the dump's file name).
-        :return: ``eval/<name>/*`` metrics of every set (:func:`vime_core.evaluation.eval_metrics`) plus
+        :return: ``eval/<name>/*`` metrics of every set (:func:`vime_core.rollout.evaluation.eval_metrics`) plus
             ``eval/weight_version`` and ``perf/eval_time`` (seconds).
         :raises RunFailedError: if every sample of a set failed (the first error is included; one ``vime: error:``
             line).

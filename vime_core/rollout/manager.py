@@ -1,12 +1,12 @@
 """The rollout manager: the rollout actor's face, composed of two parts, each built with its collaborators.
 
-* :class:`~vime_core.rollout.fleet.EngineFleet`: engines, router, router client, health monitor and weight
+* :class:`~vime_core.engines.fleet.EngineFleet`: engines, router, router client, health monitor and weight
   recovery, LoRA adapters, teacher engines; weight updates.
 * :class:`~vime_core.rollout.group_producer.GroupProducer`: the group runner, over-sampling, the fully-async
   producer and its admission, evaluations, and the data buffer (:class:`~vime_core.data.source.DataSource`) it
   draws from and checkpoints; the manager builds the buffer and keeps no reference to it.
 
-It runs as a Ray actor in ``vime run`` (see :mod:`vime_core.orchestration`) but is a plain class, usable
+It runs as a Ray actor in ``vime run`` (see :mod:`vime_core.cluster.orchestration`) but is a plain class, usable
 without Ray (tests, notebooks).
 """
 
@@ -19,13 +19,13 @@ from pathlib import Path
 from typing import Any
 
 from vime_core.config import RunConfig
-from vime_core.context import Engines, PluginContext
+from vime_core.config.context import Engines, PluginContext
+from vime_core.data.prompt_checks import filter_overlong_prompts
 from vime_core.data.source import DataSource, read_rows
-from vime_core.evaluation import load_eval_sets
-from vime_core.plugins import get_plugins
-from vime_core.rollout.fleet import EngineFleet
+from vime_core.engines.fleet import EngineFleet
+from vime_core.plugins.manager import get_plugins
+from vime_core.rollout.evaluation import load_eval_sets
 from vime_core.rollout.group_producer import GroupProducer
-from vime_core.rollout.prompt_checks import filter_overlong_prompts
 from vime_core.rollout.runner import GroupRunner
 from vime_core.types import Sample
 from vime_core.weight_sync.base import WeightUpdate
@@ -38,13 +38,13 @@ class RolloutManager:
 
     :param config: the run's configuration; the manager reads its sections ``config`` (its
         :class:`~vime_core.config.RolloutConfig`), ``engine_config``, ``eval_config``, ``data`` and ``lora``, and
-        hands ``ctx`` (a :class:`~vime_core.context.PluginContext` of it, with the fleet's engines and the loaded
-        plugins) to the plugin functions and hooks.
+        hands ``ctx`` (a :class:`~vime_core.config.context.PluginContext` of it, with the fleet's engines and the
+        loaded plugins) to the plugin functions and hooks.
     :param model_path: HF directory the engines serve (and whose tokenizer prompts are encoded with).
-    :param placement: ``(plan, placement_group)`` from :mod:`vime_core.orchestration`: each engine
-        is then started by an engine actor on its bundle (:mod:`vime_core.rollout.engine_actor`); ``None``: engines
+    :param placement: ``(plan, placement_group)`` from :mod:`vime_core.cluster.orchestration`: each engine
+        is then started by an engine actor on its bundle (:mod:`vime_core.engines.engine_actor`); ``None``: engines
         are subprocesses of this process (tests, notebooks).
-    :param progress: a :class:`vime_core.progress.RolloutProgress` actor told how many samples of
+    :param progress: a :class:`vime_core.run.progress.RolloutProgress` actor told how many samples of
         :meth:`generate` have finished (for the live progress bar), or ``None``.
     """
 
@@ -134,7 +134,7 @@ class RolloutManager:
     # -- lifecycle -------------------------------------------------------------------------------------------------
     def start(self) -> dict[str, Any]:
         """Start the engines (in parallel) and the router (or attach to ``--vllm-router-ip/port``); see
-        :meth:`EngineFleet.start <vime_core.rollout.fleet.EngineFleet.start>`. The group runner then scores with the
+        :meth:`EngineFleet.start <vime_core.engines.fleet.EngineFleet.start>`. The group runner then scores with the
         teacher engines and regenerates under the health monitor."""
         info = self.fleet.start(self.weight_version)
         self.runner.teacher = self.fleet.teacher
@@ -198,23 +198,23 @@ class RolloutManager:
 
     def sleep_engines(self) -> dict[str, float]:
         """``--colocate``: every engine frees its GPU memory for the trainer (:meth:`EngineFleet.sleep_engines
-        <vime_core.rollout.fleet.EngineFleet.sleep_engines>`: level 2 when the weight sync rewrites every weight).
+        <vime_core.engines.fleet.EngineFleet.sleep_engines>`: level 2 when the weight sync rewrites every weight).
         :return: ``perf/sleep_level``."""
         return self.fleet.sleep_engines()
 
     def wake_engines(self) -> dict[str, float]:
         """``--colocate``: every engine takes its GPU memory back before the weight update (:meth:`EngineFleet.
-        wake_engines <vime_core.rollout.fleet.EngineFleet.wake_engines>`). :return: its ``perf/wake_*`` split."""
+        wake_engines <vime_core.engines.fleet.EngineFleet.wake_engines>`). :return: its ``perf/wake_*`` split."""
         return self.fleet.wake_engines()
 
     def check_engines(self) -> None:
         """Raise if an engine is lost (:meth:`EngineFleet.check_engines
-        <vime_core.rollout.fleet.EngineFleet.check_engines>`)."""
+        <vime_core.engines.fleet.EngineFleet.check_engines>`)."""
         self.fleet.check_engines()
 
     def check_weight_dir(self, path: str, nonce: str) -> list[str]:
         """Whether every engine's node reads ``nonce`` from ``path`` (:meth:`EngineFleet.check_weight_dir
-        <vime_core.rollout.fleet.EngineFleet.check_weight_dir>`): one reason per engine that cannot."""
+        <vime_core.engines.fleet.EngineFleet.check_weight_dir>`): one reason per engine that cannot."""
         return self.fleet.check_weight_dir(path, nonce)
 
     # -- state -----------------------------------------------------------------------------------------------------

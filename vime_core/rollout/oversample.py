@@ -15,7 +15,7 @@ import time
 from collections.abc import Awaitable, Callable
 
 from vime_core.config import RolloutConfig
-from vime_core.context import PluginContext
+from vime_core.config.context import PluginContext
 from vime_core.data.source import DataSource
 from vime_core.failures import RunFailedError
 from vime_core.rollout.async_producer import fresh_copy
@@ -59,7 +59,7 @@ async def collect_groups(
 
     ``runner`` generates and scores the groups ``data_source`` hands out (``--partial-rollout`` groups go back to
     it); ``dynamic_filter(ctx, group)`` keeps or drops a finished group; ``abort()`` aborts the requests in flight
-    on every engine (:meth:`~vime_core.rollout.fleet.EngineFleet.abort_inflight`).
+    on every engine (:meth:`~vime_core.engines.fleet.EngineFleet.abort_inflight`).
 
     Refill rule: a new chunk of ``--over-sampling-batch-size`` groups is requested when the groups kept plus the
     groups in flight are fewer than the batch, until ``--dynamic-sampling-max-rounds`` chunks were requested; then

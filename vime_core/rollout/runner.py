@@ -22,12 +22,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vime_core.config import RolloutConfig
+from vime_core.config.context import CURRENT_ENGINES, PluginContext, ServedVersion, legacy_args
 from vime_core.config.sampling import sampling_params
-from vime_core.context import CURRENT_ENGINES, PluginContext, ServedVersion, legacy_args
 from vime_core.data.source import name_prompt_source
+from vime_core.engines.health import EngineMonitor, generate_with_retries
 from vime_core.failures import FailureCause, classify_failure, mark_failed
 from vime_core.rewards.call import call_group_reward, call_reward
-from vime_core.rollout.health import EngineMonitor, generate_with_retries
 from vime_core.rollout.overlong import apply_overlong
 from vime_core.types import Sample, Status
 
@@ -79,10 +79,11 @@ class GroupRunner:
     :param reward_fn: the ``--reward`` function.
     :param hook: the plugin manager's hook relay (``vime_on_sample`` is called for every training sample).
     :param group_reward_fn: the ``--group-reward`` function, or ``None``.
-    :param progress: a :class:`vime_core.progress.RolloutProgress` actor told how many samples finished, or ``None``.
+    :param progress: a :class:`vime_core.run.progress.RolloutProgress` actor told how many samples finished, or
+    ``None``.
     :ivar monitor: the engine health monitor; a sample whose engine or router failed under it is regenerated
-        (:func:`vime_core.rollout.health.generate_with_retries`); ``None``: one attempt.
-    :ivar teacher: the :class:`~vime_core.rollout.teacher.TeacherEngines` scoring training samples, or ``None``.
+        (:func:`vime_core.engines.health.generate_with_retries`); ``None``: one attempt.
+    :ivar teacher: the :class:`~vime_core.engines.teacher.TeacherEngines` scoring training samples, or ``None``.
     :ivar weight_version: the weight version the engines serve (a resumed sample's off-policy prefix is older):
         ``ctx.engines``' holder, or one of the runner's own for a context without engines.
     :ivar aborting: set while the requests in flight are being aborted; a sample still waiting is not sent.

@@ -1,6 +1,6 @@
 """When ``vime run`` checkpoints (:func:`should_save`), what a checkpoint holds of the run's actors
 (:func:`save_checkpoint`), and what a resume rolls back of the run's records (:func:`roll_back_records`,
-``trained_prompts.jsonl``). The layout itself: :mod:`vime_core.checkpoint`."""
+``trained_prompts.jsonl``). The layout itself: :mod:`vime_core.run.checkpoint`."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from vime_core.checkpoint import commit_checkpoint, new_checkpoint_dir
+from vime_core.cluster.orchestration import call
 from vime_core.config import LoggingConfig
-from vime_core.orchestration import call
+from vime_core.run.checkpoint import commit_checkpoint, new_checkpoint_dir
 from vime_core.types import Sample
 
 
@@ -28,7 +28,7 @@ def should_save(log: LoggingConfig, steps_done: int, seconds_since_save: float) 
 def save_checkpoint(
     log: LoggingConfig, out: Path, step: int, version: int, trainer, rollout, unconsumed: list[list[Sample]]
 ) -> Path:
-    """Checkpoint after ``step`` finished steps (:mod:`vime_core.checkpoint`); ``unconsumed`` groups (taken from
+    """Checkpoint after ``step`` finished steps (:mod:`vime_core.run.checkpoint`); ``unconsumed`` groups (taken from
     the buffer, not yet trained) are saved with the buffer so a resume trains them next."""
     tmp = new_checkpoint_dir(out, step)
     trainer.save_checkpoint(str(tmp / "trainer"))

@@ -8,14 +8,14 @@ from typing import Any
 
 from rich.console import Console
 
+from vime_core.cluster.orchestration import call
 from vime_core.config import RunConfig
-from vime_core.evaluation import eval_line
-from vime_core.metrics import MetricsSink, wandb_config
-from vime_core.orchestration import call
-from vime_core.progress import console, summary_lines
+from vime_core.rollout.evaluation import eval_line
 from vime_core.rollout.manager import RolloutManager
-from vime_core.run_checks import Preflight, preflight
-from vime_core.run_dir import OutputDirLock, archive_records, write_json_atomic
+from vime_core.run.metrics import MetricsSink, wandb_config
+from vime_core.run.output_dir import OutputDirLock, archive_records, write_json_atomic
+from vime_core.run.preflight import Preflight, preflight
+from vime_core.run.progress import console, summary_lines
 
 
 def evaluate(cfg: RunConfig, flags: dict[str, Any], checked: Preflight | None = None) -> dict[str, Any]:
@@ -25,9 +25,9 @@ def evaluate(cfg: RunConfig, flags: dict[str, Any], checked: Preflight | None = 
 
     The manager runs in this process (no Ray: there is no trainer to place).
 
-    :param cfg: built by the CLI from :func:`vime_core.arguments.parse_run_args` with ``command="eval"``.
+    :param cfg: built by the CLI from :func:`vime_core.cli.arguments.parse_run_args` with ``command="eval"``.
     :param flags: every resolved flag by name (``args.json``, the W&B run config).
-    :param checked: :func:`~vime_core.run_checks.preflight`'s result when the caller ran it (``None``: run it here).
+    :param checked: :func:`~vime_core.run.preflight.preflight`'s result when the caller ran it (``None``: run it here).
     :return: the ``eval/*`` metrics plus ``model`` and ``output_dir``.
     :raises DataError: an unreadable eval set (before any engine starts).
     """

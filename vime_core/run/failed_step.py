@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 
-from vime_core.rollout.health import EnginesLostError
+from vime_core.engines.health import EnginesLostError
 from vime_core.run.checkpoint_schedule import TRAINED_PROMPTS_FILE, append_jsonl, save_checkpoint
 from vime_core.run.state import RunState
 from vime_core.weight_sync.base import WeightWriteError

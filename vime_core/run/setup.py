@@ -9,16 +9,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-from vime_core.checkpoint import latest_checkpoint
+from vime_core.cluster.orchestration import driver_node_id, place, remote_actor, wait_setup
 from vime_core.config import RunConfig
-from vime_core.metrics import MetricsSink, wandb_config
-from vime_core.orchestration import driver_node_id, place, remote_actor, wait_setup
-from vime_core.progress import RolloutProgress, console
 from vime_core.rollout.manager import RolloutManager
+from vime_core.run.checkpoint import latest_checkpoint
 from vime_core.run.checkpoint_schedule import roll_back_records
+from vime_core.run.metrics import MetricsSink, wandb_config
+from vime_core.run.output_dir import read_summary, write_json_atomic
+from vime_core.run.preflight import Preflight
+from vime_core.run.progress import RolloutProgress, console
 from vime_core.run.state import RunState
-from vime_core.run_checks import Preflight
-from vime_core.run_dir import read_summary, write_json_atomic
 from vime_core.trainer.group import TrainerGroup
 
 

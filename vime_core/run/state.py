@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from vime_core.config import LoggingConfig, RunConfig
-from vime_core.metrics import MetricsSink
+from vime_core.run.metrics import MetricsSink
 from vime_core.run.step_source import GroupSource
 
 

@@ -6,14 +6,14 @@ import logging
 import time
 
 from vime_core.algorithms.batch import build_batch
+from vime_core.cluster.orchestration import call
 from vime_core.config import RunConfig
-from vime_core.context import PluginContext
-from vime_core.metrics import staleness_histogram
-from vime_core.orchestration import call
-from vime_core.plugins import get_plugins
-from vime_core.progress import StepProgress
-from vime_core.rollout.health import engines_lost
+from vime_core.config.context import PluginContext
+from vime_core.engines.health import engines_lost
+from vime_core.plugins.manager import get_plugins
 from vime_core.run.debug_rollout import save_debug_rollout
+from vime_core.run.metrics import staleness_histogram
+from vime_core.run.progress import StepProgress
 
 logger = logging.getLogger("vime.loop")
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from vime_core.cluster.orchestration import call
 from vime_core.config import RolloutConfig
-from vime_core.orchestration import call
-from vime_core.progress import StepProgress, rollout_phase
 from vime_core.rollout.group_producer import rollout_metrics
 from vime_core.run.debug_rollout import load_debug_rollout
+from vime_core.run.progress import StepProgress, rollout_phase
 from vime_core.types import Sample
 
 logger = logging.getLogger("vime.loop")

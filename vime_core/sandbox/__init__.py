@@ -2,7 +2,7 @@
 
 ``local`` is built in (:mod:`vime_core.sandbox.local`); ``docker``, ``localvm``, ``e2b`` and ``modal`` are plugins.
 Use :func:`open_sandbox` to build the one a run asks for (``--sandbox NAME``, resolved by the plugins on the
-context), and :func:`vime_core.plugins.cleanup_all` (or ``vime sandbox cleanup``) to remove what killed vime
+context), and :func:`vime_core.plugins.manager.cleanup_all` (or ``vime sandbox cleanup``) to remove what killed vime
 processes left behind.
 """
 
@@ -19,12 +19,12 @@ __all__ = [*base.__all__, "open_sandbox"]
 
 def open_sandbox(ctx: Any = None, name: str | None = None, **kwargs: Any) -> Sandbox:
     """A not-yet-started sandbox of backend ``name`` (default: the run's ``--sandbox``, else ``local``), built from
-    the run's :class:`~vime_core.context.PluginContext` ``ctx`` by the backend's
+    the run's :class:`~vime_core.config.context.PluginContext` ``ctx`` by the backend's
     :meth:`~vime_core.sandbox.base.Sandbox.from_context` (``None``: the backend's defaults); use it as
     ``async with open_sandbox(ctx) as sb: ...``. Keywords go to the constructor. The name is resolved by the
     plugins the context carries (``ctx.plugins``); without them only ``local`` can be opened.
 
-    :raises vime_core.registry.RegistryError: unknown backend name.
+    :raises vime_core.plugins.registry.RegistryError: unknown backend name.
     :raises ValueError: a backend other than ``local`` without a context that carries the plugins.
     """
     name = name or (ctx.sandbox.sandbox if ctx is not None else None) or "local"

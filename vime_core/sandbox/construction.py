@@ -33,14 +33,14 @@ class SandboxConstruction:
 
     @classmethod
     def from_context(cls, ctx: Any, **kwargs: Any) -> Self:
-        """Build a sandbox for a run from its :class:`~vime_core.context.PluginContext`: :meth:`from_config` of
+        """Build a sandbox for a run from its :class:`~vime_core.config.context.PluginContext`: :meth:`from_config` of
         its sandbox section and the backend's own flags (``ctx.plugin(FLAGS)``). Keywords win.
 
         A backend written for vime 0.x (it overrides :meth:`from_args` only, or declares :attr:`FLAG_KWARGS`
         without :attr:`FLAGS`) is built by its ``from_args`` from the run's Namespace, with a
         ``DeprecationWarning``.
         """
-        from vime_core.context import legacy_args, overrides_from_args_only, warn_built_from_args
+        from vime_core.config.context import legacy_args, overrides_from_args_only, warn_built_from_args
 
         legacy = cls.FLAGS is None and bool(cls.FLAG_KWARGS)  # 0.x: FLAG_KWARGS names attributes of the Namespace
         if legacy or overrides_from_args_only(cls, SandboxConstruction):

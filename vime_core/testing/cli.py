@@ -17,7 +17,11 @@ def run_vime(*argv: str, timeout: float = 900) -> subprocess.CompletedProcess:
     """
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     proc = subprocess.run(
-        [sys.executable, "-m", "vime_core.cli", *argv], capture_output=True, text=True, timeout=timeout, env=env
+        [sys.executable, "-m", "vime_core.cli", *argv],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
     )
     if proc.returncode != 0:
         raise AssertionError(

@@ -1,11 +1,11 @@
 """A generate function for end-to-end tests of code-running rollouts with a tiny random model.
 
-It is the real ``multi_turn`` generate function (:mod:`vime_core.rollout.multi_turn`: the episode's sandbox from
-``--sandbox``/``--sandbox-*``, the shell tool of ``--multi-turn-sandbox-tool``, tool results as non-trainable
-tokens), with one change: every engine call is constrained by vLLM structured outputs (a regex) to be exactly one
-call of that shell tool running :data:`FORCED_COMMAND`. A random model then exercises the sandbox
-deterministically: with ``--multi-turn-max-turns 2`` each episode runs the command once, and its result
-(``exit code: 0\\nstdout:\\n42\\n``) is in ``sample.metadata["tool_calls"]``.
+It is the real ``multi_turn`` generate function (:mod:`vime_core.rollout.generators.multi_turn`: the episode's sandbox
+from ``--sandbox``/``--sandbox-*``, the shell tool of ``--multi-turn-sandbox-tool``, tool results as non-trainable
+tokens), with one change: every engine call is constrained by vLLM structured outputs (a regex) to be exactly one call
+of that shell tool running :data:`FORCED_COMMAND`. A random model then exercises the sandbox deterministically: with
+``--multi-turn-max-turns 2`` each episode runs the command once, and its result (``exit code: 0\\nstdout:\\n42\\n``) is
+in ``sample.metadata["tool_calls"]``.
 
 Use: ``vime run --generate vime_core.testing.forced_tool_call:generate --multi-turn-sandbox-tool bash --sandbox NAME
 --multi-turn-max-turns 2 ...`` (the engine must support ``structured_outputs``, as vLLM does).
@@ -16,8 +16,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from vime_core.context import PluginContext, takes_context
-from vime_core.rollout.multi_turn import generate as multi_turn
+from vime_core.config.context import PluginContext, takes_context
+from vime_core.rollout.generators.multi_turn import generate as multi_turn
 from vime_core.types import Sample
 
 FORCED_COMMAND = "python3 -c 'print(6*7)'"

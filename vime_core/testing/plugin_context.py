@@ -1,15 +1,15 @@
-"""A run's :class:`~vime_core.context.PluginContext` and :class:`~vime_core.config.RunConfig` without ``vime run``,
-for tests and the contract kit: every flag at its default, overridable by keyword (flag names with underscores),
+"""A run's :class:`~vime_core.config.context.PluginContext` and :class:`~vime_core.config.RunConfig` without ``vime
+run``, for tests and the contract kit: every flag at its default, overridable by keyword (flag names with underscores),
 with the loaded plugins and, where given, the engines a generate function uses."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from vime_core.arguments import build_parser, build_run_config, complete_args, default_args
+from vime_core.cli.arguments import build_parser, build_run_config, complete_args, default_args
 from vime_core.config import RunConfig
-from vime_core.context import Engines, PluginContext
-from vime_core.plugins import get_plugins
+from vime_core.config.context import Engines, PluginContext
+from vime_core.plugins.manager import get_plugins
 
 
 def run_config(**overrides: Any) -> RunConfig:

@@ -16,7 +16,7 @@ import subprocess
 import sys
 import time
 
-from vime_core.plugins import get_plugins
+from vime_core.plugins.manager import get_plugins
 from vime_core.sandbox import SandboxLimits
 
 

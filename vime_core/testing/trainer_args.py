@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from vime_core.arguments import default_args
+from vime_core.cli.arguments import default_args
 from vime_core.config import RunConfig
 
 
@@ -16,8 +16,8 @@ def trainer_config(**overrides: Any) -> RunConfig:
 
 
 def trainer_args(**overrides: Any) -> argparse.Namespace:
-    """A trainer backend's arguments: every flag at its default (:func:`vime_core.arguments.default_args`: plain GRPO
-    loss, no KL, no critic, Megatron at one GPU), then torch on CPU in float32 with seed 0, 8-sample micro-batches
+    """A trainer backend's arguments: every flag at its default (:func:`vime_core.cli.arguments.default_args`: plain
+    GRPO loss, no KL, no critic, Megatron at one GPU), then torch on CPU in float32 with seed 0, 8-sample micro-batches
     and a large learning rate (1e-2, so one step visibly moves a tiny model) — then ``overrides`` (flag names with
     underscores, e.g. ``lr=1e-4, advantage_estimator="ppo"``)."""
     base: dict[str, Any] = dict(

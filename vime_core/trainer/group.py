@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from vime_core.cluster.orchestration import RendezvousProbe, actor_placement, slot_options
+from vime_core.cluster.placement import PlacementPlan, parse_cpu_list
 from vime_core.config import RunConfig
-from vime_core.orchestration import RendezvousProbe, actor_placement, slot_options
-from vime_core.placement import PlacementPlan, parse_cpu_list
 from vime_core.trainer.base import TrainerBackend
 from vime_core.weight_sync.base import WeightSyncStrategy, WeightUpdate, WeightWriteError
 

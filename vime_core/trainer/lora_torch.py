@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from vime_core.config import LoraConfig
-from vime_core.lora.options import module_names, peft_target_modules
+from vime_core.config.lora import module_names, peft_target_modules
 from vime_core.types import Sample
 
 ADAPTER = "default"  # PEFT's adapter name inside the model (one adapter per run)

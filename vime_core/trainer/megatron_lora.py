@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from vime_core.config import LoraConfig
-from vime_core.lora.options import ALL_LINEAR, LoraFlagError, module_names
+from vime_core.config.lora import ALL_LINEAR, LoraFlagError, module_names
 from vime_core.trainer.megatron_convert import ArchConfig, shard
 from vime_core.trainer.megatron_model import tp_full
 from vime_core.trainer.megatron_view import MegatronPolicy

@@ -11,8 +11,8 @@ from typing import Any
 
 import torch
 
+from vime_core.cluster.net import find_free_port
 from vime_core.models.families import ArchConfig
-from vime_core.net import find_free_port
 from vime_core.trainer.megatron_convert import unshard
 from vime_core.trainer.megatron_moe_model import moe_block_spec
 

@@ -14,6 +14,7 @@ import torch
 from safetensors import SafetensorError
 
 from vime_core.config import RunConfig
+from vime_core.config.context import Engines
 
 T = TypeVar("T")
 
@@ -101,7 +102,7 @@ class WeightSyncStrategy(ABC):
     Members: ``NAME``; ``run_config`` (the run's :class:`~vime_core.config.RunConfig`; a plugin strategy's own
     flags: ``run_config.plugin(ItsPluginConfig)``) and ``config`` (its :class:`~vime_core.config.WeightSyncConfig`);
     :meth:`push` (trainer side, returns a :class:`WeightUpdate`); :meth:`apply` (engine side,
-    loads the update into one paused engine); :meth:`read` (engine-side decoding without an engine — the contract
+    loads the update into one paused engine; :attr:`engines` gives the rollout side's router client and tokenizer); :meth:`read` (engine-side decoding without an engine — the contract
     kit uses it to check a bit-exact round trip); :meth:`cleanup` (drop what an applied update left behind).
     The rollout manager pauses every engine, calls :meth:`apply` for each, resets prefix caches, resumes, and
     bumps the weight version; the strategy only moves bytes.
@@ -117,6 +118,9 @@ class WeightSyncStrategy(ABC):
     #: weights): then a colocated engine sleeps at level 2 (its weights discarded, not kept in host memory) and
     #: wakes them without restoring them (docs/gpu.md, "The one-GPU layout")
     RELOADS_ALL_WEIGHTS: bool = False
+    #: the rollout side's engines (:class:`~vime_core.config.context.Engines`: the router client, the tokenizer, the
+    #: served weight version), set by the engine fleet before the first :meth:`apply`; ``None`` on the trainer side
+    engines: Engines | None = None
 
     def __init__(self, config: RunConfig) -> None:
         self.run_config = config
@@ -137,7 +141,7 @@ class WeightSyncStrategy(ABC):
 
     @abstractmethod
     def apply(self, engine: Any, update: WeightUpdate, timeout_s: float) -> None:
-        """Load ``update`` into ``engine`` (a paused :class:`vime_core.rollout.engine.VLLMServer`).
+        """Load ``update`` into ``engine`` (a paused :class:`vime_core.engines.engine.VLLMServer`).
 
         :raises TimeoutError: if the engine does not finish within ``timeout_s`` seconds.
         """

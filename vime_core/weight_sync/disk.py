@@ -18,13 +18,13 @@ from vime_core.weight_sync.base import WeightSyncStrategy, WeightUpdate, call_wi
 
 class DiskWeightSync(WeightSyncStrategy):
     """Writes ``<--update-weight-disk-dir>/weight_v{N:06d}/model.safetensors``; engines reload it through
-    ``/collective_rpc vime_load_weights`` (see :mod:`vime_core.rollout.worker_extension`). The directory of a
+    ``/collective_rpc vime_load_weights`` (see :mod:`vime_core.engines.worker_extension`). The directory of a
     version is removed after every engine applied it unless ``--keep-weight-updates``.
 
     With LoRA (:meth:`push_adapter`) a version is ``weight_v{N:06d}/adapter_model.safetensors`` +
     ``adapter_config.json`` (what ``PeftModel.save_pretrained`` writes), loaded by each engine as its own adapter
-    (``POST /v1/load_lora_adapter``, :meth:`vime_core.rollout.engine.VLLMServer.load_lora_adapter`); the rollout
-    side removes it once no engine serves that adapter (:mod:`vime_core.rollout.lora_serving`).
+    (``POST /v1/load_lora_adapter``, :meth:`vime_core.engines.engine.VLLMServer.load_lora_adapter`); the rollout
+    side removes it once no engine serves that adapter (:mod:`vime_core.engines.lora_serving`).
     """
 
     NAME = "disk"

@@ -275,7 +275,7 @@ class DeltaReceiver:
     """Engine-side state: the current version and the HF tensors it corresponds to (as host bytes).
 
     Also the worker's record of the weights it serves (:meth:`current_tensor`), which completes a partial load of
-    a fused vLLM layer (see :meth:`vime_core.rollout.worker_extension.VimeWorkerExtension.vime_load_weights`).
+    a fused vLLM layer (see :meth:`vime_core.engines.worker_extension.VimeWorkerExtension.vime_load_weights`).
 
     :param base_dir: directory the engine loaded (seed of tensors not yet in the snapshot), or ``None`` (the
         engine's weights are unknown).

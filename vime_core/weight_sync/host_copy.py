@@ -5,7 +5,7 @@ nothing outside the trainer would hold the current version when an engine dies a
 trainer-side strategy hands its GPU tensors to :class:`HostCopy`, which copies them to host memory and writes
 ``<--update-weight-disk-dir>/recovery_v{N:06d}/model.safetensors`` in a background thread (atomically, the newest
 complete version kept, older ones removed), off the step's critical path. The update's payload names that
-directory (``recovery_dir``); :class:`vime_core.rollout.weight_recovery.WeightRecovery` waits for it and loads it
+directory (``recovery_dir``); :class:`vime_core.engines.weight_recovery.WeightRecovery` waits for it and loads it
 into the replacement through the worker extension's ``vime_load_weights``.
 """
 

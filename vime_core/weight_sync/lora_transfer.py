@@ -56,7 +56,7 @@ def drop_staged(engine: Any, update: WeightUpdate) -> None:
 class AdapterCopy:
     """Writes each pushed adapter version as PEFT files, ``<root>/weight_v{N:06d}/`` (``adapter_model.safetensors``
     + ``adapter_config.json``, as ``disk`` does), in a background thread: a replacement engine loads the kept
-    versions from there (:meth:`vime_core.rollout.lora_serving.AdapterServing.restore` waits for the file).
+    versions from there (:meth:`vime_core.engines.lora_serving.AdapterServing.restore` waits for the file).
     Unlike :class:`~vime_core.weight_sync.host_copy.HostCopy` every version stays until it is retired.
 
     :param root: ``--update-weight-disk-dir``.

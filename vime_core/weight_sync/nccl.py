@@ -19,8 +19,8 @@ from typing import Any
 
 import torch
 
+from vime_core.cluster.net import find_free_port, node_ip
 from vime_core.config import RunConfig
-from vime_core.net import find_free_port, node_ip
 from vime_core.weight_sync.base import WeightSyncStrategy, WeightUpdate, call_with_timeout
 from vime_core.weight_sync.lora_transfer import AdapterCopy, drop_staged, stage_and_load
 from vime_core.weight_sync.tensor_io import DEFAULT_BUCKET_BYTES, buckets, checksum, tensor_bytes

@@ -2,7 +2,7 @@
 inspecting safetensors files, a tensor's raw bytes and their digest, and grouping tensors into size-bounded buckets.
 
 A leaf module (it imports nothing else of vime), so the trainer side, the engine side
-(:mod:`vime_core.rollout.worker_extension`) and every strategy can share it without importing each other.
+(:mod:`vime_core.engines.worker_extension`) and every strategy can share it without importing each other.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ import pytest
 from vime_agent_claude_code.harness import DEFAULT_TOOLS, DEFAULT_VERSION, ClaudeCodeHarness
 
 from vime_core.agent.harness import AgentBudget, AgentEndpoint
-from vime_core.plugins import get_plugins
+from vime_core.plugins.manager import get_plugins
 from vime_core.sandbox.local import LocalSandbox
 from vime_core.testing import AgentHarnessContract
 
@@ -53,21 +53,47 @@ def test_flags_and_command():
     assert (full.tools, full.bare) == (list(DEFAULT_TOOLS), False)  # Write is not in --bare's pool
     assert ClaudeCodeHarness.from_context(_ctx(["--agent-claude-code-tools", "Bash,Write"])).bare is False
     assert ClaudeCodeHarness.from_context(_ctx(["--agent-claude-code-tools", ""])).bare is False
-    assert ClaudeCodeHarness.from_context(
-        _ctx(["--agent-claude-code-tools", "Bash", "--agent-claude-code-no-bare"])).bare is False
+    assert (
+        ClaudeCodeHarness.from_context(_ctx(["--agent-claude-code-tools", "Bash", "--agent-claude-code-no-bare"])).bare
+        is False
+    )
     with pytest.raises(ValueError, match="--agent-claude-code-tools asks for Write"):
         ClaudeCodeHarness(tools=["Bash", "Write"], bare=True)
     ep = AgentEndpoint("http://127.0.0.1:9", "sk-1", "policy")
     argv = h.command("/x/claude", "do it", ep, AgentBudget(max_turns=3, max_tokens=100))
-    assert argv == ["/x/claude", "-p", "do it", "--output-format", "json", "--model", "policy",
-                    "--dangerously-skip-permissions", "--no-session-persistence", "--max-turns", "3", "--bare",
-                    "--tools", "Bash,Read"]
+    assert argv == [
+        "/x/claude",
+        "-p",
+        "do it",
+        "--output-format",
+        "json",
+        "--model",
+        "policy",
+        "--dangerously-skip-permissions",
+        "--no-session-persistence",
+        "--max-turns",
+        "3",
+        "--bare",
+        "--tools",
+        "Bash,Read",
+    ]
     argv = ClaudeCodeHarness(tools=["Bash", "Write"]).command("/x/claude", "do it", ep, AgentBudget(max_turns=3))
-    assert argv[9:] == ["--max-turns", "3", "--strict-mcp-config", "--disable-slash-commands", "--setting-sources",
-                        "user", "--tools", "Bash,Write"]
+    assert argv[9:] == [
+        "--max-turns",
+        "3",
+        "--strict-mcp-config",
+        "--disable-slash-commands",
+        "--setting-sources",
+        "user",
+        "--tools",
+        "Bash,Write",
+    ]
     env = h.environment(ep, AgentBudget(max_tokens=100), "/tmp/h")
     assert (env["ANTHROPIC_BASE_URL"], env["ANTHROPIC_API_KEY"], env["CLAUDE_CODE_MAX_OUTPUT_TOKENS"]) == (
-        "http://127.0.0.1:9", "sk-1", "100")
+        "http://127.0.0.1:9",
+        "sk-1",
+        "100",
+    )
     assert env["CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC"] == "1" and env["ANTHROPIC_SMALL_FAST_MODEL"] == "policy"
 
 
@@ -145,13 +171,18 @@ def test_requested_tools_reach_the_gateway(prepared, tiny_tokenizer, tools):
     async def body(gw, sid, backend):
         async with LocalSandbox() as sb:
             if "Write" in tools:  # the absolute path is known once the sandbox exists
-                backend.script.extend([call("Write", {"file_path": f"{sb.workspace}/sol.py", "content": content}),
-                                       "Done."])
+                backend.script.extend(
+                    [call("Write", {"file_path": f"{sb.workspace}/sol.py", "content": content}), "Done."]
+                )
             else:
                 backend.script.append("Done.")
             addr = await sb.expose_host_port(gw.port)
-            out["result"] = await harness.run(sb, prompt="Write sol.py.", budget=AgentBudget(3, 512, 120),
-                                              endpoint=AgentEndpoint(f"http://{addr}", sid, "vime-policy"))
+            out["result"] = await harness.run(
+                sb,
+                prompt="Write sol.py.",
+                budget=AgentBudget(3, 512, 120),
+                endpoint=AgentEndpoint(f"http://{addr}", sid, "vime-policy"),
+            )
             if "Write" in tools:
                 out["file"] = await sb.read_file("sol.py")
 
@@ -189,8 +220,12 @@ def test_prompt_too_long_is_recognised_by_claude_code(prepared, tiny_tokenizer):
     async def body(gw, sid):
         async with LocalSandbox() as sb:
             addr = await sb.expose_host_port(gw.port)
-            out["result"] = await harness.run(sb, prompt="Say hi.", budget=AgentBudget(3, 256, 120),
-                                              endpoint=AgentEndpoint(f"http://{addr}", sid, "vime-policy"))
+            out["result"] = await harness.run(
+                sb,
+                prompt="Say hi.",
+                budget=AgentBudget(3, 256, 120),
+                endpoint=AgentEndpoint(f"http://{addr}", sid, "vime-policy"),
+            )
 
     backend = ScriptedResponder(tiny_tokenizer, ["Done."])
     with AgentGateway(tiny_tokenizer, backend, served_model_name="vime-policy") as gw:
@@ -201,6 +236,9 @@ def test_prompt_too_long_is_recognised_by_claude_code(prepared, tiny_tokenizer):
     r = out["result"]
     report = json.loads(r.stdout.strip().splitlines()[-1])
     assert (report["terminal_reason"], report["api_error_status"], report["is_error"]) == (
-        "prompt_too_long", 400, True)
+        "prompt_too_long",
+        400,
+        True,
+    )
     assert re.match(r"Prompt is too long · the request is ~\d+ tokens \(limit 299\)", report["result"]), report
     assert (overflows, backend.calls) == (1, [])  # refused before the engine; recorded on the session

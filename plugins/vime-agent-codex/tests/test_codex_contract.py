@@ -10,7 +10,7 @@ import pytest
 from vime_agent_codex.harness import DEFAULT_VERSION, CodexHarness
 
 from vime_core.agent.harness import AgentBudget, AgentEndpoint
-from vime_core.plugins import get_plugins
+from vime_core.plugins.manager import get_plugins
 from vime_core.sandbox.local import LocalSandbox
 from vime_core.testing import AgentHarnessContract
 

@@ -168,7 +168,7 @@ def test_sandbox_failure_excludes_the_sample_instead_of_scoring_zero():
         sample.status = Status.COMPLETED
         return sample
 
-    from vime_core.plugins import get_plugins
+    from vime_core.plugins.manager import get_plugins
 
     ctx = plugin_context(
         sandbox="local",

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from reward_tests_cases import HACK, PARTIAL, task_sample
 
-from vime_core.plugins import get_plugins
+from vime_core.plugins.manager import get_plugins
 from vime_core.testing import RewardFunctionContract
 from vime_core.testing.plugin_context import plugin_context
 

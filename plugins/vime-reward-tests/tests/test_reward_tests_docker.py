@@ -8,7 +8,7 @@ import asyncio
 import pytest
 from reward_tests_cases import HACK, PARTIAL, task_sample
 
-from vime_core.plugins import get_plugins
+from vime_core.plugins.manager import get_plugins
 from vime_core.testing.plugin_context import plugin_context
 
 pytestmark = pytest.mark.integration

@@ -8,7 +8,7 @@ import asyncio
 import pytest
 
 from vime_core.data.humaneval_export import load_problems, problem_to_row
-from vime_core.plugins import get_plugins
+from vime_core.plugins.manager import get_plugins
 from vime_core.testing.plugin_context import plugin_context
 from vime_core.types import Sample
 

@@ -7,7 +7,7 @@ import asyncio
 import pytest
 from vime_sandbox_docker.sandbox import DockerSandbox, docker_client, leftover_counts
 
-from vime_core.plugins import get_plugins
+from vime_core.plugins.manager import get_plugins
 from vime_core.testing import SandboxBackendContract
 
 pytestmark = pytest.mark.contract
@@ -30,7 +30,7 @@ def test_plugin_is_discovered():
 def test_flags_reach_from_args():
     from vime_sandbox_docker.sandbox import DockerFlags
 
-    from vime_core.arguments import build_parser
+    from vime_core.cli.arguments import build_parser
 
     assert "--sandbox-docker-image" in build_parser()._option_string_actions
     ctx = _ctx(["--sandbox-docker-image", "img:1", "--sandbox-network", "--sandbox-memory-mb", "256"])

@@ -23,11 +23,17 @@ def test_sigkill_mid_command_leaves_no_container_after_the_reaper(docker_image):
     killed = leftover_counts()
     out = run_once("docker")  # its first sandbox start reaps the dead process's containers
     after_start = leftover_counts()
-    cli = subprocess.run([sys.executable, "-m", "vime_core.cli", "sandbox", "cleanup", "--backend", "docker",
-                          "--json"], capture_output=True, text=True, timeout=300)
+    cli = subprocess.run(
+        [sys.executable, "-m", "vime_core.cli", "sandbox", "cleanup", "--backend", "docker", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     after_cli = leftover_counts()
-    print(f"\ndocker leak test ({N} sandboxes, ready in {ready_s:.1f} s): after SIGKILL {killed}; after the next "
-          f"sandbox start {after_start}; after `vime sandbox cleanup` {after_cli}")
+    print(
+        f"\ndocker leak test ({N} sandboxes, ready in {ready_s:.1f} s): after SIGKILL {killed}; after the next "
+        f"sandbox start {after_start}; after `vime sandbox cleanup` {after_cli}"
+    )
     assert killed["containers"] == N, killed
     assert "removed 20 leftovers" in out or "removed" in out
     assert after_start == {"containers": 0, "volumes": 0, "host_dirs": 0}

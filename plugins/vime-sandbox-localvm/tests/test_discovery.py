@@ -3,7 +3,7 @@
 import pytest
 from vime_sandbox_localvm.sandbox import LocalVMSandbox
 
-from vime_core.plugins import get_plugins
+from vime_core.plugins.manager import get_plugins
 
 pytestmark = pytest.mark.contract
 
@@ -23,11 +23,26 @@ def test_plugin_is_discovered():
 
 
 def test_flags_reach_from_args(tmp_path):
-    ctx = _ctx(["--sandbox-localvm-image-dir", str(tmp_path), "--sandbox-localvm-accel", "tcg",
-                "--sandbox-cpus", "2", "--sandbox-memory-mb", "512"])
+    ctx = _ctx(
+        [
+            "--sandbox-localvm-image-dir",
+            str(tmp_path),
+            "--sandbox-localvm-accel",
+            "tcg",
+            "--sandbox-cpus",
+            "2",
+            "--sandbox-memory-mb",
+            "512",
+        ]
+    )
     sb = LocalVMSandbox.from_context(ctx)
-    assert (sb.image_dir, sb.accel, sb.ssh, sb.limits.cpus, sb.limits.memory_bytes) == (tmp_path, "tcg", None, 2.0,
-                                                                                      512 << 20)
+    assert (sb.image_dir, sb.accel, sb.ssh, sb.limits.cpus, sb.limits.memory_bytes) == (
+        tmp_path,
+        "tcg",
+        None,
+        2.0,
+        512 << 20,
+    )
     argv = sb._qemu_argv(2222)
     assert argv[argv.index("-smp") + 1] == "2" and argv[argv.index("-m") + 1] == "512"
     assert "user,id=n0,restrict=on,hostfwd=tcp:127.0.0.1:2222-:22" in argv
@@ -74,11 +89,18 @@ def test_agents_share_in_the_qemu_command(tmp_path):
 
     a = argv(image_dir=new, agents_dir=agents)
     i = a.index("-fsdev")
-    assert a[i:i + 4] == ["-fsdev", f"local,id=agents,path={agents},security_model=none,readonly=on",
-                          "-device", "virtio-9p-pci,fsdev=agents,mount_tag=vimeagents"]
+    assert a[i : i + 4] == [
+        "-fsdev",
+        f"local,id=agents,path={agents},security_model=none,readonly=on",
+        "-device",
+        "virtio-9p-pci,fsdev=agents,mount_tag=vimeagents",
+    ]
     assert a[a.index("-append") + 1].endswith(" vime.agents=1")
-    for kw in ({"image_dir": new, "agents_dir": False}, {"image_dir": new, "agents_dir": tmp_path / "missing"},
-               {"image_dir": old, "agents_dir": agents}):
+    for kw in (
+        {"image_dir": new, "agents_dir": False},
+        {"image_dir": new, "agents_dir": tmp_path / "missing"},
+        {"image_dir": old, "agents_dir": agents},
+    ):
         b = argv(**kw)
         assert "-fsdev" not in b and b[b.index("-append") + 1].endswith(" vime.agents=0"), kw
     comma = tmp_path / "a,b"

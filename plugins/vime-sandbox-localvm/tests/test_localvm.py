@@ -22,8 +22,10 @@ def test_booted_vm_is_isolated(session_vm, tmp_path):
     sb, run = session_vm.sandbox, session_vm.run
     marker = tmp_path / "host-file"
     marker.write_text("host")
-    probe = ("import socket\ntry:\n    socket.create_connection(('1.1.1.1', 53), timeout=3)\n    print('connected')\n"
-             "except OSError as e:\n    print('blocked', type(e).__name__)\n")
+    probe = (
+        "import socket\ntry:\n    socket.create_connection(('1.1.1.1', 53), timeout=3)\n    print('connected')\n"
+        "except OSError as e:\n    print('blocked', type(e).__name__)\n"
+    )
     net = run(sb.exec(["python3", "-c", probe], timeout=120))
     assert net.stdout.startswith("blocked"), net
     etc = run(sb.exec("echo x > /etc/escape; echo x > /escape", timeout=120))
@@ -44,8 +46,10 @@ def test_booted_vm_is_isolated(session_vm, tmp_path):
     assert forks.exit_code != 0 or "fork" in forks.stderr, ("100 processes under pids=64", forks)
     ws = run(sb.exec("echo ok > f && cat f && pwd", timeout=120))
     assert ws.stdout == "ok\n/workspace\n"
-    print(f"\nVM isolation: network {net.stdout.strip()}; write /etc rc={etc.exit_code}; remount rc="
-          f"{remount.exit_code}; host file untouched; pids limit: {forks.stderr.strip()[:80]!r}")
+    print(
+        f"\nVM isolation: network {net.stdout.strip()}; write /etc rc={etc.exit_code}; remount rc="
+        f"{remount.exit_code}; host file untouched; pids limit: {forks.stderr.strip()[:80]!r}"
+    )
 
 
 @pytest.mark.contract
@@ -62,9 +66,13 @@ class TestLocalVMAttached(SandboxBackendContract):
     @pytest.fixture
     def sandbox_exists(self, session_vm):
         def exists(sb: LocalVMSandbox) -> bool:
-            r = session_vm.run(session_vm.sandbox.exec(
-                f"test -e {sb.workspace} && echo dir; grep -lz 'VIME_SANDBOX_ID={sb.sandbox_id}' "
-                f"/proc/[0-9]*/environ 2>/dev/null | grep -v self || true", timeout=120))
+            r = session_vm.run(
+                session_vm.sandbox.exec(
+                    f"test -e {sb.workspace} && echo dir; grep -lz 'VIME_SANDBOX_ID={sb.sandbox_id}' "
+                    f"/proc/[0-9]*/environ 2>/dev/null | grep -v self || true",
+                    timeout=120,
+                )
+            )
             return bool(r.stdout.strip())
 
         return exists
@@ -79,7 +87,7 @@ def test_multi_turn_generate_runs_code_in_the_vm(session_vm, vm_image, tmp_path)
     from transformers import AutoTokenizer
 
     from vime_core.agent.responders import ScriptedResponder
-    from vime_core.plugins import get_plugins
+    from vime_core.plugins.manager import get_plugins
     from vime_core.rollout.context import RolloutContext, set_rollout_context
     from vime_core.testing.plugin_context import plugin_context_from_argv
     from vime_core.testing.tiny_model import build_tiny_model
@@ -87,9 +95,23 @@ def test_multi_turn_generate_runs_code_in_the_vm(session_vm, vm_image, tmp_path)
 
     tok = AutoTokenizer.from_pretrained(build_tiny_model(tmp_path / "tiny", seed=0))
     args = plugin_context_from_argv(
-        ["--model", "unused", "--generate", "multi_turn", "--multi-turn-sandbox-tool", "bash", "--sandbox", "localvm",
-         "--sandbox-localvm-ssh", f"root@127.0.0.1:{session_vm.sandbox.port}", "--sandbox-localvm-image-dir",
-         str(vm_image), "--multi-turn-tool-timeout", "5", "--multi-turn-tools"]
+        [
+            "--model",
+            "unused",
+            "--generate",
+            "multi_turn",
+            "--multi-turn-sandbox-tool",
+            "bash",
+            "--sandbox",
+            "localvm",
+            "--sandbox-localvm-ssh",
+            f"root@127.0.0.1:{session_vm.sandbox.port}",
+            "--sandbox-localvm-image-dir",
+            str(vm_image),
+            "--multi-turn-tool-timeout",
+            "5",
+            "--multi-turn-tools",
+        ]
     )
 
     def call(command: str) -> str:
@@ -97,8 +119,9 @@ def test_multi_turn_generate_runs_code_in_the_vm(session_vm, vm_image, tmp_path)
 
     count = "find /var/tmp/vime-workspaces /tmp/vime-workspaces -mindepth 1 -maxdepth 1 2>/dev/null | wc -l"
     before = session_vm.run(session_vm.sandbox.exec(count, timeout=120)).stdout
-    backend = ScriptedResponder(tok, [call("python3 -c 'print(6*7)' > out.txt; cat out.txt"),
-                                    call("echo partial; sleep 60"), "done"])
+    backend = ScriptedResponder(
+        tok, [call("python3 -c 'print(6*7)' > out.txt; cat out.txt"), call("echo partial; sleep 60"), "done"]
+    )
     set_rollout_context(RolloutContext(client=backend, tokenizer=tok, weight_version=0))
     try:
         generate = get_plugins().resolve("generate", "multi_turn")
@@ -141,8 +164,10 @@ def test_sigkill_mid_command_leaves_no_vm_after_the_reaper(vm_image):
     killed = {k: v - before[k] for k, v in leftover_counts().items()}
     run_once("localvm", timeout_s=1800)
     after = {k: v - before[k] for k, v in leftover_counts().items()}
-    print(f"\nlocalvm leak test ({n} VMs, ready in {ready_s:.0f} s): after SIGKILL {killed}; after the next sandbox "
-          f"start {after} (counts beyond the {before} of this live test process)")
+    print(
+        f"\nlocalvm leak test ({n} VMs, ready in {ready_s:.0f} s): after SIGKILL {killed}; after the next sandbox "
+        f"start {after} (counts beyond the {before} of this live test process)"
+    )
     assert killed["directories"] == n
     assert after == {"vms": 0, "directories": 0}
 
@@ -156,8 +181,15 @@ def test_cancellation_at_every_await_point_leaves_no_vm(vm_image):
 
     n = int(os.environ.get("VIME_LOCALVM_CANCEL_N", "10" if _kvm(vm_image) else "2"))
     factory = lambda: LocalVMSandbox(image_dir=vm_image, limits=SandboxLimits(memory_bytes=256 << 20))  # noqa: E731
-    report = asyncio.run(cancel_at_every_await_point(
-        factory, lambda ids: leftover_counts(ids=ids), concurrency=n, before_round=forget_reaps, finish_timeout_s=600))
+    report = asyncio.run(
+        cancel_at_every_await_point(
+            factory,
+            lambda ids: leftover_counts(ids=ids),
+            concurrency=n,
+            before_round=forget_reaps,
+            finish_timeout_s=600,
+        )
+    )
     print(f"\nlocalvm cancellation ({n} VMs at once): {report.summary()}")
     assert report.points >= 3 and sum(r.cancelled > 0 for r in report.rounds) >= 3, report.summary()
     assert not report.problems, report.summary()

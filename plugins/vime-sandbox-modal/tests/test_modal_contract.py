@@ -10,7 +10,7 @@ import subprocess
 import pytest
 from vime_sandbox_modal.sandbox import WALL_TIME_GRACE_S, ModalSandbox
 
-from vime_core.plugins import get_plugins
+from vime_core.plugins.manager import get_plugins
 from vime_core.sandbox import SandboxInfraError, SandboxLimits, owner_token
 from vime_core.testing import SandboxBackendContract
 
@@ -169,12 +169,24 @@ def test_multi_turn_shell_tool_runs_in_modal(modal_env):
     flags and the model's commands run in it; at `--multi-turn-tool-timeout` the sandbox kills the command and the
     model sees its partial output."""
     from vime_core.agent.tool_parsers import ToolCall
-    from vime_core.rollout.multi_turn import _episode_sandbox, _run_tool, _sandbox_tool
+    from vime_core.rollout.generators.multi_turn import _episode_sandbox, _run_tool, _sandbox_tool
     from vime_core.testing.plugin_context import plugin_context_from_argv
 
     args = plugin_context_from_argv(
-        ["--model", "unused", "--generate", "multi_turn", "--multi-turn-sandbox-tool", "bash", "--sandbox", "modal",
-         "--multi-turn-tool-timeout", "2", "--sandbox-wall-time", "120"]
+        [
+            "--model",
+            "unused",
+            "--generate",
+            "multi_turn",
+            "--multi-turn-sandbox-tool",
+            "bash",
+            "--sandbox",
+            "modal",
+            "--multi-turn-tool-timeout",
+            "2",
+            "--sandbox-wall-time",
+            "120",
+        ]
     )
 
     async def body():

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import fields
 
-from vime_core.arguments import flags_without_help
+from vime_core.cli.arguments import flags_without_help
 from vime_core.config import PluginConfig, add_flags, check_plugin_config
 from vime_core.testing.contracts.base import _Contract
 

@@ -8,7 +8,7 @@ from typing import Any, ClassVar
 
 import pytest
 
-from vime_core.context import adapt_legacy
+from vime_core.config.context import adapt_legacy
 
 #: the package every contract class lives in (``test_no_overrides`` finds the contract in a subclass's MRO by it)
 _PACKAGE = __name__.rpartition(".")[0]
@@ -38,7 +38,7 @@ class _Contract:
 
 def adapted(fn: Any, kind: str) -> Any:
     """``fn`` as the registry would hold it: a deprecated ``(args, ...)`` function wrapped to take a
-    :class:`~vime_core.context.PluginContext` (its DeprecationWarning is the signature test's to check, so it is
+    :class:`~vime_core.config.context.PluginContext` (its DeprecationWarning is the signature test's to check, so it is
     not repeated here)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)

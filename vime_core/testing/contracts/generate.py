@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from vime_core.context import PluginContext, adapt_legacy, is_legacy
+from vime_core.config.context import PluginContext, adapt_legacy, is_legacy
 from vime_core.testing.contracts.base import _Contract, adapted
 from vime_core.testing.plugin_context import plugin_context
 from vime_core.types import Sample, Status
@@ -20,8 +20,8 @@ class GenerateFunctionContract(_Contract):
     """Contract of ``vime_register_generate_functions`` providers (needs running engines).
 
     Fixtures to supply: ``generate_fn`` (``async def generate(ctx, sample, sampling_params)``),
-    ``rollout_context`` (the :class:`~vime_core.context.Engines` it generates with, e.g. a real router client +
-    tokenizer), ``generate_ctx`` (the :class:`~vime_core.context.PluginContext` it is called with; default every
+    ``rollout_context`` (the :class:`~vime_core.config.context.Engines` it generates with, e.g. a real router client +
+    tokenizer), ``generate_ctx`` (the :class:`~vime_core.config.context.PluginContext` it is called with; default every
     flag at its default with ``rollout_context`` as ``ctx.engines``,
     :func:`vime_core.testing.plugin_context.plugin_context`) and ``prompt_sample`` (a fresh :class:`Sample`; a
     vision-language prompt carries its ``images``, and the samples returned must then hold them first, in order,
@@ -66,7 +66,7 @@ class GenerateFunctionContract(_Contract):
                 check_image_tokens(processor_for(rollout_context.tokenizer), s.tokens, s.images, "the sample")
 
     def test_tokens_are_prompt_plus_response(self, generate_fn, generate_ctx, prompt_sample, rollout_context):
-        from vime_core.rollout.prompt_checks import encode_sample_prompt
+        from vime_core.data.prompt_checks import encode_sample_prompt
 
         apply_chat_template = generate_ctx.rollout.apply_chat_template
         prompt_ids = encode_sample_prompt(

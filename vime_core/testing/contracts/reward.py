@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from vime_core.context import PluginContext, adapt_legacy, is_legacy
+from vime_core.config.context import PluginContext, adapt_legacy, is_legacy
 from vime_core.rewards.call import validate_reward
 from vime_core.testing.contracts.base import _Contract, adapted
 from vime_core.testing.plugin_context import plugin_context
@@ -20,7 +20,7 @@ class RewardFunctionContract(_Contract):
 
     Fixtures to supply: ``reward_fn`` (the async function ``reward(ctx, sample)``) and ``cases``: a list of
     ``(Sample, expected)`` with exact expected values (float, or dict for dict rewards). Optional fixtures:
-    ``reward_ctx`` (the :class:`~vime_core.context.PluginContext` it is called with; default every flag at its
+    ``reward_ctx`` (the :class:`~vime_core.config.context.PluginContext` it is called with; default every flag at its
     default, :func:`vime_core.testing.plugin_context.plugin_context`) and ``error_cases``: samples the reward must
     refuse by raising (a missing label, a malformed row); the rollout manager then marks them failed
     (``reward_error``) instead of scoring them.
@@ -67,7 +67,7 @@ class GroupRewardFunctionContract(_Contract):
 
     Fixtures to supply: ``group_reward_fn`` (the async function ``group_reward(ctx, group)``) and ``group_cases``:
     a list of ``(list[Sample], expected)`` where ``expected`` holds one exact score per sample, in order. Optional
-    fixture ``reward_ctx`` (a :class:`~vime_core.context.PluginContext`).
+    fixture ``reward_ctx`` (a :class:`~vime_core.config.context.PluginContext`).
     """
 
     @pytest.fixture

@@ -16,7 +16,7 @@ class WeightSyncContract(_Contract):
 
     Fixture to supply: ``strategy`` (an instance ready to :meth:`push`/:meth:`read`, a fresh one per test).
     Capabilities: ``"cleanup"``: :meth:`cleanup` removes what an update left behind; ``"timeout"``:
-    :meth:`apply` talks to a :class:`vime_core.rollout.engine.VLLMServer` over HTTP and raises ``TimeoutError``
+    :meth:`apply` talks to a :class:`vime_core.engines.engine.VLLMServer` over HTTP and raises ``TimeoutError``
     when it does not answer within ``timeout_s``; ``"delta"``: versions are incremental (:meth:`read` applies
     them to a receiver held by the strategy, in order, verified, retry-safe; ``payload["path"]`` holds the files).
     """
@@ -78,11 +78,11 @@ class WeightSyncContract(_Contract):
     def test_apply_times_out_on_a_receiver_that_never_answers(self, strategy: Any) -> None:
         """``apply`` on an engine whose server accepts connections but never answers raises ``TimeoutError``
         within about ``timeout_s`` (capability ``"timeout"``; the engine is a real
-        :class:`vime_core.rollout.engine.VLLMServer` client pointed at a silent socket)."""
+        :class:`vime_core.engines.engine.VLLMServer` client pointed at a silent socket)."""
         self.require("timeout")
         import time
 
-        from vime_core.rollout.engine import VLLMServer
+        from vime_core.engines.engine import VLLMServer
 
         update = strategy.push(iter(self.reference_tensors().items()), 1)
         with _SilentServer() as port:

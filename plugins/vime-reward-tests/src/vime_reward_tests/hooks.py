@@ -7,7 +7,7 @@ from vime_core import hookimpl
 
 async def tests(ctx, sample) -> float:
     """The ``tests`` reward (:func:`vime_reward_tests.reward.tests_reward`); ``ctx`` is the run's
-    :class:`~vime_core.context.PluginContext`."""
+    :class:`~vime_core.config.context.PluginContext`."""
     from vime_reward_tests.reward import tests_reward
 
     return await tests_reward(ctx, sample)

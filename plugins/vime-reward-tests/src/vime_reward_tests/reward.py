@@ -57,7 +57,7 @@ from pathlib import Path
 from typing import Any
 
 from vime_core.config import PluginConfig, flag
-from vime_core.context import PluginContext, takes_context
+from vime_core.config.context import PluginContext, takes_context
 from vime_core.data.workspace_task import AgentResult, WorkspaceTask, result_files
 from vime_core.types import Sample
 
@@ -257,7 +257,7 @@ async def run_tests(
     :raises RewardInfraError: the preflight failed or the runner's output is unreadable.
     :raises vime_core.sandbox.SandboxError: the sandbox failed.
     """
-    from vime_core.plugins import get_plugins
+    from vime_core.plugins.manager import get_plugins
 
     backend = ctx.plugin(RewardTestsFlags).reward_tests_sandbox or ctx.sandbox.sandbox
     cls = get_plugins().resolve("sandbox", backend)
