@@ -101,9 +101,10 @@ class WeightSyncStrategy(ABC):
 
     Members: ``NAME``; ``run_config`` (the run's :class:`~vime_core.config.RunConfig`; a plugin strategy's own
     flags: ``run_config.plugin(ItsPluginConfig)``) and ``config`` (its :class:`~vime_core.config.WeightSyncConfig`);
-    :meth:`push` (trainer side, returns a :class:`WeightUpdate`); :meth:`apply` (engine side,
-    loads the update into one paused engine; :attr:`engines` gives the rollout side's router client and tokenizer); :meth:`read` (engine-side decoding without an engine — the contract
-    kit uses it to check a bit-exact round trip); :meth:`cleanup` (drop what an applied update left behind).
+    :meth:`push` (trainer side, returns a :class:`WeightUpdate`); :meth:`apply` (engine side, loads the update into
+    one paused engine; :attr:`engines` gives the rollout side's router client and tokenizer); :meth:`read`
+    (engine-side decoding without an engine — the contract kit uses it to check a bit-exact round trip);
+    :meth:`cleanup` (drop what an applied update left behind).
     The rollout manager pauses every engine, calls :meth:`apply` for each, resets prefix caches, resumes, and
     bumps the weight version; the strategy only moves bytes.
     """
