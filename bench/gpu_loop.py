@@ -31,6 +31,10 @@ Sections (default order; rough seconds on one H100/H200 with warm compile caches
   4 GiB) instead of 80 % of the free memory: what the KV cache's re-allocation at every wake costs the sync.
 * ``run1b_disk``, ``run135m_disk``: the ``disk`` weight sync (not in the default list).
 
+Every ``vime run`` section also prints which processes used the CPU while the trainer was busy (:class:`CpuSampler`):
+the 1B's step is bound by the trainer's CPU (its operators take more CPU time than GPU time), so what else runs on the
+cores shows up in the train step.
+
 ``--profile`` adds one step to every ``vime run``, profiles its train step (``VIME_PROFILE_TRAIN_STEP``; left out of
 the medians) and prints its top operators by GPU time, and prints ``bench_train``'s. MFU = 6 · parameters · prompt
 and response tokens / seconds / the bf16 matmul peak ``bench_train`` measured (else ``--peak-tflops``).
@@ -40,6 +44,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import os
 import statistics
@@ -271,7 +276,8 @@ def vime_run(name: str, argv: list[str], env: dict[str, str], params: float | No
         str(total),
     ]
     t0 = time.perf_counter()
-    rc = run_until_metrics(cmd, full_env, OUT / f"run-{name}.log", out / "metrics.jsonl", total)
+    with CpuSampler() as cpu:
+        rc = run_until_metrics(cmd, full_env, OUT / f"run-{name}.log", out / "metrics.jsonl", total)
     metrics_file = out / "metrics.jsonl"
     lines = metrics_file.read_text().splitlines() if metrics_file.exists() else []
     if len(lines) < total:
@@ -293,6 +299,7 @@ def vime_run(name: str, argv: list[str], env: dict[str, str], params: float | No
         res["perf/step_time"] - res["perf/rollout_time"] - res["perf/train_time"] - res["perf/sync_time"]
     )
     res["rollout_tok_s"] = res["train/num_tokens"] / res["perf/rollout_time"]
+    res["cpu_while_training"] = cpu.report()
     if params:
         res["params"] = params
         set_mfu(res)
@@ -321,7 +328,8 @@ def vime_run(name: str, argv: list[str], env: dict[str, str], params: float | No
         f"{res['weight_sync/pause_seconds']:.3f}, transfer+load {res['weight_sync/load_seconds']:.3f}, reset+label "
         f"{res['weight_sync/label_seconds']:.3f}, resume {res['weight_sync/resume_seconds']:.3f} (engine side "
         f"{res['weight_sync/engine_seconds']:.3f}); {res['weight_sync/bytes'] / 1e6:.0f} MB\n"
-        f"    |Δlogp| per step {res['logp_abs_diff']} (mean {res['logp_abs_diff_mean']:.4f})"
+        f"    |Δlogp| per step {res['logp_abs_diff']} (mean {res['logp_abs_diff_mean']:.4f})\n"
+        f"    {res['cpu_while_training']}"
     )
     for f in sorted((out / "profile").glob("*.txt")) if ARGS.profile else ():
         log(f"{name}: {f}\n" + "\n".join(f.read_text().splitlines()[:45]))
@@ -334,6 +342,68 @@ def set_mfu(res: dict) -> None:
     res["peak_tflops"] = peak = peak_tflops()
     res["mfu_compute"] = flops / res["perf/train_compute_time"] / (peak * 1e12)
     res["mfu_train_time"] = flops / res["perf/train_time"] / (peak * 1e12)
+
+
+class CpuSampler:
+    """Per-process CPU use while a ``vime run`` runs (``/proc/<pid>/stat`` utime + stime every ``interval_s``, in a
+    thread), to show what shares the machine's cores with the trainer during its train steps: a sample interval
+    counts as training when the trainer's process (``ray::TrainerWorker``) used more than half a core in it.
+    :meth:`report` gives, over those intervals, each busy process's CPU in percent of one core."""
+
+    def __init__(self, interval_s: float = 0.2, trainer: str = "TrainerWor") -> None:
+        import threading
+
+        self.interval_s = interval_s
+        self.trainer = trainer  # in the trainer process's name (comm: Ray's "ray::TrainerWorker", cut at 15 bytes)
+        self.samples: list[tuple[float, dict[int, int]]] = []
+        self.names: dict[int, str] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="cpu-sampler", daemon=True)
+
+    def __enter__(self) -> CpuSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            now, ticks = time.monotonic(), {}
+            for d in Path("/proc").iterdir():
+                if not d.name.isdigit():
+                    continue
+                try:
+                    stat = (d / "stat").read_text()
+                except OSError:
+                    continue
+                comm, rest = stat[stat.index("(") + 1 : stat.rindex(")")], stat[stat.rindex(")") + 2 :].split()
+                ticks[int(d.name)] = int(rest[11]) + int(rest[12])  # utime, stime (fields 14, 15)
+                self.names[int(d.name)] = comm  # the latest: Ray renames a worker when it becomes an actor
+            self.samples.append((now, ticks))
+            self._stop.wait(self.interval_s)
+
+    def report(self, top: int = 8) -> str:
+        """The processes with the most CPU during the trainer's busy intervals (percent of one core), and how many
+        such intervals there were."""
+        hz = os.sysconf("SC_CLK_TCK")
+        trainers = [pid for pid, name in self.names.items() if self.trainer in name]
+        used: dict[int, float] = {}
+        busy_s = 0.0
+        for (t0, a), (t1, b) in itertools.pairwise(self.samples):
+            dt = t1 - t0
+            if not trainers or sum(b.get(p, 0) - a.get(p, 0) for p in trainers) / hz < 0.5 * dt:
+                continue
+            busy_s += dt
+            for pid, ticks in b.items():
+                if pid in a and ticks > a[pid]:
+                    used[pid] = used.get(pid, 0.0) + (ticks - a[pid]) / hz
+        if busy_s == 0:
+            return "cpu: no interval with the trainer busy (no ray::TrainerWorker process seen)"
+        rows = sorted(used.items(), key=lambda kv: -kv[1])[:top]
+        cells = ", ".join(f"{self.names[pid]}[{pid}] {100 * sec / busy_s:.0f}%" for pid, sec in rows)
+        return f"cpu while the trainer is busy ({busy_s:.1f} s, {os.cpu_count()} cores): {cells}"
 
 
 def run_until_metrics(cmd: list[str], env: dict, log_path: Path, metrics: Path, steps: int) -> int | None:
