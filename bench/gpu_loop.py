@@ -29,11 +29,13 @@ Sections (default order; rough seconds on one H100/H200 with warm compile caches
 * ``run1b_thd`` (~120 s): ``run1b`` with packed micro-batches (``--qkv-format thd``).
 * ``run1b_kv`` (~120 s): ``run1b`` with the engine's KV cache sized to the rollout (``--vllm-kv-cache-memory-bytes``,
   4 GiB) instead of 80 % of the free memory: what the KV cache's re-allocation at every wake costs the sync.
+* ``run1b_gc`` (~120 s): ``run1b`` with ``--manual-gc`` (no garbage collection inside the train step).
 * ``run1b_disk``, ``run135m_disk``: the ``disk`` weight sync (not in the default list).
 
 Every ``vime run`` section also prints which processes used the CPU while the trainer was busy (:class:`CpuSampler`):
 the 1B's step is bound by the trainer's CPU (its operators take more CPU time than GPU time), so what else runs on the
-cores shows up in the train step.
+cores shows up in the train step; and the trainer process's threads (what shares its GIL), and the garbage
+collections inside the train step (``perf/train_gc_time``).
 
 ``--profile`` adds one step to every ``vime run``, profiles its train step (``VIME_PROFILE_TRAIN_STEP``; left out of
 the medians) and prints its top operators by GPU time, and prints ``bench_train``'s. MFU = 6 · parameters · prompt
@@ -240,6 +242,9 @@ SPLIT_KEYS = (
     "perf/train_optimizer_time",
     "perf/empty_cache_time",
     "perf/host_copy_overlap_time",
+    "perf/train_gc_time",
+    "perf/train_gc_collections",
+    "perf/train_gc_full_collections",
     "weight_sync/host_copy_seconds",
     "weight_sync/trainer_seconds",
     "weight_sync/engine_seconds",
@@ -315,7 +320,9 @@ def vime_run(name: str, argv: list[str], env: dict[str, str], params: float | No
         f"+ other {res['other_time']:.2f}\n"
         f"    train: trainer step {res['perf/train_compute_time']:.3f} s ({split}), empty_cache "
         f"{res['perf/empty_cache_time']:.3f}, host copy overlapping {res['perf/host_copy_overlap_time']:.3f} (copy "
-        f"{res['weight_sync/host_copy_seconds']:.2f} s); {res['train/num_seq_tokens']:.0f} tokens"
+        f"{res['weight_sync/host_copy_seconds']:.2f} s); garbage collection {res['perf/train_gc_time']:.3f} s "
+        f"({res['perf/train_gc_collections']:.0f} collections, {res['perf/train_gc_full_collections']:.0f} full); "
+        f"{res['train/num_seq_tokens']:.0f} tokens"
         + (
             f"; MFU {100 * res['mfu_compute']:.1f}% (trainer step), {100 * res['mfu_train_time']:.1f}% (train time)"
             if params
@@ -381,6 +388,15 @@ class CpuSampler:
                 comm, rest = stat[stat.index("(") + 1 : stat.rindex(")")], stat[stat.rindex(")") + 2 :].split()
                 ticks[int(d.name)] = int(rest[11]) + int(rest[12])  # utime, stime (fields 14, 15)
                 self.names[int(d.name)] = comm  # the latest: Ray renames a worker when it becomes an actor
+                if self.trainer in comm:  # and the trainer's threads, each: what shares its GIL and its core
+                    for t in (d / "task").iterdir() if (d / "task").is_dir() else ():
+                        try:
+                            tstat = (t / "stat").read_text()
+                        except OSError:
+                            continue
+                        tcomm, trest = tstat[tstat.index("(") + 1 : tstat.rindex(")")], tstat[tstat.rindex(")") + 2 :]
+                        ticks[-int(t.name)] = sum(int(x) for x in trest.split()[11:13])
+                        self.names[-int(t.name)] = f"{comm}/{tcomm}"
             self.samples.append((now, ticks))
             self._stop.wait(self.interval_s)
 
@@ -388,7 +404,7 @@ class CpuSampler:
         """The processes with the most CPU during the trainer's busy intervals (percent of one core), and how many
         such intervals there were."""
         hz = os.sysconf("SC_CLK_TCK")
-        trainers = [pid for pid, name in self.names.items() if self.trainer in name]
+        trainers = [pid for pid, name in self.names.items() if self.trainer in name and pid > 0]
         used: dict[int, float] = {}
         busy_s = 0.0
         for (t0, a), (t1, b) in itertools.pairwise(self.samples):
@@ -401,9 +417,14 @@ class CpuSampler:
                     used[pid] = used.get(pid, 0.0) + (ticks - a[pid]) / hz
         if busy_s == 0:
             return "cpu: no interval with the trainer busy (no ray::TrainerWorker process seen)"
-        rows = sorted(used.items(), key=lambda kv: -kv[1])[:top]
+        rows = sorted(((p, v) for p, v in used.items() if p > 0), key=lambda kv: -kv[1])[:top]
         cells = ", ".join(f"{self.names[pid]}[{pid}] {100 * sec / busy_s:.0f}%" for pid, sec in rows)
-        return f"cpu while the trainer is busy ({busy_s:.1f} s, {os.cpu_count()} cores): {cells}"
+        threads = sorted(((p, v) for p, v in used.items() if p < 0), key=lambda kv: -kv[1])[:top]
+        tcells = ", ".join(f"{self.names[tid]}[{-tid}] {100 * sec / busy_s:.0f}%" for tid, sec in threads)
+        return (
+            f"cpu while the trainer is busy ({busy_s:.1f} s, {os.cpu_count()} cores): {cells}\n"
+            f"    the trainer's threads (negative keys: thread ids): {tcells}"
+        )
 
 
 def run_until_metrics(cmd: list[str], env: dict, log_path: Path, metrics: Path, steps: int) -> int | None:
@@ -596,6 +617,9 @@ def main() -> None:
             {},
             params_of(one_b),
             3,
+        ),
+        "run1b_gc": lambda: vime_run(
+            "run1b_gc", run_args(build_1b(one_b), 8, ["--manual-gc"]), {}, params_of(one_b), 3
         ),
         "run1b_disk": lambda: vime_run(
             "run1b_disk", run_args(build_1b(one_b), 8, ["--weight-sync", "disk"]), {}, params_of(one_b), 3

@@ -167,8 +167,10 @@ def test_trainer_group_spans_nodes_and_engine_death_is_reported(cluster, tiny_mo
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     out = json.loads(next(line for line in proc.stdout.splitlines() if line.startswith("RESULT "))[7:])
     # both ranks joined one Gloo all-reduce: 1 + 2
-    # (the group adds its own timing, perf/train_worker_time, to rank 0's metrics)
+    # (the group adds its own timing, perf/train_worker_time, and the step's garbage collections to rank 0's metrics)
     assert 0 < out["group_train"].pop("perf/train_worker_time") < 420
+    gc_keys = ("perf/train_gc_time", "perf/train_gc_collections", "perf/train_gc_full_collections")
+    assert all(out["group_train"].pop(k) >= 0 for k in gc_keys)
     assert out["group_train"] == {"rank": 0.0, "world": 2.0, "sum": 3.0, "gloo": 1.0}
     where = out["group_where"]
     assert [(w["rank"], w["world_size"], w["node_id"]) for w in where] == [

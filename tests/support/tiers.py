@@ -142,6 +142,7 @@ GATE_FILES = frozenset(
         "tests/unit/test_models_prepare.py",
         "tests/unit/test_module_size.py",
         "tests/unit/test_moved_paths.py",
+        "tests/unit/test_gc_control.py",
         "tests/unit/test_multi_turn.py",
         "tests/unit/test_namespace_boundary.py",
         "tests/unit/test_nccl_transport.py",

@@ -297,6 +297,12 @@ def check_run_config(cfg: RunConfig, command: str = "run") -> None:
         )
     if cfg.trainer.train_cpus is not None:
         parse_cpu_list(cfg.trainer.train_cpus)
+    _at_least(cfg.trainer, ("manual_gc_interval",), 0)
+    if cfg.trainer.manual_gc_interval and not cfg.trainer.manual_gc:
+        raise ArgumentError(
+            f"--manual-gc-interval {cfg.trainer.manual_gc_interval} takes effect only with --manual-gc (automatic "
+            "collection stays on without it)"
+        )
     if not -20 <= cfg.cluster.ray_worker_niceness <= 19:
         raise ArgumentError(
             f"--ray-worker-niceness must be in -20 … 19 (nice(2)), got {cfg.cluster.ray_worker_niceness}"

@@ -17,6 +17,7 @@ from vime_core.cluster.orchestration import RendezvousProbe, actor_placement, sl
 from vime_core.cluster.placement import PlacementPlan, parse_cpu_list
 from vime_core.config import RunConfig
 from vime_core.trainer.base import TrainerBackend
+from vime_core.trainer.gc_control import GcClock, ManualGc, freeze_heap
 from vime_core.weight_sync.base import WeightSyncStrategy, WeightUpdate, WeightWriteError
 
 
@@ -72,6 +73,10 @@ class TrainerWorker:
         self.backend = backend_cls(config, Path(model_path))
         self.weight_sync = classes.weight_sync(config)
         self.lora = config.lora.enabled  # push the adapter, not the weights
+        # the start-up heap (modules, model, optimizer: ~0.5 M objects) out of every later collection
+        self.frozen_objects = freeze_heap()
+        self.manual_gc = ManualGc(config.trainer.manual_gc_interval) if config.trainer.manual_gc else None
+        self.gc_clock = GcClock()
 
     def placement(self) -> dict[str, Any]:
         """Where this rank runs (:func:`actor_placement`), with ``rank``/``world_size`` and the torchrun variables."""
@@ -94,7 +99,9 @@ class TrainerWorker:
         """The backend's step; with ``--colocate`` on a GPU (and not ``--no-offload-rollout``), then the allocator's
         cached blocks go back to the device (the engine that wakes up next on the same GPU needs them).
 
-        Adds to the backend's metrics ``perf/train_worker_time`` (this call, seconds), ``perf/empty_cache_time`` and,
+        Adds to the backend's metrics ``perf/train_worker_time`` (this call, seconds), ``perf/empty_cache_time``, the
+        garbage collections inside the call (``perf/train_gc_time`` in seconds, ``perf/train_gc_collections``,
+        ``perf/train_gc_full_collections``; with ``--manual-gc`` they include its collection after the step) and,
         when the weight sync writes host copies (``ipc``), ``perf/host_copy_overlap_time`` (seconds of this step
         during which the previous version's host copy was still being written in this process) and
         ``weight_sync/host_copy_seconds`` (how long the last finished copy took).
@@ -104,7 +111,11 @@ class TrainerWorker:
         import torch
 
         t0 = time.perf_counter()
+        self.gc_clock.start()
         metrics = self.backend.train_step(batch)
+        if self.manual_gc is not None:
+            self.manual_gc.after_step()
+        metrics.update(self.gc_clock.stop())
         t1 = time.perf_counter()
         if self.colocate and torch.cuda.is_available():
             torch.cuda.empty_cache()
