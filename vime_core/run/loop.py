@@ -46,7 +46,7 @@ from vime_core.run.preflight import Preflight, preflight
 from vime_core.run.progress import StepProgress, console, summary_lines
 from vime_core.run.report import write_report
 from vime_core.run.setup import create_actors, finish_setup, resume, start_engines
-from vime_core.run.signals import INTERRUPT_GRACE_S, claim_signals, interrupted
+from vime_core.run.signals import INTERRUPT_GRACE_S, SETUP_INTERRUPT_GRACE_S, claim_signals, interrupted
 from vime_core.run.state import RunState
 from vime_core.run.step import LostAfterTraining, one_step
 from vime_core.run.step_source import GroupSource, wait_rollout
@@ -212,7 +212,9 @@ def _stop(run: RunState) -> None:
 
     run.sink.close()
     grace = 120.0
-    if interrupted() or not run.setup_done:
+    if interrupted() and not run.setup_done:
+        grace = SETUP_INTERRUPT_GRACE_S
+    elif interrupted() or not run.setup_done:
         grace = INTERRUPT_GRACE_S
     elif run.failed:
         grace = min(grace, run.log.failure_exit_timeout / 2)

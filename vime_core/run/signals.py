@@ -17,6 +17,9 @@ from contextlib import contextmanager
 
 #: seconds the cleanup after a signal gives a graceful stop before it kills (the rollout manager, Ray)
 INTERRUPT_GRACE_S = 5.0
+#: the same before the setup has finished: the rollout manager is then inside its engines' start, a call that does
+#: not return to serve the graceful stop, so the wait only delays the kill (which takes every engine process along)
+SETUP_INTERRUPT_GRACE_S = 1.0
 
 _received: list[tuple[int, float]] = []
 
