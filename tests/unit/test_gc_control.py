@@ -8,8 +8,8 @@ import gc
 import weakref
 
 import pytest
-import torch
 
+from tests.support.samples import small_rl_batch
 from vime_core.cli.arguments import parse_run_args
 from vime_core.cli.checks import check_run_args
 from vime_core.config import RunConfig
@@ -18,7 +18,6 @@ from vime_core.plugins.manager import get_plugins
 from vime_core.run.preflight import trainer_classes
 from vime_core.trainer.gc_control import GcClock, ManualGc, freeze_heap
 from vime_core.trainer.group import TrainerWorker
-from vime_core.types import RolloutBatch, Sample, Status
 
 pytestmark = pytest.mark.unit
 
@@ -107,25 +106,13 @@ def _args(model, tmp_path, flags):
     return parse_run_args([*argv, "--train-dtype", "float32", "--micro-batch-size", "4", *flags])
 
 
-def _batch() -> RolloutBatch:
-    g = torch.Generator().manual_seed(7)
-    samples, advs = [], []
-    for i, (p, r) in enumerate(((5, 6), (3, 9), (8, 2), (4, 4))):
-        s = Sample(tokens=torch.randint(0, 4096, (p,), generator=g).tolist(), status=Status.COMPLETED)
-        resp = torch.randint(0, 4096, (r,), generator=g).tolist()
-        s.append_response_tokens(resp, trainable=True, log_probs=[-2.0] * r, weight_version=0)
-        samples.append(s)
-        advs.append([1.0 if i % 2 else -1.0] * r)
-    return RolloutBatch(samples=samples, advantages=advs, step=0)
-
-
 def test_a_train_step_reports_its_collections_and_manual_gc_collects_once(tiny_model_dir, tmp_path, restore_gc):
     """The torch trainer's real step on the tiny model, in a TrainerWorker with --manual-gc --manual-gc-interval 1:
     automatic collection is off, so the step's one collection is the manual one after it."""
     cfg = RunConfig.from_args(_args(tiny_model_dir, tmp_path, ["--manual-gc", "--manual-gc-interval", "1"]))
     worker = TrainerWorker(cfg, tiny_model_dir, trainer_classes(get_plugins(), cfg))
     assert worker.frozen_objects > 100_000 and not gc.isenabled()  # torch, transformers, the model: all frozen
-    metrics = worker.train_step(_batch())
+    metrics = worker.train_step(small_rl_batch())
     assert metrics["perf/train_gc_collections"] == 1.0 and metrics["perf/train_gc_full_collections"] == 1.0
     assert 0.0 < metrics["perf/train_gc_time"] < metrics["perf/train_worker_time"]
     assert worker.manual_gc.steps == 1

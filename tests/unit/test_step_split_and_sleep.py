@@ -7,15 +7,14 @@ from __future__ import annotations
 
 import httpx
 import pytest
-import torch
 
+from tests.support.samples import small_rl_batch
 from vime_core.engines.engine import VLLMServer
 from vime_core.engines.fleet import EngineFleet
 from vime_core.testing.plugin_context import run_config
 from vime_core.testing.trainer_args import trainer_config
 from vime_core.trainer.profile import PROFILE_DIR_ENV, PROFILE_ENV, profile_path
 from vime_core.trainer.torch_backend import TorchTrainer
-from vime_core.types import RolloutBatch, Sample, Status
 from vime_core.weight_sync.disk import DiskWeightSync
 from vime_core.weight_sync.disk_delta import DiskDeltaWeightSync
 from vime_core.weight_sync.host_copy import HostCopy
@@ -24,22 +23,10 @@ from vime_core.weight_sync.ipc import IpcWeightSync
 pytestmark = pytest.mark.unit
 
 
-def _batch(step: int = 0) -> RolloutBatch:
-    g = torch.Generator().manual_seed(7)
-    samples, advs = [], []
-    for i, (p, r) in enumerate(((5, 6), (3, 9), (8, 2), (4, 4))):
-        s = Sample(tokens=torch.randint(0, 4096, (p,), generator=g).tolist(), status=Status.COMPLETED)
-        resp = torch.randint(0, 4096, (r,), generator=g).tolist()
-        s.append_response_tokens(resp, trainable=True, log_probs=[-2.0] * r, weight_version=0)
-        samples.append(s)
-        advs.append([1.0 if i % 2 else -1.0] * r)
-    return RolloutBatch(samples=samples, advantages=advs, step=step)
-
-
 @pytest.mark.parametrize("gbs", [None, 2], ids=["one-minibatch", "two-minibatches"])
 def test_the_train_step_is_split_into_phases_that_add_up(tiny_model_dir, gbs):
     trainer = TorchTrainer(trainer_config(global_batch_size=gbs, micro_batch_size=2), tiny_model_dir)
-    m = trainer.train_step(_batch())
+    m = trainer.train_step(small_rl_batch())
     phases = {k: v for k, v in m.items() if k.startswith("perf/train_") and k != "perf/train_compute_time"}
     expected = {"setup", "forward", "backward", "optimizer"} | ({"old_logprob"} if gbs else set())
     assert set(phases) == {f"perf/train_{p}_time" for p in expected}
@@ -52,9 +39,9 @@ def test_the_step_named_by_the_environment_is_profiled(tiny_model_dir, tmp_path,
     trainer = TorchTrainer(trainer_config(micro_batch_size=4), tiny_model_dir)
     monkeypatch.setenv(PROFILE_ENV, "1")
     monkeypatch.setenv(PROFILE_DIR_ENV, str(tmp_path))
-    trainer.train_step(_batch(step=0))
+    trainer.train_step(small_rl_batch(step=0))
     assert not list(tmp_path.iterdir())
-    trainer.train_step(_batch(step=1))
+    trainer.train_step(small_rl_batch(step=1))
     table = (tmp_path / "profile_train_step_1_rank0.txt").read_text()
     assert table.startswith("train step of rollout step 1, sorted by self_cpu_time_total")
     assert "aten::mm" in table or "aten::addmm" in table
