@@ -245,6 +245,7 @@ SPLIT_KEYS = (
     "perf/train_gc_time",
     "perf/train_gc_collections",
     "perf/train_gc_full_collections",
+    "perf/train_cuda_mallocs",
     "weight_sync/host_copy_seconds",
     "weight_sync/trainer_seconds",
     "weight_sync/engine_seconds",
@@ -322,6 +323,7 @@ def vime_run(name: str, argv: list[str], env: dict[str, str], params: float | No
         f"{res['perf/empty_cache_time']:.3f}, host copy overlapping {res['perf/host_copy_overlap_time']:.3f} (copy "
         f"{res['weight_sync/host_copy_seconds']:.2f} s); garbage collection {res['perf/train_gc_time']:.3f} s "
         f"({res['perf/train_gc_collections']:.0f} collections, {res['perf/train_gc_full_collections']:.0f} full); "
+        f"{res['perf/train_cuda_mallocs']:.0f} cudaMalloc calls; "
         f"{res['train/num_seq_tokens']:.0f} tokens"
         + (
             f"; MFU {100 * res['mfu_compute']:.1f}% (trainer step), {100 * res['mfu_train_time']:.1f}% (train time)"

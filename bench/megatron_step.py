@@ -362,14 +362,18 @@ def measure_steps(trainer, a: argparse.Namespace, name: str, batch_size: int, si
     """``a.warmup + a.steps`` training steps of ``batch_size`` samples of ``a.seq`` tokens: median step time, MFU
     (6·N·tokens with N the active parameters, and with causal attention) against ``peak`` TFLOP/s, tokens/s, peak
     memory and the median of the trainer's own split (``perf/train_*_time``)."""
+    from vime_core.trainer.profile import cuda_malloc_count
+
     times, splits, metrics = [], [], {}
     for step in range(a.warmup + a.steps):
         batch = rl_batch(sizes["vocab"], batch_size, a.seq, seed=step, prompt_len=a.prompt_len)
         torch.cuda.synchronize()
+        mallocs = cuda_malloc_count()
         t0 = time.perf_counter()
         metrics = trainer.train_step(batch)
         torch.cuda.synchronize()
         dt = time.perf_counter() - t0
+        metrics["perf/train_cuda_mallocs"] = float(cuda_malloc_count() - mallocs)  # as the loop's trainer rank reports
         if a.empty_cache:  # as the colocated loop does for the engine that wakes next (not timed: its own figure)
             t1 = time.perf_counter()
             torch.cuda.empty_cache()

@@ -8,6 +8,7 @@ import gc
 import weakref
 
 import pytest
+import torch
 
 from tests.support.samples import small_rl_batch
 from vime_core.cli.arguments import parse_run_args
@@ -116,3 +117,4 @@ def test_a_train_step_reports_its_collections_and_manual_gc_collects_once(tiny_m
     assert metrics["perf/train_gc_collections"] == 1.0 and metrics["perf/train_gc_full_collections"] == 1.0
     assert 0.0 < metrics["perf/train_gc_time"] < metrics["perf/train_worker_time"]
     assert worker.manual_gc.steps == 1
+    assert ("perf/train_cuda_mallocs" in metrics) == torch.cuda.is_available()  # the allocator's count: CUDA only

@@ -101,7 +101,8 @@ class TrainerWorker:
 
         Adds to the backend's metrics ``perf/train_worker_time`` (this call, seconds), ``perf/empty_cache_time``, the
         garbage collections inside the call (``perf/train_gc_time`` in seconds, ``perf/train_gc_collections``,
-        ``perf/train_gc_full_collections``; with ``--manual-gc`` they include its collection after the step) and,
+        ``perf/train_gc_full_collections``; with ``--manual-gc`` they include its collection after the step), with
+        CUDA ``perf/train_cuda_mallocs`` (segments the caching allocator took from the driver in the step) and,
         when the weight sync writes host copies (``ipc``), ``perf/host_copy_overlap_time`` (seconds of this step
         during which the previous version's host copy was still being written in this process) and
         ``weight_sync/host_copy_seconds`` (how long the last finished copy took).
@@ -110,9 +111,14 @@ class TrainerWorker:
 
         import torch
 
+        from vime_core.trainer.profile import cuda_malloc_count
+
         t0 = time.perf_counter()
         self.gc_clock.start()
+        mallocs = cuda_malloc_count()
         metrics = self.backend.train_step(batch)
+        if mallocs is not None:
+            metrics["perf/train_cuda_mallocs"] = float(cuda_malloc_count() - mallocs)
         if self.manual_gc is not None:
             self.manual_gc.after_step()
         metrics.update(self.gc_clock.stop())

@@ -69,3 +69,12 @@ def profiled(step: int, backend: Any) -> Iterator[None]:
     if os.environ.get(PROFILE_TRACE_ENV) == "1":
         prof.export_chrome_trace(str(path.with_suffix(".trace.json")))
     logger.info("profiled the train step of rollout step %d: %s", step, path)
+
+
+def cuda_malloc_count() -> int | None:
+    """How many segments this process's CUDA caching allocator has taken from the driver so far (``cudaMalloc``
+    calls: ``torch.cuda.memory_stats()["segment.all.allocated"]``, cumulative), or ``None`` without CUDA. Each one
+    costs the launching thread far more than a cached block: after ``empty_cache()`` a step pays them again."""
+    if not torch.cuda.is_available():
+        return None
+    return int(torch.cuda.memory_stats().get("segment.all.allocated", 0))
