@@ -377,28 +377,31 @@ class CpuSampler:
         self._stop.set()
         self._thread.join()
 
+    @staticmethod
+    def _read_stat(path: Path) -> tuple[str, int] | None:
+        """``(comm, utime + stime ticks)`` of a ``/proc/<pid>/stat`` or ``/proc/<pid>/task/<tid>/stat`` file, or
+        ``None`` when it is gone (fields 14 and 15; ``comm`` may hold spaces and parentheses)."""
+        try:
+            stat = path.read_text()
+        except OSError:
+            return None
+        rest = stat[stat.rindex(")") + 2 :].split()
+        return stat[stat.index("(") + 1 : stat.rindex(")")], int(rest[11]) + int(rest[12])
+
     def _run(self) -> None:
         while not self._stop.is_set():
             now, ticks = time.monotonic(), {}
             for d in Path("/proc").iterdir():
-                if not d.name.isdigit():
+                read = self._read_stat(d / "stat") if d.name.isdigit() else None
+                if read is None:
                     continue
-                try:
-                    stat = (d / "stat").read_text()
-                except OSError:
-                    continue
-                comm, rest = stat[stat.index("(") + 1 : stat.rindex(")")], stat[stat.rindex(")") + 2 :].split()
-                ticks[int(d.name)] = int(rest[11]) + int(rest[12])  # utime, stime (fields 14, 15)
+                comm, ticks[int(d.name)] = read
                 self.names[int(d.name)] = comm  # the latest: Ray renames a worker when it becomes an actor
                 if self.trainer in comm:  # and the trainer's threads, each: what shares its GIL and its core
                     for t in (d / "task").iterdir() if (d / "task").is_dir() else ():
-                        try:
-                            tstat = (t / "stat").read_text()
-                        except OSError:
-                            continue
-                        tcomm, trest = tstat[tstat.index("(") + 1 : tstat.rindex(")")], tstat[tstat.rindex(")") + 2 :]
-                        ticks[-int(t.name)] = sum(int(x) for x in trest.split()[11:13])
-                        self.names[-int(t.name)] = f"{comm}/{tcomm}"
+                        if (tread := self._read_stat(t / "stat")) is not None:
+                            ticks[-int(t.name)] = tread[1]
+                            self.names[-int(t.name)] = f"{comm}/{tread[0]}"
             self.samples.append((now, ticks))
             self._stop.wait(self.interval_s)
 
