@@ -270,3 +270,52 @@ def test_the_sigint_line_says_every_process_is_gone_only_once_the_reaper_has_fin
             os.kill(child, signal.SIGKILL)
         except ProcessLookupError:
             pass
+
+
+GUARD = os.path.join(ROOT, "vime_core", "engines", "process_guard.py")
+#: a member of the watched group that ignores SIGTERM, like vLLM's engine core
+STUBBORN = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"
+
+
+def _a_pid_that_is_gone() -> int:
+    done = subprocess.Popen(["true"])
+    done.wait()
+    return done.pid
+
+
+def test_a_watcher_whose_guard_died_before_it_armed_its_signal_still_stops_the_group():
+    """The CI failure of 2026-12-06: under load the guard was SIGKILLed before its watcher child had armed its
+    parent-death signal, the watcher took its new parent for the guard and never stopped the group. Here the watcher
+    starts with a parent that is not the pid it was given (the guard), as it would find after that race."""
+    watch = f"{sys.executable} -c {STUBBORN!r} & exec {sys.executable} {GUARD} --watch 1.0 {_a_pid_that_is_gone()}"
+    shell = subprocess.Popen(["sh", "-c", watch], start_new_session=True)  # its group: the stubborn one + watcher
+    try:
+        deadline = time.monotonic() + 20
+        while len(_group(shell.pid)) < 2 or not any("\x00import signal" in _cmdline(p) for p in _group(shell.pid)):
+            assert time.monotonic() < deadline, f"the group did not start: {_group(shell.pid)}"
+            time.sleep(0.05)
+        assert shell.wait(timeout=20) == 0  # the watcher (exec'd in the shell's place) stopped the group and exited
+        assert _wait_gone(shell.pid, within_s=5.0) < 5.0
+    finally:
+        for pid in _group(shell.pid):
+            os.kill(pid, signal.SIGKILL)
+        if shell.poll() is None:
+            shell.kill()
+            shell.wait()
+
+
+def test_a_run_reaper_whose_driver_died_before_it_armed_its_signal_still_reaps():
+    """The same race for the run reaper: its driver is gone before it starts watching, and it still kills what
+    carries the run's marker."""
+    marker = {**os.environ, "VIME_TEST_RUN": "race"}
+    child = subprocess.Popen([sys.executable, "-c", STUBBORN], env=marker, start_new_session=True)
+    reaper = subprocess.Popen([sys.executable, GUARD, "--reap-run", "VIME_TEST_RUN", "race", "0.5",
+                               str(_a_pid_that_is_gone())], start_new_session=True)  # fmt: skip
+    try:
+        assert reaper.wait(timeout=30) == 0
+        assert child.wait(timeout=5) == -signal.SIGKILL
+    finally:
+        for proc in (child, reaper):
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()

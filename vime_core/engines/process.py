@@ -64,9 +64,10 @@ def reap_orphaned_servers() -> list[int]:
 
 def guarded(cmd: list[str], grace_s: float) -> list[str]:
     """``cmd`` run under :mod:`vime_core.engines.process_guard` (by file path: the guard imports nothing of vime),
-    which stops the whole process group ``grace_s`` seconds after a SIGTERM once the starter is gone."""
+    which stops the whole process group ``grace_s`` seconds after a SIGTERM once the starter is gone. The starter is
+    this process: run the command from here."""
     guard = Path(__file__).with_name("process_guard.py")
-    return [sys.executable, str(guard), str(grace_s), "--", *cmd]
+    return [sys.executable, str(guard), str(grace_s), str(os.getpid()), "--", *cmd]
 
 
 #: environment variable naming a run; every process the run starts inherits it (Ray's too, set before ray.init)
@@ -88,7 +89,7 @@ def start_run_reaper(grace_s: float = 6.0) -> str:
     guard = Path(__file__).with_name("process_guard.py")
     _reapers.append(
         subprocess.Popen(
-            [sys.executable, str(guard), "--reap-run", RUN_ENV, run_id, str(grace_s)],
+            [sys.executable, str(guard), "--reap-run", RUN_ENV, run_id, str(grace_s), str(os.getpid())],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,

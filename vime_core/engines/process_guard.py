@@ -1,11 +1,11 @@
-"""The guard a managed server runs under: ``python process_guard.py GRACE_S -- COMMAND...`` (run by file path, so it
-imports nothing of vime).
+"""The guard a managed server runs under: ``python process_guard.py GRACE_S STARTER_PID -- COMMAND...`` (run by file
+path, so it imports nothing of vime).
 
 The guard leads the server's process group and stops the whole group (SIGTERM, then SIGKILL after ``GRACE_S``) when
 the process that started it dies, ``kill -9`` included; a watcher child stops the group if the guard itself is
 killed. With ``VIME_CPU_AFFINITY=0,1,...`` in its environment the guard starts the server on those cores only (Linux
-``sched_setaffinity``; every process and thread the server starts inherits it). ``--reap-run KEY VALUE GRACE_S`` is
-the run reaper (:func:`vime_core.engines.process.start_run_reaper`).
+``sched_setaffinity``; every process and thread the server starts inherits it). ``--reap-run KEY VALUE GRACE_S
+STARTER_PID`` is the run reaper (:func:`vime_core.engines.process.start_run_reaper`).
 How and why: docs/engine_health.md, "No process outlives the run".
 """
 
@@ -80,10 +80,13 @@ def _signal(pid: int, sig: int) -> None:
         pass
 
 
-def _watch_parent(on_death_signal: bool = True) -> tuple[int, list[bool]]:
-    """Handlers so that a stop of the group waits for the server, and the parent's death is noticed; returns the
-    parent's pid and a flag list set once it is gone."""
-    parent = os.getppid()
+def _watch_parent(parent: int) -> list[bool]:
+    """Handlers so that a stop of the group waits for the server, and the death of ``parent`` (the pid that started
+    this process) is noticed; returns a flag list set once it is gone.
+
+    ``parent`` comes from the starter, not from ``os.getppid()`` here: a starter that dies before this process has
+    armed its parent-death signal (a loaded machine may take a second to get here) leaves it with another parent
+    already, which ``os.getppid() != parent`` right after arming catches."""
     gone = [False]
 
     def on_parent_signal(signum: int, frame: object) -> None:
@@ -92,15 +95,15 @@ def _watch_parent(on_death_signal: bool = True) -> tuple[int, list[bool]]:
     signal.signal(PARENT_DEATH_SIGNAL, on_parent_signal)
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, lambda *_: None)  # a stop of the group: the server got it too; wait for the server
-    if on_death_signal:
-        _set_parent_death_signal(PARENT_DEATH_SIGNAL)
-    return parent, gone
+    _set_parent_death_signal(PARENT_DEATH_SIGNAL)
+    gone[0] = gone[0] or os.getppid() != parent  # gone before the signal was armed
+    return gone
 
 
-def watch(grace_s: float) -> int:
-    """The watcher: a child of the guard in the same group. When the guard dies without its cleanup (Ray SIGKILLs
-    a dead worker's direct children, the guard among them), the watcher stops the group."""
-    parent, gone = _watch_parent()
+def watch(grace_s: float, parent: int) -> int:
+    """The watcher: a child of the guard (pid ``parent``) in the same group. When the guard dies without its cleanup
+    (Ray SIGKILLs a dead worker's direct children, the guard among them), the watcher stops the group."""
+    gone = _watch_parent(parent)
     while not gone[0] and os.getppid() == parent:
         time.sleep(0.5)
     stop_group(os.getpgrp(), grace_s)
@@ -141,10 +144,11 @@ def descendants(root: int, table: dict[int, tuple[int, int, str]]) -> dict[int, 
     return found
 
 
-def reap_run(key: str, value: str, grace_s: float) -> int:
-    """The run reaper: once the driver that started it is gone (however it ended), wait ``grace_s`` for the guards
-    and Ray to stop their processes, then SIGKILL every process still carrying the run's marker ``key=value``
-    (Ray's GCS, raylet and agents included, which can outlive a killed driver), scanning again for a few seconds.
+def reap_run(key: str, value: str, grace_s: float, parent: int) -> int:
+    """The run reaper: once the driver that started it (pid ``parent``) is gone (however it ended), wait ``grace_s``
+    for the guards and Ray to stop their processes, then SIGKILL every process still carrying the run's marker
+    ``key=value`` (Ray's GCS, raylet and agents included, which can outlive a killed driver), scanning again for a few
+    seconds.
 
     A process may overwrite its environment with its title (Ray's agents do: ``ray::DashboardAgent`` reads an empty
     ``/proc/<pid>/environ``), so the reaper also remembers the driver's descendants while the driver lives (every
@@ -153,7 +157,7 @@ def reap_run(key: str, value: str, grace_s: float) -> int:
     :data:`REAP_NOW_SIGNAL` from the driver (:func:`vime_core.engines.process.finish_run_reaper`, after its own
     cleanup on a signal) starts the reaping at once, without the grace, and ends it after 1 quiet second, so the
     driver can wait for the reaper before it says that every process is gone."""
-    parent, gone = _watch_parent()
+    gone = _watch_parent(parent)
     now = [False]
     signal.signal(REAP_NOW_SIGNAL, lambda *_: now.__setitem__(0, True))
     seen: dict[int, str] = {}
@@ -187,14 +191,14 @@ def reap_run(key: str, value: str, grace_s: float) -> int:
 def main(argv: list[str]) -> int:
     """The guard: start the watcher and the server, wait for the server; see the module docstring."""
     if argv[0] == "--watch":
-        return watch(float(argv[1]))
+        return watch(float(argv[1]), int(argv[2]))
     if argv[0] == "--reap-run":
-        return reap_run(argv[1], argv[2], float(argv[3]))
-    grace_s = float(argv[0])
+        return reap_run(argv[1], argv[2], float(argv[3]), int(argv[4]))
+    grace_s, parent = float(argv[0]), int(argv[1])
     command = argv[argv.index("--") + 1 :]
     pgid = os.getpgrp()
-    parent, gone = _watch_parent()
-    watcher = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--watch", str(grace_s)])
+    gone = _watch_parent(parent)
+    watcher = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--watch", str(grace_s), str(os.getpid())])
     cpus = os.environ.get(CPU_AFFINITY_ENV)
     if cpus:  # pin the server (it inherits the guard's affinity), not the watcher started above
         os.sched_setaffinity(0, {int(c) for c in cpus.split(",")})
