@@ -18,6 +18,10 @@ Sections (default order; rough seconds on one H100/H200 with warm compile caches
   weight sync split with the wake, MFU inside the loop, |Δlogp|.
 * ``bench_train`` (~80 s): ``bench/megatron_step.py`` on the same 1B and shapes (8 and 16 × 1,124 tokens, 100 of
   them prompt; bshd and thd; ``--empty-cache`` as in the loop) — the bench column of the training row.
+* ``bench_train_ray`` (~60 s): ``bench_train`` at 8 × 1,124 (bshd) inside a Ray worker placed as vime's trainer rank
+  (``--in-ray``), and ``bench_train_beside`` (~90 s): the same while a vLLM engine of the 1B sleeps (level 2) on the
+  GPU. With ``run1b`` and ``bench_train`` they split the in-loop step's extra time between the Ray process, the
+  sleeping engine's process on the GPU, and the loop itself (not in the default list).
 * ``run135m`` (~90 s): the GPU quickstart (examples/gpu/quickstart.yaml, 3 steps): |Δlogp|, sync split.
 * ``run1b_16`` (~120 s): as ``run1b`` with 16 samples a step.
 * ``run1b_resident`` (~120 s): ``run1b`` with ``--no-offload-rollout --vllm-gpu-memory-utilization 0.3``: engine and
@@ -489,27 +493,56 @@ QUICKSTART = [
 ]
 
 
-def bench_train(model: Path) -> None:
-    """``bench/megatron_step.py`` on ``model`` at the loop's shapes (subprocess: its own GPU process)."""
-    out = OUT / "bench_train.json"
+def bench_train(model: Path, name: str = "bench_train", batches: str = "8,16", formats: str = "bshd,thd",
+                extra: tuple[str, ...] = (), wait_idle: bool = True) -> None:  # fmt: skip
+    """``bench/megatron_step.py`` on ``model`` at the loop's shapes (subprocess: its own GPU process); ``extra``:
+    more of its flags (``--in-ray``); ``wait_idle``: wait for the GPU to have no process after it. Its figures go to
+    ``RESULTS[name]``."""
+    out = OUT / f"{name}.json"
     cmd = [
         sys.executable,
         str(ROOT / "bench/megatron_step.py"),
-        *("--model", str(model), "--batch", "8,16", "--micro-batch", "8", "--prompt-len", "100", "--seq", "1124"),
-        *("--attention", "sdpa", "--qkv-format", "bshd,thd", "--empty-cache", "--skip-checks"),
+        *("--model", str(model), "--batch", batches, "--micro-batch", "8", "--prompt-len", "100", "--seq", "1124"),
+        *("--attention", "sdpa", "--qkv-format", formats, "--empty-cache", "--skip-checks"),
         *("--steps", "3", "--warmup", "1", "--json", str(out)),
         *(["--profile"] if ARGS.profile else []),
+        *extra,
     ]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
-    with open(OUT / "bench_train.log", "w") as logf:
+    with open(OUT / f"{name}.log", "w") as logf:
         proc = subprocess.run(cmd, stdout=logf, stderr=subprocess.STDOUT, env=env, cwd=ROOT, timeout=ARGS.run_timeout)
-    wait_gpu_idle()
-    text = (OUT / "bench_train.log").read_text()
+    if wait_idle:
+        wait_gpu_idle()
+    text = (OUT / f"{name}.log").read_text()
     if proc.returncode != 0 or not out.exists():
-        log(f"bench_train failed ({proc.returncode}):\n{text[-4000:]}")
+        log(f"{name} failed ({proc.returncode}):\n{text[-4000:]}")
         return
-    RESULTS["bench_train"] = json.loads(out.read_text())
-    log("bench_train:\n" + "\n".join(line for line in text.splitlines() if "median step" in line or "profile" in line))
+    RESULTS[name] = json.loads(out.read_text())
+    log(f"{name}:\n" + "\n".join(line for line in text.splitlines() if "median step" in line or "profile" in line))
+
+
+def bench_train_beside_engine(model: Path) -> None:
+    """``bench_train`` (8 × 1,124, bshd) while a vLLM engine of ``model`` sleeps on the same GPU, as the colocated
+    loop's engine does during the train step (``--enable-sleep-mode``, 0.5 of the memory, CUDA graphs, level-2
+    sleep): what sharing the GPU with the sleeping engine's process costs the step, without Ray or the loop."""
+    from vime_core.engines.engine import VLLMServer
+
+    server = VLLMServer(
+        model,
+        served_model_name="policy",
+        enforce_eager=False,
+        dtype="bfloat16",
+        extra_args=["--seed", "0", "--enable-sleep-mode", "--gpu-memory-utilization", "0.5"],
+        log_path=OUT / "bench_train_beside-vllm.log",
+    )
+    server.start()
+    try:
+        server.wait_ready(900)
+        server.sleep(level=2)
+        bench_train(model, "bench_train_beside", batches="8", formats="bshd", wait_idle=False)
+    finally:
+        server.stop()
+        wait_gpu_idle()
 
 
 def peak_tflops() -> float:
@@ -527,10 +560,8 @@ def table() -> str:
             v = v.get(k) if isinstance(v, dict) else None
         return "—" if v is None or v != v else fmt.format(v * scale)
 
-    bt = RESULTS.get("bench_train", {})
-
-    def bench(fmt: str, n: int, key: str, scale: float = 1.0) -> str:
-        r = bt.get(f"train_sdpa{'' if fmt == 'bshd' else '-' + fmt}_{n}x1124", {})
+    def bench(fmt: str, n: int, key: str, scale: float = 1.0, section: str = "bench_train") -> str:
+        r = RESULTS.get(section, {}).get(f"train_sdpa{'' if fmt == 'bshd' else '-' + fmt}_{n}x1124", {})
         v = r.get(key)
         return "—" if v is None else f"{v * scale:.3f}" if scale == 1.0 else f"{v * scale:.1f}%"
 
@@ -549,6 +580,15 @@ def table() -> str:
         f"{g('run1b', 'perf/train_compute_time')} / {g('run1b', 'perf/train_time')} s vs "
         f"{bench('bshd', 8, 'step_s_median')}, {bench('thd', 8, 'step_s_median')} s; MFU "
         f"{g('run1b', 'mfu_compute', fmt='{:.1f}%', scale=100)} vs {bench('bshd', 8, 'mfu_6nt', 100)} | within 10 % |",
+        f"| training 8 × 1,124, where the loop's extra time goes: bench / in a Ray worker / beside a sleeping engine "
+        f"/ in the loop with mallocs per step | {bench('bshd', 8, 'step_s_median')} / "
+        f"{bench('bshd', 8, 'step_s_median', section='bench_train_ray')} / "
+        f"{bench('bshd', 8, 'step_s_median', section='bench_train_beside')} / "
+        f"{g('run1b', 'perf/train_compute_time')} s; mallocs "
+        f"{g('bench_train', 'train_sdpa_8x1124', 'split', 'perf/train_cuda_mallocs', fmt='{:.0f}')} / "
+        f"{g('bench_train_ray', 'train_sdpa_8x1124', 'split', 'perf/train_cuda_mallocs', fmt='{:.0f}')} / "
+        f"{g('bench_train_beside', 'train_sdpa_8x1124', 'split', 'perf/train_cuda_mallocs', fmt='{:.0f}')} / "
+        f"{g('run1b', 'perf/train_cuda_mallocs', fmt='{:.0f}')} | within 10 % |",
         f"| training 16 × 1,124 tokens | {g('run1b_16', 'perf/train_compute_time')} / "
         f"{g('run1b_16', 'perf/train_time')} s vs {bench('bshd', 16, 'step_s_median')}, "
         f"{bench('thd', 16, 'step_s_median')} s; MFU {g('run1b_16', 'mfu_compute', fmt='{:.1f}%', scale=100)} vs "
@@ -599,6 +639,10 @@ def main() -> None:
         "throughput": lambda: throughput("135m", SMOLLM, ARGS.prompts, ARGS.max_tokens, ARGS.repeats),
         "run1b": lambda: vime_run("run1b", run_args(build_1b(one_b), 8), {}, params_of(one_b), 3),
         "bench_train": lambda: bench_train(build_1b(one_b)),
+        "bench_train_ray": lambda: bench_train(
+            build_1b(one_b), "bench_train_ray", batches="8", formats="bshd", extra=("--in-ray",)
+        ),
+        "bench_train_beside": lambda: bench_train_beside_engine(build_1b(one_b)),
         "run135m": lambda: vime_run("run135m", QUICKSTART, {}, None, 3),
         "run1b_16": lambda: vime_run("run1b_16", run_args(build_1b(one_b), 16), {}, params_of(one_b), 3),
         "throughput1b": lambda: throughput("1b", build_1b(one_b), 8, 1024, ARGS.repeats),

@@ -35,9 +35,9 @@ The shapes of a step inside ``vime run`` (``bench/gpu_loop.py`` runs this as its
 ``--model`` trains an existing HF checkpoint instead of ``--shapes`` (its parameter count in the MFU);
 ``--prompt-len`` sets the prompt part of each ``--seq``-token sample; ``--empty-cache`` returns the allocator's
 cache to the GPU after every step, as the colocated loop does for the sleeping engine; ``--qkv-format`` the
-micro-batch layout; ``--profile`` prints the operators that took the most GPU time in one step. Each step's split
-(forward, backward, optimizer, ...) is the
-trainer's own ``perf/train_*_time``.
+micro-batch layout; ``--profile`` prints the operators that took the most GPU time in one step; ``--in-ray`` runs
+it all in a Ray worker placed as vime places a trainer rank (what the Ray process costs the step). Each step's split
+(forward, backward, optimizer, ...) is the trainer's own ``perf/train_*_time``.
 """
 
 from __future__ import annotations
@@ -322,8 +322,27 @@ def main() -> None:
     ap.add_argument("--skip-checks", action="store_true", help="no round trip, no comparison with HF")
     ap.add_argument("--profile", action="store_true", help="print the top GPU operators of one step")
     ap.add_argument("--json", type=Path, default=None, help="write the results here")
+    ap.add_argument(
+        "--in-ray",
+        action="store_true",
+        help="run the bench inside a Ray task placed as vime places a trainer rank (num_gpus=1, num_cpus=0)",
+    )
     a = ap.parse_args()
-    res: dict = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__}
+    if a.in_ray:
+        import ray
+
+        ray.init(num_gpus=1, include_dashboard=False, log_to_driver=True)
+        try:
+            ray.get(ray.remote(num_gpus=1, num_cpus=0)(run).remote(a))
+        finally:
+            ray.shutdown()
+    else:
+        run(a)
+
+
+def run(a: argparse.Namespace) -> None:
+    """The bench for the parsed command line ``a`` (in this process, or in a Ray worker with ``--in-ray``)."""
+    res: dict = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "in_ray": a.in_ray}
     try:
         import megatron.core
 
