@@ -123,6 +123,7 @@ GATE_FILES = frozenset(
         "tests/unit/test_examples.py",
         "tests/unit/test_examples_vlm.py",
         "tests/unit/test_finish_and_overlong.py",
+        "tests/unit/test_fp32_lm_head_torch.py",
         "tests/unit/test_gpu_test_imports.py",
         "tests/unit/test_hooks.py",
         "tests/unit/test_humaneval_export.py",

@@ -255,8 +255,9 @@ class EngineConfig(Section):
     fp32_lm_head: bool = flag(
         action=argparse.BooleanOptionalAction,
         default=True,
-        help="float32 logits on both sides: a bf16/fp16 engine's LM head and the megatron trainer's output layer "
-        "multiply in bf16 but sum and return float32 instead of rounding every logit to bf16, which alone puts "
+        help="float32 logits on both sides: a bf16/fp16 engine's LM head and the trainer's (megatron's output layer, "
+        "the torch trainer's lm_head) multiply in bf16 but sum and return float32 instead of rounding every logit to "
+        "bf16, which alone puts "
         "~0.01-0.03 nats between engine and trainer log-probs (docs/gpu.md)",
     )
     vllm_enable_deterministic_inference: bool = flag(

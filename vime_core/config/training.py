@@ -255,6 +255,7 @@ class TrainerConfig(Section):
     num_rollout: int = ref()
     rollout_batch_size: int = ref()
     n_samples_per_prompt: int = ref()
+    fp32_lm_head: bool = ref()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -1,10 +1,11 @@
-"""The megatron trainer's LM head with float32 logits: bf16 hidden states times the bf16 output weight, summed and
-returned in float32, never rounded to bf16.
+"""The trainer's LM head with float32 logits (``--fp32-lm-head``, both trainers): bf16 hidden states times the bf16
+output weight, summed and returned in float32, never rounded to bf16.
 
 A bf16 ``Linear`` rounds each logit to bf16: up to 1/32 nat at magnitudes 8–16, 1/16 at 16–32, and the engine rounds
 its own logits from slightly different sums, so the two roundings alone put a mean |Δlogp| of that order between a
-bf16 vLLM engine and a bf16 trainer (docs/gpu.md, "|Δlogp|"). :func:`install_fp32_output_layer` computes the logits
-with :func:`~vime_core.algorithms.logprobs.fp32_logits`, the product the engine uses with ``--fp32-lm-head``
+bf16 vLLM engine and a bf16 trainer (docs/gpu.md, "|Δlogp|"). :func:`install_fp32_output_layer` (a megatron-core
+``GPTModel``) and :func:`install_fp32_lm_head` (a Hugging Face model, the torch trainer) compute the logits with
+:func:`~vime_core.algorithms.logprobs.fp32_logits`, the product the engine uses with ``--fp32-lm-head``
 (``VimeWorkerExtension.vime_fp32_lm_head``); its backward is a bf16 ``Linear``'s (the gradient rounded to bf16, then
 bf16 products), so training costs what it did.
 """
@@ -67,3 +68,24 @@ def install_fp32_output_layer(gpt: Any, tp: int = 1, tp_group: Any = None) -> No
 
     layer.forward = forward
     layer.vime_fp32_logits = True
+
+
+def install_fp32_lm_head(model: torch.nn.Module) -> bool:
+    """Make a Hugging Face model's LM head (``get_output_embeddings()``) return float32 logits (:class:`FP32Logits`)
+    when it is a bias-free ``Linear`` with bf16 or fp16 weights; a tied head keeps sharing the embedding's weight.
+
+    :return: whether the head was switched: False for float32 weights (their logits are float32 already), a head
+        with a bias, or one that is not a plain ``Linear``.
+    """
+    head = model.get_output_embeddings()
+    if type(head) is not torch.nn.Linear or head.bias is not None:
+        return False
+    if head.weight.dtype not in (torch.bfloat16, torch.float16):
+        return False
+
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        return FP32Logits.apply(x, head.weight)
+
+    head.forward = forward
+    head.vime_fp32_logits = True
+    return True

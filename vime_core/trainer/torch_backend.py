@@ -24,6 +24,7 @@ from vime_core.config import RunConfig
 from vime_core.models import resolve_model
 from vime_core.trainer.base import TrainerBackend, lora_adapter_of
 from vime_core.trainer.critic import Critic, adamw_with_checkpointing, clip_and_step
+from vime_core.trainer.fp32_head import install_fp32_lm_head
 from vime_core.trainer.lora_torch import AdapterDisabledReference, LoraModel
 from vime_core.trainer.packing import enable_packed_attention, packed_batch, packed_hidden_states
 from vime_core.trainer.padding import left_padded_batch, response_slices
@@ -151,7 +152,8 @@ def packable(model: torch.nn.Module) -> bool:
 
 class ReferenceModel:
     """The frozen reference policy for KL (``--ref-load``: an HF directory or a known model name; default: the
-    initial policy), on the trainer's device and dtype. Loaded only when KL is enabled.
+    initial policy), on the trainer's device and dtype, with float32 logits when ``fp32_lm_head`` (as the policy's).
+    Loaded only when KL is enabled.
     """
 
     def __init__(
@@ -161,6 +163,7 @@ class ReferenceModel:
         device: torch.device,
         dtype: torch.dtype,
         routing_replay: bool = False,
+        fp32_lm_head: bool = False,
     ) -> None:
         path = Path(ref_load or model_path)
         if not (path / "config.json").is_file():
@@ -168,6 +171,8 @@ class ReferenceModel:
         self.path = path
         self.device = device
         self.model = load_hf_model(path, dtype).to(device)
+        if fp32_lm_head:  # the policy's logits are float32 too (TorchTrainer)
+            install_fp32_lm_head(self.model)
         self.model.eval()
         self.model.requires_grad_(False)
         self.packing = packable(self.model)  # packed rows (see response_log_probs), else left-padded batches
@@ -231,6 +236,8 @@ class TorchTrainer(TrainerBackend):
         self.device = torch.device(cfg.train_device)
         dtype = DTYPES[cfg.train_dtype]
         self.model = load_hf_model(model_path, dtype).to(self.device)
+        # --fp32-lm-head: float32 logits from a bf16/fp16 model, as the engine returns them (no change in float32)
+        self.fp32_lm_head = cfg.fp32_lm_head and install_fp32_lm_head(self.model)
         # a vision-language model: its vision tower trains unless --freeze-vision-tower (docs/vlm.md)
         self.vision_frozen = False
         self.vision_model = is_vl_model(self.model)
@@ -263,7 +270,12 @@ class TorchTrainer(TrainerBackend):
             self.ref_model = AdapterDisabledReference(self.lora, self._reference_forward, self.packing)
         elif kl_enabled(algo):
             self.ref_model = ReferenceModel(
-                algo.ref_load, self.model_path, self.device, dtype, routing_replay=self.routing_replay
+                algo.ref_load,
+                self.model_path,
+                self.device,
+                dtype,
+                routing_replay=self.routing_replay,
+                fp32_lm_head=cfg.fp32_lm_head,
             )
         self.critic = None
         if uses_critic(algo):
