@@ -20,8 +20,10 @@ Sections (default order; rough seconds on one H100/H200 with warm compile caches
   them prompt; bshd and thd; ``--empty-cache`` as in the loop) — the bench column of the training row.
 * ``bench_train_ray`` (~60 s): ``bench_train`` at 8 × 1,124 (bshd) inside a Ray worker placed as vime's trainer rank
   (``--in-ray``), and ``bench_train_beside`` (~90 s): the same while a vLLM engine of the 1B sleeps (level 2) on the
-  GPU. With ``run1b`` and ``bench_train`` they split the in-loop step's extra time between the Ray process, the
-  sleeping engine's process on the GPU, and the loop itself (not in the default list).
+  GPU; ``bench_train_idle`` (~50 s): the bench idle for 2 s before each step, as the loop's trainer is through the
+  rollout (a CPU that clocks down or loses its caches meanwhile). With ``run1b`` and ``bench_train`` they split the
+  in-loop step's extra time between the Ray process, the sleeping engine's process on the GPU, the idle CPU and the
+  loop itself (not in the default list).
 * ``run135m`` (~90 s): the GPU quickstart (examples/gpu/quickstart.yaml, 3 steps): |Δlogp|, sync split.
 * ``run1b_16`` (~120 s): as ``run1b`` with 16 samples a step.
 * ``run1b_resident`` (~120 s): ``run1b`` with ``--no-offload-rollout --vllm-gpu-memory-utilization 0.3``: engine and
@@ -581,13 +583,15 @@ def table() -> str:
         f"{bench('bshd', 8, 'step_s_median')}, {bench('thd', 8, 'step_s_median')} s; MFU "
         f"{g('run1b', 'mfu_compute', fmt='{:.1f}%', scale=100)} vs {bench('bshd', 8, 'mfu_6nt', 100)} | within 10 % |",
         f"| training 8 × 1,124, where the loop's extra time goes: bench / in a Ray worker / beside a sleeping engine "
-        f"/ in the loop with mallocs per step | {bench('bshd', 8, 'step_s_median')} / "
+        f"/ idle 2 s before each step / in the loop, with mallocs per step | {bench('bshd', 8, 'step_s_median')} / "
         f"{bench('bshd', 8, 'step_s_median', section='bench_train_ray')} / "
         f"{bench('bshd', 8, 'step_s_median', section='bench_train_beside')} / "
+        f"{bench('bshd', 8, 'step_s_median', section='bench_train_idle')} / "
         f"{g('run1b', 'perf/train_compute_time')} s; mallocs "
         f"{g('bench_train', 'train_sdpa_8x1124', 'split', 'perf/train_cuda_mallocs', fmt='{:.0f}')} / "
         f"{g('bench_train_ray', 'train_sdpa_8x1124', 'split', 'perf/train_cuda_mallocs', fmt='{:.0f}')} / "
         f"{g('bench_train_beside', 'train_sdpa_8x1124', 'split', 'perf/train_cuda_mallocs', fmt='{:.0f}')} / "
+        f"{g('bench_train_idle', 'train_sdpa_8x1124', 'split', 'perf/train_cuda_mallocs', fmt='{:.0f}')} / "
         f"{g('run1b', 'perf/train_cuda_mallocs', fmt='{:.0f}')} | within 10 % |",
         f"| training 16 × 1,124 tokens | {g('run1b_16', 'perf/train_compute_time')} / "
         f"{g('run1b_16', 'perf/train_time')} s vs {bench('bshd', 16, 'step_s_median')}, "
@@ -643,6 +647,9 @@ def main() -> None:
             build_1b(one_b), "bench_train_ray", batches="8", formats="bshd", extra=("--in-ray",)
         ),
         "bench_train_beside": lambda: bench_train_beside_engine(build_1b(one_b)),
+        "bench_train_idle": lambda: bench_train(
+            build_1b(one_b), "bench_train_idle", batches="8", formats="bshd", extra=("--idle-between-steps", "2")
+        ),
         "run135m": lambda: vime_run("run135m", QUICKSTART, {}, None, 3),
         "run1b_16": lambda: vime_run("run1b_16", run_args(build_1b(one_b), 16), {}, params_of(one_b), 3),
         "throughput1b": lambda: throughput("1b", build_1b(one_b), 8, 1024, ARGS.repeats),

@@ -36,8 +36,9 @@ The shapes of a step inside ``vime run`` (``bench/gpu_loop.py`` runs this as its
 ``--prompt-len`` sets the prompt part of each ``--seq``-token sample; ``--empty-cache`` returns the allocator's
 cache to the GPU after every step, as the colocated loop does for the sleeping engine; ``--qkv-format`` the
 micro-batch layout; ``--profile`` prints the operators that took the most GPU time in one step; ``--in-ray`` runs
-it all in a Ray worker placed as vime places a trainer rank (what the Ray process costs the step). Each step's split
-(forward, backward, optimizer, ...) is the trainer's own ``perf/train_*_time``.
+it all in a Ray worker placed as vime places a trainer rank (what the Ray process costs the step);
+``--idle-between-steps S`` sleeps ``S`` seconds before each step, as the loop's trainer idles through a rollout.
+Each step's split (forward, backward, optimizer, ...) is the trainer's own ``perf/train_*_time``.
 """
 
 from __future__ import annotations
@@ -323,6 +324,12 @@ def main() -> None:
     ap.add_argument("--profile", action="store_true", help="print the top GPU operators of one step")
     ap.add_argument("--json", type=Path, default=None, help="write the results here")
     ap.add_argument(
+        "--idle-between-steps",
+        type=float,
+        default=0.0,
+        help="seconds this process sleeps before each step, as the loop's trainer waits through the rollout and sync",
+    )
+    ap.add_argument(
         "--in-ray",
         action="store_true",
         help="run the bench inside a Ray task placed as vime places a trainer rank (num_gpus=1, num_cpus=0)",
@@ -387,6 +394,8 @@ def measure_steps(trainer, a: argparse.Namespace, name: str, batch_size: int, si
     for step in range(a.warmup + a.steps):
         batch = rl_batch(sizes["vocab"], batch_size, a.seq, seed=step, prompt_len=a.prompt_len)
         torch.cuda.synchronize()
+        if a.idle_between_steps:  # an idle CPU may clock down or lose its caches, as the loop's trainer's does
+            time.sleep(a.idle_between_steps)
         mallocs = cuda_malloc_count()
         t0 = time.perf_counter()
         metrics = trainer.train_step(batch)
