@@ -13,7 +13,9 @@ two paths, against one float32 reference on the same tokens. Prints numbers; ass
    ``vime eval`` score).
 3. The trainer (``--trainer``; bf16 with a float32 LM head for megatron, as in the loop) scores the response tokens
    in its old-log-prob pass (:func:`vime_core.trainer.rl_step.old_log_probs`).
-4. Hugging Face's model in float32 (the reference) and in ``--dtype`` scores them too.
+4. Hugging Face's model in float32 (the reference) and in ``--dtype`` scores them too; then, in ``--dtype`` with
+   float32 logits, its variants (:data:`VARIANTS`: SDPA or eager attention, SiLU·up rounded twice or once), each
+   against the engine: the variant nearest the engine rounds where the engine does.
 
 For each pair it prints the mean |Δlogp| over all response tokens. The loop's ``train/train_rollout_logprob_abs_diff``
 is the pair (engine decode, trainer). Reading it: when each side is about as far from the float32 reference as the
@@ -132,17 +134,43 @@ def trainer_side(a: argparse.Namespace, rows: list[dict]) -> None:
         torch.cuda.empty_cache()
 
 
+def _one_rounding_mlp(mlp: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """A gated MLP's forward with SiLU(gate)·up computed in float32 and rounded once (as a fused kernel does)."""
+    gate, up = mlp.gate_proj(x), mlp.up_proj(x)
+    return mlp.down_proj((torch.nn.functional.silu(gate.float()) * up.float()).to(x.dtype))
+
+
 @torch.no_grad()
-def hf_side(a: argparse.Namespace, rows: list[dict], dtype: torch.dtype, key: str) -> None:
-    """Hugging Face's model in ``dtype`` (eager attention) scores each row alone: sets ``row[key]``."""
+def hf_side(
+    a: argparse.Namespace,
+    rows: list[dict],
+    dtype: torch.dtype,
+    key: str,
+    attention: str = "eager",
+    fp32_head: bool = False,
+    one_rounding_silu: bool = False,
+) -> None:
+    """Hugging Face's model in ``dtype`` scores each row alone: sets ``row[key]``. ``attention``: transformers'
+    ``attn_implementation``; ``fp32_head``: float32 logits from the ``dtype`` hidden states and head
+    (:func:`~vime_core.algorithms.logprobs.fp32_logits`); ``one_rounding_silu``: every decoder layer's MLP rounds
+    SiLU(gate)·up once (:func:`_one_rounding_mlp`)."""
+    import types
+
     from transformers import AutoModelForCausalLM
 
+    from vime_core.algorithms.logprobs import fp32_logits
+
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    model = AutoModelForCausalLM.from_pretrained(str(a.model), dtype=dtype, attn_implementation="eager").to(device)
-    model.eval()
+    model = AutoModelForCausalLM.from_pretrained(str(a.model), dtype=dtype, attn_implementation=attention)
+    model.to(device).eval()
+    if one_rounding_silu:
+        for layer in model.model.layers:
+            layer.mlp.forward = types.MethodType(_one_rounding_mlp, layer.mlp)
+    head = model.get_output_embeddings().weight
     for r in rows:
         ids = torch.tensor([r["prompt"] + r["response"]], device=device)
-        logits = model(ids).logits[0, len(r["prompt"]) - 1 : -1].float()
+        hidden = model.model(ids).last_hidden_state[0, len(r["prompt"]) - 1 : -1]
+        logits = fp32_logits(hidden, head) if fp32_head else (hidden @ head.t()).float()
         lp = torch.log_softmax(logits, dim=-1).gather(1, ids[0, len(r["prompt"]) :, None])[:, 0]
         r[key] = lp.cpu().tolist()
     del model
@@ -150,13 +178,25 @@ def hf_side(a: argparse.Namespace, rows: list[dict], dtype: torch.dtype, key: st
         torch.cuda.empty_cache()
 
 
+#: Hugging Face variants in ``--dtype`` with float32 logits: which rounding structure is nearest the engine's
+VARIANTS = {
+    "hf_sdpa": dict(attention="sdpa", fp32_head=True),
+    "hf_eager": dict(attention="eager", fp32_head=True),
+    "hf_sdpa_silu1": dict(attention="sdpa", fp32_head=True, one_rounding_silu=True),
+    "hf_eager_silu1": dict(attention="eager", fp32_head=True, one_rounding_silu=True),
+}
+
+
+def _mean_abs(rows: list[dict], x: str, y: str) -> float:
+    return statistics.fmean(abs(p - q) for r in rows for p, q in zip(r[x], r[y], strict=True))
+
+
 def pair_table(rows: list[dict]) -> dict[str, float]:
     """Mean |Δlogp| over every response token of ``rows`` for each pair of :data:`SOURCES` present in all rows."""
     present = [s for s in SOURCES if all(s in r for r in rows)]
     out = {}
     for x, y in itertools.combinations(present, 2):
-        diffs = [abs(p - q) for r in rows for p, q in zip(r[x], r[y], strict=True)]
-        out[f"{x} vs {y}"] = statistics.fmean(diffs)
+        out[f"{x} vs {y}"] = _mean_abs(rows, x, y)
     return out
 
 
@@ -182,6 +222,12 @@ def main() -> None:
     trainer_side(a, rows)
     hf_side(a, rows, getattr(torch, a.dtype), "hf_dtype")
     hf_side(a, rows, torch.float32, "hf_float32")
+    variants = {}
+    if a.dtype != "float32":
+        for key, how in VARIANTS.items():
+            hf_side(a, rows, getattr(torch, a.dtype), key, **how)
+            against = ("engine_decode", "trainer", "hf_float32")
+            variants[key] = {other: _mean_abs(rows, key, other) for other in against}
     table = pair_table(rows)
     d_engine, d_trainer = table.get("engine_decode vs hf_float32"), table.get("trainer vs hf_float32")
     gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU"
@@ -193,8 +239,11 @@ def main() -> None:
         print(f"  two independent roundings of size {d_engine:.3g} and {d_trainer:.3g} would be "
               f"{math.hypot(d_engine, d_trainer):.3g} apart; engine vs trainer: "
               f"{table['engine_decode vs trainer']:.3g}")  # fmt: skip
+    for key, row in variants.items():
+        print(f"  {key:16s} (float32 logits) vs engine {row['engine_decode']:.3g}, vs trainer {row['trainer']:.3g}, "
+              f"vs float32 {row['hf_float32']:.3g}")  # fmt: skip
     if a.json:
-        a.json.write_text(json.dumps({"pairs": table, "rows": rows}, indent=1))
+        a.json.write_text(json.dumps({"pairs": table, "variants": variants, "rows": rows}, indent=1))
 
 
 if __name__ == "__main__":
