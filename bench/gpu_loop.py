@@ -121,7 +121,8 @@ def params_of(model: Path) -> float:
 
 
 # -- rollout throughput -----------------------------------------------------------------------------------------------
-def _prompts(model: Path, n: int) -> list[list[int]]:
+def quickstart_prompts(model: Path, n: int) -> list[list[int]]:
+    """``n`` chat prompts (token ids, ``model``'s chat template) from the quickstart's training data, cycled."""
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(str(model))
@@ -158,7 +159,7 @@ def throughput(name: str, model: Path, n: int, max_tokens: int, repeats: int, en
     from vime_core.engines.engine import VLLMServer
     from vime_core.engines.router import VLLMRouter
 
-    prompts = _prompts(model, n)
+    prompts = quickstart_prompts(model, n)
     tok = AutoTokenizer.from_pretrained(str(model))
     out: dict = {"prompts": n, "max_tokens": max_tokens}
     t0 = time.perf_counter()

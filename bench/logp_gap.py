@@ -41,21 +41,10 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from bench.gpu_loop import quickstart_prompts  # noqa: E402 - after the path set-up
+
 #: the log-prob sources compared, in the printed order
 SOURCES = ("engine_decode", "engine_prefill", "trainer", "hf_dtype", "hf_float32")
-
-
-def prompts_of(model: Path, n: int) -> list[list[int]]:
-    """``n`` chat prompts (token ids) from the quickstart's training data, cycled."""
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(str(model))
-    rows = [json.loads(line) for line in (ROOT / "examples/quickstart/data/train.jsonl").read_text().splitlines()]
-    out = []
-    for i in range(n):
-        ids = tok.apply_chat_template(rows[i % len(rows)]["prompt"], add_generation_prompt=True, tokenize=True)
-        out.append(list(ids["input_ids"] if hasattr(ids, "keys") else ids))  # transformers 5: a BatchEncoding
-    return out
 
 
 def engine_side(a: argparse.Namespace, prompts: list[list[int]]) -> list[dict]:
@@ -217,7 +206,7 @@ def main() -> None:
         p.error("--trainer megatron trains in bfloat16: use --dtype bfloat16 (or --trainer torch)")
     a.out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    rows = engine_side(a, prompts_of(a.model, a.prompts))
+    rows = engine_side(a, quickstart_prompts(a.model, a.prompts))
     print(f"engine: {sum(len(r['response']) for r in rows)} tokens in {time.perf_counter() - t0:.0f} s", flush=True)
     trainer_side(a, rows)
     hf_side(a, rows, getattr(torch, a.dtype), "hf_dtype")
