@@ -554,6 +554,10 @@ def peak_tflops() -> float:
 
 
 # -- the table --------------------------------------------------------------------------------------------------------
+#: the bench sections of the row that splits the in-loop step's extra time, in its order
+SPLIT_SECTIONS = ("bench_train", "bench_train_ray", "bench_train_beside", "bench_train_idle")
+
+
 def table() -> str:
     """Issue 40's table from what ran (``—`` for what did not)."""
 
@@ -568,6 +572,10 @@ def table() -> str:
         v = r.get(key)
         return "—" if v is None else f"{v * scale:.3f}" if scale == 1.0 else f"{v * scale:.1f}%"
 
+    split_steps = " / ".join(bench("bshd", 8, "step_s_median", section=s) for s in SPLIT_SECTIONS)
+    split_mallocs = " / ".join(
+        g(s, "train_sdpa_8x1124", "split", "perf/train_cuda_mallocs", fmt="{:.0f}") for s in SPLIT_SECTIONS
+    )
     rows = [
         "| figure | measured | target |",
         "|---|---|---|",
@@ -584,15 +592,8 @@ def table() -> str:
         f"{bench('bshd', 8, 'step_s_median')}, {bench('thd', 8, 'step_s_median')} s; MFU "
         f"{g('run1b', 'mfu_compute', fmt='{:.1f}%', scale=100)} vs {bench('bshd', 8, 'mfu_6nt', 100)} | within 10 % |",
         f"| training 8 × 1,124, where the loop's extra time goes: bench / in a Ray worker / beside a sleeping engine "
-        f"/ idle 2 s before each step / in the loop, with mallocs per step | {bench('bshd', 8, 'step_s_median')} / "
-        f"{bench('bshd', 8, 'step_s_median', section='bench_train_ray')} / "
-        f"{bench('bshd', 8, 'step_s_median', section='bench_train_beside')} / "
-        f"{bench('bshd', 8, 'step_s_median', section='bench_train_idle')} / "
-        f"{g('run1b', 'perf/train_compute_time')} s; mallocs "
-        f"{g('bench_train', 'train_sdpa_8x1124', 'split', 'perf/train_cuda_mallocs', fmt='{:.0f}')} / "
-        f"{g('bench_train_ray', 'train_sdpa_8x1124', 'split', 'perf/train_cuda_mallocs', fmt='{:.0f}')} / "
-        f"{g('bench_train_beside', 'train_sdpa_8x1124', 'split', 'perf/train_cuda_mallocs', fmt='{:.0f}')} / "
-        f"{g('bench_train_idle', 'train_sdpa_8x1124', 'split', 'perf/train_cuda_mallocs', fmt='{:.0f}')} / "
+        f"/ idle 2 s before each step / in the loop, with mallocs per step | {split_steps} / "
+        f"{g('run1b', 'perf/train_compute_time')} s; mallocs {split_mallocs} / "
         f"{g('run1b', 'perf/train_cuda_mallocs', fmt='{:.0f}')} | within 10 % |",
         f"| training 16 × 1,124 tokens | {g('run1b_16', 'perf/train_compute_time')} / "
         f"{g('run1b_16', 'perf/train_time')} s vs {bench('bshd', 16, 'step_s_median')}, "

@@ -103,17 +103,16 @@ def trainer_side(a: argparse.Namespace, rows: list[dict]) -> None:
         s = Sample(group_index=i, index=i, tokens=list(r["prompt"]), status=Status.COMPLETED, reward=0.0)
         s.append_response_tokens(r["response"], trainable=True, log_probs=r["engine_decode"], weight_version=0)
         samples.append(s)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    config = trainer_config(trainer=a.trainer, micro_batch_size=a.micro_batch, fp32_lm_head=not a.bf16_lm_head,
+                            train_dtype=a.dtype, train_device=device)  # fmt: skip
     if a.trainer == "megatron":
         from vime_core.trainer.megatron_backend import MegatronTrainer
 
-        config = trainer_config(micro_batch_size=a.micro_batch, fp32_lm_head=not a.bf16_lm_head)
         trainer = MegatronTrainer(config, a.model)
     else:
         from vime_core.trainer.torch_backend import TorchTrainer
 
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-        config = trainer_config(trainer="torch", micro_batch_size=a.micro_batch, train_dtype=a.dtype,
-                                train_device=device)  # fmt: skip
         trainer = TorchTrainer(config, a.model)
     of = old_log_probs(trainer, samples)
     for r, s in zip(rows, samples, strict=True):
@@ -147,7 +146,7 @@ def hf_side(
 
     from transformers import AutoModelForCausalLM
 
-    from vime_core.algorithms.logprobs import fp32_logits
+    from vime_core.algorithms.logprobs import fp32_logits, selected_log_probs_and_entropy
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     model = AutoModelForCausalLM.from_pretrained(str(a.model), dtype=dtype, attn_implementation=attention)
@@ -160,8 +159,7 @@ def hf_side(
         ids = torch.tensor([r["prompt"] + r["response"]], device=device)
         hidden = model.model(ids).last_hidden_state[0, len(r["prompt"]) - 1 : -1]
         logits = fp32_logits(hidden, head) if fp32_head else (hidden @ head.t()).float()
-        lp = torch.log_softmax(logits, dim=-1).gather(1, ids[0, len(r["prompt"]) :, None])[:, 0]
-        r[key] = lp.cpu().tolist()
+        r[key] = selected_log_probs_and_entropy(logits, ids[0, len(r["prompt"]) :])[0].cpu().tolist()
     del model
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
@@ -207,7 +205,8 @@ def main() -> None:
     a.out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     rows = engine_side(a, quickstart_prompts(a.model, a.prompts))
-    print(f"engine: {sum(len(r['response']) for r in rows)} tokens in {time.perf_counter() - t0:.0f} s", flush=True)
+    n_tokens = sum(len(r["response"]) for r in rows)
+    print(f"engine: {n_tokens} tokens in {time.perf_counter() - t0:.0f} s", flush=True)
     trainer_side(a, rows)
     hf_side(a, rows, getattr(torch, a.dtype), "hf_dtype")
     hf_side(a, rows, torch.float32, "hf_float32")
@@ -220,7 +219,7 @@ def main() -> None:
     table = pair_table(rows)
     d_engine, d_trainer = table.get("engine_decode vs hf_float32"), table.get("trainer vs hf_float32")
     gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU"
-    print(f"mean |Δlogp| over {sum(len(r['response']) for r in rows)} response tokens ({a.model.name}, {gpu}, "
+    print(f"mean |Δlogp| over {n_tokens} response tokens ({a.model.name}, {gpu}, "
           f"{a.dtype}, {'bf16' if a.bf16_lm_head else 'float32'} LM head, trainer {a.trainer}):")  # fmt: skip
     for k, v in table.items():
         print(f"  {k:34s} {v:.3g}")
